@@ -1,0 +1,47 @@
+"""Rate limiting: the GCRA token bucket, an rtlim-compatible pacer, splits, conformance."""
+
+from srtm.ratelimit.bucket import (
+    DEFAULT_ASYNC_SPIN_NS,
+    DEFAULT_SPIN_NS,
+    BucketCounters,
+    Clock,
+    Reservation,
+    TokenBucket,
+)
+from srtm.ratelimit.conformance import Violation, check_conformance
+from srtm.ratelimit.params import (
+    NS_PER_S,
+    TICKS_PER_NS,
+    BucketParams,
+    Grid,
+    check_burst,
+    check_rate,
+    grid,
+)
+from srtm.ratelimit.rtlim import INSUFFICIENT, OK, OVER_REFILL, Rtlim, RtlimMode
+from srtm.ratelimit.split import merge, split
+
+__all__ = [
+    "DEFAULT_ASYNC_SPIN_NS",
+    "DEFAULT_SPIN_NS",
+    "INSUFFICIENT",
+    "NS_PER_S",
+    "OK",
+    "OVER_REFILL",
+    "TICKS_PER_NS",
+    "BucketCounters",
+    "BucketParams",
+    "Clock",
+    "Grid",
+    "Reservation",
+    "Rtlim",
+    "RtlimMode",
+    "TokenBucket",
+    "Violation",
+    "check_burst",
+    "check_conformance",
+    "check_rate",
+    "grid",
+    "merge",
+    "split",
+]
