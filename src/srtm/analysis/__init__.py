@@ -5,8 +5,9 @@ from srtm.analysis.delays import (
     profile_bucket,
     required_burst,
     token_delays,
-    virtual_backlog_ticks,
+    virtual_backlog,
 )
+from srtm.analysis.drl import DrlRow, SimDelay, drl_table, poisson_batches, simulate_split
 from srtm.analysis.md1 import (
     DelayModel,
     bucket_model,
@@ -19,15 +20,20 @@ from srtm.analysis.md1 import (
 
 __all__ = [
     "DelayModel",
+    "DrlRow",
+    "SimDelay",
     "as_arrivals",
     "bucket_model",
     "delay_quantile",
+    "drl_table",
     "mean_excess",
-    "profile_bucket",
+    "poisson_batches",
     "prob_delayed",
+    "profile_bucket",
     "required_burst",
+    "simulate_split",
     "split_model",
     "token_delays",
-    "virtual_backlog_ticks",
+    "virtual_backlog",
     "work_cdf",
 ]

@@ -3,8 +3,8 @@
 For a FIFO GCRA shaper the virtual start ``X_n = max(TAT_n, t_n)`` obeys Lindley's
 recursion ``X_n = max(X_{n−1} + T, t_n)``, whose solution is
 ``X_n = n·T + max_{j≤n}(t_j − j·T)``: a cumulative maximum. Message ``n`` waits
-``max(0, X_n − τ − t_n)``. The arithmetic is the integer tick grid of
-``srtm.ratelimit`` so results equal ``TokenBucket.reserve`` exactly.
+``max(0, X_n − τ − t_n)``. The arithmetic is the integer nanosecond grid of
+``srtm.ratelimit``, so results equal ``TokenBucket.reserve`` exactly.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from srtm.ratelimit import NS_PER_S, TICKS_PER_NS, BucketParams, check_rate, grid
+from srtm.ratelimit import NS_PER_S, BucketParams, check_rate, grid
 
 IntArray = npt.NDArray[np.int64]
 
@@ -35,14 +35,15 @@ def as_arrivals(arrivals_ns: npt.ArrayLike, name: str = "arrivals_ns") -> IntArr
         drops = np.flatnonzero(arr[1:] < arr[:-1])
         if drops.size:
             i = int(drops[0]) + 1
+            later, earlier = int(arr[i]), int(arr[i - 1])
             raise ValueError(
-                f"{name} must be sorted: {name}[{i}]={int(arr[i])} < {name}[{i - 1}]={int(arr[i - 1])}"
+                f"{name} must be sorted: {name}[{i}]={later} < {name}[{i - 1}]={earlier}"
             )
     return arr
 
 
-def virtual_backlog_ticks(arrivals_ns: npt.ArrayLike, rate: float) -> IntArray:
-    """Per message, ``X_n − t_n`` in ticks: the work ahead of it, independent of burst.
+def virtual_backlog(arrivals_ns: npt.ArrayLike, rate: float) -> IntArray:
+    """Per message, ``X_n − t_n`` in ns: the work ahead of it, independent of burst.
 
     Message ``n`` waits for tokens iff this exceeds the tolerance ``τ`` of the burst.
     """
@@ -50,35 +51,30 @@ def virtual_backlog_ticks(arrivals_ns: npt.ArrayLike, rate: float) -> IntArray:
     t = grid(check_rate(rate), 1).t
     out = np.empty(arr.size, dtype=np.int64)
     chunk = max(1, min(_CHUNK, _INT64_SAFE // t))
-    carry: int | None = None  # X_{s-1} − t_s·TICKS for the chunk starting at s
+    carry: int | None = None  # X_{s-1} − t_s for the chunk starting at s
     for s in range(0, arr.size, chunk):
         e = min(s + chunk, arr.size)
         span = int(arr[e - 1] - arr[s])
-        if span * TICKS_PER_NS > _INT64_SAFE:
-            raise ValueError(
-                f"arrivals_ns[{s}:{e}] spans {span} ns; split traces longer than "
-                f"{_INT64_SAFE // TICKS_PER_NS} ns between {chunk} messages"
-            )
-        local = (arr[s:e] - arr[s]) * TICKS_PER_NS
+        if span > _INT64_SAFE:
+            raise ValueError(f"arrivals_ns[{s}:{e}] spans {span} ns, beyond the int64 range")
+        local = arr[s:e] - arr[s]
         steps = np.arange(e - s, dtype=np.int64) * t
         m = np.maximum.accumulate(local - steps)
         if carry is not None and carry + t > 0:  # else the chunk starts on an idle bucket
             if carry + t > _INT64_SAFE:
-                raise ValueError(f"backlog before arrivals_ns[{s}] exceeds the int64 tick range")
+                raise ValueError(f"backlog before arrivals_ns[{s}] exceeds the int64 range")
             np.maximum(m, carry + t, out=m)
         d = steps + m - local
         out[s:e] = d
         if e < arr.size:
-            carry = int(d[-1]) - int(arr[e] - arr[e - 1]) * TICKS_PER_NS
+            carry = int(d[-1]) - int(arr[e] - arr[e - 1])
     return out
 
 
 def token_delays(arrivals_ns: npt.ArrayLike, rate: float, burst: float) -> IntArray:
     """Per-message token wait (ns) of a FIFO ``(rate, burst)`` shaper, bucket full at start."""
     tau = grid(rate, burst).tau
-    d = virtual_backlog_ticks(arrivals_ns, rate)
-    excess = np.maximum(d - tau, 0)
-    return (excess + (TICKS_PER_NS - 1)) // TICKS_PER_NS
+    return np.maximum(virtual_backlog(arrivals_ns, rate) - tau, 0)
 
 
 def required_burst(arrivals_ns: npt.ArrayLike, rate: float, quantile: float = 0.99) -> float:
@@ -86,7 +82,7 @@ def required_burst(arrivals_ns: npt.ArrayLike, rate: float, quantile: float = 0.
     q = float(quantile)
     if not 0 < q <= 1:
         raise ValueError(f"quantile must be in (0, 1], got {quantile!r}")
-    d = virtual_backlog_ticks(arrivals_ns, rate)
+    d = virtual_backlog(arrivals_ns, rate)
     if d.size == 0:
         raise ValueError("arrivals_ns is empty: no burst can be derived from no messages")
     k = math.ceil(q * d.size) - 1
@@ -94,13 +90,13 @@ def required_burst(arrivals_ns: npt.ArrayLike, rate: float, quantile: float = 0.
     return _smallest_burst_for(needed, grid(rate, 1).t)
 
 
-def _smallest_burst_for(tau_ticks: int, t_ticks: int) -> float:
-    """Smallest float ``b`` with ``floor((b − 1)·T) ≥ tau_ticks``."""
+def _smallest_burst_for(tau: int, t: int) -> float:
+    """Smallest float ``b`` with ``floor((b − 1)·T) ≥ tau``."""
 
     def enough(b: float) -> bool:
-        return (Fraction(b) - 1) * t_ticks >= tau_ticks
+        return (Fraction(b) - 1) * t >= tau
 
-    b = float(1 + Fraction(tau_ticks, t_ticks))
+    b = float(1 + Fraction(tau, t))
     while not enough(b):
         b = math.nextafter(b, math.inf)
     while b > 1 and enough(math.nextafter(b, 0)):

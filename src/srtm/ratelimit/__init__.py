@@ -11,7 +11,6 @@ from srtm.ratelimit.bucket import (
 from srtm.ratelimit.conformance import Violation, check_conformance
 from srtm.ratelimit.params import (
     NS_PER_S,
-    TICKS_PER_NS,
     BucketParams,
     Grid,
     check_burst,
@@ -28,7 +27,6 @@ __all__ = [
     "NS_PER_S",
     "OK",
     "OVER_REFILL",
-    "TICKS_PER_NS",
     "BucketCounters",
     "BucketParams",
     "Clock",

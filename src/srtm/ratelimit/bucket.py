@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from srtm.ratelimit.params import TICKS_PER_NS, BucketParams, Grid, check_burst, check_rate, grid
+from srtm.ratelimit.params import BucketParams, Grid, check_burst, check_rate, grid
 
 Clock = Callable[[], int]
 Sleep = Callable[[float], None]
@@ -69,7 +69,7 @@ class TokenBucket:
         self._spin_ns = spin_ns
         self._async_spin_ns = async_spin_ns
         self._lock = threading.Lock()
-        self._tat = 0  # ticks; ≤ any clock reading means "full"
+        self._tat = 0  # ns; ≤ any clock reading means "full"
         self._admitted = 0
         self._denied = 0
         self._waited = 0
@@ -97,7 +97,7 @@ class TokenBucket:
         """Change the rate now, keeping the tokens currently in the bucket (or owed)."""
         rate = check_rate(rate)
         with self._lock:
-            now = self._clock() * TICKS_PER_NS
+            now = self._clock()
             new = grid(rate, self._params.burst)
             backlog = max(0, self._tat - now)
             self._tat = now + _ceil_div(backlog * new.t, self._grid.t)
@@ -108,7 +108,7 @@ class TokenBucket:
         """Change the depth now, keeping the token count (capped at the new depth)."""
         burst = check_burst(burst)
         with self._lock:
-            now = self._clock() * TICKS_PER_NS
+            now = self._clock()
             new = grid(self._params.rate, burst)
             backlog = max(0, self._tat - now)
             self._tat = now + max(0, backlog + new.tau - self._grid.tau)
@@ -124,7 +124,7 @@ class TokenBucket:
         lock = self._lock
         lock.acquire()
         try:
-            now = self._clock() * TICKS_PER_NS
+            now = self._clock()
             g = self._grid
             tat = self._tat
             if tat < now:
@@ -147,16 +147,14 @@ class TokenBucket:
 
     def _reserve(self, n: int, at: int | None, max_wait_ns: int | None) -> Reservation | None:
         with self._lock:
-            t = self._clock() if at is None else at
-            now = t * TICKS_PER_NS
+            now = self._clock() if at is None else at
             g = self._grid
             tat = self._tat if self._tat > now else now
             release = tat + (n - 1) * g.t - g.tau
             if release > now:
-                release_ns = _ceil_div(release, TICKS_PER_NS)
-                wait = release_ns - t
+                wait = release - now
             else:
-                release_ns, wait = t, 0
+                release, wait = now, 0
             if max_wait_ns is not None and wait > max_wait_ns:
                 self._denied += 1
                 return None
@@ -164,7 +162,7 @@ class TokenBucket:
             self._admitted += 1
             if wait:
                 self._waited += 1
-            return Reservation(n, release_ns, wait, self._tat)
+            return Reservation(n, release, wait, self._tat)
 
     def cancel(self, reservation: Reservation) -> int:
         """Give back a reservation's tokens; returns how many came back.
@@ -231,7 +229,7 @@ class TokenBucket:
     def tokens(self, at: int | None = None) -> float:
         """Tokens in the bucket at ``at`` (default now); negative while tokens are owed."""
         with self._lock:
-            now = (self._clock() if at is None else at) * TICKS_PER_NS
+            now = self._clock() if at is None else at
             g = self._grid
             backlog = max(0, self._tat - now)
             return (g.tau + g.t - backlog) / g.t
@@ -239,9 +237,7 @@ class TokenBucket:
     def next_release_ns(self) -> int:
         """When a one-token request made now would be released."""
         with self._lock:
-            t = self._clock()
-            release = self._tat - self._grid.tau
-            return max(t, _ceil_div(release, TICKS_PER_NS))
+            return max(self._clock(), self._tat - self._grid.tau)
 
     @property
     def counters(self) -> BucketCounters:

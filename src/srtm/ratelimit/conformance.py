@@ -21,9 +21,7 @@ class Violation:
     allowed: float
 
 
-def check_conformance(
-    releases_ns: Sequence[int], rate: float, burst: float
-) -> Violation | None:
+def check_conformance(releases_ns: Sequence[int], rate: float, burst: float) -> Violation | None:
     """Return the first interval with more than ``b + r·Δ`` releases, or None.
 
     ``releases_ns`` must be sorted; a release of several tokens appears several
@@ -38,18 +36,12 @@ def check_conformance(
     a = r.numerator * b.denominator
     k = NS_PER_S * r.denominator * b.denominator
     limit = NS_PER_S * r.denominator * (b.numerator - b.denominator)
+    _check_sorted(releases_ns)
     origin = int(releases_ns[0])
     best_h = 0
     best_i = 0
-    prev = origin
     for j, s in enumerate(releases_ns):
-        s = int(s)
-        if s < prev:
-            raise ValueError(
-                f"releases_ns must be sorted: releases_ns[{j}]={s} < releases_ns[{j - 1}]={prev}"
-            )
-        prev = s
-        h = a * (s - origin) - k * j
+        h = a * (int(s) - origin) - k * j
         if h > best_h:
             best_h, best_i = h, j
         if best_h - h > limit:
@@ -58,8 +50,17 @@ def check_conformance(
                 start_index=best_i,
                 end_index=j,
                 start_ns=start,
-                end_ns=s,
+                end_ns=int(s),
                 count=j - best_i + 1,
-                allowed=float(b + r * (s - start) / NS_PER_S),
+                allowed=float(b + r * (int(s) - start) / NS_PER_S),
             )
     return None
+
+
+def _check_sorted(releases_ns: Sequence[int]) -> None:
+    for j in range(1, len(releases_ns)):
+        if releases_ns[j] < releases_ns[j - 1]:
+            raise ValueError(
+                f"releases_ns must be sorted: releases_ns[{j}]={releases_ns[j]} "
+                f"< releases_ns[{j - 1}]={releases_ns[j - 1]}"
+            )

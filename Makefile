@@ -1,0 +1,39 @@
+# Two entry points: `make demo` (the main job on the embedded default) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The pure core, type-checked strictly.
+CORE := src/srtm/ratelimit src/srtm/analysis
+
+.PHONY: demo test lint typecheck bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+$(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $@
+
+demo: $(VENV)/.test-installed
+	$(BIN)/srtm drl-penalty
+
+lint: $(VENV)/.test-installed
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: $(VENV)/.test-installed
+	$(BIN)/mypy $(CORE)
+
+test: lint typecheck
+	$(BIN)/pytest
+
+bench: $(VENV)/.bench-installed
+	$(BIN)/python benchmarks/ratelimit.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis out
