@@ -31,27 +31,15 @@ def _fmt(value: float | None, fmt: str, scale: float = 1.0) -> str:
 
 def _render(rows: list[DrlRow], console: Console) -> None:
     table = Table(
-        title="DRL penalty of a k-way equal split: token delay, M/D/1 model vs simulation",
-        caption="delays in ms; Eq.1 = the paper's closed form for the mean; "
-        "penalty = model mean / model mean at k=1",
+        title="DRL penalty of a k-way equal split: token delay, M/D/1 model then simulation",
+        caption="delays in ms; each model column is followed by its simulated 'sim'; Eq.1 = "
+        "the paper's closed form of the mean; penalty = model mean / model mean at k=1",
     )
-    headers = (
-        "k",
-        "r/k",
-        "b/k",
-        "P(wait) model",
-        "P(wait) sim",
-        "mean model",
-        "mean sim",
-        "p99 model",
-        "p99 sim",
-        "Eq.1 mean",
-        "penalty",
-    )
+    headers = ("k", "r/k", "b/k", "P(wait)", "sim", "mean", "sim", "p99", "sim", "Eq.1", "penalty")
     for name in headers:
         table.add_column(name, justify="right")
     if any(row.note for row in rows):
-        table.add_column("note")
+        table.add_column("note", no_wrap=True)
     base = rows[0].model.mean_s if rows and rows[0].model else None
     for row in rows:
         m, s = row.model, row.sim

@@ -2,6 +2,7 @@
 
 from srtm.analysis.delays import (
     as_arrivals,
+    grid_delays,
     profile_bucket,
     required_burst,
     token_delays,
@@ -26,6 +27,7 @@ __all__ = [
     "bucket_model",
     "delay_quantile",
     "drl_table",
+    "grid_delays",
     "mean_excess",
     "poisson_batches",
     "prob_delayed",

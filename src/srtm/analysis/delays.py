@@ -15,7 +15,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from srtm.ratelimit import NS_PER_S, BucketParams, check_rate, grid
+from srtm.ratelimit import NS_PER_S, BucketParams, Grid, check_rate, grid
 
 IntArray = npt.NDArray[np.int64]
 
@@ -47,8 +47,10 @@ def virtual_backlog(arrivals_ns: npt.ArrayLike, rate: float) -> IntArray:
 
     Message ``n`` waits for tokens iff this exceeds the tolerance ``τ`` of the burst.
     """
-    arr = as_arrivals(arrivals_ns)
-    t = grid(check_rate(rate), 1).t
+    return _backlog(as_arrivals(arrivals_ns), grid(check_rate(rate), 1).t)
+
+
+def _backlog(arr: IntArray, t: int) -> IntArray:
     out = np.empty(arr.size, dtype=np.int64)
     chunk = max(1, min(_CHUNK, _INT64_SAFE // t))
     carry: int | None = None  # X_{s-1} − t_s for the chunk starting at s
@@ -73,8 +75,14 @@ def virtual_backlog(arrivals_ns: npt.ArrayLike, rate: float) -> IntArray:
 
 def token_delays(arrivals_ns: npt.ArrayLike, rate: float, burst: float) -> IntArray:
     """Per-message token wait (ns) of a FIFO ``(rate, burst)`` shaper, bucket full at start."""
-    tau = grid(rate, burst).tau
-    return np.maximum(virtual_backlog(arrivals_ns, rate) - tau, 0)
+    return grid_delays(arrivals_ns, grid(rate, burst))
+
+
+def grid_delays(arrivals_ns: npt.ArrayLike, g: Grid) -> IntArray:
+    """``token_delays`` for GCRA constants given directly in nanoseconds."""
+    if g.t < 1 or g.tau < 0:
+        raise ValueError(f"grid needs t >= 1 and tau >= 0, got {g!r}")
+    return np.maximum(_backlog(as_arrivals(arrivals_ns), g.t) - g.tau, 0)
 
 
 def required_burst(arrivals_ns: npt.ArrayLike, rate: float, quantile: float = 0.99) -> float:

@@ -92,13 +92,13 @@ def drl_table(
     for k in range(1, k_max + 1):
         sub_rate, sub_burst = rate / k, burst / k
         if sub_burst < 1:
-            note = f"b/k = {sub_burst:.3g} < 1 token"
+            note = f"infeasible: b/k = {sub_burst:.3g} < 1"
             rows.append(DrlRow(k, sub_rate, sub_burst, None, None, note))
         else:
             model_burst = sub_burst / batch
             model = bucket_model(load, sub_rate / batch, model_burst) if model_burst >= 1 else None
             sim = simulate_split(arrivals, rate, burst, k, batch, rng)
-            note = "" if model else f"b/(k·batch) = {model_burst:.3g} < 1: no model"
+            note = "" if model else f"no model: b/(k·batch) = {model_burst:.3g} < 1"
             rows.append(DrlRow(k, sub_rate, sub_burst, model, sim, note))
         if progress:
             progress(k)
