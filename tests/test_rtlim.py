@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from clocks import FakeClock
-from srtm.ratelimit import INSUFFICIENT, OK, OVER_REFILL, Rtlim, RtlimMode
+from srtm.ratelimit import INSUFFICIENT, OK, OVER_REFILL, Rtlim, RtlimMode, check_conformance
 
 US, MS, S = 1_000, 1_000_000, 1_000_000_000
 
@@ -96,3 +98,36 @@ def test_bad_take() -> None:
         lim.take(0, RtlimMode.NON_BLOCK)
     with pytest.raises(ValueError, match=r"7 is not a valid RtlimMode"):
         lim.take(1, 7)  # type: ignore[arg-type]
+
+
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(0, 3 * MS), st.integers(1, 5), st.sampled_from(list(RtlimMode))),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_releases_stay_within_twice_the_amount(steps: list[tuple[int, int, RtlimMode]]) -> None:
+    """Around a refill rtlim can pass 2A back to back, never more: envelope (A/I, 2A)."""
+    amount, interval = 5, MS
+    clock = FakeClock(step=US)
+    lim = Rtlim(interval, amount, clock=clock, sleep=clock.sleep)
+    releases: list[int] = []
+    for gap, n, mode in steps:
+        clock.advance(gap)
+        if lim.take(n, mode) == OK:
+            releases += [clock.now] * n
+    assert check_conformance(releases, amount * 1e9 / interval, 2 * amount) is None
+
+
+def test_rtlim_is_not_a_gcra_bucket_of_the_same_depth() -> None:
+    clock = FakeClock()
+    lim = Rtlim(MS, 5, clock=clock)
+    releases = []
+    clock.advance(MS - 1)
+    assert lim.take(5, RtlimMode.NON_BLOCK) == OK
+    releases += [clock.now] * 5
+    clock.advance(1)
+    assert lim.take(5, RtlimMode.NON_BLOCK) == OK  # refilled in full 1 ns later
+    releases += [clock.now] * 5
+    assert check_conformance(releases, 5000.0, 5) is not None
