@@ -97,7 +97,7 @@ def test_bad_take() -> None:
     with pytest.raises(ValueError, match=r"n must be an integer >= 1, got 0"):
         lim.take(0, RtlimMode.NON_BLOCK)
     with pytest.raises(ValueError, match=r"7 is not a valid RtlimMode"):
-        lim.take(1, 7)  # type: ignore[arg-type]
+        lim.take(1, 7)
 
 
 @given(

@@ -18,9 +18,10 @@ from srtm.ratelimit.params import BucketParams, Grid, check_burst, check_rate, g
 Clock = Callable[[], int]
 Sleep = Callable[[float], None]
 
-#: Blocking waits sleep until this long before the release time and spin the rest:
-#: Linux wakes a sleeping thread 50–100 µs late.
-DEFAULT_SPIN_NS = 200_000
+#: Blocking waits sleep until this long before the release time and spin the rest.
+#: On a shared VM, Linux wakes a sleeping thread ~100 µs late at the median and up to
+#: 1.4 ms late at the 99th percentile (benchmarks/ratelimit.py, "machine" line).
+DEFAULT_SPIN_NS = 1_500_000
 #: asyncio timers fire up to ~1 ms late (epoll has millisecond timeouts), so the
 #: last stretch is spent yielding to the loop rather than in a timer.
 DEFAULT_ASYNC_SPIN_NS = 1_500_000
@@ -52,6 +53,21 @@ def _ceil_div(a: int, b: int) -> int:
 class TokenBucket:
     """A token bucket ``(rate, burst)`` on an injectable monotonic nanosecond clock."""
 
+    __slots__ = (
+        "_admitted",
+        "_async_spin_ns",
+        "_clock",
+        "_denied",
+        "_lock",
+        "_params",
+        "_sleep",
+        "_spin_ns",
+        "_t",
+        "_tat",
+        "_tau",
+        "_waited",
+    )
+
     def __init__(
         self,
         rate: float,
@@ -63,7 +79,8 @@ class TokenBucket:
         async_spin_ns: int = DEFAULT_ASYNC_SPIN_NS,
     ) -> None:
         self._params = BucketParams(check_rate(rate), check_burst(burst))
-        self._grid: Grid = grid(rate, burst)
+        # GCRA constants in ns (see params.grid), kept flat: the hot path reads them.
+        self._t, self._tau = _constants(grid(rate, burst))
         self._clock = clock
         self._sleep = sleep
         self._spin_ns = spin_ns
@@ -100,8 +117,8 @@ class TokenBucket:
             now = self._clock()
             new = grid(rate, self._params.burst)
             backlog = max(0, self._tat - now)
-            self._tat = now + _ceil_div(backlog * new.t, self._grid.t)
-            self._grid = new
+            self._tat = now + _ceil_div(backlog * new.t, self._t)
+            self._t, self._tau = _constants(new)
             self._params = BucketParams(rate, self._params.burst)
 
     def set_burst(self, burst: float) -> None:
@@ -111,8 +128,8 @@ class TokenBucket:
             now = self._clock()
             new = grid(self._params.rate, burst)
             backlog = max(0, self._tat - now)
-            self._tat = now + max(0, backlog + new.tau - self._grid.tau)
-            self._grid = new
+            self._tat = now + max(0, backlog + new.tau - self._tau)
+            self._t, self._tau = _constants(new)
             self._params = BucketParams(self._params.rate, burst)
 
     # -- non-blocking -------------------------------------------------------
@@ -125,14 +142,14 @@ class TokenBucket:
         lock.acquire()
         try:
             now = self._clock()
-            g = self._grid
+            t = self._t
             tat = self._tat
             if tat < now:
                 tat = now
-            if tat + (n - 1) * g.t - g.tau > now:
+            if tat + (n - 1) * t - self._tau > now:
                 self._denied += 1
                 return False
-            self._tat = tat + n * g.t
+            self._tat = tat + n * t
             self._admitted += 1
             return True
         finally:
@@ -148,9 +165,9 @@ class TokenBucket:
     def _reserve(self, n: int, at: int | None, max_wait_ns: int | None) -> Reservation | None:
         with self._lock:
             now = self._clock() if at is None else at
-            g = self._grid
+            t = self._t
             tat = self._tat if self._tat > now else now
-            release = tat + (n - 1) * g.t - g.tau
+            release = tat + (n - 1) * t - self._tau
             if release > now:
                 wait = release - now
             else:
@@ -158,7 +175,7 @@ class TokenBucket:
             if max_wait_ns is not None and wait > max_wait_ns:
                 self._denied += 1
                 return None
-            self._tat = tat + n * g.t
+            self._tat = tat + n * t
             self._admitted += 1
             if wait:
                 self._waited += 1
@@ -173,7 +190,7 @@ class TokenBucket:
         with self._lock:
             if reservation._end_tat != self._tat or self._clock() >= reservation.release_ns:
                 return 0
-            self._tat -= reservation.tokens * self._grid.t
+            self._tat -= reservation.tokens * self._t
             self._admitted -= 1
             if reservation.wait_ns:
                 self._waited -= 1
@@ -230,19 +247,22 @@ class TokenBucket:
         """Tokens in the bucket at ``at`` (default now); negative while tokens are owed."""
         with self._lock:
             now = self._clock() if at is None else at
-            g = self._grid
             backlog = max(0, self._tat - now)
-            return (g.tau + g.t - backlog) / g.t
+            return (self._tau + self._t - backlog) / self._t
 
     def next_release_ns(self) -> int:
         """When a one-token request made now would be released."""
         with self._lock:
-            return max(self._clock(), self._tat - self._grid.tau)
+            return max(self._clock(), self._tat - self._tau)
 
     @property
     def counters(self) -> BucketCounters:
         with self._lock:
             return BucketCounters(self._admitted, self._denied, self._waited)
+
+
+def _constants(g: Grid) -> tuple[int, int]:
+    return g.t, g.tau
 
 
 def _timeout_ns(timeout: float | None) -> int | None:
