@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from srtm.ratelimit.params import BucketParams, Grid, check_burst, check_rate, grid
+from srtm.ratelimit.params import BucketParams, check_burst, check_rate, grid
 
 Clock = Callable[[], int]
 Sleep = Callable[[float], None]
@@ -80,7 +80,8 @@ class TokenBucket:
     ) -> None:
         self._params = BucketParams(check_rate(rate), check_burst(burst))
         # GCRA constants in ns (see params.grid), kept flat: the hot path reads them.
-        self._t, self._tau = _constants(grid(rate, burst))
+        g = grid(rate, burst)
+        self._t, self._tau = g.t, g.tau
         self._clock = clock
         self._sleep = sleep
         self._spin_ns = spin_ns
@@ -118,7 +119,7 @@ class TokenBucket:
             new = grid(rate, self._params.burst)
             backlog = max(0, self._tat - now)
             self._tat = now + _ceil_div(backlog * new.t, self._t)
-            self._t, self._tau = _constants(new)
+            self._t, self._tau = new.t, new.tau
             self._params = BucketParams(rate, self._params.burst)
 
     def set_burst(self, burst: float) -> None:
@@ -129,7 +130,7 @@ class TokenBucket:
             new = grid(self._params.rate, burst)
             backlog = max(0, self._tat - now)
             self._tat = now + max(0, backlog + new.tau - self._tau)
-            self._t, self._tau = _constants(new)
+            self._t, self._tau = new.t, new.tau
             self._params = BucketParams(self._params.rate, burst)
 
     # -- non-blocking -------------------------------------------------------
@@ -259,10 +260,6 @@ class TokenBucket:
     def counters(self) -> BucketCounters:
         with self._lock:
             return BucketCounters(self._admitted, self._denied, self._waited)
-
-
-def _constants(g: Grid) -> tuple[int, int]:
-    return g.t, g.tau
 
 
 def _timeout_ns(timeout: float | None) -> int | None:
