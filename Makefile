@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # The pure core, type-checked strictly.
-CORE := src/srtm/ratelimit src/srtm/analysis
+CORE := src/srtm/ratelimit src/srtm/analysis src/srtm/protocol
 
 .PHONY: demo test lint typecheck bench clean
 

@@ -1,0 +1,77 @@
+"""NSQ TCP protocol V2, sans-I/O: commands in, frames out, name rules, error codes."""
+
+from srtm.protocol import errors
+from srtm.protocol.commands import (
+    Auth,
+    Cls,
+    Command,
+    Dpub,
+    Fin,
+    Identify,
+    Mpub,
+    Nop,
+    Pub,
+    Rdy,
+    Req,
+    Sub,
+    Touch,
+    encode_command,
+)
+from srtm.protocol.errors import NON_FATAL, ProtocolError
+from srtm.protocol.frames import (
+    CLOSE_WAIT,
+    HEARTBEAT,
+    OK,
+    Frame,
+    FrameReader,
+    FrameType,
+    Message,
+    decode_message,
+    error,
+    frame,
+    message,
+    response,
+)
+from srtm.protocol.limits import Limits
+from srtm.protocol.names import EPHEMERAL_SUFFIX, is_ephemeral, is_valid_name
+from srtm.protocol.parser import MAGIC_V2, MESSAGE_ID_LENGTH, Event, Parser
+
+__all__ = [
+    "CLOSE_WAIT",
+    "EPHEMERAL_SUFFIX",
+    "HEARTBEAT",
+    "MAGIC_V2",
+    "MESSAGE_ID_LENGTH",
+    "NON_FATAL",
+    "OK",
+    "Auth",
+    "Cls",
+    "Command",
+    "Dpub",
+    "Event",
+    "Fin",
+    "Frame",
+    "FrameReader",
+    "FrameType",
+    "Identify",
+    "Limits",
+    "Message",
+    "Mpub",
+    "Nop",
+    "Parser",
+    "ProtocolError",
+    "Pub",
+    "Rdy",
+    "Req",
+    "Sub",
+    "Touch",
+    "decode_message",
+    "encode_command",
+    "error",
+    "errors",
+    "frame",
+    "is_ephemeral",
+    "is_valid_name",
+    "message",
+    "response",
+]

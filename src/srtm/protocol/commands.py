@@ -1,0 +1,112 @@
+"""The commands a client sends, as parsed values."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Identify:
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Auth:
+    secret: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Sub:
+    topic: str
+    channel: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pub:
+    topic: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Mpub:
+    topic: str
+    bodies: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Dpub:
+    topic: str
+    defer_ms: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Rdy:
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fin:
+    message_id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Req:
+    message_id: bytes
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Touch:
+    message_id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Cls:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Nop:
+    pass
+
+
+Command = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Req | Touch | Cls | Nop
+
+
+def encode_command(cmd: Command) -> bytes:
+    """Client side: the bytes a client sends for ``cmd`` (used by tests and the SRTM client)."""
+
+    def sized(data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + data
+
+    match cmd:
+        case Identify(config):
+            return b"IDENTIFY\n" + sized(json.dumps(config).encode())
+        case Auth(secret):
+            return b"AUTH\n" + sized(secret)
+        case Sub(topic, channel):
+            return f"SUB {topic} {channel}\n".encode()
+        case Pub(topic, body):
+            return f"PUB {topic}\n".encode() + sized(body)
+        case Mpub(topic, bodies):
+            payload = struct.pack(">I", len(bodies)) + b"".join(sized(b) for b in bodies)
+            return f"MPUB {topic}\n".encode() + sized(payload)
+        case Dpub(topic, defer_ms, body):
+            return f"DPUB {topic} {defer_ms}\n".encode() + sized(body)
+        case Rdy(count):
+            return f"RDY {count}\n".encode()
+        case Fin(message_id):
+            return b"FIN " + message_id + b"\n"
+        case Req(message_id, timeout_ms):
+            return b"REQ " + message_id + f" {timeout_ms}\n".encode()
+        case Touch(message_id):
+            return b"TOUCH " + message_id + b"\n"
+        case Cls():
+            return b"CLS\n"
+        case Nop():
+            return b"NOP\n"
+    raise TypeError(f"not a command: {cmd!r}")

@@ -1,0 +1,328 @@
+"""Bytes in, commands out: the server side of NSQ's TCP protocol V2 (sans-I/O)."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from srtm.protocol import errors as e
+from srtm.protocol.commands import (
+    Auth,
+    Cls,
+    Command,
+    Dpub,
+    Fin,
+    Identify,
+    Mpub,
+    Nop,
+    Pub,
+    Rdy,
+    Req,
+    Sub,
+    Touch,
+)
+from srtm.protocol.errors import ProtocolError
+from srtm.protocol.limits import Limits
+from srtm.protocol.names import is_valid_name
+
+MAGIC_V2 = b"  V2"
+MESSAGE_ID_LENGTH = 16
+_SIZE = struct.Struct(">i")
+_INTEGER = re.compile(rb"-?[0-9]{1,18}")
+
+Event = Command | ProtocolError
+#: A command with a body, split in two: ``head`` checks the line and the announced size
+#: (so an oversize body is refused before it is read) and returns what ``build`` needs.
+_Head = Callable[["Parser", list[bytes], int], Any]
+_Build = Callable[["Parser", Any, memoryview], Command]
+
+
+class Parser:
+    """Feed it what the socket read; it returns the commands (or errors) completed.
+
+    After a fatal error it returns nothing more: the server must close the connection.
+    """
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        self._buf = bytearray()
+        self._magic_seen = False
+        self._failed = False
+        # A line whose body has not fully arrived yet: its builder, head and body size.
+        self._pending: tuple[_Build, Any, int] | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self._failed
+
+    def feed(self, data: bytes) -> list[Event]:
+        if self._failed:
+            return []
+        self._buf += data
+        events: list[Event] = []
+        try:
+            self._parse(events)
+        except ProtocolError as err:
+            events.append(err)
+            if err.fatal:
+                self._failed = True
+                self._buf.clear()
+        return events
+
+    def _parse(self, events: list[Event]) -> None:
+        buf = self._buf
+        if not self._magic_seen:
+            if len(buf) < 4:
+                return
+            magic = bytes(buf[:4])
+            if magic != MAGIC_V2:
+                raise ProtocolError("E_BAD_PROTOCOL", f"bad protocol magic {magic!r}")
+            del buf[:4]
+            self._magic_seen = True
+        pos = 0
+        try:
+            while True:
+                if self._pending is not None:
+                    build, head, size = self._pending
+                    if len(buf) - pos < size:
+                        return
+                    body = memoryview(buf)[pos : pos + size]
+                    try:
+                        events.append(build(self, head, body))
+                    finally:
+                        body.release()
+                    pos += size
+                    self._pending = None
+                    continue
+                end = buf.find(b"\n", pos)
+                if end < 0:
+                    if len(buf) - pos > self.limits.max_line:
+                        raise ProtocolError(e.E_INVALID, "command line too long")
+                    return
+                line = bytes(buf[pos:end]).rstrip(b"\r")
+                rest = self._line(line, events, buf, end + 1)
+                if rest < 0:
+                    # The line needs a size prefix that has not arrived: re-read it later.
+                    return
+                pos = rest
+        finally:
+            del buf[:pos]
+
+    def _line(self, line: bytes, events: list[Event], buf: bytearray, after: int) -> int:
+        """Handle one command line; returns where parsing continues, or -1 to wait."""
+        parts = line.split(b" ")
+        name = parts[0]
+        simple = _SIMPLE.get(name)
+        if simple is not None:
+            try:
+                events.append(simple(self, parts))
+            except ProtocolError as err:
+                if err.fatal:
+                    raise
+                events.append(err)
+            return after
+        body = _WITH_BODY.get(name)
+        if body is None:
+            shown = name.decode("utf-8", "replace")
+            raise ProtocolError(e.E_INVALID, f"invalid command {shown}")
+        head, build = body
+        if len(buf) - after < 4:
+            return -1
+        (size,) = _SIZE.unpack_from(buf, after)
+        self._pending = (build, head(self, parts, size), size)
+        return after + 4
+
+
+# -- commands without a body --------------------------------------------------------------
+
+
+def _sub(p: Parser, parts: list[bytes]) -> Command:
+    if len(parts) < 3:
+        raise ProtocolError(e.E_INVALID, "SUB insufficient number of parameters")
+    topic, channel = _text(parts[1]), _text(parts[2])
+    if not is_valid_name(topic):
+        raise ProtocolError(e.E_BAD_TOPIC, f"SUB topic name {topic!r} is not valid")
+    if not is_valid_name(channel):
+        raise ProtocolError(e.E_BAD_CHANNEL, f"SUB channel name {channel!r} is not valid")
+    return Sub(topic, channel)
+
+
+def _rdy(p: Parser, parts: list[bytes]) -> Command:
+    if len(parts) < 2:
+        return Rdy(1)  # nsqd: a bare RDY means 1
+    count = _int(parts[1], "RDY could not parse count")
+    if not 0 <= count <= p.limits.max_rdy_count:
+        raise ProtocolError(
+            e.E_INVALID, f"RDY count {count} out of range 0-{p.limits.max_rdy_count}"
+        )
+    return Rdy(count)
+
+
+def _message_id(parts: list[bytes], command: str) -> bytes:
+    if len(parts) < 2:
+        raise ProtocolError(e.E_INVALID, f"{command} insufficient number of parameters")
+    mid = parts[1]
+    if len(mid) != MESSAGE_ID_LENGTH:
+        raise ProtocolError(e.E_INVALID, f"{command} invalid message ID {_text(mid)!r}")
+    return mid
+
+
+def _fin(p: Parser, parts: list[bytes]) -> Command:
+    return Fin(_message_id(parts, "FIN"))
+
+
+def _req(p: Parser, parts: list[bytes]) -> Command:
+    if len(parts) < 3:
+        raise ProtocolError(e.E_INVALID, "REQ insufficient number of parameters")
+    mid = _message_id(parts, "REQ")
+    timeout = _int(parts[2], "REQ could not parse timeout")
+    # nsqd clamps an out-of-range requeue delay instead of refusing it.
+    return Req(mid, min(max(timeout, 0), p.limits.max_req_timeout_ms))
+
+
+def _touch(p: Parser, parts: list[bytes]) -> Command:
+    return Touch(_message_id(parts, "TOUCH"))
+
+
+_SIMPLE: dict[bytes, Callable[[Parser, list[bytes]], Command]] = {
+    b"SUB": _sub,
+    b"RDY": _rdy,
+    b"FIN": _fin,
+    b"REQ": _req,
+    b"TOUCH": _touch,
+    b"CLS": lambda p, parts: Cls(),
+    b"NOP": lambda p, parts: Nop(),
+}
+
+
+# -- commands with a body -----------------------------------------------------------------
+
+
+def _topic(parts: list[bytes], command: str, min_params: int = 2) -> str:
+    if len(parts) < min_params:
+        raise ProtocolError(e.E_INVALID, f"{command} insufficient number of parameters")
+    topic = _text(parts[1])
+    if not is_valid_name(topic):
+        raise ProtocolError(e.E_BAD_TOPIC, f"{command} topic name {topic!r} is not valid")
+    return topic
+
+
+def _check_message_size(p: Parser, command: str, size: int) -> None:
+    if size <= 0:
+        raise ProtocolError(e.E_BAD_MESSAGE, f"{command} invalid message body size {size}")
+    if size > p.limits.max_msg_size:
+        raise ProtocolError(
+            e.E_BAD_MESSAGE, f"{command} message too big {size} > {p.limits.max_msg_size}"
+        )
+
+
+def _check_body_size(p: Parser, command: str, size: int) -> None:
+    if size <= 0:
+        raise ProtocolError(e.E_BAD_BODY, f"{command} invalid body size {size}")
+    if size > p.limits.max_body_size:
+        raise ProtocolError(
+            e.E_BAD_BODY, f"{command} body too big {size} > {p.limits.max_body_size}"
+        )
+
+
+def _pub_head(p: Parser, parts: list[bytes], size: int) -> str:
+    topic = _topic(parts, "PUB")
+    _check_message_size(p, "PUB", size)
+    return topic
+
+
+def _pub(p: Parser, topic: str, body: memoryview) -> Command:
+    return Pub(topic, bytes(body))
+
+
+def _dpub_head(p: Parser, parts: list[bytes], size: int) -> tuple[str, int]:
+    topic = _topic(parts, "DPUB", 3)
+    defer = _int(parts[2], "DPUB could not parse timeout")
+    if not 0 <= defer <= p.limits.max_req_timeout_ms:
+        raise ProtocolError(
+            e.E_INVALID, f"DPUB timeout {defer} out of range 0-{p.limits.max_req_timeout_ms}"
+        )
+    _check_message_size(p, "DPUB", size)
+    return topic, defer
+
+
+def _dpub(p: Parser, head: tuple[str, int], body: memoryview) -> Command:
+    return Dpub(head[0], head[1], bytes(body))
+
+
+def _mpub_head(p: Parser, parts: list[bytes], size: int) -> str:
+    topic = _topic(parts, "MPUB")
+    _check_body_size(p, "MPUB", size)
+    return topic
+
+
+def _mpub(p: Parser, topic: str, body: memoryview) -> Command:
+    if len(body) < 4:
+        raise ProtocolError(e.E_BAD_BODY, "MPUB failed to read message count")
+    (count,) = _SIZE.unpack_from(body, 0)
+    # Each message takes at least 4 bytes of size and 1 of body.
+    if count <= 0 or count > (len(body) - 4) // 5:
+        raise ProtocolError(e.E_BAD_BODY, f"MPUB invalid message count {count}")
+    bodies = []
+    pos = 4
+    for i in range(count):
+        if pos + 4 > len(body):
+            raise ProtocolError(e.E_BAD_MESSAGE, f"MPUB failed to read message({i}) body size")
+        (size,) = _SIZE.unpack_from(body, pos)
+        pos += 4
+        if size <= 0:
+            raise ProtocolError(e.E_BAD_MESSAGE, f"MPUB invalid message({i}) body size {size}")
+        if size > p.limits.max_msg_size:
+            raise ProtocolError(
+                e.E_BAD_MESSAGE, f"MPUB message too big {size} > {p.limits.max_msg_size}"
+            )
+        if pos + size > len(body):
+            raise ProtocolError(e.E_BAD_MESSAGE, f"MPUB failed to read message({i}) body")
+        bodies.append(bytes(body[pos : pos + size]))
+        pos += size
+    return Mpub(topic, bodies)
+
+
+def _identify_head(p: Parser, parts: list[bytes], size: int) -> None:
+    _check_body_size(p, "IDENTIFY", size)
+
+
+def _identify(p: Parser, head: None, body: memoryview) -> Command:
+    try:
+        config = json.loads(bytes(body))
+    except ValueError as exc:
+        raise ProtocolError(e.E_BAD_BODY, "IDENTIFY failed to decode JSON body") from exc
+    if not isinstance(config, dict):
+        raise ProtocolError(e.E_BAD_BODY, "IDENTIFY failed to decode JSON body")
+    return Identify(config)
+
+
+def _auth_head(p: Parser, parts: list[bytes], size: int) -> None:
+    _check_body_size(p, "AUTH", size)
+
+
+def _auth(p: Parser, head: None, body: memoryview) -> Command:
+    return Auth(bytes(body))
+
+
+_WITH_BODY: dict[bytes, tuple[_Head, _Build]] = {
+    b"PUB": (_pub_head, _pub),
+    b"MPUB": (_mpub_head, _mpub),
+    b"DPUB": (_dpub_head, _dpub),
+    b"IDENTIFY": (_identify_head, _identify),
+    b"AUTH": (_auth_head, _auth),
+}
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def _int(raw: bytes, what: str) -> int:
+    # Stricter than int(), which would take "1_000" or " 7".
+    if _INTEGER.fullmatch(raw) is None:
+        raise ProtocolError(e.E_INVALID, f"{what} {_text(raw)}")
+    return int(raw)
