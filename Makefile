@@ -2,8 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The pure core, type-checked strictly.
-CORE := src/srtm/ratelimit src/srtm/analysis src/srtm/protocol
+# Type-checked strictly: the pure core, and the broker built on it.
+CORE := src/srtm/ratelimit src/srtm/analysis src/srtm/protocol src/srtm/broker
 
 .PHONY: demo test lint typecheck bench clean
 

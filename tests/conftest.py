@@ -1,8 +1,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from broker_proc import BrokerProcess, start_broker
 
 settings.register_profile(
     "default", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow]
@@ -11,3 +16,13 @@ settings.register_profile(
     "ci", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+@pytest.fixture
+def broker_proc(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker subprocess on 127.0.0.1 (ephemeral ports), stopped after the test."""
+    proc = start_broker(tmp_path / "data")
+    try:
+        yield proc
+    finally:
+        proc.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -118,3 +119,128 @@ def drl_penalty(
         print(json.dumps({"rows": [asdict(r) for r in rows]}, indent=2))
     else:
         _render(rows, console)
+
+
+def _address(value: str, flag: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise typer.BadParameter(f"{value!r} is not HOST:PORT", param_hint=flag)
+    return host or "127.0.0.1", int(port)
+
+
+@app.command("broker")
+def broker(
+    tcp_address: Annotated[
+        str,
+        typer.Option(
+            envvar="SRTM_TCP_ADDRESS",
+            help="HOST:PORT for NSQ's TCP protocol (port 0: any free port, printed at start).",
+        ),
+    ] = "127.0.0.1:4150",
+    http_address: Annotated[
+        str,
+        typer.Option(envvar="SRTM_HTTP_ADDRESS", help="HOST:PORT for the HTTP API (0: any)."),
+    ] = "127.0.0.1:4151",
+    broker_id: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_BROKER_ID", help="0..4095; the first 3 hex digits of message ids."
+        ),
+    ] = 0,
+    data_dir: Annotated[
+        Path,
+        typer.Option(
+            envvar="SRTM_DATA_DIR",
+            help="Where queues overflow to disk and where a graceful stop (SIGTERM) leaves "
+            "every message still owed; the next start delivers them.",
+        ),
+    ] = Path("srtm-data"),
+    trace_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="SRTM_TRACE_DIR",
+            help="Write broker-side trace rows as Parquet under DIR/broker/run=RUN/.",
+        ),
+    ] = None,
+    run_name: Annotated[
+        str, typer.Option("--run", envvar="SRTM_RUN", help="Trace partition (run) name.")
+    ] = "default",
+    trace_sample: Annotated[
+        float, typer.Option(help="Share of messages traced, in (0, 1].", min=0.0, max=1.0)
+    ] = 1.0,
+    mem_queue_size: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_MEM_QUEUE_SIZE",
+            help="Messages each queue keeps in memory before overflowing to disk "
+            "(ephemeral queues drop beyond it, counted in /stats).",
+            min=0,
+        ),
+    ] = 10_000,
+    msg_timeout_ms: Annotated[
+        int, typer.Option(help="Default in-flight timeout before a message is requeued (ms).")
+    ] = 60_000,
+    heartbeat_ms: Annotated[
+        int, typer.Option(help="Default heartbeat interval (ms); clients may negotiate theirs.")
+    ] = 30_000,
+    arrival_stamps: Annotated[
+        str,
+        typer.Option(
+            help="'kernel': SO_TIMESTAMPNS receive stamps (falls back where unsupported); "
+            "'user': a clock read after each read."
+        ),
+    ] = "kernel",
+    release_spin_us: Annotated[
+        int,
+        typer.Option(
+            help="Before a shaped release, yield to the loop instead of sleeping for this "
+            "long (µs): asyncio timers are only ~1 ms precise.",
+            min=0,
+        ),
+    ] = 1_500,
+    window_s: Annotated[
+        int, typer.Option(help="TB Adaptor window: average rate and max backlog over N s.", min=1)
+    ] = 10,
+) -> None:
+    """Run a broker: NSQ's TCP protocol V2 and nsqd's HTTP API, with per-topic shaping.
+
+    Stops on SIGTERM or Ctrl-C, writing queued, deferred and in-flight messages to
+    --data-dir for the next start.
+    """
+    from srtm.broker import BrokerOptions
+    from srtm.broker.server import run
+
+    if arrival_stamps not in ("kernel", "user"):
+        raise typer.BadParameter("must be 'kernel' or 'user'", param_hint="--arrival-stamps")
+    tcp_host, tcp_port = _address(tcp_address, "--tcp-address")
+    http_host, http_port = _address(http_address, "--http-address")
+    try:
+        options = BrokerOptions(
+            tcp_host=tcp_host,
+            tcp_port=tcp_port,
+            http_host=http_host,
+            http_port=http_port,
+            broker_id=broker_id,
+            data_dir=data_dir,
+            trace_dir=trace_dir,
+            run=run_name,
+            trace_sample=trace_sample,
+            mem_queue_size=mem_queue_size,
+            msg_timeout_ms=msg_timeout_ms,
+            heartbeat_interval_ms=heartbeat_ms,
+            kernel_timestamps=arrival_stamps == "kernel",
+            release_spin_ns=release_spin_us * 1000,
+            window_seconds=window_s,
+        )
+
+        def ready(b: object) -> None:
+            from srtm.broker import Broker
+
+            assert isinstance(b, Broker) and b.tcp_address and b.http_address
+            t, h = b.tcp_address, b.http_address
+            print(f"srtm broker {broker_id} tcp={t[0]}:{t[1]} http={h[0]}:{h[1]}", flush=True)
+
+        run(options, ready)
+    except (ValueError, OSError) as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc

@@ -36,6 +36,11 @@ class Reservation:
     wait_ns: int
     _end_tat: int
 
+    @property
+    def backlog_ns(self) -> int:
+        """The bucket's unfinished work right after this booking (its virtual backlog)."""
+        return self._end_tat - (self.release_ns - self.wait_ns)
+
 
 @dataclass(frozen=True, slots=True)
 class BucketCounters:

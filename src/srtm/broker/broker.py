@@ -1,0 +1,433 @@
+"""The broker: topics and clients on one asyncio loop, a precise releaser, timers,
+durable queues under ``data_dir`` and the graceful shutdown that fills them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from srtm.broker.diskqueue import DiskQueue
+from srtm.broker.message import Message, MessageIds
+from srtm.broker.options import VERSION, BrokerOptions
+from srtm.broker.queue import MessageQueue
+from srtm.broker.state import Channel, Topic
+from srtm.broker.stats import BrokerStats
+from srtm.broker.tcp import Client
+from srtm.broker.traces import TraceWriter
+from srtm.protocol import ProtocolError, errors, is_ephemeral, is_valid_name
+from srtm.ratelimit import TokenBucket
+
+log = logging.getLogger("srtm.broker")
+_META = "meta.json"
+_FOREVER = 2**63 - 1
+
+
+def _queue_dir(data_dir: Path, key: str) -> Path:
+    # Names may be "." or "..": a prefix keeps every key a plain file name.
+    return data_dir / "queues" / f"q-{key}"
+
+
+class Broker:
+    """Owns the topics; ``Client`` objects call into it, it calls back to send frames."""
+
+    def __init__(self, options: BrokerOptions | None = None) -> None:
+        self.options = options or BrokerOptions()
+        self.version = VERSION
+        self.topics: dict[str, Topic] = {}
+        self.clients: set[Client] = set()
+        self.stats = BrokerStats(self.options.window_seconds)
+        self.ids = MessageIds(self.options.broker_id, time.time_ns() // 1000)
+        self.started_ns = time.time_ns()
+        self.tcp_address: tuple[str, int] | None = None
+        self.http_address: tuple[str, int] | None = None
+        self.traces: TraceWriter | None = None
+        self._disk: dict[str, DiskQueue] = {}
+        self._dirty: set[Channel] = set()
+        self._flush_scheduled = False
+        self._release_wakeup: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._listener: socket.socket | None = None
+        self.stopped = asyncio.Event()
+
+    # -- queues --------------------------------------------------------------------------
+    def _queue(self, key: str) -> MessageQueue:
+        mem = self.options.mem_queue_size
+        if is_ephemeral(key.split(":")[-1].split("@")[0]):
+            return MessageQueue(mem)
+        disk = DiskQueue(_queue_dir(self.options.data_dir, key))
+        self._disk[key] = disk
+        return MessageQueue(mem, disk)
+
+    def _remove_queue(self, key: str) -> None:
+        disk = self._disk.pop(key, None)
+        if disk is not None:
+            disk.remove()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        opts = self.options
+        opts.data_dir.mkdir(parents=True, exist_ok=True)
+        self._restore()
+        if opts.trace_dir is not None:
+            self.traces = TraceWriter(
+                opts.trace_dir, opts.run, str(opts.broker_id), opts.trace_sample
+            )
+        listener = socket.create_server((opts.tcp_host, opts.tcp_port))
+        listener.setblocking(False)
+        self._listener = listener
+        self.tcp_address = listener.getsockname()[:2]
+        self._release_wakeup = asyncio.Event()
+        self._tasks = [
+            asyncio.create_task(self._accept_loop(listener), name="srtm-accept"),
+            asyncio.create_task(self._release_loop(), name="srtm-release"),
+            asyncio.create_task(self._scan_loop(), name="srtm-scan"),
+            asyncio.create_task(self._housekeeping_loop(), name="srtm-housekeeping"),
+        ]
+        for topic in self.topics.values():
+            self._kick(topic)
+
+    async def stop(self) -> None:
+        """Stop serving and persist every message still owed (queued, deferred, in flight)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        for client in list(self.clients):
+            client.close()  # in-flight messages go back to their channel's queue
+        self._persist()
+        if self.traces is not None:
+            await self.traces.close()
+        self.stopped.set()
+
+    def _persist(self) -> None:
+        meta: dict[str, object] = {"version": 1, "next_id": self.ids.last + 1, "topics": []}
+        topics: list[dict[str, object]] = []
+        for topic in self.topics.values():
+            if topic.ephemeral:
+                continue
+            for key, head in topic.head():
+                self._disk[key].save_head(head)
+            channels = []
+            for ch in topic.channels.values():
+                if ch.ephemeral:
+                    continue
+                self._disk[f"{topic.name}:{ch.name}"].save_head(ch.head())
+                channels.append({"name": ch.name, "paused": ch.paused})
+            bucket = topic.bucket
+            topics.append(
+                {
+                    "name": topic.name,
+                    "paused": topic.paused,
+                    "bucket": None
+                    if bucket is None
+                    else {"rate": bucket.rate, "burst": bucket.burst},
+                    "channels": channels,
+                }
+            )
+        meta["topics"] = topics
+        for disk in self._disk.values():
+            disk.close()
+        self._disk.clear()
+        path = self.options.data_dir / _META
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, path)
+
+    def _restore(self) -> None:
+        path = self.options.data_dir / _META
+        if not path.exists():
+            return
+        meta = json.loads(path.read_text())
+        self.ids = MessageIds(
+            self.options.broker_id, max(meta.get("next_id", 0), self.ids.last + 1)
+        )
+        now = time.time_ns()
+        for t in meta.get("topics", []):
+            topic = self.topic(t["name"])
+            topic.paused = bool(t.get("paused"))
+            if t.get("bucket"):
+                self.set_bucket(topic.name, t["bucket"]["rate"], t["bucket"]["burst"])
+            for c in t.get("channels", []):
+                ch = topic.channel(c["name"])
+                ch.paused = bool(c.get("paused"))
+                self._restore_channel(ch)
+            self._restore_topic(topic, now)
+        path.unlink()
+        restored = sum(
+            t.depth + sum(c.depth + c.deferred_count for c in t.channels.values())
+            for t in self.topics.values()
+        )
+        if restored:
+            log.info("restored %d messages from %s", restored, self.options.data_dir)
+
+    def _restore_channel(self, ch: Channel) -> None:
+        head = self._disk[f"{ch.topic}:{ch.name}"].take_head()
+        ch.queue.mem.extendleft(reversed([m for m, due in head if due is None]))
+        for msg, due in head:
+            if due is not None:
+                ch.defer(msg, due)
+
+    def _restore_topic(self, topic: Topic, now: int) -> None:
+        held = self._disk[topic.name].take_head()
+        topic.held.mem.extendleft(reversed([m for m, due in held if due is None]))
+        topic.held_deferred += [(m, due) for m, due in held if due is not None]
+        shaping = [m for m, _ in self._disk[f"{topic.name}@shaping"].take_head()]
+        topic.shaping.mem.extendleft(reversed(shaping))
+        if topic.bucket is not None:
+            # Booked against the old run's bucket: book again, so a restart cannot burst.
+            for _ in range(len(topic.shaping)):
+                msg = topic.shaping.popleft()
+                msg.release_ns = topic.bucket.reserve(at=max(now, msg.arrival_ns)).release_ns
+                topic.shaping.append(msg)
+        if topic.channels and topic.held:
+            first = next(iter(topic.channels.values()))
+            for msg in topic.held.drain():
+                first.put(msg)
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            sock, _ = await loop.sock_accept(listener)
+            try:
+                self.clients.add(Client(self, sock, self.options.kernel_timestamps))
+            except OSError:
+                sock.close()  # gone before we could set it up
+
+    def disconnected(self, client: Client) -> None:
+        self.clients.discard(client)
+        ch = client.channel
+        if ch is None:
+            return
+        ch.remove_consumer(client)
+        self.mark_ready(ch)
+        if ch.ephemeral and not ch.consumers:
+            self.delete_channel(ch.topic, ch.name)
+
+    # -- topics and channels -------------------------------------------------------------
+    def topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            if not is_valid_name(name):
+                raise ProtocolError(errors.E_BAD_TOPIC, f"topic name {name!r} is not valid")
+            topic = self.topics[name] = Topic(name, self._queue)
+        return topic
+
+    def channel(self, topic_name: str, channel_name: str) -> Channel:
+        if not is_valid_name(channel_name):
+            raise ProtocolError(errors.E_BAD_CHANNEL, f"channel name {channel_name!r} is not valid")
+        topic = self.topic(topic_name)
+        ch = topic.channel(channel_name)
+        self.mark_ready(ch)
+        return ch
+
+    def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel:
+        ch = self.channel(topic_name, channel_name)
+        ch.add_consumer(client)
+        return ch
+
+    def delete_channel(self, topic_name: str, channel_name: str) -> None:
+        topic = self.topics.get(topic_name)
+        if topic is None or channel_name not in topic.channels:
+            raise KeyError(channel_name)
+        ch = topic.channels.pop(channel_name)
+        for consumer in list(ch.consumers):
+            if isinstance(consumer, Client):
+                consumer.close()
+        self._remove_queue(f"{topic_name}:{channel_name}")
+        self.stats.drop_channel(topic_name, channel_name)
+        if topic.ephemeral and not topic.channels:
+            self.delete_topic(topic_name)
+
+    def delete_topic(self, name: str) -> None:
+        topic = self.topics.pop(name)
+        for ch_name in list(topic.channels):
+            ch = topic.channels.pop(ch_name)
+            for consumer in list(ch.consumers):
+                if isinstance(consumer, Client):
+                    consumer.close()
+            self._remove_queue(f"{name}:{ch_name}")
+        self._remove_queue(name)
+        self._remove_queue(f"{name}@shaping")
+        self.stats.drop_topic(name)
+
+    def set_bucket(self, topic_name: str, rate: float, burst: float) -> TokenBucket:
+        """Give a topic its sub-bucket, or retune it keeping its state."""
+        topic = self.topic(topic_name)
+        if topic.bucket is None:
+            topic.bucket = TokenBucket(rate, burst, clock=time.time_ns)
+        else:
+            # Validate both before changing either, so a bad pair changes nothing.
+            TokenBucket(rate, burst)
+            topic.bucket.set_rate(rate)
+            topic.bucket.set_burst(burst)
+        return topic.bucket
+
+    def clear_bucket(self, topic_name: str) -> None:
+        """Stop shaping: what waits for tokens is released at once."""
+        topic = self.topic(topic_name)
+        topic.bucket = None
+        self._release(topic, _FOREVER)
+
+    def pause_topic(self, name: str, paused: bool) -> None:
+        topic = self.topics[name]
+        topic.paused = paused
+        if not paused:
+            self._kick(topic)
+
+    def pause_channel(self, topic_name: str, channel_name: str, paused: bool) -> None:
+        ch = self.topics[topic_name].channels[channel_name]
+        ch.paused = paused
+        self.mark_ready(ch)
+
+    # -- publishing ----------------------------------------------------------------------
+    def publish(
+        self, topic_name: str, bodies: Iterable[bytes], arrival: int, publisher: str
+    ) -> None:
+        topic = self.topic(topic_name)
+        now = time.time_ns()
+        n = 0
+        backlog = 0.0
+        for body in bodies:
+            b = topic.put(Message(self.ids.next(), body, now, arrival, publisher=publisher))
+            backlog = max(backlog, b)
+            n += 1
+        self.stats.topic(topic_name).window.add(arrival, n, backlog)
+        self._kick(topic)
+
+    def publish_deferred(
+        self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str
+    ) -> None:
+        topic = self.topic(topic_name)
+        now = time.time_ns()
+        topic.defer(
+            Message(self.ids.next(), body, now, arrival, publisher=publisher),
+            now + defer_ms * 1_000_000,
+        )
+        self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
+
+    def _kick(self, topic: Topic) -> None:
+        if topic.bucket is None:
+            self._release(topic, time.time_ns())
+        elif self._release_wakeup is not None:
+            self._release_wakeup.set()
+
+    def _release(self, topic: Topic, upto: int) -> None:
+        """Release what is due by ``upto`` to the channels."""
+        released = topic.release(upto)
+        if not released:
+            return
+        if topic.bucket is not None:
+            wait = self.stats.topic(topic.name).token_wait
+            for r in released:
+                wait.add(r.due_ns - r.message.arrival_ns)
+        for ch in topic.channels.values():
+            self.mark_ready(ch)
+
+    # -- delivery ------------------------------------------------------------------------
+    def mark_ready(self, channel: Channel) -> None:
+        """Dispatch this channel soon (once per loop turn, however many calls)."""
+        self._dirty.add(channel)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        now = time.time_ns()
+        for ch in dirty:
+            out = ch.dispatch(now)
+            if not out:
+                continue
+            self._account(ch, out, now)
+            for consumer, msg in out:
+                assert isinstance(consumer, Client)
+                consumer.send_message(msg)
+
+    def _account(self, ch: Channel, out: Sequence[tuple[object, Message]], now: int) -> None:
+        topic = self.topics.get(ch.topic)
+        if topic is None:
+            return
+        ts = self.stats.topic(ch.topic)
+        cs = ts.channel(ch.name)
+        shaped = topic.bucket is not None
+        first_channel = next(iter(topic.channels.values()), None) is ch
+        traces = self.traces
+        first = sum(1 for _, m in out if m.attempts == 1)
+        if first:
+            cs.window.add(now, first, 0.0)
+        for _, msg in out:
+            if msg.attempts != 1:
+                continue
+            latency = now - msg.arrival_ns
+            cs.latency.add(latency)
+            cs.token_wait.add(msg.release_ns - msg.arrival_ns)
+            if first_channel:
+                ts.latency.add(latency)
+                if shaped:
+                    ts.lateness.add(now - msg.release_ns)
+                if traces is not None:
+                    traces.add(ch.topic, msg, now)
+
+    async def _release_loop(self) -> None:
+        """Release shaped messages on time: sleep while the next release is far, then
+        yield to the loop until it is due (asyncio's timers are about 1 ms coarse)."""
+        assert self._release_wakeup is not None
+        wakeup = self._release_wakeup
+        spin = self.options.release_spin_ns
+        while True:
+            now = time.time_ns()
+            due = None
+            for topic in list(self.topics.values()):
+                if topic.bucket is None:
+                    continue
+                nxt = topic.next_release_ns()
+                if nxt is None:
+                    continue
+                if nxt <= now:
+                    self._release(topic, now)
+                    nxt = topic.next_release_ns()
+                if nxt is not None and (due is None or nxt < due):
+                    due = nxt
+            if due is None:
+                wakeup.clear()
+                await wakeup.wait()
+                continue
+            wait = due - time.time_ns()
+            if wait > spin:
+                wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), (wait - spin) / 1e9)
+            else:
+                await asyncio.sleep(0)
+
+    async def _scan_loop(self) -> None:
+        """Deferred messages that came due and in-flight messages that timed out."""
+        interval = self.options.scan_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            now = time.time_ns()
+            for topic in list(self.topics.values()):
+                for ch in list(topic.channels.values()):
+                    due = ch.next_due_ns()
+                    if due is not None and due <= now and ch.tick(now):
+                        self.mark_ready(ch)
+
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.stats.flush()
+            if self.traces is not None:
+                self.traces.maybe_roll()

@@ -1,0 +1,273 @@
+"""nsqd's HTTP API (aiohttp), plus /metrics and SRTM's ``/srtm/bucket``."""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from srtm.broker.metrics import BrokerCollector
+from srtm.broker.report import stats_document
+from srtm.protocol import ProtocolError, is_valid_name
+
+if TYPE_CHECKING:
+    from srtm.broker.broker import Broker
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class HttpError(Exception):
+    """An nsqd-style error reply: ``{"message": CODE}`` (with SRTM's ``detail``)."""
+
+    def __init__(self, status: int, code: str, detail: str = "") -> None:
+        super().__init__(code)
+        self.status, self.code, self.detail = status, code, detail
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except HttpError as err:
+        body = {"message": err.code} | ({"detail": err.detail} if err.detail else {})
+        return web.json_response(body, status=err.status)
+
+
+def _topic_name(request: web.Request) -> str:
+    name = request.query.get("topic")
+    if not name:
+        raise HttpError(400, "MISSING_ARG_TOPIC")
+    if not is_valid_name(name):
+        raise HttpError(400, "INVALID_TOPIC", f"topic name {name!r} is not valid")
+    return name
+
+
+def _channel_name(request: web.Request) -> str:
+    name = request.query.get("channel")
+    if not name:
+        raise HttpError(400, "MISSING_ARG_CHANNEL")
+    if not is_valid_name(name):
+        raise HttpError(400, "INVALID_CHANNEL", f"channel name {name!r} is not valid")
+    return name
+
+
+def _number(request: web.Request, key: str) -> float:
+    raw = request.query.get(key)
+    if raw is None:
+        raise HttpError(400, f"MISSING_ARG_{key.upper()}")
+    try:
+        return float(raw)
+    except ValueError:
+        raise HttpError(400, f"INVALID_{key.upper()}", f"{key} {raw!r} is not a number") from None
+
+
+def split_mpub(body: bytes, binary: bool, max_msg: int) -> list[bytes]:
+    """/mpub bodies: newline-separated text, or nsqd's binary ``[count]([size][body])*``."""
+    if not binary:
+        msgs = [m for m in body.split(b"\n") if m]
+    else:
+        if len(body) < 4:
+            raise HttpError(400, "INVALID_BODY", "binary body shorter than its count")
+        (count,) = struct.unpack_from(">I", body)
+        msgs, pos = [], 4
+        for i in range(count):
+            if pos + 4 > len(body):
+                raise HttpError(400, "INVALID_BODY", f"message {i}: size missing")
+            (size,) = struct.unpack_from(">I", body, pos)
+            pos += 4
+            if size == 0 or pos + size > len(body):
+                raise HttpError(400, "INVALID_BODY", f"message {i}: bad size {size}")
+            msgs.append(body[pos : pos + size])
+            pos += size
+        if pos != len(body):
+            raise HttpError(400, "INVALID_BODY", "bytes left after the last message")
+    if not msgs:
+        raise HttpError(400, "MSG_EMPTY")
+    for m in msgs:
+        if len(m) > max_msg:
+            raise HttpError(413, "MSG_TOO_BIG", f"{len(m)} > {max_msg} bytes")
+    return msgs
+
+
+def make_app(broker: Broker) -> web.Application:
+    limits = broker.options.limits
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(broker))
+
+    async def ping(request: web.Request) -> web.Response:
+        return web.Response(text="OK")
+
+    async def info(request: web.Request) -> web.Response:
+        opts = broker.options
+        tcp = broker.tcp_address or (opts.tcp_host, opts.tcp_port)
+        return web.json_response(
+            {
+                "version": broker.version,
+                "broadcast_address": tcp[0],
+                "hostname": tcp[0],
+                "tcp_port": tcp[1],
+                "http_port": broker.http_address[1] if broker.http_address else opts.http_port,
+                "start_time": broker.started_ns // 1_000_000_000,
+                "srtm": {"broker_id": opts.broker_id},
+            }
+        )
+
+    async def pub(request: web.Request) -> web.Response:
+        arrival = time.time_ns()
+        topic = _topic_name(request)
+        if request.content_length and request.content_length > limits.max_msg_size:
+            raise HttpError(413, "MSG_TOO_BIG")
+        body = await request.read()
+        if not body:
+            raise HttpError(400, "MSG_EMPTY")
+        if len(body) > limits.max_msg_size:
+            raise HttpError(413, "MSG_TOO_BIG")
+        publisher = request.query.get("publisher", "")
+        if "defer" in request.query:
+            defer = request.query["defer"]
+            if not defer.isdigit() or int(defer) > limits.max_req_timeout_ms:
+                raise HttpError(400, "INVALID_DEFER", f"defer {defer!r} ms")
+            broker.publish_deferred(topic, body, int(defer), arrival, publisher)
+        else:
+            broker.publish(topic, [body], arrival, publisher)
+        return web.Response(text="OK")
+
+    async def mpub(request: web.Request) -> web.Response:
+        arrival = time.time_ns()
+        topic = _topic_name(request)
+        if request.content_length and request.content_length > limits.max_body_size:
+            raise HttpError(413, "BODY_TOO_BIG")
+        body = await request.read()
+        if len(body) > limits.max_body_size:
+            raise HttpError(413, "BODY_TOO_BIG")
+        binary = request.query.get("binary", "false").lower() in ("true", "1")
+        msgs = split_mpub(body, binary, limits.max_msg_size)
+        broker.publish(topic, msgs, arrival, request.query.get("publisher", ""))
+        return web.Response(text="OK")
+
+    async def stats(request: web.Request) -> web.Response:
+        q = request.query
+        doc = stats_document(
+            broker,
+            q.get("topic") or None,
+            q.get("channel") or None,
+            q.get("include_clients", "true") != "false",
+        )
+        if q.get("format") == "json":
+            return web.json_response(doc)
+        return web.Response(text=_stats_text(doc))
+
+    def topic_action(action: str) -> Handler:
+        async def handler(request: web.Request) -> web.Response:
+            name = _topic_name(request)
+            if action == "create":
+                broker.topic(name)
+            elif name not in broker.topics:
+                raise HttpError(404, "TOPIC_NOT_FOUND")
+            elif action == "delete":
+                broker.delete_topic(name)
+            elif action == "empty":
+                broker.topics[name].empty()
+            else:
+                broker.pause_topic(name, action == "pause")
+            return web.Response(text="OK")
+
+        return handler
+
+    def channel_action(action: str) -> Handler:
+        async def handler(request: web.Request) -> web.Response:
+            topic, channel = _topic_name(request), _channel_name(request)
+            if action == "create":
+                broker.channel(topic, channel)
+                return web.Response(text="OK")
+            if topic not in broker.topics:
+                raise HttpError(404, "TOPIC_NOT_FOUND")
+            if channel not in broker.topics[topic].channels:
+                raise HttpError(404, "CHANNEL_NOT_FOUND")
+            if action == "delete":
+                broker.delete_channel(topic, channel)
+            elif action == "empty":
+                broker.topics[topic].channels[channel].empty()
+            else:
+                broker.pause_channel(topic, channel, action == "pause")
+            return web.Response(text="OK")
+
+        return handler
+
+    async def metrics(request: web.Request) -> web.Response:
+        resp = web.Response(body=generate_latest(registry))
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    async def bucket_get(request: web.Request) -> web.Response:
+        name = _topic_name(request)
+        topic = broker.topics.get(name)
+        if topic is None:
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        b = topic.bucket
+        doc = None if b is None else {"rate": b.rate, "burst": b.burst, "tokens": b.tokens()}
+        return web.json_response({"topic": name, "bucket": doc})
+
+    async def bucket_set(request: web.Request) -> web.Response:
+        name = _topic_name(request)
+        rate, burst = _number(request, "rate"), _number(request, "burst")
+        try:
+            b = broker.set_bucket(name, rate, burst)
+        except (ValueError, ProtocolError) as exc:
+            raise HttpError(400, "INVALID_BUCKET", str(exc)) from None
+        return web.json_response({"topic": name, "bucket": {"rate": b.rate, "burst": b.burst}})
+
+    async def bucket_delete(request: web.Request) -> web.Response:
+        name = _topic_name(request)
+        if name not in broker.topics:
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        broker.clear_bucket(name)
+        return web.json_response({"topic": name, "bucket": None})
+
+    app = web.Application(middlewares=[_errors], client_max_size=limits.max_body_size + 1024)
+    app.router.add_get("/ping", ping)
+    app.router.add_get("/info", info)
+    app.router.add_post("/pub", pub)
+    app.router.add_post("/mpub", mpub)
+    app.router.add_get("/stats", stats)
+    for action in ("create", "delete", "empty", "pause", "unpause"):
+        app.router.add_post(f"/topic/{action}", topic_action(action))
+        app.router.add_post(f"/channel/{action}", channel_action(action))
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/srtm/bucket", bucket_get)
+    app.router.add_post("/srtm/bucket", bucket_set)
+    app.router.add_delete("/srtm/bucket", bucket_delete)
+    return app
+
+
+def _stats_text(doc: dict[str, object]) -> str:
+    lines = [f"nsqd v{doc['version']} (srtm)", f"start_time {doc['start_time']}", ""]
+    for t in doc["topics"]:  # type: ignore[attr-defined]
+        lines.append(
+            f"[{t['topic_name']:<24}] depth: {t['depth']:<5} be-depth: {t['backend_depth']:<5} "
+            f"msgs: {t['message_count']:<8}"
+        )
+        for c in t["channels"]:
+            lines.append(
+                f"    [{c['channel_name']:<20}] depth: {c['depth']:<5} "
+                f"be-depth: {c['backend_depth']:<5} inflt: {c['in_flight_count']:<4} "
+                f"def: {c['deferred_count']:<4} re-q: {c['requeue_count']:<5} "
+                f"timeout: {c['timeout_count']:<5} msgs: {c['message_count']:<8}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+async def serve_http(broker: Broker) -> tuple[web.AppRunner, int]:
+    """Start the HTTP API; returns the runner (to stop it) and the bound port."""
+    app = make_app(broker)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, broker.options.http_host, broker.options.http_port)
+    await site.start()
+    port = int(runner.addresses[0][1])
+    broker.http_address = (broker.options.http_host, port)
+    return runner, port

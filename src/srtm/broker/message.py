@@ -1,0 +1,52 @@
+"""A message as the broker holds it, and the ids it gives messages."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Message:
+    """One message; each channel holds its own copy (own attempts, own deadlines).
+
+    Times are CLOCK_REALTIME ns: ``timestamp_ns`` is what NSQ clients see, ``arrival_ns``
+    the kernel's receive stamp, ``release_ns`` when the topic's sub-bucket let it go.
+    """
+
+    id: bytes
+    body: bytes
+    timestamp_ns: int
+    arrival_ns: int
+    release_ns: int = 0
+    attempts: int = 0
+    publisher: str = ""
+
+    def copy(self) -> Message:
+        return Message(
+            self.id,
+            self.body,
+            self.timestamp_ns,
+            self.arrival_ns,
+            self.release_ns,
+            self.attempts,
+            self.publisher,
+        )
+
+
+class MessageIds:
+    """16 hex characters, unique per broker: ``broker_id`` (12 bits), then a counter.
+
+    ``start`` lets a restarted broker continue after the ids it persisted.
+    """
+
+    def __init__(self, broker_id: int, start: int = 0) -> None:
+        if not 0 <= broker_id < 4096:
+            raise ValueError(f"broker_id must be in 0..4095, got {broker_id}")
+        self._prefix = broker_id << 52
+        self._counter = itertools.count(start)
+        self.last = start - 1
+
+    def next(self) -> bytes:
+        self.last = next(self._counter)
+        return b"%016x" % (self._prefix | self.last)

@@ -1,0 +1,87 @@
+"""Prometheus exposition of the broker's state, read at scrape time (no hot-path cost)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from srtm.broker.stats import Recorder
+
+if TYPE_CHECKING:
+    from srtm.broker.broker import Broker
+
+_QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"), ("0.999", "p99.9"))
+
+
+class BrokerCollector(Collector):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.broker
+        now = time.time_ns()
+        t_labels = ["topic"]
+        c_labels = ["topic", "channel"]
+        msgs = CounterMetricFamily("srtm_topic_messages", "Messages published", labels=t_labels)
+        depth = GaugeMetricFamily("srtm_topic_depth", "Messages the topic holds", labels=t_labels)
+        rate = GaugeMetricFamily("srtm_topic_rate", "Arrivals in the last second", labels=t_labels)
+        avg = GaugeMetricFamily(
+            "srtm_topic_window_rate", "Mean arrival rate over the adaptor window", labels=t_labels
+        )
+        backlog = GaugeMetricFamily(
+            "srtm_topic_window_max_backlog",
+            "Largest virtual backlog (tokens) over the adaptor window",
+            labels=t_labels,
+        )
+        b_rate = GaugeMetricFamily("srtm_bucket_rate", "Sub-bucket rate (1/s)", labels=t_labels)
+        b_burst = GaugeMetricFamily("srtm_bucket_burst", "Sub-bucket depth", labels=t_labels)
+        wait = GaugeMetricFamily(
+            "srtm_topic_token_wait_seconds", "Token wait quantiles", labels=[*t_labels, "quantile"]
+        )
+        lat = GaugeMetricFamily(
+            "srtm_topic_latency_seconds",
+            "In-broker latency (dispatch − arrival) quantiles",
+            labels=[*t_labels, "quantile"],
+        )
+        c_depth = GaugeMetricFamily("srtm_channel_depth", "Queued messages", labels=c_labels)
+        c_flight = GaugeMetricFamily("srtm_channel_in_flight", "In flight", labels=c_labels)
+        c_msgs = CounterMetricFamily("srtm_channel_messages", "Messages queued", labels=c_labels)
+        c_req = CounterMetricFamily("srtm_channel_requeues", "Requeues", labels=c_labels)
+        c_to = CounterMetricFamily("srtm_channel_timeouts", "Timeouts", labels=c_labels)
+        c_cli = GaugeMetricFamily("srtm_channel_clients", "Subscribed clients", labels=c_labels)
+        for t in list(b.topics.values()):
+            ts = b.stats.topic(t.name)
+            msgs.add_metric([t.name], t.message_count)
+            depth.add_metric([t.name], t.depth)
+            rate.add_metric([t.name], ts.window.rate_1s(now))
+            avg.add_metric([t.name], ts.window.average_rate(now))
+            backlog.add_metric([t.name], ts.window.max_backlog(now))
+            if t.bucket is not None:
+                b_rate.add_metric([t.name], t.bucket.rate)
+                b_burst.add_metric([t.name], t.bucket.burst)
+            _quantiles(wait, [t.name], ts.token_wait)
+            _quantiles(lat, [t.name], ts.latency)
+            for ch in list(t.channels.values()):
+                lv = [t.name, ch.name]
+                c_depth.add_metric(lv, ch.depth)
+                c_flight.add_metric(lv, len(ch.in_flight))
+                c_msgs.add_metric(lv, ch.message_count)
+                c_req.add_metric(lv, ch.requeue_count)
+                c_to.add_metric(lv, ch.timeout_count)
+                c_cli.add_metric(lv, len(ch.consumers))
+        clients = GaugeMetricFamily("srtm_clients", "Connected clients")
+        clients.add_metric([], len(b.clients))
+        yield from (msgs, depth, rate, avg, backlog, b_rate, b_burst, wait, lat)
+        yield from (c_depth, c_flight, c_msgs, c_req, c_to, c_cli, clients)
+
+
+def _quantiles(family: GaugeMetricFamily, labels: list[str], rec: Recorder) -> None:
+    s = rec.summary()
+    if not s["count"]:
+        return
+    for q, key in _QUANTILES:
+        family.add_metric([*labels, q], s[key] / 1e9)

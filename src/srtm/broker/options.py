@@ -1,0 +1,38 @@
+"""Broker settings (command-line flags map onto these)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from srtm.protocol import Limits
+
+VERSION = "1.3.0-srtm"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerOptions:
+    tcp_host: str = "127.0.0.1"
+    tcp_port: int = 4150
+    http_host: str = "127.0.0.1"
+    http_port: int = 4151
+    broker_id: int = 0
+    data_dir: Path = Path("srtm-data")
+    trace_dir: Path | None = None
+    #: Trace partition name (``broker/run=<run>/``).
+    run: str = "default"
+    #: Share of messages that get a trace row (1.0: all).
+    trace_sample: float = 1.0
+    limits: Limits = field(default_factory=Limits)
+    #: Messages a queue keeps in memory before overflowing to disk (nsqd's mem-queue-size).
+    mem_queue_size: int = 10_000
+    msg_timeout_ms: int = 60_000
+    heartbeat_interval_ms: int = 30_000
+    #: Kernel receive timestamps (SO_TIMESTAMPNS) for arrival times; else a clock read.
+    kernel_timestamps: bool = True
+    #: Yield to the loop instead of sleeping for the last stretch before a shaped release.
+    release_spin_ns: int = 1_500_000
+    #: How often deferred messages and in-flight timeouts are checked.
+    scan_interval_ms: int = 10
+    #: The TB Adaptor's window: average rate and maximum backlog over this many seconds.
+    window_seconds: int = 10

@@ -1,0 +1,48 @@
+"""Run a broker as a process: TCP and HTTP on one loop, stop cleanly on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Callable
+
+from srtm.broker.broker import Broker
+from srtm.broker.http import serve_http
+from srtm.broker.options import BrokerOptions
+
+
+async def serve(options: BrokerOptions, on_ready: Callable[[Broker], None] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT; then persist what is owed to ``data_dir`` and return."""
+    broker = Broker(options)
+    await broker.start()
+    runner, _ = await serve_http(broker)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if on_ready is not None:
+        on_ready(broker)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+        await broker.stop()
+
+
+def run(options: BrokerOptions, on_ready: Callable[[Broker], None] | None = None) -> None:
+    """``serve`` on uvloop when it is installed, plain asyncio otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(options, on_ready))
+        return
+    with contextlib.suppress(KeyboardInterrupt):
+        if sys.version_info >= (3, 12):
+            uvloop.run(serve(options, on_ready))
+        else:
+            asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+            asyncio.run(serve(options, on_ready))

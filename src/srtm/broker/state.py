@@ -1,0 +1,305 @@
+"""Topics and channels: nsqd's delivery semantics plus SRTM's shaping, no I/O.
+
+Every method takes the current time (``now``, CLOCK_REALTIME ns, the clock arrival
+stamps come from) so the logic is deterministic under test. Queues come from a
+factory the broker injects (memory-bounded, overflowing to disk where durable).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from srtm.broker.message import Message
+from srtm.broker.queue import MessageQueue
+from srtm.protocol import is_ephemeral
+from srtm.ratelimit import TokenBucket
+
+#: Makes the queue for a key: ``topic`` (held), ``topic@shaping``, ``topic:channel``.
+QueueFactory = Callable[[str], MessageQueue]
+
+
+def memory_queues(mem_size: int = 1 << 62) -> QueueFactory:
+    """Queues without a backend (tests, ephemeral use)."""
+    return lambda key: MessageQueue(mem_size)
+
+
+class Consumer(Protocol):
+    """What a channel needs of a subscribed client."""
+
+    rdy: int
+    in_flight: int
+    msg_timeout_ns: int
+
+
+@dataclass(slots=True)
+class InFlight:
+    message: Message
+    consumer: Consumer
+    deadline_ns: int
+
+
+class DeliveryError(Exception):
+    """FIN/REQ/TOUCH of a message that is not in flight for this client."""
+
+
+@dataclass(eq=False)  # identity: channels are kept in sets
+class Channel:
+    """One subscription of a topic: every channel gets a copy, one consumer gets each."""
+
+    topic: str
+    name: str
+    queue: MessageQueue
+    in_flight: dict[bytes, InFlight] = field(default_factory=dict)
+    consumers: list[Consumer] = field(default_factory=list)
+    paused: bool = False
+    message_count: int = 0
+    requeue_count: int = 0
+    timeout_count: int = 0
+    _deferred: list[tuple[int, int, Message]] = field(default_factory=list)
+    _timeouts: list[tuple[int, int, bytes]] = field(default_factory=list)
+    _seq: itertools.count[int] = field(default_factory=itertools.count)
+    _next_consumer: int = 0
+
+    @property
+    def ephemeral(self) -> bool:
+        return is_ephemeral(self.name)
+
+    @property
+    def depth(self) -> int:
+        return len(self.queue)
+
+    @property
+    def deferred_count(self) -> int:
+        return len(self._deferred)
+
+    def put(self, msg: Message) -> None:
+        self.message_count += 1
+        self.queue.append(msg)
+
+    def defer(self, msg: Message, due_ns: int) -> None:
+        heapq.heappush(self._deferred, (due_ns, next(self._seq), msg))
+
+    # -- consumers -----------------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        """Drop a consumer; whatever it had in flight goes back to the front of the queue."""
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        back = [f for f in self.in_flight.values() if f.consumer is consumer]
+        for flight in reversed(back):
+            del self.in_flight[flight.message.id]
+            self.requeue_count += 1
+            self.queue.appendleft(flight.message)
+
+    def dispatch(self, now: int) -> list[tuple[Consumer, Message]]:
+        """Hand queued messages to consumers with RDY room, round-robin."""
+        out: list[tuple[Consumer, Message]] = []
+        if self.paused or not self.consumers:
+            return out
+        n = len(self.consumers)
+        idle = 0
+        while idle < n and self.queue:
+            consumer = self.consumers[self._next_consumer % n]
+            self._next_consumer += 1
+            if consumer.in_flight >= consumer.rdy:
+                idle += 1
+                continue
+            idle = 0
+            msg = self.queue.popleft()
+            msg.attempts += 1
+            consumer.in_flight += 1
+            deadline = now + consumer.msg_timeout_ns
+            self.in_flight[msg.id] = InFlight(msg, consumer, deadline)
+            heapq.heappush(self._timeouts, (deadline, next(self._seq), msg.id))
+            out.append((consumer, msg))
+        return out
+
+    # -- FIN / REQ / TOUCH ---------------------------------------------------------------
+    def _take(self, mid: bytes, consumer: Consumer) -> InFlight:
+        flight = self.in_flight.get(mid)
+        if flight is None or flight.consumer is not consumer:
+            raise DeliveryError(f"{mid.decode(errors='replace')} not found")
+        return flight
+
+    def fin(self, mid: bytes, consumer: Consumer) -> Message:
+        flight = self._take(mid, consumer)
+        del self.in_flight[mid]
+        consumer.in_flight -= 1
+        return flight.message
+
+    def req(self, mid: bytes, consumer: Consumer, delay_ns: int, now: int) -> None:
+        flight = self._take(mid, consumer)
+        del self.in_flight[mid]
+        consumer.in_flight -= 1
+        self.requeue_count += 1
+        if delay_ns > 0:
+            self.defer(flight.message, now + delay_ns)
+        else:
+            self.queue.append(flight.message)
+
+    def touch(self, mid: bytes, consumer: Consumer, now: int) -> None:
+        flight = self._take(mid, consumer)
+        flight.deadline_ns = now + consumer.msg_timeout_ns
+        heapq.heappush(self._timeouts, (flight.deadline_ns, next(self._seq), mid))
+
+    # -- time ----------------------------------------------------------------------------
+    def tick(self, now: int) -> bool:
+        """Requeue timed-out messages and queue due deferred ones; True if any moved."""
+        moved = False
+        while self._deferred and self._deferred[0][0] <= now:
+            self.queue.append(heapq.heappop(self._deferred)[2])
+            moved = True
+        while self._timeouts and self._timeouts[0][0] <= now:
+            deadline, _, mid = heapq.heappop(self._timeouts)
+            flight = self.in_flight.get(mid)
+            if flight is None or flight.deadline_ns != deadline:
+                continue  # finished, requeued or touched since
+            del self.in_flight[mid]
+            flight.consumer.in_flight -= 1
+            self.timeout_count += 1
+            self.queue.append(flight.message)
+            moved = True
+        return moved
+
+    def next_due_ns(self) -> int | None:
+        candidates = [h[0][0] for h in (self._deferred, self._timeouts) if h]
+        return min(candidates) if candidates else None
+
+    def head(self) -> list[tuple[Message, int | None]]:
+        """What this channel owes in memory, in delivery order, with due times of
+        deferred ones: in-flight first (they are the oldest), then the queue."""
+        out: list[tuple[Message, int | None]] = [(f.message, None) for f in self.in_flight.values()]
+        out += [(m, None) for m in self.queue.mem]
+        out += [(m, due) for due, _, m in sorted(self._deferred)]
+        return out
+
+    def empty(self) -> None:
+        """nsqd's /channel/empty: queued and deferred go; in-flight stay with their clients."""
+        self.queue.clear()
+        self._deferred.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """A message leaving a topic's sub-bucket, and when it was due."""
+
+    message: Message
+    due_ns: int
+
+
+@dataclass(eq=False)
+class Topic:
+    """A topic: an optional sub-bucket that shapes, then a copy to every channel."""
+
+    name: str
+    queues: QueueFactory
+    channels: dict[str, Channel] = field(default_factory=dict)
+    bucket: TokenBucket | None = None
+    paused: bool = False
+    message_count: int = 0
+    message_bytes: int = 0
+    #: Waiting for the sub-bucket to release them (release_ns set, FIFO).
+    shaping: MessageQueue = field(init=False)
+    #: Released before the topic had any channel: kept for the first one, never dropped.
+    held: MessageQueue = field(init=False)
+    #: DPUB'd before the topic had any channel, with their due times.
+    held_deferred: list[tuple[Message, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.shaping = self.queues(f"{self.name}@shaping")
+        self.held = self.queues(self.name)
+
+    @property
+    def ephemeral(self) -> bool:
+        return is_ephemeral(self.name)
+
+    @property
+    def depth(self) -> int:
+        return len(self.shaping) + len(self.held) + len(self.held_deferred)
+
+    @property
+    def backend_depth(self) -> int:
+        return self.shaping.backend_depth + self.held.backend_depth
+
+    def channel(self, name: str) -> Channel:
+        """The channel ``name``, created on first use (receiving what the topic held)."""
+        ch = self.channels.get(name)
+        if ch is None:
+            ch = self.channels[name] = Channel(self.name, name, self.queues(f"{self.name}:{name}"))
+            if len(self.channels) == 1:
+                for msg in self.held.drain():
+                    ch.put(msg)
+                for msg, due in self.held_deferred:
+                    ch.defer(msg, due)
+                self.held_deferred.clear()
+        return ch
+
+    def put(self, msg: Message) -> float:
+        """Accept a message; its release time follows from the sub-bucket and its arrival.
+
+        Returns the sub-bucket's virtual backlog (tokens owed) right after it, 0 unshaped.
+        """
+        self.message_count += 1
+        self.message_bytes += len(msg.body)
+        backlog = 0.0
+        if self.bucket is None:
+            msg.release_ns = msg.arrival_ns
+        else:
+            res = self.bucket.reserve(at=msg.arrival_ns)
+            msg.release_ns = res.release_ns
+            backlog = res.backlog_ns * self.bucket.rate / 1e9
+        self.shaping.append(msg)
+        return backlog
+
+    def defer(self, msg: Message, due_ns: int) -> None:
+        """DPUB: straight to each channel's deferred set (nsqd does not shape it either)."""
+        self.message_count += 1
+        self.message_bytes += len(msg.body)
+        msg.release_ns = msg.arrival_ns
+        if not self.channels:
+            self.held_deferred.append((msg, due_ns))
+        for ch in self.channels.values():
+            ch.defer(msg.copy(), due_ns)
+
+    def next_release_ns(self) -> int | None:
+        if self.paused:
+            return None
+        head = self.shaping.peek()
+        return None if head is None else head.release_ns
+
+    def release(self, now: int) -> list[Released]:
+        """Release every message due by ``now`` to the channels (or hold it)."""
+        out: list[Released] = []
+        if self.paused:
+            return out
+        targets = list(self.channels.values())
+        shaping = self.shaping
+        while (head := shaping.peek()) is not None and head.release_ns <= now:
+            msg = shaping.popleft()
+            out.append(Released(msg, msg.release_ns))
+            if not targets:
+                self.held.append(msg)
+            elif len(targets) == 1:
+                targets[0].put(msg)
+            else:
+                for ch in targets:
+                    ch.put(msg.copy())
+        return out
+
+    def head(self) -> Iterator[tuple[str, list[tuple[Message, int | None]]]]:
+        """What the topic itself holds in memory, per queue key (for shutdown)."""
+        yield f"{self.name}@shaping", [(m, None) for m in self.shaping.mem]
+        held: list[tuple[Message, int | None]] = [(m, None) for m in self.held.mem]
+        held += [(m, due) for m, due in self.held_deferred]
+        yield self.name, held
+
+    def empty(self) -> None:
+        self.shaping.clear()
+        self.held.clear()
+        self.held_deferred.clear()
