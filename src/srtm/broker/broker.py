@@ -95,6 +95,8 @@ class Broker:
 
     async def stop(self) -> None:
         """Stop serving and persist every message still owed (queued, deferred, in flight)."""
+        if self.stopped.is_set():
+            return
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -1,0 +1,162 @@
+"""nsqd's HTTP API, /metrics and /srtm/bucket, against an in-process broker."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from srtm.broker import Broker, BrokerOptions
+from srtm.broker.http import serve_http
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[tuple[Broker, aiohttp.ClientSession]]:
+    broker = Broker(BrokerOptions(tcp_port=0, http_port=0, data_dir=tmp_path / "data"))
+    await broker.start()
+    runner, port = await serve_http(broker)
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
+        yield broker, session
+    await runner.cleanup()
+    await broker.stop()
+
+
+async def call(
+    session: aiohttp.ClientSession, method: str, path: str, data: bytes = b""
+) -> tuple[int, Any]:
+    async with session.request(method, path, data=data) as resp:
+        if resp.content_type == "application/json":
+            return resp.status, await resp.json()
+        return resp.status, await resp.text()
+
+
+async def test_ping_info(api: tuple[Broker, aiohttp.ClientSession]) -> None:
+    broker, s = api
+    assert await call(s, "GET", "/ping") == (200, "OK")
+    status, info = await call(s, "GET", "/info")
+    assert status == 200 and info["tcp_port"] == broker.tcp_address[1]  # type: ignore[index]
+    assert info["version"].startswith("1.3")
+
+
+async def test_pub_mpub_text_and_binary(api: tuple[Broker, aiohttp.ClientSession]) -> None:
+    broker, s = api
+    assert await call(s, "POST", "/channel/create?topic=h&channel=c") == (200, "OK")
+    assert await call(s, "POST", "/pub?topic=h", b"one") == (200, "OK")
+    assert await call(s, "POST", "/mpub?topic=h", b"two\nthree\n") == (200, "OK")
+    binary = struct.pack(">I", 2) + b"".join(struct.pack(">I", len(m)) + m for m in (b"4", b"5\n5"))
+    assert await call(s, "POST", "/mpub?topic=h&binary=true", binary) == (200, "OK")
+    assert await call(s, "POST", "/pub?topic=h&defer=60000", b"later") == (200, "OK")
+    ch = broker.topics["h"].channels["c"]
+    assert [m.body for m in ch.queue.mem] == [b"one", b"two", b"three", b"4", b"5\n5"]
+    assert ch.deferred_count == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "code"),
+    [
+        ("POST", "/pub", b"x", 400, "MISSING_ARG_TOPIC"),
+        ("POST", "/pub?topic=bad*name", b"x", 400, "INVALID_TOPIC"),
+        ("POST", "/pub?topic=t", b"", 400, "MSG_EMPTY"),
+        ("POST", "/pub?topic=t", b"x" * ((1 << 20) + 1), 413, "MSG_TOO_BIG"),
+        ("POST", "/pub?topic=t&defer=soon", b"x", 400, "INVALID_DEFER"),
+        (
+            "POST",
+            "/mpub?topic=t&binary=true",
+            b"\x00\x00\x00\x02\x00\x00\x00\x01x",
+            400,
+            "INVALID_BODY",
+        ),
+        ("POST", "/topic/delete?topic=nope", b"", 404, "TOPIC_NOT_FOUND"),
+        ("POST", "/channel/pause?topic=nope&channel=c", b"", 404, "TOPIC_NOT_FOUND"),
+        ("POST", "/channel/create?topic=t", b"", 400, "MISSING_ARG_CHANNEL"),
+        ("POST", "/srtm/bucket?topic=t&rate=0&burst=5", b"", 400, "INVALID_BUCKET"),
+        ("POST", "/srtm/bucket?topic=t&rate=fast&burst=5", b"", 400, "INVALID_RATE"),
+        ("POST", "/srtm/bucket?topic=t&rate=5", b"", 400, "MISSING_ARG_BURST"),
+    ],
+)
+async def test_bad_requests_name_what_was_wrong(
+    api: tuple[Broker, aiohttp.ClientSession],
+    method: str,
+    path: str,
+    body: bytes,
+    status: int,
+    code: str,
+) -> None:
+    broker, s = api
+    got_status, doc = await call(s, method, path, body)
+    assert (got_status, doc["message"]) == (status, code)
+    assert "t" not in broker.topics or broker.topics["t"].message_count == 0
+
+
+async def test_topic_and_channel_actions(api: tuple[Broker, aiohttp.ClientSession]) -> None:
+    broker, s = api
+    for path in ("/topic/create?topic=a", "/channel/create?topic=a&channel=c"):
+        assert await call(s, "POST", path) == (200, "OK")
+    await call(s, "POST", "/pub?topic=a", b"x")
+    assert await call(s, "POST", "/channel/pause?topic=a&channel=c") == (200, "OK")
+    assert broker.topics["a"].channels["c"].paused
+    assert await call(s, "POST", "/channel/unpause?topic=a&channel=c") == (200, "OK")
+    assert await call(s, "POST", "/channel/empty?topic=a&channel=c") == (200, "OK")
+    assert broker.topics["a"].channels["c"].depth == 0
+    assert await call(s, "POST", "/topic/pause?topic=a") == (200, "OK")
+    await call(s, "POST", "/pub?topic=a", b"y")
+    assert broker.topics["a"].depth == 1 and broker.topics["a"].channels["c"].depth == 0
+    assert await call(s, "POST", "/topic/unpause?topic=a") == (200, "OK")
+    assert broker.topics["a"].channels["c"].depth == 1
+    assert await call(s, "POST", "/channel/delete?topic=a&channel=c") == (200, "OK")
+    assert await call(s, "POST", "/topic/delete?topic=a") == (200, "OK")
+    assert "a" not in broker.topics
+
+
+async def test_stats_has_nsqd_shape_and_srtm_section(
+    api: tuple[Broker, aiohttp.ClientSession],
+) -> None:
+    _broker, s = api
+    await call(s, "POST", "/srtm/bucket?topic=st&rate=1000&burst=4")
+    await call(s, "POST", "/channel/create?topic=st&channel=c")
+    await call(s, "POST", "/mpub?topic=st", b"a\nb\nc\nd\ne\nf\n")
+    status, doc = await call(s, "GET", "/stats?format=json")
+    assert status == 200 and doc["health"] == "OK"
+    (topic,) = doc["topics"]
+    assert topic["topic_name"] == "st" and topic["message_count"] == 6
+    (channel,) = topic["channels"]
+    for key in ("depth", "backend_depth", "in_flight_count", "deferred_count", "requeue_count"):
+        assert key in channel
+    (srtm,) = doc["srtm"]["topics"]
+    assert srtm["bucket"]["rate"] == 1000 and srtm["bucket"]["burst"] == 4
+    assert srtm["window"]["seconds"] == 10
+    assert srtm["window"]["max_backlog"] == pytest.approx(6)  # 6 arrivals at once, 1 token each
+    for key in ("token_wait_ns", "latency_ns", "release_lateness_ns"):
+        assert set(srtm[key]) == {"count", "mean", "p50", "p95", "p99", "p999"}
+    assert "gap_ns" in doc["srtm"]["arrival_stamps"]
+    status, text = await call(s, "GET", "/stats")
+    assert status == 200 and "[st" in text
+
+
+async def test_metrics_are_prometheus_text(api: tuple[Broker, aiohttp.ClientSession]) -> None:
+    _broker, s = api
+    await call(s, "POST", "/srtm/bucket?topic=m&rate=50&burst=2")
+    await call(s, "POST", "/mpub?topic=m", b"a\nb\nc\n")
+    status, text = await call(s, "GET", "/metrics")
+    assert status == 200
+    assert 'srtm_topic_messages_total{topic="m"} 3.0' in text
+    assert 'srtm_bucket_rate{topic="m"} 50.0' in text
+
+
+async def test_bucket_get_set_delete(api: tuple[Broker, aiohttp.ClientSession]) -> None:
+    broker, s = api
+    status, doc = await call(s, "POST", "/srtm/bucket?topic=b&rate=100&burst=3")
+    assert status == 200 and doc["bucket"] == {"rate": 100.0, "burst": 3.0}
+    status, doc = await call(s, "GET", "/srtm/bucket?topic=b")
+    assert doc["bucket"]["rate"] == 100.0
+    await call(s, "POST", "/channel/create?topic=b&channel=c")
+    await call(s, "POST", "/mpub?topic=b", b"\n".join(b"%d" % i for i in range(50)))
+    assert len(broker.topics["b"].shaping) > 0  # most wait for tokens
+    status, doc = await call(s, "DELETE", "/srtm/bucket?topic=b")
+    assert status == 200 and doc["bucket"] is None
+    assert len(broker.topics["b"].shaping) == 0  # released at once, none lost
+    assert broker.topics["b"].channels["c"].depth == 50

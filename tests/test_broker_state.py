@@ -1,0 +1,226 @@
+"""nsqd's delivery semantics and SRTM's shaping, on the pure topic/channel state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from srtm.broker.message import Message
+from srtm.broker.state import Channel, DeliveryError, Topic, memory_queues
+from srtm.broker.stats import Recorder, Window
+from srtm.ratelimit import TokenBucket, check_conformance
+
+MS = 1_000_000
+
+
+@dataclass(eq=False)
+class FakeConsumer:
+    rdy: int = 0
+    in_flight: int = 0
+    msg_timeout_ns: int = 1_000 * MS
+
+
+def new_topic(name: str = "t") -> Topic:
+    return Topic(name, memory_queues())
+
+
+def message(i: int, arrival: int = 0) -> Message:
+    return Message(b"%016x" % i, b"body%d" % i, arrival, arrival)
+
+
+def publish(topic: Topic, n: int, arrival: int = 0) -> None:
+    for i in range(n):
+        topic.put(message(i, arrival))
+    topic.release(arrival)
+
+
+def test_every_channel_gets_a_copy() -> None:
+    topic = new_topic()
+    a, b = topic.channel("a"), topic.channel("b")
+    publish(topic, 3)
+    assert a.depth == b.depth == 3
+    assert [m.body for m in a.queue.mem] == [m.body for m in b.queue.mem]
+    assert a.queue.mem[0] is not b.queue.mem[0]  # own attempts, own deadlines
+
+
+def test_each_message_goes_to_one_consumer_within_rdy() -> None:
+    topic = new_topic()
+    ch = topic.channel("c")
+    c1, c2 = FakeConsumer(rdy=2), FakeConsumer(rdy=1)
+    ch.add_consumer(c1)
+    ch.add_consumer(c2)
+    publish(topic, 5)
+    out = ch.dispatch(0)
+    assert len(out) == 3  # RDY 2 + RDY 1
+    assert len({m.id for _, m in out}) == 3
+    assert (c1.in_flight, c2.in_flight) == (2, 1)
+    assert ch.depth == 2
+    assert ch.dispatch(0) == []  # nobody has room
+    ch.fin(out[0][1].id, out[0][0])
+    assert len(ch.dispatch(0)) == 1
+
+
+def test_messages_wait_for_the_first_channel() -> None:
+    topic = new_topic()
+    publish(topic, 4)
+    topic.defer(message(9), 5 * MS)
+    assert topic.depth == 5
+    ch = topic.channel("late")
+    assert ch.depth == 4 and ch.deferred_count == 1
+    assert topic.depth == 0
+    assert topic.channel("later").depth == 0  # only the first channel gets what was held
+
+
+def test_fin_req_touch_only_for_the_holder() -> None:
+    topic = new_topic()
+    ch = topic.channel("c")
+    holder, other = FakeConsumer(rdy=5), FakeConsumer(rdy=5)
+    ch.add_consumer(holder)
+    publish(topic, 1)
+    ((_, m),) = ch.dispatch(0)
+    ch.add_consumer(other)
+    for op in (lambda: ch.fin(m.id, other), lambda: ch.touch(m.id, other, 0)):
+        with pytest.raises(DeliveryError):
+            op()
+    with pytest.raises(DeliveryError):
+        ch.fin(b"f" * 16, holder)  # never given out
+    ch.fin(m.id, holder)
+    with pytest.raises(DeliveryError):
+        ch.fin(m.id, holder)  # already finished
+
+
+def test_req_with_delay_comes_back_later_with_one_more_attempt() -> None:
+    topic = new_topic()
+    ch = topic.channel("c")
+    c = FakeConsumer(rdy=5)
+    ch.add_consumer(c)
+    publish(topic, 1)
+    ((_, m),) = ch.dispatch(0)
+    ch.req(m.id, c, 100 * MS, now=0)
+    assert c.in_flight == 0 and ch.deferred_count == 1 and ch.requeue_count == 1
+    assert not ch.tick(99 * MS)
+    assert ch.tick(100 * MS)
+    ((_, again),) = ch.dispatch(100 * MS)
+    assert again.id == m.id and again.attempts == 2
+
+
+def test_timeouts_requeue_with_attempts_plus_one_and_touch_extends() -> None:
+    topic = new_topic()
+    ch = topic.channel("c")
+    c = FakeConsumer(rdy=5, msg_timeout_ns=1_000 * MS)
+    ch.add_consumer(c)
+    publish(topic, 2)
+    (_, m1), (_, m2) = ch.dispatch(0)
+    ch.touch(m2.id, c, 600 * MS)  # m2's deadline moves to 1,600 ms
+    assert ch.tick(1_000 * MS)
+    assert ch.timeout_count == 1 and c.in_flight == 1
+    ((_, again),) = ch.dispatch(1_000 * MS)
+    assert again.id == m1.id and again.attempts == 2
+    assert ch.tick(1_600 * MS) and ch.timeout_count == 2
+
+
+def test_a_disconnect_puts_in_flight_back_in_front() -> None:
+    topic = new_topic()
+    ch = topic.channel("c")
+    gone, stays = FakeConsumer(rdy=2), FakeConsumer(rdy=0)
+    ch.add_consumer(gone)
+    ch.add_consumer(stays)
+    publish(topic, 3)
+    taken = [m.id for _, m in ch.dispatch(0)]
+    ch.remove_consumer(gone)
+    assert [m.id for m in ch.queue.mem] == [*taken, b"%016x" % 2]
+    assert ch.in_flight == {}
+
+
+def test_paused_topic_and_channel_hold_messages() -> None:
+    topic = new_topic()
+    ch = topic.channel("c")
+    c = FakeConsumer(rdy=5)
+    ch.add_consumer(c)
+    topic.paused = True
+    topic.put(message(0))
+    assert topic.release(0) == [] and topic.depth == 1
+    topic.paused = False
+    topic.release(0)
+    ch.paused = True
+    assert ch.dispatch(0) == []
+    ch.paused = False
+    assert len(ch.dispatch(0)) == 1
+
+
+def test_shaped_burst_is_released_in_conformance_none_dropped() -> None:
+    topic = new_topic()
+    topic.bucket = TokenBucket(1_000, 10, clock=lambda: 0)
+    ch = topic.channel("c")
+    for i in range(200):
+        topic.put(message(i, arrival=0))  # a 200-message burst at t = 0
+    releases = []
+    now = 0
+    while topic.shaping:
+        nxt = topic.next_release_ns()
+        assert nxt is not None
+        now = max(now, nxt)
+        releases += [r.due_ns for r in topic.release(now)]
+    assert len(releases) == 200 and ch.depth == 200
+    assert check_conformance(releases, 1_000, 10) is None
+    assert releases[9] == 0 and releases[10] > 0  # the burst's first b go at once
+    # ... and the 200th waits (200 − 10) token times: 190 ms at 1,000/s
+    assert releases[-1] == pytest.approx(190 * MS, abs=1_000)
+
+
+def test_virtual_backlog_counts_tokens_owed() -> None:
+    topic = new_topic()
+    topic.bucket = TokenBucket(1_000, 10, clock=lambda: 0)
+    backlogs = [topic.put(message(i, arrival=0)) for i in range(20)]
+    assert backlogs[0] == pytest.approx(1)
+    assert backlogs[-1] == pytest.approx(20)
+    assert new_topic().put(message(0)) == 0.0
+
+
+def test_window_reports_average_rate_and_max_backlog() -> None:
+    w = Window(seconds=10)
+    s = 1_000_000_000
+    for sec in range(20):
+        w.add(sec * s, 100 if sec < 15 else 10, float(sec))
+    now = 20 * s
+    assert w.rate_1s(now) == 10
+    assert w.average_rate(now) == pytest.approx((5 * 100 + 5 * 10) / 10)
+    assert w.max_backlog(now) == 19
+    assert w.average_rate(100 * s) == 0  # everything aged out
+
+
+def test_recorder_batches_equal_recording_one_by_one() -> None:
+    import numpy as np
+    from hdrh.histogram import HdrHistogram
+
+    rng = np.random.default_rng(1)
+    values = rng.lognormal(11, 1.5, 50_000).astype(np.int64) + 1
+    rec = Recorder()
+    direct = HdrHistogram(1, 3_600_000_000_000, 3)
+    for v in values.tolist():
+        rec.add(v)
+        direct.record_value(v)
+    s = rec.summary()
+    assert s["count"] == len(values)
+    for p in (50, 95, 99, 99.9):
+        assert s[f"p{p:g}"] == direct.get_value_at_percentile(p)
+        exact = float(np.percentile(values, p, method="inverted_cdf"))
+        assert s[f"p{p:g}"] == pytest.approx(exact, rel=0.01)
+
+
+def test_channel_head_lists_in_flight_then_queue_then_deferred() -> None:
+    topic = new_topic()
+    ch: Channel = topic.channel("c")
+    c = FakeConsumer(rdy=1)
+    ch.add_consumer(c)
+    publish(topic, 3)
+    ((_, first),) = ch.dispatch(0)
+    ch.defer(message(7), 42)
+    head = ch.head()
+    assert [(m.id, due) for m, due in head] == [
+        (first.id, None),
+        (b"%016x" % 1, None),
+        (b"%016x" % 2, None),
+        (b"%016x" % 7, 42),
+    ]

@@ -1,0 +1,238 @@
+"""The broker over real sockets on 127.0.0.1: nsqd's codes, ordering, liveness, shaping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from nsq_raw import RawClient
+from srtm.broker import Broker, BrokerOptions
+from srtm.protocol import Dpub as DpubCmd
+from srtm.protocol import Fin, Mpub, Nop, Pub, Rdy, Sub, Touch
+from srtm.ratelimit import check_conformance
+
+MakeBroker = Callable[..., Awaitable[Broker]]
+
+
+@pytest.fixture
+async def make_broker(tmp_path: Path) -> AsyncIterator[MakeBroker]:
+    started: list[Broker] = []
+
+    async def make(**options: Any) -> Broker:
+        opts = BrokerOptions(tcp_port=0, http_port=0, data_dir=tmp_path / "data", **options)
+        broker = Broker(opts)
+        await broker.start()
+        started.append(broker)
+        return broker
+
+    yield make
+    for b in started:
+        await b.stop()
+
+
+async def connect(broker: Broker) -> RawClient:
+    assert broker.tcp_address is not None
+    return await RawClient.connect(*broker.tcp_address)
+
+
+async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+# -- nsqd's error codes ----------------------------------------------------------------
+async def test_bad_magic_is_refused_and_closed(make_broker: MakeBroker) -> None:
+    broker = await make_broker()
+    assert broker.tcp_address is not None
+    c = await RawClient.connect(*broker.tcp_address, magic=b"  V1")
+    assert (await c.error()).startswith("E_BAD_PROTOCOL")
+    assert await c.closed()
+
+
+@pytest.mark.parametrize(
+    ("command", "code"),
+    [
+        (b"PUB bad*topic\n\x00\x00\x00\x01x", "E_BAD_TOPIC"),
+        (b"SUB good bad/channel\n", "E_BAD_CHANNEL"),
+        (b"PUB " + b"t" * 65 + b"\n\x00\x00\x00\x01x", "E_BAD_TOPIC"),
+        (b"PUB t\n\x00\x10\x00\x01", "E_BAD_MESSAGE"),  # 1 MiB + 1, refused before it arrives
+        (b"MPUB t\n\x00\x50\x00\x01", "E_BAD_BODY"),  # 5 MiB + 1
+        (b"RDY 2501\n", "E_INVALID"),
+        (b"HELLO\n", "E_INVALID"),
+    ],
+)
+async def test_fatal_errors_get_nsqd_codes_and_close(
+    make_broker: MakeBroker, command: bytes, code: str
+) -> None:
+    broker = await make_broker()
+    c = await connect(broker)
+    await c.send(command)
+    assert (await c.error()).startswith(code)
+    assert await c.closed()
+
+
+async def test_rdy_before_sub_is_invalid(make_broker: MakeBroker) -> None:
+    c = await connect(await make_broker())
+    await c.send(Rdy(1))
+    assert (await c.error()).startswith("E_INVALID")
+    assert await c.closed()
+
+
+async def test_fin_req_touch_of_unknown_ids_are_not_fatal(make_broker: MakeBroker) -> None:
+    c = await connect(await make_broker())
+    await c.send(Sub("t", "c"))
+    assert await c.response() == b"OK"
+    await c.send(Fin(b"f" * 16), b"REQ " + b"f" * 16 + b" 0\n", Touch(b"f" * 16))
+    for code in ("E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"):
+        assert (await c.error()).startswith(code)
+    await c.send(Nop(), Rdy(1))
+    assert not await c.closed(0.2)  # still connected
+
+
+# -- ordering, delivery ----------------------------------------------------------------
+async def test_pipelined_commands_are_answered_in_order(make_broker: MakeBroker) -> None:
+    broker = await make_broker()
+    pub = await connect(broker)
+    sub = await connect(broker)
+    await pub.send(*[Pub("ordered", b"m%d" % i) for i in range(100)])
+    for _ in range(100):
+        assert await pub.response() == b"OK"
+    await sub.send(Sub("ordered", "c"), Rdy(100))  # pynsq sends these in one write
+    assert await sub.response() == b"OK"
+    bodies = [(await sub.message()).body for _ in range(100)]
+    assert bodies == [b"m%d" % i for i in range(100)]
+
+
+async def test_two_channels_each_get_every_message(make_broker: MakeBroker) -> None:
+    broker = await make_broker()
+    a, b, pub = await connect(broker), await connect(broker), await connect(broker)
+    for c, ch in ((a, "a"), (b, "b")):
+        await c.send(Sub("fan", ch), Rdy(50))
+        assert await c.response() == b"OK"
+    await pub.send(Mpub("fan", [b"x%d" % i for i in range(30)]))
+    assert await pub.response() == b"OK"
+    for c in (a, b):
+        msgs = [await c.message() for _ in range(30)]
+        assert [m.body for m in msgs] == [b"x%d" % i for i in range(30)]
+        assert all(m.attempts == 1 for m in msgs)
+        await c.send(*[Fin(m.id) for m in msgs])
+    await until(lambda: all(not ch.in_flight for ch in broker.topics["fan"].channels.values()))
+
+
+async def test_dpub_is_delivered_after_its_delay(make_broker: MakeBroker) -> None:
+    broker = await make_broker()
+    c = await connect(broker)
+    await c.send(Sub("later", "c"), Rdy(5))
+    assert await c.response() == b"OK"
+    p = await connect(broker)
+    sent = time.monotonic()
+    await p.send(DpubCmd("later", 300, b"deferred"), Pub("later", b"now"))
+    assert await p.response() == b"OK" and await p.response() == b"OK"
+    first = await c.message()
+    assert first.body == b"now"
+    second = await c.message()
+    assert second.body == b"deferred"
+    assert time.monotonic() - sent >= 0.3
+
+
+async def test_heartbeats_and_silent_clients_are_disconnected(make_broker: MakeBroker) -> None:
+    c = await connect(await make_broker())
+    reply = await c.identify(heartbeat_interval=1000)
+    assert reply["max_rdy_count"] == 2500 and reply["tls_v1"] is False
+    assert reply["snappy"] is False and reply["deflate"] is False
+    beat = await c.frame(timeout=3, skip_heartbeats=False)
+    assert beat.data == b"_heartbeat_"
+    # Silent for two intervals: the broker hangs up.
+    assert await c.closed(timeout=4)
+
+
+async def test_ephemeral_channel_and_topic_go_with_their_last_consumer(
+    make_broker: MakeBroker,
+) -> None:
+    broker = await make_broker()
+    c = await connect(broker)
+    await c.send(Sub("e#ephemeral", "c#ephemeral"))
+    assert await c.response() == b"OK"
+    assert "e#ephemeral" in broker.topics
+    await c.close()
+    await until(lambda: "e#ephemeral" not in broker.topics)
+
+
+# -- shaping ---------------------------------------------------------------------------
+async def test_shaped_burst_of_200_is_released_in_conformance(
+    make_broker: MakeBroker, tmp_path: Path
+) -> None:
+    broker = await make_broker(trace_dir=tmp_path / "traces", run="burst")
+    broker.set_bucket("shaped", 1_000, 10)
+    c = await connect(broker)
+    await c.send(Sub("shaped", "c"), Rdy(250))
+    assert await c.response() == b"OK"
+    p = await connect(broker)
+    await p.send(Mpub("shaped", [b"%03d" % i for i in range(200)]))
+    assert await p.response() == b"OK"
+    msgs = [await c.message() for _ in range(200)]
+    assert sorted(m.body for m in msgs) == [b"%03d" % i for i in range(200)]
+    await c.send(*[Fin(m.id) for m in msgs])
+    await broker.stop()  # flushes the trace
+    files = list((tmp_path / "traces" / "broker" / "run=burst").glob("*.parquet"))
+    rows = pq.read_table(files).to_pylist()
+    assert len(rows) == 200
+    releases = sorted(r["t_release_ns"] for r in rows)
+    assert check_conformance(releases, 1_000, 10) is None
+    assert all(r["t_dispatch_ns"] >= r["t_release_ns"] >= r["t_arrive_ns"] for r in rows)
+    # 190 messages beyond the burst at 1 ms each.
+    assert releases[-1] - releases[0] >= 189_000_000
+
+
+async def test_retuning_a_bucket_keeps_its_state(make_broker: MakeBroker) -> None:
+    broker = await make_broker()
+    bucket = broker.set_bucket("tuned", 10, 5)
+    broker.publish("tuned", [b"x"] * 20, time.time_ns(), "p")
+    owed = broker.topics["tuned"].shaping.peek()
+    assert owed is not None and len(broker.topics["tuned"].shaping) >= 14
+    before = bucket.tokens()
+    assert broker.set_bucket("tuned", 10, 5) is bucket
+    assert bucket.tokens() == pytest.approx(before, abs=0.05)
+    with pytest.raises(ValueError, match="burst"):
+        broker.set_bucket("tuned", 10, 0.5)
+    assert (bucket.rate, bucket.burst) == (10, 5)
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+async def test_arrival_stamps_kernel_or_user(make_broker: MakeBroker, kernel: bool) -> None:
+    broker = await make_broker(kernel_timestamps=kernel)
+    p = await connect(broker)
+    await p.send(Pub("stamped", b"x"))
+    assert await p.response() == b"OK"
+    gaps = broker.stats.stamp_gaps.count
+    assert (gaps > 0) is kernel
+
+
+# -- bounded memory --------------------------------------------------------------------
+async def test_queues_overflow_to_disk_and_come_back_in_order(make_broker: MakeBroker) -> None:
+    broker = await make_broker(mem_queue_size=10)
+    broker.channel("deep", "c")
+    p = await connect(broker)
+    await p.send(*[Pub("deep", b"%03d" % i) for i in range(100)])
+    for _ in range(100):
+        assert await p.response() == b"OK"
+    ch = broker.topics["deep"].channels["c"]
+    assert len(ch.queue.mem) == 10 and ch.queue.backend_depth == 90
+    c = await connect(broker)
+    await c.send(Sub("deep", "c"), Rdy(7))
+    assert await c.response() == b"OK"
+    got = []
+    while len(got) < 100:
+        m = await c.message()
+        got.append(m.body)
+        await c.send(Fin(m.id))
+    assert got == [b"%03d" % i for i in range(100)]
