@@ -207,6 +207,8 @@ def test_recorder_batches_equal_recording_one_by_one() -> None:
         assert s[f"p{p:g}"] == direct.get_value_at_percentile(p)
         exact = float(np.percentile(values, p, method="inverted_cdf"))
         assert s[f"p{p:g}"] == pytest.approx(exact, rel=0.01)
+    assert s["mean"] == pytest.approx(direct.get_mean_value(), rel=1e-9)
+    assert s["mean"] == pytest.approx(values.mean(), rel=2e-3)
 
 
 def test_channel_head_lists_in_flight_then_queue_then_deferred() -> None:

@@ -190,14 +190,21 @@ def broker(
             "'user': a clock read after each read."
         ),
     ] = "kernel",
+    release_timer: Annotated[
+        str,
+        typer.Option(
+            help="What ends the wait for a shaped release: 'timerfd' (Linux, ns-precise) or "
+            "'asyncio' (~1 ms coarse; the spin is then at least 1.5 ms)."
+        ),
+    ] = "timerfd",
     release_spin_us: Annotated[
         int,
         typer.Option(
-            help="Before a shaped release, yield to the loop instead of sleeping for this "
-            "long (µs): asyncio timers are only ~1 ms precise.",
+            help="Yield to the loop for this long (µs) before each shaped release instead "
+            "of sleeping, to absorb the timer's wake-up latency.",
             min=0,
         ),
-    ] = 1_500,
+    ] = 200,
     window_s: Annotated[
         int, typer.Option(help="TB Adaptor window: average rate and max backlog over N s.", min=1)
     ] = 10,
@@ -210,6 +217,8 @@ def broker(
     from srtm.broker import BrokerOptions
     from srtm.broker.server import run
 
+    if release_timer not in ("timerfd", "asyncio"):
+        raise typer.BadParameter("must be 'timerfd' or 'asyncio'", param_hint="--release-timer")
     if arrival_stamps not in ("kernel", "user"):
         raise typer.BadParameter("must be 'kernel' or 'user'", param_hint="--arrival-stamps")
     tcp_host, tcp_port = _address(tcp_address, "--tcp-address")
@@ -229,6 +238,7 @@ def broker(
             msg_timeout_ms=msg_timeout_ms,
             heartbeat_interval_ms=heartbeat_ms,
             kernel_timestamps=arrival_stamps == "kernel",
+            release_timer=release_timer,
             release_spin_ns=release_spin_us * 1000,
             window_seconds=window_s,
         )

@@ -20,6 +20,7 @@ from srtm.broker.queue import MessageQueue
 from srtm.broker.state import Channel, Topic
 from srtm.broker.stats import BrokerStats
 from srtm.broker.tcp import Client
+from srtm.broker.timer import TimerFd
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_ephemeral, is_valid_name
 from srtm.ratelimit import TokenBucket
@@ -27,6 +28,8 @@ from srtm.ratelimit import TokenBucket
 log = logging.getLogger("srtm.broker")
 _META = "meta.json"
 _FOREVER = 2**63 - 1
+#: How late an asyncio timeout can end (epoll waits in whole milliseconds), with margin.
+_ASYNCIO_TIMER_SLACK_NS = 1_500_000
 
 
 def _queue_dir(data_dir: Path, key: str) -> Path:
@@ -46,12 +49,15 @@ class Broker:
         self.ids = MessageIds(self.options.broker_id, time.time_ns() // 1000)
         self.started_ns = time.time_ns()
         self.tcp_address: tuple[str, int] | None = None
+        #: Earliest release time among shaped topics (None: nothing waits for tokens).
+        self.next_release_ns: int | None = None
         self.http_address: tuple[str, int] | None = None
         self.traces: TraceWriter | None = None
         self._disk: dict[str, DiskQueue] = {}
         self._dirty: set[Channel] = set()
         self._flush_scheduled = False
         self._release_wakeup: asyncio.Event | None = None
+        self._timer: TimerFd | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._listener: socket.socket | None = None
         self.stopped = asyncio.Event()
@@ -83,20 +89,41 @@ class Broker:
         listener.setblocking(False)
         self._listener = listener
         self.tcp_address = listener.getsockname()[:2]
-        self._release_wakeup = asyncio.Event()
         self._tasks = [
             asyncio.create_task(self._accept_loop(listener), name="srtm-accept"),
-            asyncio.create_task(self._release_loop(), name="srtm-release"),
             asyncio.create_task(self._scan_loop(), name="srtm-scan"),
             asyncio.create_task(self._housekeeping_loop(), name="srtm-housekeeping"),
         ]
+        self._release_wakeup = asyncio.Event()
+        self._timer = self._precise_timer()
+        self._tasks.append(asyncio.create_task(self._release_loop(), name="srtm-release"))
         for topic in self.topics.values():
             self._kick(topic)
+
+    def _precise_timer(self) -> TimerFd | None:
+        if self.options.release_timer != "timerfd":
+            return None
+        try:
+            timer = TimerFd()
+        except OSError as exc:
+            log.warning("no timerfd (%s): shaped releases fall back to spinning", exc)
+            return None
+        asyncio.get_running_loop().add_reader(timer.fd, self._on_timer)
+        return timer
+
+    def _on_timer(self) -> None:
+        assert self._timer is not None and self._release_wakeup is not None
+        self._timer.consume()
+        self._release_wakeup.set()
 
     async def stop(self) -> None:
         """Stop serving and persist every message still owed (queued, deferred, in flight)."""
         if self.stopped.is_set():
             return
+        if self._timer is not None:
+            asyncio.get_running_loop().remove_reader(self._timer.fd)
+            self._timer.close()
+            self._timer = None
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -322,11 +349,16 @@ class Broker:
     def _kick(self, topic: Topic) -> None:
         if topic.bucket is None:
             self._release(topic, time.time_ns())
-        elif self._release_wakeup is not None:
-            self._release_wakeup.set()
+            return
+        nxt = topic.next_release_ns()
+        if nxt is not None and (self.next_release_ns is None or nxt < self.next_release_ns):
+            self.next_release_ns = nxt
+            if self._release_wakeup is not None:
+                self._release_wakeup.set()
 
-    def _release(self, topic: Topic, upto: int) -> None:
-        """Release what is due by ``upto`` to the channels."""
+    def _release(self, topic: Topic, upto: int, at_once: bool = False) -> None:
+        """Release what is due by ``upto`` to the channels; ``at_once`` dispatches and
+        sends now instead of at the end of the loop turn (for on-time shaped releases)."""
         released = topic.release(upto)
         if not released:
             return
@@ -335,7 +367,34 @@ class Broker:
             for r in released:
                 wait.add(r.due_ns - r.message.arrival_ns)
         for ch in topic.channels.values():
-            self.mark_ready(ch)
+            if at_once:
+                self._dispatch(ch, send=True)
+            else:
+                self.mark_ready(ch)
+
+    def release_due(self) -> None:
+        """Release shaped messages that are due; called between commands of a long read
+        so that a busy connection cannot hold releases back for a whole loop turn."""
+        due = self.next_release_ns
+        if due is not None and time.time_ns() >= due:
+            self._release_shaped(time.time_ns())
+
+    def _release_shaped(self, now: int) -> int | None:
+        """Release every shaped message due by ``now``; returns the next release time."""
+        due = None
+        for topic in list(self.topics.values()):
+            if topic.bucket is None:
+                continue
+            nxt = topic.next_release_ns()
+            if nxt is None:
+                continue
+            if nxt <= now:
+                self._release(topic, now, at_once=True)
+                nxt = topic.next_release_ns()
+            if nxt is not None and (due is None or nxt < due):
+                due = nxt
+        self.next_release_ns = due
+        return due
 
     # -- delivery ------------------------------------------------------------------------
     def mark_ready(self, channel: Channel) -> None:
@@ -348,15 +407,22 @@ class Broker:
     def _flush(self) -> None:
         self._flush_scheduled = False
         dirty, self._dirty = self._dirty, set()
-        now = time.time_ns()
         for ch in dirty:
-            out = ch.dispatch(now)
-            if not out:
-                continue
-            self._account(ch, out, now)
-            for consumer, msg in out:
+            self._dispatch(ch)
+
+    def _dispatch(self, ch: Channel, send: bool = False) -> None:
+        now = time.time_ns()
+        out = ch.dispatch(now)
+        if not out:
+            return
+        self._account(ch, out, now)
+        for consumer, msg in out:
+            assert isinstance(consumer, Client)
+            consumer.send_message(msg)
+        if send:
+            for consumer in {c for c, _ in out}:
                 assert isinstance(consumer, Client)
-                consumer.send_message(msg)
+                consumer.send_now()
 
     def _account(self, ch: Channel, out: Sequence[tuple[object, Message]], now: int) -> None:
         topic = self.topics.get(ch.topic)
@@ -385,35 +451,35 @@ class Broker:
 
     async def _release_loop(self) -> None:
         """Release shaped messages on time: sleep while the next release is far, then
-        yield to the loop until it is due (asyncio's timers are about 1 ms coarse)."""
+        yield to the loop for the last ``release_spin_ns``.
+
+        The sleep ends on a timerfd armed ``release_spin_ns`` before the release (ns
+        precise); without one, on an asyncio timeout (about 1 ms coarse), so the spin
+        must then be longer.
+        """
         assert self._release_wakeup is not None
         wakeup = self._release_wakeup
         spin = self.options.release_spin_ns
+        if self._timer is None:
+            spin = max(spin, _ASYNCIO_TIMER_SLACK_NS)
         while True:
-            now = time.time_ns()
-            due = None
-            for topic in list(self.topics.values()):
-                if topic.bucket is None:
-                    continue
-                nxt = topic.next_release_ns()
-                if nxt is None:
-                    continue
-                if nxt <= now:
-                    self._release(topic, now)
-                    nxt = topic.next_release_ns()
-                if nxt is not None and (due is None or nxt < due):
-                    due = nxt
+            due = self._release_shaped(time.time_ns())
             if due is None:
                 wakeup.clear()
                 await wakeup.wait()
                 continue
             wait = due - time.time_ns()
-            if wait > spin:
-                wakeup.clear()
+            if wait <= spin:
+                await asyncio.sleep(0)
+                continue
+            wakeup.clear()
+            if self._timer is not None:
+                self._timer.arm(due - spin)
+                await wakeup.wait()
+                self._timer.disarm()
+            else:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wakeup.wait(), (wait - spin) / 1e9)
-            else:
-                await asyncio.sleep(0)
 
     async def _scan_loop(self) -> None:
         """Deferred messages that came due and in-flight messages that timed out."""
@@ -428,8 +494,16 @@ class Broker:
                         self.mark_ready(ch)
 
     async def _housekeeping_loop(self) -> None:
+        """Move measured values into the histograms every 100 ms, one histogram per loop
+        turn, so no single step holds the loop (and shaped releases) for long."""
+        rolled = time.monotonic()
         while True:
-            await asyncio.sleep(1.0)
-            self.stats.flush()
-            if self.traces is not None:
+            await asyncio.sleep(0.1)
+            self.stats.stamp_gaps.flush()
+            for ts in list(self.stats.topics.values()):
+                for rec in ts.recorders():
+                    rec.flush()
+                    await asyncio.sleep(0)
+            if self.traces is not None and time.monotonic() - rolled >= 1.0:
+                rolled = time.monotonic()
                 self.traces.maybe_roll()

@@ -30,8 +30,11 @@ class BrokerOptions:
     heartbeat_interval_ms: int = 30_000
     #: Kernel receive timestamps (SO_TIMESTAMPNS) for arrival times; else a clock read.
     kernel_timestamps: bool = True
-    #: Yield to the loop instead of sleeping for the last stretch before a shaped release.
-    release_spin_ns: int = 1_500_000
+    #: How the wait for a shaped release ends: "timerfd" (ns-precise, Linux) or "asyncio"
+    #: (~1 ms coarse); either way the last ``release_spin_ns`` are spent yielding to the
+    #: loop. Without a timerfd the spin must cover asyncio's lateness (1.5 ms).
+    release_timer: str = "timerfd"
+    release_spin_ns: int = 200_000
     #: How often deferred messages and in-flight timeouts are checked.
     scan_interval_ms: int = 10
     #: The TB Adaptor's window: average rate and maximum backlog over this many seconds.

@@ -1,12 +1,14 @@
 """What the broker measures: latency histograms (HDR), 1 s rates, the adaptor's window.
 
-The hot path only appends to an array; values reach the HDR histograms in batches
-(``Recorder.flush``), grouped at the histogram's own precision first, because one
-``record_value`` call costs about 0.7 µs in pure Python.
+The hot path only appends to an array; values reach the HDR histogram in batches
+(``Recorder.flush``), indexed with numpy exactly as ``HdrHistogram.record_value``
+indexes one value, because that call costs about 0.7 µs in pure Python and a
+per-value loop once a second stalls the loop for milliseconds.
 """
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
@@ -17,7 +19,62 @@ from hdrh.histogram import HdrHistogram
 NS_PER_S = 1_000_000_000
 PERCENTILES = (50.0, 95.0, 99.0, 99.9)
 _MAX_NS = 3_600 * NS_PER_S
-_SIG_BITS = 11  # 2,048 sub-buckets: the resolution of 3 significant digits
+
+
+def record_many(hist: HdrHistogram, values: np.ndarray) -> None:
+    """``hist.record_value(v)`` for every ``v`` in ``values`` (int64 within range), at once."""
+    if not len(values):
+        return
+    # bit_length(v | sub_bucket_mask), exact through frexp for values below 2**53
+    pow2ceiling = np.frexp((values | hist.sub_bucket_mask).astype(np.float64))[1]
+    bucket = pow2ceiling - hist.unit_magnitude - (hist.sub_bucket_half_count_magnitude + 1)
+    sub_bucket = values >> (bucket + hist.unit_magnitude)
+    index = ((bucket + 1) << hist.sub_bucket_half_count_magnitude) + sub_bucket
+    index -= hist.sub_bucket_half_count
+    counts = np.ctypeslib.as_array(hist.counts)
+    counts += np.bincount(index, minlength=hist.counts_len).astype(counts.dtype)
+    hist.total_count += len(values)
+    hist.min_value = min(hist.min_value, int(values.min()))
+    hist.max_value = max(hist.max_value, int(values.max()))
+
+
+@functools.cache
+def _index_values(hist_shape: tuple[int, int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Lowest value and width of every counts index (``get_value_from_index``, vectorised)."""
+    counts_len, half_magnitude, half, unit = hist_shape
+    idx = np.arange(counts_len, dtype=np.int64)
+    bucket = (idx >> half_magnitude) - 1
+    sub = (idx & (half - 1)) + half
+    low = bucket < 0
+    sub[low] -= half
+    bucket[low] = 0
+    return sub << (bucket + unit), np.left_shift(1, bucket + unit)
+
+
+def summarise(hist: HdrHistogram) -> dict[str, float]:
+    """count, mean and PERCENTILES of ``hist``: the values ``get_value_at_percentile`` gives,
+    computed with numpy over the counts (hdrh loops over 33,792 counts in Python per call)."""
+    total = int(hist.total_count)
+    out: dict[str, float] = {"count": total, "mean": 0.0}
+    for p in PERCENTILES:
+        out[f"p{p:g}"] = 0
+    if not total:
+        return out
+    shape = (
+        hist.counts_len,
+        hist.sub_bucket_half_count_magnitude,
+        hist.sub_bucket_half_count,
+        hist.unit_magnitude,
+    )
+    lowest, width = _index_values(shape)
+    counts = np.ctypeslib.as_array(hist.counts).astype(np.int64)
+    cum = np.cumsum(counts)
+    out["mean"] = float((counts * (lowest + (width >> 1))).sum() / total)
+    for p in PERCENTILES:
+        target = max(int(p / 100 * total + 0.5), 1)
+        i = int(np.searchsorted(cum, target))
+        out[f"p{p:g}"] = int(lowest[i] + width[i] - 1)
+    return out
 
 
 class Recorder:
@@ -37,12 +94,7 @@ class Recorder:
             return
         values = np.clip(np.frombuffer(self.pending, dtype=np.int64), 1, _MAX_NS)
         self.pending = array("q")
-        # Round down to the histogram's resolution so equal buckets can be recorded once.
-        shift = np.maximum(np.floor(np.log2(values)).astype(np.int64) - _SIG_BITS + 1, 0)
-        values = (values >> shift) << shift
-        uniq, counts = np.unique(values, return_counts=True)
-        for v, c in zip(uniq.tolist(), counts.tolist(), strict=True):
-            self.hist.record_value(v, c)
+        record_many(self.hist, values)
 
     @property
     def count(self) -> int:
@@ -52,11 +104,7 @@ class Recorder:
     def summary(self) -> dict[str, float]:
         """count, mean and p50/p95/p99/p99.9 in ns (0 when empty)."""
         self.flush()
-        h = self.hist
-        out: dict[str, float] = {"count": h.get_total_count(), "mean": h.get_mean_value()}
-        for p in PERCENTILES:
-            out[f"p{p:g}"] = h.get_value_at_percentile(p)
-        return out
+        return summarise(self.hist)
 
     def reset(self) -> None:
         self.pending = array("q")

@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 #: Linux's SO_TIMESTAMPNS (== SCM_TIMESTAMPNS); the socket module does not export it.
 SO_TIMESTAMPNS = 35
 _TIMESPEC = struct.Struct("qq")
-_READ_SIZE = 256 * 1024
+# Small reads bound the work one callback does, so shaped releases are not held back.
+_READ_SIZE = 32 * 1024
 _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
 
 
@@ -117,9 +118,11 @@ class Client:
             arrival = sec * 1_000_000_000 + nsec
             self.broker.stats.stamp_gaps.add(user_ns - arrival)
         self.last_read_ns = user_ns
-        for event in self.parser.feed(data):
-            if self.state is State.CLOSED:
-                return
+        for i, event in enumerate(self.parser.feed(data)):
+            if self.state is State.CLOSED or self._close_when_flushed:
+                return  # closed, or a fatal error: nsqd runs nothing after one
+            if i & 31 == 31:
+                self.broker.release_due()
             if isinstance(event, ProtocolError):
                 self.send_error(event)
             else:
@@ -160,6 +163,7 @@ class Client:
                 if self.state is not State.SUBSCRIBED:
                     raise ProtocolError(errors.E_INVALID, "cannot CLS in current state")
                 self.state = State.CLOSING
+                self.rdy = 0  # nsqd's StartClose: RDY 0, so no more messages
                 self.write(frames.response(CLOSE_WAIT))
             case Auth():
                 raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
@@ -253,8 +257,11 @@ class Client:
 
     def send_error(self, err: ProtocolError) -> None:
         self.write(frames.error(err))
-        if err.fatal:
+        if err.fatal and not self._close_when_flushed:
             self._close_when_flushed = True
+            fd = self.sock.fileno()
+            if fd >= 0:
+                self.loop.remove_reader(fd)  # nothing read after it is executed
 
     def write(self, data: bytes) -> None:
         """Queue ``data``; everything written in one loop turn leaves in one send."""
@@ -264,6 +271,11 @@ class Client:
         if not self._send_scheduled and not self._writing:
             self._send_scheduled = True
             self.loop.call_soon(self._send)
+
+    def send_now(self) -> None:
+        """Send what is queued now rather than at the end of the loop turn."""
+        if self._send_scheduled:
+            self._send()
 
     def _send(self) -> None:
         self._send_scheduled = False

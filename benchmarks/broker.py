@@ -1,0 +1,1144 @@
+"""The broker under load: publish throughput, drain, end-to-end latency, shaped release lateness.
+
+Run with ``.venv/bin/python benchmarks/broker.py`` (``--help`` for options). Starts ``srtm
+broker`` as a subprocess on 127.0.0.1 (ephemeral ports, a temporary ``--data-dir``, stopped
+by SIGTERM), drives it from a load generator in its own process, and prints one table: each
+figure the median of ``--runs`` runs with min–max beside it. Rows 1–3 are also measured, in
+the same run, against an anchor: a minimal uvloop server in a third process that answers
+every PUB/MPUB with OK and keeps nothing, the ceiling for a Python server on this machine.
+``--json PATH`` also writes the raw numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import multiprocessing
+import os
+import platform
+import re
+import select
+import selectors
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.parse
+import urllib.request
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from srtm.protocol import MAGIC_V2, Mpub, Pub, encode_command
+
+NS_PER_S = 1_000_000_000
+BODY_SIZE = 100
+MPUB_BATCH = 200
+#: MPUBs in flight on the one connection: bench_writer keeps one per connection and opens
+#: one connection per core (GOMAXPROCS), so two on this 2-core machine.
+MPUB_OUTSTANDING = 2
+PUB_WINDOW = 100
+LATENCY_RATES = (2_000, 10_000, 20_000)
+SHAPED_RATE = 10_000
+SHAPED_BURST = 10
+#: Offered to the shaped topic: 2 % above its rate, so the bucket never idles.
+SHAPED_OFFER = 10_200
+#: nsqd's (and the broker's) max_rdy_count.
+RDY = 2_500
+CHANNEL = "bench"
+#: Like nsq's bench.sh (--mem-queue-size=1000000): what is published stays in memory.
+MEM_QUEUE_SIZE = 1_000_000
+#: No recv or send of the generator waits longer than this for the broker.
+IO_TIMEOUT_S = 10.0
+DRAIN_MIN, DRAIN_MAX = 20_000, 1_000_000
+#: A full run's measurements are bounded by these many seconds each, whatever happens.
+TASK_SLACK_S = 60.0
+
+#: Issue figures for nsqd 1.3.0 on this kind of machine: (low, high) msg/s.
+NSQD: dict[str, tuple[float, float]] = {
+    "mpub": (300_000, 560_000),
+    "drain": (180_000, 260_000),
+    "pub_pipelined": (57_000, 57_000),
+    "pub_sync": (14_500, 14_500),
+}
+GOAL_VS_NSQD = 0.5
+TARGET_LATENESS_P99_US = 100.0
+
+_HDR = struct.Struct(">iI")
+_I32 = struct.Struct(">I")
+_Q = struct.Struct(">q")
+_STAMP = struct.Struct(">qq")  # send time (ns, CLOCK_REALTIME), sequence number
+OK_FRAME = _HDR.pack(6, 0) + b"OK"
+HEARTBEAT = b"_heartbeat_"
+FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE = 0, 1, 2
+
+
+class BrokerError(RuntimeError):
+    """The broker answered with an error frame, closed the connection, lost messages or
+    did not answer in time."""
+
+
+# == the load generator (runs in its own process) =========================================
+
+
+def connect(addr: tuple[str, int]) -> socket.socket:
+    sock = socket.create_connection(addr, timeout=IO_TIMEOUT_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(MAGIC_V2)
+    return sock
+
+
+def recv(sock: socket.socket) -> bytes:
+    try:
+        data = sock.recv(1 << 20)
+    except TimeoutError:
+        raise BrokerError(f"no answer from the broker in {IO_TIMEOUT_S:g} s") from None
+    if not data:
+        raise BrokerError("the broker closed the connection")
+    return data
+
+
+def take_responses(buf: bytearray, sock: socket.socket) -> int:
+    """Consume the complete response frames in ``buf``; return how many were OK."""
+    n = len(buf)
+    k = n // len(OK_FRAME)
+    # Fast path: k non-overlapping OK frames in exactly k frames' bytes tile the buffer.
+    if n == k * len(OK_FRAME) and buf.count(OK_FRAME) == k:
+        buf.clear()
+        return k
+    oks = pos = 0
+    while n - pos >= 8:
+        size, kind = _HDR.unpack_from(buf, pos)
+        end = pos + 4 + size
+        if end > n:
+            break
+        data = bytes(buf[pos + 8 : end])
+        if kind == FRAME_ERROR:
+            raise BrokerError(f"error frame: {data.decode(errors='replace')}")
+        if kind != FRAME_RESPONSE:
+            raise BrokerError(f"unexpected frame type {kind} on a publishing connection")
+        if data == b"OK":
+            oks += 1
+        elif data == HEARTBEAT:
+            sock.sendall(b"NOP\n")
+        else:
+            raise BrokerError(f"unexpected response {data[:60]!r}")
+        pos = end
+    del buf[:pos]
+    return oks
+
+
+def consume(
+    buf: bytearray, sock: socket.socket, recv_ns: int, lat: array[int] | None, seen: bytearray
+) -> tuple[int, int]:
+    """Consume complete frames in ``buf`` on a subscribed connection: FIN every message
+    (one send for the lot). With ``lat``, the body's send stamp gives recv − send and its
+    sequence number marks ``seen``. Returns (messages, redeliveries)."""
+    n = len(buf)
+    pos = got = again = 0
+    fins = []
+    while n - pos >= 8:
+        size, kind = _HDR.unpack_from(buf, pos)
+        end = pos + 4 + size
+        if end > n:
+            break
+        if kind == FRAME_MESSAGE:
+            got += 1
+            if buf[pos + 16] or buf[pos + 17] != 1:  # attempts (uint16) != 1
+                again += 1
+            fins.append(b"FIN " + buf[pos + 18 : pos + 34] + b"\n")
+            if lat is not None:
+                sent_ns, seq = _STAMP.unpack_from(buf, pos + 34)
+                lat.append(recv_ns - sent_ns)
+                if seen[seq]:
+                    again += 1
+                seen[seq] = 1
+        elif kind == FRAME_RESPONSE:
+            if bytes(buf[pos + 8 : end]) == HEARTBEAT:
+                fins.append(b"NOP\n")
+        else:
+            raise BrokerError(f"error frame: {bytes(buf[pos + 8 : end]).decode(errors='replace')}")
+        pos = end
+    del buf[:pos]
+    if fins:
+        sock.sendall(b"".join(fins))
+    return got, again
+
+
+def subscribe(addr: tuple[str, int], topic: str, channel: str) -> socket.socket:
+    sock = connect(addr)
+    sock.sendall(f"SUB {topic} {channel}\n".encode())
+    buf = bytearray()
+    deadline = time.monotonic() + IO_TIMEOUT_S
+    while not take_responses(buf, sock):
+        if time.monotonic() > deadline:
+            raise BrokerError("no OK to SUB")
+        buf += recv(sock)
+    sock.sendall(f"RDY {RDY}\n".encode())
+    return sock
+
+
+def publish_loop(
+    addr: tuple[str, int], cmd: bytes, per_cmd: int, window: int, duration_s: float, max_msgs: int
+) -> dict[str, float]:
+    """Keep ``window`` copies of ``cmd`` unanswered until ``duration_s`` or ``max_msgs``;
+    rate = messages acknowledged / (first send .. last OK)."""
+    sock = connect(addr)
+    try:
+        buf = bytearray()
+        clock = time.perf_counter
+        start = clock()
+        deadline = start + duration_s
+        budget = max_msgs // per_cmd
+        first = min(window, budget)
+        sock.sendall(cmd * first)
+        sent, done = first, 0
+        while done < sent:
+            buf += recv(sock)
+            k = take_responses(buf, sock)
+            done += k
+            if k and clock() < deadline and sent < budget:
+                k = min(k, budget - sent)
+                sock.sendall(cmd * k)
+                sent += k
+        elapsed = clock() - start
+    finally:
+        sock.close()
+    msgs = done * per_cmd
+    return {"msgs": msgs, "seconds": elapsed, "rate": msgs / elapsed}
+
+
+def task_publish(
+    addr: tuple[str, int], topic: str, mode: str, duration_s: float, max_msgs: int = 10**9
+) -> dict[str, float]:
+    body = b"x" * BODY_SIZE
+    if mode == "mpub":
+        cmd = encode_command(Mpub(topic, [body] * MPUB_BATCH))
+        return publish_loop(addr, cmd, MPUB_BATCH, MPUB_OUTSTANDING, duration_s, max_msgs)
+    cmd = encode_command(Pub(topic, body))
+    window = PUB_WINDOW if mode == "pub_pipelined" else 1
+    return publish_loop(addr, cmd, 1, window, duration_s, max_msgs)
+
+
+def task_drain(
+    addr: tuple[str, int], topic: str, n: int, max_s: float, linger_s: float = 0.3
+) -> dict[str, float]:
+    """Publish ``n`` with MPUB-200 (channel already there), then SUB, RDY and FIN them all;
+    rate = n / (RDY sent .. last message read)."""
+    pub = task_publish(addr, topic, "mpub", max_s, n)
+    if pub["msgs"] != n:
+        raise BrokerError(f"drain: published only {pub['msgs']:,.0f} of {n:,} in {max_s:g} s")
+    sock = subscribe(addr, topic, CHANNEL)
+    try:
+        buf = bytearray()
+        clock = time.perf_counter
+        start = clock()
+        deadline = start + max_s
+        got = again = 0
+        seen = bytearray()
+        while got < n:
+            if clock() > deadline:
+                raise BrokerError(f"drain: {got:,} of {n:,} messages in {max_s:g} s")
+            buf += recv(sock)
+            g, a = consume(buf, sock, 0, None, seen)
+            got += g
+            again += a
+        elapsed = clock() - start
+        # Anything more would be a duplicate; the FINs above also get time to land.
+        sock.settimeout(linger_s)
+        with contextlib.suppress(TimeoutError):
+            end = clock() + linger_s
+            while clock() < end:
+                data = sock.recv(1 << 20)
+                if not data:
+                    break
+                buf += data
+                g, a = consume(buf, sock, 0, None, seen)
+                got += g
+                again += a
+    finally:
+        sock.close()
+    return {
+        "msgs": n,
+        "received": got,
+        "redelivered": again,
+        "seconds": elapsed,
+        "rate": n / elapsed,
+        "publish_rate": pub["rate"],
+    }
+
+
+def task_paced(
+    addr: tuple[str, int], topic: str, rate: int, duration_s: float, settle_s: float
+) -> dict[str, float]:
+    """Publish at ``rate`` on an absolute schedule (PUB, pipelined, send stamp in the body)
+    while one consumer in this loop FINs every message and records recv − send."""
+    cons = subscribe(addr, topic, CHANNEL)
+    pub = connect(addr)
+    try:
+        return _paced(cons, pub, topic, rate, duration_s, settle_s)
+    finally:
+        cons.close()
+        pub.close()
+
+
+def _paced(
+    cons: socket.socket,
+    pub: socket.socket,
+    topic: str,
+    rate: int,
+    duration_s: float,
+    settle_s: float,
+) -> dict[str, float]:
+    clock = time.time_ns
+    head = f"PUB {topic}\n".encode() + _I32.pack(BODY_SIZE)
+    pad = b"p" * (BODY_SIZE - _STAMP.size)
+    total = int(rate * duration_s)
+    seen = bytearray(total)
+    lat: array[int] = array("q")
+    cbuf, pbuf = bytearray(), bytearray()
+    sent = acked = got = again = 0
+    first_recv = last_recv = 0
+    t0 = clock() + 20_000_000
+    end_ns = t0 + int(duration_s * NS_PER_S) + int(settle_s * NS_PER_S)
+    last_send = t0
+    socks = [cons, pub]
+    while got < total or acked < total:
+        now = clock()
+        if sent < total:
+            due = min(total, (now - t0) * rate // NS_PER_S + 1)
+            if due > sent:
+                stamp = clock()
+                parts = []
+                for seq in range(sent, due):
+                    parts += (head, _STAMP.pack(stamp, seq), pad)
+                pub.sendall(b"".join(parts))
+                sent = due
+                last_send = stamp
+            timeout = max(0, t0 + sent * NS_PER_S // rate - clock()) / NS_PER_S
+        else:
+            if now > end_ns:
+                break
+            timeout = 0.05
+        readable, _, _ = select.select(socks, [], [], timeout)
+        if cons in readable:
+            cbuf += recv(cons)
+            recv_ns = clock()
+            g, a = consume(cbuf, cons, recv_ns, lat, seen)
+            if g:
+                got += g
+                again += a
+                first_recv = first_recv or recv_ns
+                last_recv = recv_ns
+        if pub in readable:
+            pbuf += recv(pub)
+            acked += take_responses(pbuf, pub)
+    lost = total - sum(seen)
+    us = np.asarray(lat, dtype=np.float64) / 1e3
+    p50, p99, p999 = np.percentile(us, [50, 99, 99.9]) if us.size else (np.nan,) * 3
+    span = (last_recv - first_recv) / NS_PER_S
+    return {
+        "sent": sent,
+        "acked": acked,
+        "received": got,
+        "lost": lost,
+        "redelivered": again,
+        "offered_rate": sent / max((last_send - t0) / NS_PER_S, 1e-9),
+        "rate": (got - 1) / span if span > 0 else float("nan"),
+        "p50_us": float(p50),
+        "p99_us": float(p99),
+        "p999_us": float(p999),
+        "max_us": float(us.max()) if us.size else float("nan"),
+    }
+
+
+TASKS: dict[str, Callable[..., dict[str, float]]] = {
+    "publish": task_publish,
+    "drain": task_drain,
+    "paced": task_paced,
+}
+
+
+def worker_main(conn: Connection) -> None:
+    """The generator process: run tasks sent by the parent until it hangs up."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        name, kwargs = msg
+        try:
+            reply: tuple[str, Any] = ("ok", TASKS[name](**kwargs))
+        except BrokerError as exc:
+            reply = ("error", str(exc))
+        except Exception:
+            reply = ("error", traceback.format_exc(limit=4))
+        conn.send(reply)
+
+
+# == the anchor: a minimal NSQ-speaking server that keeps nothing =========================
+
+
+class AnchorProtocol(asyncio.Protocol):
+    """Reads the magic, then answers each PUB/MPUB/IDENTIFY with OK, skipping its body."""
+
+    _WITH_BODY = (b"PUB ", b"MPUB ", b"DPUB ", b"IDENTIFY")
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.magic = False
+        self.transport: Any = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses; both have write().
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        pos = 0
+        if not self.magic:
+            if len(buf) < 4:
+                return
+            self.magic, pos = True, 4
+        n = len(buf)
+        oks = 0
+        while (nl := buf.find(b"\n", pos)) >= 0:
+            if buf.startswith(self._WITH_BODY, pos):
+                if n < nl + 5:
+                    break
+                end = nl + 5 + _I32.unpack_from(buf, nl + 1)[0]
+                if n < end:
+                    break
+                oks += 1
+                pos = end
+            else:
+                pos = nl + 1  # NOP and the like: no answer
+        del buf[:pos]
+        if oks and self.transport is not None:
+            self.transport.write(OK_FRAME * oks)
+
+
+def anchor_main(conn: Connection) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import uvloop
+
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        kind = f"uvloop {uvloop.__version__}"
+    except ImportError:
+        loop = asyncio.new_event_loop()
+        kind = "asyncio"
+
+    async def serve() -> None:
+        server = await loop.create_server(AnchorProtocol, "127.0.0.1", 0)
+        conn.send((server.sockets[0].getsockname()[1], kind))
+        await server.serve_forever()
+
+    loop.run_until_complete(serve())
+
+
+# == the parent: broker, anchor and generator processes ===================================
+
+_READY = re.compile(r"tcp=([\d.]+):(\d+) http=([\d.]+):(\d+)")
+
+
+@dataclass
+class BrokerProc:
+    proc: subprocess.Popen[str]
+    tcp: tuple[str, int]
+    http: tuple[str, int]
+    log_path: Path
+    stdout_tail: collections.deque[str]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return ""
+        return "\n".join([*self.stdout_tail, *text])
+
+    def request(self, path: str, method: str = "GET") -> Any:
+        url = f"http://{self.http[0]}:{self.http[1]}{path}"
+        req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
+        with urllib.request.urlopen(req, timeout=IO_TIMEOUT_S) as resp:
+            body = resp.read()
+        try:
+            return json.loads(body)
+        except ValueError:
+            return body.decode(errors="replace")
+
+    def stats(self, topic: str) -> dict[str, Any]:
+        doc: dict[str, Any] = self.request(f"/stats?format=json&topic={topic}")
+        return doc
+
+    def stop(self, timeout: float = 30.0) -> str | None:
+        """SIGTERM, then wait; a problem to report, or None if it stopped cleanly."""
+        if self.proc.poll() is not None:
+            return f"broker had already exited with {self.proc.returncode}"
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return f"broker still running {timeout:g} s after SIGTERM: killed"
+        return None if code == 0 else f"broker exited with {code} after SIGTERM"
+
+
+def pump(stream: Any, tail: collections.deque[str]) -> None:
+    for text in stream:
+        tail.append(text.rstrip())
+
+
+def start_broker(data_dir: Path, log_path: Path, mem_queue_size: int) -> BrokerProc:
+    cmd = [
+        sys.executable,
+        "-m",
+        "srtm",
+        "broker",
+        "--tcp-address",
+        "127.0.0.1:0",
+        "--http-address",
+        "127.0.0.1:0",
+        "--data-dir",
+        str(data_dir),
+        "--mem-queue-size",
+        str(mem_queue_size),
+    ]
+    log = log_path.open("a")
+    # Its own session: a Ctrl-C on the terminal reaches only us; we stop it with SIGTERM.
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+    )
+    log.close()
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            if sel.select(deadline - time.monotonic()):
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                if m := _READY.search(line):
+                    tail: collections.deque[str] = collections.deque(maxlen=20)
+                    # Keep its stdout pipe from filling up.
+                    threading.Thread(target=pump, args=(proc.stdout, tail), daemon=True).start()
+                    return BrokerProc(proc, (m[1], int(m[2])), (m[3], int(m[4])), log_path, tail)
+        raise RuntimeError(f"broker did not start: {log_path.read_text()[-2000:]}")
+    except BaseException:
+        proc.kill()  # not ready in time, or Ctrl-C while waiting: leave nothing running
+        proc.wait()
+        raise
+    finally:
+        sel.close()
+
+
+class Generator:
+    """The load-generator process; tasks run one at a time, each bounded in time."""
+
+    def __init__(self) -> None:
+        self._ctx = multiprocessing.get_context("spawn")
+        self._start()
+
+    def _start(self) -> None:
+        self.conn, child = self._ctx.Pipe()
+        self.proc = self._ctx.Process(target=worker_main, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def run(self, name: str, timeout_s: float, **kwargs: Any) -> dict[str, float]:
+        self.conn.send((name, kwargs))
+        if not self.conn.poll(timeout_s):
+            self.restart()
+            raise BrokerError(f"{name}: no result in {timeout_s:g} s (generator restarted)")
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise BrokerError(value)
+        result: dict[str, float] = value
+        return result
+
+    def restart(self) -> None:
+        self.close()
+        self._start()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.proc.join(2)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+
+
+@contextlib.contextmanager
+def anchor_server() -> Iterator[tuple[tuple[str, int], str]]:
+    ctx = multiprocessing.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=anchor_main, args=(child,), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        if not conn.poll(30):
+            raise RuntimeError("anchor server did not start")
+        port, kind = conn.recv()
+        yield ("127.0.0.1", port), kind
+    finally:
+        proc.terminate()
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        conn.close()
+
+
+# == measurements =========================================================================
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    duration_s: float
+    runs: int
+    mem_queue_size: int
+    settle_s: float
+
+
+@dataclass(slots=True)
+class Row:
+    key: str
+    label: str
+    unit: str
+    samples: list[float] = field(default_factory=list)
+    anchor: list[float] = field(default_factory=list)
+    raw: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    nsqd: tuple[float, float] | None = None
+    section_end: bool = False
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+    @property
+    def anchor_median(self) -> float | None:
+        return statistics.median(self.anchor) if self.anchor else None
+
+
+THROUGHPUT = {
+    "mpub": f"MPUB-{MPUB_BATCH}, {MPUB_OUTSTANDING} in flight ¹",
+    "pub_pipelined": f"PUB, {PUB_WINDOW} in flight",
+    "pub_sync": "PUB, synchronous",
+}
+
+
+def make_rows() -> dict[str, Row]:
+    rows = [Row(k, label, "msg/s", nsqd=NSQD[k]) for k, label in THROUGHPUT.items()]
+    rows.append(Row("drain", "drain after MPUB-200 publish ²", "msg/s", nsqd=NSQD["drain"]))
+    rows[-1].section_end = True
+    for rate in LATENCY_RATES:
+        k = f"{rate // 1000}k"
+        rows += [
+            Row(f"e2e_{k}_p50", f"e2e latency at {rate:,}/s ³: p50", "µs"),
+            Row(f"e2e_{k}_p99", "    p99", "µs"),
+            Row(f"e2e_{k}_rate", "    achieved (consumer)", "msg/s", section_end=True),
+        ]
+    rows += [
+        Row("late_p50", f"shaped {SHAPED_RATE:,}/s b={SHAPED_BURST} ⁴: release lateness p50", "µs"),
+        Row("late_p99", "    release lateness p99", "µs"),
+        Row("wait_p50", "    token wait p50", "ms"),
+        Row("wait_p99", "    token wait p99", "ms"),
+        Row("shaped_rate", "    achieved (consumer)", "msg/s"),
+    ]
+    return {r.key: r for r in rows}
+
+
+class Bench:
+    def __init__(
+        self,
+        cfg: Config,
+        workdir: Path,
+        gen: Generator,
+        anchor: tuple[str, int],
+        log: Console,
+    ) -> None:
+        self.cfg = cfg
+        self.workdir = workdir
+        self.gen = gen
+        self.anchor = anchor
+        self.log = log
+        self.rows = make_rows()
+        self.problems: list[str] = []
+        self.broker_starts = 0
+        self.broker = self._start_broker()
+
+    def _start_broker(self) -> BrokerProc:
+        self.broker_starts += 1
+        data = self.workdir / f"data-{self.broker_starts}"
+        log = self.workdir / f"broker-{self.broker_starts}.log"
+        return start_broker(data, log, self.cfg.mem_queue_size)
+
+    def stop(self) -> None:
+        problem = self.broker.stop()
+        if problem:
+            self.problems.append(problem + "\n" + self.broker.log_tail())
+
+    def task(self, name: str, budget_s: float, **kwargs: Any) -> dict[str, float]:
+        return self.gen.run(name, budget_s + TASK_SLACK_S, **kwargs)
+
+    def guarded(self, keys: list[str], what: str, fn: Callable[[], None]) -> None:
+        """Run one measurement; a failure is recorded on its rows, and a dead broker is
+        restarted so the other measurements still run."""
+        try:
+            fn()
+        except (BrokerError, OSError, KeyError, ValueError) as exc:
+            msg = f"{what}: {exc}".strip()
+            for k in keys:
+                self.rows[k].errors.append(msg)
+            self.problems.append(msg)
+            self.log.log(f"[red]{msg}[/]")
+        if not self.broker.alive():
+            self.problems.append(
+                f"broker exited ({self.broker.proc.returncode}) during {what}:\n"
+                + self.broker.log_tail()
+            )
+            self.log.log(f"[red]broker died during {what}; restarting it[/]")
+            self.broker = self._start_broker()
+
+    def delete_topic(self, topic: str) -> None:
+        with contextlib.suppress(OSError):
+            self.broker.request(f"/topic/delete?topic={topic}", "POST")
+
+    def topic_doc(self, topic: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        doc = self.broker.stats(topic)
+        nsq = next((t for t in doc["topics"] if t["topic_name"] == topic), None)
+        srtm = next((t for t in doc["srtm"]["topics"] if t["topic"] == topic), None)
+        if nsq is None or srtm is None:
+            raise BrokerError(f"topic {topic} missing from /stats")
+        return nsq, srtm
+
+    # -- the measurements ----------------------------------------------------------------
+    def warm_up(self) -> None:
+        topic = "bench_warmup"
+
+        def warm() -> None:
+            for addr in (self.broker.tcp, self.anchor):
+                self.task("publish", 1, addr=addr, topic=topic, mode="mpub", duration_s=0.3)
+                self.task(
+                    "publish", 1, addr=addr, topic=topic, mode="pub_pipelined", duration_s=0.2
+                )
+            self.delete_topic(topic)
+
+        self.guarded([], "warm-up", warm)
+
+    def throughput(self, run: int, mode: str) -> None:
+        row = self.rows[mode]
+        d = self.cfg.duration_s
+        topic = f"bench_{mode}_{run}"
+
+        def on_broker() -> None:
+            res = self.task(
+                "publish", d, addr=self.broker.tcp, topic=topic, mode=mode, duration_s=d
+            )
+            try:
+                count = self.topic_doc(topic)[0]["message_count"]
+            finally:
+                self.delete_topic(topic)
+            res["broker_message_count"] = count
+            row.raw.append(res)
+            if count != res["msgs"]:
+                raise BrokerError(
+                    f"{res['msgs']:,.0f} messages acknowledged, topic message_count {count:,}"
+                )
+            row.samples.append(res["rate"])
+
+        def on_anchor() -> None:
+            res = self.task("publish", d, addr=self.anchor, topic=topic, mode=mode, duration_s=d)
+            row.anchor.append(res["rate"])
+
+        self.guarded([mode], f"{mode} run {run + 1}", on_broker)
+        self.guarded([mode], f"{mode} on the anchor, run {run + 1}", on_anchor)
+
+    def drain(self, run: int) -> None:
+        row = self.rows["drain"]
+        topic = f"bench_drain_{run}"
+        mpub = self.rows["mpub"].samples
+        guess = (mpub[-1] if mpub else 100_000) * self.cfg.duration_s
+        n = int(min(max(guess, DRAIN_MIN), DRAIN_MAX)) // MPUB_BATCH * MPUB_BATCH
+        budget = max(30.0, 20 * self.cfg.duration_s)
+
+        def measure() -> None:
+            self.broker.request(f"/channel/create?topic={topic}&channel={CHANNEL}", "POST")
+            try:
+                res = self.task(
+                    "drain", 2 * budget, addr=self.broker.tcp, topic=topic, n=n, max_s=budget
+                )
+                nsq, _ = self.topic_doc(topic)
+            finally:
+                self.delete_topic(topic)
+            ch = next((c for c in nsq["channels"] if c["channel_name"] == CHANNEL), None)
+            if ch is None:
+                raise BrokerError(f"channel {CHANNEL} missing from /stats")
+            res.update(
+                depth=ch["depth"],
+                in_flight=ch["in_flight_count"],
+                channel_message_count=ch["message_count"],
+                requeue_count=ch["requeue_count"],
+            )
+            row.raw.append(res)
+            extra = res["received"] - n
+            if extra or res["redelivered"] or ch["depth"] or ch["in_flight_count"]:
+                raise BrokerError(
+                    f"{n:,} published: {res['received']:,.0f} delivered "
+                    f"({res['redelivered']:,.0f} redelivered), then depth {ch['depth']}, "
+                    f"in flight {ch['in_flight_count']}"
+                )
+            row.samples.append(res["rate"])
+
+        self.guarded(["drain"], f"drain of {n:,} run {run + 1}", measure)
+
+    def latency(self, run: int, rate: int) -> None:
+        k = f"{rate // 1000}k"
+        keys = [f"e2e_{k}_p50", f"e2e_{k}_p99", f"e2e_{k}_rate"]
+        topic = f"bench_e2e_{k}_{run}"
+        d = self.cfg.duration_s
+
+        def measure() -> None:
+            try:
+                res = self.task(
+                    "paced",
+                    d + self.cfg.settle_s,
+                    addr=self.broker.tcp,
+                    topic=topic,
+                    rate=rate,
+                    duration_s=d,
+                    settle_s=self.cfg.settle_s,
+                )
+            finally:
+                self.delete_topic(topic)
+            self.rows[keys[0]].raw.append(res)
+            check_paced(res)
+            for key, value in zip(keys, ("p50_us", "p99_us", "rate"), strict=True):
+                self.rows[key].samples.append(res[value])
+
+        self.guarded(keys, f"latency at {rate:,}/s run {run + 1}", measure)
+
+    def shaped(self, run: int) -> None:
+        keys = ["late_p50", "late_p99", "wait_p50", "wait_p99", "shaped_rate"]
+        topic = f"bench_shaped_{run}"
+        d = self.cfg.duration_s
+        # The backlog grows by (offer − rate)·d; give it time to drain, then some.
+        settle = self.cfg.settle_s + (SHAPED_OFFER - SHAPED_RATE) * d / SHAPED_RATE
+
+        def measure() -> None:
+            q = urllib.parse.urlencode({"topic": topic, "rate": SHAPED_RATE, "burst": SHAPED_BURST})
+            self.broker.request(f"/srtm/bucket?{q}", "POST")
+            try:
+                res = self.task(
+                    "paced",
+                    d + settle,
+                    addr=self.broker.tcp,
+                    topic=topic,
+                    rate=SHAPED_OFFER,
+                    duration_s=d,
+                    settle_s=settle,
+                )
+                _, srtm = self.topic_doc(topic)
+            finally:
+                self.delete_topic(topic)
+            late, wait = srtm["release_lateness_ns"], srtm["token_wait_ns"]
+            res.update(release_lateness_ns=late, token_wait_ns=wait, latency_ns=srtm["latency_ns"])
+            self.rows["late_p50"].raw.append(res)
+            check_paced(res)
+            if late["count"] != res["received"]:
+                raise BrokerError(
+                    f"release_lateness count {late['count']:,} for {res['received']:,.0f} "
+                    "messages delivered"
+                )
+            values = (late["p50"] / 1e3, late["p99"] / 1e3, wait["p50"] / 1e6, wait["p99"] / 1e6)
+            for key, value in zip(keys, (*values, res["rate"]), strict=True):
+                self.rows[key].samples.append(value)
+
+        self.guarded(keys, f"shaped topic run {run + 1}", measure)
+
+    def steps(self, run: int) -> Iterator[tuple[str, Callable[[], None]]]:
+        for mode in THROUGHPUT:
+            yield mode, partial(self.throughput, run, mode)
+        yield "drain", partial(self.drain, run)
+        for rate in LATENCY_RATES:
+            yield f"e2e {rate:,}/s", partial(self.latency, run, rate)
+        yield "shaped", partial(self.shaped, run)
+
+
+STEPS_PER_RUN = len(THROUGHPUT) + 1 + len(LATENCY_RATES) + 1
+
+
+def check_paced(res: dict[str, float]) -> None:
+    if res["lost"] or res["redelivered"] or res["acked"] != res["sent"]:
+        raise BrokerError(
+            f"{res['sent']:,.0f} sent, {res['acked']:,.0f} acknowledged, "
+            f"{res['received']:,.0f} delivered: {res['lost']:,.0f} never delivered, "
+            f"{res['redelivered']:,.0f} redelivered"
+        )
+
+
+# == report ===============================================================================
+
+DASH = "—"
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None or value != value:
+        return DASH
+    if unit == "msg/s":
+        return f"{value:,.0f}"
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def verdict(ok: bool) -> str:
+    return "[green]PASS[/]" if ok else "[red]FAIL[/]"
+
+
+def build_table(rows: dict[str, Row], cfg: Config, anchor_kind: str) -> Table:
+    table = Table(
+        title=f"srtm broker, median of {cfg.runs} run{'s' * (cfg.runs > 1)} "
+        f"({platform.python_implementation()} {platform.python_version()}, "
+        f"{os.cpu_count()} cores, {cfg.duration_s:g} s per measurement)"
+    )
+    table.add_column("measurement", no_wrap=True)
+    table.add_column("unit", no_wrap=True)
+    table.add_column("broker", justify="right")
+    table.add_column("min–max", justify="right")
+    table.add_column(f"anchor ⁵ ({anchor_kind})", justify="right")
+    table.add_column("broker / anchor", justify="right")
+    table.add_column("nsqd 1.3.0 ⁶", justify="right")
+    table.add_column("broker / nsqd", justify="right")
+    table.add_column("goal", justify="right")
+    for row in rows.values():
+        med = row.median
+        spread = (
+            f"{fmt(min(row.samples), row.unit)}–{fmt(max(row.samples), row.unit)}"
+            if len(row.samples) > 1
+            else DASH
+        )
+        anchor = row.anchor_median
+        vs_anchor = f"{med / anchor:.2f}×" if med is not None and anchor else DASH
+        nsqd = vs_nsqd = goal = DASH
+        if row.nsqd is not None:
+            lo, hi = row.nsqd
+            mid = (lo + hi) / 2
+            nsqd = f"{lo:,.0f}" if lo == hi else f"{lo:,.0f}–{hi:,.0f}"
+            if med is not None:
+                vs_nsqd = f"{med / mid:.2f}×"
+                goal = f"≥ {GOAL_VS_NSQD:g}× {verdict(med / mid >= GOAL_VS_NSQD)}"
+        if row.key == "late_p99" and med is not None:
+            goal = f"≤ {TARGET_LATENESS_P99_US:g} µs {verdict(med <= TARGET_LATENESS_P99_US)}"
+        value = fmt(med, row.unit)
+        if row.errors:
+            value = (
+                f"[red]{value} ({len(row.errors)} failed)[/]" if med is not None else "[red]failed"
+            )
+        table.add_row(
+            row.label,
+            row.unit,
+            value,
+            spread,
+            fmt(anchor, row.unit),
+            vs_anchor,
+            nsqd,
+            vs_nsqd,
+            goal,
+            end_section=row.section_end,
+        )
+    return table
+
+
+def footnotes(cfg: Config) -> list[str]:
+    return [
+        f"Messages of {BODY_SIZE} bytes; broker started with --mem-queue-size "
+        f"{cfg.mem_queue_size:,} (as nsq's bench.sh) and otherwise defaults; the generator "
+        "is a separate process (blocking sockets, one task at a time), the broker another: "
+        "on 2 cores each has one. Rows 1–3 publish to a topic without channels for "
+        f"{cfg.duration_s:g} s; rate = messages acknowledged / (first send .. last OK); the "
+        "topic's message_count is checked against the OKs, then the topic deleted.",
+        f"¹ one connection keeping {MPUB_OUTSTANDING} MPUBs of {MPUB_BATCH} unanswered: "
+        "bench_writer waits for each OK but opens one connection per core (2 here).",
+        f"² channel created first, N messages (≈ MPUB rate × {cfg.duration_s:g} s, "
+        f"{DRAIN_MIN:,}–{DRAIN_MAX:,}) published with MPUB-{MPUB_BATCH}, then one consumer: "
+        f"SUB, RDY {RDY}, a FIN for each message (one send per read); rate = N / (RDY .. "
+        "last message). Then checked: nothing more arrives, depth and in-flight are 0.",
+        "³ one generator process: a publisher sending PUBs on an absolute schedule (all due "
+        "messages in one send, nothing awaits the OKs) with time.time_ns() at send in the "
+        "body, and a consumer (RDY 2500, FIN each) on the same loop; latency = read time − "
+        f"send stamp, every message of a {cfg.duration_s:g} s run. Achieved = what the "
+        "consumer received per second. Includes the generator's own delays.",
+        f"⁴ POST /srtm/bucket rate={SHAPED_RATE} burst={SHAPED_BURST}; paced as ³ at "
+        f"{SHAPED_OFFER:,}/s (2 % over the rate, so the bucket stays busy); lateness "
+        "(dispatch − GCRA release time) and token wait (release − arrival) are the broker's "
+        "/stats for that topic after the backlog drained.",
+        "⁵ a minimal server in its own process: reads the magic, then each command line and "
+        "its 4-byte size, skips the body, answers OK; keeps nothing: the ceiling for a Python "
+        "server on this machine, measured in the same run with the same generator.",
+        "⁶ the issue's figures for nsqd 1.3.0 on this kind of machine; broker / nsqd uses the "
+        "midpoint of a range (MPUB 430,000, drain 220,000).",
+    ]
+
+
+def git_revision() -> str:
+    here = Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "src"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return rev + ("+dirty src" if dirty else "")
+
+
+def write_json(path: Path, bench: Bench, cfg: Config, anchor_kind: str) -> None:
+    doc = {
+        "python": sys.version,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "revision": git_revision(),
+        "config": asdict(cfg),
+        "anchor": anchor_kind,
+        "nsqd_reference": NSQD,
+        "rows": {
+            k: {
+                "label": r.label.strip(),
+                "unit": r.unit,
+                "median": r.median,
+                "samples": r.samples,
+                "anchor_samples": r.anchor,
+                "raw": r.raw,
+                "errors": r.errors,
+            }
+            for k, r in bench.rows.items()
+        },
+        "problems": bench.problems,
+    }
+    path.write_text(json.dumps(doc, indent=2, allow_nan=True) + "\n")
+
+
+# == main =================================================================================
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+def main(
+    duration: Annotated[
+        float | None,
+        typer.Option(help="Seconds per measurement (default 3; 0.5 with --quick)."),
+    ] = None,
+    runs: Annotated[
+        int | None, typer.Option(min=1, help="Runs; medians over them (default 3; 1 --quick).")
+    ] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Smoke run of a few seconds.")] = False,
+    mem_queue_size: Annotated[
+        int, typer.Option(min=0, help="The broker's --mem-queue-size.")
+    ] = MEM_QUEUE_SIZE,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the raw numbers to this file.")
+    ] = None,
+) -> None:
+    """Load the srtm broker over NSQ's TCP protocol: MPUB, pipelined and synchronous PUB,
+    drain, end-to-end latency under paced load, release lateness of a shaped topic."""
+    cfg = Config(
+        duration_s=duration if duration is not None else (0.5 if quick else 3.0),
+        runs=runs if runs is not None else (1 if quick else 3),
+        mem_queue_size=mem_queue_size,
+        settle_s=1.0 if quick else 2.0,
+    )
+    console = Console(width=max(Console().width, 170))
+    log = Console(stderr=True, log_path=False)
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process we started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    workdir = Path(tempfile.mkdtemp(prefix="srtm-bench-"))
+    bench: Bench | None = None
+    gen: Generator | None = None
+    try:
+        gen = Generator()
+        with anchor_server() as (anchor, anchor_kind):
+            bench = Bench(cfg, workdir, gen, anchor, log)
+            try:
+                columns = (
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(),
+                )
+                with Progress(*columns, console=log, transient=True) as progress:
+                    task = progress.add_task("warm-up", total=cfg.runs * STEPS_PER_RUN)
+                    bench.warm_up()
+                    for run in range(cfg.runs):
+                        for name, step in bench.steps(run):
+                            progress.update(task, description=f"run {run + 1}: {name}")
+                            step()
+                            progress.advance(task)
+            finally:
+                bench.stop()
+    finally:
+        if gen is not None:
+            gen.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    console.print(build_table(bench.rows, cfg, anchor_kind))
+    lines = []
+    for key in THROUGHPUT:
+        row = bench.rows[key]
+        if row.median is not None and row.anchor_median:
+            lines.append(f"{key} {row.median / row.anchor_median:.2f}×")
+    console.print(f"broker / anchor: {', '.join(lines)}", highlight=False)
+    console.print(f"revision {git_revision()}", highlight=False)
+    for note in footnotes(cfg):
+        console.print(note, highlight=False)
+    for problem in bench.problems:
+        console.print(f"[red]problem:[/] {problem}", highlight=False)
+    if json_path is not None:
+        write_json(json_path, bench, cfg, anchor_kind)
+    if bench.problems:
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    app()
