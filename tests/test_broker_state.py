@@ -226,3 +226,20 @@ def test_channel_head_lists_in_flight_then_queue_then_deferred() -> None:
         (b"%016x" % 2, None),
         (b"%016x" % 7, 42),
     ]
+
+
+def test_finished_messages_do_not_pile_up_deadlines() -> None:
+    topic = new_topic()
+    ch = topic.channel("c")
+    c = FakeConsumer(rdy=10)
+    ch.add_consumer(c)
+    for i in range(5_000):
+        topic.put(message(i))
+        topic.release(0)
+        for _, m in ch.dispatch(0):
+            ch.fin(m.id, c)
+    assert len(ch._timeouts) <= 2 * len(ch.in_flight) + 1025
+    # ... and timeouts still fire for what is in flight.
+    publish(topic, 1)
+    ((_, m),) = ch.dispatch(0)
+    assert ch.tick(c.msg_timeout_ns) and ch.timeout_count == 1

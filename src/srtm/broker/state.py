@@ -131,7 +131,16 @@ class Channel:
         flight = self._take(mid, consumer)
         del self.in_flight[mid]
         consumer.in_flight -= 1
+        if len(self._timeouts) > 2 * len(self.in_flight) + 1024:
+            self._compact_timeouts()
         return flight.message
+
+    def _compact_timeouts(self) -> None:
+        """Drop deadlines of settled messages (the heap would otherwise keep one per
+        message for a whole timeout: 600,000 at 10,000 msg/s and 60 s)."""
+        live = [(f.deadline_ns, next(self._seq), mid) for mid, f in self.in_flight.items()]
+        heapq.heapify(live)
+        self._timeouts = live
 
     def req(self, mid: bytes, consumer: Consumer, delay_ns: int, now: int) -> None:
         flight = self._take(mid, consumer)
