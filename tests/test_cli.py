@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -53,3 +54,55 @@ def test_drl_penalty_bad_input(args: list[str], message: str) -> None:
     result = runner.invoke(app, ["drl-penalty", *args])
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
+
+
+def test_broker_help_lists_its_options() -> None:
+    result = runner.invoke(app, ["broker", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for option in ("--tcp-address", "--http-address", "--broker-id", "--data-dir", "--trace-dir"):
+        assert option in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--tcp-address", "localhost"], "--tcp-address"),
+        (["--http-address", "127.0.0.1:99999"], "--http-address"),
+        (["--arrival-stamps", "wall"], "--arrival-stamps"),
+        (["--release-timer", "hpet"], "--release-timer"),
+    ],
+)
+def test_broker_refuses_bad_flags_naming_them(args: list[str], named: str) -> None:
+    result = runner.invoke(app, ["broker", *args], env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert named in result.output
+
+
+def test_broker_refuses_an_out_of_range_id(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "broker",
+            "--broker-id",
+            "5000",
+            "--tcp-address",
+            "127.0.0.1:0",
+            "--http-address",
+            "127.0.0.1:0",
+            "--data-dir",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 2
+    assert "broker_id" in result.output
+
+
+def test_broker_config_file_sets_defaults_and_rejects_unknown_keys(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[broker]\ntcp-address = "nowhere"\n')
+    result = runner.invoke(app, ["broker", "--config", str(bad)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "--tcp-address" in result.output  # the TOML value is used
+    typo = tmp_path / "typo.toml"
+    typo.write_text("[broker]\nmem_queue = 5\n")
+    result = runner.invoke(app, ["broker", "--config", str(typo)], env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "mem_queue" in result.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
@@ -121,6 +122,29 @@ def drl_penalty(
         _render(rows, console)
 
 
+def _load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> None:
+    """``--config FILE``: defaults from a TOML file (its ``[broker]`` table, or the top level),
+    keyed like the flags; flags and environment variables still win."""
+    if value is None:
+        return
+    try:
+        doc = tomllib.loads(value.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise typer.BadParameter(f"{value}: {exc}", param_hint="--config") from exc
+    section = doc.get(ctx.info_name or "", doc)
+    names = {
+        opt.lstrip("-").replace("-", "_"): p.name
+        for p in ctx.command.params
+        for opt in p.opts
+        if p.name and p.name != "config"
+    }
+    unknown = sorted(k for k in section if k.replace("-", "_") not in names)
+    if unknown:
+        raise typer.BadParameter(f"{value}: unknown keys {unknown}", param_hint="--config")
+    defaults = {names[k.replace("-", "_")]: v for k, v in section.items()}
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+
+
 def _address(value: str, flag: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -130,6 +154,16 @@ def _address(value: str, flag: str) -> tuple[str, int]:
 
 @app.command("broker")
 def broker(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="TOML file with defaults for these options ([broker] table, keys named "
+            "like the flags); flags and SRTM_* environment variables override it.",
+            callback=_load_config,
+            is_eager=True,
+            expose_value=False,
+        ),
+    ] = None,
     tcp_address: Annotated[
         str,
         typer.Option(
