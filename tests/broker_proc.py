@@ -61,6 +61,9 @@ class BrokerProcess:
             self.proc.kill()
             self.proc.wait()
             raise
+        finally:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
 
 
 def start_broker(data_dir: Path, *args: str, timeout: float = 30.0) -> BrokerProcess:

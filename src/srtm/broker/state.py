@@ -83,6 +83,11 @@ class Channel:
     def defer(self, msg: Message, due_ns: int) -> None:
         heapq.heappush(self._deferred, (due_ns, next(self._seq), msg))
 
+    def put_deferred(self, msg: Message, due_ns: int) -> None:
+        """A new message (DPUB), due later; unlike a delayed REQ it counts as a message."""
+        self.message_count += 1
+        self.defer(msg, due_ns)
+
     # -- consumers -----------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
@@ -245,7 +250,7 @@ class Topic:
                 for msg in self.held.drain():
                     ch.put(msg)
                 for msg, due in self.held_deferred:
-                    ch.defer(msg, due)
+                    ch.put_deferred(msg, due)
                 self.held_deferred.clear()
         return ch
 
@@ -274,7 +279,7 @@ class Topic:
         if not self.channels:
             self.held_deferred.append((msg, due_ns))
         for ch in self.channels.values():
-            ch.defer(msg.copy(), due_ns)
+            ch.put_deferred(msg.copy(), due_ns)
 
     def next_release_ns(self) -> int | None:
         if self.paused:
