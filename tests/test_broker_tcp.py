@@ -236,3 +236,23 @@ async def test_queues_overflow_to_disk_and_come_back_in_order(make_broker: MakeB
         got.append(m.body)
         await c.send(Fin(m.id))
     assert got == [b"%03d" % i for i in range(100)]
+
+
+async def test_an_internal_error_closes_only_that_client(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = await make_broker()
+    bystander = await connect(broker)
+    await bystander.send(Sub("other", "c"))
+    assert await bystander.response() == b"OK"
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(broker, "publish_deferred", broken)
+    c = await connect(broker)
+    await c.send(DpubCmd("t", 10, b"x"))
+    assert (await c.error()).startswith("E_INVALID")
+    assert await c.closed()
+    await bystander.send(Nop())
+    assert not await bystander.closed(0.2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import logging
 import socket
 import struct
 import time
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from srtm.broker.broker import Broker
     from srtm.broker.message import Message
     from srtm.broker.state import Channel
+
+log = logging.getLogger("srtm.broker")
 
 #: Linux's SO_TIMESTAMPNS (== SCM_TIMESTAMPNS); the socket module does not export it.
 SO_TIMESTAMPNS = 35
@@ -130,6 +133,10 @@ class Client:
                     self._handle(event, arrival)
                 except ProtocolError as err:
                     self.send_error(err)
+                except Exception:
+                    # A broker bug costs this client its connection, not the whole loop.
+                    log.exception("internal error on %s from %s", type(event).__name__, self.remote)
+                    self.send_error(ProtocolError(errors.E_INVALID, "internal error"))
 
     def _handle(self, cmd: object, arrival: int) -> None:
         broker = self.broker
