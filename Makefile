@@ -34,6 +34,7 @@ test: lint typecheck
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/ratelimit.py
+	$(BIN)/python benchmarks/broker.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis out

@@ -65,6 +65,8 @@ SHAPED_OFFER = 10_200
 #: nsqd's (and the broker's) max_rdy_count.
 RDY = 2_500
 CHANNEL = "bench"
+#: A topic kept from start to end (see Bench.delete_topic).
+SENTINEL = "bench_sentinel"
 #: Like nsq's bench.sh (--mem-queue-size=1000000): what is published stays in memory.
 MEM_QUEUE_SIZE = 1_000_000
 #: No recv or send of the generator waits longer than this for the broker.
@@ -216,6 +218,8 @@ def publish_loop(
             buf += recv(sock)
             k = take_responses(buf, sock)
             done += k
+            if done > sent:
+                raise BrokerError(f"{done} OKs for {sent} commands")
             if k and clock() < deadline and sent < budget:
                 k = min(k, budget - sent)
                 sock.sendall(cmd * k)
@@ -378,9 +382,15 @@ TASKS: dict[str, Callable[..., dict[str, float]]] = {
 }
 
 
-def worker_main(conn: Connection) -> None:
+def pin(cpu: int | None) -> None:
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
+
+
+def worker_main(conn: Connection, cpu: int | None) -> None:
     """The generator process: run tasks sent by the parent until it hangs up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    pin(cpu)
     while True:
         try:
             msg = conn.recv()
@@ -441,8 +451,9 @@ class AnchorProtocol(asyncio.Protocol):
             self.transport.write(OK_FRAME * oks)
 
 
-def anchor_main(conn: Connection) -> None:
+def anchor_main(conn: Connection, cpu: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    pin(cpu)
     try:
         import uvloop
 
@@ -516,7 +527,9 @@ def pump(stream: Any, tail: collections.deque[str]) -> None:
         tail.append(text.rstrip())
 
 
-def start_broker(data_dir: Path, log_path: Path, mem_queue_size: int) -> BrokerProc:
+def start_broker(
+    data_dir: Path, log_path: Path, mem_queue_size: int, cpu: int | None = None
+) -> BrokerProc:
     cmd = [
         sys.executable,
         "-m",
@@ -534,7 +547,12 @@ def start_broker(data_dir: Path, log_path: Path, mem_queue_size: int) -> BrokerP
     log = log_path.open("a")
     # Its own session: a Ctrl-C on the terminal reaches only us; we stop it with SIGTERM.
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        start_new_session=True,
+        preexec_fn=None if cpu is None else partial(pin, cpu),
     )
     log.close()
     assert proc.stdout is not None
@@ -564,13 +582,14 @@ def start_broker(data_dir: Path, log_path: Path, mem_queue_size: int) -> BrokerP
 class Generator:
     """The load-generator process; tasks run one at a time, each bounded in time."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpu: int | None) -> None:
         self._ctx = multiprocessing.get_context("spawn")
+        self._cpu = cpu
         self._start()
 
     def _start(self) -> None:
         self.conn, child = self._ctx.Pipe()
-        self.proc = self._ctx.Process(target=worker_main, args=(child,), daemon=True)
+        self.proc = self._ctx.Process(target=worker_main, args=(child, self._cpu), daemon=True)
         self.proc.start()
         child.close()
 
@@ -603,10 +622,10 @@ class Generator:
 
 
 @contextlib.contextmanager
-def anchor_server() -> Iterator[tuple[tuple[str, int], str]]:
+def anchor_server(cpu: int | None) -> Iterator[tuple[tuple[str, int], str]]:
     ctx = multiprocessing.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=anchor_main, args=(child,), daemon=True)
+    proc = ctx.Process(target=anchor_main, args=(child, cpu), daemon=True)
     proc.start()
     child.close()
     try:
@@ -632,6 +651,8 @@ class Config:
     runs: int
     mem_queue_size: int
     settle_s: float
+    #: (broker and anchor, generator) CPUs, or None: the scheduler's choice.
+    cpus: tuple[int, int] | None
 
 
 @dataclass(slots=True)
@@ -700,13 +721,20 @@ class Bench:
         self.rows = make_rows()
         self.problems: list[str] = []
         self.broker_starts = 0
+        #: How long /ping took right after each topic deletion (s).
+        self.settle_s: list[float] = []
         self.broker = self._start_broker()
 
     def _start_broker(self) -> BrokerProc:
         self.broker_starts += 1
         data = self.workdir / f"data-{self.broker_starts}"
         log = self.workdir / f"broker-{self.broker_starts}.log"
-        return start_broker(data, log, self.cfg.mem_queue_size)
+        broker = start_broker(
+            data, log, self.cfg.mem_queue_size, self.cfg.cpus[0] if self.cfg.cpus else None
+        )
+        # Never without a topic: see delete_topic.
+        broker.request(f"/topic/create?topic={SENTINEL}", "POST")
+        return broker
 
     def stop(self) -> None:
         problem = self.broker.stop()
@@ -736,8 +764,17 @@ class Bench:
             self.broker = self._start_broker()
 
     def delete_topic(self, topic: str) -> None:
+        """Delete and wait until the broker answers again: freeing a million messages holds
+        its loop for 0.1 s or more, which belongs to no measurement. The sentinel topic
+        matters here: the broker's scan loop keeps the last topic it visited referenced
+        while it sleeps, so with no topic left a deleted one would only be freed (loop
+        held) once the next measurement's topic exists."""
         with contextlib.suppress(OSError):
             self.broker.request(f"/topic/delete?topic={topic}", "POST")
+            time.sleep(0.05)  # a scan-loop tick (10 ms) or more
+            t0 = time.perf_counter()
+            self.broker.request("/ping")
+            self.settle_s.append(time.perf_counter() - t0)
 
     def topic_doc(self, topic: str) -> tuple[dict[str, Any], dict[str, Any]]:
         doc = self.broker.stats(topic)
@@ -933,13 +970,14 @@ def build_table(rows: dict[str, Row], cfg: Config, anchor_kind: str) -> Table:
     table = Table(
         title=f"srtm broker, median of {cfg.runs} run{'s' * (cfg.runs > 1)} "
         f"({platform.python_implementation()} {platform.python_version()}, "
-        f"{os.cpu_count()} cores, {cfg.duration_s:g} s per measurement)"
+        f"{os.cpu_count()} cores{', pinned' if cfg.cpus else ''}, "
+        f"{cfg.duration_s:g} s per measurement)"
     )
     table.add_column("measurement", no_wrap=True)
     table.add_column("unit", no_wrap=True)
     table.add_column("broker", justify="right")
     table.add_column("min–max", justify="right")
-    table.add_column(f"anchor ⁵ ({anchor_kind})", justify="right")
+    table.add_column("anchor ⁵", justify="right")
     table.add_column("broker / anchor", justify="right")
     table.add_column("nsqd 1.3.0 ⁶", justify="right")
     table.add_column("broker / nsqd", justify="right")
@@ -983,7 +1021,7 @@ def build_table(rows: dict[str, Row], cfg: Config, anchor_kind: str) -> Table:
     return table
 
 
-def footnotes(cfg: Config) -> list[str]:
+def footnotes(cfg: Config, anchor_kind: str) -> list[str]:
     return [
         f"Messages of {BODY_SIZE} bytes; broker started with --mem-queue-size "
         f"{cfg.mem_queue_size:,} (as nsq's bench.sh) and otherwise defaults; the generator "
@@ -1006,9 +1044,10 @@ def footnotes(cfg: Config) -> list[str]:
         f"{SHAPED_OFFER:,}/s (2 % over the rate, so the bucket stays busy); lateness "
         "(dispatch − GCRA release time) and token wait (release − arrival) are the broker's "
         "/stats for that topic after the backlog drained.",
-        "⁵ a minimal server in its own process: reads the magic, then each command line and "
-        "its 4-byte size, skips the body, answers OK; keeps nothing: the ceiling for a Python "
-        "server on this machine, measured in the same run with the same generator.",
+        f"⁵ a minimal {anchor_kind} server in its own process: reads the magic, then each "
+        "command line and its 4-byte size, skips the body, answers OK; keeps nothing: the "
+        "ceiling for a Python server on this machine, measured in the same run with the same "
+        "generator (for MPUB the generator, not the anchor, is then the bound).",
         "⁶ the issue's figures for nsqd 1.3.0 on this kind of machine; broker / nsqd uses the "
         "midpoint of a range (MPUB 430,000, drain 220,000).",
     ]
@@ -1056,6 +1095,7 @@ def write_json(path: Path, bench: Bench, cfg: Config, anchor_kind: str) -> None:
             for k, r in bench.rows.items()
         },
         "problems": bench.problems,
+        "ping_after_delete_s": bench.settle_s,
     }
     path.write_text(json.dumps(doc, indent=2, allow_nan=True) + "\n")
 
@@ -1075,6 +1115,12 @@ def main(
         int | None, typer.Option(min=1, help="Runs; medians over them (default 3; 1 --quick).")
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smoke run of a few seconds.")] = False,
+    pin_cpus: Annotated[
+        bool,
+        typer.Option(
+            "--pin", help="Broker and anchor on CPU 0, generator on CPU 1 (default: unpinned)."
+        ),
+    ] = False,
     mem_queue_size: Annotated[
         int, typer.Option(min=0, help="The broker's --mem-queue-size.")
     ] = MEM_QUEUE_SIZE,
@@ -1089,6 +1135,7 @@ def main(
         runs=runs if runs is not None else (1 if quick else 3),
         mem_queue_size=mem_queue_size,
         settle_s=1.0 if quick else 2.0,
+        cpus=(0, 1) if pin_cpus else None,
     )
     console = Console(width=max(Console().width, 170))
     log = Console(stderr=True, log_path=False)
@@ -1098,8 +1145,8 @@ def main(
     bench: Bench | None = None
     gen: Generator | None = None
     try:
-        gen = Generator()
-        with anchor_server() as (anchor, anchor_kind):
+        gen = Generator(cfg.cpus[1] if cfg.cpus else None)
+        with anchor_server(cfg.cpus[0] if cfg.cpus else None) as (anchor, anchor_kind):
             bench = Bench(cfg, workdir, gen, anchor, log)
             try:
                 columns = (
@@ -1122,6 +1169,8 @@ def main(
         if gen is not None:
             gen.close()
         shutil.rmtree(workdir, ignore_errors=True)
+    if json_path is not None:  # first: a closed stdout must not cost the numbers
+        write_json(json_path, bench, cfg, anchor_kind)
     console.print(build_table(bench.rows, cfg, anchor_kind))
     lines = []
     for key in THROUGHPUT:
@@ -1129,13 +1178,19 @@ def main(
         if row.median is not None and row.anchor_median:
             lines.append(f"{key} {row.median / row.anchor_median:.2f}×")
     console.print(f"broker / anchor: {', '.join(lines)}", highlight=False)
+    if bench.settle_s:
+        worst, typical = max(bench.settle_s) * 1e3, statistics.median(bench.settle_s) * 1e3
+        console.print(
+            f"after each topic deletion (+50 ms), /ping answered in at most {worst:,.1f} ms "
+            f"(median {typical:,.1f} ms): the broker freeing what the topic held, kept out of "
+            "the measurements",
+            highlight=False,
+        )
     console.print(f"revision {git_revision()}", highlight=False)
-    for note in footnotes(cfg):
+    for note in footnotes(cfg, anchor_kind):
         console.print(note, highlight=False)
     for problem in bench.problems:
         console.print(f"[red]problem:[/] {problem}", highlight=False)
-    if json_path is not None:
-        write_json(json_path, bench, cfg, anchor_kind)
     if bench.problems:
         raise typer.Exit(1)
 

@@ -51,7 +51,7 @@ async def test_pub_mpub_text_and_binary(api: tuple[Broker, aiohttp.ClientSession
     assert await call(s, "POST", "/mpub?topic=h&binary=true", binary) == (200, "OK")
     assert await call(s, "POST", "/pub?topic=h&defer=60000", b"later") == (200, "OK")
     ch = broker.topics["h"].channels["c"]
-    assert [m.body for m in ch.queue.mem] == [b"one", b"two", b"three", b"4", b"5\n5"]
+    assert [m.body for m in ch.queue.memory()] == [b"one", b"two", b"three", b"4", b"5\n5"]
     assert ch.deferred_count == 1
 
 

@@ -106,7 +106,7 @@ def test_memory_queue_with_overflow_is_fifo(
             assert q.append(msg(n))
             model.append(n)
             n += 1
-            assert len(q.mem) <= max(mem, 1)
+            assert q.memory_depth <= max(mem, 1)
         elif model:
             assert q.popleft().id == b"%016x" % model.pop(0)
         assert len(q) == len(model)
@@ -117,7 +117,7 @@ def test_memory_bound_holds_and_the_rest_is_on_disk(tmp_path: Path) -> None:
     q = MessageQueue(100, DiskQueue(tmp_path / "q"))
     for i in range(1_000):
         q.append(msg(i))
-    assert len(q.mem) == 100
+    assert q.memory_depth == 100
     assert q.backend_depth == 900
     assert len(q) == 1_000
 

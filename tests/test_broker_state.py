@@ -40,8 +40,13 @@ def test_every_channel_gets_a_copy() -> None:
     a, b = topic.channel("a"), topic.channel("b")
     publish(topic, 3)
     assert a.depth == b.depth == 3
-    assert [m.body for m in a.queue.mem] == [m.body for m in b.queue.mem]
-    assert a.queue.mem[0] is not b.queue.mem[0]  # own attempts, own deadlines
+    assert [m.body for m in a.queue.memory()] == [m.body for m in b.queue.memory()]
+    ca, cb = FakeConsumer(rdy=1), FakeConsumer(rdy=1)
+    a.add_consumer(ca)
+    b.add_consumer(cb)
+    ((_, ma),) = a.dispatch(0)
+    ((_, mb),) = b.dispatch(0)
+    assert ma is not mb and ma.attempts == mb.attempts == 1  # own attempts, own deadlines
 
 
 def test_each_message_goes_to_one_consumer_within_rdy() -> None:
@@ -129,7 +134,7 @@ def test_a_disconnect_puts_in_flight_back_in_front() -> None:
     publish(topic, 3)
     taken = [m.id for _, m in ch.dispatch(0)]
     ch.remove_consumer(gone)
-    assert [m.id for m in ch.queue.mem] == [*taken, b"%016x" % 2]
+    assert [m.id for m in ch.queue.memory()] == [*taken, b"%016x" % 2]
     assert ch.in_flight == {}
 
 

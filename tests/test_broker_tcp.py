@@ -197,7 +197,7 @@ async def test_retuning_a_bucket_keeps_its_state(make_broker: MakeBroker) -> Non
     broker = await make_broker()
     bucket = broker.set_bucket("tuned", 10, 5)
     broker.publish("tuned", [b"x"] * 20, time.time_ns(), "p")
-    owed = broker.topics["tuned"].shaping.peek()
+    owed = broker.topics["tuned"].shaping.peek_release_ns()
     assert owed is not None and len(broker.topics["tuned"].shaping) >= 14
     before = bucket.tokens()
     assert broker.set_bucket("tuned", 10, 5) is bucket
@@ -226,7 +226,7 @@ async def test_queues_overflow_to_disk_and_come_back_in_order(make_broker: MakeB
     for _ in range(100):
         assert await p.response() == b"OK"
     ch = broker.topics["deep"].channels["c"]
-    assert len(ch.queue.mem) == 10 and ch.queue.backend_depth == 90
+    assert ch.queue.memory_depth == 10 and ch.queue.backend_depth == 90
     c = await connect(broker)
     await c.send(Sub("deep", "c"), Rdy(7))
     assert await c.response() == b"OK"

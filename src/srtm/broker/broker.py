@@ -203,17 +203,17 @@ class Broker:
 
     def _restore_channel(self, ch: Channel) -> None:
         head = self._disk[f"{ch.topic}:{ch.name}"].take_head()
-        ch.queue.mem.extendleft(reversed([m for m, due in head if due is None]))
+        ch.queue.extendleft([m for m, due in head if due is None])
         for msg, due in head:
             if due is not None:
                 ch.defer(msg, due)
 
     def _restore_topic(self, topic: Topic, now: int) -> None:
         held = self._disk[topic.name].take_head()
-        topic.held.mem.extendleft(reversed([m for m, due in held if due is None]))
+        topic.held.extendleft([m for m, due in held if due is None])
         topic.held_deferred += [(m, due) for m, due in held if due is not None]
         shaping = [m for m, _ in self._disk[f"{topic.name}@shaping"].take_head()]
-        topic.shaping.mem.extendleft(reversed(shaping))
+        topic.shaping.extendleft(shaping)
         if topic.bucket is not None:
             # Booked against the old run's bucket: book again, so a restart cannot burst.
             for _ in range(len(topic.shaping)):
@@ -486,12 +486,16 @@ class Broker:
         interval = self.options.scan_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
-            now = time.time_ns()
-            for topic in list(self.topics.values()):
-                for ch in list(topic.channels.values()):
-                    due = ch.next_due_ns()
-                    if due is not None and due <= now and ch.tick(now):
-                        self.mark_ready(ch)
+            self._scan(time.time_ns())
+
+    def _scan(self, now: int) -> None:
+        # A function of its own: no loop variable keeps a deleted topic alive while the
+        # loop sleeps (freeing it later, all at once, stalled the loop).
+        for topic in list(self.topics.values()):
+            for ch in list(topic.channels.values()):
+                due = ch.next_due_ns()
+                if due is not None and due <= now and ch.tick(now):
+                    self.mark_ready(ch)
 
     async def _housekeeping_loop(self) -> None:
         """Move measured values into the histograms every 100 ms, one histogram per loop
@@ -500,10 +504,11 @@ class Broker:
         while True:
             await asyncio.sleep(0.1)
             self.stats.stamp_gaps.flush()
-            for ts in list(self.stats.topics.values()):
-                for rec in ts.recorders():
-                    rec.flush()
-                    await asyncio.sleep(0)
+            recorders = [r for ts in self.stats.topics.values() for r in ts.recorders()]
+            for rec in recorders:
+                rec.flush()
+                await asyncio.sleep(0)
+            del recorders
             if self.traces is not None and time.monotonic() - rolled >= 1.0:
                 rolled = time.monotonic()
                 self.traces.maybe_roll()

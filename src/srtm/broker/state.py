@@ -189,7 +189,7 @@ class Channel:
         """What this channel owes in memory, in delivery order, with due times of
         deferred ones: in-flight first (they are the oldest), then the queue."""
         out: list[tuple[Message, int | None]] = [(f.message, None) for f in self.in_flight.values()]
-        out += [(m, None) for m in self.queue.mem]
+        out += [(m, None) for m in self.queue.memory()]
         out += [(m, due) for due, _, m in sorted(self._deferred)]
         return out
 
@@ -284,8 +284,7 @@ class Topic:
     def next_release_ns(self) -> int | None:
         if self.paused:
             return None
-        head = self.shaping.peek()
-        return None if head is None else head.release_ns
+        return self.shaping.peek_release_ns()
 
     def release(self, now: int) -> list[Released]:
         """Release every message due by ``now`` to the channels (or hold it)."""
@@ -294,22 +293,20 @@ class Topic:
             return out
         targets = list(self.channels.values())
         shaping = self.shaping
-        while (head := shaping.peek()) is not None and head.release_ns <= now:
+        while (due := shaping.peek_release_ns()) is not None and due <= now:
             msg = shaping.popleft()
             out.append(Released(msg, msg.release_ns))
             if not targets:
                 self.held.append(msg)
-            elif len(targets) == 1:
-                targets[0].put(msg)
             else:
                 for ch in targets:
-                    ch.put(msg.copy())
+                    ch.put(msg)  # queued as an immutable record: one per channel for free
         return out
 
     def head(self) -> Iterator[tuple[str, list[tuple[Message, int | None]]]]:
         """What the topic itself holds in memory, per queue key (for shutdown)."""
-        yield f"{self.name}@shaping", [(m, None) for m in self.shaping.mem]
-        held: list[tuple[Message, int | None]] = [(m, None) for m in self.held.mem]
+        yield f"{self.name}@shaping", [(m, None) for m in self.shaping.memory()]
+        held: list[tuple[Message, int | None]] = [(m, None) for m in self.held.memory()]
         held += [(m, due) for m, due in self.held_deferred]
         yield self.name, held
 
