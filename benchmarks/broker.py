@@ -12,15 +12,12 @@ every PUB/MPUB with OK and keeps nothing, the ceiling for a Python server on thi
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import multiprocessing
 import os
 import platform
-import re
 import select
-import selectors
 import shutil
 import signal
 import socket
@@ -29,7 +26,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import urllib.parse
@@ -48,6 +44,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from srtm.broker.launch import BrokerProcess, start_broker
 from srtm.protocol import MAGIC_V2, Mpub, Pub, encode_command
 
 NS_PER_S = 1_000_000_000
@@ -65,8 +62,6 @@ SHAPED_OFFER = 10_200
 #: nsqd's (and the broker's) max_rdy_count.
 RDY = 2_500
 CHANNEL = "bench"
-#: A topic kept from start to end (see Bench.delete_topic).
-SENTINEL = "bench_sentinel"
 #: Like nsq's bench.sh (--mem-queue-size=1000000): what is published stays in memory.
 MEM_QUEUE_SIZE = 1_000_000
 #: No recv or send of the generator waits longer than this for the broker.
@@ -473,111 +468,6 @@ def anchor_main(conn: Connection, cpu: int | None) -> None:
 
 # == the parent: broker, anchor and generator processes ===================================
 
-_READY = re.compile(r"tcp=([\d.]+):(\d+) http=([\d.]+):(\d+)")
-
-
-@dataclass
-class BrokerProc:
-    proc: subprocess.Popen[str]
-    tcp: tuple[str, int]
-    http: tuple[str, int]
-    log_path: Path
-    stdout_tail: collections.deque[str]
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            return ""
-        return "\n".join([*self.stdout_tail, *text])
-
-    def request(self, path: str, method: str = "GET") -> Any:
-        url = f"http://{self.http[0]}:{self.http[1]}{path}"
-        req = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
-        with urllib.request.urlopen(req, timeout=IO_TIMEOUT_S) as resp:
-            body = resp.read()
-        try:
-            return json.loads(body)
-        except ValueError:
-            return body.decode(errors="replace")
-
-    def stats(self, topic: str) -> dict[str, Any]:
-        doc: dict[str, Any] = self.request(f"/stats?format=json&topic={topic}")
-        return doc
-
-    def stop(self, timeout: float = 30.0) -> str | None:
-        """SIGTERM, then wait; a problem to report, or None if it stopped cleanly."""
-        if self.proc.poll() is not None:
-            return f"broker had already exited with {self.proc.returncode}"
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return f"broker still running {timeout:g} s after SIGTERM: killed"
-        return None if code == 0 else f"broker exited with {code} after SIGTERM"
-
-
-def pump(stream: Any, tail: collections.deque[str]) -> None:
-    for text in stream:
-        tail.append(text.rstrip())
-
-
-def start_broker(
-    data_dir: Path, log_path: Path, mem_queue_size: int, cpu: int | None = None
-) -> BrokerProc:
-    cmd = [
-        sys.executable,
-        "-m",
-        "srtm",
-        "broker",
-        "--tcp-address",
-        "127.0.0.1:0",
-        "--http-address",
-        "127.0.0.1:0",
-        "--data-dir",
-        str(data_dir),
-        "--mem-queue-size",
-        str(mem_queue_size),
-    ]
-    log = log_path.open("a")
-    # Its own session: a Ctrl-C on the terminal reaches only us; we stop it with SIGTERM.
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        start_new_session=True,
-        preexec_fn=None if cpu is None else partial(pin, cpu),
-    )
-    log.close()
-    assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + 30
-    try:
-        while time.monotonic() < deadline:
-            if sel.select(deadline - time.monotonic()):
-                line = proc.stdout.readline()
-                if not line:
-                    break
-                if m := _READY.search(line):
-                    tail: collections.deque[str] = collections.deque(maxlen=20)
-                    # Keep its stdout pipe from filling up.
-                    threading.Thread(target=pump, args=(proc.stdout, tail), daemon=True).start()
-                    return BrokerProc(proc, (m[1], int(m[2])), (m[3], int(m[4])), log_path, tail)
-        raise RuntimeError(f"broker did not start: {log_path.read_text()[-2000:]}")
-    except BaseException:
-        proc.kill()  # not ready in time, or Ctrl-C while waiting: leave nothing running
-        proc.wait()
-        raise
-    finally:
-        sel.close()
-
 
 class Generator:
     """The load-generator process; tasks run one at a time, each bounded in time."""
@@ -725,21 +615,40 @@ class Bench:
         self.settle_s: list[float] = []
         self.broker = self._start_broker()
 
-    def _start_broker(self) -> BrokerProc:
+    def _start_broker(self) -> BrokerProcess:
         self.broker_starts += 1
         data = self.workdir / f"data-{self.broker_starts}"
-        log = self.workdir / f"broker-{self.broker_starts}.log"
-        broker = start_broker(
-            data, log, self.cfg.mem_queue_size, self.cfg.cpus[0] if self.cfg.cpus else None
-        )
-        # Never without a topic: see delete_topic.
-        broker.request(f"/topic/create?topic={SENTINEL}", "POST")
+        self.broker_log = self.workdir / f"broker-{self.broker_starts}.log"
+        cpu = self.cfg.cpus[0] if self.cfg.cpus else None
+        with self.broker_log.open("a") as log:
+            broker = start_broker(
+                data,
+                ["--mem-queue-size", str(self.cfg.mem_queue_size)],
+                stderr=log,
+                # Its own session: a Ctrl-C on the terminal reaches only us; we stop it.
+                new_session=True,
+                preexec_fn=None if cpu is None else partial(pin, cpu),
+            )
         return broker
 
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.broker_log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            text = []
+        return "\n".join([*self.broker.stdout_tail, *text])
+
     def stop(self) -> None:
-        problem = self.broker.stop()
+        if not self.broker.alive():
+            problem: str | None = f"broker had already exited with {self.broker.proc.returncode}"
+        else:
+            try:
+                code = self.broker.stop(30)
+                problem = None if code == 0 else f"broker exited with {code} after SIGTERM"
+            except subprocess.TimeoutExpired:
+                problem = "broker still running 30 s after SIGTERM: killed"
         if problem:
-            self.problems.append(problem + "\n" + self.broker.log_tail())
+            self.problems.append(problem + "\n" + self.log_tail())
 
     def task(self, name: str, budget_s: float, **kwargs: Any) -> dict[str, float]:
         return self.gen.run(name, budget_s + TASK_SLACK_S, **kwargs)
@@ -757,23 +666,19 @@ class Bench:
             self.log.log(f"[red]{msg}[/]")
         if not self.broker.alive():
             self.problems.append(
-                f"broker exited ({self.broker.proc.returncode}) during {what}:\n"
-                + self.broker.log_tail()
+                f"broker exited ({self.broker.proc.returncode}) during {what}:\n" + self.log_tail()
             )
             self.log.log(f"[red]broker died during {what}; restarting it[/]")
             self.broker = self._start_broker()
 
     def delete_topic(self, topic: str) -> None:
-        """Delete and wait until the broker answers again: freeing a million messages holds
-        its loop for 0.1 s or more, which belongs to no measurement. The sentinel topic
-        matters here: the broker's scan loop keeps the last topic it visited referenced
-        while it sleeps, so with no topic left a deleted one would only be freed (loop
-        held) once the next measurement's topic exists."""
+        """Delete and wait until the broker answers again, so that freeing the topic's
+        messages belongs to no measurement (the wait is reported under the table)."""
         with contextlib.suppress(OSError):
-            self.broker.request(f"/topic/delete?topic={topic}", "POST")
+            self.broker.post(f"/topic/delete?topic={topic}")
             time.sleep(0.05)  # a scan-loop tick (10 ms) or more
             t0 = time.perf_counter()
-            self.broker.request("/ping")
+            self.broker.get("/ping")
             self.settle_s.append(time.perf_counter() - t0)
 
     def topic_doc(self, topic: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -835,7 +740,7 @@ class Bench:
         budget = max(30.0, 20 * self.cfg.duration_s)
 
         def measure() -> None:
-            self.broker.request(f"/channel/create?topic={topic}&channel={CHANNEL}", "POST")
+            self.broker.post(f"/channel/create?topic={topic}&channel={CHANNEL}")
             try:
                 res = self.task(
                     "drain", 2 * budget, addr=self.broker.tcp, topic=topic, n=n, max_s=budget
@@ -899,7 +804,7 @@ class Bench:
 
         def measure() -> None:
             q = urllib.parse.urlencode({"topic": topic, "rate": SHAPED_RATE, "burst": SHAPED_BURST})
-            self.broker.request(f"/srtm/bucket?{q}", "POST")
+            self.broker.post(f"/srtm/bucket?{q}")
             try:
                 res = self.task(
                     "paced",

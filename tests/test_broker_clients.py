@@ -28,7 +28,7 @@ import pytest
 import tornado.ioloop
 from ansq import ConnectionFeatures, ConnectionOptions
 
-from broker_proc import BrokerProcess, start_broker
+from srtm.broker.launch import BrokerProcess, start_broker
 
 T = TypeVar("T")
 
@@ -459,7 +459,7 @@ def test_gnsq_req_with_delay(broker_proc: BrokerProcess) -> None:
 def test_gnsq_timeout_redelivery_with_broker_default(tmp_path: Path) -> None:
     """gnsq cannot negotiate msg_timeout, so this broker's default (--msg-timeout-ms) is
     short: it must apply to clients that do not ask for one."""
-    broker = start_broker(tmp_path / "data", "--msg-timeout-ms", str(MSG_TIMEOUT_MS))
+    broker = start_broker(tmp_path / "data", ["--msg-timeout-ms", str(MSG_TIMEOUT_MS)])
     topic, body = "gnsq_timeout", b"gnsq never answered"
     got: list[Got] = []
 

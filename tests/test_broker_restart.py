@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker_proc import start_broker
 from nsq_raw import RawClient
+from srtm.broker.launch import start_broker
 from srtm.protocol import Dpub, Fin, Mpub, Rdy, Sub
 
 
 async def test_messages_queued_at_sigterm_are_delivered_after_restart(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    first = start_broker(data, "--mem-queue-size", "20")
+    first = start_broker(data, ["--mem-queue-size", "20"])
     try:
         # A consumer takes 5 and never finishes them; the rest wait in the queue (and on disk).
         holder = await RawClient.connect(*first.tcp)
@@ -37,7 +37,7 @@ async def test_messages_queued_at_sigterm_are_delivered_after_restart(tmp_path: 
     await holder.close()
     await pub.close()
 
-    second = start_broker(data, "--mem-queue-size", "20")
+    second = start_broker(data, ["--mem-queue-size", "20"])
     try:
         c = await RawClient.connect(*second.tcp)
         await c.send(Sub("durable", "c"), Rdy(200))

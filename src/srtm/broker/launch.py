@@ -1,0 +1,150 @@
+"""Run ``srtm broker`` as a child process on ephemeral ports and talk to its HTTP API.
+
+For tests, benchmarks and local clusters: the child prints its bound addresses on its
+first line; its stdout is drained by a thread afterwards so it can never block on a
+full pipe; ``stop`` is SIGTERM (a graceful stop that persists), then a kill if it hangs.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+_READY = re.compile(r"tcp=([\d.]+):(\d+) http=([\d.]+):(\d+)")
+
+
+@dataclass
+class BrokerProcess:
+    proc: subprocess.Popen[str]
+    tcp: tuple[str, int]
+    http: tuple[str, int]
+    data_dir: Path
+    #: The last lines it printed on stdout after the ready line.
+    stdout_tail: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=20)
+    )
+
+    @property
+    def tcp_address(self) -> str:
+        return f"{self.tcp[0]}:{self.tcp[1]}"
+
+    @property
+    def http_address(self) -> str:
+        return f"{self.http[0]}:{self.http[1]}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def url(self, path: str) -> str:
+        return f"http://{self.http_address}{path}"
+
+    def request(
+        self, path: str, method: str = "GET", body: bytes | None = None, timeout: float = 10.0
+    ) -> bytes:
+        if body is None and method in ("POST", "PUT"):
+            body = b""
+        req = urllib.request.Request(self.url(path), data=body, method=method)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data: bytes = resp.read()
+            return data
+
+    def get(self, path: str) -> bytes:
+        return self.request(path)
+
+    def post(self, path: str, body: bytes = b"") -> bytes:
+        return self.request(path, "POST", body)
+
+    def stats(self, topic: str | None = None) -> dict[str, Any]:
+        q = f"&topic={topic}" if topic else ""
+        doc: dict[str, Any] = json.loads(self.get(f"/stats?format=json{q}"))
+        return doc
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM, then wait for the exit code; killed (and TimeoutExpired) if it hangs."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        finally:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+
+
+def _pump(stream: IO[str], tail: collections.deque[str]) -> None:
+    try:
+        for line in stream:
+            tail.append(line.rstrip())
+    except (OSError, ValueError):
+        pass  # closed by stop()
+
+
+def start_broker(
+    data_dir: Path,
+    args: Sequence[str] = (),
+    *,
+    stderr: IO[str] | int | None = None,
+    new_session: bool = False,
+    preexec_fn: Callable[[], None] | None = None,
+    timeout: float = 30.0,
+) -> BrokerProcess:
+    """Start ``srtm broker`` on 127.0.0.1 with ephemeral ports; return once it is ready.
+
+    ``new_session`` keeps a terminal's Ctrl-C from reaching the child (the caller then
+    stops it). If it does not come up within ``timeout`` it is killed and RuntimeError
+    raised, with its exit code.
+    """
+    cmd = [
+        sys.executable, "-m", "srtm", "broker",
+        "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
+        "--data-dir", str(data_dir), *args,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        start_new_session=new_session,
+        preexec_fn=preexec_fn,
+    )
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not sel.select(deadline - time.monotonic()):
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if m := _READY.search(line):
+                broker = BrokerProcess(proc, (m[1], int(m[2])), (m[3], int(m[4])), data_dir)
+                threading.Thread(
+                    target=_pump, args=(proc.stdout, broker.stdout_tail), daemon=True
+                ).start()
+                return broker
+        raise RuntimeError(f"broker did not start (exit code {proc.poll()})")
+    except BaseException:
+        proc.kill()  # not ready in time, or interrupted while waiting: leave nothing running
+        proc.wait()
+        proc.stdout.close()
+        raise
+    finally:
+        sel.close()
