@@ -9,7 +9,7 @@ import pytest
 from srtm.broker.message import Message
 from srtm.broker.state import Channel, DeliveryError, Topic, memory_queues
 from srtm.broker.stats import Recorder, Window
-from srtm.ratelimit import TokenBucket, check_conformance
+from srtm.ratelimit import check_conformance
 
 MS = 1_000_000
 
@@ -156,7 +156,7 @@ def test_paused_topic_and_channel_hold_messages() -> None:
 
 def test_shaped_burst_is_released_in_conformance_none_dropped() -> None:
     topic = new_topic()
-    topic.bucket = TokenBucket(1_000, 10, clock=lambda: 0)
+    topic.shape(1_000, 10, clock=lambda: 0)
     ch = topic.channel("c")
     for i in range(200):
         topic.put(message(i, arrival=0))  # a 200-message burst at t = 0
@@ -176,7 +176,7 @@ def test_shaped_burst_is_released_in_conformance_none_dropped() -> None:
 
 def test_virtual_backlog_counts_tokens_owed() -> None:
     topic = new_topic()
-    topic.bucket = TokenBucket(1_000, 10, clock=lambda: 0)
+    topic.shape(1_000, 10, clock=lambda: 0)
     backlogs = [topic.put(message(i, arrival=0)) for i in range(20)]
     assert backlogs[0] == pytest.approx(1)
     assert backlogs[-1] == pytest.approx(20)
@@ -248,3 +248,31 @@ def test_finished_messages_do_not_pile_up_deadlines() -> None:
     publish(topic, 1)
     ((_, m),) = ch.dispatch(0)
     assert ch.tick(c.msg_timeout_ns) and ch.timeout_count == 1
+
+
+def test_retuning_paces_what_already_waits() -> None:
+    now = [0]
+    topic = new_topic()
+    topic.shape(10, 1, clock=lambda: now[0])
+    topic.channel("c")
+    for i in range(20):
+        topic.put(message(i, arrival=0))
+    assert len(topic.release(0)) == 1
+    assert topic.next_release_ns() == 100 * MS  # the next token at 10/s
+    topic.shape(1_000, 1, clock=lambda: now[0])  # the TB Adaptor gives this broker more
+    releases = []
+    while topic.shaping:
+        nxt = topic.next_release_ns()
+        assert nxt is not None
+        now[0] = max(now[0], nxt)
+        releases += [r.due_ns for r in topic.release(now[0])]
+    assert len(releases) == 19
+    assert releases[0] == 1 * MS and releases[-1] == 19 * MS  # not 100 ms, not 1.9 s
+    assert check_conformance([0, *releases], 1_000, 1) is None
+
+
+def test_meter_measures_the_backlog_booking_does_not_wait_for() -> None:
+    topic = new_topic()
+    topic.shape(1_000, 10, clock=lambda: 0)
+    assert [topic.put(message(i)) for i in range(3)] == pytest.approx([1, 2, 3])
+    assert topic.bucket is not None and topic.bucket.counters.admitted == 0  # none booked yet

@@ -17,7 +17,7 @@ from srtm.broker.diskqueue import DiskQueue
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.queue import MessageQueue
-from srtm.broker.state import Channel, Topic
+from srtm.broker.state import UNBOOKED, Channel, Topic
 from srtm.broker.stats import BrokerStats
 from srtm.broker.tcp import Client
 from srtm.broker.timer import TimerFd
@@ -186,8 +186,11 @@ class Broker:
         for t in meta.get("topics", []):
             topic = self.topic(t["name"])
             topic.paused = bool(t.get("paused"))
+            # What waited for tokens is booked again, not as if it arrived before this
+            # run: a restart must not burst.
+            topic.book_not_before_ns = now
             if t.get("bucket"):
-                self.set_bucket(topic.name, t["bucket"]["rate"], t["bucket"]["burst"])
+                topic.shape(t["bucket"]["rate"], t["bucket"]["burst"], time.time_ns)
             for c in t.get("channels", []):
                 ch = topic.channel(c["name"])
                 ch.paused = bool(c.get("paused"))
@@ -213,13 +216,9 @@ class Broker:
         topic.held.extendleft([m for m, due in held if due is None])
         topic.held_deferred += [(m, due) for m, due in held if due is not None]
         shaping = [m for m, _ in self._disk[f"{topic.name}@shaping"].take_head()]
+        for msg in shaping:
+            msg.release_ns = UNBOOKED  # booked on the old run's bucket
         topic.shaping.extendleft(shaping)
-        if topic.bucket is not None:
-            # Booked against the old run's bucket: book again, so a restart cannot burst.
-            for _ in range(len(topic.shaping)):
-                msg = topic.shaping.popleft()
-                msg.release_ns = topic.bucket.reserve(at=max(now, msg.arrival_ns)).release_ns
-                topic.shaping.append(msg)
         if topic.channels and topic.held:
             first = next(iter(topic.channels.values()))
             for msg in topic.held.drain():
@@ -292,21 +291,17 @@ class Broker:
         self.stats.drop_topic(name)
 
     def set_bucket(self, topic_name: str, rate: float, burst: float) -> TokenBucket:
-        """Give a topic its sub-bucket, or retune it keeping its state."""
+        """Give a topic its sub-bucket, or retune it keeping its state; what already waits
+        is paced by the new parameters from now on."""
         topic = self.topic(topic_name)
-        if topic.bucket is None:
-            topic.bucket = TokenBucket(rate, burst, clock=time.time_ns)
-        else:
-            # Validate both before changing either, so a bad pair changes nothing.
-            TokenBucket(rate, burst)
-            topic.bucket.set_rate(rate)
-            topic.bucket.set_burst(burst)
-        return topic.bucket
+        bucket = topic.shape(rate, burst, time.time_ns)
+        self._kick(topic)
+        return bucket
 
     def clear_bucket(self, topic_name: str) -> None:
         """Stop shaping: what waits for tokens is released at once."""
         topic = self.topic(topic_name)
-        topic.bucket = None
+        topic.unshape()
         self._release(topic, _FOREVER)
 
     def pause_topic(self, name: str, paused: bool) -> None:

@@ -114,6 +114,16 @@ class MessageQueue:
             self._refill()
         return self._mem[0][4] if self._mem else None
 
+    def peek_arrival_ns(self) -> int | None:
+        if not self._mem:
+            self._refill()
+        return self._mem[0][3] if self._mem else None
+
+    def set_head_release(self, release_ns: int) -> None:
+        """Book the head's release time (the queue must not be empty)."""
+        r = self._mem[0]
+        self._mem[0] = (r[0], r[1], r[2], r[3], release_ns, r[5], r[6])
+
     def popleft(self) -> Message:
         if not self._mem:
             self._refill()

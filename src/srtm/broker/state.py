@@ -16,7 +16,7 @@ from typing import Protocol
 from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue
 from srtm.protocol import is_ephemeral
-from srtm.ratelimit import TokenBucket
+from srtm.ratelimit import Reservation, TokenBucket
 
 #: Makes the queue for a key: ``topic`` (held), ``topic@shaping``, ``topic:channel``.
 QueueFactory = Callable[[str], MessageQueue]
@@ -207,18 +207,34 @@ class Released:
     due_ns: int
 
 
+#: ``release_ns`` of a shaped message not booked on the bucket yet (real ones are >= 0).
+UNBOOKED = -1
+
+
 @dataclass(eq=False)
 class Topic:
-    """A topic: an optional sub-bucket that shapes, then a copy to every channel."""
+    """A topic: an optional sub-bucket that shapes, then a copy to every channel.
+
+    A shaped message is booked on the bucket when it reaches the head of the topic's
+    queue, at its arrival time: the same GCRA schedule as booking on arrival (the queue
+    is FIFO), but a retuned bucket paces what already waits, not only what comes next.
+    A second bucket, the *meter*, books every arrival at once to measure the virtual
+    backlog the TB Adaptor asks for.
+    """
 
     name: str
     queues: QueueFactory
     channels: dict[str, Channel] = field(default_factory=dict)
     bucket: TokenBucket | None = None
+    meter: TokenBucket | None = None
+    #: Book no release as if it arrived before this (messages restored after a restart).
+    book_not_before_ns: int = 0
+    #: The head's booking, while it waits (it is the bucket's most recent one).
+    _head_booking: Reservation | None = None
     paused: bool = False
     message_count: int = 0
     message_bytes: int = 0
-    #: Waiting for the sub-bucket to release them (release_ns set, FIFO).
+    #: Waiting for the sub-bucket to release them (FIFO).
     shaping: MessageQueue = field(init=False)
     #: Released before the topic had any channel: kept for the first one, never dropped.
     held: MessageQueue = field(init=False)
@@ -254,20 +270,40 @@ class Topic:
                 self.held_deferred.clear()
         return ch
 
-    def put(self, msg: Message) -> float:
-        """Accept a message; its release time follows from the sub-bucket and its arrival.
+    def shape(self, rate: float, burst: float, clock: Callable[[], int]) -> TokenBucket:
+        """Give the topic its sub-bucket, or retune it keeping its state (both checked
+        before either changes, so a bad pair changes nothing)."""
+        if self.bucket is None or self.meter is None:
+            self.bucket = TokenBucket(rate, burst, clock=clock)
+            self.meter = TokenBucket(rate, burst, clock=clock)
+        else:
+            TokenBucket(rate, burst)
+            # The waiting head was booked at the old rate: give its token back, book anew.
+            if self._head_booking is not None and self.bucket.cancel(self._head_booking):
+                self.shaping.set_head_release(UNBOOKED)
+            self._head_booking = None
+            for b in (self.bucket, self.meter):
+                b.set_rate(rate)
+                b.set_burst(burst)
+        return self.bucket
 
-        Returns the sub-bucket's virtual backlog (tokens owed) right after it, 0 unshaped.
+    def unshape(self) -> None:
+        """No more shaping: what waits is due at once."""
+        self.bucket = self.meter = self._head_booking = None
+
+    def put(self, msg: Message) -> float:
+        """Accept a message at its arrival time.
+
+        Returns the virtual backlog (tokens owed on the meter) right after it, 0 unshaped.
         """
         self.message_count += 1
         self.message_bytes += len(msg.body)
         backlog = 0.0
-        if self.bucket is None:
+        if self.meter is None:
             msg.release_ns = msg.arrival_ns
         else:
-            res = self.bucket.reserve(at=msg.arrival_ns)
-            msg.release_ns = res.release_ns
-            backlog = res.backlog_ns * self.bucket.rate / 1e9
+            msg.release_ns = UNBOOKED
+            backlog = self.meter.reserve(at=msg.arrival_ns).backlog_ns * self.meter.rate / 1e9
         self.shaping.append(msg)
         return backlog
 
@@ -282,19 +318,25 @@ class Topic:
             ch.put_deferred(msg.copy(), due_ns)
 
     def next_release_ns(self) -> int | None:
+        """When the head of the queue is due (booking it on the bucket if need be)."""
         if self.paused:
             return None
-        return self.shaping.peek_release_ns()
+        due = self.shaping.peek_release_ns()
+        if due == UNBOOKED and self.bucket is not None:
+            arrival = self.shaping.peek_arrival_ns()
+            assert arrival is not None
+            self._head_booking = self.bucket.reserve(at=max(arrival, self.book_not_before_ns))
+            due = self._head_booking.release_ns
+            self.shaping.set_head_release(due)
+        return due
 
     def release(self, now: int) -> list[Released]:
         """Release every message due by ``now`` to the channels (or hold it)."""
         out: list[Released] = []
-        if self.paused:
-            return out
         targets = list(self.channels.values())
-        shaping = self.shaping
-        while (due := shaping.peek_release_ns()) is not None and due <= now:
-            msg = shaping.popleft()
+        while (due := self.next_release_ns()) is not None and due <= now:
+            msg = self.shaping.popleft()
+            self._head_booking = None
             out.append(Released(msg, msg.release_ns))
             if not targets:
                 self.held.append(msg)
