@@ -23,7 +23,7 @@ from srtm.broker.tcp import Client
 from srtm.broker.timer import TimerFd
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_ephemeral, is_valid_name
-from srtm.ratelimit import TokenBucket
+from srtm.ratelimit import BucketParams, TokenBucket
 
 log = logging.getLogger("srtm.broker")
 _META = "meta.json"
@@ -54,6 +54,7 @@ class Broker:
         self.http_address: tuple[str, int] | None = None
         self.traces: TraceWriter | None = None
         self._disk: dict[str, DiskQueue] = {}
+        self._restoring = False
         self._dirty: set[Channel] = set()
         self._flush_scheduled = False
         self._release_wakeup: asyncio.Event | None = None
@@ -141,19 +142,29 @@ class Broker:
         self.stopped.set()
 
     def _persist(self) -> None:
-        meta: dict[str, object] = {"version": 1, "next_id": self.ids.last + 1, "topics": []}
-        topics: list[dict[str, object]] = []
+        """Graceful stop: what every durable queue holds in memory, then the metadata."""
         for topic in self.topics.values():
             if topic.ephemeral:
                 continue
             for key, head in topic.head():
                 self._disk[key].save_head(head)
-            channels = []
             for ch in topic.channels.values():
-                if ch.ephemeral:
-                    continue
-                self._disk[f"{topic.name}:{ch.name}"].save_head(ch.head())
-                channels.append({"name": ch.name, "paused": ch.paused})
+                if not ch.ephemeral:
+                    self._disk[f"{topic.name}:{ch.name}"].save_head(ch.head())
+        for disk in self._disk.values():
+            disk.close()
+        self._disk.clear()
+        self._save_meta()
+
+    def _save_meta(self) -> None:
+        """Topics, channels, pauses and buckets, written whenever they change (as nsqd
+        does), so that after a crash the disk queues are found again."""
+        if self._restoring:
+            return
+        topics = []
+        for topic in self.topics.values():
+            if topic.ephemeral:
+                continue
             bucket = topic.bucket
             topics.append(
                 {
@@ -162,13 +173,14 @@ class Broker:
                     "bucket": None
                     if bucket is None
                     else {"rate": bucket.rate, "burst": bucket.burst},
-                    "channels": channels,
+                    "channels": [
+                        {"name": ch.name, "paused": ch.paused}
+                        for ch in topic.channels.values()
+                        if not ch.ephemeral
+                    ],
                 }
             )
-        meta["topics"] = topics
-        for disk in self._disk.values():
-            disk.close()
-        self._disk.clear()
+        meta = {"version": 1, "next_id": self.ids.last + 1, "topics": topics}
         path = self.options.data_dir / _META
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(meta, indent=1))
@@ -179,6 +191,7 @@ class Broker:
         if not path.exists():
             return
         meta = json.loads(path.read_text())
+        self._restoring = True
         self.ids = MessageIds(
             self.options.broker_id, max(meta.get("next_id", 0), self.ids.last + 1)
         )
@@ -196,7 +209,8 @@ class Broker:
                 ch.paused = bool(c.get("paused"))
                 self._restore_channel(ch)
             self._restore_topic(topic, now)
-        path.unlink()
+        self._restoring = False
+        self._save_meta()
         restored = sum(
             t.depth + sum(c.depth + c.deferred_count for c in t.channels.values())
             for t in self.topics.values()
@@ -250,13 +264,18 @@ class Broker:
             if not is_valid_name(name):
                 raise ProtocolError(errors.E_BAD_TOPIC, f"topic name {name!r} is not valid")
             topic = self.topics[name] = Topic(name, self._queue)
+            if not topic.ephemeral:
+                self._save_meta()
         return topic
 
     def channel(self, topic_name: str, channel_name: str) -> Channel:
         if not is_valid_name(channel_name):
             raise ProtocolError(errors.E_BAD_CHANNEL, f"channel name {channel_name!r} is not valid")
         topic = self.topic(topic_name)
+        new = channel_name not in topic.channels
         ch = topic.channel(channel_name)
+        if new and not ch.ephemeral and not topic.ephemeral:
+            self._save_meta()
         self.mark_ready(ch)
         return ch
 
@@ -277,6 +296,8 @@ class Broker:
         self.stats.drop_channel(topic_name, channel_name)
         if topic.ephemeral and not topic.channels:
             self.delete_topic(topic_name)
+        elif not ch.ephemeral:
+            self._save_meta()
 
     def delete_topic(self, name: str) -> None:
         topic = self.topics.pop(name)
@@ -289,12 +310,16 @@ class Broker:
         self._remove_queue(name)
         self._remove_queue(f"{name}@shaping")
         self.stats.drop_topic(name)
+        if not topic.ephemeral:
+            self._save_meta()
 
     def set_bucket(self, topic_name: str, rate: float, burst: float) -> TokenBucket:
         """Give a topic its sub-bucket, or retune it keeping its state; what already waits
         is paced by the new parameters from now on."""
+        BucketParams(rate, burst)  # a bad pair creates no topic
         topic = self.topic(topic_name)
         bucket = topic.shape(rate, burst, time.time_ns)
+        self._save_meta()
         self._kick(topic)
         return bucket
 
@@ -302,17 +327,20 @@ class Broker:
         """Stop shaping: what waits for tokens is released at once."""
         topic = self.topic(topic_name)
         topic.unshape()
+        self._save_meta()
         self._release(topic, _FOREVER)
 
     def pause_topic(self, name: str, paused: bool) -> None:
         topic = self.topics[name]
         topic.paused = paused
+        self._save_meta()
         if not paused:
             self._kick(topic)
 
     def pause_channel(self, topic_name: str, channel_name: str, paused: bool) -> None:
         ch = self.topics[topic_name].channels[channel_name]
         ch.paused = paused
+        self._save_meta()
         self.mark_ready(ch)
 
     # -- publishing ----------------------------------------------------------------------
@@ -504,6 +532,10 @@ class Broker:
                 rec.flush()
                 await asyncio.sleep(0)
             del recorders
-            if self.traces is not None and time.monotonic() - rolled >= 1.0:
+            if time.monotonic() - rolled >= 1.0:
                 rolled = time.monotonic()
-                self.traces.maybe_roll()
+                # Like nsqd's sync every 2 s: overflowed messages reach the OS each second.
+                for disk in list(self._disk.values()):
+                    disk.flush()
+                if self.traces is not None:
+                    self.traces.maybe_roll()

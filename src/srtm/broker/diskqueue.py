@@ -125,11 +125,15 @@ class DiskQueue:
         self._dirty = True
         self._count += 1
 
+    def flush(self) -> None:
+        """Hand buffered writes to the OS (a killed process then loses none of them)."""
+        if self._dirty:
+            self._writer.flush()
+            self._dirty = False
+
     def pop(self) -> Message | None:
         while self._count:
-            if self._dirty:
-                self._writer.flush()
-                self._dirty = False
+            self.flush()
             if self._reader is None:
                 self._reader = self._segment(self._read_seg).open("rb")
                 self._reader.seek(self._read_pos)
