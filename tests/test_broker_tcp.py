@@ -256,3 +256,19 @@ async def test_an_internal_error_closes_only_that_client(
     assert await c.closed()
     await bystander.send(Nop())
     assert not await bystander.closed(0.2)
+
+
+async def test_deleting_channels_and_topics_with_consumers_closes_them(
+    make_broker: MakeBroker,
+) -> None:
+    broker = await make_broker()
+    a, b = await connect(broker), await connect(broker)
+    await a.send(Sub("gone", "c#ephemeral"))
+    await b.send(Sub("gone", "durable"))
+    assert await a.response() == b"OK" and await b.response() == b"OK"
+    broker.delete_channel("gone", "c#ephemeral")
+    assert await a.closed()
+    broker.delete_topic("gone")
+    assert await b.closed()
+    assert "gone" not in broker.topics
+    assert not (broker.options.data_dir / "queues" / "q-gone:durable").exists()

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Iterable, Sequence
@@ -44,6 +45,8 @@ class Broker:
         self.options = options or BrokerOptions()
         self.version = VERSION
         self.topics: dict[str, Topic] = {}
+        #: The topics with a sub-bucket: the only ones the releaser looks at.
+        self._shaped: dict[str, Topic] = {}
         self.clients: set[Client] = set()
         self.stats = BrokerStats(self.options.window_seconds)
         self.ids = MessageIds(self.options.broker_id, time.time_ns() // 1000)
@@ -65,8 +68,10 @@ class Broker:
 
     # -- queues --------------------------------------------------------------------------
     def _queue(self, key: str) -> MessageQueue:
+        """Keys are ``topic``, ``topic@shaping`` or ``topic:channel``; a queue is durable
+        unless its topic or channel is ephemeral (those are never persisted)."""
         mem = self.options.mem_queue_size
-        if is_ephemeral(key.split(":")[-1].split("@")[0]):
+        if any(is_ephemeral(part) for part in re.split("[:@]", key)):
             return MessageQueue(mem)
         disk = DiskQueue(_queue_dir(self.options.data_dir, key))
         self._disk[key] = disk
@@ -204,6 +209,7 @@ class Broker:
             topic.book_not_before_ns = now
             if t.get("bucket"):
                 topic.shape(t["bucket"]["rate"], t["bucket"]["burst"], time.time_ns)
+                self._shaped[topic.name] = topic
             for c in t.get("channels", []):
                 ch = topic.channel(c["name"])
                 ch.paused = bool(c.get("paused"))
@@ -253,6 +259,9 @@ class Broker:
         if ch is None:
             return
         ch.remove_consumer(client)
+        topic = self.topics.get(ch.topic)
+        if topic is None or topic.channels.get(ch.name) is not ch:
+            return  # its channel is being deleted
         self.mark_ready(ch)
         if ch.ephemeral and not ch.consumers:
             self.delete_channel(ch.topic, ch.name)
@@ -301,6 +310,7 @@ class Broker:
 
     def delete_topic(self, name: str) -> None:
         topic = self.topics.pop(name)
+        self._shaped.pop(name, None)
         for ch_name in list(topic.channels):
             ch = topic.channels.pop(ch_name)
             for consumer in list(ch.consumers):
@@ -319,6 +329,7 @@ class Broker:
         BucketParams(rate, burst)  # a bad pair creates no topic
         topic = self.topic(topic_name)
         bucket = topic.shape(rate, burst, time.time_ns)
+        self._shaped[topic_name] = topic
         self._save_meta()
         self._kick(topic)
         return bucket
@@ -327,6 +338,7 @@ class Broker:
         """Stop shaping: what waits for tokens is released at once."""
         topic = self.topic(topic_name)
         topic.unshape()
+        self._shaped.pop(topic_name, None)
         self._save_meta()
         self._release(topic, _FOREVER)
 
@@ -405,9 +417,7 @@ class Broker:
     def _release_shaped(self, now: int) -> int | None:
         """Release every shaped message due by ``now``; returns the next release time."""
         due = None
-        for topic in list(self.topics.values()):
-            if topic.bucket is None:
-                continue
+        for topic in list(self._shaped.values()):
             nxt = topic.next_release_ns()
             if nxt is None:
                 continue
@@ -464,7 +474,8 @@ class Broker:
                 continue
             latency = now - msg.arrival_ns
             cs.latency.add(latency)
-            cs.token_wait.add(msg.release_ns - msg.arrival_ns)
+            if shaped:
+                cs.token_wait.add(msg.release_ns - msg.arrival_ns)
             if first_channel:
                 ts.latency.add(latency)
                 if shaped:
