@@ -91,7 +91,7 @@ async def test_fin_req_touch_of_unknown_ids_are_not_fatal(make_broker: MakeBroke
     c = await connect(await make_broker())
     await c.send(Sub("t", "c"))
     assert await c.response() == b"OK"
-    await c.send(Fin(b"f" * 16), b"REQ " + b"f" * 16 + b" 0\n", Touch(b"f" * 16))
+    await c.send(Fin(b"f" * 16), b"REQ " + b"f" * 16 + b" 0\n", Touch(b"\xff" * 16))
     for code in ("E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"):
         assert (await c.error()).startswith(code)
     await c.send(Nop(), Rdy(1))

@@ -254,7 +254,8 @@ class Client:
         try:
             action(self.channel)
         except DeliveryError as exc:
-            raise ProtocolError(f"E_{name}_FAILED", f"{name} {mid.decode()} failed {exc}") from None
+            shown = mid.decode(errors="replace")
+            raise ProtocolError(f"E_{name}_FAILED", f"{name} {shown} failed {exc}") from None
         self.broker.mark_ready(self.channel)
 
     # -- writing -------------------------------------------------------------------------
