@@ -20,7 +20,7 @@ from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.queue import MessageQueue
 from srtm.broker.state import UNBOOKED, Channel, Topic
 from srtm.broker.stats import BrokerStats
-from srtm.broker.tcp import Client
+from srtm.broker.tcp import Client, enable_kernel_timestamps
 from srtm.broker.timer import TimerFd
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_ephemeral, is_valid_name
@@ -93,6 +93,10 @@ class Broker:
             )
         listener = socket.create_server((opts.tcp_host, opts.tcp_port))
         listener.setblocking(False)
+        if opts.kernel_timestamps:
+            # Accepted sockets inherit it, so even bytes that arrive before the accept
+            # (a client's first PUB) carry their kernel receive stamp.
+            enable_kernel_timestamps(listener)
         self._listener = listener
         self.tcp_address = listener.getsockname()[:2]
         self._tasks = [
