@@ -23,10 +23,6 @@ def to_record(m: Message) -> Record:
     return (m.id, m.body, m.timestamp_ns, m.arrival_ns, m.release_ns, m.attempts, m.publisher)
 
 
-def from_record(r: Record) -> Message:
-    return Message(*r)
-
-
 class Overflow(Protocol):
     """Where messages beyond the memory bound go (a disk queue), FIFO."""
 

@@ -106,10 +106,6 @@ class Recorder:
         self.flush()
         return summarise(self.hist)
 
-    def reset(self) -> None:
-        self.pending = array("q")
-        self.hist.reset()
-
 
 @dataclass
 class Window:

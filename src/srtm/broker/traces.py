@@ -52,7 +52,6 @@ class TraceWriter:
         self.roll_rows = roll_rows
         self.roll_seconds = roll_seconds
         self.rows_written = 0
-        self.files_written = 0
         self._rng = random.Random(seed)
         self._cols: dict[str, list[object]] = {name: [] for name in SCHEMA.names}
         self._last_roll = time.monotonic()
@@ -99,7 +98,6 @@ class TraceWriter:
         pq.write_table(table, tmp)
         tmp.replace(path)  # readers never see a half-written file
         self.rows_written += table.num_rows
-        self.files_written += 1
 
     async def close(self) -> None:
         self.roll()
