@@ -106,3 +106,50 @@ def test_broker_config_file_sets_defaults_and_rejects_unknown_keys(tmp_path: Pat
     typo.write_text("[broker]\nmem_queue = 5\n")
     result = runner.invoke(app, ["broker", "--config", str(typo)], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and "mem_queue" in result.output
+
+
+def _place_files(tmp_path: Path, loads: list[int], n: int) -> tuple[Path, Path]:
+    brokers = tmp_path / "brokers.json"
+    topic = tmp_path / "topic.json"
+    brokers.write_text(
+        json.dumps([{"id": f"b{i + 1}", "mcap": 90_000, "load": x} for i, x in enumerate(loads)])
+    )
+    pubs = [{"id": f"p{i}", "rate": 10, "group": f"g{i // 25}"} for i in range(n)]
+    topic.write_text(
+        json.dumps({"name": "t", "slo_p99_ms": 1.0, "burst": 2000, "publishers": pubs})
+    )
+    return brokers, topic
+
+
+def test_place_json_follows_the_documented_shape(tmp_path: Path) -> None:
+    brokers, topic = _place_files(
+        tmp_path, [10_000, 40_000, 50_000, 60_000, 70_000, 80_000], 14_000
+    )
+    args = ["place", "--policy", "maxmin", "--brokers", str(brokers), "--topic", str(topic)]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["policy"] == "maxmin" and doc["shortfall"] == 0 and doc["unassigned"] == []
+    assert [(b["id"], b["rate"]) for b in doc["brokers"]] == [
+        ("b1", 50_000),
+        ("b2", 50_000),
+        ("b3", 40_000),
+    ]
+    assert sum(len(b["publishers"]) for b in doc["brokers"]) == 14_000
+    assert sum(b["bucket"]["rate"] for b in doc["brokers"]) == pytest.approx(154_000)
+    table = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "b3" in table.output and "40,000" in table.output
+
+
+def test_place_reports_a_shortfall_and_bad_input(tmp_path: Path) -> None:
+    brokers, topic = _place_files(tmp_path, [89_000], 200)
+    result = runner.invoke(
+        app, ["place", "--brokers", str(brokers), "--topic", str(topic), "--json"]
+    )
+    doc = json.loads(result.output)
+    assert result.exit_code == 0 and doc["shortfall"] == 1_000 and len(doc["unassigned"]) == 100
+    topic.write_text('{"name": "t", "burst": 5, "publishers": [{"id": "p", "rate": 1}]}')
+    result = runner.invoke(app, ["place", "--brokers", str(brokers), "--topic", str(topic)])
+    assert result.exit_code == 2 and "slo_p99_ms" in result.output
+    result = runner.invoke(app, ["place", "--policy", "random", "--topic", str(topic)])
+    assert result.exit_code == 2 and "--policy" in result.output

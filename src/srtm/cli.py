@@ -288,3 +288,91 @@ def broker(
     except (ValueError, OSError) as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
+
+
+def _read_json(path: Path, flag: str) -> object:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint=flag) from exc
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"{path} is not JSON: {exc}", param_hint=flag) from exc
+
+
+@app.command("place")
+def place_command(
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="lb (all brokers, equal total load), conc (fewest brokers, equal total "
+            "load), maxmin (fewest brokers, water-filling from the smallest residual "
+            "capacity) or srtm (maxmin's quotas, every correlation group split in proportion)."
+        ),
+    ] = "srtm",
+    brokers: Annotated[
+        Path,
+        typer.Option(
+            help='JSON array of brokers: [{"id": "b1", "mcap": 110000, "load": 10000}, ...] '
+            "(msg/s; load defaults to 0)."
+        ),
+    ] = Path("brokers.json"),
+    topic: Annotated[
+        Path,
+        typer.Option(
+            help='JSON topic: {"name": "t", "slo_p99_ms": 1.0, "burst": 200, "publishers": '
+            '[{"id": "p1", "rate": 10, "group": "g1"}, ...]} ("group" and "rate" optional; '
+            "the topic rate defaults to 1.1 × the publishers' total)."
+        ),
+    ] = Path("topic.json"),
+    seed: Annotated[int, typer.Option(help="Seed for srtm's choice among a group's members.")] = 0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the placement as one JSON document.")
+    ] = False,
+) -> None:
+    """Place a topic's publishers on brokers under a policy, without a cluster (what-if).
+
+    Prints each broker used with its publishers, their rate and its sub-bucket, or the
+    shortfall when the brokers' residual capacity cannot carry the topic.
+    """
+    from srtm.placement import POLICIES, parse_brokers, parse_topic, place
+
+    if policy not in POLICIES:
+        raise typer.BadParameter(f"must be one of {', '.join(POLICIES)}", param_hint="--policy")
+    try:
+        fleet = parse_brokers(_read_json(brokers, "--brokers"))
+        spec = parse_topic(_read_json(topic, "--topic"))
+    except ValueError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    result = place(policy, fleet, spec, seed)  # type: ignore[arg-type]
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2))
+        return
+    console = Console(width=None if Console().is_terminal else 120)
+    table = Table(
+        title=f"{spec.name}: {len(spec.publishers)} publishers, {spec.load:,.6g} msg/s, "
+        f"bucket ({spec.rate:,.6g}/s, {spec.burst:,.6g}) — policy {policy}"
+    )
+    for name in ("broker", "mcap", "load before", "publishers", "rate msg/s", "r_l", "b_l"):
+        table.add_column(name, justify="left" if name == "broker" else "right")
+    by_id = {b.id: b for b in fleet}
+    for a in result.assignments:
+        b = by_id[a.broker]
+        table.add_row(
+            a.broker,
+            f"{b.mcap:,.6g}",
+            f"{b.load:,.6g}",
+            f"{len(a.publishers):,}",
+            f"{a.rate:,.6g}",
+            "—" if a.bucket is None else f"{a.bucket.rate:,.6g}",
+            "—" if a.bucket is None else f"{a.bucket.burst:,.6g}",
+        )
+    console.print(table)
+    if result.problem:
+        console.print(f"[yellow]{result.problem}[/yellow]")
+    if result.shortfall:
+        console.print(
+            f"[red]shortfall: {result.shortfall:,.6g} msg/s[/red] — {len(result.unassigned):,} "
+            f"publishers unassigned; {result.brokers_needed} more broker(s) of the largest "
+            "mcap here would cover it"
+        )
