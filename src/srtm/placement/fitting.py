@@ -1,0 +1,256 @@
+"""Online fitting as a state machine with no I/O (the paper's Step 3, Table I).
+
+``start()`` and ``on_round(results)`` return commands; whoever drives it (the controller,
+a simulator, a test) carries them out and reports each round's p99 per broker. An
+iteration places the publishers still to be placed with a policy; every broker that
+violates the SLO binary-searches how many of its new publishers it keeps (the accept band
+is [0.8, 1.0] × SLO), sheds the rest and is marked full; what was shed starts the next
+iteration, on brokers not full. Each iteration either ends the fitting or marks a broker
+full, and each search halves its interval every round, so it always terminates.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from srtm.placement.model import Broker, Publisher, Topic
+from srtm.placement.policies import Policy, place
+
+#: A round's p99 between these fractions of the SLO ends a search (the paper's band).
+ACCEPT_BAND = (0.8, 1.0)
+
+
+class Verdict(enum.Enum):
+    VIOLATE = "violate"  # p99 > SLO
+    BELOW = "below"  # p99 < 0.8 × SLO: room for more
+    OK = "ok"  # in the band: stop here
+    UNKNOWN = "unknown"  # too few samples to tell
+
+
+def judge(p99_ms: float, samples: int, slo_ms: float, min_samples: int) -> Verdict:
+    if samples < min_samples or math.isnan(p99_ms):
+        return Verdict.UNKNOWN
+    if p99_ms > ACCEPT_BAND[1] * slo_ms:
+        return Verdict.VIOLATE
+    if p99_ms < ACCEPT_BAND[0] * slo_ms:
+        return Verdict.BELOW
+    return Verdict.OK
+
+
+@dataclass(frozen=True, slots=True)
+class RoundResult:
+    """One broker's measurement over a round: p99 latency and how many messages it saw."""
+
+    p99_ms: float
+    samples: int
+
+
+# -- commands --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class UseBrokers:
+    """An iteration starts on these brokers (the first, or one with more brokers)."""
+
+    iteration: int
+    brokers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Put exactly these publishers of the topic on ``broker`` and measure for ``window_s``."""
+
+    broker: str
+    publishers: tuple[str, ...]
+    window_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    broker: str
+    publishers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Shed:
+    """Take these publishers off ``broker``: they go to the next iteration."""
+
+    broker: str
+    publishers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MarkFull:
+    broker: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Fitting is over: where everyone ended up, who could not be placed, and the rounds
+    each iteration took (a row of the paper's Table I)."""
+
+    assignment: Mapping[str, tuple[str, ...]]
+    unassigned: tuple[str, ...]
+    rounds: tuple[int, ...]
+
+
+Command = UseBrokers | Profile | Keep | Shed | MarkFull | Finished
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One broker's measurement, for progress reports."""
+
+    iteration: int
+    round: int
+    broker: str
+    publishers: int
+    p99_ms: float
+    samples: int
+    verdict: Verdict
+
+
+@dataclass
+class _Search:
+    """How many of ``candidates`` a broker keeps, on top of ``fixed``."""
+
+    broker: str
+    fixed: list[Publisher]
+    candidates: list[Publisher]
+    lo: int = 0  # most candidates known to fit
+    hi: int = 0  # fewest known to violate (set on the first violation)
+    trial: int = 0
+    unknowns: int = 0
+    violated: bool = False
+    done: bool = False
+
+    def publishers(self) -> tuple[str, ...]:
+        return tuple(p.id for p in self.fixed + self.candidates[: self.trial])
+
+
+def balanced_order(publishers: Sequence[Publisher]) -> list[Publisher]:
+    """Interleave correlation groups so that every prefix takes from each group in
+    proportion to its size (a search that keeps the first n keeps a slice of each)."""
+    groups: dict[str | None, list[Publisher]] = {}
+    for p in publishers:
+        groups.setdefault(p.group, []).append(p)
+    keyed = [
+        ((j + 0.5) / len(members), gi, p)
+        for gi, members in enumerate(groups.values())
+        for j, p in enumerate(members)
+    ]
+    return [p for _, _, p in sorted(keyed, key=lambda k: (k[0], k[1]))]
+
+
+@dataclass
+class Fitting:
+    brokers: Sequence[Broker]
+    topic: Topic
+    policy: Policy = "srtm"
+    window_s: float = 60.0
+    #: Fewer samples than this in a round cannot be judged; the round is repeated.
+    min_samples: int = 100
+    #: Rounds a broker may repeat for want of samples before its trial is taken as fitting.
+    max_unknown: int = 2
+    seed: int = 0
+    kept: dict[str, list[Publisher]] = field(default_factory=dict)
+    full: set[str] = field(default_factory=set)
+    unassigned: list[Publisher] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
+    history: list[Step] = field(default_factory=list)
+    done: bool = False
+    _searches: dict[str, _Search] = field(default_factory=dict)
+    _shed: list[Publisher] = field(default_factory=list)
+
+    def start(self) -> list[Command]:
+        return self._iterate(list(self.topic.publishers))
+
+    # -- iterations ----------------------------------------------------------------------
+    def _iterate(self, pool: list[Publisher]) -> list[Command]:
+        eligible = [
+            replace(b, load=b.load + math.fsum(p.rate for p in self.kept.get(b.id, [])))
+            for b in self.brokers
+            if b.id not in self.full
+        ]
+        placement = place(self.policy, eligible, self.topic.with_publishers(pool), self.seed)
+        by_id = {p.id: p for p in pool}
+        self.unassigned += [by_id[i] for i in placement.unassigned]
+        if not placement.assignments:
+            return [self._finish()]
+        self.rounds.append(0)
+        self._shed = []
+        self._searches = {}
+        cmds: list[Command] = [UseBrokers(len(self.rounds), placement.brokers)]
+        for a in placement.assignments:
+            candidates = balanced_order([by_id[i] for i in a.publishers])
+            s = _Search(a.broker, list(self.kept.get(a.broker, [])), candidates)
+            s.trial = len(candidates)
+            self._searches[a.broker] = s
+            cmds.append(Profile(a.broker, s.publishers(), self.window_s))
+        return cmds
+
+    def on_round(self, results: Mapping[str, RoundResult]) -> list[Command]:
+        """The measurements of the round just run; returns what to do next.
+
+        A broker under test that is missing from ``results`` is measured again."""
+        if self.done:
+            raise RuntimeError("fitting is finished")
+        self.rounds[-1] += 1
+        cmds: list[Command] = []
+        for s in self._searches.values():
+            if s.done:
+                continue
+            r = results.get(s.broker)
+            if r is None:
+                cmds.append(Profile(s.broker, s.publishers(), self.window_s))
+                continue
+            v = judge(r.p99_ms, r.samples, self.topic.slo_p99_ms, self.min_samples)
+            self.history.append(
+                Step(len(self.rounds), self.rounds[-1], s.broker, s.trial, r.p99_ms, r.samples, v)
+            )
+            cmds += self._advance(s, v)
+        if all(s.done for s in self._searches.values()):
+            pool, self._shed = self._shed, []
+            cmds += self._iterate(pool) if pool else [self._finish()]
+        return cmds
+
+    def _advance(self, s: _Search, v: Verdict) -> list[Command]:
+        if v is Verdict.UNKNOWN:
+            s.unknowns += 1
+            if s.unknowns <= self.max_unknown:
+                return [Profile(s.broker, s.publishers(), self.window_s)]
+            v = Verdict.OK  # never enough traffic to tell: it does not overload the broker
+        s.unknowns = 0
+        if v is Verdict.OK:
+            return self._settle(s, s.trial)
+        if v is Verdict.BELOW:
+            s.lo = s.trial
+            if not s.violated:  # everything it was given fits with room to spare
+                return self._settle(s, s.trial)
+        else:
+            s.violated = True
+            s.hi = s.trial
+        if s.hi - s.lo <= 1:
+            return self._settle(s, s.lo)
+        s.trial = (s.lo + s.hi) // 2
+        return [Profile(s.broker, s.publishers(), self.window_s)]
+
+    def _settle(self, s: _Search, n: int) -> list[Command]:
+        s.done = True
+        s.trial = n
+        keep, shed = s.candidates[:n], s.candidates[n:]
+        self.kept[s.broker] = s.fixed + keep
+        cmds: list[Command] = [Keep(s.broker, s.publishers())]
+        if shed:
+            self._shed += shed
+            cmds.append(Shed(s.broker, tuple(p.id for p in shed)))
+        if s.violated:
+            self.full.add(s.broker)
+            cmds.append(MarkFull(s.broker))
+        return cmds
+
+    def _finish(self) -> Finished:
+        self.done = True
+        assignment = {b: tuple(p.id for p in ps) for b, ps in self.kept.items() if ps}
+        return Finished(assignment, tuple(p.id for p in self.unassigned), tuple(self.rounds))

@@ -1,0 +1,153 @@
+"""Online fitting against fake measurement oracles: rounds, shedding, termination."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from srtm.placement import Broker, Publisher, Topic
+from srtm.placement.fitting import (
+    Finished,
+    Fitting,
+    Keep,
+    MarkFull,
+    Profile,
+    RoundResult,
+    Shed,
+    UseBrokers,
+    Verdict,
+    judge,
+)
+
+Oracle = Callable[[str, tuple[str, ...]], RoundResult]
+
+
+def topic_of(n: int, group_size: int = 10, slo_ms: float = 1.0) -> Topic:
+    pubs = tuple(Publisher(f"p{i}", 10.0, f"g{i // group_size}") for i in range(n))
+    return Topic("t", pubs, 100, slo_ms, 11.0 * n)
+
+
+def capacity_oracle(capacity: dict[str, int], slo_ms: float = 1.0) -> Oracle:
+    """p99 grows linearly with the publishers on a broker: the SLO at ``capacity``."""
+
+    def measure(broker: str, publishers: tuple[str, ...]) -> RoundResult:
+        return RoundResult(slo_ms * len(publishers) / capacity[broker], 10_000)
+
+    return measure
+
+
+def run(fitting: Fitting, oracle: Oracle, max_rounds: int = 1_000) -> tuple[Finished, list]:
+    log = fitting.start()
+    profiles = [c for c in log if isinstance(c, Profile)]
+    for _ in range(max_rounds):
+        if isinstance(log[-1], Finished):
+            return log[-1], log
+        results = {p.broker: oracle(p.broker, p.publishers) for p in profiles}
+        cmds = fitting.on_round(results)
+        log += cmds
+        profiles = [c for c in cmds if isinstance(c, Profile)]
+    raise AssertionError("fitting did not finish")
+
+
+def test_verdicts_use_the_accept_band() -> None:
+    assert judge(1.01, 500, 1.0, 100) is Verdict.VIOLATE
+    assert judge(1.0, 500, 1.0, 100) is Verdict.OK
+    assert judge(0.8, 500, 1.0, 100) is Verdict.OK
+    assert judge(0.79, 500, 1.0, 100) is Verdict.BELOW
+    assert judge(0.9, 99, 1.0, 100) is Verdict.UNKNOWN
+
+
+def test_a_topic_that_fits_takes_one_round() -> None:
+    brokers = [Broker(f"b{i}", 100_000) for i in range(3)]
+    done, log = run(
+        Fitting(brokers, topic_of(100)), capacity_oracle(dict.fromkeys(["b0", "b1", "b2"], 1_000))
+    )
+    assert done.rounds == (1,)
+    assert [c for c in log if isinstance(c, UseBrokers)] == [UseBrokers(1, ("b0",))]
+    assert sorted(done.assignment["b0"]) == sorted(p.id for p in topic_of(100).publishers)
+
+
+def test_table1_shape_shedding_goes_to_the_next_iteration() -> None:
+    # Capacity says one broker is enough (rcap-based k = 1), burstiness says 250 each.
+    brokers = [Broker(f"b{i}", 100_000) for i in range(6)]
+    topic = topic_of(1_000, group_size=25)
+    done, log = run(Fitting(brokers, topic), capacity_oracle({b.id: 250 for b in brokers}))
+    kept = [p for ps in done.assignment.values() for p in ps]
+    assert sorted(kept) == sorted(p.id for p in topic.publishers) and not done.unassigned
+    sizes = sorted((len(ps) for ps in done.assignment.values()), reverse=True)
+    assert all(200 <= n <= 250 for n in sizes[:-1])  # in the band; the last one takes the rest
+    assert len(done.rounds) >= 4  # one iteration per broker it had to open
+    assert all(r <= math.ceil(math.log2(1_000)) + 1 for r in done.rounds)
+    # What a broker shed is exactly what the next iteration placed.
+    sheds = [c for c in log if isinstance(c, Shed)]
+    starts = [c for c in log if isinstance(c, UseBrokers)]
+    assert len(starts) == len(sheds) + 1
+    assert all(isinstance(c, MarkFull) for c in log[log.index(sheds[0]) + 1 :][:1])
+    first_shed = set(sheds[0].publishers)
+    second = [c for c in log[log.index(starts[1]) :] if isinstance(c, Profile)]
+    assert set().union(*(set(p.publishers) for p in second[: len(starts[1].brokers)])) >= first_shed
+
+
+def test_kept_slices_take_from_every_group() -> None:
+    brokers = [Broker(f"b{i}", 100_000) for i in range(6)]
+    topic = topic_of(1_000, group_size=25)
+    done, _ = run(Fitting(brokers, topic), capacity_oracle({b.id: 250 for b in brokers}))
+    group = {p.id: p.group for p in topic.publishers}
+    first = done.assignment["b0"]
+    assert len({group[p] for p in first}) == 40  # a slice of every one of the 40 groups
+
+
+def test_out_of_brokers_leaves_the_rest_unassigned() -> None:
+    brokers = [Broker("a", 100_000), Broker("b", 100_000)]
+    done, _ = run(Fitting(brokers, topic_of(1_000)), capacity_oracle({"a": 100, "b": 100}))
+    kept = [len(ps) for ps in done.assignment.values()]
+    assert len(kept) == 2 and all(80 <= n <= 100 for n in kept)  # the accept band
+    assert len(done.unassigned) == 1_000 - sum(kept)
+
+
+def test_too_few_samples_repeat_the_round_then_count_as_fitting() -> None:
+    brokers = [Broker("a", 100_000)]
+
+    def silent(broker: str, pubs: tuple[str, ...]) -> RoundResult:
+        return RoundResult(float("nan"), 0)
+
+    done, _ = run(Fitting(brokers, topic_of(50), max_unknown=2), silent)
+    assert done.rounds == (3,) and len(done.assignment["a"]) == 50
+
+
+def test_a_broker_missing_from_a_round_is_measured_again() -> None:
+    fitting = Fitting([Broker("a", 100_000)], topic_of(10))
+    (_, profile) = fitting.start()
+    assert isinstance(profile, Profile)
+    assert fitting.on_round({}) == [profile]
+    cmds = fitting.on_round({"a": RoundResult(0.9, 1_000)})
+    assert isinstance(cmds[0], Keep) and isinstance(cmds[-1], Finished)
+
+
+@given(
+    st.integers(1, 300),
+    st.integers(1, 5),
+    st.lists(st.sampled_from(list(Verdict)), min_size=1, max_size=50),
+)
+def test_any_measurements_terminate_with_everyone_placed_once(
+    n: int, n_brokers: int, script: list[Verdict]
+) -> None:
+    """An adversarial oracle replaying arbitrary verdicts: fitting still ends, within
+    (brokers + 1) iterations of at most (log2(n) + 2) × (1 + retries) rounds each."""
+    p99 = {Verdict.VIOLATE: 2.0, Verdict.BELOW: 0.1, Verdict.OK: 0.9, Verdict.UNKNOWN: 0.9}
+    turn = iter(range(10**6))
+
+    def oracle(broker: str, pubs: tuple[str, ...]) -> RoundResult:
+        v = script[next(turn) % len(script)]
+        return RoundResult(p99[v], 0 if v is Verdict.UNKNOWN else 1_000)
+
+    brokers = [Broker(f"b{i}", 100_000) for i in range(n_brokers)]
+    fitting = Fitting(brokers, topic_of(n))
+    per_search = (math.ceil(math.log2(n + 1)) + 2) * (1 + fitting.max_unknown)
+    bound = (n_brokers + 1) * per_search
+    done, _ = run(fitting, oracle, max_rounds=bound)
+    placed = [p for ps in done.assignment.values() for p in ps] + list(done.unassigned)
+    assert sorted(placed) == sorted(p.id for p in topic_of(n).publishers)
