@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from srtm.ratelimit import BucketParams, merge, split
+from srtm.ratelimit import BucketParams, merge, split, split_amount
 
 rates = st.floats(min_value=1e-3, max_value=1e9, allow_nan=False, allow_infinity=False)
 weights = st.lists(st.floats(min_value=0.01, max_value=100.0), min_size=1, max_size=12)
@@ -76,3 +77,33 @@ def test_params_reject_bad_values(rate: float, burst: float, message: str) -> No
 def test_merge_of_nothing_is_an_error() -> None:
     with pytest.raises(ValueError, match=r"at least one"):
         merge([])
+
+
+@given(
+    st.floats(0.5, 1e7),
+    st.lists(st.floats(0, 1e6), min_size=1, max_size=12),
+    st.sampled_from([0.0, 1.0, 2.5]),
+)
+def test_split_amount_is_exact_proportional_and_floored(
+    total: float, weights: list[float], minimum: float
+) -> None:
+    if total < minimum * len(weights):
+        with pytest.raises(ValueError, match="at least"):
+            split_amount(total, weights, minimum)
+        return
+    parts = split_amount(total, weights, minimum)
+    assert sum(parts) == total and math.fsum(parts) == total
+    assert all(p >= minimum for p in parts)
+    # Parts above the minimum keep the weights' order.
+    free = [(w, p) for w, p in zip(weights, parts, strict=True) if p > minimum]
+    for (w1, p1), (w2, p2) in itertools.pairwise(free):
+        if w1 > w2 * (1 + 1e-6) + 1e-9:
+            assert p1 >= p2 * (1 - 1e-6)
+
+
+def test_split_amount_raises_parts_to_the_minimum() -> None:
+    assert split_amount(10, [1, 1, 1]) == pytest.approx([10 / 3] * 3)
+    assert split_amount(3, [5, 0, 0], 1.0) == [1.0, 1.0, 1.0]
+    assert split_amount(200, [0, 98, 1], 1.0) == pytest.approx([1, 199 * 98 / 99, 199 / 99])
+    with pytest.raises(ValueError, match="weights"):
+        split_amount(10, [])

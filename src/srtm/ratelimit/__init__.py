@@ -18,7 +18,7 @@ from srtm.ratelimit.params import (
     grid,
 )
 from srtm.ratelimit.rtlim import INSUFFICIENT, OK, OVER_REFILL, Rtlim, RtlimMode
-from srtm.ratelimit.split import merge, split
+from srtm.ratelimit.split import merge, split, split_amount
 
 __all__ = [
     "DEFAULT_ASYNC_SPIN_NS",
@@ -42,4 +42,5 @@ __all__ = [
     "grid",
     "merge",
     "split",
+    "split_amount",
 ]

@@ -64,6 +64,49 @@ def split(rate: float, burst: float, weights: Sequence[float]) -> list[BucketPar
     return [BucketParams(r_l, b_l) for r_l, b_l in zip(rates, bursts, strict=True)]
 
 
+def split_amount(total: float, weights: Sequence[float], minimum: float = 0.0) -> list[float]:
+    """``total`` in parts proportional to ``weights``, none below ``minimum``; sums exact.
+
+    A part whose share would fall below ``minimum`` gets exactly ``minimum`` and the others
+    share the rest (in proportion, or evenly when their weights are all 0). Raises
+    ValueError if ``total`` cannot give every part ``minimum``.
+    """
+    if not math.isfinite(total) or total < 0:
+        raise ValueError(f"total must be a finite number >= 0, got {total!r}")
+    exact = [Fraction(float(w)) for w in weights]
+    if not exact or any(w < 0 for w in exact):
+        raise ValueError(f"weights must be a non-empty list of numbers >= 0, got {weights!r}")
+    if total < minimum * len(exact):
+        raise ValueError(
+            f"total {total!r} cannot give each of {len(exact)} parts at least {minimum!r}"
+        )
+    if total == 0:
+        return [0.0] * len(exact)
+    quantum = Fraction(math.ulp(total))
+    units = int(Fraction(total) / quantum)
+    low = math.ceil(Fraction(minimum) / quantum)  # the minimum, in whole quanta
+    if low * len(exact) > units:
+        raise ValueError(
+            f"total {total!r} cannot give each of {len(exact)} parts at least {minimum!r}"
+        )
+    fixed: set[int] = set()
+    while True:  # each pass fixes at least one part at the minimum; one always stays free
+        free = [i for i in range(len(exact)) if i not in fixed]
+        rest = units - low * len(fixed)
+        wsum = sum(exact[i] for i in free)
+        share = {i: rest * exact[i] / wsum if wsum else Fraction(rest, len(free)) for i in free}
+        below = [i for i in free if share[i] < low]
+        if not below:
+            break
+        fixed.update(below)
+    parts = dict.fromkeys(fixed, low)
+    parts |= {i: math.floor(share[i]) for i in free}
+    leftover = rest - sum(parts[i] for i in free)
+    for i in sorted(free, key=lambda i: (-(share[i] - parts[i]), i))[:leftover]:
+        parts[i] += 1
+    return [float(parts[i] * quantum) for i in range(len(exact))]
+
+
 def merge(parts: Iterable[BucketParams]) -> BucketParams:
     """The bucket whose rate and burst are the sums of the parts'."""
     items = list(parts)
