@@ -1,5 +1,7 @@
 """Pure load distribution: policies, online fitting, the TB Adaptor's rule."""
 
+from srtm.placement.adaptor import AdaptorSettings, Report, adapt
+from srtm.placement.fitting import Finished, Fitting, RoundResult, Verdict, judge
 from srtm.placement.model import (
     RATE_MARGIN,
     Assignment,
@@ -15,12 +17,20 @@ from srtm.placement.policies import POLICIES, Policy, place
 __all__ = [
     "POLICIES",
     "RATE_MARGIN",
+    "AdaptorSettings",
     "Assignment",
     "Broker",
+    "Finished",
+    "Fitting",
     "Placement",
     "Policy",
     "Publisher",
+    "Report",
+    "RoundResult",
     "Topic",
+    "Verdict",
+    "adapt",
+    "judge",
     "parse_brokers",
     "parse_topic",
     "place",

@@ -1,0 +1,77 @@
+"""The TB Adaptor's rule: shares follow traffic, sums stay (r, b), depths >= 1, no barrier."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from srtm.placement.adaptor import AdaptorSettings, Report, adapt
+from srtm.ratelimit import BucketParams, split
+
+TOTAL = BucketParams(11_000, 200)
+
+
+def even(brokers: list[str]) -> dict[str, BucketParams]:
+    return dict(zip(brokers, split(TOTAL.rate, TOTAL.burst, [1] * len(brokers)), strict=True))
+
+
+def test_rates_and_depths_follow_a_traffic_shift() -> None:
+    current = even(["a", "b"])
+    reports = {"a": Report(9_000, 90, at_s=10), "b": Report(1_000, 10, at_s=10)}
+    new = adapt(TOTAL, current, reports, now_s=10)
+    assert new["a"].rate == pytest.approx(9_900) and new["b"].rate == pytest.approx(1_100)
+    assert new["a"].burst == pytest.approx(180) and new["b"].burst == pytest.approx(20)
+    assert sum(p.rate for p in new.values()) == TOTAL.rate
+    assert sum(p.burst for p in new.values()) == TOTAL.burst
+
+
+def test_small_changes_are_ignored() -> None:
+    current = even(["a", "b"])
+    reports = {"a": Report(5_200, 52, at_s=1), "b": Report(4_800, 48, at_s=1)}
+    assert adapt(TOTAL, current, reports, now_s=1) == current
+
+
+def test_a_silent_broker_keeps_its_share_and_holds_nobody_up() -> None:
+    current = even(["a", "b", "c"])
+    reports = {
+        "a": Report(8_000, 80, at_s=100),
+        "b": Report(1_000, 10, at_s=100),
+        "c": Report(5_000, 50, at_s=90),  # 10 s old: stale
+    }
+    new = adapt(TOTAL, current, reports, now_s=100, settings=AdaptorSettings(stale_after_s=3))
+    assert new["c"] == current["c"]
+    assert new["a"].rate > 4 * new["b"].rate
+    assert math.fsum(p.rate for p in new.values()) == pytest.approx(TOTAL.rate, rel=1e-12)
+    assert math.fsum(p.burst for p in new.values()) == pytest.approx(TOTAL.burst, rel=1e-12)
+    assert adapt(TOTAL, current, {}, now_s=100) == current  # nobody reported: nothing moves
+
+
+def test_an_idle_broker_keeps_a_token_and_some_rate() -> None:
+    current = even(["busy", "idle"])
+    reports = {"busy": Report(10_000, 150, at_s=0), "idle": Report(0, 0, at_s=0)}
+    new = adapt(TOTAL, current, reports, now_s=0)
+    assert new["idle"].burst == 1.0 and new["idle"].rate > 0
+    assert new["busy"].burst == TOTAL.burst - 1
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 1e5), st.floats(0, 1e3), st.booleans()), min_size=1, max_size=8)
+)
+def test_any_reports_keep_the_invariants(rows: list[tuple[float, float, bool]]) -> None:
+    brokers = [f"b{i}" for i in range(len(rows))]
+    current = even(brokers)
+    reports = {
+        b: Report(rate, backlog, at_s=0 if fresh else -100)
+        for b, (rate, backlog, fresh) in zip(brokers, rows, strict=True)
+    }
+    new = adapt(TOTAL, current, reports, now_s=0)
+    assert set(new) == set(brokers)
+    assert all(p.burst >= 1 and p.rate > 0 for p in new.values())
+    assert math.fsum(p.rate for p in new.values()) == pytest.approx(TOTAL.rate, rel=1e-12)
+    assert math.fsum(p.burst for p in new.values()) == pytest.approx(TOTAL.burst, rel=1e-12)
+    for b, (_, _, fresh) in zip(brokers, rows, strict=True):
+        if not fresh:
+            assert new[b] == current[b]
