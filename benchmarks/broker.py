@@ -44,7 +44,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from srtm.broker.launch import BrokerProcess, start_broker
+from srtm.launch import BrokerProcess, start_broker
 from srtm.protocol import MAGIC_V2, Mpub, Pub, encode_command
 
 NS_PER_S = 1_000_000_000

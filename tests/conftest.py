@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from srtm.broker.launch import BrokerProcess, start_broker
+from srtm.launch import BrokerProcess, start_broker
 
 settings.register_profile(
     "default", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow]

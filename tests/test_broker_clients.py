@@ -28,7 +28,7 @@ import pytest
 import tornado.ioloop
 from ansq import ConnectionFeatures, ConnectionOptions
 
-from srtm.broker.launch import BrokerProcess, start_broker
+from srtm.launch import BrokerProcess, start_broker
 
 T = TypeVar("T")
 

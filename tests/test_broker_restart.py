@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from nsq_raw import RawClient
-from srtm.broker.launch import start_broker
+from srtm.launch import start_broker
 from srtm.protocol import Dpub, Fin, Mpub, Rdy, Sub
 
 

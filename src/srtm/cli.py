@@ -242,6 +242,18 @@ def broker(
     window_s: Annotated[
         int, typer.Option(help="TB Adaptor window: average rate and max backlog over N s.", min=1)
     ] = 10,
+    controller: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SRTM_CONTROLLER",
+            help="Controller URL (http://HOST:PORT): register there and report load and "
+            "each topic's window every second.",
+        ),
+    ] = None,
+    mcap: Annotated[
+        float,
+        typer.Option(help="Messages/s this broker can process, told to the controller.", min=1),
+    ] = 110_000.0,
 ) -> None:
     """Run a broker: NSQ's TCP protocol V2 and nsqd's HTTP API, with per-topic shaping.
 
@@ -275,6 +287,8 @@ def broker(
             release_timer=release_timer,
             release_spin_ns=release_spin_us * 1000,
             window_seconds=window_s,
+            controller=controller,
+            mcap=mcap,
         )
 
         def ready(b: object) -> None:
@@ -376,3 +390,64 @@ def place_command(
             f"publishers unassigned; {result.brokers_needed} more broker(s) of the largest "
             "mcap here would cover it"
         )
+
+
+@app.command("controller")
+def controller_command(
+    http_address: Annotated[
+        str,
+        typer.Option(
+            envvar="SRTM_CONTROLLER_ADDRESS",
+            help="HOST:PORT of its HTTP API (port 0: any free port, printed at start).",
+        ),
+    ] = "127.0.0.1:4161",
+    db: Annotated[
+        Path,
+        typer.Option(
+            envvar="SRTM_DB",
+            help="SQLite file with brokers, topics, plans and sub-buckets; a restarted "
+            "controller resumes from it.",
+        ),
+    ] = Path("srtm-controller.db"),
+    broker_timeout_s: Annotated[
+        float,
+        typer.Option(help="A broker silent this long is down; its publishers move.", min=0.1),
+    ] = 5.0,
+    tick_s: Annotated[
+        float, typer.Option(help="How often it checks brokers and runs the TB Adaptor (s).")
+    ] = 1.0,
+    stale_after_s: Annotated[
+        float, typer.Option(help="TB Adaptor: a report older than this keeps its share.")
+    ] = 3.0,
+    hysteresis: Annotated[
+        float,
+        typer.Option(help="TB Adaptor: ignore changes smaller than this fraction of a share."),
+    ] = 0.1,
+) -> None:
+    """Run the controller: broker registry, topics with SLOs, placement, plans, the TB
+    Adaptor, nsqlookupd's /lookup; its state lives in --db. Stops on SIGTERM or Ctrl-C."""
+    import asyncio
+
+    from srtm.control.service import ControllerOptions, ControllerService, serve
+    from srtm.placement import AdaptorSettings
+
+    host, port = _address(http_address, "--http-address")
+    options = ControllerOptions(
+        http_host=host,
+        http_port=port,
+        db=db,
+        broker_timeout_s=broker_timeout_s,
+        tick_s=tick_s,
+        adaptor=AdaptorSettings(stale_after_s=stale_after_s, hysteresis=hysteresis),
+    )
+
+    def ready(service: ControllerService) -> None:
+        assert service.http_address is not None
+        h = service.http_address
+        print(f"srtm controller http={h[0]}:{h[1]}", flush=True)
+
+    try:
+        asyncio.run(serve(options, ready))
+    except (ValueError, OSError) as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc

@@ -39,3 +39,8 @@ class BrokerOptions:
     scan_interval_ms: int = 10
     #: The TB Adaptor's window: average rate and maximum backlog over this many seconds.
     window_seconds: int = 10
+    #: Controller URL to register with and report to every ``report_interval_s``.
+    controller: str | None = None
+    #: Messages per second this broker can process (told to the controller).
+    mcap: float = 110_000.0
+    report_interval_s: float = 1.0

@@ -23,6 +23,13 @@ async def serve(options: BrokerOptions, on_ready: Callable[[Broker], None] | Non
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    reporter = None
+    if options.controller:
+        from srtm.broker.reporter import report_loop
+
+        reporter = asyncio.create_task(
+            report_loop(broker, options.controller, options.mcap, options.report_interval_s)
+        )
     # Imports and start-up leave ~10^5 long-lived objects; a full collection walks them
     # all (tens of ms, stalling releases). Frozen, they are never traversed again.
     gc.collect()
@@ -32,6 +39,10 @@ async def serve(options: BrokerOptions, on_ready: Callable[[Broker], None] | Non
     try:
         await stop.wait()
     finally:
+        if reporter is not None:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await runner.cleanup()

@@ -1,4 +1,5 @@
-"""Run ``srtm broker`` as a child process on ephemeral ports and talk to its HTTP API.
+"""Run ``srtm broker`` and ``srtm controller`` as child processes on ephemeral ports and
+talk to their HTTP APIs.
 
 For tests, benchmarks and local clusters: the child prints its bound addresses on its
 first line; its stdout is drained by a thread afterwards so it can never block on a
@@ -22,23 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-_READY = re.compile(r"tcp=([\d.]+):(\d+) http=([\d.]+):(\d+)")
+_BROKER_READY = re.compile(r"tcp=([\d.]+):(\d+) http=([\d.]+):(\d+)")
+_CONTROLLER_READY = re.compile(r"srtm controller http=([\d.]+):(\d+)")
 
 
 @dataclass
-class BrokerProcess:
+class ServerProcess:
+    """A child ``srtm`` server and its HTTP address."""
+
     proc: subprocess.Popen[str]
-    tcp: tuple[str, int]
     http: tuple[str, int]
-    data_dir: Path
     #: The last lines it printed on stdout after the ready line.
     stdout_tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=20)
     )
-
-    @property
-    def tcp_address(self) -> str:
-        return f"{self.tcp[0]}:{self.tcp[1]}"
 
     @property
     def http_address(self) -> str:
@@ -66,10 +64,8 @@ class BrokerProcess:
     def post(self, path: str, body: bytes = b"") -> bytes:
         return self.request(path, "POST", body)
 
-    def stats(self, topic: str | None = None) -> dict[str, Any]:
-        q = f"&topic={topic}" if topic else ""
-        doc: dict[str, Any] = json.loads(self.get(f"/stats?format=json{q}"))
-        return doc
+    def json(self, path: str) -> Any:
+        return json.loads(self.get(path))
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM, then wait for the exit code; killed (and TimeoutExpired) if it hangs."""
@@ -87,12 +83,74 @@ class BrokerProcess:
                 self.proc.stdout.close()
 
 
+@dataclass
+class BrokerProcess(ServerProcess):
+    tcp: tuple[str, int] = ("", 0)
+    data_dir: Path = Path()
+
+    @property
+    def tcp_address(self) -> str:
+        return f"{self.tcp[0]}:{self.tcp[1]}"
+
+    def stats(self, topic: str | None = None) -> dict[str, Any]:
+        q = f"&topic={topic}" if topic else ""
+        doc: dict[str, Any] = self.json(f"/stats?format=json{q}")
+        return doc
+
+
 def _pump(stream: IO[str], tail: collections.deque[str]) -> None:
     try:
         for line in stream:
             tail.append(line.rstrip())
     except (OSError, ValueError):
         pass  # closed by stop()
+
+
+def _start(
+    cmd: list[str],
+    ready: re.Pattern[str],
+    *,
+    stderr: IO[str] | int | None,
+    new_session: bool,
+    preexec_fn: Callable[[], None] | None,
+    timeout: float,
+) -> tuple[subprocess.Popen[str], re.Match[str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "srtm", *cmd],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        start_new_session=new_session,
+        preexec_fn=preexec_fn,
+    )
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not sel.select(deadline - time.monotonic()):
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if m := ready.search(line):
+                return proc, m
+        raise RuntimeError(f"srtm {cmd[0]} did not start (exit code {proc.poll()})")
+    except BaseException:
+        proc.kill()  # not ready in time, or interrupted while waiting: leave nothing running
+        proc.wait()
+        proc.stdout.close()
+        raise
+    finally:
+        sel.close()
+
+
+def _drain(server: ServerProcess) -> None:
+    assert server.proc.stdout is not None
+    threading.Thread(
+        target=_pump, args=(server.proc.stdout, server.stdout_tail), daemon=True
+    ).start()
 
 
 def start_broker(
@@ -111,40 +169,31 @@ def start_broker(
     raised, with its exit code.
     """
     cmd = [
-        sys.executable, "-m", "srtm", "broker",
-        "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
+        "broker", "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
         "--data-dir", str(data_dir), *args,
     ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-        start_new_session=new_session,
-        preexec_fn=preexec_fn,
-    )
-    assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            if not sel.select(deadline - time.monotonic()):
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if m := _READY.search(line):
-                broker = BrokerProcess(proc, (m[1], int(m[2])), (m[3], int(m[4])), data_dir)
-                threading.Thread(
-                    target=_pump, args=(proc.stdout, broker.stdout_tail), daemon=True
-                ).start()
-                return broker
-        raise RuntimeError(f"broker did not start (exit code {proc.poll()})")
-    except BaseException:
-        proc.kill()  # not ready in time, or interrupted while waiting: leave nothing running
-        proc.wait()
-        proc.stdout.close()
-        raise
-    finally:
-        sel.close()
+    proc, m = _start(
+        cmd, _BROKER_READY, stderr=stderr, new_session=new_session, preexec_fn=preexec_fn,
+        timeout=timeout,
+    )  # fmt: skip
+    broker = BrokerProcess(proc, (m[3], int(m[4])), tcp=(m[1], int(m[2])), data_dir=data_dir)
+    _drain(broker)
+    return broker
+
+
+def start_controller(
+    db: Path,
+    args: Sequence[str] = (),
+    *,
+    stderr: IO[str] | int | None = None,
+    timeout: float = 30.0,
+) -> ServerProcess:
+    """Start ``srtm controller`` on 127.0.0.1 (ephemeral port) with its state in ``db``."""
+    cmd = ["controller", "--http-address", "127.0.0.1:0", "--db", str(db), *args]
+    proc, m = _start(
+        cmd, _CONTROLLER_READY, stderr=stderr, new_session=False, preexec_fn=None,
+        timeout=timeout,
+    )  # fmt: skip
+    server = ServerProcess(proc, (m[1], int(m[2])))
+    _drain(server)
+    return server

@@ -1,0 +1,5 @@
+"""The controller: broker registry, topics with SLOs, plans, the TB Adaptor, persistence."""
+
+from srtm.control.state import ControlError, Controller, PlanChanged, SetBucket
+
+__all__ = ["ControlError", "Controller", "PlanChanged", "SetBucket"]

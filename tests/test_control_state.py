@@ -1,0 +1,106 @@
+"""The controller's decisions, without I/O: registry, placement, plans, failover, adaptor."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from srtm.control import ControlError, Controller, PlanChanged, SetBucket
+from srtm.placement import Publisher, Topic
+
+
+def topic_of(n: int, name: str = "t", rate: float = 10.0) -> Topic:
+    pubs = tuple(Publisher(f"p{i}", rate, f"g{i // 10}") for i in range(n))
+    return Topic(name, pubs, 100, 1.0, 1.1 * rate * n)
+
+
+def cluster(n: int = 3, mcap: float = 1_000) -> Controller:
+    c = Controller(broker_timeout_s=5)
+    for i in range(n):
+        c.register(f"b{i}", f"127.0.0.1:{4150 + i}", f"127.0.0.1:{5150 + i}", mcap, now=0)
+    return c
+
+
+def test_a_topic_is_placed_and_every_broker_gets_its_sub_bucket() -> None:
+    c = cluster()
+    actions = c.create_topic(topic_of(200), "srtm", now=0)  # 2,000 msg/s: two brokers
+    sets = [a for a in actions if isinstance(a, SetBucket)]
+    assert {a.broker for a in sets} == {"b0", "b1"}
+    assert math.fsum(a.bucket.rate for a in sets) == pytest.approx(2_200)
+    assert math.fsum(a.bucket.burst for a in sets) == pytest.approx(100)
+    assert actions[-1] == PlanChanged("t", 1)
+    plan = c.plan("t")
+    assert plan["version"] == 1 and plan["status"] == "placed"
+    assert sum(len(b["publishers"]) for b in plan["brokers"]) == 200
+    who = c.assign("t", "p7")
+    assert who["tcp_address"] in {"127.0.0.1:4150", "127.0.0.1:4151"}
+
+
+def test_requests_the_controller_refuses() -> None:
+    c = Controller()
+    with pytest.raises(ControlError, match="no broker") as e:
+        c.create_topic(topic_of(5), "srtm", now=0)
+    assert e.value.status == 503
+    c = cluster()
+    c.create_topic(topic_of(5), "srtm", now=0)
+    with pytest.raises(ControlError, match="exists"):
+        c.create_topic(topic_of(5), "srtm", now=0)
+    with pytest.raises(ControlError, match="not registered"):
+        c.report("ghost", 0.0, {}, now=1)
+    with pytest.raises(ControlError, match="does not exist"):
+        c.plan("nope")
+    with pytest.raises(ControlError, match="not in topic"):
+        c.assign("t", "stranger")
+    with pytest.raises(ControlError, match="mcap"):
+        c.register("b9", "h:1", "h:2", -1, now=0)
+
+
+def test_a_silent_broker_is_marked_down_and_its_publishers_move() -> None:
+    c = cluster()
+    c.create_topic(topic_of(150), "srtm", now=0)  # 1,500 msg/s on b0 and b1
+    on_b1 = set(c.topics["t"].assignment["b1"])
+    for b in ("b0", "b2"):
+        c.report(b, 0.0, {}, now=4)
+    actions = c.tick(now=6)  # b1 last seen at 0: down
+    assert c.brokers["b1"].down and "b1" not in c.topics["t"].assignment
+    assert PlanChanged("t", 2) in actions
+    moved = {p for b, ps in c.topics["t"].assignment.items() for p in ps}
+    assert on_b1 <= moved and len(moved) == 150
+    assert {a.broker for a in actions if isinstance(a, SetBucket)} <= {"b0", "b2"}
+
+
+def test_the_adaptor_follows_reported_traffic_and_keeps_the_sum() -> None:
+    c = cluster(2, mcap=600)
+    c.create_topic(topic_of(100), "srtm", now=0)  # 1,000 msg/s over both
+    before = dict(c.topics["t"].buckets)
+    c.report("b0", 900, {"t": (900.0, 30.0)}, now=1)
+    c.report("b1", 100, {"t": (100.0, 2.0)}, now=1)
+    actions = c.tick(now=1.5)
+    after = c.topics["t"].buckets
+    assert after["b0"].rate > 3 * after["b1"].rate
+    assert {a.broker for a in actions if isinstance(a, SetBucket)} == {"b0", "b1"}
+    assert math.fsum(p.rate for p in after.values()) == pytest.approx(
+        math.fsum(p.rate for p in before.values()), rel=1e-12
+    )
+
+
+def test_state_survives_a_restart() -> None:
+    c = cluster()
+    c.create_topic(topic_of(150), "maxmin", now=0)
+    again = Controller()
+    again.restore(c.to_json(), now=100)
+    assert again.plan("t") == c.plan("t")
+    assert again.topics["t"].spec == c.topics["t"].spec
+    # Brokers get a full timeout to report again before they count as down.
+    assert again.tick(now=104) == []
+    assert not any(b.down for b in again.brokers.values())
+    again.tick(now=106)
+    assert all(b.down for b in again.brokers.values())
+
+
+def test_a_restarted_broker_gets_its_shares_again() -> None:
+    c = cluster()
+    c.create_topic(topic_of(150), "srtm", now=0)
+    actions = c.register("b0", "127.0.0.1:4150", "127.0.0.1:5150", 1_000, now=10)
+    assert [a.broker for a in actions] == ["b0"] and isinstance(actions[0], SetBucket)

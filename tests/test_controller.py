@@ -1,0 +1,146 @@
+"""The controller with real brokers on 127.0.0.1: registration, placement, lookup, the TB
+Adaptor following a traffic shift, and a restart that keeps the plans."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import urllib.error
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nsq_raw import RawClient
+from srtm.launch import BrokerProcess, ServerProcess, start_broker, start_controller
+from srtm.protocol import Pub
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, list[BrokerProcess]]]:
+    ctrl = start_controller(tmp_path / "ctrl.db", ["--broker-timeout-s", "5"])
+    url = f"http://{ctrl.http_address}"
+    brokers = [
+        start_broker(
+            tmp_path / f"b{i}",
+            ["--broker-id", str(i), "--controller", url, "--mcap", "600", "--window-s", "2"],
+        )
+        for i in (1, 2)
+    ]
+    try:
+        wait_for(lambda: len(ctrl.json("/nodes")["producers"]) == 2, "brokers to register")
+        yield ctrl, brokers
+    finally:
+        for b in brokers:
+            b.stop()
+        ctrl.stop()
+
+
+def create(ctrl: ServerProcess, doc: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(ctrl.post("/topics", json.dumps(doc).encode()))
+    return result
+
+
+def topic_doc(name: str, n: int = 100) -> dict[str, Any]:
+    pubs = [{"id": f"p{i}", "rate": 10, "group": f"g{i // 10}"} for i in range(n)]
+    return {"name": name, "slo_p99_ms": 1.0, "burst": 20, "policy": "maxmin", "publishers": pubs}
+
+
+def buckets(brokers: list[BrokerProcess], topic: str) -> list[dict[str, float] | None]:
+    """Each broker's sub-bucket for ``topic`` (None until the controller has sent it)."""
+    out = []
+    for b in brokers:
+        try:
+            out.append(b.json(f"/srtm/bucket?topic={topic}")["bucket"])
+        except urllib.error.HTTPError as err:
+            assert err.code == 404  # no such topic there yet
+            out.append(None)
+    return out
+
+
+def test_topics_are_placed_pushed_and_found(
+    cluster: tuple[ServerProcess, list[BrokerProcess]],
+) -> None:
+    ctrl, brokers = cluster
+    plan = create(ctrl, topic_doc("placed"))  # 1,000 msg/s over two brokers of 600
+    assert plan["version"] == 1 and len(plan["brokers"]) == 2
+    got = wait_for(lambda: all(buckets(brokers, "placed")) and buckets(brokers, "placed"),
+                   "sub-buckets on both brokers")  # fmt: skip
+    assert math.fsum(b["rate"] for b in got) == pytest.approx(1_100)
+    assert math.fsum(b["burst"] for b in got) == pytest.approx(20)
+    lookup = ctrl.json("/lookup?topic=placed")
+    assert sorted(p["tcp_port"] for p in lookup["producers"]) == sorted(b.tcp[1] for b in brokers)
+    who = ctrl.json("/assign?topic=placed&publisher=p3")
+    assert who["tcp_address"] in {b.tcp_address for b in brokers}
+    assert ctrl.json("/topics")["topics"] == ["placed"]
+    assert "/plan" in ctrl.json("/openapi.json")["paths"]
+
+
+@pytest.mark.parametrize(
+    ("doc", "status", "field"),
+    [
+        ({"name": "x", "burst": 5, "publishers": [{"id": "p", "rate": 1}]}, 400, "slo_p99_ms"),
+        ({**topic_doc("y"), "policy": "random"}, 400, "policy"),
+        ({**topic_doc("z"), "burst": "profile"}, 400, "arrivals_ns"),
+    ],
+)
+def test_bad_topics_get_4xx_naming_the_field(
+    cluster: tuple[ServerProcess, list[BrokerProcess]], doc: dict[str, Any], status: int, field: str
+) -> None:
+    ctrl, _ = cluster
+    with pytest.raises(urllib.error.HTTPError) as err:
+        create(ctrl, doc)
+    assert err.value.code == status and field in json.loads(err.value.read())["message"]
+
+
+async def test_sub_bucket_rates_follow_a_traffic_shift(
+    cluster: tuple[ServerProcess, list[BrokerProcess]],
+) -> None:
+    ctrl, brokers = cluster
+    create(ctrl, topic_doc("shift"))
+    await asyncio.to_thread(wait_for, lambda: all(buckets(brokers, "shift")), "sub-buckets")
+    start = buckets(brokers, "shift")
+    pub = await RawClient.connect(*brokers[0].tcp)
+    t0 = time.monotonic()
+    followed = None
+    while time.monotonic() - t0 < 6 and followed is None:  # all traffic to the first broker
+        await pub.send(*[Pub("shift", b"x") for _ in range(40)])
+        for _ in range(40):
+            await pub.response()
+        now = buckets(brokers, "shift")
+        if now[0]["rate"] > 3 * now[1]["rate"]:  # type: ignore[index]
+            followed = time.monotonic() - t0
+        await asyncio.sleep(0.1)
+    await pub.close()
+    assert followed is not None, f"rates never followed: {start} -> {now}"
+    assert followed <= 3.0, f"took {followed:.1f} s"
+    assert math.fsum(b["rate"] for b in now) == pytest.approx(1_100, rel=1e-9)  # type: ignore[index]
+
+
+def test_plans_survive_a_controller_restart(
+    cluster: tuple[ServerProcess, list[BrokerProcess]], tmp_path: Path
+) -> None:
+    ctrl, _ = cluster
+    create(ctrl, topic_doc("durable"))
+    before = ctrl.json("/plan?topic=durable")
+    port = ctrl.http[1]
+    assert ctrl.stop() == 0
+    again = start_controller(tmp_path / "ctrl.db", ["--http-address", f"127.0.0.1:{port}"])
+    try:
+        assert again.json("/plan?topic=durable") == before
+    finally:
+        again.stop()
