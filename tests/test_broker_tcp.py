@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
 from srtm.protocol import Dpub as DpubCmd
-from srtm.protocol import Fin, Mpub, Nop, Pub, Rdy, Sub, Touch
+from srtm.protocol import Fin, FrameType, Mpub, Nop, Pub, Rdy, Sub, Touch
 from srtm.ratelimit import check_conformance
 
 MakeBroker = Callable[..., Awaitable[Broker]]
@@ -272,3 +273,17 @@ async def test_deleting_channels_and_topics_with_consumers_closes_them(
     assert await b.closed()
     assert "gone" not in broker.topics
     assert not (broker.options.data_dir / "queues" / "q-gone:durable").exists()
+
+
+async def test_orders_reach_only_clients_that_negotiated_them(make_broker: MakeBroker) -> None:
+    broker = await make_broker()
+    srtm = await connect(broker)
+    await srtm.identify(srtm_publisher="p1", srtm_orders=True)
+    plain = await connect(broker)
+    await plain.identify(srtm_publisher="p1")  # a plain NSQ client never sees SRTM frames
+    order = {"migrate": {"topic": "t", "to": "127.0.0.1:1", "version": 2}}
+    assert broker.order("p1", order) == 1
+    f = await srtm.frame()
+    assert f.kind is FrameType.SRTM and json.loads(f.data) == order
+    await plain.send(Nop(), Pub("t", b"x"))
+    assert await plain.response() == b"OK"  # the first thing it gets is its PUB's answer

@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from srtm.broker.diskqueue import DiskQueue
 from srtm.broker.message import Message, MessageIds
@@ -358,6 +359,13 @@ class Broker:
         ch.paused = paused
         self._save_meta()
         self.mark_ready(ch)
+
+    def order(self, publisher: str, order: dict[str, Any]) -> int:
+        """Send an SRTM order to every connection of ``publisher`` that takes orders."""
+        clients = [c for c in self.clients if c.publisher == publisher and c.takes_orders]
+        for c in clients:
+            c.send_order(order)
+        return len(clients)
 
     # -- publishing ----------------------------------------------------------------------
     def publish(

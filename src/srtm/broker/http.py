@@ -228,7 +228,23 @@ def make_app(broker: Broker) -> web.Application:
         broker.clear_bucket(name)
         return web.json_response({"topic": name, "bucket": None})
 
+    async def migrate(request: web.Request) -> web.Response:
+        """Tell a publisher's connections (those that take SRTM orders) to move to ``to``."""
+        topic = _topic_name(request)
+        q = request.query
+        publisher, to = q.get("publisher"), q.get("to")
+        if not publisher:
+            raise HttpError(400, "MISSING_ARG_PUBLISHER")
+        if not to or ":" not in to:
+            raise HttpError(400, "INVALID_TO", f"to must be HOST:PORT, got {to!r}")
+        version = q.get("version", "0")
+        if not version.isdigit():
+            raise HttpError(400, "INVALID_VERSION", f"version {version!r} is not a number")
+        order = {"migrate": {"topic": topic, "to": to, "version": int(version)}}
+        return web.json_response({"notified": broker.order(publisher, order)})
+
     app = web.Application(middlewares=[_errors], client_max_size=limits.max_body_size + 1024)
+    app.router.add_post("/srtm/migrate", migrate)
     app.router.add_get("/ping", ping)
     app.router.add_get("/info", info)
     app.router.add_post("/pub", pub)

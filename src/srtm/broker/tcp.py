@@ -263,6 +263,15 @@ class Client:
         self.message_count += 1
         self.write(message_frame(msg.timestamp_ns, msg.attempts, msg.id, msg.body))
 
+    @property
+    def takes_orders(self) -> bool:
+        """Whether it negotiated SRTM's order frames in IDENTIFY."""
+        return self.identity.get("srtm_orders") is True
+
+    def send_order(self, order: dict[str, Any]) -> None:
+        self.write(frames.frame(frames.FrameType.SRTM, json.dumps(order).encode()))
+        self.send_now()
+
     def send_error(self, err: ProtocolError) -> None:
         self.write(frames.error(err))
         if err.fatal and not self._close_when_flushed:

@@ -2,4 +2,4 @@
 
 from srtm.control.state import ControlError, Controller, PlanChanged, SetBucket
 
-__all__ = ["ControlError", "Controller", "PlanChanged", "SetBucket"]
+__all__ = ["ControlError", "Controller", "Migrate", "PlanChanged", "SetBucket"]

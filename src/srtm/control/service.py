@@ -18,7 +18,7 @@ from aiohttp import web
 
 from srtm.analysis import profile_bucket
 from srtm.control.openapi import OPENAPI
-from srtm.control.state import Action, ControlError, Controller, PlanChanged, SetBucket
+from srtm.control.state import Action, ControlError, Controller, Migrate, PlanChanged, SetBucket
 from srtm.control.store import Store
 from srtm.placement import POLICIES, AdaptorSettings, parse_topic
 
@@ -102,13 +102,9 @@ class ControllerService:
 
     # -- actions -------------------------------------------------------------------------
     def _execute(self, actions: list[Action]) -> None:
-        touched: set[str] = set()
-        for action in actions:
-            if isinstance(action, SetBucket):
-                touched.add(action.topic)
-                self._spawn(self._push_bucket(action))
-            elif isinstance(action, PlanChanged):
-                log.info("plan of %s is now version %d", action.topic, action.version)
+        """Persist, then carry the actions out in order in the background (sub-buckets
+        before migration orders, so a destination shapes from the first message)."""
+        touched = {a.topic for a in actions if isinstance(a, SetBucket)}
         if any(isinstance(a, PlanChanged) for a in actions):
             self.store.save(self.ctrl.to_json())
         for name in touched:
@@ -116,11 +112,38 @@ class ControllerService:
             self.store.save_buckets(
                 name, {b: {"rate": p.rate, "burst": p.burst} for b, p in topic.buckets.items()}
             )
+        if any(not isinstance(a, PlanChanged) for a in actions):
+            self._spawn(self._carry_out(actions))
+
+    async def _carry_out(self, actions: list[Action]) -> None:
+        pushes = [self._push_bucket(a) for a in actions if isinstance(a, SetBucket)]
+        await asyncio.gather(*pushes)
+        for a in actions:
+            if isinstance(a, Migrate):
+                await self._order_migration(a)
+            elif isinstance(a, PlanChanged):
+                log.info("plan of %s is now version %d", a.topic, a.version)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _order_migration(self, action: Migrate) -> None:
+        info = self.ctrl.brokers.get(action.broker)
+        if info is None or self._session is None:
+            return
+        url = f"http://{info.http_address}/srtm/migrate"
+        params = {"topic": action.topic, "publisher": action.publisher, "to": action.to,
+                  "version": str(action.version)}  # fmt: skip
+        try:
+            async with self._session.post(url, params=params) as resp:
+                if resp.status != 200:
+                    log.warning(
+                        "broker %s refused %s: %s", action.broker, params, await resp.text()
+                    )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("broker %s unreachable for a migration: %s", action.broker, exc)
 
     async def _push_bucket(self, action: SetBucket) -> None:
         info = self.ctrl.brokers.get(action.broker)
@@ -183,6 +206,17 @@ class ControllerService:
             self._execute(actions)
             return web.json_response(ctrl.topic_doc(spec.name), status=201)
 
+        async def move(request: web.Request) -> web.Response:
+            doc = await _json(request)
+            pubs, to = doc.get("publishers"), doc.get("to")
+            if not isinstance(pubs, list) or not all(isinstance(p, str) for p in pubs):
+                raise ControlError(400, "publishers must be a list of publisher ids")
+            if not isinstance(to, str):
+                raise ControlError(400, "to must be a broker id")
+            name = request.match_info["name"]
+            self._execute(ctrl.move(name, pubs, to))
+            return web.json_response(ctrl.plan(name))
+
         async def get_topic(request: web.Request) -> web.Response:
             return web.json_response(ctrl.topic_doc(request.match_info["name"]))
 
@@ -239,6 +273,7 @@ class ControllerService:
         app.router.add_post("/brokers/{id}/report", report)
         app.router.add_post("/topics", create_topic)
         app.router.add_get("/topics/{name}", get_topic)
+        app.router.add_post("/topics/{name}/move", move)
         app.router.add_get("/plan", plan)
         app.router.add_get("/assign", assign)
         app.router.add_get("/lookup", lookup)

@@ -58,7 +58,18 @@ class PlanChanged:
     version: int
 
 
-Action = SetBucket | PlanChanged
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """Tell ``publisher``, through its current broker, to move to ``to`` (TCP address)."""
+
+    broker: str
+    topic: str
+    publisher: str
+    to: str
+    version: int
+
+
+Action = SetBucket | PlanChanged | Migrate
 
 
 class ControlError(ValueError):
@@ -150,6 +161,30 @@ class Controller:
             SetBucket(b, topic.spec.name, bucket) for b, bucket in topic.buckets.items()
         ]
         return [*actions, PlanChanged(topic.spec.name, topic.version)]
+
+    def move(self, name: str, publishers: list[str], to: str) -> list[Action]:
+        """Move publishers to broker ``to``: a new plan, the sub-buckets re-split first
+        (so the destination shapes from the first message), then the migration orders."""
+        topic = self._topic(name)
+        dest = self.brokers.get(to)
+        if dest is None or dest.down:
+            raise ControlError(400, f"to: broker {to!r} is not registered and up")
+        where = {p: b for b, ps in topic.assignment.items() for p in ps}
+        unknown = [p for p in publishers if p not in where]
+        if unknown:
+            raise ControlError(400, f"publishers not placed in {name!r}: {unknown[:5]}")
+        moving = [p for p in publishers if where[p] != to]
+        if not moving:
+            return []
+        for p in moving:
+            topic.assignment[where[p]].remove(p)
+        topic.assignment.setdefault(to, []).extend(moving)
+        topic.events.append(f"moved {len(moving)} publishers to {to}")
+        actions = self._new_plan(topic)
+        orders: list[Action] = [
+            Migrate(where[p], name, p, dest.tcp_address, topic.version) for p in moving
+        ]
+        return [*actions[:-1], *orders, actions[-1]]
 
     # -- time ----------------------------------------------------------------------------
     def tick(self, now: float) -> list[Action]:

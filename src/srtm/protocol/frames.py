@@ -19,6 +19,9 @@ class FrameType(enum.IntEnum):
     RESPONSE = 0
     ERROR = 1
     MESSAGE = 2
+    #: SRTM's own: a JSON order (e.g. migrate), sent only to clients that negotiated
+    #: ``srtm_orders`` in IDENTIFY; plain NSQ clients never see one.
+    SRTM = 3
 
 
 def frame(kind: FrameType, data: bytes) -> bytes:
@@ -38,6 +41,9 @@ def message(timestamp_ns: int, attempts: int, message_id: bytes, body: bytes) ->
     """A message frame: ``[timestamp int64][attempts uint16][16-byte id][body]``."""
     header = _MESSAGE.pack(timestamp_ns, attempts)
     return _HEADER.pack(len(body) + 30, FrameType.MESSAGE) + header + message_id + body
+
+
+_KINDS = frozenset(int(k) for k in FrameType)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +85,8 @@ class FrameReader:
                 raise ValueError(f"bad frame size {size}")
             if len(buf) - pos < 4 + size:
                 break
+            if kind not in _KINDS:
+                raise ValueError(f"unknown frame type {kind}")
             out.append(Frame(FrameType(kind), bytes(buf[pos + 8 : pos + 4 + size])))
             pos += 4 + size
         del buf[:pos]

@@ -1,0 +1,120 @@
+"""An asyncio subscriber of every broker of a topic: it finds them through the controller's
+nsqlookupd-style ``/lookup`` (again every ``refresh_s``, so it follows plan changes) or
+takes fixed addresses, FINs each message and records end-to-end latency from the
+measurement header in an HDR histogram."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+from hdrh.histogram import HdrHistogram
+
+from srtm.client import header
+from srtm.client.connection import Connection
+from srtm.protocol import Fin, Message, Rdy, Sub
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    broker: str
+    message: Message
+    header: header.Header | None
+    recv_ns: int
+
+
+class Subscriber:
+    def __init__(
+        self,
+        topic: str,
+        channel: str,
+        *,
+        controller: str | None = None,
+        addresses: Sequence[str] = (),
+        on_message: Callable[[Received], None] | None = None,
+        max_in_flight: int = 500,
+        refresh_s: float = 1.0,
+    ) -> None:
+        if controller is None and not addresses:
+            raise ValueError("give a controller (URL) or broker addresses")
+        self.topic, self.channel = topic, channel
+        self.controller = controller.rstrip("/") if controller else None
+        self.addresses = list(addresses)
+        self.on_message = on_message
+        self.max_in_flight = max_in_flight
+        self.refresh_s = refresh_s
+        #: End-to-end latency (send stamp in the header → receipt), ns.
+        self.latency = HdrHistogram(1, 3_600_000_000_000, 3)
+        self.received = 0
+        self._conns: dict[str, Connection] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._refresh: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self.controller:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+            await self.refresh()
+            self._refresh = asyncio.create_task(self._refresh_loop())
+        for address in self.addresses:
+            await self._subscribe(address)
+
+    async def refresh(self) -> None:
+        """Subscribe to every broker the controller lists for the topic, not yet subscribed."""
+        assert self._session is not None
+        url = f"{self.controller}/lookup"
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with self._session.get(url, params={"topic": self.topic}) as r:
+                if r.status != 200:
+                    return
+                doc = await r.json()
+            for p in doc.get("producers", []):
+                address = f"{p['broadcast_address']}:{p['tcp_port']}"
+                if address not in self._conns:
+                    with contextlib.suppress(OSError):
+                        await self._subscribe(address)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            await self.refresh()
+
+    async def _subscribe(self, address: str) -> None:
+        conn = await Connection.open(
+            address,
+            on_message=lambda m: self._message(address, m),
+            on_close=lambda c: self._conns.pop(address, None),
+        )
+        await conn.identify(client_id=f"srtm-sub-{self.channel}", heartbeat_interval=5_000)
+        await conn.request(Sub(self.topic, self.channel))
+        conn.send(Rdy(self.max_in_flight))
+        self._conns[address] = conn
+
+    def _message(self, address: str, msg: Message) -> None:
+        now = time.time_ns()
+        h = header.decode(msg.body)
+        if h is not None:
+            self.latency.record_value(max(1, now - h.send_ns))
+        self.received += 1
+        conn = self._conns.get(address)
+        if conn is not None:
+            conn.send(Fin(msg.id))
+        if self.on_message is not None:
+            self.on_message(Received(address, msg, h, now))
+
+    @property
+    def brokers(self) -> list[str]:
+        return sorted(self._conns)
+
+    async def close(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresh
+        for conn in list(self._conns.values()):
+            await conn.close()
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,125 @@
+"""Publishers move between brokers while a subscriber consumes: every (publisher, sequence
+number) arrives, once. Controller and three brokers are real processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from srtm.client import Publisher, Received, Subscriber
+from srtm.client import header as mheader
+from srtm.launch import BrokerProcess, ServerProcess, start_broker, start_controller
+
+N_PUBLISHERS = 6
+PER_PUBLISHER = 300
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, list[BrokerProcess]]]:
+    ctrl = start_controller(tmp_path / "ctrl.db")
+    url = f"http://{ctrl.http_address}"
+    brokers = [
+        start_broker(
+            tmp_path / f"b{i}", ["--broker-id", str(i), "--controller", url, "--mcap", "5000"]
+        )
+        for i in (1, 2, 3)
+    ]
+    try:
+        deadline = time.monotonic() + 10
+        while len(ctrl.json("/nodes")["producers"]) < 3:
+            assert time.monotonic() < deadline, "brokers did not register"
+            time.sleep(0.05)
+        yield ctrl, brokers
+    finally:
+        for b in brokers:
+            b.stop()
+        ctrl.stop()
+
+
+async def publish_all(pubs: list[Publisher], rate: float) -> None:
+    """Every publisher sends PER_PUBLISHER messages at ``rate``/s on an absolute schedule."""
+    start = time.monotonic()
+    for k in range(PER_PUBLISHER):
+        delay = start + k / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        for p in pubs:
+            await p.publish()
+
+
+async def test_moving_publishers_loses_and_duplicates_nothing(
+    cluster: tuple[ServerProcess, list[BrokerProcess]],
+) -> None:
+    ctrl, _ = cluster
+    url = f"http://{ctrl.http_address}"
+    doc = {
+        "name": "moving",
+        "slo_p99_ms": 5.0,
+        "burst": 50,
+        "policy": "srtm",
+        "publishers": [
+            {"id": f"p{i}", "rate": 100, "group": f"g{i % 2}"} for i in range(N_PUBLISHERS)
+        ],
+    }
+    plan = json.loads(ctrl.post("/topics", json.dumps(doc).encode()))
+    assert len(plan["brokers"]) == 1  # 600 msg/s fits on one broker of 5,000
+    first = plan["brokers"][0]["id"]
+    others = [str(i) for i in (1, 2, 3) if str(i) != first]
+
+    got: list[tuple[str, int]] = []
+    where: Counter[str] = Counter()
+
+    def record(r: Received) -> None:
+        assert r.header is not None
+        got.append((r.header.publisher, r.header.seq))
+        where[r.broker] += 1
+
+    sub = Subscriber("moving", "all", controller=url, on_message=record, refresh_s=0.2)
+    await sub.start()
+    pubs = [
+        Publisher("moving", f"p{i}", controller=url, max_pending=50) for i in range(N_PUBLISHERS)
+    ]
+    for p in pubs:
+        await p.start()
+
+    async def moves() -> None:
+        await asyncio.sleep(0.4)
+        body = json.dumps({"publishers": ["p0", "p1", "p2"], "to": others[0]}).encode()
+        await asyncio.to_thread(ctrl.post, "/topics/moving/move", body)
+        await asyncio.sleep(0.4)
+        body = json.dumps({"publishers": ["p2", "p3"], "to": others[1]}).encode()
+        await asyncio.to_thread(ctrl.post, "/topics/moving/move", body)
+
+    await asyncio.gather(publish_all(pubs, rate=200), moves())
+    for p in pubs:
+        await p.close()
+    deadline = time.monotonic() + 15
+    while len(got) < N_PUBLISHERS * PER_PUBLISHER and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await sub.close()
+
+    expected = {(f"p{i}", s) for i in range(N_PUBLISHERS) for s in range(PER_PUBLISHER)}
+    counts = Counter(got)
+    assert set(counts) == expected, f"missing {len(expected - set(counts))}"
+    assert max(counts.values()) == 1, "duplicates"
+    assert {p.id: p.migrations for p in pubs} == {
+        "p0": 1, "p1": 1, "p2": 2, "p3": 1, "p4": 0, "p5": 0
+    }  # fmt: skip
+    assert len(where) == 3  # the subscriber found all three brokers through the plan
+    assert json.loads(ctrl.get("/plan?topic=moving"))["version"] == 3
+    assert sub.latency.get_total_count() == len(got)
+
+
+def test_header_round_trip_and_plain_bodies() -> None:
+    h = mheader.Header("sensor-17", "block-3", 42, 1_700_000_000_000_000_000)
+    body = mheader.encode(h, 100)
+    assert len(body) == 100 and mheader.decode(body) == h
+    assert mheader.decode(b"hello") is None
+    with pytest.raises(ValueError, match="publisher"):
+        mheader.encode(mheader.Header("x" * 25, None, 0, 0))
