@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from srtm.client import Publisher, Received, Subscriber
@@ -24,9 +25,11 @@ PER_PUBLISHER = 300
 def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, list[BrokerProcess]]]:
     ctrl = start_controller(tmp_path / "ctrl.db")
     url = f"http://{ctrl.http_address}"
+    traces = ["--trace-dir", str(tmp_path / "traces"), "--run", "move"]
     brokers = [
         start_broker(
-            tmp_path / f"b{i}", ["--broker-id", str(i), "--controller", url, "--mcap", "5000"]
+            tmp_path / f"b{i}",
+            ["--broker-id", str(i), "--controller", url, "--mcap", "5000", *traces],
         )
         for i in (1, 2, 3)
     ]
@@ -54,9 +57,9 @@ async def publish_all(pubs: list[Publisher], rate: float) -> None:
 
 
 async def test_moving_publishers_loses_and_duplicates_nothing(
-    cluster: tuple[ServerProcess, list[BrokerProcess]],
+    cluster: tuple[ServerProcess, list[BrokerProcess]], tmp_path: Path
 ) -> None:
-    ctrl, _ = cluster
+    ctrl, brokers = cluster
     url = f"http://{ctrl.http_address}"
     doc = {
         "name": "moving",
@@ -80,7 +83,10 @@ async def test_moving_publishers_loses_and_duplicates_nothing(
         got.append((r.header.publisher, r.header.seq))
         where[r.broker] += 1
 
-    sub = Subscriber("moving", "all", controller=url, on_message=record, refresh_s=0.2)
+    sub = Subscriber(
+        "moving", "all", controller=url, on_message=record, refresh_s=0.2,
+        trace_dir=tmp_path / "traces", run="move",
+    )  # fmt: skip
     await sub.start()
     pubs = [
         Publisher("moving", f"p{i}", controller=url, max_pending=50) for i in range(N_PUBLISHERS)
@@ -114,6 +120,18 @@ async def test_moving_publishers_loses_and_duplicates_nothing(
     assert len(where) == 3  # the subscriber found all three brokers through the plan
     assert json.loads(ctrl.get("/plan?topic=moving"))["version"] == 3
     assert sub.latency.get_total_count() == len(got)
+
+    # Subscriber-side trace rows join the brokers' on (run, broker, msg_id), one to one.
+    for b in brokers:
+        b.stop()  # flushes the broker-side traces
+    sub_rows = pq.read_table(tmp_path / "traces" / "subscriber").to_pylist()
+    broker_rows = pq.read_table(tmp_path / "traces" / "broker").to_pylist()
+    assert len(sub_rows) == len(broker_rows) == N_PUBLISHERS * PER_PUBLISHER
+    by_key = {(r["run"], r["broker"], r["msg_id"]): r for r in broker_rows}
+    for r in sub_rows:
+        b = by_key[(r["run"], r["broker"], r["msg_id"])]
+        assert b["publisher"] == r["publisher"]
+        assert r["t_send_ns"] <= b["t_arrive_ns"] <= b["t_dispatch_ns"] <= r["t_recv_ns"]
 
 
 def test_header_round_trip_and_plain_bodies() -> None:

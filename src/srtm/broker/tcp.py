@@ -227,6 +227,9 @@ class Client:
             "auth_required": False,
             "output_buffer_size": 16384,
             "output_buffer_timeout": 250,
+            # SRTM's own (clients ignore fields they do not know): which broker this is,
+            # so subscriber-side trace rows join broker-side ones on (run, broker, msg_id).
+            "srtm_broker_id": str(self.broker.options.broker_id),
         }
         self.write(frames.response(json.dumps(reply).encode()))
 

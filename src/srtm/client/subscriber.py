@@ -1,7 +1,8 @@
 """An asyncio subscriber of every broker of a topic: it finds them through the controller's
 nsqlookupd-style ``/lookup`` (again every ``refresh_s``, so it follows plan changes) or
 takes fixed addresses, FINs each message and records end-to-end latency from the
-measurement header in an HDR histogram."""
+measurement header in an HDR histogram; with ``trace_dir``, it writes subscriber-side
+trace rows."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 from hdrh.histogram import HdrHistogram
 
 from srtm.client import header
 from srtm.client.connection import Connection
+from srtm.client.traces import SubscriberTraces
 from srtm.protocol import Fin, Message, Rdy, Sub
 
 
@@ -38,6 +41,8 @@ class Subscriber:
         on_message: Callable[[Received], None] | None = None,
         max_in_flight: int = 500,
         refresh_s: float = 1.0,
+        trace_dir: Path | None = None,
+        run: str = "default",
     ) -> None:
         if controller is None and not addresses:
             raise ValueError("give a controller (URL) or broker addresses")
@@ -51,6 +56,9 @@ class Subscriber:
         self.latency = HdrHistogram(1, 3_600_000_000_000, 3)
         self.received = 0
         self._conns: dict[str, Connection] = {}
+        #: broker address -> its id (from IDENTIFY), for trace rows
+        self._broker_ids: dict[str, str] = {}
+        self.traces = None if trace_dir is None else SubscriberTraces(trace_dir, run)
         self._session: aiohttp.ClientSession | None = None
         self._refresh: asyncio.Task[None] | None = None
 
@@ -88,7 +96,8 @@ class Subscriber:
             on_message=lambda m: self._message(address, m),
             on_close=lambda c: self._conns.pop(address, None),
         )
-        await conn.identify(client_id=f"srtm-sub-{self.channel}", heartbeat_interval=5_000)
+        reply = await conn.identify(client_id=f"srtm-sub-{self.channel}", heartbeat_interval=5_000)
+        self._broker_ids[address] = str(reply.get("srtm_broker_id", address))
         await conn.request(Sub(self.topic, self.channel))
         conn.send(Rdy(self.max_in_flight))
         self._conns[address] = conn
@@ -98,6 +107,11 @@ class Subscriber:
         h = header.decode(msg.body)
         if h is not None:
             self.latency.record_value(max(1, now - h.send_ns))
+            if self.traces is not None:
+                self.traces.add(
+                    self._broker_ids.get(address, address), self.topic, msg.id.decode(),
+                    h.publisher, h.group, h.seq, h.send_ns, now,
+                )  # fmt: skip
         self.received += 1
         conn = self._conns.get(address)
         if conn is not None:
@@ -116,5 +130,7 @@ class Subscriber:
                 await self._refresh
         for conn in list(self._conns.values()):
             await conn.close()
+        if self.traces is not None:
+            await self.traces.close()
         if self._session is not None:
             await self._session.close()
