@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -160,3 +162,41 @@ async def test_bucket_get_set_delete(api: tuple[Broker, aiohttp.ClientSession]) 
     assert status == 200 and doc["bucket"] is None
     assert len(broker.topics["b"].shaping) == 0  # released at once, none lost
     assert broker.topics["b"].channels["c"].depth == 50
+
+
+async def test_measurement_rounds_estimate_e2e_for_named_publishers(
+    api: tuple[Broker, aiohttp.ClientSession],
+) -> None:
+    from nsq_raw import RawClient
+    from srtm.protocol import Fin, Pub, Rdy, Sub
+
+    broker, s = api
+    assert broker.tcp_address is not None
+    sub = await RawClient.connect(*broker.tcp_address)
+    await sub.send(Sub("m", "c"), Rdy(100))
+    assert await sub.response() == b"OK"
+    pub = await RawClient.connect(*broker.tcp_address)
+    await pub.identify(srtm_publisher="p1")
+
+    async def traffic() -> int:
+        n = 0
+        for _ in range(20):
+            await pub.send(*[Pub("m", b"x")] * 5)
+            for _ in range(5):
+                assert await pub.response() == b"OK"
+                m = await sub.message()
+                await sub.send(Fin(m.id))
+                n += 1
+            await asyncio.sleep(0.01)
+        return n
+
+    async def measure(who: str) -> dict[str, Any]:
+        body = json.dumps({"publishers": [who]}).encode()
+        return (await call(s, "POST", "/srtm/measure?topic=m&window_ms=400", body))[1]
+
+    mine, other, sent = await asyncio.gather(measure("p1"), measure("p2"), traffic())
+    assert 0 < mine["samples"] <= sent
+    assert mine["p99_ms"] > 0 and mine["p50_ms"] <= mine["p99_ms"]
+    assert other["samples"] == 0 and other["p99_ms"] is None
+    status, doc = await call(s, "POST", "/srtm/measure?topic=m", b"")
+    assert (status, doc["message"]) == (400, "MISSING_ARG_WINDOW_MS")

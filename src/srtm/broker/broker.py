@@ -12,6 +12,7 @@ import re
 import socket
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.queue import MessageQueue
 from srtm.broker.state import UNBOOKED, Channel, Topic
-from srtm.broker.stats import BrokerStats
+from srtm.broker.stats import BrokerStats, Recorder
 from srtm.broker.tcp import Client, enable_kernel_timestamps
 from srtm.broker.timer import TimerFd
 from srtm.broker.traces import TraceWriter
@@ -37,6 +38,18 @@ _ASYNCIO_TIMER_SLACK_NS = 1_500_000
 def _queue_dir(data_dir: Path, key: str) -> Path:
     # Names may be "." or "..": a prefix keeps every key a plain file name.
     return data_dir / "queues" / f"q-{key}"
+
+
+@dataclass
+class Measurement:
+    """A measurement round: estimated end-to-end latency (publisher RTT/2 + time in broker
+    + subscriber RTT/2) of a topic's messages from ``publishers`` (None: all) until
+    ``until_ns``."""
+
+    topic: str
+    publishers: frozenset[str] | None
+    until_ns: int
+    latency: Recorder = field(default_factory=Recorder)
 
 
 class Broker:
@@ -66,6 +79,9 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self._listener: socket.socket | None = None
         self.stopped = asyncio.Event()
+        self.measurements: list[Measurement] = []
+        #: Publisher name -> RTT of its connection, refreshed every second.
+        self.publisher_rtt_ns: dict[str, int] = {}
 
     # -- queues --------------------------------------------------------------------------
     def _queue(self, key: str) -> MessageQueue:
@@ -478,6 +494,7 @@ class Broker:
         shaped = topic.bucket is not None
         first_channel = next(iter(topic.channels.values()), None) is ch
         traces = self.traces
+        measuring = [m for m in self.measurements if m.topic == ch.topic and m.until_ns > now]
         first = sum(1 for _, m in out if m.attempts == 1)
         if first:
             cs.window.add(now, first, 0.0)
@@ -494,6 +511,34 @@ class Broker:
                     ts.lateness.add(now - msg.release_ns)
                 if traces is not None:
                     traces.add(ch.topic, msg, now)
+        if measuring and first_channel:
+            self._measure(measuring, out, now)
+
+    def _measure(
+        self, measuring: list[Measurement], out: Sequence[tuple[object, Message]], now: int
+    ) -> None:
+        rtt = self.publisher_rtt_ns
+        for consumer, msg in out:
+            if msg.attempts != 1:
+                continue
+            sub_rtt = consumer.rtt_cache_ns if isinstance(consumer, Client) else 0
+            estimate = rtt.get(msg.publisher, 0) // 2 + (now - msg.arrival_ns) + sub_rtt // 2
+            for m in measuring:
+                if m.publishers is None or msg.publisher in m.publishers:
+                    m.latency.add(estimate)
+
+    async def measure(
+        self, topic: str, publishers: frozenset[str] | None, window_ns: int
+    ) -> Measurement:
+        """Run a measurement round for ``window_ns`` and return it."""
+        self._refresh_rtts()
+        m = Measurement(topic, publishers, time.time_ns() + window_ns)
+        self.measurements.append(m)
+        try:
+            await asyncio.sleep(window_ns / 1e9)
+        finally:
+            self.measurements.remove(m)
+        return m
 
     async def _release_loop(self) -> None:
         """Release shaped messages on time: sleep while the next release is far, then
@@ -543,6 +588,12 @@ class Broker:
                 if due is not None and due <= now and ch.tick(now):
                     self.mark_ready(ch)
 
+    def _refresh_rtts(self) -> None:
+        for c in list(self.clients):
+            c.rtt_cache_ns = c.rtt_ns()
+            if c.pub_counts:
+                self.publisher_rtt_ns[c.publisher] = c.rtt_cache_ns
+
     async def _housekeeping_loop(self) -> None:
         """Move measured values into the histograms every 100 ms, one histogram per loop
         turn, so no single step holds the loop (and shaped releases) for long."""
@@ -557,6 +608,7 @@ class Broker:
             del recorders
             if time.monotonic() - rolled >= 1.0:
                 rolled = time.monotonic()
+                self._refresh_rtts()
                 # Like nsqd's sync every 2 s: overflowed messages reach the OS each second.
                 for disk in list(self._disk.values()):
                     disk.flush()

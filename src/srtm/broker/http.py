@@ -243,8 +243,36 @@ def make_app(broker: Broker) -> web.Application:
         order = {"migrate": {"topic": topic, "to": to, "version": int(version)}}
         return web.json_response({"notified": broker.order(publisher, order)})
 
+    async def measure(request: web.Request) -> web.Response:
+        """A measurement round: p99 of the estimated end-to-end latency of the topic's
+        messages from ``publishers`` (body ``{"publishers": [...]}``; all if absent) over
+        ``window_ms``, answered when the window ends."""
+        topic = _topic_name(request)
+        window = _number(request, "window_ms")
+        if window > 3_600_000:
+            raise HttpError(400, "INVALID_WINDOW_MS", "window_ms must be at most one hour")
+        pubs = None
+        if request.can_read_body:
+            try:
+                doc = await request.json()
+            except ValueError:
+                raise HttpError(400, "INVALID_BODY", "body must be JSON") from None
+            listed = doc.get("publishers") if isinstance(doc, dict) else None
+            if listed is not None:
+                if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
+                    raise HttpError(400, "INVALID_PUBLISHERS", "publishers must be strings")
+                pubs = frozenset(listed)
+        m = await broker.measure(topic, pubs, int(window * 1_000_000))
+        s = m.latency.summary()
+        return web.json_response(
+            {"topic": topic, "window_ms": window, "samples": int(s["count"]),
+             "p99_ms": s["p99"] / 1e6 if s["count"] else None,
+             "p50_ms": s["p50"] / 1e6 if s["count"] else None}
+        )  # fmt: skip
+
     app = web.Application(middlewares=[_errors], client_max_size=limits.max_body_size + 1024)
     app.router.add_post("/srtm/migrate", migrate)
+    app.router.add_post("/srtm/measure", measure)
     app.router.add_get("/ping", ping)
     app.router.add_get("/info", info)
     app.router.add_post("/pub", pub)

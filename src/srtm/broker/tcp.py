@@ -48,6 +48,9 @@ log = logging.getLogger("srtm.broker")
 #: Linux's SO_TIMESTAMPNS (== SCM_TIMESTAMPNS); the socket module does not export it.
 SO_TIMESTAMPNS = 35
 _TIMESPEC = struct.Struct("qq")
+#: struct tcp_info: eight u8 fields, then u32s of which tcpi_rtt (µs) is the 16th.
+_TCPI_RTT = struct.Struct("I")
+_TCPI_RTT_OFFSET = 8 + 15 * 4
 # Small reads bound the work one callback does, so shaped releases are not held back.
 _READ_SIZE = 32 * 1024
 _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
@@ -89,6 +92,8 @@ class Client:
         self.finish_count = 0
         self.requeue_count = 0
         self.pub_counts: dict[str, int] = {}
+        #: Refreshed every second by the broker (TCP_INFO), for latency estimates.
+        self.rtt_cache_ns = 0
         self.kernel_timestamps = kernel_timestamps and enable_kernel_timestamps(sock)
         host, port = sock.getpeername()[:2]
         self.remote = f"{host}:{port}"
@@ -265,6 +270,17 @@ class Client:
     def send_message(self, msg: Message) -> None:
         self.message_count += 1
         self.write(message_frame(msg.timestamp_ns, msg.attempts, msg.id, msg.body))
+
+    def rtt_ns(self) -> int:
+        """The kernel's smoothed round-trip time of this connection (0 where unknown)."""
+        try:
+            info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        except (OSError, AttributeError):
+            return 0
+        if len(info) < _TCPI_RTT_OFFSET + 4:
+            return 0
+        (rtt_us,) = _TCPI_RTT.unpack_from(info, _TCPI_RTT_OFFSET)
+        return int(rtt_us) * 1_000
 
     @property
     def takes_orders(self) -> bool:
