@@ -48,9 +48,10 @@ log = logging.getLogger("srtm.broker")
 #: Linux's SO_TIMESTAMPNS (== SCM_TIMESTAMPNS); the socket module does not export it.
 SO_TIMESTAMPNS = 35
 _TIMESPEC = struct.Struct("qq")
-#: struct tcp_info: eight u8 fields, then u32s of which tcpi_rtt (µs) is the 16th.
-_TCPI_RTT = struct.Struct("I")
-_TCPI_RTT_OFFSET = 8 + 15 * 4
+#: struct tcp_info (Linux >= 4.6): tcpi_rtt (µs) at byte 68, tcpi_min_rtt at byte 148.
+_TCPI_U32 = struct.Struct("I")
+_TCPI_RTT_OFFSET = 68
+_TCPI_MIN_RTT_OFFSET = 148
 # Small reads bound the work one callback does, so shaped releases are not held back.
 _READ_SIZE = 32 * 1024
 _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
@@ -272,15 +273,19 @@ class Client:
         self.write(message_frame(msg.timestamp_ns, msg.attempts, msg.id, msg.body))
 
     def rtt_ns(self) -> int:
-        """The kernel's smoothed round-trip time of this connection (0 where unknown)."""
+        """The connection's round-trip time from the kernel (0 where unknown): the minimum
+        seen, where the kernel reports it, since the smoothed one counts delayed ACKs of
+        sparse traffic (milliseconds on loopback)."""
         try:
-            info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+            info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 152)
         except (OSError, AttributeError):
             return 0
-        if len(info) < _TCPI_RTT_OFFSET + 4:
-            return 0
-        (rtt_us,) = _TCPI_RTT.unpack_from(info, _TCPI_RTT_OFFSET)
-        return int(rtt_us) * 1_000
+        for offset in (_TCPI_MIN_RTT_OFFSET, _TCPI_RTT_OFFSET):
+            if len(info) >= offset + 4:
+                (rtt_us,) = _TCPI_U32.unpack_from(info, offset)
+                if rtt_us:
+                    return int(rtt_us) * 1_000
+        return 0
 
     @property
     def takes_orders(self) -> bool:

@@ -98,6 +98,9 @@ OPENAPI: dict[str, Any] = {
                         "arrivals_ns": {"type": "array", "items": {"type": "integer"},
                                         "description": "trace for burst = profile"},
                         "policy": {"enum": ["lb", "conc", "maxmin", "srtm"]},
+                        "fit": {"description": "run online fitting (true, or window_s, "
+                                               "min_samples, settle_s)",
+                                "oneOf": [{"type": "boolean"}, {"type": "object"}]},
                         "publishers": {"type": "array", "items": {
                             "type": "object", "required": ["id", "rate"],
                             "properties": {"id": {"type": "string"}, "rate": {"type": "number"},

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,10 +17,11 @@ import aiohttp
 from aiohttp import web
 
 from srtm.analysis import profile_bucket
+from srtm.control.fitting_run import as_result, fit_topic
 from srtm.control.openapi import OPENAPI
 from srtm.control.state import Action, ControlError, Controller, Migrate, PlanChanged, SetBucket
 from srtm.control.store import Store
-from srtm.placement import POLICIES, AdaptorSettings, parse_topic
+from srtm.placement import POLICIES, AdaptorSettings, RoundResult, parse_topic
 
 log = logging.getLogger("srtm.controller")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -101,19 +102,44 @@ class ControllerService:
             self._execute(self.ctrl.tick(time.monotonic()))
 
     # -- actions -------------------------------------------------------------------------
-    def _execute(self, actions: list[Action]) -> None:
-        """Persist, then carry the actions out in order in the background (sub-buckets
-        before migration orders, so a destination shapes from the first message)."""
-        touched = {a.topic for a in actions if isinstance(a, SetBucket)}
+    def _persist(self, actions: list[Action]) -> None:
         if any(isinstance(a, PlanChanged) for a in actions):
             self.store.save(self.ctrl.to_json())
-        for name in touched:
+        for name in {a.topic for a in actions if isinstance(a, SetBucket)}:
             topic = self.ctrl.topics[name]
             self.store.save_buckets(
                 name, {b: {"rate": p.rate, "burst": p.burst} for b, p in topic.buckets.items()}
             )
+
+    def _execute(self, actions: list[Action]) -> None:
+        """Persist, then carry the actions out in order in the background (sub-buckets
+        before migration orders, so a destination shapes from the first message)."""
+        self._persist(actions)
         if any(not isinstance(a, PlanChanged) for a in actions):
             self._spawn(self._carry_out(actions))
+
+    async def _execute_now(self, actions: list[Action]) -> None:
+        """``_execute``, awaited: the fitting driver must know the plan is in place."""
+        self._persist(actions)
+        await self._carry_out(actions)
+
+    async def _measure(
+        self, topic: str, broker: str, publishers: Sequence[str], window_s: float
+    ) -> RoundResult:
+        info = self.ctrl.brokers.get(broker)
+        if info is None or self._session is None:
+            return RoundResult(float("nan"), 0)
+        url = f"http://{info.http_address}/srtm/measure"
+        params = {"topic": topic, "window_ms": repr(window_s * 1000)}
+        timeout = aiohttp.ClientTimeout(total=window_s + 10)
+        try:
+            async with self._session.post(
+                url, params=params, json={"publishers": list(publishers)}, timeout=timeout
+            ) as resp:
+                return as_result(await resp.json())
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("measurement on %s failed: %s", broker, exc)
+            return RoundResult(float("nan"), 0)
 
     async def _carry_out(self, actions: list[Action]) -> None:
         pushes = [self._push_bucket(a) for a in actions if isinstance(a, SetBucket)]
@@ -123,6 +149,22 @@ class ControllerService:
                 await self._order_migration(a)
             elif isinstance(a, PlanChanged):
                 log.info("plan of %s is now version %d", a.topic, a.version)
+
+    async def _fit(self, topic: str, window_s: float, min_samples: float, settle_s: float) -> None:
+        async def measure(broker: str, publishers: Sequence[str], window: float) -> RoundResult:
+            return await self._measure(topic, broker, publishers, window)
+
+        try:
+            await fit_topic(
+                self.ctrl, topic, self._execute_now, measure,
+                window_s=window_s, min_samples=int(min_samples), settle_s=settle_s,
+            )  # fmt: skip
+        except Exception:
+            log.exception("fitting %s failed", topic)
+            state = self.ctrl.topics[topic].fitting
+            if state is not None:
+                state["state"] = "failed"
+        self.store.save(self.ctrl.to_json())
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -201,9 +243,13 @@ class ControllerService:
                 raise ControlError(400, f"policy must be one of {', '.join(POLICIES)}")
             if doc.get("burst") == "profile":
                 doc = _profiled(doc)
+            fit = _fit_settings(doc.get("fit"))
             spec = parse_topic(doc)
             actions = ctrl.create_topic(spec, policy, time.monotonic())
             self._execute(actions)
+            if fit is not None:
+                ctrl.topics[spec.name].fitting = {"state": "running"}
+                self._spawn(self._fit(spec.name, **fit))
             return web.json_response(ctrl.topic_doc(spec.name), status=201)
 
         async def move(request: web.Request) -> web.Response:
@@ -283,6 +329,24 @@ class ControllerService:
         app.router.add_get("/info", info)
         app.router.add_get("/openapi.json", openapi)
         return app
+
+
+def _fit_settings(doc: Any) -> dict[str, float] | None:
+    """``"fit": {"window_s", "min_samples", "settle_s"}`` (all optional), or ``true``."""
+    if doc is None or doc is False:
+        return None
+    if doc is True:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ControlError(400, "fit must be true or an object")
+    out = {"window_s": 60.0, "min_samples": 100, "settle_s": 1.0}
+    for key, value in doc.items():
+        if key not in out:
+            raise ControlError(400, f"fit.{key} is not a fitting setting ({', '.join(out)})")
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ControlError(400, f"fit.{key} must be a number >= 0, got {value!r}")
+        out[key] = value
+    return out
 
 
 def _profiled(doc: dict[str, Any]) -> dict[str, Any]:

@@ -39,9 +39,13 @@ class TopicState:
     buckets: dict[str, BucketParams] = field(default_factory=dict)
     unassigned: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
+    #: Online fitting's progress (None: not asked for).
+    fitting: dict[str, Any] | None = None
 
     @property
     def status(self) -> str:
+        if self.fitting is not None and self.fitting.get("state") == "running":
+            return "fitting"
         return "short" if self.unassigned else "placed"
 
 
@@ -163,8 +167,7 @@ class Controller:
         return [*actions, PlanChanged(topic.spec.name, topic.version)]
 
     def move(self, name: str, publishers: list[str], to: str) -> list[Action]:
-        """Move publishers to broker ``to``: a new plan, the sub-buckets re-split first
-        (so the destination shapes from the first message), then the migration orders."""
+        """Move publishers to broker ``to``."""
         topic = self._topic(name)
         dest = self.brokers.get(to)
         if dest is None or dest.down:
@@ -176,13 +179,29 @@ class Controller:
         moving = [p for p in publishers if where[p] != to]
         if not moving:
             return []
-        for p in moving:
-            topic.assignment[where[p]].remove(p)
-        topic.assignment.setdefault(to, []).extend(moving)
-        topic.events.append(f"moved {len(moving)} publishers to {to}")
+        assignment = {b: [p for p in ps if p not in moving] for b, ps in topic.assignment.items()}
+        assignment.setdefault(to, []).extend(moving)
+        return self.set_assignment(
+            name, assignment, topic.unassigned, f"moved {len(moving)} publishers to {to}"
+        )
+
+    def set_assignment(
+        self, name: str, assignment: dict[str, list[str]], unassigned: list[str], note: str
+    ) -> list[Action]:
+        """A new plan with this assignment: the sub-buckets re-split and pushed first (so a
+        destination shapes from the first message), then a migration order for every
+        publisher that changes broker."""
+        topic = self._topic(name)
+        before = {p: b for b, ps in topic.assignment.items() for p in ps}
+        topic.assignment = {b: list(ps) for b, ps in assignment.items() if ps}
+        topic.unassigned = list(unassigned)
+        topic.events.append(note)
         actions = self._new_plan(topic)
         orders: list[Action] = [
-            Migrate(where[p], name, p, dest.tcp_address, topic.version) for p in moving
+            Migrate(before[p], name, p, self.brokers[b].tcp_address, topic.version)
+            for b, ps in topic.assignment.items()
+            for p in ps
+            if p in before and before[p] != b and before[p] in self.brokers
         ]
         return [*actions[:-1], *orders, actions[-1]]
 
@@ -284,6 +303,7 @@ class Controller:
             "burst": topic.spec.burst,
             "publishers": len(topic.spec.publishers),
             "events": topic.events,
+            "fitting": topic.fitting,
         }
 
     def topic_brokers(self, name: str) -> list[BrokerInfo]:
@@ -313,6 +333,7 @@ class Controller:
                     "buckets": {b: _bucket(p) for b, p in t.buckets.items()},
                     "unassigned": t.unassigned,
                     "events": t.events,
+                    "fitting": t.fitting,
                 }
                 for t in self.topics.values()
             ],
@@ -335,7 +356,15 @@ class Controller:
                 {b: BucketParams(x["rate"], x["burst"]) for b, x in t["buckets"].items() if x},
                 list(t["unassigned"]),
                 list(t.get("events", [])),
+                _interrupted(t.get("fitting")),
             )
+
+
+def _interrupted(fitting: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A fitting that was running when the controller stopped is not running any more."""
+    if fitting is not None and fitting.get("state") == "running":
+        return fitting | {"state": "interrupted"}
+    return fitting
 
 
 def _bucket(p: BucketParams | None) -> dict[str, float] | None:

@@ -1,0 +1,122 @@
+"""Online fitting carried out on a live cluster: the pure ``Fitting`` state machine's
+commands turned into plans, migrations and broker measurement rounds.
+
+Each round, a broker under test carries exactly the publishers its Profile names; the
+topic's other publishers not yet kept anywhere (a search's excluded candidates, the next
+iteration's pool) are parked on the eligible broker with the most residual capacity
+that is not under test, or stay where they are if there is none, so they keep
+publishing throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from srtm.control.state import Action, Controller
+from srtm.placement import Broker, Finished, Fitting, RoundResult
+from srtm.placement.fitting import Command, Profile, UseBrokers
+
+#: Carries out actions (pushes, orders) and returns when they are done.
+Execute = Callable[[list[Action]], Awaitable[None]]
+#: Runs one measurement round on a broker: (broker id, publishers, window s) -> result.
+Measure = Callable[[str, Sequence[str], float], Awaitable[RoundResult]]
+
+
+def round_assignment(
+    ctrl: Controller, topic: str, fitting: Fitting, profiles: Sequence[Profile]
+) -> dict[str, list[str]]:
+    """Who publishes where during a round (see the module docstring)."""
+    state = ctrl.topics[topic]
+    testing = {p.broker: list(p.publishers) for p in profiles}
+    assignment: dict[str, list[str]] = dict(testing)
+    for b, kept in fitting.kept.items():
+        if b not in testing:
+            assignment[b] = [p.id for p in kept]
+    placed = {p for ps in assignment.values() for p in ps}
+    rest = [p.id for p in state.spec.publishers if p.id not in placed]
+    if rest:
+        parking = [b for b in ctrl.up() if b.id not in testing and b.id not in fitting.full]
+        if parking:
+            spot = max(parking, key=lambda b: (b.mcap - b.load, b.id)).id
+            assignment.setdefault(spot, []).extend(rest)
+        else:
+            where = {p: b for b, ps in state.assignment.items() for p in ps}
+            for p in rest:
+                b = where.get(p) or profiles[0].broker
+                assignment.setdefault(b, []).append(p)
+    return assignment
+
+
+async def fit_topic(
+    ctrl: Controller,
+    topic: str,
+    execute: Execute,
+    measure: Measure,
+    *,
+    window_s: float,
+    min_samples: int,
+    settle_s: float,
+) -> Finished:
+    """Run online fitting for ``topic`` to the end; progress goes to its ``fitting`` doc."""
+    state = ctrl.topics[topic]
+    fleet = [Broker(b.id, b.mcap, b.load) for b in ctrl.up()]
+    fitting = Fitting(
+        fleet, state.spec, state.policy, window_s=window_s, min_samples=min_samples, seed=ctrl.seed
+    )
+    progress: dict[str, Any] = {"state": "running", "iteration": 0, "round": 0, "rounds": [],
+                                "steps": [], "full": []}  # fmt: skip
+    state.fitting = progress
+    cmds: list[Command] = fitting.start()
+    while True:
+        _note(progress, fitting, cmds)
+        done = next((c for c in cmds if isinstance(c, Finished)), None)
+        if done is not None:
+            await execute(
+                ctrl.set_assignment(
+                    topic,
+                    {b: list(ps) for b, ps in done.assignment.items()},
+                    list(done.unassigned),
+                    f"fitted in {sum(done.rounds)} rounds over {len(done.rounds)} iterations",
+                )
+            )
+            progress["state"] = "done"
+            return done
+        profiles = [c for c in cmds if isinstance(c, Profile)]
+        assignment = round_assignment(ctrl, topic, fitting, profiles)
+        await execute(ctrl.set_assignment(topic, assignment, [], _round_note(fitting)))
+        await asyncio.sleep(settle_s)  # publishers follow their orders
+        results = await asyncio.gather(
+            *(measure(p.broker, p.publishers, p.window_s) for p in profiles)
+        )
+        cmds = fitting.on_round(dict(zip((p.broker for p in profiles), results, strict=True)))
+
+
+def _round_note(fitting: Fitting) -> str:
+    return f"fitting: iteration {len(fitting.rounds)}, round {fitting.rounds[-1] + 1}"
+
+
+def _note(progress: dict[str, Any], fitting: Fitting, cmds: Sequence[Command]) -> None:
+    progress["iteration"] = len(fitting.rounds)
+    progress["round"] = fitting.rounds[-1] if fitting.rounds else 0
+    progress["rounds"] = list(fitting.rounds)
+    progress["full"] = sorted(fitting.full)
+    progress["steps"] = [
+        asdict(s) | {"verdict": s.verdict.value, "p99_ms": _finite(s.p99_ms)}
+        for s in fitting.history
+    ]
+    for c in cmds:
+        if isinstance(c, UseBrokers):
+            progress["iteration_brokers"] = list(c.brokers)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def as_result(doc: Mapping[str, Any]) -> RoundResult:
+    p99 = doc.get("p99_ms")
+    return RoundResult(float("nan") if p99 is None else float(p99), int(doc.get("samples", 0)))

@@ -1,0 +1,95 @@
+"""Online fitting on a live cluster: the controller drives measurement rounds on real
+brokers while real publishers keep publishing and a subscriber consumes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from srtm.client import Publisher, Subscriber
+from srtm.launch import BrokerProcess, ServerProcess, start_broker, start_controller
+
+FIT = {"window_s": 0.4, "min_samples": 10, "settle_s": 0.3}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, list[BrokerProcess]]]:
+    ctrl = start_controller(tmp_path / "ctrl.db")
+    url = f"http://{ctrl.http_address}"
+    brokers = [
+        start_broker(tmp_path / f"b{i}", ["--broker-id", str(i), "--controller", url])
+        for i in (1, 2)
+    ]
+    try:
+        deadline = time.monotonic() + 10
+        while len(ctrl.json("/nodes")["producers"]) < 2:
+            assert time.monotonic() < deadline, "brokers did not register"
+            time.sleep(0.05)
+        yield ctrl, brokers
+    finally:
+        for b in brokers:
+            b.stop()
+        ctrl.stop()
+
+
+async def fit_with_traffic(ctrl: ServerProcess, name: str, slo_ms: float) -> dict[str, Any]:
+    url = f"http://{ctrl.http_address}"
+    doc = {
+        "name": name,
+        "slo_p99_ms": slo_ms,
+        "burst": 20,
+        "fit": FIT,
+        "publishers": [{"id": f"p{i}", "rate": 100, "group": f"g{i % 2}"} for i in range(6)],
+    }
+    created = json.loads(await asyncio.to_thread(ctrl.post, "/topics", json.dumps(doc).encode()))
+    assert created["status"] == "fitting"
+    sub = Subscriber(name, "c", controller=url, refresh_s=0.2)
+    await sub.start()
+    pubs = [Publisher(name, f"p{i}", controller=url, max_pending=20) for i in range(6)]
+    for p in pubs:
+        await p.start()
+    state: dict[str, Any] = {}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for p in pubs:
+            await p.publish()
+        await asyncio.sleep(0.01)
+        state = json.loads(await asyncio.to_thread(ctrl.get, f"/topics/{name}"))
+        if state["fitting"]["state"] != "running":
+            break
+    for p in pubs:
+        await p.close()
+    await sub.close()
+    return state
+
+
+async def test_a_topic_within_its_slo_is_confirmed_in_one_round(
+    cluster: tuple[ServerProcess, list[BrokerProcess]],
+) -> None:
+    ctrl, _ = cluster
+    state = await fit_with_traffic(ctrl, "easy", slo_ms=200.0)  # loopback: far below
+    fitting = state["fitting"]
+    assert fitting["state"] == "done" and fitting["rounds"] == [1]
+    (step,) = fitting["steps"]
+    assert step["verdict"] == "below" and step["samples"] >= 10
+    assert 0 < step["p99_ms"] < 200
+    assert state["status"] == "placed" and len(state["brokers"]) == 1
+
+
+async def test_an_impossible_slo_sheds_everything_and_terminates(
+    cluster: tuple[ServerProcess, list[BrokerProcess]],
+) -> None:
+    ctrl, _ = cluster
+    state = await fit_with_traffic(ctrl, "hard", slo_ms=0.000_1)  # 100 ns: always violated
+    fitting = state["fitting"]
+    assert fitting["state"] == "done"
+    assert len(fitting["rounds"]) == 2 and all(r >= 2 for r in fitting["rounds"])
+    assert sorted(fitting["full"]) == ["1", "2"]
+    assert {s["verdict"] for s in fitting["steps"]} <= {"violate", "unknown"}
+    assert state["status"] == "short" and len(state["unassigned"]) == 6
