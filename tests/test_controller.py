@@ -144,3 +144,47 @@ def test_plans_survive_a_controller_restart(
         assert again.json("/plan?topic=durable") == before
     finally:
         again.stop()
+
+
+def test_burst_profiled_from_a_trace(cluster: tuple[ServerProcess, list[BrokerProcess]]) -> None:
+    import numpy as np
+
+    from srtm.analysis import profile_bucket
+
+    ctrl, _ = cluster
+    rng = np.random.default_rng(7)
+    arrivals = np.cumsum(rng.exponential(1e6, 5_000)).astype(np.int64)  # ~1,000 msg/s
+    doc = {**topic_doc("profiled", n=10), "burst": "profile", "arrivals_ns": arrivals.tolist()}
+    created = create(ctrl, doc)
+    expected = profile_bucket(arrivals)
+    assert created["rate"] == pytest.approx(expected.rate)
+    assert created["burst"] == math.ceil(expected.burst)
+
+
+def test_a_dead_broker_is_marked_down_and_its_publishers_placed_again(tmp_path: Path) -> None:
+    ctrl = start_controller(tmp_path / "ctrl.db", ["--broker-timeout-s", "1"])
+    url = f"http://{ctrl.http_address}"
+    brokers = [
+        start_broker(
+            tmp_path / f"b{i}", ["--broker-id", str(i), "--controller", url, "--mcap", "600"]
+        )
+        for i in (1, 2)
+    ]
+    try:
+        wait_for(lambda: len(ctrl.json("/nodes")["producers"]) == 2, "brokers to register")
+        plan = create(ctrl, topic_doc("failover", n=80))  # 800 msg/s: both brokers
+        assert len(plan["brokers"]) == 2
+        brokers[1].proc.kill()
+        after = wait_for(
+            lambda: (p := ctrl.json("/plan?topic=failover"))["version"] > 1 and p,
+            "a new plan without the dead broker",
+        )
+        assert [b["id"] for b in after["brokers"]] == ["1"]
+        assert len(after["brokers"][0]["publishers"]) + len(after["unassigned"]) == 80
+        assert [p["tcp_port"] for p in ctrl.json("/lookup?topic=failover")["producers"]] == [
+            brokers[0].tcp[1]
+        ]
+    finally:
+        for b in brokers:
+            b.stop()
+        ctrl.stop()
