@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from nsq_raw import RawClient
-from srtm.launch import BrokerProcess, ServerProcess, start_broker, start_controller
+from srtm.launch import BrokerProcess, ServerProcess, start_cluster, start_controller
 from srtm.protocol import Pub
 
 
@@ -32,22 +32,16 @@ def wait_for(cond: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, list[BrokerProcess]]]:
-    ctrl = start_controller(tmp_path / "ctrl.db", ["--broker-timeout-s", "5"])
-    url = f"http://{ctrl.http_address}"
-    brokers = [
-        start_broker(
-            tmp_path / f"b{i}",
-            ["--broker-id", str(i), "--controller", url, "--mcap", "600", "--window-s", "2"],
-        )
-        for i in (1, 2)
-    ]
+    c = start_cluster(
+        tmp_path,
+        2,
+        broker_args=["--mcap", "600", "--window-s", "2"],
+        controller_args=["--broker-timeout-s", "5"],
+    )
     try:
-        wait_for(lambda: len(ctrl.json("/nodes")["producers"]) == 2, "brokers to register")
-        yield ctrl, brokers
+        yield c.controller, c.brokers
     finally:
-        for b in brokers:
-            b.stop()
-        ctrl.stop()
+        c.stop()
 
 
 def create(ctrl: ServerProcess, doc: dict[str, Any]) -> dict[str, Any]:
@@ -139,7 +133,7 @@ def test_plans_survive_a_controller_restart(
     before = ctrl.json("/plan?topic=durable")
     port = ctrl.http[1]
     assert ctrl.stop() == 0
-    again = start_controller(tmp_path / "ctrl.db", ["--http-address", f"127.0.0.1:{port}"])
+    again = start_controller(tmp_path / "controller.db", ["--http-address", f"127.0.0.1:{port}"])
     try:
         assert again.json("/plan?topic=durable") == before
     finally:
@@ -162,16 +156,11 @@ def test_burst_profiled_from_a_trace(cluster: tuple[ServerProcess, list[BrokerPr
 
 
 def test_a_dead_broker_is_marked_down_and_its_publishers_placed_again(tmp_path: Path) -> None:
-    ctrl = start_controller(tmp_path / "ctrl.db", ["--broker-timeout-s", "1"])
-    url = f"http://{ctrl.http_address}"
-    brokers = [
-        start_broker(
-            tmp_path / f"b{i}", ["--broker-id", str(i), "--controller", url, "--mcap", "600"]
-        )
-        for i in (1, 2)
-    ]
+    c = start_cluster(
+        tmp_path, 2, broker_args=["--mcap", "600"], controller_args=["--broker-timeout-s", "1"]
+    )
+    ctrl, brokers = c.controller, c.brokers
     try:
-        wait_for(lambda: len(ctrl.json("/nodes")["producers"]) == 2, "brokers to register")
         plan = create(ctrl, topic_doc("failover", n=80))  # 800 msg/s: both brokers
         assert len(plan["brokers"]) == 2
         brokers[1].proc.kill()
@@ -185,6 +174,4 @@ def test_a_dead_broker_is_marked_down_and_its_publishers_placed_again(tmp_path: 
             brokers[0].tcp[1]
         ]
     finally:
-        for b in brokers:
-            b.stop()
-        ctrl.stop()
+        c.stop()

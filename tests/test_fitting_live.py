@@ -13,29 +13,18 @@ from typing import Any
 import pytest
 
 from srtm.client import Publisher, Subscriber
-from srtm.launch import BrokerProcess, ServerProcess, start_broker, start_controller
+from srtm.launch import LocalCluster, ServerProcess, start_cluster
 
 FIT = {"window_s": 0.4, "min_samples": 10, "settle_s": 0.3}
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, list[BrokerProcess]]]:
-    ctrl = start_controller(tmp_path / "ctrl.db")
-    url = f"http://{ctrl.http_address}"
-    brokers = [
-        start_broker(tmp_path / f"b{i}", ["--broker-id", str(i), "--controller", url])
-        for i in (1, 2)
-    ]
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    c = start_cluster(tmp_path, 2)
     try:
-        deadline = time.monotonic() + 10
-        while len(ctrl.json("/nodes")["producers"]) < 2:
-            assert time.monotonic() < deadline, "brokers did not register"
-            time.sleep(0.05)
-        yield ctrl, brokers
+        yield c
     finally:
-        for b in brokers:
-            b.stop()
-        ctrl.stop()
+        c.stop()
 
 
 async def fit_with_traffic(ctrl: ServerProcess, name: str, slo_ms: float) -> dict[str, Any]:
@@ -70,9 +59,9 @@ async def fit_with_traffic(ctrl: ServerProcess, name: str, slo_ms: float) -> dic
 
 
 async def test_a_topic_within_its_slo_is_confirmed_in_one_round(
-    cluster: tuple[ServerProcess, list[BrokerProcess]],
+    cluster: LocalCluster,
 ) -> None:
-    ctrl, _ = cluster
+    ctrl = cluster.controller
     state = await fit_with_traffic(ctrl, "easy", slo_ms=200.0)  # loopback: far below
     fitting = state["fitting"]
     assert fitting["state"] == "done" and fitting["rounds"] == [1]
@@ -83,9 +72,9 @@ async def test_a_topic_within_its_slo_is_confirmed_in_one_round(
 
 
 async def test_an_impossible_slo_sheds_everything_and_terminates(
-    cluster: tuple[ServerProcess, list[BrokerProcess]],
+    cluster: LocalCluster,
 ) -> None:
-    ctrl, _ = cluster
+    ctrl = cluster.controller
     state = await fit_with_traffic(ctrl, "hard", slo_ms=0.000_1)  # 100 ns: always violated
     fitting = state["fitting"]
     assert fitting["state"] == "done"

@@ -15,34 +15,20 @@ import pytest
 
 from srtm.client import Publisher, Received, Subscriber
 from srtm.client import header as mheader
-from srtm.launch import BrokerProcess, ServerProcess, start_broker, start_controller
+from srtm.launch import LocalCluster, start_cluster
 
 N_PUBLISHERS = 6
 PER_PUBLISHER = 300
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, list[BrokerProcess]]]:
-    ctrl = start_controller(tmp_path / "ctrl.db")
-    url = f"http://{ctrl.http_address}"
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     traces = ["--trace-dir", str(tmp_path / "traces"), "--run", "move"]
-    brokers = [
-        start_broker(
-            tmp_path / f"b{i}",
-            ["--broker-id", str(i), "--controller", url, "--mcap", "5000", *traces],
-        )
-        for i in (1, 2, 3)
-    ]
+    c = start_cluster(tmp_path, 3, broker_args=["--mcap", "5000", *traces])
     try:
-        deadline = time.monotonic() + 10
-        while len(ctrl.json("/nodes")["producers"]) < 3:
-            assert time.monotonic() < deadline, "brokers did not register"
-            time.sleep(0.05)
-        yield ctrl, brokers
+        yield c
     finally:
-        for b in brokers:
-            b.stop()
-        ctrl.stop()
+        c.stop()
 
 
 async def publish_all(pubs: list[Publisher], rate: float) -> None:
@@ -57,10 +43,9 @@ async def publish_all(pubs: list[Publisher], rate: float) -> None:
 
 
 async def test_moving_publishers_loses_and_duplicates_nothing(
-    cluster: tuple[ServerProcess, list[BrokerProcess]], tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    ctrl, brokers = cluster
-    url = f"http://{ctrl.http_address}"
+    ctrl, brokers, url = cluster.controller, cluster.brokers, cluster.url
     doc = {
         "name": "moving",
         "slo_p99_ms": 5.0,

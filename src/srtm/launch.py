@@ -197,3 +197,50 @@ def start_controller(
     server = ServerProcess(proc, (m[1], int(m[2])))
     _drain(server)
     return server
+
+
+@dataclass
+class LocalCluster:
+    """A controller and brokers 1..n registered with it, all children of this process."""
+
+    controller: ServerProcess
+    brokers: list[BrokerProcess]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.controller.http_address}"
+
+    def stop(self) -> None:
+        for b in self.brokers:
+            if b.alive():
+                b.stop()
+            else:
+                b.proc.wait()
+        self.controller.stop()
+
+
+def start_cluster(
+    directory: Path,
+    brokers: int,
+    *,
+    broker_args: Sequence[str] = (),
+    controller_args: Sequence[str] = (),
+    timeout: float = 30.0,
+) -> LocalCluster:
+    """Start a controller and ``brokers`` brokers (ids 1..n, data under ``directory``) and
+    return once every broker has registered; on any failure nothing is left running."""
+    controller = start_controller(directory / "controller.db", controller_args)
+    cluster = LocalCluster(controller, [])
+    try:
+        for i in range(1, brokers + 1):
+            args = ["--broker-id", str(i), "--controller", cluster.url, *broker_args]
+            cluster.brokers.append(start_broker(directory / f"broker-{i}", args))
+        deadline = time.monotonic() + timeout
+        while len(controller.json("/nodes")["producers"]) < brokers:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only some of {brokers} brokers registered in {timeout} s")
+            time.sleep(0.05)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
