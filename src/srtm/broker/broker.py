@@ -439,8 +439,8 @@ class Broker:
         """Release shaped messages that are due; called between commands of a long read
         so that a busy connection cannot hold releases back for a whole loop turn."""
         due = self.next_release_ns
-        if due is not None and time.time_ns() >= due:
-            self._release_shaped(time.time_ns())
+        if due is not None and (now := time.time_ns()) >= due:
+            self._release_shaped(now)
 
     def _release_shaped(self, now: int) -> int | None:
         """Release every shaped message due by ``now``; returns the next release time."""
@@ -600,12 +600,11 @@ class Broker:
         rolled = time.monotonic()
         while True:
             await asyncio.sleep(0.1)
-            self.stats.stamp_gaps.flush()
-            recorders = [r for ts in self.stats.topics.values() for r in ts.recorders()]
+            recorders = self.stats.recorders()
             for rec in recorders:
                 rec.flush()
                 await asyncio.sleep(0)
-            del recorders
+            del recorders  # no reference to a deleted topic's histograms while sleeping
             if time.monotonic() - rolled >= 1.0:
                 rolled = time.monotonic()
                 self._refresh_rtts()

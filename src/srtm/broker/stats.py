@@ -206,8 +206,6 @@ class BrokerStats:
         if ts is not None:
             ts.channels.pop(channel, None)
 
-    def flush(self) -> None:
-        self.stamp_gaps.flush()
-        for ts in self.topics.values():
-            for rec in ts.recorders():
-                rec.flush()
+    def recorders(self) -> list[Recorder]:
+        """Every histogram it keeps (for flushing them one at a time)."""
+        return [self.stamp_gaps, *(r for ts in self.topics.values() for r in ts.recorders())]
