@@ -15,7 +15,7 @@ import pytest
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
 from srtm.protocol import Dpub as DpubCmd
-from srtm.protocol import Fin, FrameType, Mpub, Nop, Pub, Rdy, Sub, Touch
+from srtm.protocol import Fin, FrameType, Mpub, Nop, Pub, Rdy, Sub, Touch, header
 from srtm.ratelimit import check_conformance
 
 MakeBroker = Callable[..., Awaitable[Broker]]
@@ -192,6 +192,55 @@ async def test_shaped_burst_of_200_is_released_in_conformance(
     assert all(r["t_dispatch_ns"] >= r["t_release_ns"] >= r["t_arrive_ns"] for r in rows)
     # 190 messages beyond the burst at 1 ms each.
     assert releases[-1] - releases[0] >= 189_000_000
+
+
+async def test_capacity_emulates_a_server_after_the_bucket(
+    make_broker: MakeBroker, tmp_path: Path
+) -> None:
+    """With --capacity 1000, a 50-message burst through a (10,000/s, 50) bucket waits no
+    token but leaves the broker 1 ms apart: the D/1 server, in release order."""
+    broker = await make_broker(trace_dir=tmp_path / "traces", run="cap", capacity=1_000.0)
+    broker.set_bucket("slow", 10_000, 50)
+    c = await connect(broker)
+    await c.send(Sub("slow", "c"), Rdy(100))
+    assert await c.response() == b"OK"
+    p = await connect(broker)
+    await p.send(Mpub("slow", [b"%02d" % i for i in range(50)]))
+    assert await p.response() == b"OK"
+    msgs = [await c.message() for _ in range(50)]
+    assert [m.body for m in msgs] == [b"%02d" % i for i in range(50)]
+    await c.send(*[Fin(m.id) for m in msgs])
+    await broker.stop()
+    rows = pq.read_table(tmp_path / "traces" / "broker" / "run=cap").to_pylist()
+    assert len(rows) == 50
+    assert all(r["t_release_ns"] == r["t_arrive_ns"] for r in rows)  # no token wait
+    t0 = rows[0]["t_arrive_ns"]
+    dispatch = sorted(r["t_dispatch_ns"] - t0 for r in rows)
+    # The i-th leaves once i + 1 services are done, never earlier (a late wake-up can
+    # make one gap shorter, so the gaps themselves are not checked).
+    assert all(d >= (i + 1) * 1_000_000 for i, d in enumerate(dispatch))
+    assert dispatch[-1] < 50_000_000 + 20_000_000
+
+
+async def test_a_connection_can_attribute_messages_to_their_header(
+    make_broker: MakeBroker, tmp_path: Path
+) -> None:
+    """An emulator multiplexes publishers on one connection: the broker's trace rows name
+    the publisher each measurement header carries (other bodies: none)."""
+    broker = await make_broker(trace_dir=tmp_path / "traces", run="mux")
+    c = await connect(broker)
+    await c.send(Sub("mux", "c"), Rdy(10))
+    assert await c.response() == b"OK"
+    p = await connect(broker)
+    await p.identify(srtm_publisher="emulator-1", srtm_header_publisher=True)
+    bodies = [header.encode(header.Header(f"sensor-{i}", "g", i, 0), 100) for i in range(3)]
+    await p.send(Mpub("mux", [*bodies, b"opaque"]))
+    assert await p.response() == b"OK"
+    msgs = [await c.message() for _ in range(4)]
+    await c.send(*[Fin(m.id) for m in msgs])
+    await broker.stop()
+    rows = pq.read_table(tmp_path / "traces" / "broker" / "run=mux").to_pylist()
+    assert sorted(r["publisher"] for r in rows) == ["", "sensor-0", "sensor-1", "sensor-2"]
 
 
 async def test_retuning_a_bucket_keeps_its_state(make_broker: MakeBroker) -> None:

@@ -74,9 +74,13 @@ def test_the_adaptor_follows_reported_traffic_and_keeps_the_sum() -> None:
     c = cluster(2, mcap=600)
     c.create_topic(topic_of(100), "srtm", now=0)  # 1,000 msg/s over both
     before = dict(c.topics["t"].buckets)
-    c.report("b0", 900, {"t": (900.0, 30.0)}, now=1)
-    c.report("b1", 100, {"t": (100.0, 2.0)}, now=1)
-    actions = c.tick(now=1.5)
+    assert c.tick(now=1) == []  # a new plan: the windows still hold older traffic
+    c.report("b0", 900, {"t": (900.0, 30.0)}, now=11)
+    c.report("b1", 100, {"t": (100.0, 2.0)}, now=11)
+    assert c.tick(now=11.5) == [] and c.topics["t"].buckets == before  # still settling
+    c.report("b0", 900, {"t": (900.0, 30.0)}, now=12)
+    c.report("b1", 100, {"t": (100.0, 2.0)}, now=12)
+    actions = c.tick(now=12.5)
     after = c.topics["t"].buckets
     assert after["b0"].rate > 3 * after["b1"].rate
     assert {a.broker for a in actions if isinstance(a, SetBucket)} == {"b0", "b1"}

@@ -36,7 +36,8 @@ def cluster(tmp_path: Path) -> Iterator[tuple[ServerProcess, list[BrokerProcess]
         tmp_path,
         2,
         broker_args=["--mcap", "600", "--window-s", "2"],
-        controller_args=["--broker-timeout-s", "5"],
+        # The brokers' windows are 2 s here, so the adaptor need not wait the default 11 s.
+        controller_args=["--broker-timeout-s", "5", "--adapt-settle-s", "2"],
     )
     try:
         yield c.controller, c.brokers

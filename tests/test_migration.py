@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from srtm.client import Publisher, Received, Subscriber
-from srtm.client import header as mheader
 from srtm.launch import LocalCluster, start_cluster
+from srtm.protocol import header as mheader
 
 N_PUBLISHERS = 6
 PER_PUBLISHER = 300

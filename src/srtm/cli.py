@@ -254,6 +254,16 @@ def broker(
         float,
         typer.Option(help="Messages/s this broker can process, told to the controller.", min=1),
     ] = 110_000.0,
+    capacity: Annotated[
+        float,
+        typer.Option(
+            envvar="SRTM_CAPACITY",
+            help="Emulate a smaller instance: process at most this many messages/s, each "
+            "taking 1/CAPACITY s of one broker-wide server after its topic's bucket "
+            "releases it (0: no limit).",
+            min=0,
+        ),
+    ] = 0.0,
 ) -> None:
     """Run a broker: NSQ's TCP protocol V2 and nsqd's HTTP API, with per-topic shaping.
 
@@ -289,6 +299,7 @@ def broker(
             window_seconds=window_s,
             controller=controller,
             mcap=mcap,
+            capacity=capacity,
         )
 
         def ready(b: object) -> None:
@@ -423,6 +434,14 @@ def controller_command(
         float,
         typer.Option(help="TB Adaptor: ignore changes smaller than this fraction of a share."),
     ] = 0.1,
+    adapt_settle_s: Annotated[
+        float,
+        typer.Option(
+            help="TB Adaptor: after a plan change, wait this long (s) before adapting, until "
+            "the brokers' windows hold only traffic placed by the new plan.",
+            min=0,
+        ),
+    ] = 11.0,
 ) -> None:
     """Run the controller: broker registry, topics with SLOs, placement, plans, the TB
     Adaptor, nsqlookupd's /lookup; its state lives in --db. Stops on SIGTERM or Ctrl-C."""
@@ -438,7 +457,9 @@ def controller_command(
         db=db,
         broker_timeout_s=broker_timeout_s,
         tick_s=tick_s,
-        adaptor=AdaptorSettings(stale_after_s=stale_after_s, hysteresis=hysteresis),
+        adaptor=AdaptorSettings(
+            stale_after_s=stale_after_s, hysteresis=hysteresis, settle_s=adapt_settle_s
+        ),
     )
 
     def ready(service: ControllerService) -> None:
@@ -451,3 +472,4 @@ def controller_command(
     except (ValueError, OSError) as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
+

@@ -4,6 +4,7 @@ durable queues under ``data_dir`` and the graceful shutdown that fills them."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -26,6 +27,7 @@ from srtm.broker.tcp import Client, enable_kernel_timestamps
 from srtm.broker.timer import TimerFd
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_ephemeral, is_valid_name
+from srtm.protocol.header import publisher_of
 from srtm.ratelimit import BucketParams, TokenBucket
 
 log = logging.getLogger("srtm.broker")
@@ -82,6 +84,13 @@ class Broker:
         self.measurements: list[Measurement] = []
         #: Publisher name -> RTT of its connection, refreshed every second.
         self.publisher_rtt_ns: dict[str, int] = {}
+        #: The emulated processing server (``options.capacity``): a GCRA with one token is
+        #: a D/1 queue whose release times are when each service starts, in order.
+        cap = self.options.capacity
+        self._server = TokenBucket(cap, 1.0) if cap > 0 else None
+        self._service_ns = round(1e9 / cap) if cap > 0 else 0
+        #: Released by their buckets, waiting for the server: (done at, topic, message).
+        self._processing: collections.deque[tuple[int, Topic, Message]] = collections.deque()
 
     # -- queues --------------------------------------------------------------------------
     def _queue(self, key: str) -> MessageQueue:
@@ -162,6 +171,7 @@ class Broker:
             self._listener = None
         for client in list(self.clients):
             client.close()  # in-flight messages go back to their channel's queue
+        self._processed(None)  # what the emulated server still holds is owed too
         self._persist()
         if self.traces is not None:
             await self.traces.close()
@@ -385,26 +395,30 @@ class Broker:
 
     # -- publishing ----------------------------------------------------------------------
     def publish(
-        self, topic_name: str, bodies: Iterable[bytes], arrival: int, publisher: str
+        self, topic_name: str, bodies: Iterable[bytes], arrival: int, publisher: str | None
     ) -> None:
+        """Accept messages that arrived at ``arrival``; ``publisher`` None: each one is
+        attributed to the publisher its measurement header names."""
         topic = self.topic(topic_name)
         now = time.time_ns()
         n = 0
         backlog = 0.0
         for body in bodies:
-            b = topic.put(Message(self.ids.next(), body, now, arrival, publisher=publisher))
+            who = publisher_of(body) if publisher is None else publisher
+            b = topic.put(Message(self.ids.next(), body, now, arrival, publisher=who))
             backlog = max(backlog, b)
             n += 1
         self.stats.topic(topic_name).window.add(arrival, n, backlog)
         self._kick(topic)
 
     def publish_deferred(
-        self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str
+        self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None
     ) -> None:
         topic = self.topic(topic_name)
         now = time.time_ns()
+        who = publisher_of(body) if publisher is None else publisher
         topic.defer(
-            Message(self.ids.next(), body, now, arrival, publisher=publisher),
+            Message(self.ids.next(), body, now, arrival, publisher=who),
             now + defer_ms * 1_000_000,
         )
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
@@ -413,27 +427,58 @@ class Broker:
         if topic.bucket is None:
             self._release(topic, time.time_ns())
             return
-        nxt = topic.next_release_ns()
-        if nxt is not None and (self.next_release_ns is None or nxt < self.next_release_ns):
-            self.next_release_ns = nxt
+        self._wake(topic.next_release_ns())
+
+    def _wake(self, due: int | None) -> None:
+        """Make the release loop wake up by ``due``."""
+        if due is not None and (self.next_release_ns is None or due < self.next_release_ns):
+            self.next_release_ns = due
             if self._release_wakeup is not None:
                 self._release_wakeup.set()
 
     def _release(self, topic: Topic, upto: int, at_once: bool = False) -> None:
-        """Release what is due by ``upto`` to the channels; ``at_once`` dispatches and
-        sends now instead of at the end of the loop turn (for on-time shaped releases)."""
-        released = topic.release(upto)
+        """Release what is due by ``upto`` to the channels (or to the emulated server);
+        ``at_once`` dispatches and sends now instead of at the end of the loop turn (for
+        on-time shaped releases)."""
+        server = self._server
+        released = topic.release(upto, deliver=server is None)
         if not released:
             return
         if topic.bucket is not None:
             wait = self.stats.topic(topic.name).token_wait
             for r in released:
                 wait.add(r.due_ns - r.message.arrival_ns)
+        if server is not None:
+            for r in released:
+                done = server.reserve(at=r.due_ns).release_ns + self._service_ns
+                self._processing.append((done, topic, r.message))
+            self._wake(self._processing[0][0])
+            return
+        self._ready(topic, at_once)
+
+    def _ready(self, topic: Topic, at_once: bool) -> None:
         for ch in topic.channels.values():
             if at_once:
                 self._dispatch(ch, send=True)
             else:
                 self.mark_ready(ch)
+
+    def _processed(self, now: int | None) -> int | None:
+        """Deliver what the emulated server has finished by ``now`` (None: everything);
+        returns when the next one finishes."""
+        queue = self._processing
+        done: dict[str, Topic] = {}
+        while queue and (now is None or queue[0][0] <= now):
+            due, topic, msg = queue.popleft()
+            if self.topics.get(topic.name) is not topic:
+                continue  # deleted meanwhile
+            topic.deliver(msg)
+            done[topic.name] = topic
+            if now is not None:
+                self.stats.topic(topic.name).lateness.add(now - due)
+        for topic in done.values():
+            self._ready(topic, at_once=now is not None)
+        return queue[0][0] if queue else None
 
     def release_due(self) -> None:
         """Release shaped messages that are due; called between commands of a long read
@@ -443,7 +488,8 @@ class Broker:
             self._release_shaped(now)
 
     def _release_shaped(self, now: int) -> int | None:
-        """Release every shaped message due by ``now``; returns the next release time."""
+        """Release every shaped message due by ``now``, and what the emulated server has
+        processed; returns the next time something is due."""
         due = None
         for topic in list(self._shaped.values()):
             nxt = topic.next_release_ns()
@@ -452,6 +498,10 @@ class Broker:
             if nxt <= now:
                 self._release(topic, now, at_once=True)
                 nxt = topic.next_release_ns()
+            if nxt is not None and (due is None or nxt < due):
+                due = nxt
+        if self._processing:
+            nxt = self._processed(now)
             if nxt is not None and (due is None or nxt < due):
                 due = nxt
         self.next_release_ns = due
@@ -507,7 +557,7 @@ class Broker:
                 cs.token_wait.add(msg.release_ns - msg.arrival_ns)
             if first_channel:
                 ts.latency.add(latency)
-                if shaped:
+                if shaped and self._server is None:  # else measured when processed
                     ts.lateness.add(now - msg.release_ns)
                 if traces is not None:
                     traces.add(ch.topic, msg, now)

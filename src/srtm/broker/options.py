@@ -43,4 +43,7 @@ class BrokerOptions:
     controller: str | None = None
     #: Messages per second this broker can process (told to the controller).
     mcap: float = 110_000.0
+    #: Emulate a smaller instance: every message released by its topic's bucket then
+    #: takes 1/capacity s of a single broker-wide server, in release order (0: off).
+    capacity: float = 0.0
     report_interval_s: float = 1.0

@@ -330,20 +330,28 @@ class Topic:
             self.shaping.set_head_release(due)
         return due
 
-    def release(self, now: int) -> list[Released]:
-        """Release every message due by ``now`` to the channels (or hold it)."""
+    def release(self, now: int, deliver: bool = True) -> list[Released]:
+        """Take every message due by ``now`` off the bucket and, with ``deliver``, hand
+        it to the channels (else the caller delivers it later, e.g. after processing)."""
         out: list[Released] = []
         targets = list(self.channels.values())
         while (due := self.next_release_ns()) is not None and due <= now:
             msg = self.shaping.popleft()
             self._head_booking = None
             out.append(Released(msg, msg.release_ns))
-            if not targets:
-                self.held.append(msg)
-            else:
-                for ch in targets:
-                    ch.put(msg)  # queued as an immutable record: one per channel for free
+            if deliver:
+                self._deliver(msg, targets)
         return out
+
+    def deliver(self, msg: Message) -> None:
+        """A copy to every channel, or hold it for the first one."""
+        self._deliver(msg, list(self.channels.values()))
+
+    def _deliver(self, msg: Message, targets: list[Channel]) -> None:
+        if not targets:
+            self.held.append(msg)
+        for ch in targets:
+            ch.put(msg)  # queued as an immutable record: one per channel for free
 
     def head(self) -> Iterator[tuple[str, list[tuple[Message, int | None]]]]:
         """What the topic itself holds in memory, per queue key (for shutdown)."""

@@ -148,13 +148,13 @@ class Client:
         broker = self.broker
         match cmd:
             case Pub(topic, body):
-                broker.publish(topic, [body], arrival, self.publisher)
+                broker.publish(topic, [body], arrival, self._publisher)
                 self._published(topic, 1)
             case Mpub(topic, bodies):
-                broker.publish(topic, bodies, arrival, self.publisher)
+                broker.publish(topic, bodies, arrival, self._publisher)
                 self._published(topic, len(bodies))
             case Dpub(topic, defer_ms, body):
-                broker.publish_deferred(topic, body, defer_ms, arrival, self.publisher)
+                broker.publish_deferred(topic, body, defer_ms, arrival, self._publisher)
                 self._published(topic, 1)
             case Rdy(count):
                 self._rdy(count)
@@ -190,6 +190,14 @@ class Client:
     @property
     def publisher(self) -> str:
         return str(self.identity.get("srtm_publisher") or self.identity.get("client_id") or "")
+
+    @property
+    def _publisher(self) -> str | None:
+        """Who published what this connection sends; None: the publisher each message's
+        measurement header names (a workload emulator multiplexes many on one connection)."""
+        if self.identity.get("srtm_header_publisher") is True:
+            return None
+        return self.publisher
 
     def _identify(self, config: dict[str, Any]) -> None:
         if self.state is not State.INIT:

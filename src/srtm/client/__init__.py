@@ -1,8 +1,8 @@
-"""SRTM's client library: a plan-aware publisher that migrates without loss, a subscriber
-of every broker of a topic, and the measurement header."""
+"""SRTM's client library: a plan-aware publisher that migrates without loss, and a
+subscriber of every broker of a topic."""
 
-from srtm.client.header import Header
 from srtm.client.publisher import Publisher
 from srtm.client.subscriber import Received, Subscriber
+from srtm.protocol.header import Header
 
 __all__ = ["Header", "Publisher", "Received", "Subscriber"]

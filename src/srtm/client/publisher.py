@@ -20,9 +20,8 @@ from typing import Any
 
 import aiohttp
 
-from srtm.client import header
 from srtm.client.connection import Connection
-from srtm.protocol import Pub
+from srtm.protocol import Pub, header
 
 log = logging.getLogger("srtm.client")
 

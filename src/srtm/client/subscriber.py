@@ -16,10 +16,9 @@ from pathlib import Path
 import aiohttp
 from hdrh.histogram import HdrHistogram
 
-from srtm.client import header
 from srtm.client.connection import Connection
 from srtm.client.traces import SubscriberTraces
-from srtm.protocol import Fin, Message, Rdy, Sub
+from srtm.protocol import Fin, Message, Rdy, Sub, header
 
 
 @dataclass(frozen=True, slots=True)

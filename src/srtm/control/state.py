@@ -41,6 +41,9 @@ class TopicState:
     events: list[str] = field(default_factory=list)
     #: Online fitting's progress (None: not asked for).
     fitting: dict[str, Any] | None = None
+    #: The plan version the TB Adaptor last saw, and until when it leaves it alone.
+    adapted_version: int = 0
+    adapt_after_s: float = 0.0
 
     @property
     def status(self) -> str:
@@ -239,7 +242,10 @@ class Controller:
         return actions
 
     def _adapt(self, topic: TopicState, now: float) -> list[Action]:
-        if len(topic.buckets) < 2:
+        if topic.version != topic.adapted_version:  # a new plan: let the windows refill
+            topic.adapted_version = topic.version
+            topic.adapt_after_s = now + self.adaptor.settle_s
+        if len(topic.buckets) < 2 or now < topic.adapt_after_s:
             return []
         reports = {
             b: self.brokers[b].reports[topic.spec.name]

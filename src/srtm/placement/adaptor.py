@@ -35,6 +35,10 @@ class AdaptorSettings:
     #: Every reporting broker keeps at least this fraction of an even share of the rate,
     #: so a broker whose traffic paused can still release the first message that comes.
     min_rate_fraction: float = 0.01
+    #: After a plan change, wait this long before adapting: until the brokers' windows
+    #: (10 s) hold only traffic from after it, they under-report a broker that just
+    #: gained publishers, and following them would starve its sub-bucket.
+    settle_s: float = 11.0
 
 
 def adapt(

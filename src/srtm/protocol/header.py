@@ -2,7 +2,9 @@
 
 Fixed 70 bytes: magic ``SRTM``, version, flags, sequence number, send time (ns,
 CLOCK_REALTIME), publisher id and correlation group (UTF-8, NUL-padded to 24 bytes),
-then padding up to the message size. Brokers treat bodies as opaque.
+then padding up to the message size. Brokers treat bodies as opaque, except that a
+connection may ask the broker to attribute each message to the publisher its header
+names (``publisher_of``): one connection then carries many emulated publishers.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ VERSION = 1
 _HEADER = struct.Struct(">4sBBQq24s24s")
 SIZE = _HEADER.size  # 70
 _ID_BYTES = 24
+_PUBLISHER_AT = 22  # magic, version, flags, seq, send time
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +56,11 @@ def decode(body: bytes) -> Header | None:
     _, _, _, seq, send_ns, pub, group = _HEADER.unpack_from(body)
     g = group.rstrip(b"\0").decode(errors="replace")
     return Header(pub.rstrip(b"\0").decode(errors="replace"), g or None, seq, send_ns)
+
+
+def publisher_of(body: bytes) -> str:
+    """The publisher a workload message's header names ("" for any other body); cheap,
+    for the broker's hot path."""
+    if body[:4] != MAGIC or len(body) < SIZE:
+        return ""
+    return body[_PUBLISHER_AT : _PUBLISHER_AT + _ID_BYTES].rstrip(b"\0").decode(errors="replace")
