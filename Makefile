@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Type-checked strictly: the pure core, and the broker built on it.
-CORE := src/srtm/ratelimit src/srtm/analysis src/srtm/protocol src/srtm/placement src/srtm/broker src/srtm/control src/srtm/client src/srtm/workload src/srtm/launch.py
+CORE := src/srtm/ratelimit src/srtm/analysis src/srtm/protocol src/srtm/placement src/srtm/broker src/srtm/control src/srtm/client src/srtm/workload src/srtm/experiments src/srtm/launch.py
 
 .PHONY: demo test lint typecheck bench clean
 
@@ -20,7 +20,7 @@ $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 demo: $(VENV)/.test-installed
-	$(BIN)/srtm drl-penalty
+	$(BIN)/srtm demo
 
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check src tests benchmarks

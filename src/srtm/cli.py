@@ -473,3 +473,9 @@ def controller_command(
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
 
+
+from srtm.experiments.cli import app as experiment_app  # noqa: E402
+from srtm.experiments.cli import demo  # noqa: E402
+
+app.add_typer(experiment_app, name="experiment")
+app.command("demo")(demo)

@@ -9,6 +9,7 @@ full pipe; ``stop`` is SIGTERM (a graceful stop that persists), then a kill if i
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import re
 import selectors
@@ -96,6 +97,20 @@ class BrokerProcess(ServerProcess):
         q = f"&topic={topic}" if topic else ""
         doc: dict[str, Any] = self.json(f"/stats?format=json{q}")
         return doc
+
+
+def die_with_parent() -> None:
+    """For ``preexec_fn``: the child gets SIGTERM when the process that started it dies
+    (Linux), so a killed experiment leaves no server behind. The parent must start it
+    from a thread that lives as long as the child (the main thread)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _pump(stream: IO[str], tail: collections.deque[str]) -> None:
@@ -186,12 +201,13 @@ def start_controller(
     args: Sequence[str] = (),
     *,
     stderr: IO[str] | int | None = None,
+    preexec_fn: Callable[[], None] | None = None,
     timeout: float = 30.0,
 ) -> ServerProcess:
     """Start ``srtm controller`` on 127.0.0.1 (ephemeral port) with its state in ``db``."""
     cmd = ["controller", "--http-address", "127.0.0.1:0", "--db", str(db), *args]
     proc, m = _start(
-        cmd, _CONTROLLER_READY, stderr=stderr, new_session=False, preexec_fn=None,
+        cmd, _CONTROLLER_READY, stderr=stderr, new_session=False, preexec_fn=preexec_fn,
         timeout=timeout,
     )  # fmt: skip
     server = ServerProcess(proc, (m[1], int(m[2])))
@@ -225,16 +241,19 @@ def start_cluster(
     *,
     broker_args: Sequence[str] = (),
     controller_args: Sequence[str] = (),
+    tie_to_parent: bool = False,
     timeout: float = 30.0,
 ) -> LocalCluster:
     """Start a controller and ``brokers`` brokers (ids 1..n, data under ``directory``) and
-    return once every broker has registered; on any failure nothing is left running."""
-    controller = start_controller(directory / "controller.db", controller_args)
+    return once every broker has registered; on any failure nothing is left running.
+    ``tie_to_parent``: they get SIGTERM if this process dies (``die_with_parent``)."""
+    pre = die_with_parent if tie_to_parent else None
+    controller = start_controller(directory / "controller.db", controller_args, preexec_fn=pre)
     cluster = LocalCluster(controller, [])
     try:
         for i in range(1, brokers + 1):
             args = ["--broker-id", str(i), "--controller", cluster.url, *broker_args]
-            cluster.brokers.append(start_broker(directory / f"broker-{i}", args))
+            cluster.brokers.append(start_broker(directory / f"broker-{i}", args, preexec_fn=pre))
         deadline = time.monotonic() + timeout
         while len(controller.json("/nodes")["producers"]) < brokers:
             if time.monotonic() > deadline:

@@ -1,0 +1,1 @@
+"""The paper's experiments, live and simulated, and their reports."""

@@ -1,0 +1,134 @@
+"""A run's traces, analysed in process (pandas): the join of broker-side and subscriber-side
+rows on (broker, msg_id), latency percentiles, the DRL penalty's share, and the
+published = delivered accounting.
+
+Percentiles are numpy's default (linear interpolation between closest ranks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+QUANTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+
+
+@dataclass(frozen=True)
+class Window:
+    """Messages sent in [start_ns, end_ns) are the measured ones."""
+
+    start_ns: int
+    end_ns: int
+
+
+def _read(directory: Path, columns: list[str]) -> pd.DataFrame:
+    files = sorted(p for p in directory.glob("*.parquet") if not p.name.startswith("."))
+    if not files:
+        return pd.DataFrame({c: pd.Series(dtype="object") for c in columns})
+    return pq.read_table(files, columns=columns).to_pandas()
+
+
+def load(traces: Path, run: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(broker rows, subscriber rows) of ``run``."""
+    broker = _read(
+        traces / "broker" / f"run={run}",
+        ["broker", "topic", "msg_id", "publisher", "t_arrive_ns", "t_release_ns", "t_dispatch_ns"],
+    )
+    sub = _read(
+        traces / "subscriber" / f"run={run}",
+        ["broker", "topic", "msg_id", "publisher", "group", "seq", "t_send_ns", "t_recv_ns"],
+    )
+    return broker, sub
+
+
+def percentiles_ms(values_ns: np.ndarray[Any, Any]) -> dict[str, float]:
+    if values_ns.size == 0:
+        return {k: float("nan") for k in QUANTILES}
+    q = np.percentile(values_ns, list(QUANTILES.values())) / 1e6
+    return dict(zip(QUANTILES, (float(x) for x in q), strict=True))
+
+
+def accounting(sub: pd.DataFrame, published: Mapping[str, int]) -> dict[str, int]:
+    """Published (per publisher, sequence numbers 0..n-1 acknowledged) against delivered
+    (distinct (publisher, seq) the subscriber saw)."""
+    pairs = sub[["publisher", "seq"]].drop_duplicates()
+    sent = sum(published.values())
+    n_pub = pairs["publisher"].map(published).fillna(0).to_numpy()
+    expected = pairs["seq"].to_numpy() < n_pub
+    delivered_expected = int(expected.sum())
+    return {
+        "published": sent,
+        "delivered": len(pairs),
+        "lost": sent - delivered_expected,
+        "unexpected": len(pairs) - delivered_expected,
+        "duplicates": int(len(sub) - len(pairs)),
+    }
+
+
+def summarize(
+    broker: pd.DataFrame, sub: pd.DataFrame, window: Window, slo_ms: float
+) -> dict[str, Any]:
+    """Latency of the measured messages, end to end and split into token wait and the
+    rest; per broker; with how much of the tail the token bucket accounts for."""
+    measured = sub[(sub["t_send_ns"] >= window.start_ns) & (sub["t_send_ns"] < window.end_ns)]
+    measured = measured.drop_duplicates(["broker", "msg_id"])
+    joined = measured.merge(
+        broker[["broker", "msg_id", "t_arrive_ns", "t_release_ns", "t_dispatch_ns"]],
+        on=["broker", "msg_id"],
+        how="left",
+    )
+    e2e = (joined["t_recv_ns"] - joined["t_send_ns"]).to_numpy(np.int64)
+    has_broker = joined["t_arrive_ns"].notna().to_numpy()
+    token = (joined["t_release_ns"] - joined["t_arrive_ns"]).to_numpy(np.float64)
+    processing = (joined["t_dispatch_ns"] - joined["t_release_ns"]).to_numpy(np.float64)
+    out: dict[str, Any] = {"messages": len(joined), "joined": int(has_broker.sum())}
+    out["e2e_ms"] = percentiles_ms(e2e)
+    out["token_wait_ms"] = percentiles_ms(token[has_broker])
+    out["processing_ms"] = percentiles_ms(processing[has_broker])
+    # The rest: publisher to broker, and broker to subscriber (sockets, both clients' loops).
+    transit = e2e - (joined["t_dispatch_ns"] - joined["t_arrive_ns"]).to_numpy(np.float64)
+    out["transit_ms"] = percentiles_ms(transit[has_broker])
+    out["slo_violations"] = float((e2e > slo_ms * 1e6).mean()) if e2e.size else 0.0
+    out["token_share"] = _share(token[has_broker], e2e[has_broker])
+    if e2e.size:
+        tail = has_broker & (e2e >= np.percentile(e2e, 99))
+        out["token_share_tail"] = _share(token[tail], e2e[tail])
+    else:
+        out["token_share_tail"] = 0.0
+    per_broker = {}
+    for b, rows in joined.groupby("broker", sort=True):
+        lat = (rows["t_recv_ns"] - rows["t_send_ns"]).to_numpy(np.int64)
+        per_broker[str(b)] = {"messages": len(rows)} | percentiles_ms(lat)
+    out["per_broker"] = per_broker
+    out["brokers_used"] = len(per_broker)
+    return out
+
+
+def _share(part: np.ndarray[Any, Any], whole: np.ndarray[Any, Any]) -> float:
+    total = float(np.sum(whole))
+    return float(np.sum(part)) / total if total > 0 else 0.0
+
+
+def cdf(
+    values_ms: np.ndarray[Any, Any], points: int = 400
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """An empirical CDF thinned to about ``points`` points (for plots)."""
+    x = np.sort(values_ms)
+    if x.size == 0:
+        return x, x
+    idx = np.unique(np.linspace(0, x.size - 1, min(points, x.size)).astype(int))
+    return x[idx], (idx + 1) / x.size
+
+
+def e2e_ms(sub: pd.DataFrame, window: Window) -> np.ndarray[Any, Any]:
+    """End-to-end latencies (ms) of the measured messages (for plots)."""
+    m = sub[(sub["t_send_ns"] >= window.start_ns) & (sub["t_send_ns"] < window.end_ns)]
+    m = m.drop_duplicates(["broker", "msg_id"])
+    lat: np.ndarray[Any, Any] = (m["t_recv_ns"] - m["t_send_ns"]).to_numpy(np.int64) / 1e6
+    return lat

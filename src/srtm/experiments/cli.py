@@ -1,0 +1,256 @@
+"""``srtm experiment …`` and ``srtm demo``: live runs with progress bars, comparison tables,
+plots and an HTML report."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from srtm.experiments import scenarios
+
+if TYPE_CHECKING:
+    from srtm.experiments.live import OnProgress
+
+# live and report (pandas, pyarrow) are imported where used: `srtm broker` starts through
+# this same command line and should not pay for them.
+
+app = typer.Typer(help="Run the paper's experiments: live on local brokers, or simulated.")
+console = Console(stderr=True)
+
+ScenarioArg = Annotated[
+    str,
+    typer.Argument(
+        help="A shipped scenario (see `srtm experiment list`), a TOML file, or with --sim "
+        "one of the paper's figures (fig4 … fig9, table1)."
+    ),
+]
+OutOpt = Annotated[
+    Path, typer.Option(help="Where traces, summaries, plots and the report are written.")
+]
+DurationOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="Seconds of the measured window per policy (default: the scenario's).", min=1
+    ),
+]
+WarmupOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="Seconds of traffic before the measured window (fitting runs in it; default: "
+        "the scenario's).",
+        min=0,
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the result as one JSON document at the end.")
+]
+
+
+@contextmanager
+def _progress(label: str) -> Iterator[OnProgress]:
+    """A rich progress bar per run, following the phases ``live.run`` reports."""
+    with Progress(
+        TextColumn("[bold]{task.fields[label]}[/bold] {task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("starting", total=1.0, label=label)
+
+        def update(phase: str, done: float, total: float) -> None:
+            share = done / total if total > 0 else 1.0
+            bar.update(task, description=phase, completed=min(1.0, max(0.0, share)))
+
+        yield update
+        bar.update(task, description="done", completed=1.0)
+
+
+def _load(name: str) -> scenarios.Scenario:
+    try:
+        return scenarios.load(name)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+
+
+def run_policies(
+    sc: scenarios.Scenario,
+    policies: Sequence[str],
+    out: Path,
+    duration: float | None,
+    warmup: float | None,
+) -> list[dict[str, Any]]:
+    from srtm.experiments import live
+
+    summaries = []
+    for policy in policies:
+        with _progress(f"{sc.name} / {policy}") as update:
+            summaries.append(
+                live.run(sc, policy, out, duration_s=duration, warmup_s=warmup, on_progress=update)
+            )
+    return summaries
+
+
+def print_table(summaries: Sequence[dict[str, Any]], title: str) -> None:
+    from srtm.experiments import report
+
+    table = Table(title=title)
+    for heading, _, _ in report.COLUMNS:
+        table.add_column(heading, justify="left" if heading == "policy" else "right")
+    for row in report.rows(summaries):
+        table.add_row(*row)
+    Console().print(table)
+    Console().print(report.LEGEND, style="dim")
+    for s in summaries:
+        acc = s["accounting"]
+        same = "=" if acc["published"] == acc["delivered"] and acc["lost"] == 0 else "≠"
+        Console().print(
+            f"{s['policy']}: published {acc['published']:,} {same} delivered "
+            f"{acc['delivered']:,} (lost {acc['lost']}, duplicates {acc['duplicates']}); "
+            f"send lateness p99 {s['emulator']['send_lateness']['p99_us'] / 1e3:.2f} ms"
+        )
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in names if p not in scenarios.POLICY_NAMES]
+    if bad or not names:
+        raise typer.BadParameter(
+            f"policies are {', '.join(scenarios.POLICY_NAMES)}; got {text!r}", param_hint="--policy"
+        )
+    return names
+
+
+@app.command("list")
+def list_scenarios() -> None:
+    """The shipped live scenarios."""
+    table = Table(title="live scenarios")
+    for col in ("name", "brokers", "capacity msg/s", "load msg/s", "SLO p99 ms", "description"):
+        table.add_column(col)
+    for name in scenarios.available():
+        sc = scenarios.load(name)
+        table.add_row(
+            name, str(sc.brokers), f"{sc.capacity:,.0f}", f"{sc.rate:,.0f}",
+            f"{sc.slo_p99_ms:g}", sc.description,
+        )  # fmt: skip
+    Console().print(table)
+
+
+@app.command("run")
+def run_cmd(
+    scenario: ScenarioArg,
+    policy: Annotated[
+        str, typer.Option(help="Placement policy: lb, conc, maxmin or srtm.")
+    ] = "srtm",
+    duration: DurationOpt = None,
+    warmup: WarmupOpt = None,
+    out: OutOpt = Path("out/experiments"),
+    sim: Annotated[
+        bool,
+        typer.Option(help="Simulate one of the paper's figures at full scale instead."),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
+    the workload, collect traces, stop everything, and print the summary."""
+    if sim:
+        _run_sim(scenario, out, as_json)
+        return
+    sc = _load(scenario)
+    summaries = run_policies(sc, _policies(policy), out, duration, warmup)
+    print_table(summaries, f"{sc.name}: SLO p99 ≤ {sc.slo_p99_ms:g} ms")
+    console.print(f"summaries and traces under {out}")
+    if as_json:
+        from srtm.experiments import report
+
+        print(json.dumps(report.compact(summaries)))
+
+
+@app.command("compare")
+def compare_cmd(
+    scenario: ScenarioArg,
+    policies: Annotated[
+        str, typer.Option("--policies", help="Comma-separated policies to run, in order.")
+    ] = "lb,conc,maxmin,srtm",
+    duration: DurationOpt = None,
+    warmup: WarmupOpt = None,
+    out: OutOpt = Path("out/experiments"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Run SCENARIO under several policies and print them side by side, with plots and an
+    HTML report in OUT."""
+    sc = _load(scenario)
+    summaries = run_policies(sc, _policies(policies), out, duration, warmup)
+    _finish(sc, summaries, out, as_json)
+
+
+def _finish(
+    sc: scenarios.Scenario, summaries: list[dict[str, Any]], out: Path, as_json: bool
+) -> None:
+    from srtm.experiments import report
+
+    print_table(summaries, f"{sc.name}: SLO p99 ≤ {sc.slo_p99_ms:g} ms")
+    images = report.plots(summaries, out / "traces", out)
+    page = report.write_html(summaries, images, out, sc)
+    console.print(f"report: {page}")
+    if as_json:
+        print(json.dumps(report.compact(summaries)))
+
+
+def _run_sim(name: str, out: Path, as_json: bool) -> None:
+    try:
+        from srtm.experiments import figures
+    except ImportError as exc:
+        console.print(f"[red]error:[/red] the simulator is not available: {exc}")
+        raise typer.Exit(2) from exc
+    try:
+        result = figures.run_figure(name, out)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    table = Table(title=f"{result.title} (simulated in {result.elapsed_s:.1f} s)")
+    for col in result.columns:
+        table.add_column(str(col))
+    for row in result.rows:
+        table.add_row(*(f"{x:.4g}" if isinstance(x, float) else str(x) for x in row))
+    Console().print(table)
+    for f in result.files:
+        console.print(f"wrote {f}")
+    if as_json:
+        print(json.dumps(result.data))
+
+
+def demo(
+    duration: Annotated[
+        float,
+        typer.Option(help="Seconds measured per policy (after a short warm-up).", min=1),
+    ] = 30.0,
+    warmup: Annotated[
+        float, typer.Option(help="Seconds of traffic before measuring (fitting runs in it).", min=0)
+    ] = 5.0,
+    out: Annotated[
+        Path, typer.Option(help="Where traces, plots and report.html are written.")
+    ] = Path("out/demo"),
+    as_json: JsonOpt = False,
+) -> None:
+    """The main job: correlated sensors on a local cluster, once placed by load balancing
+    (LB) and once by SRTM; a comparison table, and OUT/report.html with plots."""
+    sc = _load("correlated-sensors")
+    started = time.monotonic()
+    console.print(
+        f"[bold]{sc.name}[/bold]: {sc.description}\nSLO p99 ≤ {sc.slo_p99_ms:g} ms; "
+        f"{sc.brokers} brokers on 127.0.0.1; {duration:g} s measured per policy."
+    )
+    summaries = run_policies(sc, ["lb", "srtm"], out, duration, warmup)
+    _finish(sc, summaries, out, as_json)
+    console.print(f"finished in {time.monotonic() - started:.0f} s")

@@ -1,0 +1,378 @@
+"""A scenario run live on 127.0.0.1: a controller and capacity-limited brokers as child
+processes, the topic created with its SLO and placed (and fitted) by the controller, the
+workload emulated, every message traced on both sides, then everything stopped and the
+traces analysed.
+
+Timeline of a run: warm-up traffic (fitting runs in it, the TB Adaptor settles), then the
+measured window of ``duration_s``; sending stops at its end, and the run waits until the
+subscriber has everything the brokers acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from srtm.analysis import profile_bucket
+from srtm.experiments import analysis
+from srtm.experiments.scenarios import POLICY_NAMES, Scenario
+from srtm.launch import LocalCluster, die_with_parent, start_cluster
+from srtm.workload import PublisherSpec, build
+from srtm.workload.emulator import Emulator, EmulatorReport, follow_plan
+
+#: (phase, done, total): what a run is doing, for progress bars.
+OnProgress = Callable[[str, float, float], None]
+#: Longest the warm-up waits for fitting before measuring anyway.
+FIT_BUDGET_S = 60.0
+#: Traffic after fitting before the measured window starts (moves settle, adaptor acts).
+SETTLE_S = 2.0
+
+
+@dataclass
+class RunInfo:
+    """What the driver learned while running (the rest comes from the traces)."""
+
+    run: str
+    policy: str
+    rate: float = 0.0
+    burst: float = 0.0
+    window: analysis.Window = field(default_factory=lambda: analysis.Window(0, 0))
+    fitting: dict[str, Any] | None = None
+    plan: dict[str, Any] = field(default_factory=dict)
+    emulator: EmulatorReport | None = None
+    subscriber_received: int = 0
+
+
+def run_name(sc: Scenario, policy: str) -> str:
+    return f"{sc.name}-{policy}"
+
+
+def run(
+    sc: Scenario,
+    policy: str,
+    out: Path,
+    *,
+    duration_s: float | None = None,
+    warmup_s: float | None = None,
+    on_progress: OnProgress | None = None,
+) -> dict[str, Any]:
+    """Run ``sc`` under ``policy``; write traces under ``out/traces`` and the summary to
+    ``out/<run>.json``; return the summary. Nothing is left running, even on Ctrl-C."""
+    if policy not in POLICY_NAMES:
+        raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}, got {policy!r}")
+    duration = sc.duration_s if duration_s is None else duration_s
+    warmup = sc.warmup_s if warmup_s is None else warmup_s
+    if duration <= 0 or warmup < 0:
+        raise ValueError("duration must be > 0 and warm-up >= 0")
+    name = run_name(sc, policy)
+    traces = out / "traces"
+    _clear_run(traces, name)
+    cluster_dir = out / "cluster" / policy
+    shutil.rmtree(cluster_dir, ignore_errors=True)
+    progress = on_progress or (lambda *_: None)
+    progress("starting brokers", 0, 1)
+    broker_args = [
+        "--capacity", repr(sc.capacity), "--mcap", repr(sc.mcap),
+        "--trace-dir", str(traces), "--run", name,
+        # Releases are ms apart here: no spinning, or 4 brokers would need 4 cores.
+        "--release-spin-us", "0",
+    ]  # fmt: skip
+    cluster = start_cluster(cluster_dir, sc.brokers, broker_args=broker_args, tie_to_parent=True)
+    info = RunInfo(name, policy)
+    try:
+        progress("starting brokers", 1, 1)
+        _run_async(_drive(sc, policy, cluster, traces, info, duration, warmup, progress))
+    finally:
+        progress("stopping", 0, 1)
+        cluster.stop()  # brokers flush their traces on the way out
+    progress("analysing", 0, 1)
+    summary = _summarize(sc, info, traces, duration)
+    (traces / "runs").mkdir(parents=True, exist_ok=True)
+    (traces / "runs" / f"{name}.json").write_text(json.dumps(_metadata(sc, info), indent=2))
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=2))
+    progress("analysing", 1, 1)
+    return summary
+
+
+def _clear_run(traces: Path, name: str) -> None:
+    """Re-running a scenario replaces its earlier traces."""
+    for side in ("broker", "subscriber"):
+        shutil.rmtree(traces / side / f"run={name}", ignore_errors=True)
+    (traces / "runs" / f"{name}.json").unlink(missing_ok=True)
+
+
+def _run_async(coro: Any) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:
+        asyncio.run(coro)
+
+
+def profile(sc: Scenario) -> tuple[float, float]:
+    """The topic's (r, b), profiled as the paper does from a trace of its own workload (a
+    different seed from the one the run sends)."""
+    sample = build(sc.specs(), 10.0, spread_s=sc.spread_ms / 1e3, seed=sc.seed + 10_000)
+    params = profile_bucket(sample.arrivals_ns(), sc.rate_factor)
+    return params.rate, max(1.0, float(round(params.burst)))
+
+
+def topic_document(sc: Scenario, policy: str, specs: list[PublisherSpec]) -> dict[str, Any]:
+    rate, burst = profile(sc)
+    doc: dict[str, Any] = {
+        "name": sc.topic, "slo_p99_ms": sc.slo_p99_ms, "rate": rate, "burst": burst,
+        "policy": policy,
+        "publishers": [{"id": p.id, "rate": p.rate, "group": p.group} for p in specs],
+    }  # fmt: skip
+    if sc.fit is not None and policy != "lb":  # LB is the baseline: it places, no more
+        doc["fit"] = asdict(sc.fit)
+    return doc
+
+
+async def _drive(
+    sc: Scenario,
+    policy: str,
+    cluster: LocalCluster,
+    traces: Path,
+    info: RunInfo,
+    duration: float,
+    warmup: float,
+    progress: OnProgress,
+) -> None:
+    url = cluster.url
+    specs = sc.specs()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        preload = await _start_preload(sc, cluster)
+        sink = Sink(url, sc.topic, traces, info.run)
+        try:
+            doc = topic_document(sc, policy, specs)
+            info.rate, info.burst = doc["rate"], doc["burst"]
+            async with http.post(f"{url}/topics", json=doc) as r:
+                body = await r.json()
+                if r.status != 201:
+                    raise RuntimeError(f"the controller refused the topic: {body.get('message')}")
+            plan = await _get(http, f"{url}/plan?topic={sc.topic}")
+            await sink.wait_brokers(len(plan["brokers"]))
+            total_s = warmup + duration + (FIT_BUDGET_S if "fit" in doc else 0.0)
+            schedule = build(specs, total_s, spread_s=sc.spread_ms / 1e3, seed=sc.seed)
+            emulator = Emulator(schedule, sc.topic, {}, message_size=sc.message_size)
+            following = asyncio.create_task(follow_plan(emulator, url, sc.topic, 0.1))
+            await asyncio.sleep(0.3)  # the first routes
+            sending = asyncio.create_task(emulator.run())
+            t0 = time.time_ns()
+            try:
+                start = await _warm_up(http, url, sc, "fit" in doc, warmup, t0, progress, info)
+                end = start + int(duration * 1e9)
+                info.window = analysis.Window(start, end)
+                emulator.stop_at(end)
+                await _measure(end, duration, progress)
+                info.emulator = await sending
+            finally:
+                following.cancel()
+                sending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await following
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sending
+                await emulator.close()
+            info.plan = await _get(http, f"{url}/plan?topic={sc.topic}")
+            progress("draining", 0, 1)
+            info.subscriber_received = await sink.until(info.emulator.acknowledged, 30.0)
+            progress("draining", 1, 1)
+        finally:
+            info.subscriber_received = max(info.subscriber_received, sink.stop())
+            if preload is not None:
+                preload.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await preload
+
+
+async def _get(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.get(url) as r:
+        doc: dict[str, Any] = await r.json()
+        if r.status != 200:
+            raise RuntimeError(f"GET {url}: {doc.get('message')}")
+        return doc
+
+
+async def _warm_up(
+    http: aiohttp.ClientSession,
+    url: str,
+    sc: Scenario,
+    fitting: bool,
+    warmup: float,
+    t0: int,
+    progress: OnProgress,
+    info: RunInfo,
+) -> int:
+    """Wait out the warm-up (and fitting); returns when the measured window starts."""
+    ready_at = t0 + int(warmup * 1e9)
+    if fitting:
+        deadline = time.monotonic() + FIT_BUDGET_S
+        while time.monotonic() < deadline:
+            doc = await _get(http, f"{url}/topics/{sc.topic}")
+            info.fitting = doc.get("fitting")
+            state = (info.fitting or {}).get("state")
+            rounds = sum((info.fitting or {}).get("rounds", []))
+            progress(f"fitting (round {rounds + 1})", 0, 1)
+            if state in ("done", "failed"):
+                break
+            await asyncio.sleep(0.25)
+        progress("fitting", 1, 1)
+        ready_at = max(ready_at, time.time_ns() + int(SETTLE_S * 1e9))
+    while (left := ready_at - time.time_ns()) > 0:
+        progress("warming up", warmup - left / 1e9, max(warmup, 1e-9))
+        await asyncio.sleep(min(0.25, left / 1e9))
+    return ready_at
+
+
+async def _measure(end: int, duration: float, progress: OnProgress) -> None:
+    while (left := end - time.time_ns()) > 0:
+        progress("measuring", duration - left / 1e9, duration)
+        await asyncio.sleep(min(0.25, left / 1e9))
+    progress("measuring", duration, duration)
+
+
+async def _start_preload(sc: Scenario, cluster: LocalCluster) -> asyncio.Task[Any] | None:
+    """Background topics on the preloaded brokers, running until cancelled; returns once
+    the brokers have reported the load (so the controller places around it)."""
+    if not sc.preload:
+        return None
+    specs, routes = [], {}
+    for p in sc.preload:
+        address = cluster.brokers[p.broker - 1].tcp_address
+        for i in range(10):
+            pid = f"preload-{p.broker}-{i}"
+            specs.append(PublisherSpec(pid, p.rate / 10, "poisson"))
+            routes[pid] = address
+    schedule = build(specs, 3_600.0, seed=sc.seed + 20_000)
+    emulator = Emulator(schedule, "preload", routes, message_size=sc.message_size, name="preload")
+
+    async def send() -> None:
+        try:
+            await emulator.run()
+        finally:
+            await emulator.close()
+
+    task = asyncio.create_task(send())
+    await asyncio.sleep(2.5)  # two reports: the controller knows each broker's load
+    return task
+
+
+class Sink:
+    """The subscriber process (``srtm.experiments.sink``) and what it last printed."""
+
+    def __init__(self, controller: str, topic: str, traces: Path, run: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "srtm.experiments.sink", controller, topic, str(traces), run],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=die_with_parent,
+        )
+        self.received = 0
+        self.brokers = 0
+        self.done: int | None = None
+        assert self.proc.stdout is not None
+        self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            parts = line.split()
+            if parts[:1] == ["received"] and len(parts) == 4:
+                self.received, self.brokers = int(parts[1]), int(parts[3])
+            elif parts[:1] == ["done"]:
+                self.done = int(parts[1])
+
+    async def wait_brokers(self, n: int, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.brokers < n:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the subscriber exited early (code {self.proc.returncode})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the subscriber reached {self.brokers} of {n} brokers")
+            await asyncio.sleep(0.05)
+
+    async def until(self, count: int, timeout: float) -> int:
+        """Wait until it has received ``count`` messages (or ``timeout`` passes)."""
+        deadline = time.monotonic() + timeout
+        while self.received < count and time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        return self.received
+
+    def stop(self) -> int:
+        """SIGTERM (it flushes its traces); returns how many messages it received."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(5)
+        return self.done if self.done is not None else self.received
+
+
+def _metadata(sc: Scenario, info: RunInfo) -> dict[str, Any]:
+    """``runs/<run>.json`` of the trace dataset (DESIGN.md, Data)."""
+    return {
+        "run": info.run,
+        "policy": info.policy,
+        "scenario": sc.name,
+        "slo_p99_ms": sc.slo_p99_ms,
+        "topic": sc.topic,
+        "rate": info.rate,
+        "burst": info.burst,
+        "window_start_ns": info.window.start_ns,
+        "window_end_ns": info.window.end_ns,
+        "assignment": {b["id"]: b["publishers"] for b in info.plan.get("brokers", [])},
+        "buckets": {b["id"]: b["bucket"] for b in info.plan.get("brokers", [])},
+        "brokers": sc.brokers,
+        "capacity": sc.capacity,
+        "mcap": sc.mcap,
+        "fitting": info.fitting,
+    }
+
+
+def _summarize(sc: Scenario, info: RunInfo, traces: Path, duration: float) -> dict[str, Any]:
+    broker_rows, sub_rows = analysis.load(traces, info.run)
+    rep = info.emulator
+    published = rep.per_publisher if rep is not None else {}
+    summary: dict[str, Any] = {
+        "run": info.run,
+        "scenario": sc.name,
+        "policy": info.policy,
+        "slo_p99_ms": sc.slo_p99_ms,
+        "duration_s": duration,
+        "window_start_ns": info.window.start_ns,
+        "window_end_ns": info.window.end_ns,
+        "rate": info.rate,
+        "burst": info.burst,
+        "brokers_assigned": len(info.plan.get("brokers", [])),
+        "fitting_rounds": (info.fitting or {}).get("rounds", []),
+        "fitting_state": (info.fitting or {}).get("state"),
+    }
+    summary |= analysis.summarize(broker_rows, sub_rows, info.window, sc.slo_p99_ms)
+    summary["accounting"] = analysis.accounting(sub_rows, published)
+    if rep is not None:
+        summary["emulator"] = {
+            "scheduled_sent": rep.sent, "acknowledged": rep.acknowledged, "failed": rep.failed,
+            "unrouted": rep.unrouted, "rate": rep.rate,
+            "send_lateness": rep.lateness_summary(),
+        }  # fmt: skip
+    return summary

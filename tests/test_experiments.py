@@ -1,0 +1,203 @@
+"""The workload emulator against a real broker, scenarios, the in-process analysis, and a
+5-second mini-demo end to end on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from srtm.broker import Broker, BrokerOptions
+from srtm.experiments import analysis, scenarios
+from srtm.protocol import header
+from srtm.workload import PublisherSpec, build
+from srtm.workload.emulator import Emulator, routes_of
+
+
+@pytest.fixture
+async def two_brokers(tmp_path: Path) -> AsyncIterator[list[Broker]]:
+    brokers = []
+    for i in (1, 2):
+        opts = BrokerOptions(
+            tcp_port=0, http_port=0, broker_id=i, data_dir=tmp_path / f"b{i}",
+            trace_dir=tmp_path / "traces", run="emu",
+        )  # fmt: skip
+        b = Broker(opts)
+        await b.start()
+        brokers.append(b)
+    yield brokers
+    for b in brokers:
+        await b.stop()
+
+
+def address(b: Broker) -> str:
+    assert b.tcp_address is not None
+    return "{}:{}".format(*b.tcp_address)
+
+
+# -- the emulator -------------------------------------------------------------------------
+async def test_emulator_sends_the_schedule_with_headers_and_follows_routes(
+    two_brokers: list[Broker], tmp_path: Path
+) -> None:
+    """Forty publishers (groups, batches) on one connection per broker: every message is
+    acknowledged, attributed to its publisher by the broker, numbered 0..n-1 per publisher,
+    and a re-route moves later messages to the other broker."""
+    b1, b2 = two_brokers
+    specs = [
+        PublisherSpec(f"p{i}", 50.0, "periodic", 1 + i // 10 % 3, f"g{i // 10}") for i in range(40)
+    ]
+    sched = build(specs, 1.0, spread_s=0.002, seed=3)
+    emu = Emulator(sched, "emu", {p.id: address(b1) for p in specs}, message_size=90)
+    task = asyncio.ensure_future(emu.run())
+    await asyncio.sleep(0.5)
+    emu.route({p.id: address(b2) for p in specs[:20]} | {p.id: address(b1) for p in specs[20:]})
+    rep = await task
+    await emu.close()
+    assert rep.sent == rep.acknowledged == sched.messages and rep.failed == 0
+    assert rep.per_publisher == {
+        p.id: int(sched.batch[sched.publisher == i].sum()) for i, p in enumerate(specs)
+    }
+    late = rep.lateness_summary()
+    assert (rep.lateness_ns >= 0).all() and late["max_us"] >= late["p99_us"] >= late["p50_us"]
+    assert b1.topics["emu"].message_count + b2.topics["emu"].message_count == sched.messages
+    assert 0 < b2.topics["emu"].message_count < sched.messages / 2
+    # The broker attributes each message to its header's publisher (a channel drains it).
+    for b in two_brokers:
+        ch = b.channel("emu", "c")
+        bodies = [m.body for m in ch.queue.memory()]
+        assert all(header.decode(x) is not None for x in bodies)
+        assert {m.publisher for m in ch.queue.memory()} <= {p.id for p in specs}
+
+
+async def test_emulator_stops_at_a_time_and_counts_unrouted(two_brokers: list[Broker]) -> None:
+    b1, _ = two_brokers
+    specs = [PublisherSpec(f"p{i}", 100.0, "periodic") for i in range(4)]
+    sched = build(specs, 2.0, seed=1)
+    emu = Emulator(sched, "stop", {"p0": address(b1), "p1": address(b1)})
+    start = time.time_ns()
+    emu.stop_at(start + 500_000_000)
+    rep = await emu.run(start)
+    await emu.close()
+    assert rep.acknowledged == rep.sent == b1.topics["stop"].message_count
+    assert 80 <= rep.sent <= 120  # two publishers, 100/s each, for 0.5 s
+    assert 80 <= rep.unrouted <= 120
+    with pytest.raises(ValueError, match="not in the schedule"):
+        emu.route({"nobody": address(b1)})
+    with pytest.raises(ValueError, match="message_size"):
+        Emulator(sched, "t", {}, message_size=10)
+
+
+def test_routes_come_from_a_plan() -> None:
+    plan = {"brokers": [{"tcp_address": "a:1", "publishers": ["x", "y"]},
+                        {"tcp_address": "b:2", "publishers": ["z"]}]}  # fmt: skip
+    assert routes_of(plan) == {"x": "a:1", "y": "a:1", "z": "b:2"}
+
+
+# -- scenarios ----------------------------------------------------------------------------
+def test_the_shipped_scenarios_load() -> None:
+    assert "correlated-sensors" in scenarios.available()
+    sc = scenarios.load("correlated-sensors")
+    specs = sc.specs()
+    assert len(specs) == 300 and sc.rate == 3_000
+    groups = {p.group for p in specs}
+    assert len(groups) == 10
+    assert sc.mcap <= sc.capacity and sc.fit is not None
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"brokers": 0}, "brokers must be > 0"),
+        ({"mcap": 5000.0}, "cannot exceed capacity"),
+        ({"topic": "bad topic"}, "not a valid NSQ name"),
+        ({"colour": "red"}, "unknown keys"),
+        ({"publishers": []}, "publishers must be"),
+        ({"preload": [{"broker": 9, "rate": 10.0}]}, "preload broker 9"),
+    ],
+)
+def test_bad_scenarios_are_named(change: dict[str, object], message: str) -> None:
+    import tomllib
+    from importlib import resources
+
+    text = (resources.files(scenarios) / "correlated-sensors.toml").read_text()
+    doc = tomllib.loads(text) | change
+    with pytest.raises(ValueError, match=message):
+        scenarios.parse(doc)
+    with pytest.raises(ValueError, match="no scenario"):
+        scenarios.load("no-such-scenario")
+
+
+# -- analysis -----------------------------------------------------------------------------
+def test_analysis_joins_sides_and_accounts_for_every_message() -> None:
+    n = 1_000
+    rng = np.random.default_rng(0)
+    send = np.arange(n, dtype=np.int64) * 1_000_000
+    arrive = send + 100_000
+    token = rng.integers(0, 5_000_000, n)
+    release = arrive + token
+    dispatch = release + 200_000
+    recv = dispatch + 50_000
+    ids = [f"{i:016x}" for i in range(n)]
+    brokers = ["1" if i % 2 else "2" for i in range(n)]
+    broker_rows = pd.DataFrame({"broker": brokers, "msg_id": ids, "t_arrive_ns": arrive,
+                                "t_release_ns": release, "t_dispatch_ns": dispatch})  # fmt: skip
+    pubs = [f"p{i % 10}" for i in range(n)]
+    seqs = [i // 10 for i in range(n)]
+    sub_rows = pd.DataFrame({"broker": brokers, "msg_id": ids, "publisher": pubs, "seq": seqs,
+                             "t_send_ns": send, "t_recv_ns": recv})  # fmt: skip
+    window = analysis.Window(int(send[100]), int(send[900]))
+    s = analysis.summarize(broker_rows, sub_rows, window, slo_ms=3.0)
+    e2e = (recv - send)[100:900]
+    assert s["messages"] == s["joined"] == 800
+    assert s["e2e_ms"]["p99"] == pytest.approx(np.percentile(e2e, 99) / 1e6)
+    assert s["token_wait_ms"]["p50"] == pytest.approx(np.percentile(token[100:900], 50) / 1e6)
+    assert s["slo_violations"] == pytest.approx(float((e2e > 3e6).mean()))
+    assert s["brokers_used"] == 2 and sum(b["messages"] for b in s["per_broker"].values()) == 800
+    tail = e2e >= np.percentile(e2e, 99)
+    assert s["token_share_tail"] == pytest.approx(token[100:900][tail].sum() / e2e[tail].sum())
+    published = {f"p{i}": 100 for i in range(10)}
+    assert analysis.accounting(sub_rows, published) == {
+        "published": 1_000, "delivered": 1_000, "lost": 0, "unexpected": 0, "duplicates": 0,
+    }  # fmt: skip
+    missing = pd.concat([sub_rows.iloc[5:], sub_rows.iloc[[10]]])  # 5 lost, 1 twice
+    acc = analysis.accounting(missing, published)
+    assert (acc["lost"], acc["duplicates"], acc["delivered"]) == (5, 1, 995)
+
+
+# -- the demo -----------------------------------------------------------------------------
+def test_mini_demo_end_to_end(tmp_path: Path) -> None:
+    """`srtm demo` for 5 s per policy: both runs complete with every message delivered, the
+    JSON comparison and the report with its plots are written, and nothing is left running."""
+    out = tmp_path / "demo"
+    env = os.environ | {"COLUMNS": "160"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "srtm", "demo", "--duration", "5", "--warmup", "2",
+         "--out", str(out), "--json"],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(doc["policies"]) == {"lb", "srtm"}
+    for policy, row in doc["policies"].items():
+        assert 0 < row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"], policy
+        assert row["published"] == row["delivered"] > 0, policy
+        assert 1 <= row["brokers_used"] <= 6
+    assert doc["policies"]["lb"]["brokers_used"] == 6  # LB uses every broker
+    for name in ("report.html", "latency_cdf.png", "broker_p99.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert "published" in proc.stdout and "delivered" in proc.stdout
+    rows = pq.read_table(out / "traces" / "subscriber" / "run=correlated-sensors-srtm")
+    assert rows.num_rows == doc["policies"]["srtm"]["delivered"]
+    assert (out / "traces" / "runs" / "correlated-sensors-lb.json").exists()
+    left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
+    assert left.stdout == "", f"left running: {left.stdout}"
