@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from srtm.placement import Broker, Publisher, Topic
+from srtm.placement import Broker, Predict, Publisher, Topic, search_quantum
 from srtm.placement.fitting import (
+    Command,
     Finished,
     Fitting,
     Keep,
@@ -39,7 +40,9 @@ def capacity_oracle(capacity: dict[str, int], slo_ms: float = 1.0) -> Oracle:
     return measure
 
 
-def run(fitting: Fitting, oracle: Oracle, max_rounds: int = 1_000) -> tuple[Finished, list]:
+def run(
+    fitting: Fitting, oracle: Oracle, max_rounds: int = 1_000
+) -> tuple[Finished, list[Command]]:
     log = fitting.start()
     profiles = [c for c in log if isinstance(c, Profile)]
     for _ in range(max_rounds):
@@ -149,5 +152,92 @@ def test_any_measurements_terminate_with_everyone_placed_once(
     per_search = (math.ceil(math.log2(n + 1)) + 2) * (1 + fitting.max_unknown)
     bound = (n_brokers + 1) * per_search
     done, _ = run(fitting, oracle, max_rounds=bound)
+    placed = [p for ps in done.assignment.values() for p in ps] + list(done.unassigned)
+    assert sorted(placed) == sorted(p.id for p in topic_of(n).publishers)
+
+
+# -- model-assisted fitting -------------------------------------------------------------
+def predict_from(capacity: dict[str, int]) -> Predict:
+    """A model that says each broker holds ``capacity`` publishers in all."""
+
+    def predict(broker: str, held: Sequence[Publisher], cands: Sequence[Publisher]) -> int:
+        return max(0, capacity[broker] - len(held))
+
+    return predict
+
+
+def test_an_exact_model_plans_everything_into_one_measured_round() -> None:
+    brokers = [Broker(f"b{i}", 100_000) for i in range(6)]
+    topic = topic_of(1_000, group_size=25)
+    cap = {b.id: 230 for b in brokers}  # measured p99 0.92 × SLO at 230: in the band
+    done, log = run(Fitting(brokers, topic, predict=predict_from(cap)), capacity_oracle(cap))
+    assert done.rounds == (1,)
+    starts = [c for c in log if isinstance(c, UseBrokers)]
+    assert len(starts) == 1 and len(starts[0].brokers) == 5  # 4 × 230 + the rest
+    kept = sorted(p for ps in done.assignment.values() for p in ps)
+    assert kept == sorted(p.id for p in topic.publishers) and not done.unassigned
+    # Without the model the same topic takes a binary search per broker.
+    plain, _ = run(Fitting(brokers, topic), capacity_oracle(cap))
+    assert sum(plain.rounds) > 2 * sum(done.rounds)
+
+
+def test_an_optimistic_model_is_corrected_by_measurement() -> None:
+    brokers = [Broker(f"b{i}", 100_000) for i in range(6)]
+    topic = topic_of(1_000, group_size=25)
+    truth = {b.id: 230 for b in brokers}
+    hopeful = {b.id: 280 for b in brokers}
+    done, _ = run(Fitting(brokers, topic, predict=predict_from(hopeful)), capacity_oracle(truth))
+    sizes = [len(ps) for ps in done.assignment.values()]
+    assert all(n <= 230 for n in sizes) and sum(sizes) == 1_000
+    assert sum(done.rounds) <= 8  # gallops down from the plan instead of bisecting from 0
+
+
+def test_a_model_that_fits_nothing_still_gets_everyone_measured() -> None:
+    brokers = [Broker(f"b{i}", 100_000) for i in range(3)]
+    topic = topic_of(300)
+    cap = {b.id: 150 for b in brokers}
+    done, _ = run(Fitting(brokers, topic, predict=lambda b, h, c: 0), capacity_oracle(cap))
+    assert sorted(p for ps in done.assignment.values() for p in ps) == sorted(
+        p.id for p in topic.publishers
+    )
+
+
+def test_searches_step_in_whole_group_slices() -> None:
+    pubs = topic_of(1_000, group_size=25).publishers
+    assert search_quantum(pubs) == 40
+    assert search_quantum(topic_of(990, group_size=25).publishers) == 1  # last group short
+    assert search_quantum(topic_of(10, group_size=1_000).publishers) == 1  # one group
+    brokers = [Broker(f"b{i}", 100_000) for i in range(6)]
+    _, log = run(
+        Fitting(brokers, topic_of(1_000, group_size=25)),
+        capacity_oracle({b.id: 250 for b in brokers}),
+    )
+    first = [c for c in log if isinstance(c, Profile) and c.broker == "b0"]
+    assert len(first) > 2 and all(len(c.publishers) % 40 == 0 for c in first)
+
+
+@given(
+    st.integers(1, 200),
+    st.integers(1, 4),
+    st.lists(st.integers(0, 250), min_size=1, max_size=20),
+    st.lists(st.sampled_from(list(Verdict)), min_size=1, max_size=30),
+)
+def test_any_predictions_and_measurements_terminate_with_everyone_placed_once(
+    n: int, n_brokers: int, guesses: list[int], script: list[Verdict]
+) -> None:
+    p99 = {Verdict.VIOLATE: 2.0, Verdict.BELOW: 0.1, Verdict.OK: 0.9, Verdict.UNKNOWN: 0.9}
+    turn, guess = iter(range(10**6)), iter(range(10**6))
+
+    def oracle(broker: str, pubs: tuple[str, ...]) -> RoundResult:
+        v = script[next(turn) % len(script)]
+        return RoundResult(p99[v], 0 if v is Verdict.UNKNOWN else 1_000)
+
+    def predict(broker: str, held: Sequence[Publisher], cands: Sequence[Publisher]) -> int:
+        return guesses[next(guess) % len(guesses)]
+
+    brokers = [Broker(f"b{i}", 100_000) for i in range(n_brokers)]
+    fitting = Fitting(brokers, topic_of(n), predict=predict)
+    per_search = (math.ceil(math.log2(n + 1)) + 2) * (1 + fitting.max_unknown)
+    done, _ = run(fitting, oracle, max_rounds=(n_brokers + 1) * per_search)
     placed = [p for ps in done.assignment.values() for p in ps] + list(done.unassigned)
     assert sorted(placed) == sorted(p.id for p in topic_of(n).publishers)

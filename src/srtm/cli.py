@@ -479,3 +479,11 @@ from srtm.experiments.cli import demo  # noqa: E402
 
 app.add_typer(experiment_app, name="experiment")
 app.command("demo")(demo)
+
+from srtm.sim.cli import calibrate  # noqa: E402
+
+app.command("calibrate")(calibrate)
+
+from srtm.pipeline.cli import app as pipeline_app  # noqa: E402
+
+app.add_typer(pipeline_app, name="pipeline")

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from srtm.control.state import Action, Controller
-from srtm.placement import Broker, Finished, Fitting, RoundResult
+from srtm.placement import Broker, Finished, Fitting, Predict, RoundResult
 from srtm.placement.fitting import Command, Profile, UseBrokers
 
 #: Carries out actions (pushes, orders) and returns when they are done.
@@ -60,13 +60,16 @@ async def fit_topic(
     window_s: float,
     min_samples: int,
     settle_s: float,
+    predict: Predict | None = None,
 ) -> Finished:
-    """Run online fitting for ``topic`` to the end; progress goes to its ``fitting`` doc."""
+    """Run online fitting for ``topic`` to the end; progress goes to its ``fitting`` doc.
+    With ``predict`` (model-assisted fitting) rounds confirm the model's placement."""
     state = ctrl.topics[topic]
     fleet = [Broker(b.id, b.mcap, b.load) for b in ctrl.up()]
     fitting = Fitting(
-        fleet, state.spec, state.policy, window_s=window_s, min_samples=min_samples, seed=ctrl.seed
-    )
+        fleet, state.spec, state.policy, window_s=window_s, min_samples=min_samples,
+        seed=ctrl.seed, predict=predict,
+    )  # fmt: skip
     progress: dict[str, Any] = {"state": "running", "iteration": 0, "round": 0, "rounds": [],
                                 "steps": [], "full": []}  # fmt: skip
     state.fitting = progress

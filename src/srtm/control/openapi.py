@@ -99,7 +99,9 @@ OPENAPI: dict[str, Any] = {
                                         "description": "trace for burst = profile"},
                         "policy": {"enum": ["lb", "conc", "maxmin", "srtm"]},
                         "fit": {"description": "run online fitting (true, or window_s, "
-                                               "min_samples, settle_s)",
+                                               "min_samples, settle_s, and model: 'paper' "
+                                               "or a calibrated model file for "
+                                               "model-assisted fitting)",
                                 "oneOf": [{"type": "boolean"}, {"type": "object"}]},
                         "publishers": {"type": "array", "items": {
                             "type": "object", "required": ["id", "rate"],

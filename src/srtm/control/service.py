@@ -21,7 +21,7 @@ from srtm.control.fitting_run import as_result, fit_topic
 from srtm.control.openapi import OPENAPI
 from srtm.control.state import Action, ControlError, Controller, Migrate, PlanChanged, SetBucket
 from srtm.control.store import Store
-from srtm.placement import POLICIES, AdaptorSettings, RoundResult, parse_topic
+from srtm.placement import POLICIES, AdaptorSettings, Broker, RoundResult, parse_topic
 
 log = logging.getLogger("srtm.controller")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -150,14 +150,29 @@ class ControllerService:
             elif isinstance(a, PlanChanged):
                 log.info("plan of %s is now version %d", a.topic, a.version)
 
-    async def _fit(self, topic: str, window_s: float, min_samples: float, settle_s: float) -> None:
+    async def _fit(
+        self,
+        topic: str,
+        window_s: float,
+        min_samples: float,
+        settle_s: float,
+        model: str | None = None,
+    ) -> None:
         async def measure(broker: str, publishers: Sequence[str], window: float) -> RoundResult:
             return await self._measure(topic, broker, publishers, window)
 
         try:
+            predict = None
+            if model is not None:  # model-assisted: the simulator plans, rounds confirm
+                from srtm.sim.predict import predictor_for_topic
+
+                fleet = [Broker(b.id, b.mcap, b.load) for b in self.ctrl.up()]
+                spec = self.ctrl.topics[topic].spec
+                predict = await asyncio.to_thread(predictor_for_topic, spec, fleet, model)
             await fit_topic(
                 self.ctrl, topic, self._execute_now, measure,
                 window_s=window_s, min_samples=int(min_samples), settle_s=settle_s,
+                predict=predict,
             )  # fmt: skip
         except Exception:
             log.exception("fitting %s failed", topic)
@@ -331,18 +346,32 @@ class ControllerService:
         return app
 
 
-def _fit_settings(doc: Any) -> dict[str, float] | None:
-    """``"fit": {"window_s", "min_samples", "settle_s"}`` (all optional), or ``true``."""
+def _fit_settings(doc: Any) -> dict[str, Any] | None:
+    """``"fit": {"window_s", "min_samples", "settle_s", "model"}`` (all optional), or
+    ``true``; ``model`` (a broker model: ``"paper"`` or a model file from ``srtm
+    calibrate``) makes the fitting model-assisted."""
     if doc is None or doc is False:
         return None
     if doc is True:
         doc = {}
     if not isinstance(doc, dict):
         raise ControlError(400, "fit must be true or an object")
-    out = {"window_s": 60.0, "min_samples": 100, "settle_s": 1.0}
+    out: dict[str, Any] = {"window_s": 60.0, "min_samples": 100, "settle_s": 1.0}
     for key, value in doc.items():
+        if key == "model":
+            if not isinstance(value, str) or not value:
+                raise ControlError(400, "fit.model must be a model name or file")
+            from srtm.sim.model import load
+
+            try:
+                load(value)
+            except (OSError, ValueError) as exc:
+                raise ControlError(400, f"fit.model: {exc}") from None
+            out[key] = value
+            continue
         if key not in out:
-            raise ControlError(400, f"fit.{key} is not a fitting setting ({', '.join(out)})")
+            keys = ", ".join([*out, "model"])
+            raise ControlError(400, f"fit.{key} is not a fitting setting ({keys})")
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise ControlError(400, f"fit.{key} must be a number >= 0, got {value!r}")
         out[key] = value

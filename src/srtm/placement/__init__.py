@@ -1,7 +1,15 @@
 """Pure load distribution: policies, online fitting, the TB Adaptor's rule."""
 
 from srtm.placement.adaptor import AdaptorSettings, Report, adapt
-from srtm.placement.fitting import Finished, Fitting, RoundResult, Verdict, judge
+from srtm.placement.fitting import (
+    Finished,
+    Fitting,
+    Predict,
+    RoundResult,
+    Verdict,
+    judge,
+    search_quantum,
+)
 from srtm.placement.model import (
     RATE_MARGIN,
     Assignment,
@@ -24,6 +32,7 @@ __all__ = [
     "Fitting",
     "Placement",
     "Policy",
+    "Predict",
     "Publisher",
     "Report",
     "RoundResult",
@@ -34,4 +43,5 @@ __all__ = [
     "parse_brokers",
     "parse_topic",
     "place",
+    "search_quantum",
 ]

@@ -7,13 +7,22 @@ violates the SLO binary-searches how many of its new publishers it keeps (the ac
 is [0.8, 1.0] × SLO), sheds the rest and is marked full; what was shed starts the next
 iteration, on brokers not full. Each iteration either ends the fitting or marks a broker
 full, and each search halves its interval every round, so it always terminates.
+
+Model-assisted fitting (``predict``): before measuring, an iteration asks the model how
+many of its new publishers each broker keeps within the SLO, sheds the rest at once and
+plans them onto further brokers the same way, so one measured round covers the whole
+placement; the measurement only confirms. A broker that still violates searches down from
+its planned count in steps that double (1/10 of it first), not from zero, since the model
+is expected to be close. Searches step in whole slices of every group when groups are
+equal (``search_quantum``). The model's answer is plain data (a count), so this module needs
+no simulator; ``Predict`` is whatever computes it.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from srtm.placement.model import Broker, Publisher, Topic
@@ -21,6 +30,12 @@ from srtm.placement.policies import Policy, place
 
 #: A round's p99 between these fractions of the SLO ends a search (the paper's band).
 ACCEPT_BAND = (0.8, 1.0)
+#: A model-assisted search that violates first steps down by this share of its trial.
+FIRST_STEP = 0.1
+
+#: ``(broker, publishers it keeps already, candidates in search order)`` -> how many of
+#: the candidates (a prefix) it is predicted to keep within the SLO; None: no prediction.
+Predict = Callable[[str, Sequence[Publisher], Sequence[Publisher]], int | None]
 
 
 class Verdict(enum.Enum):
@@ -124,6 +139,12 @@ class _Search:
     unknowns: int = 0
     violated: bool = False
     done: bool = False
+    #: Search down from a violating trial in doubling steps (model-assisted) instead of
+    #: halving the interval from zero.
+    gallop: bool = False
+    step: int = 0
+    #: Trials are multiples of this (see ``search_quantum``).
+    quantum: int = 1
 
     def publishers(self) -> tuple[str, ...]:
         return tuple(p.id for p in self.fixed + self.candidates[: self.trial])
@@ -143,6 +164,20 @@ def balanced_order(publishers: Sequence[Publisher]) -> list[Publisher]:
     return [p for _, _, p in sorted(keyed, key=lambda k: (k[0], k[1]))]
 
 
+def search_quantum(candidates: Sequence[Publisher]) -> int:
+    """The step of a search over ``candidates`` in ``balanced_order``: the number of
+    correlation groups when they are all the same size (every trial then keeps the same
+    number of each group, so every broker's share of each burst matches its share of the
+    bucket; a prefix that takes 7 of one group and 8 of another does not, and pays a DRL
+    penalty that has nothing to do with load), else 1."""
+    sizes: dict[str | None, int] = {}
+    for p in candidates:
+        sizes[p.group] = sizes.get(p.group, 0) + 1
+    if len(sizes) > 1 and len(set(sizes.values())) == 1:
+        return len(sizes)
+    return 1
+
+
 @dataclass
 class Fitting:
     brokers: Sequence[Broker]
@@ -154,6 +189,8 @@ class Fitting:
     #: Rounds a broker may repeat for want of samples before its trial is taken as fitting.
     max_unknown: int = 2
     seed: int = 0
+    #: Model-assisted fitting (see the module docstring); None: measure only.
+    predict: Predict | None = None
     kept: dict[str, list[Publisher]] = field(default_factory=dict)
     full: set[str] = field(default_factory=set)
     unassigned: list[Publisher] = field(default_factory=list)
@@ -167,27 +204,78 @@ class Fitting:
         return self._iterate(list(self.topic.publishers))
 
     # -- iterations ----------------------------------------------------------------------
-    def _iterate(self, pool: list[Publisher]) -> list[Command]:
-        eligible = [
-            replace(b, load=b.load + math.fsum(p.rate for p in self.kept.get(b.id, [])))
-            for b in self.brokers
-            if b.id not in self.full
-        ]
+    def _eligible(self, planned: Mapping[str, Sequence[Publisher]], skip: set[str]) -> list[Broker]:
+        """Brokers not full (nor in ``skip``), their load counting what they keep and
+        what this iteration has planned for them."""
+        out = []
+        for b in self.brokers:
+            if b.id in self.full or b.id in skip:
+                continue
+            held = [*self.kept.get(b.id, []), *planned.get(b.id, [])]
+            out.append(replace(b, load=b.load + math.fsum(p.rate for p in held)))
+        return out
+
+    def _place(
+        self, pool: list[Publisher], planned: Mapping[str, Sequence[Publisher]], skip: set[str]
+    ) -> tuple[list[tuple[str, list[Publisher]]], list[Publisher]]:
+        """The policy's placement of ``pool``: (broker, candidates in search order) pairs
+        and the publishers that fit nowhere."""
+        eligible = self._eligible(planned, skip)
         placement = place(self.policy, eligible, self.topic.with_publishers(pool), self.seed)
         by_id = {p.id: p for p in pool}
-        self.unassigned += [by_id[i] for i in placement.unassigned]
-        if not placement.assignments:
+        pairs = [
+            (a.broker, balanced_order([by_id[i] for i in a.publishers]))
+            for a in placement.assignments
+        ]
+        return pairs, [by_id[i] for i in placement.unassigned]
+
+    def _plan(self, pool: list[Publisher]) -> tuple[dict[str, list[Publisher]], list[Publisher]]:
+        """Candidates per broker for one iteration, and what fits nowhere. With a model,
+        what a broker is predicted to shed is planned onto other brokers before anything
+        is measured; what the model fits nowhere is placed as without it, to be measured."""
+        planned: dict[str, list[Publisher]] = {}
+        if self.predict is not None:
+            predicted_full: set[str] = set()
+            while pool:
+                pairs, nowhere = self._place(pool, planned, predicted_full)
+                if not pairs:
+                    break
+                pool, kept_any = nowhere, False
+                for broker, candidates in pairs:
+                    held = [*self.kept.get(broker, []), *planned.get(broker, [])]
+                    n = self.predict(broker, held, candidates)
+                    n = len(candidates) if n is None else max(0, min(int(n), len(candidates)))
+                    planned.setdefault(broker, []).extend(candidates[:n])
+                    pool += candidates[n:]
+                    kept_any = kept_any or n > 0
+                    if n < len(candidates):
+                        predicted_full.add(broker)
+                if not kept_any:
+                    break
+        if not pool:
+            return planned, []
+        pairs, nowhere = self._place(pool, planned, set())
+        for broker, candidates in pairs:
+            planned.setdefault(broker, []).extend(candidates)
+        return planned, nowhere
+
+    def _iterate(self, pool: list[Publisher]) -> list[Command]:
+        planned, nowhere = self._plan(pool)
+        self.unassigned += nowhere
+        planned = {b: ps for b, ps in planned.items() if ps}
+        if not planned:
             return [self._finish()]
         self.rounds.append(0)
         self._shed = []
         self._searches = {}
-        cmds: list[Command] = [UseBrokers(len(self.rounds), placement.brokers)]
-        for a in placement.assignments:
-            candidates = balanced_order([by_id[i] for i in a.publishers])
-            s = _Search(a.broker, list(self.kept.get(a.broker, [])), candidates)
+        cmds: list[Command] = [UseBrokers(len(self.rounds), tuple(planned))]
+        for broker, candidates in planned.items():
+            s = _Search(broker, list(self.kept.get(broker, [])), candidates)
             s.trial = len(candidates)
-            self._searches[a.broker] = s
-            cmds.append(Profile(a.broker, s.publishers(), self.window_s))
+            s.gallop = self.predict is not None
+            s.quantum = search_quantum(candidates)
+            self._searches[broker] = s
+            cmds.append(Profile(broker, s.publishers(), self.window_s))
         return cmds
 
     def on_round(self, results: Mapping[str, RoundResult]) -> list[Command]:
@@ -231,9 +319,14 @@ class Fitting:
         else:
             s.violated = True
             s.hi = s.trial
-        if s.hi - s.lo <= 1:
+        q = s.quantum
+        if s.hi - s.lo <= q:
             return self._settle(s, s.lo)
-        s.trial = (s.lo + s.hi) // 2
+        if s.gallop and v is Verdict.VIOLATE and s.lo == 0:
+            s.step = q * max(1, math.ceil(s.hi * FIRST_STEP / q)) if s.step == 0 else 2 * s.step
+            s.trial = max(s.lo + q, s.hi - s.step)
+        else:
+            s.trial = s.lo + (s.hi - s.lo) // (2 * q) * q
         return [Profile(s.broker, s.publishers(), self.window_s)]
 
     def _settle(self, s: _Search, n: int) -> list[Command]:
