@@ -97,6 +97,20 @@ async def test_emulator_stops_at_a_time_and_counts_unrouted(two_brokers: list[Br
         Emulator(sched, "t", {}, message_size=10)
 
 
+async def test_emulator_skips_what_it_could_only_send_late(two_brokers: list[Broker]) -> None:
+    """Started 200 ms behind its schedule with max_late_s=0.01, the emulator skips (and
+    counts) the overdue events instead of sending them as one burst."""
+    b1, _ = two_brokers
+    specs = [PublisherSpec("p", 100.0, "periodic")]
+    sched = build(specs, 0.5, seed=2)
+    emu = Emulator(sched, "late", {"p": address(b1)}, max_late_s=0.01)
+    rep = await emu.run(time.time_ns() - 200_000_000)
+    await emu.close()
+    assert 17 <= rep.skipped_late <= 21  # the events due in the first 190-200 ms
+    assert rep.sent + rep.skipped_late == sched.messages == 50
+    assert rep.per_publisher["p"] == rep.sent == b1.topics["late"].message_count
+
+
 def test_routes_come_from_a_plan() -> None:
     plan = {"brokers": [{"tcp_address": "a:1", "publishers": ["x", "y"]},
                         {"tcp_address": "b:2", "publishers": ["z"]}]}  # fmt: skip

@@ -117,7 +117,9 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str) -> None:
         Console().print(
             f"{s['policy']}: published {acc['published']:,} {same} delivered "
             f"{acc['delivered']:,} (lost {acc['lost']}, duplicates {acc['duplicates']}); "
-            f"send lateness p99 {s['emulator']['send_lateness']['p99_us'] / 1e3:.2f} ms"
+            f"send lateness p99 {s['emulator']['send_lateness']['p99_us'] / 1e3:.2f} ms, "
+            f"{s['emulator']['skipped_late']:,} skipped as over "
+            f"{s['emulator']['max_late_ms']:g} ms late"
         )
 
 

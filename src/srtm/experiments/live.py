@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ OnProgress = Callable[[str, float, float], None]
 FIT_BUDGET_S = 60.0
 #: Traffic after fitting before the measured window starts (moves settle, adaptor acts).
 SETTLE_S = 2.0
+#: The emulator skips (and counts) events it could only send this late: on a busy
+#: machine a stalled scheduler would otherwise release them as one burst.
+MAX_SEND_LATE_S = 0.01
 
 
 @dataclass
@@ -168,26 +172,29 @@ async def _drive(
             await sink.wait_brokers(len(plan["brokers"]))
             total_s = warmup + duration + (FIT_BUDGET_S if "fit" in doc else 0.0)
             schedule = build(specs, total_s, spread_s=sc.spread_ms / 1e3, seed=sc.seed)
-            emulator = Emulator(schedule, sc.topic, {}, message_size=sc.message_size)
+            emulator = Emulator(
+                schedule, sc.topic, {}, message_size=sc.message_size, max_late_s=MAX_SEND_LATE_S
+            )
             following = asyncio.create_task(follow_plan(emulator, url, sc.topic, 0.1))
             await asyncio.sleep(0.3)  # the first routes
             sending = asyncio.create_task(emulator.run())
             t0 = time.time_ns()
-            try:
-                start = await _warm_up(http, url, sc, "fit" in doc, warmup, t0, progress, info)
-                end = start + int(duration * 1e9)
-                info.window = analysis.Window(start, end)
-                emulator.stop_at(end)
-                await _measure(end, duration, progress)
-                info.emulator = await sending
-            finally:
-                following.cancel()
-                sending.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await following
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sending
-                await emulator.close()
+            with _favoured():
+                try:
+                    start = await _warm_up(http, url, sc, "fit" in doc, warmup, t0, progress, info)
+                    end = start + int(duration * 1e9)
+                    info.window = analysis.Window(start, end)
+                    emulator.stop_at(end)
+                    await _measure(end, duration, progress)
+                    info.emulator = await sending
+                finally:
+                    following.cancel()
+                    sending.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await following
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await sending
+                    await emulator.close()
             info.plan = await _get(http, f"{url}/plan?topic={sc.topic}")
             progress("draining", 0, 1)
             info.subscriber_received = await sink.until(info.emulator.acknowledged, 30.0)
@@ -198,6 +205,21 @@ async def _drive(
                 preload.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await preload
+
+
+@contextlib.contextmanager
+def _favoured() -> Iterator[None]:
+    """Run the emulator ahead of the brokers where allowed (root): its lateness shapes the
+    workload, while the brokers' own delays are what is measured. Children started
+    earlier keep their priority; it is restored before the next run starts any."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, before - 5)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 async def _get(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
@@ -372,7 +394,8 @@ def _summarize(sc: Scenario, info: RunInfo, traces: Path, duration: float) -> di
     if rep is not None:
         summary["emulator"] = {
             "scheduled_sent": rep.sent, "acknowledged": rep.acknowledged, "failed": rep.failed,
-            "unrouted": rep.unrouted, "rate": rep.rate,
+            "unrouted": rep.unrouted, "skipped_late": rep.skipped_late,
+            "max_late_ms": MAX_SEND_LATE_S * 1e3, "rate": rep.rate,
             "send_lateness": rep.lateness_summary(),
         }  # fmt: skip
     return summary

@@ -46,6 +46,8 @@ class EmulatorReport:
     failed: int = 0
     #: Due while their publisher had no broker (the controller left it unassigned).
     unrouted: int = 0
+    #: Not sent because the emulator fell more than ``max_late_ns`` behind (CPU stall).
+    skipped_late: int = 0
     lateness_ns: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     started_ns: int = 0
     finished_ns: int = 0
@@ -80,6 +82,7 @@ class Emulator:
         *,
         message_size: int = 100,
         name: str = "emulator",
+        max_late_s: float | None = None,
     ) -> None:
         if message_size < header.SIZE:
             raise ValueError(f"message_size must be at least {header.SIZE} (the header)")
@@ -97,6 +100,9 @@ class Emulator:
         self._opening: dict[str, asyncio.Task[Connection]] = {}
         self._pending: set[asyncio.Future[bytes]] = set()
         self.report = EmulatorReport(schedule.messages)
+        #: Events this late are skipped (counted), not sent: a stalled emulator would
+        #: otherwise send them all at once, a burst the workload does not have.
+        self._max_late_ns = None if max_late_s is None else int(max_late_s * 1e9)
         self._stop_ns: int | None = None
         self.route(routes)
 
@@ -162,8 +168,11 @@ class Emulator:
             if address is None:
                 rep.unrouted += count
                 continue
-            bodies = out.setdefault(address, [])
             now = time.time_ns()
+            if self._max_late_ns is not None and now - int(due[k]) > self._max_late_ns:
+                rep.skipped_late += count
+                continue
+            bodies = out.setdefault(address, [])
             template = self._templates[p]
             for _ in range(count):
                 body = bytearray(template)
