@@ -11,7 +11,6 @@ the exact trace of a live run is wanted.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from srtm.workload import PublisherSpec, Schedule
+from srtm.workload.schedule import check_inputs
 
 NS_PER_S = 1_000_000_000
 IntArray = npt.NDArray[np.int64]
@@ -92,12 +92,7 @@ def generate(
     seed: int = 0,
 ) -> Trace:
     """The arrivals of ``publishers`` over ``duration_s`` (see the module docstring)."""
-    if not (math.isfinite(duration_s) and duration_s > 0):
-        raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
-    if not (math.isfinite(spread_s) and spread_s >= 0):
-        raise ValueError(f"spread_s must be >= 0, got {spread_s!r}")
-    if len({p.id for p in publishers}) != len(publishers):
-        raise ValueError("publisher ids must be unique")
+    check_inputs(publishers, duration_s, spread_s)
     rng = np.random.default_rng(seed)
     units = _units(publishers)
     kinds: dict[tuple[str, float, int], list[int]] = {}

@@ -97,6 +97,16 @@ def _events(
     return t[t < duration_s]
 
 
+def check_inputs(publishers: Sequence[PublisherSpec], duration_s: float, spread_s: float) -> None:
+    """What every generator of a workload refuses, named."""
+    if not (math.isfinite(duration_s) and duration_s > 0):
+        raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
+    if not (math.isfinite(spread_s) and spread_s >= 0):
+        raise ValueError(f"spread_s must be >= 0, got {spread_s!r}")
+    if len({p.id for p in publishers}) != len(publishers):
+        raise ValueError("publisher ids must be unique")
+
+
 def build(
     publishers: Sequence[PublisherSpec],
     duration_s: float,
@@ -105,13 +115,7 @@ def build(
     seed: int = 0,
 ) -> Schedule:
     """The schedule of ``publishers`` over ``duration_s``; the same seed gives the same one."""
-    if not (math.isfinite(duration_s) and duration_s > 0):
-        raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
-    if not (math.isfinite(spread_s) and spread_s >= 0):
-        raise ValueError(f"spread_s must be >= 0, got {spread_s!r}")
-    ids = [p.id for p in publishers]
-    if len(set(ids)) != len(ids):
-        raise ValueError("publisher ids must be unique")
+    check_inputs(publishers, duration_s, spread_s)
     units: dict[str, list[int]] = {}  # a group, or a publisher on its own, fires as one
     for i, p in enumerate(publishers):
         units.setdefault(f"g:{p.group}" if p.group is not None else f"p:{p.id}", []).append(i)
