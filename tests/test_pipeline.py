@@ -394,6 +394,40 @@ def test_latency_summary_for_the_demo(outputs: dict[str, Any], dataset: dict[str
     assert math.isclose(float(row["tail_token_share"]), want["tail_token_share"])  # type: ignore[arg-type]
 
 
+def test_latency_counts_only_the_measured_window(
+    spark: Any, dataset: dict[str, Any], tmp_path: Path
+) -> None:
+    """r2 again, with a window in its metadata: only messages sent in it count (and,
+    on the broker side, those that arrived in it)."""
+    import shutil
+
+    src, root = dataset["root"], tmp_path / "traces"
+    for side in ("subscriber", "broker"):
+        shutil.copytree(src / side / "run=r2", root / side / "run=r2")
+    _, deliveries, traced = dataset["frames"]["r2"]
+    sent = np.sort(deliveries["t_send_ns"].to_numpy())
+    start, end = int(sent[len(sent) // 4]), int(sent[3 * len(sent) // 4])
+    meta = json.loads((src / "runs/r2.json").read_text())
+    (root / "runs").mkdir()
+    (root / "runs/r2.json").write_text(
+        json.dumps(meta | {"window_start_ns": start, "window_end_ns": end})
+    )
+    table = latency_job.compute(spark, open_traces(root))
+    row = latency_summary(root)[0]
+
+    inside = deliveries[(deliveries["t_send_ns"] >= start) & (deliveries["t_send_ns"] < end)]
+    e2e = (inside["t_recv_ns"] - inside["t_send_ns"]).to_numpy()
+    assert 0 < row["count"] == len(inside) < len(deliveries)
+    for name, q in QUANTILES.items():
+        assert row[name] == int(np.quantile(e2e, q, method="inverted_cdf")), name
+    assert row["slo_violations"] == int((e2e > dataset["slo"]["r2"]).sum())
+    counts = inside.astype({"broker": str}).groupby("broker").size().to_dict()
+    assert {b: v["count"] for b, v in row["per_broker"].items()} == counts  # type: ignore[union-attr]
+    arrived = traced[(traced["t_arrive_ns"] >= start) & (traced["t_arrive_ns"] < end)]
+    per_topic = table[table["broker"].isna()].iloc[0]
+    assert per_topic["messages"] == len(arrived)
+
+
 def test_rerun_overwrites_and_cli_runs_a_job(
     spark: Any, outputs: dict[str, Any], dataset: dict[str, Any]
 ) -> None:
@@ -466,6 +500,15 @@ def test_metadata_errors(tmp_path: Path) -> None:
         open_traces(tmp_path)
     with pytest.raises(SchemaError, match="no such trace directory"):
         open_traces(tmp_path / "nope")
+    base = {"run": "a", "policy": "lb", "scenario": "s", "slo_p99_ms": 1}
+    for extra, message in [
+        ({"window_start_ns": 5}, "'window_start_ns' without its pair"),
+        ({"window_start_ns": 5, "window_end_ns": 5}, "the window is empty"),
+        ({"window_start_ns": 5, "window_end_ns": 9.5}, "must be integers"),
+    ]:
+        (tmp_path / "runs" / "a.json").write_text(json.dumps(base | extra))
+        with pytest.raises(SchemaError, match=message):
+            open_traces(tmp_path)
     (tmp_path / "runs" / "a.json").unlink()
     with pytest.raises(SchemaError, match=r"run\(s\) \['zz'\]"):
         open_traces(tmp_path, ["zz"])

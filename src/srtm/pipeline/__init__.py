@@ -21,9 +21,10 @@ def latency_summary(
     traces_dir: Path, runs: Sequence[str] | None = None, master: str | None = None
 ) -> list[dict[str, object]]:
     """Per (run, policy, topic): count, p50/p95/p99/p99.9 end-to-end latency (ns,
-    nearest-rank), the tail's token-wait share and the brokers used — the ``latency``
-    job's per-topic rows, without writing anything. Reuses the active SparkSession (or
-    starts one on ``master``, ``local[*]`` by default)."""
+    nearest-rank), SLO violations, the tail's token-wait share, the brokers used and their
+    count and quantiles (``per_broker``) — the ``latency`` job's rows, without writing
+    anything; over each run's measured window where its metadata gives one. Reuses the
+    active SparkSession (or starts one on ``master``, ``local[*]`` by default)."""
     from srtm.pipeline import latency
     from srtm.pipeline.dataset import open_traces
     from srtm.pipeline.session import get_session

@@ -3,6 +3,7 @@
 Layout::
 
     TRACES/runs/<run>.json                 {"run", "policy", "scenario", "slo_p99_ms", …}
+                                           optional: window_start_ns, window_end_ns
     TRACES/broker/run=<run>/*.parquet      broker, topic, msg_id, publisher, t_*_ns
     TRACES/subscriber/run=<run>/*.parquet  broker, topic, msg_id, publisher, group, seq, t_*_ns
 
@@ -23,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 Side = Literal["broker", "subscriber"]
 
@@ -73,6 +74,9 @@ class RunInfo:
     slo_p99_ms: float | None = None
     #: (topic, broker) → (rate, burst) of the sub-bucket, when the metadata says.
     buckets: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    #: The measured window [start_ns, end_ns) of the run, when the metadata says: the
+    #: latency job counts only the messages sent in it (warm-up and fitting excluded).
+    window_ns: tuple[int, int] | None = None
 
     @property
     def slo_ns(self) -> int | None:
@@ -174,7 +178,26 @@ def read_metadata(path: Path) -> RunInfo:
     slo = float(doc["slo_p99_ms"])
     if not (math.isfinite(slo) and slo > 0):
         raise SchemaError(f"{path}: slo_p99_ms must be a number > 0, got {slo!r}")
-    return RunInfo(doc["run"], doc["policy"], doc["scenario"], slo, _buckets(path, doc))
+    return RunInfo(
+        doc["run"], doc["policy"], doc["scenario"], slo, _buckets(path, doc), _window(path, doc)
+    )
+
+
+def _window(path: Path, doc: Mapping[str, object]) -> tuple[int, int] | None:
+    """The optional ``window_start_ns`` and ``window_end_ns`` (both or neither)."""
+    keys = ("window_start_ns", "window_end_ns")
+    present = [k for k in keys if k in doc]
+    if not present:
+        return None
+    if len(present) == 1:
+        raise SchemaError(f"{path}: {present[0]!r} without its pair; give both of {keys}")
+    start, end = doc["window_start_ns"], doc["window_end_ns"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)):
+        raise SchemaError(f"{path}: window_start_ns and window_end_ns must be integers (ns)")
+    assert isinstance(start, int) and isinstance(end, int)
+    if end <= start:
+        raise SchemaError(f"{path}: the window is empty ({start} .. {end} ns)")
+    return start, end
 
 
 def _bucket(value: object) -> tuple[float, float] | None:
@@ -277,6 +300,20 @@ def read_side(spark: SparkSession, traces: Traces, side: Side, columns: Sequence
         .parquet(*[str(p) for p in paths])
     )
     return frame.select(*columns)
+
+
+def in_window(traces: Traces, time_column: str) -> Column:
+    """True for rows whose ``time_column`` lies in their run's measured window, and for
+    every row of a run without one (a CASE on the partition column: no join)."""
+    from pyspark.sql import functions as F
+
+    t = F.col(time_column)
+    keep = F.lit(True)
+    for info in traces.runs:
+        if info.window_ns is not None:
+            start, end = info.window_ns
+            keep = F.when(F.col("run") == info.run, (t >= start) & (t < end)).otherwise(keep)
+    return keep
 
 
 def runs_frame(spark: SparkSession, traces: Traces) -> DataFrame:

@@ -1,7 +1,10 @@
 """Job 1, ``latency``: end-to-end latency, token wait and processing per (run, topic, broker)
 and per (run, topic), exact quantiles, SLO violations and the DRL penalty of the tail.
 
-Per delivery (one subscriber row): ``e2e = t_recv − t_send``. Per message (one broker
+Per delivery (one subscriber row): ``e2e = t_recv − t_send``. A run whose metadata gives a
+measured window counts only the deliveries of messages *sent* in it and the broker rows of
+messages that *arrived* in it (arrival trails sending by the transit, well under a
+millisecond here, so the two sets differ at most at the window's edges). Per message (one broker
 row): ``token wait = t_release − t_arrive`` and ``processing = t_dispatch − t_release``.
 The two sides join on (run, broker, msg_id). Quantiles are nearest-rank
 (``srtm.pipeline.quantiles``), exact, over all deliveries of the group. The *tail* of a
@@ -29,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from srtm.pipeline.dataset import Traces, read_side
+from srtm.pipeline.dataset import Traces, in_window, read_side
 from srtm.pipeline.quantiles import bucket_column, locate
 
 if TYPE_CHECKING:
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 GROUP = ["run", "topic", "broker"]
+QUANTILE_COLUMNS = ("p50_ns", "p95_ns", "p99_ns", "p999_ns")
 #: Above this many tail deliveries the tail is shuffle-joined instead of broadcast.
 BROADCAST_ROWS = 2_000_000
 
@@ -48,7 +52,7 @@ COLUMNS: dict[str, str] = {
     "topic": "topic",
     "broker": "broker id; null on the per-topic rows that cover all of the topic's brokers",
     "brokers": "number of brokers the row covers",
-    "count": "deliveries (subscriber rows)",
+    "count": "deliveries (subscriber rows; of the measured window where the run has one)",
     "mean_ns": "mean end-to-end latency, ns",
     "p50_ns": "end-to-end latency, nearest-rank 50th percentile, ns",
     "p95_ns": "… 95th percentile, ns",
@@ -108,6 +112,7 @@ def compute(spark: SparkSession, traces: Traces) -> pd.DataFrame:
     sub = (
         read_side(spark, traces, "subscriber", [*GROUP, "msg_id", "t_send_ns", "t_recv_ns"])
         .where(F.col("topic").isNotNull() & F.col("broker").isNotNull())  # unattributable
+        .where(in_window(traces, "t_send_ns"))
         .withColumn("e2e", F.col("t_recv_ns") - F.col("t_send_ns"))
         .withColumn("bucket", bucket_column(F.col("e2e")))
         .withColumn("k", F.xxhash64(*GROUP))
@@ -286,7 +291,8 @@ def _broker_side(
     if tail_rows <= BROADCAST_ROWS:
         tail = F.broadcast(tail)
     cols = ["run", "topic", "broker", "msg_id", "t_arrive_ns", "t_release_ns", "t_dispatch_ns"]
-    bro = read_side(spark, traces, "broker", cols).select(
+    bro = read_side(spark, traces, "broker", cols).where(in_window(traces, "t_arrive_ns"))
+    bro = bro.select(
         F.xxhash64(*GROUP).alias("k"),
         F.xxhash64("run", "broker", "msg_id").alias("msg_key"),
         *GROUP,
@@ -414,8 +420,9 @@ def summary_rows(frame: pd.DataFrame) -> Iterable[dict[str, object]]:
     """Per (run, policy, topic): what ``srtm.pipeline.latency_summary`` returns."""
     topics = frame[frame["broker"].isna()]
     per_broker = frame[frame["broker"].notna()]
-    used = per_broker.groupby(["run", "topic"])["broker"].agg(lambda s: sorted(s))
+    by_topic = {key: g for key, g in per_broker.groupby(["run", "topic"])}
     for row in topics.itertuples(index=False):
+        mine = by_topic.get((row.run, row.topic), per_broker.iloc[:0])
         yield {
             "run": row.run,
             "policy": row.policy,
@@ -425,8 +432,14 @@ def summary_rows(frame: pd.DataFrame) -> Iterable[dict[str, object]]:
             "p95_ns": int(row.p95_ns),
             "p99_ns": int(row.p99_ns),
             "p999_ns": int(row.p999_ns),
+            "slo_violations": None if pd.isna(row.slo_violations) else int(row.slo_violations),
             "tail_token_share": None
             if pd.isna(row.tail_token_share)
             else float(row.tail_token_share),
-            "brokers": list(used.get((row.run, row.topic), [])),
+            "brokers": sorted(str(b) for b in mine["broker"]),
+            "per_broker": {
+                str(b.broker): {"count": int(b.count)}
+                | {q: int(getattr(b, q)) for q in QUANTILE_COLUMNS}
+                for b in mine.itertuples(index=False)
+            },
         }
