@@ -196,7 +196,7 @@ def test_mini_demo_end_to_end(tmp_path: Path) -> None:
     env = os.environ | {"COLUMNS": "160"}
     proc = subprocess.run(
         [sys.executable, "-m", "srtm", "demo", "--duration", "5", "--warmup", "2",
-         "--out", str(out), "--json"],
+         "--out", str(out), "--json", "--analysis", "spark"],
         capture_output=True, text=True, timeout=240, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -207,6 +207,18 @@ def test_mini_demo_end_to_end(tmp_path: Path) -> None:
         assert row["published"] == row["delivered"] > 0, policy
         assert 1 <= row["brokers_used"] <= 6
     assert doc["policies"]["lb"]["brokers_used"] == 6  # LB uses every broker
+    # The Spark pipeline computed the figures, over the same window as the in-process
+    # analysis: nearest-rank against interpolated quantiles of the same messages.
+    assert doc["analysis"] == "spark"
+    for policy, row in doc["policies"].items():
+        summary = json.loads((out / f"correlated-sensors-{policy}.json").read_text())
+        assert summary["analysis"]["engine"] == "spark"
+        local = summary["in_process"]
+        assert row["brokers_used"] == local["brokers_used"]
+        assert set(summary["per_broker"]) == set(local["per_broker"])
+        for q in ("p50", "p95", "p99"):
+            assert row[f"{q}_ms"] == pytest.approx(local["e2e_ms"][q], rel=0.02, abs=0.05), q
+        assert summary["token_share_tail"] == pytest.approx(local["token_share_tail"], abs=0.05)
     for name in ("report.html", "latency_cdf.png", "broker_p99.png"):
         assert (out / name).stat().st_size > 0, name
     assert "published" in proc.stdout and "delivered" in proc.stdout
@@ -215,3 +227,29 @@ def test_mini_demo_end_to_end(tmp_path: Path) -> None:
     assert (out / "traces" / "runs" / "correlated-sensors-lb.json").exists()
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
     assert left.stdout == "", f"left running: {left.stdout}"
+
+
+def _summary(run: str) -> dict[str, object]:
+    return {"run": run, "policy": "lb", "e2e_ms": {"p99": 1.0}, "analysis": dict(analysis.ENGINE)}
+
+
+def test_analysis_falls_back_in_process_only_when_asked_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """auto keeps the in-process figures when Spark cannot run; spark fails instead."""
+    import typer
+
+    from srtm.experiments import cli, spark_analysis
+
+    def no_java(*_: object) -> None:
+        raise RuntimeError("Java gateway process exited before sending its port number")
+
+    monkeypatch.setattr(spark_analysis, "analyse", no_java)
+    summaries = [_summary("r")]
+    cli.analyse(summaries, tmp_path, cli.Analysis.auto, None)  # type: ignore[arg-type]
+    assert summaries == [_summary("r")]
+    assert "Spark is not available here" in " ".join(capsys.readouterr().err.split())
+    with pytest.raises(typer.Exit) as stop:
+        cli.analyse(summaries, tmp_path, cli.Analysis.spark, None)  # type: ignore[arg-type]
+    assert stop.value.exit_code == 1
+    assert "Java gateway" in " ".join(capsys.readouterr().err.split())

@@ -17,6 +17,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 QUANTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+#: How a summary says its figures were computed here (``spark_analysis`` says otherwise).
+ENGINE = {"engine": "in-process (pandas)"}
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,13 @@ import json
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from srtm.experiments import scenarios
@@ -52,6 +53,30 @@ WarmupOpt = Annotated[
 ]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print the result as one JSON document at the end.")
+]
+
+
+class Analysis(StrEnum):
+    """Who computes a run's latency figures from its traces."""
+
+    auto = "auto"
+    spark = "spark"
+    local = "local"
+
+
+AnalysisOpt = Annotated[
+    Analysis,
+    typer.Option(
+        help="Who computes the latency figures from the traces: 'spark' (the Spark "
+        "pipeline's latency job, over the measured window), 'local' (pandas, in this "
+        "process), or 'auto' (Spark, and local if Spark cannot start, e.g. without Java)."
+    ),
+]
+SparkMasterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--spark-master", help="Spark master for --analysis spark/auto (default local[*])."
+    ),
 ]
 
 
@@ -111,6 +136,7 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str) -> None:
         table.add_row(*row)
     Console().print(table)
     Console().print(report.LEGEND, style="dim")
+    Console().print(f"latency figures computed by: {report.engine(summaries)}", style="dim")
     for s in summaries:
         acc = s["accounting"]
         same = "=" if acc["published"] == acc["delivered"] and acc["lost"] == 0 else "≠"
@@ -121,6 +147,36 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str) -> None:
             f"{s['emulator']['skipped_late']:,} skipped as over "
             f"{s['emulator']['max_late_ms']:g} ms late"
         )
+
+
+def analyse(
+    summaries: list[dict[str, Any]], out: Path, engine: Analysis, master: str | None
+) -> None:
+    """Recompute the summaries' latency figures with the Spark pipeline unless ``engine``
+    is local; with auto, fall back to the in-process figures if Spark fails."""
+    from srtm.experiments import live, spark_analysis
+
+    if engine is Analysis.local or not summaries:
+        return
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
+    ) as bar:
+        bar.add_task("analysing the traces with the Spark pipeline", total=None)
+        try:
+            done = spark_analysis.analyse(summaries, out / "traces", master)
+        except Exception as exc:  # no Java, no free port, a failed job: all mean "not here"
+            if engine is Analysis.spark:
+                console.print(f"[red]error:[/red] the Spark analysis failed: {exc}")
+                raise typer.Exit(1) from exc
+            console.print(
+                f"[yellow]Spark is not available here ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); the figures are "
+                "in-process.[/yellow]"
+            )
+            return
+    for s in summaries:
+        live.save_summary(out, s)
+    console.print(f"latency figures by the Spark pipeline ({done['master']}), {done['seconds']} s")
 
 
 def _policies(text: str) -> list[str]:
@@ -162,6 +218,8 @@ def run_cmd(
         typer.Option(help="Simulate one of the paper's figures at full scale instead."),
     ] = False,
     as_json: JsonOpt = False,
+    analysis: AnalysisOpt = Analysis.auto,
+    spark_master: SparkMasterOpt = None,
 ) -> None:
     """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
     the workload, collect traces, stop everything, and print the summary."""
@@ -170,6 +228,7 @@ def run_cmd(
         return
     sc = _load(scenario)
     summaries = run_policies(sc, _policies(policy), out, duration, warmup)
+    analyse(summaries, out, analysis, spark_master)
     print_table(summaries, f"{sc.name}: SLO p99 ≤ {sc.slo_p99_ms:g} ms")
     console.print(f"summaries and traces under {out}")
     if as_json:
@@ -188,11 +247,14 @@ def compare_cmd(
     warmup: WarmupOpt = None,
     out: OutOpt = Path("out/experiments"),
     as_json: JsonOpt = False,
+    analysis: AnalysisOpt = Analysis.auto,
+    spark_master: SparkMasterOpt = None,
 ) -> None:
     """Run SCENARIO under several policies and print them side by side, with plots and an
     HTML report in OUT."""
     sc = _load(scenario)
     summaries = run_policies(sc, _policies(policies), out, duration, warmup)
+    analyse(summaries, out, analysis, spark_master)
     _finish(sc, summaries, out, as_json)
 
 
@@ -220,12 +282,20 @@ def _run_sim(name: str, out: Path, as_json: bool) -> None:
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
+    _print_figure(result, as_json)
+
+
+def _print_figure(result: Any, as_json: bool) -> None:
+    """A ``figures.FigureResult`` as a table, the files it wrote, and optionally JSON."""
     table = Table(title=f"{result.title} (simulated in {result.elapsed_s:.1f} s)")
     for col in result.columns:
         table.add_column(str(col))
     for row in result.rows:
         table.add_row(*(f"{x:.4g}" if isinstance(x, float) else str(x) for x in row))
     Console().print(table)
+    for claim in result.data.get("claims", []):
+        mark = "[green]✓[/green]" if claim["ok"] else "[red]✗[/red]"
+        console.print(f"{mark} {claim['paper']}: {claim['sim']}")
     for f in result.files:
         console.print(f"wrote {f}")
     if as_json:
@@ -244,9 +314,12 @@ def demo(
         Path, typer.Option(help="Where traces, plots and report.html are written.")
     ] = Path("out/demo"),
     as_json: JsonOpt = False,
+    analysis: AnalysisOpt = Analysis.auto,
+    spark_master: SparkMasterOpt = None,
 ) -> None:
     """The main job: correlated sensors on a local cluster, once placed by load balancing
-    (LB) and once by SRTM; a comparison table, and OUT/report.html with plots."""
+    (LB) and once by SRTM; the traces analysed by the Spark pipeline; a comparison table,
+    and OUT/report.html with plots."""
     sc = _load("correlated-sensors")
     started = time.monotonic()
     console.print(
@@ -254,5 +327,6 @@ def demo(
         f"{sc.brokers} brokers on 127.0.0.1; {duration:g} s measured per policy."
     )
     summaries = run_policies(sc, ["lb", "srtm"], out, duration, warmup)
+    analyse(summaries, out, analysis, spark_master)
     _finish(sc, summaries, out, as_json)
     console.print(f"finished in {time.monotonic() - started:.0f} s")

@@ -105,9 +105,16 @@ def run(
     summary = _summarize(sc, info, traces, duration)
     (traces / "runs").mkdir(parents=True, exist_ok=True)
     (traces / "runs" / f"{name}.json").write_text(json.dumps(_metadata(sc, info), indent=2))
-    (out / f"{name}.json").write_text(json.dumps(summary, indent=2))
+    save_summary(out, summary)
     progress("analysing", 1, 1)
     return summary
+
+
+def save_summary(out: Path, summary: dict[str, Any]) -> Path:
+    """``out/<run>.json``: the run's summary."""
+    path = out / f"{summary['run']}.json"
+    path.write_text(json.dumps(summary, indent=2))
+    return path
 
 
 def _clear_run(traces: Path, name: str) -> None:
@@ -388,6 +395,7 @@ def _summarize(sc: Scenario, info: RunInfo, traces: Path, duration: float) -> di
         "brokers_assigned": len(info.plan.get("brokers", [])),
         "fitting_rounds": (info.fitting or {}).get("rounds", []),
         "fitting_state": (info.fitting or {}).get("state"),
+        "analysis": dict(analysis.ENGINE),
     }
     summary |= analysis.summarize(broker_rows, sub_rows, info.window, sc.slo_p99_ms)
     summary["accounting"] = analysis.accounting(sub_rows, published)

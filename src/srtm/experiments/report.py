@@ -51,6 +51,7 @@ def compact(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "scenario": summaries[0]["scenario"] if summaries else None,
         "slo_p99_ms": summaries[0]["slo_p99_ms"] if summaries else None,
+        "analysis": engine(summaries),
         "policies": {
             s["policy"]: {
                 "p50_ms": s["e2e_ms"]["p50"],
@@ -64,6 +65,12 @@ def compact(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
             for s in summaries
         },
     }
+
+
+def engine(summaries: Sequence[dict[str, Any]]) -> str:
+    """Who computed the latency figures ("spark", "in-process (pandas)", or both)."""
+    names = sorted({s.get("analysis", {}).get("engine", "?") for s in summaries})
+    return " and ".join(names)
 
 
 def plots(summaries: Sequence[dict[str, Any]], traces: Path, out: Path) -> list[Path]:
@@ -142,6 +149,7 @@ img{{max-width:100%}}</style></head><body>
 per policy, after a warm-up in which the controller places (and, except for LB, fits) the
 topic. {html.escape(LEGEND)}</p>
 <table><tr>{head}</tr>{body}</table>
+<p>Latency figures computed by: {html.escape(engine(summaries))}.</p>
 <h2>Every message accounted for</h2><ul>{accounting}</ul>
 {figures}
 </body></html>
