@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -227,6 +228,27 @@ def test_mini_demo_end_to_end(tmp_path: Path) -> None:
     assert (out / "traces" / "runs" / "correlated-sensors-lb.json").exists()
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
     assert left.stdout == "", f"left running: {left.stdout}"
+    _validate_the_demo_runs(out, doc, tmp_path / "validation")
+
+
+def _validate_the_demo_runs(demo: Path, doc: dict[str, Any], out: Path) -> None:
+    """`srtm experiment validate` predicts each of the demo's runs with the simulator."""
+    from typer.testing import CliRunner
+
+    from srtm.cli import app
+
+    args = ["experiment", "validate", str(demo), "--model", "paper", "--out", str(out), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    runs = {e["policy"]: e for e in data["runs"]}
+    assert set(runs) == {"lb", "srtm"}
+    for policy, entry in runs.items():
+        assert entry["measured_p99_ms"] == doc["policies"][policy]["p99_ms"]
+        assert entry["replay_p99_ms"] > 0 and entry["live_brokers"] >= 1
+    assert (out / "validation.png").stat().st_size > 0
+    nothing = CliRunner().invoke(app, ["experiment", "validate", str(out), "--model", "paper"])
+    assert nothing.exit_code == 2 and "no finished run" in " ".join(nothing.output.split())
 
 
 def _summary(run: str) -> dict[str, object]:

@@ -302,6 +302,47 @@ def _print_figure(result: Any, as_json: bool) -> None:
         print(json.dumps(result.data))
 
 
+@app.command("validate")
+def validate_cmd(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Output directories of live runs (`srtm experiment run/compare --out`, "
+            "`srtm demo --out`): each holds <scenario>-<policy>.json and traces/."
+        ),
+    ],
+    model: Annotated[
+        str,
+        typer.Option(
+            help="Broker model for the simulator: 'paper' or a file from `srtm calibrate`."
+        ),
+    ],
+    scenario: Annotated[
+        str, typer.Option(help="The scenario the runs ran (its workload is simulated).")
+    ] = "correlated-sensors",
+    out: OutOpt = Path("out/validation"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Predict each live run's p99 with the simulator (replaying the arrivals the brokers
+    recorded, the nominal schedule on the run's placement, and the simulator's own
+    placement) and compare it with the measured p99 (target: within ±30 %)."""
+    from srtm.experiments import figures
+
+    missing = [str(r) for r in runs if not r.is_dir()]
+    if missing:
+        raise typer.BadParameter(f"not a directory: {', '.join(missing)}", param_hint="RUNS")
+    try:
+        result = figures.validate_live(out, runs, model, scenario)
+    except (ValueError, OSError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    if not result.data["runs"]:
+        console.print(f"[red]error:[/red] no finished run of {scenario!r} with sub-buckets in "
+                      f"{', '.join(map(str, runs))}")  # fmt: skip
+        raise typer.Exit(2)
+    _print_figure(result, as_json)
+
+
 def demo(
     duration: Annotated[
         float,

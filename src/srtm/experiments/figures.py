@@ -996,9 +996,10 @@ def validate_live(
             measured = float(summary["e2e_ms"]["p99"])
             sched = predict(setup, m, policy, assignment=meta["assignment"], buckets=buckets)
             brokers, _ = analysis.load(run_dir / "traces", meta["run"])
+            brokers = brokers[brokers["topic"] == meta.get("topic", sc.topic)]  # not preloads
             arrivals = {str(b): g["t_arrive_ns"].to_numpy() for b, g in brokers.groupby("broker")}
             window = (int(meta["window_start_ns"]), int(meta["window_end_ns"]))
-            rep = replay(arrivals, buckets, m, float(meta["capacity"]), window)
+            rep = replay(arrivals, buckets, m, float(meta["capacity"]), window, preload=preload)
             own = predict(setup, m, policy)
             entry = {
                 "run": str(run_dir),

@@ -133,11 +133,13 @@ def replay(
     window_ns: tuple[int, int],
     *,
     lead_s: float = 2.0,
+    preload: Mapping[str, float] | None = None,
 ) -> SimResult:
     """Latency of recorded arrivals (ns, per broker, as a live run's broker traces have
     them) through each broker's sub-bucket and emulated server: the live run's own
     traffic, stalls and catch-up bursts of its publishers included. Messages arriving
-    in ``window_ns`` are measured; the ``lead_s`` before it warm the queues up."""
+    in ``window_ns`` are measured; the ``lead_s`` before it warm the queues up.
+    ``preload``: msg/s of other topics' (Poisson) traffic per broker id."""
     start, end = window_ns
     origin = start - int(lead_s * 1e9)
     ids = sorted(arrivals)
@@ -162,4 +164,5 @@ def replay(
     )
     emulated = model.emulated(capacity)
     shares = [Share(b, [i], buckets.get(b)) for i, b in enumerate(ids)]
-    return simulate(trace, shares, emulated, seed=0, warmup_s=lead_s)
+    background = {b: Background((preload or {}).get(b, 0.0)) for b in ids}
+    return simulate(trace, shares, emulated, background, seed=0, warmup_s=lead_s)
