@@ -227,12 +227,15 @@ class LocalCluster:
         return f"http://{self.controller.http_address}"
 
     def stop(self) -> None:
+        # The controller first: brokers stop one by one, flushing traces, and a controller
+        # still adapting would warn about every one already gone. Brokers take a missing
+        # controller silently.
+        self.controller.stop()
         for b in self.brokers:
             if b.alive():
                 b.stop()
             else:
                 b.proc.wait()
-        self.controller.stop()
 
 
 def start_cluster(
