@@ -54,6 +54,15 @@ def test_emulated_capacity_makes_an_overloaded_broker_queue() -> None:
     assert one.p99_ms > 10 * three.p99_ms  # 600 msg/s into a 400 msg/s server
 
 
+def test_a_bucket_too_small_to_split_leaves_the_topic_unshaped_as_the_controller_does() -> None:
+    s = setup(bucket=BucketParams(660.0, 2.0))  # 3 brokers cannot each hold a token
+    ids = [p.id for p in s.specs]
+    assignment = {"1": ids[:58], "2": ids[58:59], "3": ids[59:]}
+    pred = predict(s, MODEL, "lb", assignment=assignment)
+    assert set(pred.result.brokers) == {"1", "2", "3"}
+    assert pred.result.topic.token_p99_ms == 0.0  # no sub-bucket anywhere
+
+
 def test_without_an_assignment_the_simulator_places_and_fits() -> None:
     p = predict(setup(), MODEL, "srtm")
     placed = sorted(x for ps in p.assignment.values() for x in ps)

@@ -79,7 +79,10 @@ def _shares(
     used = {b: list(ps) for b, ps in assignment.items() if ps}
     rates = {b: math.fsum(trace.publishers[index[p]].rate for p in ps) for b, ps in used.items()}
     if buckets is None:  # the controller's split: in proportion to rate
-        parts = split(topic.rate, topic.burst, list(rates.values()))
+        try:
+            parts = split(topic.rate, topic.burst, list(rates.values()))
+        except ValueError:  # a share below one token: the controller leaves it unshaped
+            return [Share(b, [index[p] for p in ps], None) for b, ps in used.items()]
         buckets = dict(zip(rates, parts, strict=True))
     return [Share(b, [index[p] for p in ps], buckets[b]) for b, ps in used.items()]
 
