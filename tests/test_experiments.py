@@ -127,6 +127,10 @@ def test_the_shipped_scenarios_load() -> None:
     groups = {p.group for p in specs}
     assert len(groups) == 10
     assert sc.mcap <= sc.capacity and sc.fit is not None
+    poisson = scenarios.load("poisson-sensors")
+    assert {p.process for p in poisson.specs()} == {"poisson"}
+    assert {p.group for p in poisson.specs()} == {None} and poisson.rate == 3_000
+    assert set(scenarios.available()) == {"correlated-sensors", "poisson-sensors"}
 
 
 @pytest.mark.parametrize(
