@@ -235,6 +235,34 @@ def test_mini_demo_end_to_end(tmp_path: Path) -> None:
     _validate_the_demo_runs(out, doc, tmp_path / "validation")
 
 
+def _group_of(pattern: str) -> str:
+    return subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
+
+
+def test_an_interrupted_demo_leaves_nothing_running(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the demo's process group, as a terminal sends it) while the
+    brokers run: the demo exits with 130 and every server it started is gone."""
+    import signal
+
+    out = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "srtm", "demo", "--duration", "20", "--out", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "broker-6" not in _group_of(f"[s]rtm broker.*{out}"):
+            assert time.monotonic() < deadline and proc.poll() is None, "brokers never started"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(30) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert _group_of(f"[-]-out {out}|[s]rtm.*{out}") == ""
+
+
 def _validate_the_demo_runs(demo: Path, doc: dict[str, Any], out: Path) -> None:
     """`srtm experiment validate` predicts each of the demo's runs with the simulator."""
     from typer.testing import CliRunner

@@ -595,3 +595,59 @@ def test_jobs_run_in_separate_executor_processes(
     local = outputs["tables"]["profile-buckets"].sort_values(["run", "topic"])
     cols = ["run", "topic", "r", "b"]
     assert got[cols].to_numpy().tolist() == local[cols].to_numpy().tolist()
+
+
+_START_AND_WAIT = """
+import sys
+from srtm.pipeline.session import get_session
+print("starting", flush=True)
+spark = get_session()
+print("started", flush=True)
+spark.range(0, 10**12).filter("id % 3 = 0").count()
+"""
+
+
+@pytest.mark.parametrize("when", ["starting", "started"])
+def test_ctrl_c_leaves_no_jvm(when: str) -> None:
+    """Interrupted while its JVM starts or while a job runs, a process that uses the
+    session exits on KeyboardInterrupt and no JVM outlives it."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _START_AND_WAIT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        while (line := proc.stdout.readline()) and line.strip() != when:
+            pass
+        assert line.strip() == when, proc.stderr.read() if proc.stderr else ""
+        jvms = _jvms_of(proc.pid)
+        deadline = time.monotonic() + 30
+        while when == "starting" and not jvms and time.monotonic() < deadline:
+            jvms = _jvms_of(proc.pid)  # interrupt once the JVM exists, before it is up
+            time.sleep(0.05)
+        assert jvms, "no JVM started"
+        time.sleep(1.0 if when == "started" else 0.3)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    for pid in jvms:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in _state(pid), f"JVM {pid} left"
+
+
+def _jvms_of(parent: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(parent), "-f", "SparkSubmit"], capture_output=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

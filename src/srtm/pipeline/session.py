@@ -8,10 +8,13 @@ Nothing is fetched from Maven (no ``spark.jars.packages``).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -117,28 +120,77 @@ def get_session(master: str | None = None, settings: SessionSettings | None = No
         builder = builder.config("spark.driver.host", LOOPBACK).config(
             "spark.driver.bindAddress", LOOPBACK
         )
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    before = _children()
+    try:
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
+    except BaseException:  # Ctrl-C while the JVM starts, or a failed start: no JVM left
+        _reap_gateway(kill=True)
+        _kill_new_jvms(before)
+        raise
+    if threading.current_thread() is threading.main_thread():
+        # pyspark installs its own Ctrl-C handler, which calls into the JVM in the middle
+        # of the command the main thread waits on and buries the interrupt under py4j
+        # tracebacks. Python's own lets callers stop the session in a `finally`.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     return spark
 
 
 def stop_session(spark: SparkSession, timeout_s: float = 30.0) -> None:
     """Stop the session *and* its JVM, and reap it: a JVM left to exit when this process
     does can linger as a zombie where PID 1 does not reap orphans (containers)."""
+    try:
+        spark.stop()
+    except Exception:  # a gateway already broken (interrupted mid-command): kill the JVM
+        _reap_gateway(kill=True, timeout_s=timeout_s)
+    else:
+        _reap_gateway(kill=False, timeout_s=timeout_s)
+
+
+def _children() -> set[int]:
+    """Pids of this process's children (Linux /proc; empty elsewhere)."""
+    me, pids = os.getpid(), set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == me:
+                pids.add(int(stat.parent.name))
+    return pids
+
+
+def _kill_new_jvms(before: set[int]) -> None:
+    """Kill and reap the Spark JVMs started since ``before``: interrupted before it knew
+    its JVM, pyspark lost the handle, and the JVM outlives us."""
+    for pid in _children() - before:
+        with contextlib.suppress(OSError):
+            if b"org.apache.spark.deploy.SparkSubmit" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+
+
+def _reap_gateway(kill: bool, timeout_s: float = 30.0) -> None:
+    """Shut the py4j gateway, end its JVM (closing its stdin ends it; ``kill`` if the
+    gateway may be broken) and wait for it."""
     import subprocess
 
     from pyspark import SparkContext
+    from pyspark.sql import SparkSession
 
-    spark.stop()
     gateway = SparkContext._gateway
     proc = getattr(gateway, "proc", None)
-    if gateway is not None:
-        gateway.shutdown()
+    # What spark.stop() resets, in case it did not get there: the next session starts anew.
     SparkContext._gateway = None
     SparkContext._jvm = None
+    SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
+    if gateway is not None:
+        with contextlib.suppress(Exception):
+            gateway.shutdown()
     if proc is None:
         return
-    if proc.stdin is not None:
+    if kill:
+        proc.kill()
+    elif proc.stdin is not None:
         proc.stdin.close()  # the gateway JVM exits when its stdin closes
     try:
         proc.wait(timeout=timeout_s)
