@@ -37,6 +37,16 @@ def test_a_topic_is_placed_and_every_broker_gets_its_sub_bucket() -> None:
     assert who["tcp_address"] in {"127.0.0.1:4150", "127.0.0.1:4151"}
 
 
+def test_a_move_that_leaves_a_small_share_still_gives_every_broker_a_sub_bucket() -> None:
+    c = cluster()
+    c.create_topic(topic_of(150), "srtm", now=0)  # 1,500 msg/s, burst 100, on b0 and b1
+    on_b0 = next(b["publishers"] for b in c.plan("t")["brokers"] if b["id"] == "b0")
+    actions = c.move("t", on_b0[:1], "b2")  # 10 msg/s of 1,500: 2/3 of a token, floored
+    sets = {a.broker: a.bucket for a in actions if isinstance(a, SetBucket)}
+    assert set(sets) == {"b0", "b1", "b2"} and sets["b2"].burst == 1.0
+    assert math.fsum(b.burst for b in sets.values()) == 100
+
+
 def test_requests_the_controller_refuses() -> None:
     c = Controller()
     with pytest.raises(ControlError, match="no broker") as e:

@@ -169,6 +169,15 @@ def test_every_publisher_once_capacity_kept_sums_exact(
         )
 
 
+def test_a_small_share_gets_one_token_taken_from_the_others() -> None:
+    brokers = [Broker("b1", 300, 0), Broker("b2", 11, 0)]
+    placement = place("conc", brokers, topic_of(31, rate=10, burst=20))
+    small = next(a for a in placement.assignments if a.broker == "b2")
+    assert placement.problem is None and len(small.publishers) == 1
+    assert small.bucket is not None and small.bucket.burst == 1.0  # 20/31 of a token, floored
+    assert math.fsum(a.bucket.burst for a in placement.assignments if a.bucket) == 20
+
+
 def test_a_share_too_small_for_one_token_is_reported() -> None:
     brokers = [Broker(f"b{i}", 100, 0) for i in range(4)]
     placement = place("lb", brokers, topic_of(40, rate=10, burst=2))

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from srtm.ratelimit import BucketParams, merge, split, split_amount
+from srtm.ratelimit import BucketParams, merge, split, split_amount, split_floored
 
 rates = st.floats(min_value=1e-3, max_value=1e9, allow_nan=False, allow_infinity=False)
 weights = st.lists(st.floats(min_value=0.01, max_value=100.0), min_size=1, max_size=12)
@@ -107,3 +107,29 @@ def test_split_amount_raises_parts_to_the_minimum() -> None:
     assert split_amount(200, [0, 98, 1], 1.0) == pytest.approx([1, 199 * 98 / 99, 199 / 99])
     with pytest.raises(ValueError, match="weights"):
         split_amount(10, [])
+
+
+@given(rate=rates, weights=weights, tokens_per_share=st.floats(min_value=1.0, max_value=50.0))
+def test_split_floored_gives_every_share_a_token_and_keeps_the_sums(
+    rate: float, weights: list[float], tokens_per_share: float
+) -> None:
+    burst = tokens_per_share * len(weights)
+    parts = split_floored(rate, burst, weights)
+    assert sum(p.rate for p in parts) == rate and sum(p.burst for p in parts) == burst
+    assert all(p.burst >= 1 and p.rate > 0 for p in parts)
+    try:
+        strict = split(rate, burst, weights)
+    except ValueError:
+        assert min(p.burst for p in parts) == 1.0  # only the floor made it possible
+    else:
+        assert parts == strict
+
+
+def test_split_floored_takes_the_floor_from_the_others_in_proportion() -> None:
+    parts = split_floored(1645.0, 20.0, [920.0, 380.0, 190.0, 10.0])
+    assert parts[3].burst == 1.0 and parts[3].rate == pytest.approx(1645.0 * 10 / 1500)
+    rest = [p.burst for p in parts[:3]]
+    assert sum(rest) == pytest.approx(19.0)
+    assert rest[0] / rest[1] == pytest.approx(920 / 380)
+    with pytest.raises(ValueError, match=r"burst 3\.0 cannot give each of 4 sub-buckets one token"):
+        split_floored(100.0, 3.0, [1.0, 1.0, 1.0, 1.0])

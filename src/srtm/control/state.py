@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from srtm.placement import AdaptorSettings, Broker, Policy, Publisher, Report, Topic, adapt, place
-from srtm.ratelimit import BucketParams, merge, split
+from srtm.ratelimit import BucketParams, merge, split_floored
 
 
 @dataclass
@@ -157,7 +157,7 @@ class Controller:
             spec = topic.spec
             placed = 1.0 if not topic.unassigned else math.fsum(rates.values()) / spec.load
             try:
-                parts = split(
+                parts = split_floored(
                     spec.rate * placed, max(1.0, spec.burst * placed), list(rates.values())
                 )
             except ValueError as exc:

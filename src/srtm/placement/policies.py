@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from srtm.placement.model import Assignment, Broker, Placement, Publisher, Topic
-from srtm.ratelimit import split
+from srtm.ratelimit import split_floored
 
 Policy = Literal["lb", "conc", "maxmin", "srtm"]
 POLICIES: tuple[Policy, ...] = ("lb", "conc", "maxmin", "srtm")
@@ -212,7 +212,7 @@ def _placement(
         # (all of it, exactly, when everything was placed).
         placed = 1.0 if not unassigned else math.fsum(rates) / topic.load
         try:
-            buckets = split(topic.rate * placed, max(1.0, topic.burst * placed), rates)
+            buckets = split_floored(topic.rate * placed, max(1.0, topic.burst * placed), rates)
         except ValueError as exc:
             problem = f"no sub-buckets: {exc}"
             buckets = []

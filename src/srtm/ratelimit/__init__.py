@@ -18,7 +18,7 @@ from srtm.ratelimit.params import (
     grid,
 )
 from srtm.ratelimit.rtlim import INSUFFICIENT, OK, OVER_REFILL, Rtlim, RtlimMode
-from srtm.ratelimit.split import merge, split, split_amount
+from srtm.ratelimit.split import merge, split, split_amount, split_floored
 
 __all__ = [
     "DEFAULT_ASYNC_SPIN_NS",
@@ -43,4 +43,5 @@ __all__ = [
     "merge",
     "split",
     "split_amount",
+    "split_floored",
 ]

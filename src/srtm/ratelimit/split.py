@@ -64,6 +64,31 @@ def split(rate: float, burst: float, weights: Sequence[float]) -> list[BucketPar
     return [BucketParams(r_l, b_l) for r_l, b_l in zip(rates, bursts, strict=True)]
 
 
+def split_floored(rate: float, burst: float, weights: Sequence[float]) -> list[BucketParams]:
+    """As ``split``, but a share whose burst would fall below one token gets exactly one,
+    taken from the others in proportion (the TB Adaptor's floor), so that a small share
+    pays a large DRL penalty instead of leaving the topic without sub-buckets.
+
+    Equal to ``split`` whenever ``split`` succeeds. Raises ValueError if ``burst`` is less
+    than one token per share, or a share would get no rate.
+    """
+    rate = check_rate(rate)
+    burst = check_burst(burst)
+    exact = _check_weights(weights)
+    try:
+        return split(rate, burst, weights)
+    except ValueError:
+        pass
+    if burst < len(exact):
+        raise ValueError(f"burst {burst!r} cannot give each of {len(exact)} sub-buckets one token")
+    rates = _apportion(rate, exact)
+    bursts = split_amount(burst, [float(w) for w in exact], minimum=1.0)
+    for i, r_l in enumerate(rates):
+        if r_l <= 0:
+            raise ValueError(f"share {i} (weight {float(weights[i])!r}) would get rate 0")
+    return [BucketParams(r_l, b_l) for r_l, b_l in zip(rates, bursts, strict=True)]
+
+
 def split_amount(total: float, weights: Sequence[float], minimum: float = 0.0) -> list[float]:
     """``total`` in parts proportional to ``weights``, none below ``minimum``; sums exact.
 

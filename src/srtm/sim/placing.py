@@ -17,7 +17,7 @@ from srtm.placement.policies import (
     fill_in_order,
     maxmin_quotas,
 )
-from srtm.ratelimit import BucketParams, split
+from srtm.ratelimit import BucketParams, split_floored
 from srtm.sim.arrivals import Trace
 from srtm.sim.engine import Share
 from srtm.workload import PublisherSpec
@@ -56,7 +56,9 @@ def on_brokers(policy: Policy, chosen: Sequence[Broker], topic: Topic, seed: int
     used = [(b, ps) for b, ps in zip(chosen, groups, strict=True) if ps]
     rates = [math.fsum(p.rate for p in ps) for _, ps in used]
     placed = math.fsum(rates) / load if load else 0.0
-    buckets = split(topic.rate * placed, max(1.0, topic.burst * placed), rates) if used else []
+    buckets = (
+        split_floored(topic.rate * placed, max(1.0, topic.burst * placed), rates) if used else []
+    )
     assignments = tuple(
         Assignment(b.id, tuple(p.id for p in ps), r, bk)
         for (b, ps), r, bk in zip(used, rates, buckets, strict=True)

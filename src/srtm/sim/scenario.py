@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from srtm.placement import Broker, Fitting, Placement, Policy, Topic, place
-from srtm.ratelimit import BucketParams, split
+from srtm.ratelimit import BucketParams, split_floored
 from srtm.sim.arrivals import Trace, from_schedule
 from srtm.sim.engine import Background, Share, SimResult, simulate
 from srtm.sim.model import BrokerModel
@@ -80,8 +80,8 @@ def _shares(
     rates = {b: math.fsum(trace.publishers[index[p]].rate for p in ps) for b, ps in used.items()}
     if buckets is None:  # the controller's split: in proportion to rate
         try:
-            parts = split(topic.rate, topic.burst, list(rates.values()))
-        except ValueError:  # a share below one token: the controller leaves it unshaped
+            parts = split_floored(topic.rate, topic.burst, list(rates.values()))
+        except ValueError:  # not one token per broker: the controller leaves it unshaped
             return [Share(b, [index[p] for p in ps], None) for b, ps in used.items()]
         buckets = dict(zip(rates, parts, strict=True))
     return [Share(b, [index[p] for p in ps], buckets[b]) for b, ps in used.items()]
