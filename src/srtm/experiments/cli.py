@@ -4,6 +4,7 @@ plots and an HTML report."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Run the paper's experiments: live on local brokers, or simulated.")
 console = Console(stderr=True)
+# Results go to stdout; piped (make demo | tee, CI logs) rich would wrap them at 80
+# columns and cut the numbers, so a pipe gets room for the whole table.
+out_console = Console(width=None if sys.stdout.isatty() else 140)
 
 ScenarioArg = Annotated[
     str,
@@ -134,13 +138,13 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str) -> None:
         table.add_column(heading, justify="left" if heading == "policy" else "right")
     for row in report.rows(summaries):
         table.add_row(*row)
-    Console().print(table)
-    Console().print(report.LEGEND, style="dim")
-    Console().print(f"latency figures computed by: {report.engine(summaries)}", style="dim")
+    out_console.print(table)
+    out_console.print(report.LEGEND, style="dim")
+    out_console.print(f"latency figures computed by: {report.engine(summaries)}", style="dim")
     for s in summaries:
         acc = s["accounting"]
         same = "=" if acc["published"] == acc["delivered"] and acc["lost"] == 0 else "≠"
-        Console().print(
+        out_console.print(
             f"{s['policy']}: published {acc['published']:,} {same} delivered "
             f"{acc['delivered']:,} (lost {acc['lost']}, duplicates {acc['duplicates']}); "
             f"send lateness p99 {s['emulator']['send_lateness']['p99_us'] / 1e3:.2f} ms, "
@@ -201,7 +205,7 @@ def list_scenarios() -> None:
             name, str(sc.brokers), f"{sc.capacity:,.0f}", f"{sc.rate:,.0f}",
             f"{sc.slo_p99_ms:g}", sc.description,
         )  # fmt: skip
-    Console().print(table)
+    out_console.print(table)
 
 
 @app.command("run")
@@ -292,7 +296,7 @@ def _print_figure(result: Any, as_json: bool) -> None:
         table.add_column(str(col))
     for row in result.rows:
         table.add_row(*(f"{x:.4g}" if isinstance(x, float) else str(x) for x in row))
-    Console().print(table)
+    out_console.print(table)
     for claim in result.data.get("claims", []):
         mark = "[green]✓[/green]" if claim["ok"] else "[red]✗[/red]"
         console.print(f"{mark} {claim['paper']}: {claim['sim']}")
