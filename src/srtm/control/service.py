@@ -187,36 +187,29 @@ class ControllerService:
         task.add_done_callback(self._tasks.discard)
 
     async def _order_migration(self, action: Migrate) -> None:
-        info = self.ctrl.brokers.get(action.broker)
-        if info is None or self._session is None:
-            return
-        url = f"http://{info.http_address}/srtm/migrate"
         params = {"topic": action.topic, "publisher": action.publisher, "to": action.to,
                   "version": str(action.version)}  # fmt: skip
-        try:
-            async with self._session.post(url, params=params) as resp:
-                if resp.status != 200:
-                    log.warning(
-                        "broker %s refused %s: %s", action.broker, params, await resp.text()
-                    )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("broker %s unreachable for a migration: %s", action.broker, exc)
+        await self._post_to_broker(action.broker, "/srtm/migrate", params, "a migration")
 
     async def _push_bucket(self, action: SetBucket) -> None:
-        info = self.ctrl.brokers.get(action.broker)
-        if info is None or self._session is None:
-            return
-        url = f"http://{info.http_address}/srtm/bucket"
         params = {"topic": action.topic, "rate": repr(action.bucket.rate),
                   "burst": repr(action.bucket.burst)}  # fmt: skip
+        await self._post_to_broker(action.broker, "/srtm/bucket", params, action.topic)
+
+    async def _post_to_broker(
+        self, broker: str, path: str, params: dict[str, str], what: str
+    ) -> None:
+        """POST an order to a broker; a refusal or an unreachable broker is logged, not
+        raised (a re-registering broker gets its sub-buckets again)."""
+        info = self.ctrl.brokers.get(broker)
+        if info is None or self._session is None:
+            return
         try:
-            async with self._session.post(url, params=params) as resp:
-                if resp.status != 200:
-                    log.warning(
-                        "broker %s refused %s: %s", action.broker, params, await resp.text()
-                    )
+            async with self._session.post(f"http://{info.http_address}{path}", params=params) as r:
+                if r.status != 200:
+                    log.warning("broker %s refused %s: %s", broker, params, await r.text())
         except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("broker %s unreachable for %s: %s", action.broker, action.topic, exc)
+            log.warning("broker %s unreachable for %s: %s", broker, what, exc)
 
     # -- HTTP ----------------------------------------------------------------------------
     def app(self) -> web.Application:
