@@ -16,6 +16,8 @@ from srtm.broker.http import serve_http
 from srtm.broker.options import BrokerOptions
 
 log = logging.getLogger("srtm.broker")
+#: fds a broker needs beside its clients: listeners, HTTP, timers, a few queue files.
+_FD_ROOM = 256
 
 
 def raise_fd_limit() -> int:
@@ -35,7 +37,16 @@ def raise_fd_limit() -> int:
 
 async def serve(options: BrokerOptions, on_ready: Callable[[Broker], None] | None = None) -> None:
     """Serve until SIGTERM or SIGINT; then persist what is owed to ``data_dir`` and return."""
-    raise_fd_limit()
+    fds = raise_fd_limit()
+    if options.max_connections and fds < options.max_connections + _FD_ROOM:
+        log.warning(
+            "open-files limit %d leaves less than %d fds beside --max-connections %d: "
+            "past it, new connections wait unaccepted (EMFILE) instead of getting "
+            "E_TOO_MANY_CONNECTIONS",
+            fds,
+            _FD_ROOM,
+            options.max_connections,
+        )
     broker = Broker(options)
     await broker.start()
     runner, _ = await serve_http(broker)
