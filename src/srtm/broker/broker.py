@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from srtm.broker.diskqueue import DiskQueue
+from srtm.broker.diskqueue import DiskQueue, Reserve
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.queue import MessageQueue
@@ -73,6 +73,9 @@ class Broker:
         self.http_address: tuple[str, int] | None = None
         self.traces: TraceWriter | None = None
         self._disk: dict[str, DiskQueue] = {}
+        #: Disk queues whose last write failed (disk full...): their topics refuse PUBs.
+        self._failing_disks: set[DiskQueue] = set()
+        self._reserve = Reserve(self.options.data_dir, self.options.disk_reserve_bytes)
         self._restoring = False
         self._dirty: set[Channel] = set()
         self._flush_scheduled = False
@@ -99,7 +102,11 @@ class Broker:
         mem = self.options.mem_queue_size
         if any(is_ephemeral(part) for part in re.split("[:@]", key)):
             return MessageQueue(mem)
-        disk = DiskQueue(_queue_dir(self.options.data_dir, key))
+        disk = DiskQueue(
+            _queue_dir(self.options.data_dir, key),
+            self.options.max_bytes_per_file,
+            failing=self._failing_disks,
+        )
         self._disk[key] = disk
         return MessageQueue(mem, disk)
 
@@ -113,6 +120,7 @@ class Broker:
         opts = self.options
         opts.data_dir.mkdir(parents=True, exist_ok=True)
         self._restore()
+        self._reserve.claim()  # after the restore: it may need the space first
         if opts.trace_dir is not None:
             self.traces = TraceWriter(
                 opts.trace_dir, opts.run, str(opts.broker_id), opts.trace_sample
@@ -178,17 +186,24 @@ class Broker:
         self.stopped.set()
 
     def _persist(self) -> None:
-        """Graceful stop: what every durable queue holds in memory, then the metadata."""
+        """Graceful stop: what every durable queue holds in memory, then the metadata.
+
+        The disk reserve goes first, so that on a full disk the heads still fit; a queue
+        forgets what it read only once every head is saved."""
+        self._reserve.release()
+        saved = True
         for topic in self.topics.values():
             if topic.ephemeral:
                 continue
             for key, head in topic.head():
-                self._disk[key].save_head(head)
+                saved &= self._disk[key].save_head(head)
             for ch in topic.channels.values():
                 if not ch.ephemeral:
-                    self._disk[f"{topic.name}:{ch.name}"].save_head(ch.head())
+                    saved &= self._disk[f"{topic.name}:{ch.name}"].save_head(ch.head())
         for disk in self._disk.values():
-            disk.close()
+            saved &= disk.flush()  # every buffer written before any queue forgets what it read
+        for disk in self._disk.values():
+            disk.close(forget_read=saved)
         self._disk.clear()
         self._save_meta()
 
@@ -332,6 +347,7 @@ class Broker:
         for consumer in list(ch.consumers):
             if isinstance(consumer, Client):
                 consumer.close()
+        ch.discard()  # what it read from the topic's disk queues is settled
         self._remove_queue(f"{topic_name}:{channel_name}")
         self.stats.drop_channel(topic_name, channel_name)
         if topic.ephemeral and not topic.channels:
@@ -400,6 +416,8 @@ class Broker:
         """Accept messages that arrived at ``arrival``; ``publisher`` None: each one is
         attributed to the publisher its measurement header names."""
         topic = self.topic(topic_name)
+        if self._failing_disks:
+            self._refuse_if_failing(topic, "PUB")
         now = time.time_ns()
         n = 0
         backlog = 0.0
@@ -415,6 +433,8 @@ class Broker:
         self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None
     ) -> None:
         topic = self.topic(topic_name)
+        if self._failing_disks:
+            self._refuse_if_failing(topic, "DPUB")
         now = time.time_ns()
         who = publisher_of(body) if publisher is None else publisher
         topic.defer(
@@ -422,6 +442,18 @@ class Broker:
             now + defer_ms * 1_000_000,
         )
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
+
+    def _refuse_if_failing(self, topic: Topic, what: str) -> None:
+        """E_PUB_FAILED while a disk queue of ``topic`` cannot write (disk full...): what
+        was acknowledged waits in memory, and nothing more is taken until writing works."""
+        keys = [topic.name, f"{topic.name}@shaping"]
+        keys += [f"{topic.name}:{name}" for name in topic.channels]
+        for key in keys:
+            disk = self._disk.get(key)
+            if disk is not None and disk.error is not None:
+                raise ProtocolError(
+                    errors.E_PUB_FAILED, f"{what} failed: cannot write to disk ({disk.error})"
+                )
 
     def _kick(self, topic: Topic) -> None:
         if topic.bucket is None:

@@ -47,3 +47,8 @@ class BrokerOptions:
     #: takes 1/capacity s of a single broker-wide server, in release order (0: off).
     capacity: float = 0.0
     report_interval_s: float = 1.0
+    #: Size of a disk queue's segment files (nsqd's max-bytes-per-file).
+    max_bytes_per_file: int = 16 << 20
+    #: Disk space claimed at start and given back at a graceful stop, so that what memory
+    #: holds is saved even on a full disk (0: none). See docs/survival-disk.md.
+    disk_reserve_bytes: int = 32 << 20
