@@ -30,8 +30,8 @@ from srtm.broker.diskqueue import (
     FILE_HEADER,
     DiskQueue,
     Reserve,
-    _payload,
     encode,
+    encode_v1,
     scan,
 )
 from srtm.broker.message import Message
@@ -232,7 +232,7 @@ def test_new_segments_start_with_a_versioned_header_and_old_ones_are_read(
     # Version 1 (before checksums): bare records, no header.
     old = tmp_path / "old"
     old.mkdir()
-    (old / "000000.dat").write_bytes(b"".join(_payload(msg(i), None) for i in range(4)))
+    (old / "000000.dat").write_bytes(b"".join(encode_v1(msg(i)) for i in range(4)))
     again = DiskQueue(old)
     assert ids([again.pop() for _ in range(4)]) == want(range(4))
     again.push(msg(9))  # appended in the new format, to a new segment

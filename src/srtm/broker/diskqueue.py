@@ -36,9 +36,11 @@ log = logging.getLogger("srtm.broker.disk")
 
 # timestamp, arrival, release, due (-1: none), attempts, id, publisher length, body length
 _RECORD = struct.Struct(">qqqqH16sHI")
-#: Version 2 frames each record: CRC32 of (length field + payload), payload length.
+#: Version 2 frames each record: CRC-32 of (length field + payload), payload length.
 _FRAME = struct.Struct(">II")
-_LENGTH = struct.Struct(">I")
+_CRC = struct.Struct(">I")
+#: The length field followed by the payload's fixed part (what the CRC starts with).
+_LENGTH_RECORD = struct.Struct(">I" + _RECORD.format[1:])
 #: Every version-2 file starts with this (version-1 files have no header at all).
 MAGIC = b"SRTMDQ"
 FORMAT_VERSION = 2
@@ -54,99 +56,114 @@ DEFAULT_SEGMENT_BYTES = 16 << 20
 DEFAULT_FLUSH_BYTES = 256 << 10
 #: Per-record overhead beyond publisher and body, on disk.
 RECORD_OVERHEAD = _FRAME.size + _RECORD.size
+#: Bytes read from a file at a time.
+_CHUNK = 1 << 16
 
 #: Writes ``data`` at the end of the open file ``fd``; returns how many bytes it wrote.
 Writer = Callable[[int, memoryview], int]
+#: A message's fields as ``MessageQueue`` keeps them (id, body, timestamp, arrival,
+#: release, attempts, publisher).
+Fields = tuple[bytes, bytes, int, int, int, int, str]
 
 
 class CorruptRecord(Exception):
     """A record that fails its length or checksum test (a torn or zero-filled tail)."""
 
 
-def _payload(msg: Message, due_ns: int | None) -> bytes:
-    publisher = msg.publisher.encode()
+def _encode(f: Fields, due_ns: int | None) -> bytes:
+    mid, body, ts, arrival, release, attempts, publisher = f
+    pub = publisher.encode()
+    data = _LENGTH_RECORD.pack(
+        _RECORD.size + len(pub) + len(body),
+        ts, arrival, release, -1 if due_ns is None else due_ns, attempts, mid, len(pub),
+        len(body),
+    ) + pub + body  # fmt: skip
+    return _CRC.pack(zlib.crc32(data)) + data
+
+
+def _fields(msg: Message) -> Fields:
     return (
-        _RECORD.pack(
-            msg.timestamp_ns,
-            msg.arrival_ns,
-            msg.release_ns,
-            -1 if due_ns is None else due_ns,
-            msg.attempts,
-            msg.id,
-            len(publisher),
-            len(msg.body),
-        )
-        + publisher
-        + msg.body
-    )
+        msg.id, msg.body, msg.timestamp_ns, msg.arrival_ns, msg.release_ns, msg.attempts,
+        msg.publisher,
+    )  # fmt: skip
 
 
 def encode(msg: Message, due_ns: int | None = None) -> bytes:
-    """One version-2 record: CRC32, length, then the payload."""
-    payload = _payload(msg, due_ns)
-    length = _LENGTH.pack(len(payload))
-    return _FRAME.pack(zlib.crc32(payload, zlib.crc32(length)), len(payload)) + payload
+    """One version-2 record: CRC-32, length, then the payload."""
+    return _encode(_fields(msg), due_ns)
 
 
-def _decode(payload: bytes) -> tuple[Message, int | None]:
-    ts, arrival, release, due, attempts, mid, plen, blen = _RECORD.unpack_from(payload)
-    if _RECORD.size + plen + blen != len(payload):
-        raise CorruptRecord(f"lengths {plen}+{blen} do not fill a {len(payload)}-byte record")
-    rest = payload[_RECORD.size :]
-    msg = Message(mid, rest[plen:], ts, arrival, release, attempts, rest[:plen].decode())
-    return msg, (None if due < 0 else due)
+def encode_v1(msg: Message, due_ns: int | None = None) -> bytes:
+    """One version-1 record (no checksum): what older brokers wrote."""
+    return _encode(_fields(msg), due_ns)[_FRAME.size :]
 
 
-def _read_v2(f: BinaryIO) -> tuple[Message, int | None] | None:
-    """The next record; None at a clean end; CorruptRecord for anything else."""
-    frame = f.read(_FRAME.size)
-    if not frame:
-        return None
-    if len(frame) < _FRAME.size:
-        raise CorruptRecord(f"{len(frame)}-byte frame cut short")
-    crc, length = _FRAME.unpack(frame)
-    if not _RECORD.size <= length <= MAX_RECORD:
-        raise CorruptRecord(f"record length {length} out of range")
-    payload = f.read(length)
-    if len(payload) < length:
-        raise CorruptRecord(f"record cut short ({len(payload)} of {length} bytes)")
-    if zlib.crc32(payload, zlib.crc32(_LENGTH.pack(length))) != crc:
-        raise CorruptRecord("checksum mismatch")
-    try:
-        return _decode(payload)
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise CorruptRecord(str(exc)) from exc
+class _Cursor:
+    """Reads the records of one file through a buffer refilled in large chunks."""
 
+    __slots__ = ("_buf", "_file", "_offset", "_pos", "version")
 
-def _read_v1(f: BinaryIO) -> tuple[Message, int | None] | None:
-    """Version 1 (no header, no checksum): a short tail is the only damage it can see."""
-    head = f.read(_RECORD.size)
-    if not head:
-        return None
-    if len(head) < _RECORD.size:
-        raise CorruptRecord("record header cut short")
-    *_, plen, blen = _RECORD.unpack(head)
-    rest = f.read(plen + blen)
-    if len(rest) < plen + blen:
-        raise CorruptRecord("record cut short")
-    try:
-        return _decode(head + rest)
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise CorruptRecord(str(exc)) from exc
+    def __init__(self, f: BinaryIO, offset: int = 0) -> None:
+        start = f.read(len(FILE_HEADER))
+        if start == FILE_HEADER:
+            self.version = FORMAT_VERSION
+        elif start[: len(MAGIC)] == MAGIC:
+            raise CorruptRecord(f"unknown format version {start[len(MAGIC) :]!r}")
+        else:
+            self.version = 1
+            f.seek(0)
+        if offset:
+            f.seek(offset)
+        self._file = f
+        self._offset = f.tell()  # file offset of _buf[0]
+        self._buf = b""
+        self._pos = 0
 
+    def tell(self) -> int:
+        return self._offset + self._pos
 
-_Reader = Callable[[BinaryIO], "tuple[Message, int | None] | None"]
+    def _need(self, n: int) -> bool:
+        """At least ``n`` bytes from the position in the buffer (False: the file ends)."""
+        if len(self._buf) - self._pos >= n:
+            return True
+        rest = self._buf[self._pos :]
+        more = self._file.read(max(_CHUNK, n - len(rest)))
+        self._offset += self._pos
+        self._buf = rest + more if rest else more
+        self._pos = 0
+        return len(self._buf) >= n
 
-
-def _open_reader(f: BinaryIO) -> _Reader:
-    """Position ``f`` after its file header and return the record reader for its version."""
-    start = f.read(len(FILE_HEADER))
-    if start == FILE_HEADER:
-        return _read_v2
-    if start[: len(MAGIC)] == MAGIC:
-        raise CorruptRecord(f"unknown format version {start[len(MAGIC) :]!r}")
-    f.seek(0)
-    return _read_v1
+    def next(self) -> tuple[Message, int | None] | None:
+        """The next record; None at a clean end; CorruptRecord for anything else."""
+        frame = _FRAME.size if self.version == FORMAT_VERSION else 0
+        if not self._need(frame + _RECORD.size):
+            if len(self._buf) == self._pos:
+                return None
+            raise CorruptRecord("record cut short")
+        buf, p = self._buf, self._pos
+        if frame:
+            crc, length = _FRAME.unpack_from(buf, p)
+            if not _RECORD.size <= length <= MAX_RECORD:
+                raise CorruptRecord(f"record length {length} out of range")
+        ts, arrival, release, due, attempts, mid, plen, blen = _RECORD.unpack_from(buf, p + frame)
+        if not frame:
+            length = _RECORD.size + plen + blen
+        elif _RECORD.size + plen + blen != length:
+            raise CorruptRecord(f"lengths {plen}+{blen} do not fill a {length}-byte record")
+        if not self._need(frame + length):
+            raise CorruptRecord(f"record cut short (a {length}-byte record)")
+        buf, p = self._buf, self._pos
+        end = p + frame + length
+        if frame and zlib.crc32(memoryview(buf)[p + 4 : end]) != crc:
+            raise CorruptRecord("checksum mismatch")
+        start = p + frame + _RECORD.size
+        try:
+            publisher = buf[start : start + plen].decode()
+        except UnicodeDecodeError as exc:
+            raise CorruptRecord(str(exc)) from exc
+        self._pos = end
+        msg = Message(mid, buf[start + plen : end], ts, arrival, release, attempts, publisher)
+        return msg, (None if due < 0 else due)
 
 
 def scan(path: Path) -> tuple[list[tuple[Message, int | None, int]], str | None]:
@@ -155,9 +172,9 @@ def scan(path: Path) -> tuple[list[tuple[Message, int | None, int]], str | None]
     out: list[tuple[Message, int | None, int]] = []
     with path.open("rb") as f:
         try:
-            read = _open_reader(f)
-            while (rec := read(f)) is not None:
-                out.append((rec[0], rec[1], f.tell()))
+            cursor = _Cursor(f)
+            while (rec := cursor.next()) is not None:
+                out.append((rec[0], rec[1], cursor.tell()))
         except CorruptRecord as exc:
             return out, f"{exc} at byte {out[-1][2] if out else 0}"
     return out, None
@@ -215,6 +232,8 @@ class _Segment:
     read_pos: int = 0
     #: Read out but not settled yet (in memory, in flight, in another queue's buffer).
     outstanding: int = 0
+    #: What every message read from it carries (one object for all of them).
+    origin: _Origin | None = None
 
 
 class _Origin:
@@ -267,9 +286,9 @@ class DiskQueue:
         self._wfd: int | None = None
         self._rseg: _Segment | None = None
         self._rfile: BinaryIO | None = None
-        self._rread: _Reader = _read_v2
-        #: Pushed, not written yet: (record, settled once written).
-        self._pending: deque[tuple[Message, Origin | None]] = deque()
+        self._cursor: _Cursor | None = None
+        #: Pushed, not written yet: (fields, settled once written).
+        self._pending: deque[tuple[Fields, Origin | None]] = deque()
         self._pending_bytes = 0
         self._head: _Segment | None = None
         self._head_replaced = False
@@ -335,9 +354,8 @@ class DiskQueue:
     def push(self, msg: Message) -> None:
         """Queue ``msg`` at the back. Never fails: while writing fails it waits in memory
         (the broker refuses new publishes meanwhile)."""
-        origin = msg.origin
-        copy = msg.copy()  # the caller may hand the same object to other queues
-        self._pending.append((copy, origin))
+        # Its fields, not the object: the caller may hand the same one to other queues.
+        self._pending.append((_fields(msg), msg.origin))
         self._pending_bytes += RECORD_OVERHEAD + len(msg.body) + len(msg.publisher)
         if self._pending_bytes >= self.flush_bytes and self.error is None:
             self.flush()
@@ -352,10 +370,10 @@ class DiskQueue:
             header = b"" if seg.end else FILE_HEADER
             records: list[bytes] = []
             size = seg.end + len(header)
-            for msg, _ in self._pending:
+            for fields, _ in self._pending:
                 if records and size >= self.segment_bytes:
                     break
-                rec = encode(msg)
+                rec = _encode(fields, None)
                 records.append(rec)
                 size += len(rec)
             written, exc = self._write_all(header + b"".join(records))
@@ -404,8 +422,8 @@ class DiskQueue:
         seg.records += k
         self._unread += k
         for _ in range(k):
-            msg, origin = self._pending.popleft()
-            self._pending_bytes -= RECORD_OVERHEAD + len(msg.body) + len(msg.publisher)
+            f, origin = self._pending.popleft()
+            self._pending_bytes -= RECORD_OVERHEAD + len(f[1]) + len(f[6])
             if origin is not None:
                 origin.settle()  # durable here now: its own segment may go
 
@@ -461,10 +479,9 @@ class DiskQueue:
             if msg is not None:
                 return msg
         if self._pending:
-            msg, origin = self._pending.popleft()
-            self._pending_bytes -= RECORD_OVERHEAD + len(msg.body) + len(msg.publisher)
-            msg.origin = origin
-            return msg
+            f, origin = self._pending.popleft()
+            self._pending_bytes -= RECORD_OVERHEAD + len(f[1]) + len(f[6])
+            return Message(*f, origin)
         return None
 
     def _next_reader(self) -> _Segment | None:
@@ -479,9 +496,7 @@ class DiskQueue:
                 self._unreadable(seg, exc)
                 continue
             try:
-                self._rread = _open_reader(f)
-                if seg.read_pos:
-                    f.seek(seg.read_pos)
+                self._cursor = _Cursor(f, seg.read_pos)
             except (OSError, CorruptRecord) as exc:
                 f.close()
                 self._unreadable(seg, exc)
@@ -492,9 +507,10 @@ class DiskQueue:
         return None
 
     def _read_one(self, seg: _Segment) -> Message | None:
-        assert self._rfile is not None
+        cursor = self._cursor
+        assert cursor is not None
         try:
-            rec = self._rread(self._rfile)
+            rec = cursor.next()
             if rec is None:
                 raise CorruptRecord("end of file before the records counted")
         except (OSError, CorruptRecord) as exc:
@@ -503,10 +519,12 @@ class DiskQueue:
             return None
         msg = rec[0]
         seg.read += 1
-        seg.read_pos = self._rfile.tell()
+        seg.read_pos = cursor.tell()
         seg.outstanding += 1
         self._unread -= 1
-        msg.origin = _Origin(self, seg.n)
+        if seg.origin is None:
+            seg.origin = _Origin(self, seg.n)
+        msg.origin = seg.origin
         if seg.read >= seg.records:
             self._done_reading(seg)
         return msg
@@ -528,7 +546,7 @@ class DiskQueue:
     def _close_reader(self) -> None:
         if self._rfile is not None:
             self._rfile.close()
-        self._rfile = self._rseg = None
+        self._rfile = self._rseg = self._cursor = None
 
     # -- settling ---------------------------------------------------------------------------
     def _settle(self, n: int, k: int) -> None:
