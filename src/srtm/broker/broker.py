@@ -693,5 +693,7 @@ class Broker:
                 # Like nsqd's sync every 2 s: overflowed messages reach the OS each second.
                 for disk in list(self._disk.values()):
                     disk.flush()
+                if not self._reserve.held and not self._failing_disks:
+                    self._reserve.claim(retry=True)  # space came back since the start
                 if self.traces is not None:
                     self.traces.maybe_roll()

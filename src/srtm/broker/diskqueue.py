@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import struct
+import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -678,6 +679,9 @@ class DiskQueue:
         self.directory.rmdir()
 
 
+_NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
 class Reserve:
     """Space claimed at start (a preallocated file) and given back at a graceful stop, so
     that the heads saved then still fit on a full disk."""
@@ -688,9 +692,14 @@ class Reserve:
         self.path = directory / self.NAME
         self.size = size
         self.held = 0
+        self._next_try = 0.0
 
-    def claim(self) -> None:
-        if self.size <= 0:
+    def claim(self, retry: bool = False) -> None:
+        """Preallocate the reserve (kept if already there); on failure log it (once, for
+        ``retry``: the broker tries again while it runs) and hold none."""
+        if self.size <= 0 or self.held:
+            return
+        if retry and time.monotonic() < self._next_try:
             return
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -700,12 +709,16 @@ class Reserve:
             finally:
                 os.close(fd)
         except OSError as exc:
-            level = logging.WARNING if exc.errno in (errno.ENOSPC, errno.EFBIG) else logging.ERROR
-            log.log(level, "no %d-byte disk reserve at %s (%s): a stop on a full disk may "
-                    "not save what memory holds", self.size, self.path, exc)  # fmt: skip
+            self._next_try = time.monotonic() + 10.0
+            if not retry:
+                level = logging.WARNING if exc.errno in _NO_SPACE else logging.ERROR
+                log.log(level, "no %d-byte disk reserve at %s (%s): a stop on a full disk "
+                        "may not save what memory holds", self.size, self.path, exc)  # fmt: skip
             with contextlib.suppress(OSError):
                 self.path.unlink()
             return
+        if retry:
+            log.info("disk reserve of %d bytes claimed at %s", self.size, self.path)
         self.held = self.size
 
     def release(self) -> None:
