@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nsq_raw import RawClient
 from srtm.broker.diskqueue import (
@@ -151,6 +153,53 @@ def test_a_segment_goes_only_when_everything_read_from_it_is_settled(tmp_path: P
     crashed = DiskQueue(tmp_path / "q", 1_000)  # what kill -9 would leave
     got = ids([crashed.pop() for _ in range(len(crashed))])
     assert set(want(range(10, 60))) <= set(got) and set(got) <= set(want(range(60)))
+
+
+@settings(max_examples=150)
+@given(
+    st.lists(
+        st.sampled_from(["push", "push", "push", "flush", "pop", "pop", "settle", "fail", "heal"]),
+        max_size=120,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_a_crash_at_any_point_keeps_what_reached_disk_and_is_unsettled(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[str], rnd: Any
+) -> None:
+    """Against a model: after a crash (no close) the queue holds every message that was
+    written and is not settled, and nothing that was never pushed."""
+    d = tmp_path_factory.mktemp("q")
+    writer = FailingWriter()
+    q = DiskQueue(d, 300, flush_bytes=10**9, writer=writer)
+    queue: list[int] = []  # FIFO of what the queue owes, oldest first
+    written: set[int] = set()
+    held: list[Message] = []
+    settled: set[int] = set()
+    n = 0
+    for op in ops:
+        if op == "push":
+            q.push(msg(n))
+            queue.append(n)
+            n += 1
+        elif op == "flush" and q.flush():
+            written |= set(queue)
+        elif op == "pop" and queue:
+            m = q.pop()
+            assert m is not None and m.id == b"%016x" % queue.pop(0)
+            held.append(m)
+        elif op == "settle" and held:
+            m = held.pop(rnd.randrange(len(held)))
+            if m.origin is not None:
+                m.origin.settle()
+            settled.add(int(m.id, 16))
+        elif op == "fail":
+            writer.room = 0
+        elif op == "heal":
+            writer.room = None
+    again = DiskQueue(d, 300)  # what kill -9 leaves
+    got = {int(m.id, 16) for m in iter(again.pop, None)}
+    assert (written - settled) <= got
+    assert got <= set(range(n))
 
 
 def test_a_fanout_settles_once_per_channel(tmp_path: Path) -> None:

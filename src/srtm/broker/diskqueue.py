@@ -17,6 +17,7 @@ After ``kill -9`` the queue restarts from the oldest segment left: duplicates, n
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import json
@@ -187,6 +188,32 @@ def read_records(path: Path) -> Iterator[tuple[Message, int | None]]:
         log.warning("%s: %s; the rest of the file is skipped", path, problem)
     for msg, due, _ in records:
         yield msg, due
+
+
+_syncer: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _in_background(fn: Callable[[], None]) -> None:
+    """Run an fsync off the caller's thread (the broker's event loop must not wait for
+    the disk); errors are logged."""
+    global _syncer
+    if _syncer is None:
+        _syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="srtm-fsync")
+
+    def run() -> None:
+        try:
+            fn()
+        except OSError as exc:
+            log.warning("fsync failed: %s", exc)
+
+    _syncer.submit(run)
+
+
+def _sync_and_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(directory: Path) -> None:
@@ -409,8 +436,9 @@ class DiskQueue:
                 new = not self._wseg.path.exists()
                 flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
                 self._wfd = os.open(self._wseg.path, flags, 0o644)
-                if new:
-                    fsync_dir(self.directory)
+                if new:  # the file's name survives a power loss
+                    directory = self.directory
+                    _in_background(lambda: fsync_dir(directory))
             while written < len(data):
                 written += self._write(self._wfd, view[written:])
         except OSError as exc:
@@ -453,9 +481,9 @@ class DiskQueue:
     def _rotate(self, sync: bool) -> None:
         """Start a new write segment (the old one is read, then deleted when settled)."""
         if self._wfd is not None:
-            if sync:
-                with contextlib.suppress(OSError):
-                    os.fsync(self._wfd)  # a full segment is durable before the next begins
+            if sync:  # a full segment: made durable in the background
+                dup = os.dup(self._wfd)
+                _in_background(lambda: _sync_and_close(dup))
             os.close(self._wfd)
             self._wfd = None
         old = self._wseg
@@ -705,7 +733,6 @@ class Reserve:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
             try:
                 os.posix_fallocate(fd, 0, self.size)
-                os.fsync(fd)
             finally:
                 os.close(fd)
         except OSError as exc:
