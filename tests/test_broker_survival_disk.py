@@ -40,7 +40,7 @@ from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue
 from srtm.broker.state import Topic
 from srtm.launch import BrokerProcess, start_broker
-from srtm.protocol import Fin, FrameType, Mpub, Pub, Rdy, Sub
+from srtm.protocol import Dpub, Fin, FrameType, Mpub, Pub, Rdy, Sub
 
 
 def msg(i: int, body: bytes | None = None) -> Message:
@@ -469,7 +469,11 @@ async def test_a_full_disk_refuses_publishes_drains_and_stops_cleanly(tmp_path: 
             await p.send(Mpub("t", [_body(seq + 1, 100)]))
             assert (await p.error()).startswith("E_MPUB_FAILED")
             await p.close()
-            seq += 2
+            p = await RawClient.connect(*b.tcp)
+            await p.send(Dpub("t", 10, _body(seq + 2, 100)))
+            assert (await p.error()).startswith("E_DPUB_FAILED")
+            await p.close()
+            seq += 3
             # Consumers drain the backlog (reading does not wait for the failed writes),
             # which frees segments, after which publishing works again.
             c = await RawClient.connect(*b.tcp)

@@ -415,9 +415,7 @@ class Broker:
     ) -> None:
         """Accept messages that arrived at ``arrival``; ``publisher`` None: each one is
         attributed to the publisher its measurement header names."""
-        topic = self.topic(topic_name)
-        if self._failing_disks:
-            self._refuse_if_failing(topic, "PUB")
+        topic = self._publish_topic(topic_name, "PUB")
         now = time.time_ns()
         n = 0
         backlog = 0.0
@@ -432,9 +430,7 @@ class Broker:
     def publish_deferred(
         self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None
     ) -> None:
-        topic = self.topic(topic_name)
-        if self._failing_disks:
-            self._refuse_if_failing(topic, "DPUB")
+        topic = self._publish_topic(topic_name, "DPUB")
         now = time.time_ns()
         who = publisher_of(body) if publisher is None else publisher
         topic.defer(
@@ -442,6 +438,16 @@ class Broker:
             now + defer_ms * 1_000_000,
         )
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
+
+    def _publish_topic(self, name: str, what: str) -> Topic:
+        """The topic to publish to, or E_PUB_FAILED if it cannot take messages now."""
+        try:
+            topic = self.topic(name)
+        except OSError as exc:  # its metadata could not be written (disk full...)
+            raise ProtocolError(errors.E_PUB_FAILED, f"{what} failed: {exc}") from exc
+        if self._failing_disks:
+            self._refuse_if_failing(topic, what)
+        return topic
 
     def _refuse_if_failing(self, topic: Topic, what: str) -> None:
         """E_PUB_FAILED while a disk queue of ``topic`` cannot write (disk full...): what
