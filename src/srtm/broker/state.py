@@ -136,8 +136,9 @@ class Channel:
         flight = self._take(mid, consumer)
         del self.in_flight[mid]
         consumer.in_flight -= 1
-        settle(flight.message.origin)  # done with: its disk segment may go
-        flight.message.origin = None
+        if flight.message.origin is not None:  # read from disk: its segment may go now
+            flight.message.origin.settle()
+            flight.message.origin = None
         if len(self._timeouts) > 2 * len(self.in_flight) + 1024:
             self._compact_timeouts()
         return flight.message
