@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 from collections.abc import Callable, Iterator
@@ -101,6 +102,33 @@ def test_reading_never_waits_for_a_write_that_fails(tmp_path: Path, err: int) ->
     assert q.pop() is None and len(q) == 0
     # Nothing pending any more: the next flush has nothing to write and succeeds.
     assert q.flush() and not q.failing and failing == set()
+
+
+_EFBIG_CHILD = """
+import resource, sys
+from pathlib import Path
+from srtm.broker.diskqueue import DiskQueue
+from srtm.broker.message import Message
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # files cannot grow past 4 KiB
+q = DiskQueue(Path(sys.argv[1]), flush_bytes=10**9)
+for i in range(100):
+    q.push(Message(b"%016x" % i, b"x" * 20, i, i))
+tries = [q.flush() for _ in range(10)]
+assert tries[0] is False and q.error is None and tries[-1], (tries, q.error)
+print(len(list(Path(sys.argv[1]).glob("*.dat"))))
+assert [int(q.pop().id, 16) for _ in range(100)] == list(range(100))
+"""
+
+
+def test_a_file_size_limit_moves_writes_to_new_segments(tmp_path: Path) -> None:
+    """A real EFBIG (RLIMIT_FSIZE in a child process): the full segment is left and the
+    next flush writes to a new one; nothing is lost or reordered."""
+    out = subprocess.run(
+        [sys.executable, "-c", _EFBIG_CHILD, str(tmp_path / "q")],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) >= 2
 
 
 def test_writing_resumes_when_space_returns(tmp_path: Path) -> None:

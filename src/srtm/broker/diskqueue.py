@@ -417,6 +417,8 @@ class DiskQueue:
             self._written(seg, good, k)
             if exc is not None:
                 self._take_back(seg)
+                if exc.errno == errno.EFBIG and self._wseg.records:
+                    self._rotate(sync=False)  # this file cannot grow: the next try starts anew
                 self._failed(exc)
                 return False
         self._pending_bytes = 0
