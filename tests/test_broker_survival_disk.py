@@ -131,6 +131,26 @@ def test_a_file_size_limit_moves_writes_to_new_segments(tmp_path: Path) -> None:
     assert int(out.stdout) >= 2
 
 
+def test_a_segment_that_cannot_be_opened_now_is_read_later_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = DiskQueue(tmp_path / "q", 300)
+    for i in range(20):
+        q.push(msg(i))
+    q.close(forget_read=False)
+    again = DiskQueue(tmp_path / "q", 300)
+    queue = MessageQueue(2, again)
+
+    def emfile(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "open", emfile)
+        assert again.pop() is None and len(again) == 20
+        assert not queue  # nothing to give now, nothing given out of order
+    assert ids([queue.popleft() for _ in range(20)]) == want(range(20))
+
+
 def test_writing_resumes_when_space_returns(tmp_path: Path) -> None:
     writer = FailingWriter()
     q = DiskQueue(tmp_path / "q", 2_000, flush_bytes=10**9, writer=writer)

@@ -320,6 +320,7 @@ class DiskQueue:
         self._pending_bytes = 0
         self._head: _Segment | None = None
         self._head_replaced = False
+        self._open_failed = False
 
     # -- start ----------------------------------------------------------------------------
     def _path(self, n: int) -> Path:
@@ -442,7 +443,10 @@ class DiskQueue:
                     directory = self.directory
                     _in_background(lambda: fsync_dir(directory))
             while written < len(data):
-                written += self._write(self._wfd, view[written:])
+                n = self._write(self._wfd, view[written:])
+                if n <= 0:
+                    raise OSError(errno.EIO, "write made no progress")
+                written += n
         except OSError as exc:
             return written, exc
         return written, None
@@ -503,7 +507,16 @@ class DiskQueue:
         while self._unread:
             seg = self._rseg
             if seg is None or seg.read >= seg.records:
-                seg = self._next_reader()
+                try:
+                    seg = self._next_reader()
+                except OSError as exc:
+                    # Cannot open it now (out of fds, memory): nothing to read yet, and
+                    # nothing from behind it either (FIFO); the next pop tries again.
+                    if not self._open_failed:
+                        log.warning("%s: cannot open a segment (%s); retrying", self.directory, exc)
+                    self._open_failed = True
+                    return None
+                self._open_failed = False
                 if seg is None:
                     break
             msg = self._read_one(seg)
@@ -523,7 +536,7 @@ class DiskQueue:
                 continue
             try:
                 f = seg.path.open("rb")
-            except OSError as exc:
+            except FileNotFoundError as exc:
                 self._unreadable(seg, exc)
                 continue
             try:

@@ -69,7 +69,14 @@ class MessageQueue:
         return len(self._mem) + (len(self.overflow) if self.overflow is not None else 0)
 
     def __bool__(self) -> bool:
-        return bool(self._mem) or (self.overflow is not None and len(self.overflow) > 0)
+        """Whether ``popleft`` has a message to give now (what the backend holds but
+        cannot read at the moment does not count)."""
+        if self._mem:
+            return True
+        if self.overflow is None or not len(self.overflow):
+            return False
+        self._refill()
+        return bool(self._mem)
 
     @property
     def memory_depth(self) -> int:
