@@ -300,6 +300,23 @@ def broker(
             min=0,
         ),
     ] = 10_000,
+    max_bytes_per_file: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_MAX_BYTES_PER_FILE",
+            help="Size of each disk queue segment file (bytes).",
+            min=1024,
+        ),
+    ] = 16 << 20,
+    disk_reserve_bytes: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_DISK_RESERVE_BYTES",
+            help="Disk space (bytes) claimed at start and given back at a graceful stop, so "
+            "that what memory holds is saved even when the disk is full (0: none).",
+            min=0,
+        ),
+    ] = 32 << 20,
 ) -> None:
     """Run a broker: NSQ's TCP protocol V2 and nsqd's HTTP API, with per-topic shaping.
 
@@ -340,6 +357,8 @@ def broker(
             write_timeout_ms=write_timeout_ms,
             read_timeout_ms=read_timeout_ms,
             max_connections=max_connections,
+            max_bytes_per_file=max_bytes_per_file,
+            disk_reserve_bytes=disk_reserve_bytes,
         )
 
         def ready(b: object) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from srtm.broker.accept import AcceptBackoff, refuse
-from srtm.broker.diskqueue import DiskQueue
+from srtm.broker.diskqueue import DiskQueue, Reserve
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.queue import MessageQueue
@@ -74,6 +74,9 @@ class Broker:
         self.http_address: tuple[str, int] | None = None
         self.traces: TraceWriter | None = None
         self._disk: dict[str, DiskQueue] = {}
+        #: Disk queues whose last write failed (disk full...): their topics refuse PUBs.
+        self._failing_disks: set[DiskQueue] = set()
+        self._reserve = Reserve(self.options.data_dir, self.options.disk_reserve_bytes)
         self._restoring = False
         self._dirty: set[Channel] = set()
         self._flush_scheduled = False
@@ -104,7 +107,11 @@ class Broker:
         mem = self.options.mem_queue_size
         if any(is_ephemeral(part) for part in re.split("[:@]", key)):
             return MessageQueue(mem)
-        disk = DiskQueue(_queue_dir(self.options.data_dir, key))
+        disk = DiskQueue(
+            _queue_dir(self.options.data_dir, key),
+            self.options.max_bytes_per_file,
+            failing=self._failing_disks,
+        )
         self._disk[key] = disk
         return MessageQueue(mem, disk)
 
@@ -118,6 +125,7 @@ class Broker:
         opts = self.options
         opts.data_dir.mkdir(parents=True, exist_ok=True)
         self._restore()
+        self._reserve.claim()  # after the restore: it may need the space first
         if opts.trace_dir is not None:
             self.traces = TraceWriter(
                 opts.trace_dir, opts.run, str(opts.broker_id), opts.trace_sample
@@ -191,17 +199,24 @@ class Broker:
         self.stopped.set()
 
     def _persist(self) -> None:
-        """Graceful stop: what every durable queue holds in memory, then the metadata."""
+        """Graceful stop: what every durable queue holds in memory, then the metadata.
+
+        The disk reserve goes first, so that on a full disk the heads still fit; a queue
+        forgets what it read only once every head is saved."""
+        self._reserve.release()
+        saved = True
         for topic in self.topics.values():
             if topic.ephemeral:
                 continue
             for key, head in topic.head():
-                self._disk[key].save_head(head)
+                saved &= self._disk[key].save_head(head)
             for ch in topic.channels.values():
                 if not ch.ephemeral:
-                    self._disk[f"{topic.name}:{ch.name}"].save_head(ch.head())
+                    saved &= self._disk[f"{topic.name}:{ch.name}"].save_head(ch.head())
         for disk in self._disk.values():
-            disk.close()
+            saved &= disk.flush()  # every buffer written before any queue forgets what it read
+        for disk in self._disk.values():
+            disk.close(forget_read=saved)
         self._disk.clear()
         self._save_meta()
 
@@ -401,6 +416,7 @@ class Broker:
         for consumer in list(ch.consumers):
             if isinstance(consumer, Client):
                 consumer.close()
+        ch.discard()  # what it read from the topic's disk queues is settled
         self._remove_queue(f"{topic_name}:{channel_name}")
         self.stats.drop_channel(topic_name, channel_name)
         if topic.ephemeral and not topic.channels:
@@ -468,7 +484,7 @@ class Broker:
     ) -> None:
         """Accept messages that arrived at ``arrival``; ``publisher`` None: each one is
         attributed to the publisher its measurement header names."""
-        topic = self.topic(topic_name)
+        topic = self._publish_topic(topic_name, "PUB")
         now = time.time_ns()
         n = 0
         backlog = 0.0
@@ -483,7 +499,7 @@ class Broker:
     def publish_deferred(
         self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None
     ) -> None:
-        topic = self.topic(topic_name)
+        topic = self._publish_topic(topic_name, "DPUB")
         now = time.time_ns()
         who = publisher_of(body) if publisher is None else publisher
         topic.defer(
@@ -491,6 +507,28 @@ class Broker:
             now + defer_ms * 1_000_000,
         )
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
+
+    def _publish_topic(self, name: str, what: str) -> Topic:
+        """The topic to publish to, or E_PUB_FAILED if it cannot take messages now."""
+        try:
+            topic = self.topic(name)
+        except OSError as exc:  # its metadata could not be written (disk full...)
+            raise ProtocolError(errors.E_PUB_FAILED, f"{what} failed: {exc}") from exc
+        if self._failing_disks:
+            self._refuse_if_failing(topic, what)
+        return topic
+
+    def _refuse_if_failing(self, topic: Topic, what: str) -> None:
+        """E_PUB_FAILED while a disk queue of ``topic`` cannot write (disk full...): what
+        was acknowledged waits in memory, and nothing more is taken until writing works."""
+        keys = [topic.name, f"{topic.name}@shaping"]
+        keys += [f"{topic.name}:{name}" for name in topic.channels]
+        for key in keys:
+            disk = self._disk.get(key)
+            if disk is not None and disk.error is not None:
+                raise ProtocolError(
+                    errors.E_PUB_FAILED, f"{what} failed: cannot write to disk ({disk.error})"
+                )
 
     def _kick(self, topic: Topic) -> None:
         if topic.bucket is None:
@@ -730,5 +768,7 @@ class Broker:
                 # Like nsqd's sync every 2 s: overflowed messages reach the OS each second.
                 for disk in list(self._disk.values()):
                     disk.flush()
+                if not self._reserve.held and not self._failing_disks:
+                    self._reserve.claim(retry=True)  # space came back since the start
                 if self.traces is not None:
                     self.traces.maybe_roll()

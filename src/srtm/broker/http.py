@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -12,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from srtm.broker.metrics import BrokerCollector
 from srtm.broker.report import stats_document
-from srtm.protocol import ProtocolError, is_valid_name
+from srtm.protocol import ProtocolError, errors, is_valid_name
 
 if TYPE_CHECKING:
     from srtm.broker.broker import Broker
@@ -35,6 +36,17 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except HttpError as err:
         body = {"message": err.code} | ({"detail": err.detail} if err.detail else {})
         return web.json_response(body, status=err.status)
+
+
+@contextlib.contextmanager
+def _pub_failed() -> Iterator[None]:
+    """A publish the broker refuses (a disk queue cannot write): 503 E_PUB_FAILED."""
+    try:
+        yield
+    except ProtocolError as err:
+        if err.code != errors.E_PUB_FAILED:
+            raise
+        raise HttpError(503, err.code, err.message) from err
 
 
 def _topic_name(request: web.Request) -> str:
@@ -134,9 +146,11 @@ def make_app(broker: Broker) -> web.Application:
             defer = request.query["defer"]
             if not defer.isdigit() or int(defer) > limits.max_req_timeout_ms:
                 raise HttpError(400, "INVALID_DEFER", f"defer {defer!r} ms")
-            broker.publish_deferred(topic, body, int(defer), arrival, publisher)
+            with _pub_failed():
+                broker.publish_deferred(topic, body, int(defer), arrival, publisher)
         else:
-            broker.publish(topic, [body], arrival, publisher)
+            with _pub_failed():
+                broker.publish(topic, [body], arrival, publisher)
         return web.Response(text="OK")
 
     async def mpub(request: web.Request) -> web.Response:
@@ -149,7 +163,8 @@ def make_app(broker: Broker) -> web.Application:
             raise HttpError(413, "BODY_TOO_BIG")
         binary = request.query.get("binary", "false").lower() in ("true", "1")
         msgs = split_mpub(body, binary, limits.max_msg_size)
-        broker.publish(topic, msgs, arrival, request.query.get("publisher", ""))
+        with _pub_failed():
+            broker.publish(topic, msgs, arrival, request.query.get("publisher", ""))
         return web.Response(text="OK")
 
     async def stats(request: web.Request) -> web.Response:

@@ -58,3 +58,8 @@ class BrokerOptions:
     #: Open client connections beyond which new ones get E_TOO_MANY_CONNECTIONS and are
     #: closed (0: no limit but the fd limit).
     max_connections: int = 10_000
+    #: Size of a disk queue's segment files (nsqd's max-bytes-per-file).
+    max_bytes_per_file: int = 16 << 20
+    #: Disk space claimed at start and given back at a graceful stop, so that what memory
+    #: holds is saved even on a full disk (0: none). See docs/survival-disk.md.
+    disk_reserve_bytes: int = 32 << 20

@@ -7,6 +7,7 @@ Reads use ``recvmsg`` so each read carries the kernel's receive timestamp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import logging
@@ -14,6 +15,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from srtm.broker.state import DeliveryError
@@ -57,6 +59,18 @@ _TCPI_MIN_RTT_OFFSET = 148
 # Small reads bound the work one callback does, so shaped releases are not held back.
 _READ_SIZE = 32 * 1024
 _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
+
+
+@contextlib.contextmanager
+def _pub_failed_as(code: str) -> Iterator[None]:
+    """nsqd's code for a refused MPUB or DPUB (the broker raises E_PUB_FAILED)."""
+    try:
+        yield
+    except ProtocolError as err:
+        if err.code != errors.E_PUB_FAILED:
+            raise
+        command = code.removeprefix("E_").removesuffix("_FAILED")  # MPUB, DPUB
+        raise ProtocolError(code, err.message.replace("PUB", command, 1)) from err
 
 
 class State(enum.Enum):
@@ -162,10 +176,12 @@ class Client:
                 broker.publish(topic, [body], arrival, self._publisher)
                 self._published(topic, 1)
             case Mpub(topic, bodies):
-                broker.publish(topic, bodies, arrival, self._publisher)
+                with _pub_failed_as(errors.E_MPUB_FAILED):
+                    broker.publish(topic, bodies, arrival, self._publisher)
                 self._published(topic, len(bodies))
             case Dpub(topic, defer_ms, body):
-                broker.publish_deferred(topic, body, defer_ms, arrival, self._publisher)
+                with _pub_failed_as(errors.E_DPUB_FAILED):
+                    broker.publish_deferred(topic, body, defer_ms, arrival, self._publisher)
                 self._published(topic, 1)
             case Rdy(count):
                 self._rdy(count)
