@@ -47,3 +47,19 @@ class BrokerOptions:
     #: takes 1/capacity s of a single broker-wide server, in release order (0: off).
     capacity: float = 0.0
     report_interval_s: float = 1.0
+    #: TLS (nsqd's --tls-cert/--tls-key): clients upgrade with IDENTIFY ``tls_v1``.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: CA bundle for client certificates (nsqd's --tls-root-ca-file).
+    tls_root_ca_file: Path | None = None
+    #: "false", "true" (TCP only after the upgrade; plain HTTP refused) or "tcp-https".
+    tls_required: str = "false"
+    #: "", "require" or "require-verify" (both verify here); set, it implies tls_required.
+    tls_client_auth_policy: str = ""
+    #: A TLS handshake not done this long after IDENTIFY closes the connection.
+    tls_handshake_timeout_ms: int = 5_000
+    #: HTTPS API with the same certificate (nsqd's --https-address); None: none.
+    https_host: str = "127.0.0.1"
+    https_port: int | None = None
+    #: nsqd's --auth-http-address: auth servers (HOST:PORT or http(s)://...) for AUTH.
+    auth_http_address: tuple[str, ...] = ()
