@@ -28,6 +28,7 @@ from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.auth import AuthError, auth_url, parse_reply
 from srtm.broker.http import serve_http
+from srtm.broker.report import client_doc
 from srtm.launch import start_broker
 from srtm.protocol import Auth, Mpub, Nop, Pub, Rdy, Sub
 
@@ -420,6 +421,9 @@ async def test_auth_over_tls_reports_tls_and_the_certificate_name(
     json.loads(await c.response())
     assert auth_server.queries[0]["tls"] == "true"
     assert auth_server.queries[0]["common_name"] == "alice"
+    doc = client_doc(next(iter(broker.clients)))  # nsqd's client stats fields
+    assert doc["tls"] is True and doc["tls_version"].startswith("TLSv1") and doc["tls_cipher_suite"]
+    assert (doc["authed"], doc["auth_identity"]) == (True, "alice")
     await c.close()
 
 
@@ -447,7 +451,11 @@ def test_pynsq_publishes_and_consumes_with_tls_and_auth(tmp_path: Path, certs: C
     """pynsq's Reader and Writer negotiate tls_v1, then AUTH, with a broker process that
     requires TLS; the auth server runs on the test's own (tornado's asyncio) loop."""
     server = AuthServer()
-    tls = {"ca_certs": str(certs.ca), "cert_reqs": ssl.CERT_REQUIRED}
+    tls = {
+        "ca_certs": str(certs.ca),
+        "cert_reqs": ssl.CERT_REQUIRED,
+        "ssl_version": ssl.PROTOCOL_TLS_CLIENT,  # pynsq's default (TLSv1_2) is deprecated
+    }
     got: list[bytes] = []
     responses: list[object] = []
 
@@ -471,6 +479,7 @@ def test_pynsq_publishes_and_consumes_with_tls_and_auth(tmp_path: Path, certs: C
         args = [
             "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
             "--tls-required", "true", "--auth-http-address", address,
+            "--https-address", "127.0.0.1:0", "--tls-root-ca-file", str(certs.ca),
         ]  # fmt: skip
         proc = await asyncio.to_thread(start_broker, tmp_path / "data", args)
         common = {"tls_v1": True, "tls_options": tls}

@@ -7,6 +7,7 @@ Reads use ``recvmsg`` so each read carries the kernel's receive timestamp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import logging
@@ -400,6 +401,11 @@ class Client:
             self._heartbeat.cancel()
         if self.gate is not None:
             self.gate.close()
+        if self.tls is not None and not self._out:
+            # Best effort, as a closing TLS peer does (not after unsent records: it would
+            # arrive out of sequence).
+            with contextlib.suppress(OSError):
+                self.sock.send(self.tls.close_notify())
         fd = self.sock.fileno()
         if fd >= 0:
             self.loop.remove_reader(fd)

@@ -135,6 +135,15 @@ class TlsSession:
                 self._early += data
         return self._outgoing.read()
 
+    def close_notify(self) -> bytes:
+        """Our close_notify, to send before closing (best effort; b"" when not due)."""
+        if not self.established or self.peer_closed:
+            return b""
+        with contextlib.suppress(ssl.SSLError):
+            self._ssl.unwrap()
+        self.peer_closed = True
+        return self._outgoing.read()
+
     @property
     def version(self) -> str | None:
         return self._ssl.version() if self.established else None
