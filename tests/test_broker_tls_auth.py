@@ -107,6 +107,8 @@ class AuthServer:
         self.queries.append(dict(request.query))
         if self.gate is not None:
             await self.gate.wait()
+        if request.query.get("secret") == "huge":  # a 2 MiB answer, over the broker's limit
+            return web.json_response({"ttl": 5, "identity": "x" * (2 << 20)})
         if request.query.get("secret") != "good":
             return web.json_response({"message": "NOT_AUTHORIZED"}, status=403)
         doc = {
@@ -196,6 +198,10 @@ async def test_tls_v1_upgrades_and_messages_flow_over_tls(
     assert [await pub.response() for _ in range(2)] == [b"OK", b"OK"]
     assert [(await sub.message()).body for _ in bodies] == bodies
     assert all(c.tls is not None and c.tls.established for c in broker.clients)
+    # A second IDENTIFY over TLS does not upgrade again; the session goes on.
+    assert (await pub.identify(tls_v1=True))["tls_v1"] is False
+    await pub.send(Pub("secure", b"again"))
+    assert await pub.response() == b"OK"
     for c in (pub, sub):
         await c.close()
 
@@ -347,6 +353,11 @@ async def test_a_refused_or_unreachable_auth_server_fails_auth(
     await c.send(Auth(b"wrong"))
     assert await c.error() == "E_AUTH_FAILED AUTH failed"
     assert await c.closed()
+
+    huge = await connect(broker)
+    await huge.identify()
+    await huge.send(Auth(b"huge"))
+    assert await huge.error() == "E_AUTH_FAILED AUTH failed"
 
     # A port nobody listens on (bound, then closed): connection refused.
     import socket

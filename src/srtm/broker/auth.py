@@ -39,6 +39,8 @@ PERMISSIONS = frozenset({"publish", "subscribe"})
 #: nsqd's HTTP client defaults (--http-client-connect-timeout, --http-client-request-timeout).
 CONNECT_TIMEOUT_S = 2.0
 REQUEST_TIMEOUT_S = 5.0
+#: An answer longer than this is refused rather than held in memory.
+MAX_ANSWER_BYTES = 1 << 20
 
 
 class AuthError(Exception):
@@ -180,10 +182,14 @@ class Authenticator:
             url = auth_url(address, remote_ip, tls, secret, common_name)
             try:
                 async with self._session.get(url) as resp:
-                    body = await resp.read()
                     if resp.status != 200:
                         raise AuthError(f"{address} answered {resp.status}")
-                return parse_reply(body, now_ns)
+                    body = bytearray()
+                    async for chunk in resp.content.iter_chunked(64 * 1024):
+                        body += chunk
+                        if len(body) > MAX_ANSWER_BYTES:
+                            raise AuthError(f"{address} answered over {MAX_ANSWER_BYTES} bytes")
+                return parse_reply(bytes(body), now_ns)
             except (AuthError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 failures.append(f"{address}: {exc}")
         raise AuthError("; ".join(failures) or "no auth server")

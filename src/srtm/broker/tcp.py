@@ -242,7 +242,11 @@ class Client:
         if not config.get("feature_negotiation"):
             self.write(frames.response())
             return
-        tls_v1 = config.get("tls_v1") is True and self.broker.tls_context is not None
+        tls_v1 = (
+            config.get("tls_v1") is True
+            and self.broker.tls_context is not None
+            and self.tls is None
+        )  # a second IDENTIFY does not upgrade twice
         reply = {
             "max_rdy_count": limits.max_rdy_count,
             "version": self.broker.version,
