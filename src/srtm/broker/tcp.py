@@ -464,6 +464,8 @@ class Client:
 
     def release_reads(self) -> None:
         if not self.finishing:
+            # What waited in the socket meanwhile was the broker's delay, not silence.
+            self.last_read_ns = time.time_ns()
             self.loop.add_reader(self.sock.fileno(), self._on_readable)
 
     def respond(self, body: bytes) -> None:
