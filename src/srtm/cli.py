@@ -317,6 +317,46 @@ def broker(
             min=0,
         ),
     ] = 32 << 20,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="SRTM_TLS_CERT",
+            help="PEM certificate (chain): clients may upgrade with IDENTIFY tls_v1 (nsqd's).",
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option(envvar="SRTM_TLS_KEY", help="PEM private key of --tls-cert.")
+    ] = None,
+    tls_root_ca_file: Annotated[
+        Path | None,
+        typer.Option(help="PEM CA bundle that client certificates must chain to."),
+    ] = None,
+    tls_required: Annotated[
+        str,
+        typer.Option(
+            help="'true': TCP commands only after the TLS upgrade, plain HTTP refused "
+            "(TLS_REQUIRED); 'tcp-https': TCP only; 'false': optional."
+        ),
+    ] = "false",
+    tls_client_auth_policy: Annotated[
+        str,
+        typer.Option(
+            help="'require' or 'require-verify': clients must present a certificate "
+            "that verifies against --tls-root-ca-file (implies --tls-required)."
+        ),
+    ] = "",
+    https_address: Annotated[
+        str | None,
+        typer.Option(help="HOST:PORT for the HTTP API over TLS, with --tls-cert (0: any)."),
+    ] = None,
+    auth_http_address: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar="SRTM_AUTH_HTTP_ADDRESS",
+            help="nsqd's AUTH: auth server (HOST:PORT or http(s)://HOST:PORT) asked "
+            "GET /auth for each AUTH secret; repeat for fallbacks.",
+        ),
+    ] = None,
 ) -> None:
     """Run a broker: NSQ's TCP protocol V2 and nsqd's HTTP API, with per-topic shaping.
 
@@ -332,6 +372,9 @@ def broker(
         raise typer.BadParameter("must be 'kernel' or 'user'", param_hint="--arrival-stamps")
     tcp_host, tcp_port = _address(tcp_address, "--tcp-address")
     http_host, http_port = _address(http_address, "--http-address")
+    https_host, https_port = (
+        _address(https_address, "--https-address") if https_address else ("127.0.0.1", None)
+    )
     try:
         options = BrokerOptions(
             tcp_host=tcp_host,
@@ -359,6 +402,14 @@ def broker(
             max_connections=max_connections,
             max_bytes_per_file=max_bytes_per_file,
             disk_reserve_bytes=disk_reserve_bytes,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_root_ca_file=tls_root_ca_file,
+            tls_required=tls_required,
+            tls_client_auth_policy=tls_client_auth_policy,
+            https_host=https_host,
+            https_port=https_port,
+            auth_http_address=tuple(auth_http_address or ()),
         )
 
         def ready(b: object) -> None:
@@ -366,7 +417,8 @@ def broker(
 
             assert isinstance(b, Broker) and b.tcp_address and b.http_address
             t, h = b.tcp_address, b.http_address
-            print(f"srtm broker {broker_id} tcp={t[0]}:{t[1]} http={h[0]}:{h[1]}", flush=True)
+            s = f" https={b.https_address[0]}:{b.https_address[1]}" if b.https_address else ""
+            print(f"srtm broker {broker_id} tcp={t[0]}:{t[1]} http={h[0]}:{h[1]}{s}", flush=True)
 
         run(options, ready)
     except (ValueError, OSError) as exc:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from srtm.broker.accept import AcceptBackoff, refuse
+from srtm.broker.auth import Authenticator, close_quietly
 from srtm.broker.diskqueue import DiskQueue, Reserve
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
@@ -26,6 +27,7 @@ from srtm.broker.state import UNBOOKED, Channel, Topic
 from srtm.broker.stats import BrokerStats, Recorder
 from srtm.broker.tcp import Client, enable_kernel_timestamps
 from srtm.broker.timer import TimerFd
+from srtm.broker.tls import server_context
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_ephemeral, is_valid_name
 from srtm.protocol.header import publisher_of
@@ -72,6 +74,14 @@ class Broker:
         #: Earliest release time among shaped topics (None: nothing waits for tokens).
         self.next_release_ns: int | None = None
         self.http_address: tuple[str, int] | None = None
+        self.https_address: tuple[str, int] | None = None
+        #: TLS and AUTH (srtm.broker.tls, srtm.broker.auth); None where not configured.
+        self.tls_context = server_context(self.options)
+        self.authenticator = (
+            Authenticator(self.options.auth_http_address)
+            if self.options.auth_http_address
+            else None
+        )
         self.traces: TraceWriter | None = None
         self._disk: dict[str, DiskQueue] = {}
         #: Disk queues whose last write failed (disk full...): their topics refuse PUBs.
@@ -194,6 +204,7 @@ class Broker:
             client.close()  # in-flight messages go back to their channel's queue
         self._processed(None)  # what the emulated server still holds is owed too
         self._persist()
+        await close_quietly(self.authenticator)
         if self.traces is not None:
             await self.traces.close()
         self.stopped.set()

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from srtm.broker.metrics import BrokerCollector
 from srtm.broker.report import stats_document
+from srtm.broker.tls import http_requires_tls
 from srtm.protocol import ProtocolError, errors, is_valid_name
 
 if TYPE_CHECKING:
@@ -47,6 +48,14 @@ def _pub_failed() -> Iterator[None]:
         if err.code != errors.E_PUB_FAILED:
             raise
         raise HttpError(503, err.code, err.message) from err
+
+
+@web.middleware
+async def _tls_required(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """nsqd's --tls-required=true: the plain HTTP API answers 403 TLS_REQUIRED."""
+    if not request.secure:
+        return web.json_response({"message": "TLS_REQUIRED"}, status=403)
+    return await handler(request)
 
 
 def _topic_name(request: web.Request) -> str:
@@ -288,7 +297,10 @@ def make_app(broker: Broker) -> web.Application:
              "p50_ms": s["p50"] / 1e6 if s["count"] else None}
         )  # fmt: skip
 
-    app = web.Application(middlewares=[_errors], client_max_size=limits.max_body_size + 1024)
+    middlewares = [_errors]
+    if http_requires_tls(broker.options):
+        middlewares.insert(0, _tls_required)
+    app = web.Application(middlewares=middlewares, client_max_size=limits.max_body_size + 1024)
     app.router.add_post("/srtm/migrate", migrate)
     app.router.add_post("/srtm/measure", measure)
     app.router.add_get("/ping", ping)
@@ -328,8 +340,16 @@ async def serve_http(broker: Broker) -> tuple[web.AppRunner, int]:
     app = make_app(broker)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, broker.options.http_host, broker.options.http_port)
+    opts = broker.options
+    site = web.TCPSite(runner, opts.http_host, opts.http_port)
     await site.start()
     port = int(runner.addresses[0][1])
-    broker.http_address = (broker.options.http_host, port)
+    broker.http_address = (opts.http_host, port)
+    if opts.https_port is not None and broker.tls_context is not None:
+        # nsqd's --https-address: the same API, with the TCP protocol's certificate.
+        secure = web.TCPSite(
+            runner, opts.https_host, opts.https_port, ssl_context=broker.tls_context
+        )
+        await secure.start()
+        broker.https_address = (opts.https_host, int(runner.addresses[-1][1]))
     return runner, port

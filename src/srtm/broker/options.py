@@ -63,3 +63,19 @@ class BrokerOptions:
     #: Disk space claimed at start and given back at a graceful stop, so that what memory
     #: holds is saved even on a full disk (0: none). See docs/survival-disk.md.
     disk_reserve_bytes: int = 32 << 20
+    #: TLS (nsqd's --tls-cert/--tls-key): clients upgrade with IDENTIFY ``tls_v1``.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: CA bundle for client certificates (nsqd's --tls-root-ca-file).
+    tls_root_ca_file: Path | None = None
+    #: "false", "true" (TCP only after the upgrade; plain HTTP refused) or "tcp-https".
+    tls_required: str = "false"
+    #: "", "require" or "require-verify" (both verify here); set, it implies tls_required.
+    tls_client_auth_policy: str = ""
+    #: A TLS handshake not done this long after IDENTIFY closes the connection.
+    tls_handshake_timeout_ms: int = 5_000
+    #: HTTPS API with the same certificate (nsqd's --https-address); None: none.
+    https_host: str = "127.0.0.1"
+    https_port: int | None = None
+    #: nsqd's --auth-http-address: auth servers (HOST:PORT or http(s)://...) for AUTH.
+    auth_http_address: tuple[str, ...] = ()

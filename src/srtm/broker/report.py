@@ -40,6 +40,20 @@ def latency_summary(rec: Recorder) -> dict[str, int]:
     }
 
 
+def security_doc(c: Client) -> dict[str, Any]:
+    """nsqd's TLS and AUTH fields of a client's stats."""
+    tls, gate = c.tls, c.gate
+    auth = gate.state if gate is not None else None
+    return {
+        "tls": tls is not None and tls.established,
+        "tls_version": (tls.version if tls is not None else None) or "",
+        "tls_cipher_suite": (tls.cipher if tls is not None else None) or "",
+        "authed": auth is not None,
+        "auth_identity": auth.identity if auth is not None else "",
+        "auth_identity_url": auth.identity_url if auth is not None else "",
+    }
+
+
 def client_doc(c: Client) -> dict[str, Any]:
     ident = c.identity
     return {
@@ -58,7 +72,7 @@ def client_doc(c: Client) -> dict[str, Any]:
         "deflate": False,
         "snappy": False,
         "user_agent": str(ident.get("user_agent", "")),
-        "tls": False,
+        **security_doc(c),
         "pub_counts": [{"topic": t, "count": n} for t, n in c.pub_counts.items()],
     }
 

@@ -12,6 +12,7 @@ import enum
 import json
 import logging
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -42,10 +43,12 @@ from srtm.protocol import (
 from srtm.protocol.frames import message as message_frame
 
 if TYPE_CHECKING:
+    from srtm.broker.auth import Gate
     from srtm.broker.broker import Broker
     from srtm.broker.message import Message
     from srtm.broker.options import BrokerOptions
     from srtm.broker.state import Channel
+    from srtm.broker.tls import TlsSession
 
 log = logging.getLogger("srtm.broker")
 
@@ -126,6 +129,13 @@ class Client:
         self._close_when_flushed = False
         self._heartbeat: asyncio.TimerHandle | None = None
         self._init_limits(broker.options)
+        #: TLS once IDENTIFY asked for it; the gate (--tls-required, AUTH) where configured.
+        self.tls: TlsSession | None = None
+        self.gate: Gate | None = None
+        if broker.tls_context is not None or broker.authenticator is not None:
+            from srtm.broker.auth import new_gate
+
+            self.gate = new_gate(self)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.loop.add_reader(sock.fileno(), self._on_readable)
@@ -150,6 +160,8 @@ class Client:
             arrival = sec * 1_000_000_000 + nsec
             self.broker.stats.stamp_gaps.add(user_ns - arrival)
         self.last_read_ns = user_ns
+        if self.tls is not None and not (data := self._tls_receive(data)):
+            return
         events = self.parser.feed(data)
         self._note_partial(bool(events), user_ns)
         for i, event in enumerate(events):
@@ -157,6 +169,8 @@ class Client:
                 return  # closed, or a fatal error: nsqd runs nothing after one
             if i & 31 == 31:
                 self.broker.release_due()
+            if self.gate is not None and self.gate.consumes(event, arrival):
+                continue  # refused, or held until the auth server answers
             if isinstance(event, ProtocolError):
                 self.send_error(event)
             else:
@@ -254,18 +268,23 @@ class Client:
         if not config.get("feature_negotiation"):
             self.write(frames.response())
             return
+        tls_v1 = (
+            config.get("tls_v1") is True
+            and self.broker.tls_context is not None
+            and self.tls is None
+        )  # a second IDENTIFY does not upgrade twice
         reply = {
             "max_rdy_count": limits.max_rdy_count,
             "version": self.broker.version,
             "max_msg_timeout": limits.max_msg_timeout_ms,
             "msg_timeout": self.msg_timeout_ns // 1_000_000,
-            "tls_v1": False,
+            "tls_v1": tls_v1,
             "deflate": False,
             "deflate_level": 6,
             "max_deflate_level": 6,
             "snappy": False,
             "sample_rate": 0,
-            "auth_required": False,
+            "auth_required": self.broker.authenticator is not None,
             "output_buffer_size": 16384,
             "output_buffer_timeout": 250,
             # SRTM's own (clients ignore fields they do not know): which broker this is,
@@ -273,6 +292,8 @@ class Client:
             "srtm_broker_id": str(self.broker.options.broker_id),
         }
         self.write(frames.response(json.dumps(reply).encode()))
+        if tls_v1:
+            self._start_tls()
 
     def _sub(self, topic: str, channel: str) -> None:
         if self.state is not State.INIT:
@@ -346,6 +367,8 @@ class Client:
         """Queue ``data``; everything written in one loop turn leaves in one send."""
         if self.state is State.CLOSED:
             return
+        if self.tls is not None:
+            data = self.tls.wrap(data)  # ciphertext, with any handshake bytes due
         self._out += data
         if len(self._out) >= self._out_high and not self._paused:
             self._pause()
@@ -448,7 +471,8 @@ class Client:
             return
         # Its command could not progress while it was not read: the deadline restarts.
         self._partial_since_ns = time.time_ns() if _incomplete(self.parser) else 0
-        self.loop.add_reader(self.sock.fileno(), self._on_readable)
+        if self.gate is None or not self.gate.waiting:  # else AUTH resumes reading
+            self.loop.add_reader(self.sock.fileno(), self._on_readable)
         if self.channel is not None and self.rdy:
             self.broker.mark_ready(self.channel)
 
@@ -496,6 +520,13 @@ class Client:
         self.state = State.CLOSED
         if self._heartbeat is not None:
             self._heartbeat.cancel()
+        if self.gate is not None:
+            self.gate.close()
+        if self.tls is not None and not self._out:
+            # Best effort, as a closing TLS peer does (not after unsent records: it would
+            # arrive out of sequence).
+            with contextlib.suppress(OSError):
+                self.sock.send(self.tls.close_notify())
         fd = self.sock.fileno()
         if fd >= 0:
             self.loop.remove_reader(fd)
@@ -503,3 +534,69 @@ class Client:
                 self.loop.remove_writer(fd)
         self.sock.close()
         self.broker.disconnected(self)
+
+    # -- TLS and the gate (srtm.broker.tls, srtm.broker.auth) -----------------------------
+    def _start_tls(self) -> None:
+        """Upgrade after IDENTIFY's plain-text reply, as nsqd: the client starts the
+        handshake, nsqd's OK follows it over TLS; a handshake not done in time ends it."""
+        from srtm.broker.tls import TlsSession
+
+        assert self.broker.tls_context is not None
+        self.tls = TlsSession(self.broker.tls_context)
+        self.write(frames.response())
+        timeout_s = self.broker.options.tls_handshake_timeout_ms / 1000
+        self.loop.call_later(timeout_s, self._tls_deadline)
+
+    def _tls_deadline(self) -> None:
+        if self.tls is not None and not self.tls.established and not self.closed:
+            log.info("TLS handshake from %s not done in time", self.remote)
+            self.close()
+
+    def _tls_receive(self, data: bytes) -> bytes:
+        """Ciphertext read → plaintext for the parser; what TLS must answer is sent."""
+        assert self.tls is not None
+        try:
+            plain = self.tls.receive(data)
+        except ssl.SSLError as exc:
+            log.info("TLS with %s ended: %s", self.remote, exc)
+            self.close()
+            return b""
+        self.write(b"")
+        if self.tls.peer_closed and not self._close_when_flushed:
+            self._close_when_flushed = True  # its close_notify answered, then closed
+            self.loop.remove_reader(self.sock.fileno())
+            if not self._out:
+                self.close()
+        return plain
+
+    @property
+    def finishing(self) -> bool:
+        """Closed, or closing after a fatal error: nothing more is read or run."""
+        return self.state is State.CLOSED or self._close_when_flushed
+
+    def hold_reads(self) -> None:
+        fd = self.sock.fileno()
+        if fd >= 0 and not self.finishing:
+            self.loop.remove_reader(fd)
+
+    def release_reads(self) -> None:
+        if not self.finishing and not self._paused:  # paused: the output drain resumes
+            # What waited in the socket meanwhile was the broker's delay, not silence.
+            self.last_read_ns = time.time_ns()
+            self.loop.add_reader(self.sock.fileno(), self._on_readable)
+
+    def respond(self, body: bytes) -> None:
+        self.write(frames.response(body))
+
+    def run(self, event: object, arrival: int) -> None:
+        """Run a command the gate held back (read earlier, in order)."""
+        if isinstance(event, ProtocolError):
+            self.send_error(event)
+            return
+        try:
+            self._handle(event, arrival)
+        except ProtocolError as err:
+            self.send_error(err)
+        except Exception:
+            log.exception("internal error on %s from %s", type(event).__name__, self.remote)
+            self.send_error(ProtocolError(errors.E_INVALID, "internal error"))
