@@ -431,7 +431,11 @@ class ControllerService:
             return web.Response(text="OK")
 
         async def info(request: web.Request) -> web.Response:
-            return web.json_response({"version": VERSION})
+            return web.json_response(
+                {"version": VERSION, "ticks": ctrl.ticks, "stalls": ctrl.stalls,
+                 "stalled_s": ctrl.stalled_s, "tls": self.options.tls_cert is not None,
+                 "auth": self.options.token is not None}
+            )  # fmt: skip
 
         async def openapi(request: web.Request) -> web.Response:
             return web.json_response(OPENAPI)

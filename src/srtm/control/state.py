@@ -113,12 +113,13 @@ class Controller:
     brokers: dict[str, BrokerInfo] = field(default_factory=dict)
     topics: dict[str, TopicState] = field(default_factory=dict)
     #: Ticks further apart than this mean the controller itself stalled (SIGSTOP, a
-    #: blocked loop, a suspended VM): only this much of the gap counts as silence.
+    #: blocked loop, a suspended VM): such a gap counts as no time for brokers' silence.
     stall_after_s: float = 2.0
     max_publishers: int = MAX_PUBLISHERS
-    #: Total time the controller was stalled (beyond ``stall_after_s`` per gap).
+    #: Total time the controller was stalled (the sum of those gaps).
     stalled_s: float = 0.0
-    #: Stalls seen, for the log and /info.
+    #: Ticks run and stalls seen, for the log and /info.
+    ticks: int = 0
     stalls: int = 0
     last_tick_s: float | None = None
     #: A broker came (back) up: try to place unassigned publishers at the next tick.
@@ -297,13 +298,14 @@ class Controller:
         left without a broker when brokers came (back), then run the TB Adaptor.
 
         Silence is measured on the awake clock: a gap between ticks longer than
-        ``stall_after_s`` is the controller's own stall, and only ``stall_after_s`` of it
-        counts, so every broker looking silent at once after a SIGSTOP or a blocked loop
-        does not unassign anyone."""
+        ``stall_after_s`` is the controller's own stall and counts as no time at all, so
+        every broker looking silent at once after a SIGSTOP or a blocked loop does not
+        unassign anyone: each gets its remaining timeout from the resumption."""
         if self.last_tick_s is not None and now - self.last_tick_s > self.stall_after_s:
-            self.stalled_s += now - self.last_tick_s - self.stall_after_s
+            self.stalled_s += now - self.last_tick_s
             self.stalls += 1
         self.last_tick_s = now
+        self.ticks += 1
         awake = self.awake(now)
         actions: list[Action] = []
         for info in self.brokers.values():
