@@ -23,7 +23,7 @@ from nsq_raw import RawClient
 from srtm.control import Controller, PlanChanged
 from srtm.control.service import ControllerOptions, ControllerService, _broker_url
 from srtm.control.state import BrokerInfo
-from srtm.launch import ServerProcess, start_cluster, start_controller
+from srtm.launch import ServerProcess, start_broker, start_cluster, start_controller
 from srtm.placement import Publisher, Topic
 from srtm.protocol import Fin, Pub, Rdy, Sub
 
@@ -330,6 +330,44 @@ def test_a_brokers_backlog_reaches_lookup_end_to_end(tmp_path: Path) -> None:
         # A subscriber told by /lookup reads the backlog; drained, the broker leaves it.
         assert asyncio.run(_drain(other.tcp, "t", 5)) == [b"left %d" % i for i in range(5)]
         wait_for(lambda: ports() == [c.brokers[home - 1].tcp[1]], "the drained broker gone")
+    finally:
+        c.stop()
+
+
+@pytest.mark.slow
+def test_after_failover_a_restarted_brokers_backlog_is_drained(tmp_path: Path) -> None:
+    c = start_cluster(
+        tmp_path, 2, broker_args=["--mcap", "600"], controller_args=["--broker-timeout-s", "1"]
+    )
+    ctrl = c.controller
+    try:
+        plan = json.loads(ctrl.post("/topics", json.dumps(topic_doc("t", n=10)).encode()))
+        (home,) = [int(b["id"]) for b in plan["brokers"]]
+        dead, survivor = c.brokers[home - 1], c.brokers[2 - home]
+        asyncio.run(_publish(dead.tcp, "t", 5))  # acknowledged, not yet read by anyone
+        assert dead.stop() == 0  # its backlog goes to its data dir
+        wait_for(
+            lambda: (
+                [b["id"] for b in call(ctrl, "/plan?topic=t")[1]["brokers"]] == [str(4 - home - 1)]
+            ),
+            "failover to the survivor",
+        )
+        back = start_broker(
+            dead.data_dir,
+            ["--broker-id", str(home), "--controller", c.url, "--mcap", "600"],
+            token=c.token,
+        )
+        c.brokers[home - 1] = back
+
+        def ports() -> list[int]:
+            return sorted(p["tcp_port"] for p in call(ctrl, "/lookup?topic=t")[1]["producers"])
+
+        wait_for(lambda: ports() == sorted([survivor.tcp[1], back.tcp[1]]), "backlog listed")
+        assert call(ctrl, "/assign?topic=t&publisher=p1")[1]["tcp_address"] == (
+            survivor.tcp_address
+        )
+        assert asyncio.run(_drain(back.tcp, "t", 5)) == [b"left %d" % i for i in range(5)]
+        wait_for(lambda: ports() == [survivor.tcp[1]], "the drained broker no longer listed")
     finally:
         c.stop()
 
