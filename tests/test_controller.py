@@ -135,7 +135,9 @@ def test_plans_survive_a_controller_restart(
     before = ctrl.json("/plan?topic=durable")
     port = ctrl.http[1]
     assert ctrl.stop() == 0
-    again = start_controller(tmp_path / "controller.db", ["--http-address", f"127.0.0.1:{port}"])
+    again = start_controller(
+        tmp_path / "controller.db", ["--http-address", f"127.0.0.1:{port}"], token=ctrl.token
+    )
     try:
         assert again.json("/plan?topic=durable") == before
     finally:

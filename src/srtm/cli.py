@@ -553,15 +553,51 @@ def controller_command(
             min=0,
         ),
     ] = 11.0,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SRTM_TOKEN",
+            help="Cluster token: brokers' registrations and reports and every mutating "
+            "request need 'Authorization: Bearer TOKEN'; sent to brokers too.",
+        ),
+    ] = None,
+    insecure_loopback: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-loopback",
+            envvar="SRTM_INSECURE_LOOPBACK",
+            help="Run without a token (anyone who reaches the port may change plans); "
+            "only with a loopback --http-address.",
+        ),
+    ] = False,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="HTTPS: PEM certificate chain (with --tls-key).")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="HTTPS: PEM private key.")] = None,
+    models_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="fit.model may name a model file under this directory (else built-in models only)."
+        ),
+    ] = None,
+    max_publishers: Annotated[
+        int, typer.Option(help="Publishers one topic may have (413 beyond).", min=1)
+    ] = 100_000,
 ) -> None:
     """Run the controller: broker registry, topics with SLOs, placement, plans, the TB
     Adaptor, nsqlookupd's /lookup; its state lives in --db. Stops on SIGTERM or Ctrl-C."""
     import asyncio
 
-    from srtm.control.service import ControllerOptions, ControllerService, serve
+    from srtm.control.service import ControllerOptions, ControllerService, is_loopback, serve
     from srtm.placement import AdaptorSettings
 
     host, port = _address(http_address, "--http-address")
+    if not token and not (insecure_loopback and is_loopback(host)):
+        Console(stderr=True).print(
+            "[red]error:[/red] the controller needs --token (or SRTM_TOKEN); without one "
+            "only --insecure-loopback on a loopback --http-address"
+        )
+        raise typer.Exit(2)
     options = ControllerOptions(
         http_host=host,
         http_port=port,
@@ -571,6 +607,11 @@ def controller_command(
         adaptor=AdaptorSettings(
             stale_after_s=stale_after_s, hysteresis=hysteresis, settle_s=adapt_settle_s
         ),
+        token=token or None,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        models_dir=models_dir,
+        max_publishers=max_publishers,
     )
 
     def ready(service: ControllerService) -> None:

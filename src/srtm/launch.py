@@ -11,7 +11,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import os
 import re
+import secrets
 import selectors
 import signal
 import subprocess
@@ -38,6 +40,13 @@ class ServerProcess:
     stdout_tail: collections.deque[str] = field(
         default_factory=lambda: collections.deque(maxlen=20)
     )
+    #: The cluster token it was given (SRTM_TOKEN); ``request`` sends it.
+    token: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``Authorization: Bearer <token>`` for its mutating endpoints (none without)."""
+        return {} if self.token is None else {"Authorization": f"Bearer {self.token}"}
 
     @property
     def http_address(self) -> str:
@@ -54,7 +63,7 @@ class ServerProcess:
     ) -> bytes:
         if body is None and method in ("POST", "PUT"):
             body = b""
-        req = urllib.request.Request(self.url(path), data=body, method=method)
+        req = urllib.request.Request(self.url(path), data=body, method=method, headers=self.headers)
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             data: bytes = resp.read()
             return data
@@ -121,6 +130,11 @@ def _pump(stream: IO[str], tail: collections.deque[str]) -> None:
         pass  # closed by stop()
 
 
+def new_token() -> str:
+    """A random cluster token (256 bits, URL-safe)."""
+    return secrets.token_urlsafe(32)
+
+
 def _start(
     cmd: list[str],
     ready: re.Pattern[str],
@@ -129,6 +143,7 @@ def _start(
     new_session: bool,
     preexec_fn: Callable[[], None] | None,
     timeout: float,
+    token: str,
 ) -> tuple[subprocess.Popen[str], re.Match[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "srtm", *cmd],
@@ -137,6 +152,9 @@ def _start(
         text=True,
         start_new_session=new_session,
         preexec_fn=preexec_fn,
+        # The token travels in the environment, not on the command line (where any
+        # local user could read it from /proc/PID/cmdline).
+        env={**os.environ, "SRTM_TOKEN": token},
     )
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
@@ -176,22 +194,26 @@ def start_broker(
     new_session: bool = False,
     preexec_fn: Callable[[], None] | None = None,
     timeout: float = 30.0,
+    token: str | None = None,
 ) -> BrokerProcess:
     """Start ``srtm broker`` on 127.0.0.1 with ephemeral ports; return once it is ready.
 
     ``new_session`` keeps a terminal's Ctrl-C from reaching the child (the caller then
     stops it). If it does not come up within ``timeout`` it is killed and RuntimeError
-    raised, with its exit code.
+    raised, with its exit code. ``token``: the cluster token (a new random one if None).
     """
+    token = token or new_token()
     cmd = [
         "broker", "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
         "--data-dir", str(data_dir), *args,
     ]  # fmt: skip
     proc, m = _start(
         cmd, _BROKER_READY, stderr=stderr, new_session=new_session, preexec_fn=preexec_fn,
-        timeout=timeout,
+        timeout=timeout, token=token,
     )  # fmt: skip
-    broker = BrokerProcess(proc, (m[3], int(m[4])), tcp=(m[1], int(m[2])), data_dir=data_dir)
+    broker = BrokerProcess(
+        proc, (m[3], int(m[4])), token=token, tcp=(m[1], int(m[2])), data_dir=data_dir
+    )
     _drain(broker)
     return broker
 
@@ -203,14 +225,17 @@ def start_controller(
     stderr: IO[str] | int | None = None,
     preexec_fn: Callable[[], None] | None = None,
     timeout: float = 30.0,
+    token: str | None = None,
 ) -> ServerProcess:
-    """Start ``srtm controller`` on 127.0.0.1 (ephemeral port) with its state in ``db``."""
+    """Start ``srtm controller`` on 127.0.0.1 (ephemeral port) with its state in ``db``;
+    ``token``: the cluster token (a new random one if None)."""
+    token = token or new_token()
     cmd = ["controller", "--http-address", "127.0.0.1:0", "--db", str(db), *args]
     proc, m = _start(
         cmd, _CONTROLLER_READY, stderr=stderr, new_session=False, preexec_fn=preexec_fn,
-        timeout=timeout,
+        timeout=timeout, token=token,
     )  # fmt: skip
-    server = ServerProcess(proc, (m[1], int(m[2])))
+    server = ServerProcess(proc, (m[1], int(m[2])), token=token)
     _drain(server)
     return server
 
@@ -225,6 +250,16 @@ class LocalCluster:
     @property
     def url(self) -> str:
         return f"http://{self.controller.http_address}"
+
+    @property
+    def token(self) -> str | None:
+        """The cluster's token (every child has it)."""
+        return self.controller.token
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a mutating request to the controller or a broker must carry."""
+        return self.controller.headers
 
     def stop(self) -> None:
         # The controller first: brokers stop one by one, flushing traces, and a controller
@@ -249,14 +284,20 @@ def start_cluster(
 ) -> LocalCluster:
     """Start a controller and ``brokers`` brokers (ids 1..n, data under ``directory``) and
     return once every broker has registered; on any failure nothing is left running.
-    ``tie_to_parent``: they get SIGTERM if this process dies (``die_with_parent``)."""
+    ``tie_to_parent``: they get SIGTERM if this process dies (``die_with_parent``).
+    One random token per cluster goes to every child (``cluster.token``)."""
     pre = die_with_parent if tie_to_parent else None
-    controller = start_controller(directory / "controller.db", controller_args, preexec_fn=pre)
+    token = new_token()
+    controller = start_controller(
+        directory / "controller.db", controller_args, preexec_fn=pre, token=token
+    )
     cluster = LocalCluster(controller, [])
     try:
         for i in range(1, brokers + 1):
             args = ["--broker-id", str(i), "--controller", cluster.url, *broker_args]
-            cluster.brokers.append(start_broker(directory / f"broker-{i}", args, preexec_fn=pre))
+            cluster.brokers.append(
+                start_broker(directory / f"broker-{i}", args, preexec_fn=pre, token=token)
+            )
         deadline = time.monotonic() + timeout
         while len(controller.json("/nodes")["producers"]) < brokers:
             if time.monotonic() > deadline:

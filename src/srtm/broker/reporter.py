@@ -4,8 +4,8 @@ window every second (registering again whenever the controller does not know it)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -13,35 +13,57 @@ import aiohttp
 
 if TYPE_CHECKING:
     from srtm.broker.broker import Broker
+    from srtm.broker.state import Topic
 
 log = logging.getLogger("srtm.broker")
+
+
+def topic_depth(topic: Topic) -> int:
+    """Messages ``topic`` still holds anywhere on this broker: waiting for its bucket or
+    a first channel, and per channel queued, deferred and in flight (a message copied to
+    two channels counts twice: what matters is whether anything is left to read)."""
+    return topic.depth + sum(
+        ch.depth + ch.deferred_count + len(ch.in_flight) for ch in topic.channels.values()
+    )
 
 
 def report_document(broker: Broker) -> dict[str, Any]:
     now = time.time_ns()
     topics = {}
     load = 0.0
-    for name in list(broker.topics):
+    for name, topic in list(broker.topics.items()):
         w = broker.stats.topic(name).window
         rate = w.average_rate(now)
         load += w.rate_1s(now)
-        topics[name] = {"rate": rate, "backlog": w.max_backlog(now)}
+        topics[name] = {"rate": rate, "backlog": w.max_backlog(now), "depth": topic_depth(topic)}
     return {"load": load, "topics": topics}
+
+
+def _token(broker: Broker) -> str | None:
+    """The cluster token: ``BrokerOptions.token`` where that field exists, else
+    ``SRTM_TOKEN`` from the environment (how ``srtm.launch`` hands it to children)."""
+    token: str | None = getattr(broker.options, "token", None)
+    return token or os.environ.get("SRTM_TOKEN") or None
 
 
 async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: float) -> None:
     assert broker.tcp_address is not None and broker.http_address is not None
+    token = _token(broker)
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     me = {
         "id": str(broker.options.broker_id),
-        "tcp_address": "{}:{}".format(*broker.tcp_address),
-        "http_address": "{}:{}".format(*broker.http_address),
+        "tcp_address": _host_port(*broker.tcp_address),
+        "http_address": _host_port(*broker.http_address),
         "mcap": mcap,
     }
     base = controller.rstrip("/")
     registered = False
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+    refused = 0  # the last refusal's status, logged once rather than every second
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=5), headers=headers
+    ) as session:
         while True:
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            try:
                 if not registered:
                     async with session.post(f"{base}/brokers", json=me) as resp:
                         registered = resp.status == 200
@@ -51,4 +73,16 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
                     url = f"{base}/brokers/{me['id']}/report"
                     async with session.post(url, json=report_document(broker)) as resp:
                         registered = resp.status != 404  # the controller forgot us
+                        if resp.status not in (200, 404) and resp.status != refused:
+                            log.warning("controller refused a report: %s", await resp.text())
+                        refused = 0 if resp.status == 200 else resp.status
+            except (aiohttp.ClientError, TimeoutError):
+                pass  # the controller is away: try again next interval
+            except Exception:  # never let one bad report end reporting for good
+                log.exception("reporting to the controller failed")
             await asyncio.sleep(interval_s)
+
+
+def _host_port(host: str, port: int) -> str:
+    """``HOST:PORT``, an IPv6 host in brackets (what the controller parses)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

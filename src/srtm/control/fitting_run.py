@@ -66,14 +66,20 @@ async def fit_topic(
     With ``predict`` (model-assisted fitting) rounds confirm the model's placement."""
     state = ctrl.topics[topic]
     fleet = [Broker(b.id, b.mcap, b.load) for b in ctrl.up()]
-    fitting = Fitting(
-        fleet, state.spec, state.policy, window_s=window_s, min_samples=min_samples,
-        seed=ctrl.seed, predict=predict,
-    )  # fmt: skip
     progress: dict[str, Any] = {"state": "running", "iteration": 0, "round": 0, "rounds": [],
                                 "steps": [], "full": []}  # fmt: skip
     state.fitting = progress
-    cmds: list[Command] = fitting.start()
+
+    def setup() -> tuple[Fitting, list[Command]]:
+        fitting = Fitting(
+            fleet, state.spec, state.policy, window_s=window_s, min_samples=min_samples,
+            seed=ctrl.seed, predict=predict,
+        )  # fmt: skip
+        return fitting, fitting.start()
+
+    # The search's setup and steps are CPU work (placement, a simulator with ``predict``):
+    # on a thread, so the controller's loop keeps serving and ticking meanwhile.
+    fitting, cmds = await asyncio.to_thread(setup)
     while True:
         _note(progress, fitting, cmds)
         done = next((c for c in cmds if isinstance(c, Finished)), None)
@@ -95,7 +101,8 @@ async def fit_topic(
         results = await asyncio.gather(
             *(measure(p.broker, p.publishers, p.window_s) for p in profiles)
         )
-        cmds = fitting.on_round(dict(zip((p.broker for p in profiles), results, strict=True)))
+        outcome = dict(zip((p.broker for p in profiles), results, strict=True))
+        cmds = await asyncio.to_thread(fitting.on_round, outcome)
 
 
 def _round_note(fitting: Fitting) -> str:

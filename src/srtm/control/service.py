@@ -4,24 +4,53 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import hmac
+import ipaddress
+import json
 import logging
 import math
+import os
+import ssl
+import stat
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from srtm.analysis import profile_bucket
 from srtm.control.fitting_run import as_result, fit_topic
 from srtm.control.openapi import OPENAPI
-from srtm.control.state import Action, ControlError, Controller, Migrate, PlanChanged, SetBucket
+from srtm.control.state import (
+    MAX_PUBLISHERS,
+    Action,
+    BrokerInfo,
+    ControlError,
+    Controller,
+    Migrate,
+    PlanChanged,
+    SetBucket,
+)
 from srtm.control.store import Store
-from srtm.placement import POLICIES, AdaptorSettings, Broker, RoundResult, parse_topic
+from srtm.control.validate import parse_address, parse_report, topic_name
+from srtm.placement import (
+    POLICIES,
+    AdaptorSettings,
+    Broker,
+    RoundResult,
+    Topic,
+    parse_topic,
+    place,
+)
+
+if TYPE_CHECKING:
+    from srtm.sim.model import BrokerModel
 
 log = logging.getLogger("srtm.controller")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -37,6 +66,32 @@ class ControllerOptions:
     broker_timeout_s: float = 5.0
     tick_s: float = 1.0
     adaptor: AdaptorSettings = field(default_factory=AdaptorSettings)
+    #: The cluster token: registration, reports and every mutating endpoint need
+    #: ``Authorization: Bearer <token>``; sent to brokers too. None: open, loopback only.
+    token: str | None = None
+    #: HTTPS for the API: PEM certificate chain and private key (both or neither).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: ``fit.model`` may name a built-in model or a file under this directory (None:
+    #: built-in models only).
+    models_dir: Path | None = None
+    #: Publishers one topic may have (413 beyond).
+    max_publishers: int = MAX_PUBLISHERS
+
+
+#: The biggest model file ``fit.model`` may name (bytes).
+MAX_MODEL_BYTES = 1 << 20
+#: Request bodies above this are decoded on a thread, not on the event loop.
+_THREADED_JSON_BYTES = 256 << 10
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @web.middleware
@@ -49,10 +104,30 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return web.json_response({"message": str(err)}, status=400)
 
 
+def _auth(token: str | None) -> Any:
+    """Refuses every request but GET/HEAD without the cluster token (401)."""
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if token is not None and request.method not in ("GET", "HEAD"):
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return web.json_response({"message": "E_UNAUTHORIZED"}, status=401)
+        return await handler(request)
+
+    return auth
+
+
 async def _json(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object; a big one is decoded off the event loop."""
+    body = await request.read()
     try:
-        doc = await request.json()
-    except ValueError:
+        if len(body) > _THREADED_JSON_BYTES:
+            doc = await asyncio.to_thread(json.loads, body)
+        else:
+            doc = json.loads(body)
+    except (ValueError, RecursionError):
         raise ControlError(400, "body must be a JSON object") from None
     if not isinstance(doc, dict):
         raise ControlError(400, "body must be a JSON object")
@@ -62,7 +137,19 @@ async def _json(request: web.Request) -> dict[str, Any]:
 class ControllerService:
     def __init__(self, options: ControllerOptions | None = None) -> None:
         self.options = opts = options or ControllerOptions()
-        self.ctrl = Controller(opts.broker_timeout_s, opts.adaptor)
+        if opts.token is None and not is_loopback(opts.http_host):
+            raise ValueError(
+                f"a controller without a token binds a loopback address only, not "
+                f"{opts.http_host!r}: give it a token (--token / SRTM_TOKEN)"
+            )
+        if (opts.tls_cert is None) != (opts.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        self.ctrl = Controller(
+            opts.broker_timeout_s,
+            opts.adaptor,
+            stall_after_s=2 * opts.tick_s,
+            max_publishers=opts.max_publishers,
+        )
         self.store = Store(opts.db)
         saved = self.store.load()
         if saved:
@@ -78,7 +165,10 @@ class ControllerService:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.options.http_host, self.options.http_port)
+        site = web.TCPSite(
+            self._runner, self.options.http_host, self.options.http_port,
+            ssl_context=self._ssl_context(),
+        )  # fmt: skip
         await site.start()
         self.http_address = (self.options.http_host, int(self._runner.addresses[0][1]))
         self._tick = asyncio.create_task(self._tick_loop())
@@ -96,10 +186,37 @@ class ControllerService:
             await self._session.close()
         self.store.close()
 
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self.options.tls_cert is None or self.options.tls_key is None:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.options.tls_cert, self.options.tls_key)
+        return ctx
+
     async def _tick_loop(self) -> None:
+        """Ticks forever: an exception in one tick is logged and the next one runs."""
         while True:
             await asyncio.sleep(self.options.tick_s)
+            self.tick()
+
+    def tick(self) -> None:
+        stalls = self.ctrl.stalls
+        try:
             self._execute(self.ctrl.tick(time.monotonic()))
+        except Exception:
+            log.exception("a controller tick failed; the next one runs")
+        if self.ctrl.stalls != stalls:
+            log.warning(
+                "the controller itself stalled (ticks over %.1f s apart); %.1f s in all, "
+                "not counted as any broker's silence",
+                self.ctrl.stall_after_s,
+                self.ctrl.stalled_s,
+            )
+
+    def _headers(self) -> dict[str, str]:
+        """What the controller sends to brokers: the cluster token, if any."""
+        token = self.options.token
+        return {} if token is None else {"Authorization": f"Bearer {token}"}
 
     # -- actions -------------------------------------------------------------------------
     def _persist(self, actions: list[Action]) -> None:
@@ -129,12 +246,16 @@ class ControllerService:
         info = self.ctrl.brokers.get(broker)
         if info is None or self._session is None:
             return RoundResult(float("nan"), 0)
-        url = f"http://{info.http_address}/srtm/measure"
         params = {"topic": topic, "window_ms": repr(window_s * 1000)}
         timeout = aiohttp.ClientTimeout(total=window_s + 10)
         try:
+            url = _broker_url(info, "/srtm/measure")
             async with self._session.post(
-                url, params=params, json={"publishers": list(publishers)}, timeout=timeout
+                url,
+                params=params,
+                json={"publishers": list(publishers)},
+                timeout=timeout,
+                headers=self._headers(),
             ) as resp:
                 return as_result(await resp.json())
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -156,7 +277,7 @@ class ControllerService:
         window_s: float,
         min_samples: float,
         settle_s: float,
-        model: str | None = None,
+        model: BrokerModel | None = None,
     ) -> None:
         async def measure(broker: str, publishers: Sequence[str], window: float) -> RoundResult:
             return await self._measure(topic, broker, publishers, window)
@@ -205,10 +326,11 @@ class ControllerService:
         if info is None or self._session is None:
             return
         try:
-            async with self._session.post(f"http://{info.http_address}{path}", params=params) as r:
+            url = _broker_url(info, path)
+            async with self._session.post(url, params=params, headers=self._headers()) as r:
                 if r.status != 200:
                     log.warning("broker %s refused %s: %s", broker, params, await r.text())
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning("broker %s unreachable for %s: %s", broker, what, exc)
 
     # -- HTTP ----------------------------------------------------------------------------
@@ -224,24 +346,18 @@ class ControllerService:
             if isinstance(mcap, bool) or not isinstance(mcap, int | float):
                 raise ControlError(400, f"mcap must be a number > 0, got {mcap!r}")
             actions = ctrl.register(
-                doc["id"], doc["tcp_address"], doc["http_address"], float(mcap), time.monotonic()
+                doc["id"], doc["tcp_address"], doc["http_address"], mcap, time.monotonic()
             )
             self.store.save(ctrl.to_json())
             self._execute(actions)
             return web.json_response({"id": doc["id"], "registered": True})
 
         async def report(request: web.Request) -> web.Response:
-            doc = await _json(request)
-            load = doc.get("load", 0.0)
-            topics_doc = doc.get("topics", {})
-            if not isinstance(load, int | float) or not isinstance(topics_doc, dict):
-                raise ControlError(400, "load must be a number and topics an object")
-            topics = {}
-            for name, t in topics_doc.items():
-                if not isinstance(t, dict):
-                    raise ControlError(400, f"topics.{name} must be an object")
-                topics[name] = (float(t.get("rate", 0.0)), float(t.get("backlog", 0.0)))
-            ctrl.report(request.match_info["id"], float(load), topics, time.monotonic())
+            parsed = parse_report(await _json(request))  # refused whole, never half stored
+            ctrl.report(
+                request.match_info["id"], parsed.load, parsed.windows, time.monotonic(),
+                parsed.depths,
+            )  # fmt: skip
             return web.json_response({"ok": True})
 
         async def create_topic(request: web.Request) -> web.Response:
@@ -249,11 +365,21 @@ class ControllerService:
             policy = doc.get("policy", "srtm")
             if policy not in POLICIES:
                 raise ControlError(400, f"policy must be one of {', '.join(POLICIES)}")
-            if doc.get("burst") == "profile":
-                doc = _profiled(doc)
-            fit = _fit_settings(doc.get("fit"))
-            spec = parse_topic(doc)
-            actions = ctrl.create_topic(spec, policy, time.monotonic())
+            topic_name(doc.get("name"))
+            pubs = doc.get("publishers")
+            if isinstance(pubs, list) and len(pubs) > ctrl.max_publishers:
+                raise ControlError(
+                    413, f"publishers: {len(pubs)} > {ctrl.max_publishers} per topic"
+                )
+            fit = _fit_settings(doc.get("fit"), self.options.models_dir)
+            if fit is not None and "model" in fit:
+                fit["model"] = await asyncio.to_thread(_read_model, fit["model"])
+            # Parsing and placing are linear to quadratic in the publishers: on a thread,
+            # so a big topic never stalls the loop (reports, ticks, lookups go on).
+            spec = await asyncio.to_thread(_parse_topic, doc)
+            fleet = ctrl.check_new_topic(spec)
+            placement = await asyncio.to_thread(place, policy, fleet, spec, ctrl.seed)
+            actions = ctrl.create_topic(spec, policy, time.monotonic(), placement)
             self._execute(actions)
             if fit is not None:
                 ctrl.topics[spec.name].fitting = {"state": "running"}
@@ -288,41 +414,35 @@ class ControllerService:
                 ctrl.assign(need(request, "topic"), need(request, "publisher"))
             )
 
-        # nsqlookupd's shape, so NSQ readers given the controller find every broker.
-        def producer(b: Any) -> dict[str, Any]:
-            host, _, tcp = b.tcp_address.rpartition(":")
-            return {
-                "remote_address": b.tcp_address,
-                "hostname": host,
-                "broadcast_address": host,
-                "tcp_port": int(tcp),
-                "http_port": int(b.http_address.rpartition(":")[2]),
-                "version": "1.3.0-srtm",
-            }
-
         async def lookup(request: web.Request) -> web.Response:
             name = need(request, "topic")
             if name not in ctrl.topics:
                 return web.json_response({"message": "TOPIC_NOT_FOUND"}, status=404)
-            live = [b for b in ctrl.topic_brokers(name) if not b.down]
-            return web.json_response({"channels": [], "producers": [producer(b) for b in live]})
+            producers = _producers(ctrl.producers(name))
+            return web.json_response({"channels": [], "producers": producers})
 
         async def topics(request: web.Request) -> web.Response:
             return web.json_response({"topics": sorted(ctrl.topics)})
 
         async def nodes(request: web.Request) -> web.Response:
-            return web.json_response({"producers": [producer(b) for b in ctrl.up()]})
+            return web.json_response({"producers": _producers(ctrl.up())})
 
         async def ping(request: web.Request) -> web.Response:
             return web.Response(text="OK")
 
         async def info(request: web.Request) -> web.Response:
-            return web.json_response({"version": VERSION})
+            return web.json_response(
+                {"version": VERSION, "ticks": ctrl.ticks, "stalls": ctrl.stalls,
+                 "stalled_s": ctrl.stalled_s, "tls": self.options.tls_cert is not None,
+                 "auth": self.options.token is not None}
+            )  # fmt: skip
 
         async def openapi(request: web.Request) -> web.Response:
             return web.json_response(OPENAPI)
 
-        app = web.Application(middlewares=[_errors], client_max_size=64 << 20)
+        app = web.Application(
+            middlewares=[_errors, _auth(self.options.token)], client_max_size=64 << 20
+        )
         app.router.add_post("/brokers", register)
         app.router.add_post("/brokers/{id}/report", report)
         app.router.add_post("/topics", create_topic)
@@ -339,10 +459,95 @@ class ControllerService:
         return app
 
 
-def _fit_settings(doc: Any) -> dict[str, Any] | None:
+def _broker_url(info: BrokerInfo, path: str) -> URL:
+    """A URL on a broker's HTTP API built from its parsed host and port (never pasted
+    from the registered text, which could carry a path, user info or another host)."""
+    host, port = info.http_endpoint()
+    return URL.build(scheme="http", host=host, port=port, path=path)
+
+
+def _producers(brokers: Sequence[BrokerInfo]) -> list[dict[str, Any]]:
+    """nsqlookupd's shape, so NSQ readers given the controller find every broker; an
+    address that does not parse (from an old state file) is left out, not fatal."""
+    out = []
+    for b in brokers:
+        try:
+            host, tcp = parse_address(b.tcp_address, "tcp_address")
+            _, http = b.http_endpoint()
+        except ControlError:
+            continue
+        out.append({"remote_address": b.tcp_address, "hostname": host,
+                    "broadcast_address": host, "tcp_port": tcp, "http_port": http,
+                    "version": "1.3.0-srtm"})  # fmt: skip
+    return out
+
+
+def _parse_topic(doc: dict[str, Any]) -> Topic:
+    """``parse_topic`` after the cheap checks that keep it linear (duplicate ids are
+    counted here once, not searched per id), with ``burst: "profile"`` derived first."""
+    if doc.get("burst") == "profile":
+        doc = _profiled(doc)
+    pubs = doc.get("publishers")
+    if isinstance(pubs, list):
+        ids = collections.Counter(
+            p["id"] for p in pubs if isinstance(p, dict) and isinstance(p.get("id"), str)
+        )
+        dup = sorted(i for i, n in ids.items() if n > 1)[:5]
+        if dup:
+            raise ControlError(400, f"topic.publishers: duplicate ids {dup}")
+    return parse_topic(doc)
+
+
+def _model_choice(value: Any, models_dir: Path | None) -> str:
+    """``fit.model``: a built-in model's name, or a file under ``models_dir`` (no other
+    path: the request must not make the controller read /dev/zero or a FIFO)."""
+    from srtm.sim.model import BUILTIN
+
+    if not isinstance(value, str) or not value:
+        raise ControlError(400, "fit.model must be a model name or file")
+    if value in BUILTIN:
+        return value
+    if models_dir is None:
+        raise ControlError(
+            400, f"fit.model: {value!r} is not a built-in model ({', '.join(BUILTIN)}); "
+            "model files need the controller's --models-dir",
+        )  # fmt: skip
+    base = models_dir.resolve()
+    path = (base / value).resolve()
+    if not path.is_relative_to(base) or path == base:
+        raise ControlError(400, f"fit.model: {value!r} is not a file under --models-dir")
+    return str(path)
+
+
+def _read_model(choice: str) -> BrokerModel:
+    """Loads the model ``_model_choice`` named (blocking: run it on a thread). Only a
+    regular file of at most MAX_MODEL_BYTES is read; opening does not wait on a FIFO."""
+    from srtm.sim.model import BUILTIN, BrokerModel, load
+
+    if choice in BUILTIN:
+        return load(choice)
+    try:
+        fd = os.open(choice, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ControlError(400, f"fit.model: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ControlError(400, "fit.model: not a regular file")
+        data = f.read(MAX_MODEL_BYTES + 1)
+    if len(data) > MAX_MODEL_BYTES:
+        raise ControlError(400, f"fit.model: larger than {MAX_MODEL_BYTES} bytes")
+    try:
+        return BrokerModel.from_json(json.loads(data))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ControlError(400, f"fit.model: {exc}") from None
+
+
+def _fit_settings(doc: Any, models_dir: Path | None = None) -> dict[str, Any] | None:
     """``"fit": {"window_s", "min_samples", "settle_s", "model"}`` (all optional), or
     ``true``; ``model`` (a broker model: ``"paper"`` or a model file from ``srtm
-    calibrate``) makes the fitting model-assisted."""
+    calibrate`` under ``models_dir``) makes the fitting model-assisted. Reads no file:
+    the model is loaded by ``_read_model`` on a thread."""
     if doc is None or doc is False:
         return None
     if doc is True:
@@ -352,20 +557,14 @@ def _fit_settings(doc: Any) -> dict[str, Any] | None:
     out: dict[str, Any] = {"window_s": 60.0, "min_samples": 100, "settle_s": 1.0}
     for key, value in doc.items():
         if key == "model":
-            if not isinstance(value, str) or not value:
-                raise ControlError(400, "fit.model must be a model name or file")
-            from srtm.sim.model import load
-
-            try:
-                load(value)
-            except (OSError, ValueError) as exc:
-                raise ControlError(400, f"fit.model: {exc}") from None
-            out[key] = value
+            out[key] = _model_choice(value, models_dir)
             continue
         if key not in out:
             keys = ", ".join([*out, "model"])
             raise ControlError(400, f"fit.{key} is not a fitting setting ({keys})")
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ControlError(400, f"fit.{key} must be a number >= 0, got {value!r}")
+        if not (math.isfinite(value) and value >= 0):
             raise ControlError(400, f"fit.{key} must be a number >= 0, got {value!r}")
         out[key] = value
     return out

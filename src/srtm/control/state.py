@@ -11,8 +11,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from srtm.placement import AdaptorSettings, Broker, Policy, Publisher, Report, Topic, adapt, place
+from srtm.control.validate import ControlError, parse_address, topic_name
+from srtm.placement import (
+    AdaptorSettings,
+    Broker,
+    Placement,
+    Policy,
+    Publisher,
+    Report,
+    Topic,
+    adapt,
+    place,
+)
 from srtm.ratelimit import BucketParams, merge, split_floored
+
+__all__ = ["Action", "ControlError", "Controller", "Migrate", "PlanChanged", "SetBucket"]
 
 
 @dataclass
@@ -23,10 +36,18 @@ class BrokerInfo:
     mcap: float
     #: Last reported message rate over all its topics (msg/s).
     load: float = 0.0
+    #: On the controller's *awake* clock (``Controller.awake``), not wall time: a stall
+    #: of the controller itself never counts as the broker's silence.
     last_seen_s: float = -math.inf
     down: bool = False
     #: Per topic: the TB Adaptor's inputs from its last report.
     reports: dict[str, Report] = field(default_factory=dict)
+    #: Per topic: messages it still holds (queued, deferred, in flight), last reported.
+    depths: dict[str, int] = field(default_factory=dict)
+
+    def http_endpoint(self) -> tuple[str, int]:
+        """Host and port of its HTTP API, parsed (URLs are built from these parts)."""
+        return parse_address(self.http_address, "http_address")
 
 
 @dataclass
@@ -79,12 +100,9 @@ class Migrate:
 Action = SetBucket | PlanChanged | Migrate
 
 
-class ControlError(ValueError):
-    """A request the controller refuses; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+#: Publishers one topic may have (a bigger topic is refused with 413): placement and
+#: re-placement are linear to quadratic in it, and run on a thread or in the tick.
+MAX_PUBLISHERS = 100_000
 
 
 @dataclass
@@ -94,20 +112,52 @@ class Controller:
     seed: int = 0
     brokers: dict[str, BrokerInfo] = field(default_factory=dict)
     topics: dict[str, TopicState] = field(default_factory=dict)
+    #: Ticks further apart than this mean the controller itself stalled (SIGSTOP, a
+    #: blocked loop, a suspended VM): such a gap counts as no time for brokers' silence.
+    stall_after_s: float = 2.0
+    max_publishers: int = MAX_PUBLISHERS
+    #: Total time the controller was stalled (the sum of those gaps).
+    stalled_s: float = 0.0
+    #: Ticks run and stalls seen, for the log and /info.
+    ticks: int = 0
+    stalls: int = 0
+    last_tick_s: float | None = None
+    #: A broker came (back) up: try to place unassigned publishers at the next tick.
+    replace_pending: bool = False
+
+    def awake(self, now: float) -> float:
+        """The controller's own clock: ``now`` less the time it was stalled."""
+        return now - self.stalled_s
 
     # -- brokers -------------------------------------------------------------------------
     def register(
         self, broker_id: str, tcp: str, http: str, mcap: float, now: float
     ) -> list[Action]:
-        if not broker_id:
-            raise ControlError(400, "id must be a non-empty string")
-        if not (isinstance(mcap, int | float) and math.isfinite(mcap) and mcap > 0):
+        """Register (again); an existing id at another address is refused (409) while the
+        broker there is up, so nobody takes over a live broker's id."""
+        if not isinstance(broker_id, str) or not broker_id or len(broker_id) > 256:
+            raise ControlError(400, "id must be a non-empty string of at most 256 characters")
+        if isinstance(mcap, bool) or not (
+            isinstance(mcap, int | float) and math.isfinite(mcap) and mcap > 0
+        ):
             raise ControlError(400, f"mcap must be a number > 0, got {mcap!r}")
+        parse_address(tcp, "tcp_address")
+        parse_address(http, "http_address")
         info = self.brokers.get(broker_id)
         if info is None:
             info = self.brokers[broker_id] = BrokerInfo(broker_id, tcp, http, float(mcap))
+            self.replace_pending = True
+        elif (info.tcp_address, info.http_address) != (tcp, http) and not info.down:
+            raise ControlError(
+                409,
+                f"broker {broker_id!r} is registered at {info.tcp_address} and up; "
+                "another address may take its id only once it is down",
+            )
+        if info.down:
+            self.replace_pending = True
         info.tcp_address, info.http_address, info.mcap = tcp, http, float(mcap)
-        info.last_seen_s, info.down = now, False
+        info.last_seen_s, info.down = self.awake(now), False
+        info.reports, info.depths = {}, {}
         # A broker that (re)starts has lost its sub-buckets: send it its shares again.
         return [
             SetBucket(broker_id, name, t.buckets[broker_id])
@@ -116,27 +166,61 @@ class Controller:
         ]
 
     def report(
-        self, broker_id: str, load: float, topics: dict[str, tuple[float, float]], now: float
+        self,
+        broker_id: str,
+        load: float,
+        topics: dict[str, tuple[float, float]],
+        now: float,
+        depths: dict[str, int] | None = None,
     ) -> None:
+        """A broker's report: its load, each topic's TB Adaptor window and (``depths``)
+        what it still holds per topic. Non-finite or negative numbers are refused whole."""
         info = self.brokers.get(broker_id)
         if info is None:
             raise ControlError(404, f"broker {broker_id!r} is not registered")
-        info.load, info.last_seen_s, info.down = load, now, False
+        numbers = [load, *(x for pair in topics.values() for x in pair)]
+        if not all(math.isfinite(x) and x >= 0 for x in numbers):
+            raise ControlError(400, f"report of {broker_id}: numbers must be finite and >= 0")
+        if info.down:
+            self.replace_pending = True
+        info.load, info.last_seen_s, info.down = load, self.awake(now), False
         for name, (rate, backlog) in topics.items():
             info.reports[name] = Report(rate, backlog, now)
+        if depths is not None:
+            info.depths = {name: d for name, d in depths.items() if d > 0}
 
     def up(self) -> list[BrokerInfo]:
         return [b for b in self.brokers.values() if not b.down]
 
     # -- topics --------------------------------------------------------------------------
-    def create_topic(self, spec: Topic, policy: Policy, now: float) -> list[Action]:
+    def fleet(self) -> list[Broker]:
+        return [Broker(b.id, b.mcap, b.load) for b in self.up()]
+
+    def check_new_topic(self, spec: Topic) -> list[Broker]:
+        """Refusals before placing ``spec``; the fleet to place it on."""
+        topic_name(spec.name)
+        if len(spec.publishers) > self.max_publishers:
+            raise ControlError(
+                413, f"publishers: {len(spec.publishers)} > {self.max_publishers} per topic"
+            )
         if spec.name in self.topics:
             raise ControlError(409, f"topic {spec.name!r} exists")
-        fleet = [Broker(b.id, b.mcap, b.load) for b in self.up()]
+        fleet = self.fleet()
         if not fleet:
             raise ControlError(503, "no broker is registered and up")
+        return fleet
+
+    def create_topic(
+        self, spec: Topic, policy: Policy, now: float, placement: Placement | None = None
+    ) -> list[Action]:
+        """Create and place ``spec``; ``placement``, when given, was computed off the
+        event loop (``place(policy, check_new_topic(spec), spec, seed)``) and is used as is."""
+        fleet = self.check_new_topic(spec)
+        if placement is None:
+            placement = place(policy, fleet, spec, self.seed)
+        elif not {a.broker for a in placement.assignments} <= {b.id for b in fleet}:
+            raise ControlError(503, "a broker went down while the topic was being placed")
         topic = self.topics[spec.name] = TopicState(spec, policy)
-        placement = place(policy, fleet, spec, self.seed)
         for a in placement.assignments:
             topic.assignment[a.broker] = list(a.publishers)
         topic.unassigned = list(placement.unassigned)
@@ -210,15 +294,54 @@ class Controller:
 
     # -- time ----------------------------------------------------------------------------
     def tick(self, now: float) -> list[Action]:
-        """Mark silent brokers down (placing their publishers again), then run the TB
-        Adaptor on every topic."""
+        """Mark silent brokers down (placing their publishers again), place publishers
+        left without a broker when brokers came (back), then run the TB Adaptor.
+
+        Silence is measured on the awake clock: a gap between ticks longer than
+        ``stall_after_s`` is the controller's own stall and counts as no time at all, so
+        every broker looking silent at once after a SIGSTOP or a blocked loop does not
+        unassign anyone: each gets its remaining timeout from the resumption."""
+        if self.last_tick_s is not None and now - self.last_tick_s > self.stall_after_s:
+            self.stalled_s += now - self.last_tick_s
+            self.stalls += 1
+        self.last_tick_s = now
+        self.ticks += 1
+        awake = self.awake(now)
         actions: list[Action] = []
         for info in self.brokers.values():
-            if not info.down and now - info.last_seen_s > self.broker_timeout_s:
+            if not info.down and awake - info.last_seen_s > self.broker_timeout_s:
                 info.down = True
                 actions += self._broker_down(info.id)
+        if self.replace_pending:
+            self.replace_pending = False
+            actions += self._place_unassigned()
         for topic in self.topics.values():
             actions += self._adapt(topic, now)
+        return actions
+
+    def _place_unassigned(self) -> list[Action]:
+        """Publishers with no broker get one now that capacity may have come back."""
+        actions: list[Action] = []
+        fleet = self.fleet()
+        if not fleet:
+            return actions
+        for topic in self.topics.values():
+            if not topic.unassigned or topic.status == "fitting":
+                continue
+            by_id = {p.id: p for p in topic.spec.publishers}
+            pool = [by_id[p] for p in topic.unassigned if p in by_id]
+            placement = place(topic.policy, fleet, topic.spec.with_publishers(pool), self.seed)
+            placed = sum(len(a.publishers) for a in placement.assignments)
+            if not placed:
+                continue
+            for a in placement.assignments:
+                topic.assignment.setdefault(a.broker, []).extend(a.publishers)
+            topic.unassigned = list(placement.unassigned)
+            topic.events.append(
+                f"{placed} unassigned publishers placed on "
+                f"{', '.join(placement.brokers)} as capacity came back"
+            )
+            actions += self._new_plan(topic)
         return actions
 
     def _broker_down(self, broker_id: str) -> list[Action]:
@@ -316,6 +439,14 @@ class Controller:
         topic = self.topics.get(name)
         return [] if topic is None else [self.brokers[b] for b in topic.assignment]
 
+    def producers(self, name: str) -> list[BrokerInfo]:
+        """Where subscribers of ``name`` read: its live brokers, then any other live broker
+        still holding messages of it (a broker back after failover drains its backlog
+        there; it is never a publish target, /assign does not name it)."""
+        live = [b for b in self.topic_brokers(name) if not b.down]
+        ids = {b.id for b in live}
+        return live + [b for b in self.up() if b.id not in ids and b.depths.get(name, 0) > 0]
+
     # -- persistence ---------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         return {
@@ -349,8 +480,9 @@ class Controller:
         """Rebuild from ``to_json``; brokers get a full timeout to report again."""
         for b in doc.get("brokers", []):
             self.brokers[b["id"]] = BrokerInfo(
-                b["id"], b["tcp_address"], b["http_address"], b["mcap"], last_seen_s=now
-            )
+                b["id"], b["tcp_address"], b["http_address"], b["mcap"],
+                last_seen_s=self.awake(now),
+            )  # fmt: skip
         for t in doc.get("topics", []):
             pubs = tuple(Publisher(p["id"], p["rate"], p.get("group")) for p in t["publishers"])
             spec = Topic(t["name"], pubs, t["burst"], t["slo_p99_ms"], t["rate"])
@@ -364,6 +496,8 @@ class Controller:
                 list(t.get("events", [])),
                 _interrupted(t.get("fitting")),
             )
+            if t["unassigned"]:
+                self.replace_pending = True
 
 
 def _interrupted(fitting: dict[str, Any] | None) -> dict[str, Any] | None:

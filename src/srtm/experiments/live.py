@@ -171,7 +171,7 @@ async def _drive(
         try:
             doc = topic_document(sc, policy, specs)
             info.rate, info.burst = doc["rate"], doc["burst"]
-            async with http.post(f"{url}/topics", json=doc) as r:
+            async with http.post(f"{url}/topics", json=doc, headers=cluster.headers) as r:
                 body = await r.json()
                 if r.status != 201:
                     raise RuntimeError(f"the controller refused the topic: {body.get('message')}")
