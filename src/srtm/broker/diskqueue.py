@@ -93,7 +93,8 @@ class DiskQueue:
                 self._read_seg, self._read_pos = saved["read_segment"], saved["read_pos"]
             meta.unlink()
         self._count = self._count_unread(segments)
-        self._writer: BinaryIO = self._segment(self._write_seg).open("ab")
+        # Opened on the first push: an idle queue (most topics) holds no file open.
+        self._writer: BinaryIO | None = None
         self._reader: BinaryIO | None = None
         self._dirty = False
 
@@ -117,7 +118,9 @@ class DiskQueue:
         return self._count
 
     def push(self, msg: Message) -> None:
-        if self._writer.tell() >= self.segment_bytes:
+        if self._writer is None:
+            self._writer = self._segment(self._write_seg).open("ab")
+        elif self._writer.tell() >= self.segment_bytes:
             self._writer.close()
             self._write_seg += 1
             self._writer = self._segment(self._write_seg).open("ab")
@@ -127,7 +130,7 @@ class DiskQueue:
 
     def flush(self) -> None:
         """Hand buffered writes to the OS (a killed process then loses none of them)."""
-        if self._dirty:
+        if self._dirty and self._writer is not None:
             self._writer.flush()
             self._dirty = False
 
@@ -161,12 +164,13 @@ class DiskQueue:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         for p in self.directory.glob("[0-9]*.dat"):
             p.unlink()
         self._read_seg = self._write_seg = 0
         self._read_pos = 0
-        self._writer = self._segment(0).open("ab")
         self._dirty = False
 
     def clear(self) -> None:
@@ -188,9 +192,11 @@ class DiskQueue:
         return records
 
     def close(self) -> None:
-        self._writer.flush()
-        os.fsync(self._writer.fileno())
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.flush()
+            os.fsync(self._writer.fileno())
+            self._writer.close()
+            self._writer = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -202,7 +208,8 @@ class DiskQueue:
     def remove(self) -> None:
         """Close and delete the queue's files (its topic or channel was deleted)."""
         with contextlib.suppress(OSError):
-            self._writer.close()
+            if self._writer is not None:
+                self._writer.close()
         if self._reader is not None:
             self._reader.close()
         for p in self.directory.iterdir():
