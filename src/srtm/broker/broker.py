@@ -21,18 +21,20 @@ from srtm.broker.diskqueue import DiskQueue
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.queue import MessageQueue
-from srtm.broker.state import UNBOOKED, Channel, Topic
+from srtm.broker.state import UNBOOKED, Channel, LimitReached, Topic
 from srtm.broker.stats import BrokerStats, Recorder
 from srtm.broker.tcp import Client, enable_kernel_timestamps
 from srtm.broker.timer import TimerFd
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_ephemeral, is_valid_name
 from srtm.protocol.header import publisher_of
-from srtm.ratelimit import BucketParams, TokenBucket
+from srtm.ratelimit import TokenBucket, check_bucket
 
 log = logging.getLogger("srtm.broker")
 _META = "meta.json"
 _FOREVER = 2**63 - 1
+#: nsqd's code for a SUB that cannot be served (not in srtm.protocol.errors yet).
+_E_SUB_FAILED = "E_SUB_FAILED"
 #: How late an asyncio timeout can end (epoll waits in whole milliseconds), with margin.
 _ASYNCIO_TIMER_SLACK_NS = 1_500_000
 
@@ -40,6 +42,45 @@ _ASYNCIO_TIMER_SLACK_NS = 1_500_000
 def _queue_dir(data_dir: Path, key: str) -> Path:
     # Names may be "." or "..": a prefix keeps every key a plain file name.
     return data_dir / "queues" / f"q-{key}"
+
+
+def _write_durably(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` as JSON to ``path`` so that a crash leaves the old file or the new
+    one, never an empty one: the data reaches the disk before the rename, and the rename
+    before this returns. Blocking: run it in a thread while the loop serves."""
+    data = json.dumps(doc, indent=1).encode()
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _scan_queue_dirs(data_dir: Path) -> dict[str, list[str]]:
+    """Topic -> its channels, as the queue directories name them (in name order): what
+    a broker whose ``meta.json`` is lost, stale or corrupt still knows it had."""
+    found: dict[str, list[str]] = {}
+    root = data_dir / "queues"
+    if not root.is_dir():
+        return found
+    for path in sorted(root.iterdir()):
+        if not path.is_dir() or not path.name.startswith("q-"):
+            continue
+        # ":" and "@" are never part of a valid name, so the key splits unambiguously.
+        topic, _, channel = path.name[2:].split("@")[0].partition(":")
+        if not is_valid_name(topic) or (channel and not is_valid_name(channel)):
+            log.warning("ignoring %s: not a queue directory this broker makes", path)
+            continue
+        channels = found.setdefault(topic, [])
+        if channel and channel not in channels:
+            channels.append(channel)
+    return found
 
 
 @dataclass
@@ -74,6 +115,13 @@ class Broker:
         self.traces: TraceWriter | None = None
         self._disk: dict[str, DiskQueue] = {}
         self._restoring = False
+        #: Metadata changed since the last write; at most one write in flight, in a
+        #: thread, so N new topics cost a few writes, not N (each O(N)) on the loop.
+        self._meta_dirty = False
+        self._meta_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        #: meta.json writes done (tests and /stats-style curiosity).
+        self.meta_writes = 0
         self._dirty: set[Channel] = set()
         self._flush_scheduled = False
         self._release_wakeup: asyncio.Event | None = None
@@ -156,6 +204,11 @@ class Broker:
         """Stop serving and persist every message still owed (queued, deferred, in flight)."""
         if self.stopped.is_set():
             return
+        self._stopping = True
+        if self._meta_task is not None:
+            # Let a write in flight finish: the final one below must not race its rename.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._meta_task)
         if self._timer is not None:
             asyncio.get_running_loop().remove_reader(self._timer.fd)
             self._timer.close()
@@ -177,26 +230,60 @@ class Broker:
             await self.traces.close()
         self.stopped.set()
 
-    def _persist(self) -> None:
-        """Graceful stop: what every durable queue holds in memory, then the metadata."""
-        for topic in self.topics.values():
+    def _persist(self) -> list[str]:
+        """Graceful stop: what every durable queue holds in memory, then the metadata.
+
+        Each queue is written on its own: one that cannot be (a full disk, a value out of
+        range) is logged and skipped, never costing another queue its messages. Returns
+        the keys that could not be written (and ``meta.json`` if it could not).
+        """
+        failed: list[str] = []
+        for topic in list(self.topics.values()):
             if topic.ephemeral:
                 continue
             for key, head in topic.head():
-                self._disk[key].save_head(head)
+                self._save_head(key, head, failed)
             for ch in topic.channels.values():
                 if not ch.ephemeral:
-                    self._disk[f"{topic.name}:{ch.name}"].save_head(ch.head())
-        for disk in self._disk.values():
-            disk.close()
+                    self._save_head(f"{topic.name}:{ch.name}", ch.head(), failed)
+        for key, disk in self._disk.items():
+            try:
+                disk.close()
+            except Exception:
+                log.exception("could not close the disk queue of %s", key)
+                failed.append(key)
         self._disk.clear()
-        self._save_meta()
+        try:
+            _write_durably(self.options.data_dir / _META, self._meta_doc())
+            self.meta_writes += 1
+        except Exception:
+            log.exception("could not write %s", _META)
+            failed.append(_META)
+        if failed:
+            log.error("stopped; %d queue(s) could not be persisted: %s", len(failed), failed)
+        return failed
 
-    def _save_meta(self) -> None:
-        """Topics, channels, pauses and buckets, written whenever they change (as nsqd
-        does), so that after a crash the disk queues are found again."""
-        if self._restoring:
+    def _save_head(
+        self, key: str, head: list[tuple[Message, int | None]], failed: list[str]
+    ) -> None:
+        """Write one queue's in-memory messages; on failure, once more with times clamped
+        into int64 (a time out of range must not cost the message), else log and go on."""
+        disk = self._disk.get(key)
+        if disk is None or not head:
             return
+        try:
+            disk.save_head(head)
+            return
+        except Exception:
+            log.exception("could not write the %d messages of %s; retrying", len(head), key)
+        try:
+            disk.save_head([_clamped(m, due) for m, due in head])
+        except Exception:
+            log.exception("lost the %d in-memory messages of %s", len(head), key)
+            failed.append(key)
+
+    def _meta_doc(self) -> dict[str, Any]:
+        """Topics, channels, pauses and buckets: what ``meta.json`` holds."""
         topics = []
         for topic in self.topics.values():
             if topic.ephemeral:
@@ -216,36 +303,76 @@ class Broker:
                     ],
                 }
             )
-        meta = {"version": 1, "next_id": self.ids.last + 1, "topics": topics}
-        path = self.options.data_dir / _META
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, path)
+        return {"version": 1, "next_id": self.ids.last + 1, "topics": topics}
 
-    def _restore(self) -> None:
+    def _save_meta(self) -> None:
+        """Metadata changed: have it written (as nsqd does, so that after a crash the disk
+        queues are found again), soon and in a thread; a burst of changes is one write.
+        Without a running loop it is written at once."""
+        if self._restoring:
+            return
+        self._meta_dirty = True
+        if self._meta_task is not None or self._stopping:
+            return  # the writer in flight goes round again; stop() writes the last one
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._meta_dirty = False
+            _write_durably(self.options.data_dir / _META, self._meta_doc())
+            self.meta_writes += 1
+            return
+        self._meta_task = loop.create_task(self._meta_writer(), name="srtm-meta")
+
+    async def _meta_writer(self) -> None:
+        path = self.options.data_dir / _META
+        try:
+            while self._meta_dirty and not self._stopping:
+                self._meta_dirty = False
+                try:
+                    await asyncio.to_thread(_write_durably, path, self._meta_doc())
+                    self.meta_writes += 1
+                except OSError as exc:
+                    # Queues still find their directories on the next start (_restore).
+                    log.error("could not write %s (%s); retrying in 1 s", path, exc)
+                    self._meta_dirty = True
+                    await asyncio.sleep(1.0)
+        finally:
+            self._meta_task = None
+
+    def _read_meta(self) -> dict[str, Any]:
+        """``meta.json``, or an empty one if it is missing, empty or corrupt (logged: the
+        queue directories then tell which topics and channels there were)."""
         path = self.options.data_dir / _META
         if not path.exists():
-            return
-        meta = json.loads(path.read_text())
+            return {}
+        try:
+            meta = json.loads(path.read_bytes())
+            if not isinstance(meta, dict) or not isinstance(meta.get("topics", []), list):
+                raise ValueError("not a metadata document")
+            return meta
+        except (OSError, ValueError) as exc:
+            log.error(
+                "%s is unreadable (%s): recovering topics from the queue directories", path, exc
+            )
+            return {}
+
+    def _restore(self) -> None:
+        meta = self._read_meta()
+        found = _scan_queue_dirs(self.options.data_dir)
         self._restoring = True
+        next_id = meta.get("next_id", 0)
         self.ids = MessageIds(
-            self.options.broker_id, max(meta.get("next_id", 0), self.ids.last + 1)
+            self.options.broker_id,
+            max(next_id if isinstance(next_id, int) else 0, self.ids.last + 1),
         )
         now = time.time_ns()
-        for t in meta.get("topics", []):
-            topic = self.topic(t["name"])
-            topic.paused = bool(t.get("paused"))
-            # What waited for tokens is booked again, not as if it arrived before this
-            # run: a restart must not burst.
-            topic.book_not_before_ns = now
-            if t.get("bucket"):
-                topic.shape(t["bucket"]["rate"], t["bucket"]["burst"], time.time_ns)
-                self._shaped[topic.name] = topic
-            for c in t.get("channels", []):
-                ch = topic.channel(c["name"])
-                ch.paused = bool(c.get("paused"))
-                self._restore_channel(ch)
-            self._restore_topic(topic, now)
+        entries: list[dict[str, Any]] = [
+            t for t in meta.get("topics", []) if isinstance(t, dict) and _valid(t.get("name"))
+        ]
+        known = {t["name"] for t in entries}
+        entries += [{"name": name} for name in found if name not in known]
+        for t in entries:
+            self._restore_one(t, found.get(t["name"], []), now)
         self._restoring = False
         self._save_meta()
         restored = sum(
@@ -254,6 +381,31 @@ class Broker:
         )
         if restored:
             log.info("restored %d messages from %s", restored, self.options.data_dir)
+
+    def _restore_one(self, t: dict[str, Any], on_disk: list[str], now: int) -> None:
+        """One topic from its metadata entry and the channel directories found for it."""
+        topic = self.topic(t["name"])
+        topic.paused = bool(t.get("paused"))
+        # What waited for tokens is booked again, not as if it arrived before this
+        # run: a restart must not burst.
+        topic.book_not_before_ns = now
+        bucket = t.get("bucket")
+        if bucket:
+            try:
+                topic.shape(bucket["rate"], bucket["burst"], time.time_ns)
+                self._shaped[topic.name] = topic
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("topic %s: saved bucket %r ignored (%s)", topic.name, bucket, exc)
+        channels = [c for c in t.get("channels", []) if isinstance(c, dict)]
+        names = {c.get("name") for c in channels}
+        channels += [{"name": name} for name in on_disk if name not in names]
+        for c in channels:
+            if not _valid(c.get("name")) or is_ephemeral(c["name"]):
+                continue
+            ch = topic.channel(c["name"])
+            ch.paused = bool(c.get("paused"))
+            self._restore_channel(ch)
+        self._restore_topic(topic, now)
 
     def _restore_channel(self, ch: Channel) -> None:
         head = self._disk[f"{ch.topic}:{ch.name}"].take_head()
@@ -298,21 +450,41 @@ class Broker:
             self.delete_channel(ch.topic, ch.name)
 
     # -- topics and channels -------------------------------------------------------------
-    def topic(self, name: str) -> Topic:
+    def topic(self, name: str, limit_code: str = errors.E_BAD_TOPIC) -> Topic:
+        """The topic ``name``, created on first use; ``limit_code`` is the error code
+        when the broker already has ``max_topics`` (the command's own, e.g. E_PUB_FAILED)."""
         topic = self.topics.get(name)
         if topic is None:
             if not is_valid_name(name):
                 raise ProtocolError(errors.E_BAD_TOPIC, f"topic name {name!r} is not valid")
+            limit = self.options.max_topics
+            if len(self.topics) >= limit and not self._restoring:
+                raise LimitReached(
+                    limit_code,
+                    f"topic {name!r} not created: this broker has its maximum of {limit} "
+                    "topics (--max-topics)",
+                    "TOO_MANY_TOPICS",
+                )
             topic = self.topics[name] = Topic(name, self._queue)
             if not topic.ephemeral:
                 self._save_meta()
         return topic
 
-    def channel(self, topic_name: str, channel_name: str) -> Channel:
+    def channel(
+        self, topic_name: str, channel_name: str, limit_code: str = errors.E_BAD_CHANNEL
+    ) -> Channel:
         if not is_valid_name(channel_name):
             raise ProtocolError(errors.E_BAD_CHANNEL, f"channel name {channel_name!r} is not valid")
-        topic = self.topic(topic_name)
+        topic = self.topic(topic_name, limit_code)
         new = channel_name not in topic.channels
+        limit = self.options.max_channels_per_topic
+        if new and len(topic.channels) >= limit and not self._restoring:
+            raise LimitReached(
+                limit_code,
+                f"channel {channel_name!r} not created: topic {topic_name!r} has its maximum "
+                f"of {limit} channels (--max-channels-per-topic)",
+                "TOO_MANY_CHANNELS",
+            )
         ch = topic.channel(channel_name)
         if new and not ch.ephemeral and not topic.ephemeral:
             self._save_meta()
@@ -320,7 +492,7 @@ class Broker:
         return ch
 
     def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel:
-        ch = self.channel(topic_name, channel_name)
+        ch = self.channel(topic_name, channel_name, _E_SUB_FAILED)
         ch.add_consumer(client)
         return ch
 
@@ -357,7 +529,7 @@ class Broker:
     def set_bucket(self, topic_name: str, rate: float, burst: float) -> TokenBucket:
         """Give a topic its sub-bucket, or retune it keeping its state; what already waits
         is paced by the new parameters from now on."""
-        BucketParams(rate, burst)  # a bad pair creates no topic
+        check_bucket(rate, burst)  # a bad pair creates no topic
         topic = self.topic(topic_name)
         bucket = topic.shape(rate, burst, time.time_ns)
         self._shaped[topic_name] = topic
@@ -399,7 +571,7 @@ class Broker:
     ) -> None:
         """Accept messages that arrived at ``arrival``; ``publisher`` None: each one is
         attributed to the publisher its measurement header names."""
-        topic = self.topic(topic_name)
+        topic = self.topic(topic_name, errors.E_PUB_FAILED)
         now = time.time_ns()
         n = 0
         backlog = 0.0
@@ -414,7 +586,7 @@ class Broker:
     def publish_deferred(
         self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None
     ) -> None:
-        topic = self.topic(topic_name)
+        topic = self.topic(topic_name, errors.E_DPUB_FAILED)
         now = time.time_ns()
         who = publisher_of(body) if publisher is None else publisher
         topic.defer(
@@ -650,7 +822,7 @@ class Broker:
         rolled = time.monotonic()
         while True:
             await asyncio.sleep(0.1)
-            recorders = self.stats.recorders()
+            recorders = self.stats.pending_recorders()
             for rec in recorders:
                 rec.flush()
                 await asyncio.sleep(0)
@@ -663,3 +835,22 @@ class Broker:
                     disk.flush()
                 if self.traces is not None:
                     self.traces.maybe_roll()
+
+
+def _clamped(msg: Message, due: int | None) -> tuple[Message, int | None]:
+    """A copy whose times fit the disk format's int64 fields."""
+
+    def fit(v: int) -> int:
+        return min(max(v, -1), _FOREVER)
+
+    m = msg.copy()
+    m.timestamp_ns, m.arrival_ns, m.release_ns = (
+        fit(m.timestamp_ns),
+        fit(m.arrival_ns),
+        fit(m.release_ns),
+    )
+    return m, None if due is None else fit(due)
+
+
+def _valid(name: object) -> bool:
+    return isinstance(name, str) and is_valid_name(name)

@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from srtm.broker.metrics import BrokerCollector
 from srtm.broker.report import stats_document
+from srtm.broker.state import LimitReached
 from srtm.protocol import ProtocolError, is_valid_name
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except HttpError as err:
         body = {"message": err.code} | ({"detail": err.detail} if err.detail else {})
         return web.json_response(body, status=err.status)
+    except LimitReached as err:  # --max-topics / --max-channels-per-topic
+        return web.json_response({"message": err.http_code, "detail": err.message}, status=403)
 
 
 def _topic_name(request: web.Request) -> str:

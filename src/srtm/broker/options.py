@@ -47,3 +47,8 @@ class BrokerOptions:
     #: takes 1/capacity s of a single broker-wide server, in release order (0: off).
     capacity: float = 0.0
     report_interval_s: float = 1.0
+    #: Topics this broker holds at most; a command that would create one more fails
+    #: (PUB: E_PUB_FAILED, SUB: E_SUB_FAILED, HTTP: 403 TOO_MANY_TOPICS).
+    max_topics: int = 10_000
+    #: Channels per topic at most (SUB: E_SUB_FAILED, HTTP: 403 TOO_MANY_CHANNELS).
+    max_channels_per_topic: int = 100

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue
-from srtm.protocol import is_ephemeral
+from srtm.protocol import ProtocolError, is_ephemeral
 from srtm.ratelimit import Reservation, TokenBucket
 
 #: Makes the queue for a key: ``topic`` (held), ``topic@shaping``, ``topic:channel``.
@@ -40,6 +40,15 @@ class InFlight:
     message: Message
     consumer: Consumer
     deadline_ns: int
+
+
+class LimitReached(ProtocolError):
+    """A topic or channel the broker's limits leave no room for: nothing was created
+    and nothing already accepted changes. ``http_code`` is the HTTP API's message."""
+
+    def __init__(self, code: str, message: str, http_code: str) -> None:
+        super().__init__(code, message)
+        self.http_code = http_code
 
 
 class DeliveryError(Exception):
