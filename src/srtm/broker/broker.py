@@ -13,6 +13,7 @@ import re
 import socket
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ from srtm.ratelimit import TokenBucket, check_bucket
 log = logging.getLogger("srtm.broker")
 _META = "meta.json"
 _FOREVER = 2**63 - 1
+#: Queues written at once at a graceful stop.
+_PERSIST_THREADS = 32
 #: nsqd's code for a SUB that cannot be served (not in srtm.protocol.errors yet).
 _E_SUB_FAILED = "E_SUB_FAILED"
 #: How late an asyncio timeout can end (epoll waits in whole milliseconds), with margin.
@@ -44,11 +47,38 @@ def _queue_dir(data_dir: Path, key: str) -> Path:
     return data_dir / "queues" / f"q-{key}"
 
 
+def _meta_doc(topics: list[Topic], ids: MessageIds) -> dict[str, Any]:
+    """Topics, channels, pauses and buckets: what ``meta.json`` holds. Safe in a thread
+    while the loop runs: it only reads attributes and copies dicts (atomic under the GIL);
+    a change made meanwhile marks the metadata dirty again, so another write follows."""
+    docs = []
+    for topic in topics:
+        if topic.ephemeral:
+            continue
+        bucket = topic.bucket
+        channels = list(topic.channels.values())
+        docs.append(
+            {
+                "name": topic.name,
+                "paused": topic.paused,
+                "bucket": None if bucket is None else {"rate": bucket.rate, "burst": bucket.burst},
+                "channels": [
+                    {"name": ch.name, "paused": ch.paused} for ch in channels if not ch.ephemeral
+                ],
+            }
+        )
+    return {"version": 1, "next_id": ids.last + 1, "topics": docs}
+
+
+def _write_meta(path: Path, topics: list[Topic], ids: MessageIds) -> None:
+    _write_durably(path, _meta_doc(topics, ids))
+
+
 def _write_durably(path: Path, doc: dict[str, Any]) -> None:
     """Write ``doc`` as JSON to ``path`` so that a crash leaves the old file or the new
     one, never an empty one: the data reaches the disk before the rename, and the rename
     before this returns. Blocking: run it in a thread while the loop serves."""
-    data = json.dumps(doc, indent=1).encode()
+    data = json.dumps(doc).encode()  # no indent: the C encoder, 10 times faster
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as f:
         f.write(data)
@@ -83,6 +113,63 @@ def _scan_queue_dirs(data_dir: Path) -> dict[str, list[str]]:
     return found
 
 
+class LazyDisk:
+    """A durable queue's ``DiskQueue``, made on first need (an overflow, a graceful stop
+    with messages in memory, a restart): a new topic then costs no directory, no file
+    and no disk I/O on the event loop, however many names clients invent."""
+
+    def __init__(self, data_dir: Path, key: str) -> None:
+        self._data_dir, self._key = data_dir, key
+        self._disk: DiskQueue | None = None
+
+    @property
+    def directory(self) -> Path:
+        return _queue_dir(self._data_dir, self._key)
+
+    @property
+    def opened(self) -> bool:
+        return self._disk is not None
+
+    def open(self) -> DiskQueue:
+        if self._disk is None:
+            self._disk = DiskQueue(self.directory)
+        return self._disk
+
+    # the Overflow protocol (MessageQueue's backend)
+    def push(self, msg: Message) -> None:
+        self.open().push(msg)
+
+    def pop(self) -> Message | None:
+        return None if self._disk is None else self._disk.pop()
+
+    def __len__(self) -> int:
+        return 0 if self._disk is None else len(self._disk)
+
+    def clear(self) -> None:
+        if self._disk is not None:
+            self._disk.clear()
+
+    # what the broker itself asks of a disk queue
+    def flush(self) -> None:
+        if self._disk is not None:
+            self._disk.flush()
+
+    def save_head(self, records: list[tuple[Message, int | None]]) -> None:
+        if records:
+            self.open().save_head(records)
+
+    def take_head(self) -> list[tuple[Message, int | None]]:
+        return self.open().take_head()
+
+    def close(self) -> None:
+        if self._disk is not None:
+            self._disk.close()
+
+    def remove(self) -> None:
+        if self._disk is not None or self.directory.exists():
+            self.open().remove()
+
+
 @dataclass
 class Measurement:
     """A measurement round: estimated end-to-end latency (publisher RTT/2 + time in broker
@@ -113,7 +200,7 @@ class Broker:
         self.next_release_ns: int | None = None
         self.http_address: tuple[str, int] | None = None
         self.traces: TraceWriter | None = None
-        self._disk: dict[str, DiskQueue] = {}
+        self._disk: dict[str, LazyDisk] = {}
         self._restoring = False
         #: Metadata changed since the last write; at most one write in flight, in a
         #: thread, so N new topics cost a few writes, not N (each O(N)) on the loop.
@@ -123,6 +210,8 @@ class Broker:
         #: meta.json writes done (tests and /stats-style curiosity).
         self.meta_writes = 0
         self._dirty: set[Channel] = set()
+        #: Channels with deferred messages or in-flight deadlines: all that _scan visits.
+        self._timed: set[Channel] = set()
         self._flush_scheduled = False
         self._release_wakeup: asyncio.Event | None = None
         self._timer: TimerFd | None = None
@@ -147,7 +236,9 @@ class Broker:
         mem = self.options.mem_queue_size
         if any(is_ephemeral(part) for part in re.split("[:@]", key)):
             return MessageQueue(mem)
-        disk = DiskQueue(_queue_dir(self.options.data_dir, key))
+        disk = LazyDisk(self.options.data_dir, key)
+        if self._restoring:
+            disk.open()  # what an earlier run left there is read back now
         self._disk[key] = disk
         return MessageQueue(mem, disk)
 
@@ -233,28 +324,30 @@ class Broker:
     def _persist(self) -> list[str]:
         """Graceful stop: what every durable queue holds in memory, then the metadata.
 
-        Each queue is written on its own: one that cannot be (a full disk, a value out of
+        Each queue is written on its own, in a pool of threads (one fsync per file, and a
+        journaling file system commits concurrent ones together: 16 times faster here
+        for thousands of topics); one that cannot be written (a full disk, a value out of
         range) is logged and skipped, never costing another queue its messages. Returns
         the keys that could not be written (and ``meta.json`` if it could not).
         """
-        failed: list[str] = []
+        heads: dict[str, list[tuple[Message, int | None]]] = {}
         for topic in list(self.topics.values()):
             if topic.ephemeral:
                 continue
             for key, head in topic.head():
-                self._save_head(key, head, failed)
+                heads[key] = head
             for ch in topic.channels.values():
                 if not ch.ephemeral:
-                    self._save_head(f"{topic.name}:{ch.name}", ch.head(), failed)
-        for key, disk in self._disk.items():
-            try:
-                disk.close()
-            except Exception:
-                log.exception("could not close the disk queue of %s", key)
-                failed.append(key)
+                    heads[f"{topic.name}:{ch.name}"] = ch.head()
+        keys = [k for k, disk in self._disk.items() if heads.get(k) or disk.opened]
+        failed: list[str] = []
+        if keys:
+            with ThreadPoolExecutor(_PERSIST_THREADS, thread_name_prefix="srtm-persist") as pool:
+                done = pool.map(lambda key: self._persist_queue(key, heads.get(key, [])), keys)
+                failed = [key for key, ok in zip(keys, done, strict=True) if not ok]
         self._disk.clear()
         try:
-            _write_durably(self.options.data_dir / _META, self._meta_doc())
+            _write_meta(self.options.data_dir / _META, list(self.topics.values()), self.ids)
             self.meta_writes += 1
         except Exception:
             log.exception("could not write %s", _META)
@@ -263,47 +356,28 @@ class Broker:
             log.error("stopped; %d queue(s) could not be persisted: %s", len(failed), failed)
         return failed
 
-    def _save_head(
-        self, key: str, head: list[tuple[Message, int | None]], failed: list[str]
-    ) -> None:
-        """Write one queue's in-memory messages; on failure, once more with times clamped
-        into int64 (a time out of range must not cost the message), else log and go on."""
-        disk = self._disk.get(key)
-        if disk is None or not head:
-            return
+    def _persist_queue(self, key: str, head: list[tuple[Message, int | None]]) -> bool:
+        """Write one queue's in-memory messages and close it; on a failed write, once
+        more with times clamped into int64 (a time out of range must not cost the
+        message), else log it. True if nothing was lost."""
+        disk = self._disk[key]
+        ok = True
+        if head:
+            try:
+                disk.save_head(head)
+            except Exception:
+                log.exception("could not write the %d messages of %s; retrying", len(head), key)
+                try:
+                    disk.save_head([_clamped(m, due) for m, due in head])
+                except Exception:
+                    log.exception("lost the %d in-memory messages of %s", len(head), key)
+                    ok = False
         try:
-            disk.save_head(head)
-            return
+            disk.close()
         except Exception:
-            log.exception("could not write the %d messages of %s; retrying", len(head), key)
-        try:
-            disk.save_head([_clamped(m, due) for m, due in head])
-        except Exception:
-            log.exception("lost the %d in-memory messages of %s", len(head), key)
-            failed.append(key)
-
-    def _meta_doc(self) -> dict[str, Any]:
-        """Topics, channels, pauses and buckets: what ``meta.json`` holds."""
-        topics = []
-        for topic in self.topics.values():
-            if topic.ephemeral:
-                continue
-            bucket = topic.bucket
-            topics.append(
-                {
-                    "name": topic.name,
-                    "paused": topic.paused,
-                    "bucket": None
-                    if bucket is None
-                    else {"rate": bucket.rate, "burst": bucket.burst},
-                    "channels": [
-                        {"name": ch.name, "paused": ch.paused}
-                        for ch in topic.channels.values()
-                        if not ch.ephemeral
-                    ],
-                }
-            )
-        return {"version": 1, "next_id": self.ids.last + 1, "topics": topics}
+            log.exception("could not close the disk queue of %s", key)
+            ok = False
+        return ok
 
     def _save_meta(self) -> None:
         """Metadata changed: have it written (as nsqd does, so that after a crash the disk
@@ -318,7 +392,7 @@ class Broker:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             self._meta_dirty = False
-            _write_durably(self.options.data_dir / _META, self._meta_doc())
+            _write_meta(self.options.data_dir / _META, list(self.topics.values()), self.ids)
             self.meta_writes += 1
             return
         self._meta_task = loop.create_task(self._meta_writer(), name="srtm-meta")
@@ -328,8 +402,11 @@ class Broker:
         try:
             while self._meta_dirty and not self._stopping:
                 self._meta_dirty = False
+                # Only the list is taken on the loop; the document (20 ms for 10,000
+                # topics) is made in the thread, which yields the GIL every 5 ms.
+                topics = list(self.topics.values())
                 try:
-                    await asyncio.to_thread(_write_durably, path, self._meta_doc())
+                    await asyncio.to_thread(_write_meta, path, topics, self.ids)
                     self.meta_writes += 1
                 except OSError as exc:
                     # Queues still find their directories on the next start (_restore).
@@ -402,7 +479,7 @@ class Broker:
         for c in channels:
             if not _valid(c.get("name")) or is_ephemeral(c["name"]):
                 continue
-            ch = topic.channel(c["name"])
+            ch = self._watched(topic.channel(c["name"]))
             ch.paused = bool(c.get("paused"))
             self._restore_channel(ch)
         self._restore_topic(topic, now)
@@ -485,10 +562,18 @@ class Broker:
                 f"of {limit} channels (--max-channels-per-topic)",
                 "TOO_MANY_CHANNELS",
             )
-        ch = topic.channel(channel_name)
+        ch = self._watched(topic.channel(channel_name))
         if new and not ch.ephemeral and not topic.ephemeral:
             self._save_meta()
         self.mark_ready(ch)
+        return ch
+
+    def _watched(self, ch: Channel) -> Channel:
+        """Have the scan look at ``ch`` whenever it has timers."""
+        if ch.watch is None:
+            ch.watch = self._timed
+            if ch.next_due_ns() is not None:  # what the topic deferred before it existed
+                self._timed.add(ch)
         return ch
 
     def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel:
@@ -501,6 +586,7 @@ class Broker:
         if topic is None or channel_name not in topic.channels:
             raise KeyError(channel_name)
         ch = topic.channels.pop(channel_name)
+        self._timed.discard(ch)
         for consumer in list(ch.consumers):
             if isinstance(consumer, Client):
                 consumer.close()
@@ -516,6 +602,7 @@ class Broker:
         self._shaped.pop(name, None)
         for ch_name in list(topic.channels):
             ch = topic.channels.pop(ch_name)
+            self._timed.discard(ch)
             for consumer in list(ch.consumers):
                 if isinstance(consumer, Client):
                     consumer.close()
@@ -803,12 +890,14 @@ class Broker:
 
     def _scan(self, now: int) -> None:
         # A function of its own: no loop variable keeps a deleted topic alive while the
-        # loop sleeps (freeing it later, all at once, stalled the loop).
-        for topic in list(self.topics.values()):
-            for ch in list(topic.channels.values()):
-                due = ch.next_due_ns()
-                if due is not None and due <= now and ch.tick(now):
-                    self.mark_ready(ch)
+        # loop sleeps (freeing it later, all at once, stalled the loop). Only channels
+        # with timers are visited: thousands of idle ones cost nothing.
+        for ch in list(self._timed):
+            due = ch.next_due_ns()
+            if due is None:
+                self._timed.discard(ch)  # it puts itself back when it gets a timer
+            elif due <= now and ch.tick(now):
+                self.mark_ready(ch)
 
     def _refresh_rtts(self) -> None:
         for c in list(self.clients):

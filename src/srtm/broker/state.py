@@ -72,6 +72,9 @@ class Channel:
     _timeouts: list[tuple[int, int, bytes]] = field(default_factory=list)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _next_consumer: int = 0
+    #: Where the channel puts itself when it gets a deferred message or an in-flight
+    #: deadline (the broker's scan then looks at these channels only, not at every one).
+    watch: set[Channel] | None = field(default=None, repr=False)
 
     @property
     def ephemeral(self) -> bool:
@@ -91,6 +94,8 @@ class Channel:
 
     def defer(self, msg: Message, due_ns: int) -> None:
         heapq.heappush(self._deferred, (due_ns, next(self._seq), msg))
+        if self.watch is not None:
+            self.watch.add(self)
 
     def put_deferred(self, msg: Message, due_ns: int) -> None:
         """A new message (DPUB), due later; unlike a delayed REQ it counts as a message."""
@@ -132,6 +137,8 @@ class Channel:
             self.in_flight[msg.id] = InFlight(msg, consumer, deadline)
             heapq.heappush(self._timeouts, (deadline, next(self._seq), msg.id))
             out.append((consumer, msg))
+        if out and self.watch is not None:
+            self.watch.add(self)
         return out
 
     # -- FIN / REQ / TOUCH ---------------------------------------------------------------

@@ -213,11 +213,15 @@ class BrokerStats:
     topics: dict[str, TopicStats] = field(default_factory=dict)
     #: user-space read time − kernel receive stamp, per read
     stamp_gaps: Recorder = field(default_factory=Recorder)
+    #: Topics whose stats were handed out since ``pending_recorders`` last looked: only
+    #: these can have values to flush (idle topics cost the housekeeping nothing).
+    _touched: set[str] = field(default_factory=set)
 
     def topic(self, name: str) -> TopicStats:
         ts = self.topics.get(name)
         if ts is None:
             ts = self.topics[name] = TopicStats(Window(self.window_seconds))
+        self._touched.add(name)
         return ts
 
     def drop_topic(self, name: str) -> None:
@@ -233,6 +237,12 @@ class BrokerStats:
         return [self.stamp_gaps, *(r for ts in self.topics.values() for r in ts.recorders())]
 
     def pending_recorders(self) -> list[Recorder]:
-        """The histograms with values waiting to be flushed: an idle topic costs the
-        housekeeping loop no turn of its own."""
-        return [r for r in self.recorders() if r.pending]
+        """The histograms with values waiting to be flushed, looking only at the topics
+        used since the last call: an idle topic costs the housekeeping loop nothing."""
+        touched, self._touched = self._touched, set()
+        out = [self.stamp_gaps] if self.stamp_gaps.pending else []
+        for name in touched:
+            ts = self.topics.get(name)
+            if ts is not None:
+                out += [r for r in ts.recorders() if r.pending]
+        return out
