@@ -8,6 +8,7 @@ import gc
 import json
 import math
 import os
+import resource
 import threading
 import time
 import tracemalloc
@@ -123,6 +124,37 @@ async def test_new_topics_write_metadata_off_the_loop_a_few_times(
     assert {t["name"] for t in saved["topics"]} == {f"name{i}" for i in range(n)}
     await broker.stop()
     assert [t for t in writes if t is threading.main_thread()], "no final write at stop"
+
+
+def _fd_limit(n: int) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+    return apply
+
+
+async def test_many_new_topic_names_under_a_small_fd_limit(broker_dir: Path) -> None:
+    """Each new name held 2 files open: with 1,024 fds about 510 names ran the broker out."""
+    broker = start_broker(broker_dir, preexec_fn=_fd_limit(256))
+    try:
+        pub = await RawClient.connect(*broker.tcp)
+        n = 1000
+        await pub.send(*[Pub(f"many{i}", b"m%d" % i) for i in range(n)])
+        for _ in range(n):
+            assert await pub.response() == b"OK"
+        c = await RawClient.connect(*broker.tcp)
+        await c.send(Sub(f"many{n - 1}", "c"), Rdy(1))
+        assert await c.response() == b"OK"
+        assert (await c.message()).body == b"m%d" % (n - 1)
+        for client in (pub, c):
+            await client.close()
+    finally:
+        assert broker.stop() == 0
+    again = start_broker(broker_dir, preexec_fn=_fd_limit(256))
+    try:
+        assert len(again.stats()["topics"]) == 1000
+    finally:
+        assert again.stop() == 0
 
 
 async def test_the_periodic_scan_visits_only_channels_with_timers(

@@ -159,7 +159,7 @@ class LazyDisk:
             self.open().save_head(records)
 
     def take_head(self) -> list[tuple[Message, int | None]]:
-        return self.open().take_head()
+        return [] if self._disk is None else self._disk.take_head()
 
     def close(self) -> None:
         if self._disk is not None:
@@ -237,7 +237,7 @@ class Broker:
         if any(is_ephemeral(part) for part in re.split("[:@]", key)):
             return MessageQueue(mem)
         disk = LazyDisk(self.options.data_dir, key)
-        if self._restoring:
+        if self._restoring and disk.directory.is_dir():
             disk.open()  # what an earlier run left there is read back now
         self._disk[key] = disk
         return MessageQueue(mem, disk)
