@@ -343,6 +343,27 @@ async def test_one_queue_that_cannot_be_written_costs_no_other_its_messages(
     await again.stop()
 
 
+async def test_a_saved_bucket_out_of_range_does_not_stop_a_restart(broker_dir: Path) -> None:
+    """A meta.json written before the range existed (rate=1e-10) starts, unshaped."""
+    broker_dir.mkdir(parents=True)
+    meta = {
+        "version": 1,
+        "next_id": 7,
+        "topics": [
+            {"name": "old", "paused": False, "bucket": {"rate": 1e-10, "burst": 1}, "channels": []},
+            {"name": "fine", "paused": True, "bucket": {"rate": 5.0, "burst": 2}, "channels": []},
+        ],
+    }
+    (broker_dir / "meta.json").write_text(json.dumps(meta))
+    broker = Broker(BrokerOptions(data_dir=broker_dir))
+    broker._restore()
+    assert broker.topics["old"].bucket is None
+    bucket = broker.topics["fine"].bucket
+    assert bucket is not None and (bucket.rate, bucket.burst) == (5.0, 2.0)
+    assert broker.topics["fine"].paused
+    await broker.stop()
+
+
 # -- finding 8 (part): meta.json empty or corrupt ----------------------------------------------
 @pytest.mark.parametrize("content", [b"", b'{"version": 1, "topics": [{"na', b"\x00" * 64])
 async def test_a_broker_with_a_bad_meta_json_starts_and_delivers(

@@ -408,9 +408,10 @@ class Broker:
                 try:
                     await asyncio.to_thread(_write_meta, path, topics, self.ids)
                     self.meta_writes += 1
-                except OSError as exc:
-                    # Queues still find their directories on the next start (_restore).
-                    log.error("could not write %s (%s); retrying in 1 s", path, exc)
+                except Exception:
+                    # Never fatal: queues still find their directories on the next start
+                    # (_restore), and stop() writes once more.
+                    log.exception("could not write %s; retrying in 1 s", path)
                     self._meta_dirty = True
                     await asyncio.sleep(1.0)
         finally:
