@@ -264,6 +264,42 @@ def broker(
             min=0,
         ),
     ] = 0.0,
+    max_output_buffer: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_MAX_OUTPUT_BUFFER",
+            help="Bytes queued for one client beyond which its socket is not read and it "
+            "gets no messages until half of that has drained (0: no limit).",
+            min=0,
+        ),
+    ] = 4 * 1024 * 1024,
+    write_timeout_ms: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_WRITE_TIMEOUT_MS",
+            help="Close a client whose pending output made no progress for this long "
+            "(ms; 0: never).",
+            min=0,
+        ),
+    ] = 30_000,
+    read_timeout_ms: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_READ_TIMEOUT_MS",
+            help="A command must arrive whole within this long of its first byte, else "
+            "E_INVALID and the connection is closed (ms; 0: no limit).",
+            min=0,
+        ),
+    ] = 30_000,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_MAX_CONNECTIONS",
+            help="Client connections beyond this many get E_TOO_MANY_CONNECTIONS and are "
+            "closed (0: no limit but the open-files limit).",
+            min=0,
+        ),
+    ] = 10_000,
     max_topics: Annotated[
         int,
         typer.Option(
@@ -317,6 +353,10 @@ def broker(
             controller=controller,
             mcap=mcap,
             capacity=capacity,
+            max_output_buffer_bytes=max_output_buffer,
+            write_timeout_ms=write_timeout_ms,
+            read_timeout_ms=read_timeout_ms,
+            max_connections=max_connections,
             max_topics=max_topics,
             max_channels_per_topic=max_channels_per_topic,
         )

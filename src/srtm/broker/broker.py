@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from srtm.broker.accept import AcceptBackoff, refuse
 from srtm.broker.diskqueue import DiskQueue
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
@@ -217,6 +218,10 @@ class Broker:
         self._timer: TimerFd | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._listener: socket.socket | None = None
+        #: Why accepting TCP connections fails right now (None: it does not).
+        self.accept_error: str | None = None
+        #: Connections closed at once because ``max_connections`` were open.
+        self.refused_connections = 0
         self.stopped = asyncio.Event()
         self.measurements: list[Measurement] = []
         #: Publisher name -> RTT of its connection, refreshed every second.
@@ -272,6 +277,9 @@ class Broker:
         self._release_wakeup = asyncio.Event()
         self._timer = self._precise_timer()
         self._tasks.append(asyncio.create_task(self._release_loop(), name="srtm-release"))
+        self._tasks.append(asyncio.create_task(self._deadline_loop(), name="srtm-deadlines"))
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
         for topic in self.topics.values():
             self._kick(topic)
 
@@ -304,15 +312,20 @@ class Broker:
             asyncio.get_running_loop().remove_reader(self._timer.fd)
             self._timer.close()
             self._timer = None
+        listener, self._listener = self._listener, None  # tells the accept loop it is over
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                # Already logged when it died; what the broker owes is persisted anyway.
+                log.warning("stopping after background task %s died", task.get_name())
         self._tasks = []
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        if listener is not None:
+            listener.close()
         for client in list(self.clients):
             client.close()  # in-flight messages go back to their channel's queue
         self._processed(None)  # what the emulated server still holds is owed too
@@ -506,13 +519,69 @@ class Broker:
                 first.put(msg)
 
     async def _accept_loop(self, listener: socket.socket) -> None:
+        """Accept clients until stopped. A failed accept never ends it: out of fds or
+        memory it is retried with a backoff (the connection waits in the kernel's
+        backlog meanwhile, and /ping says so); a connection gone before it was
+        accepted is skipped."""
         loop = asyncio.get_running_loop()
+        backoff = AcceptBackoff()
         while True:
-            sock, _ = await loop.sock_accept(listener)
             try:
-                self.clients.add(Client(self, sock, self.options.kernel_timestamps))
-            except OSError:
-                sock.close()  # gone before we could set it up
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as exc:
+                if self._listener is None:
+                    return  # closed by stop()
+                delay = backoff.failed(exc)
+                if delay is None:
+                    continue
+                self.accept_error = f"accepting TCP connections fails: {exc}"
+                if backoff.should_log():
+                    log.error("%s; retrying (%d failures so far)", self.accept_error, backoff.count)
+                await asyncio.sleep(delay)
+                continue
+            if self.accept_error is not None:
+                log.warning("accepting TCP connections again after %d failures", backoff.count)
+                self.accept_error = None
+            backoff.reset()
+            self._admit(sock)
+
+    def _admit(self, sock: socket.socket) -> None:
+        limit = self.options.max_connections
+        if limit and len(self.clients) >= limit:
+            self.refused_connections += 1
+            refuse(sock, f"max connections ({limit}) reached")
+            return
+        try:
+            self.clients.add(Client(self, sock, self.options.kernel_timestamps))
+        except OSError:
+            sock.close()  # gone before we could set it up
+
+    def health(self) -> str | None:
+        """What is wrong with this broker (for /ping), or None."""
+        if self.accept_error is not None:
+            return self.accept_error
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return f"task {task.get_name()} died: {task.exception()!r}"
+        return None
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """Log a background task's death when it happens, not at the next stop."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("background task %s died", task.get_name(), exc_info=exc)
+
+    async def _deadline_loop(self) -> None:
+        """Close connections whose writes or partly received commands stalled too long."""
+        opts = self.options
+        timeouts = [t for t in (opts.read_timeout_ms, opts.write_timeout_ms) if t > 0]
+        if not timeouts:
+            return
+        interval = min(1.0, min(timeouts) / 4000)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.time_ns()
+            for client in list(self.clients):
+                client.check_deadlines(now)
 
     def disconnected(self, client: Client) -> None:
         self.clients.discard(client)

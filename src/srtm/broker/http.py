@@ -102,6 +102,9 @@ def make_app(broker: Broker) -> web.Application:
     registry.register(BrokerCollector(broker))
 
     async def ping(request: web.Request) -> web.Response:
+        problem = broker.health()  # nsqd's form: 500 and "NOK - <why>" when unhealthy
+        if problem is not None:
+            return web.Response(status=500, text=f"NOK - {problem}")
         return web.Response(text="OK")
 
     async def info(request: web.Request) -> web.Response:

@@ -47,6 +47,17 @@ class BrokerOptions:
     #: takes 1/capacity s of a single broker-wide server, in release order (0: off).
     capacity: float = 0.0
     report_interval_s: float = 1.0
+    #: Bytes queued for one client beyond which the broker stops reading its socket and
+    #: sends it no more messages, until the backlog drains to half of this.
+    max_output_buffer_bytes: int = 4 * 1024 * 1024
+    #: A connection whose pending output makes no progress for this long is closed (0: never).
+    write_timeout_ms: int = 30_000
+    #: A command must arrive whole within this long of its first byte, else the connection
+    #: is closed with E_INVALID (0: no limit).
+    read_timeout_ms: int = 30_000
+    #: Open client connections beyond which new ones get E_TOO_MANY_CONNECTIONS and are
+    #: closed (0: no limit but the fd limit).
+    max_connections: int = 10_000
     #: Topics this broker holds at most; a command that would create one more fails
     #: (PUB: E_PUB_FAILED, SUB: E_SUB_FAILED, HTTP: 403 TOO_MANY_TOPICS).
     max_topics: int = 10_000
