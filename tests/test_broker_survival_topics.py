@@ -365,7 +365,16 @@ async def test_a_saved_bucket_out_of_range_does_not_stop_a_restart(broker_dir: P
 
 
 # -- finding 8 (part): meta.json empty or corrupt ----------------------------------------------
-@pytest.mark.parametrize("content", [b"", b'{"version": 1, "topics": [{"na', b"\x00" * 64])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",  # renamed into place before its data reached the disk
+        b'{"version": 1, "topics": [{"na',
+        b"\x00" * 64,
+        b"[1, 2]",
+        b'{"topics": [{"name": "kept", "channels": 5}, 7, {"name": "../x"}]}',
+    ],
+)
 async def test_a_broker_with_a_bad_meta_json_starts_and_delivers(
     broker_dir: Path, content: bytes
 ) -> None:

@@ -487,7 +487,8 @@ class Broker:
                 self._shaped[topic.name] = topic
             except (KeyError, TypeError, ValueError) as exc:
                 log.error("topic %s: saved bucket %r ignored (%s)", topic.name, bucket, exc)
-        channels = [c for c in t.get("channels", []) if isinstance(c, dict)]
+        saved = t.get("channels")
+        channels = [c for c in saved if isinstance(c, dict)] if isinstance(saved, list) else []
         names = {c.get("name") for c in channels}
         channels += [{"name": name} for name in on_disk if name not in names]
         for c in channels:
