@@ -357,6 +357,23 @@ def broker(
             "GET /auth for each AUTH secret; repeat for fallbacks.",
         ),
     ] = None,
+    max_topics: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_MAX_TOPICS",
+            help="Topics this broker holds at most; creating one more fails (PUB: "
+            "E_PUB_FAILED, SUB: E_SUB_FAILED, HTTP: 403 TOO_MANY_TOPICS).",
+            min=1,
+        ),
+    ] = 10_000,
+    max_channels_per_topic: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_MAX_CHANNELS_PER_TOPIC",
+            help="Channels per topic at most (SUB: E_SUB_FAILED, HTTP: 403 TOO_MANY_CHANNELS).",
+            min=1,
+        ),
+    ] = 100,
 ) -> None:
     """Run a broker: NSQ's TCP protocol V2 and nsqd's HTTP API, with per-topic shaping.
 
@@ -410,6 +427,8 @@ def broker(
             https_host=https_host,
             https_port=https_port,
             auth_http_address=tuple(auth_http_address or ()),
+            max_topics=max_topics,
+            max_channels_per_topic=max_channels_per_topic,
         )
 
         def ready(b: object) -> None:

@@ -13,6 +13,7 @@ import re
 import socket
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from srtm.broker.diskqueue import DiskQueue, Reserve
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.queue import MessageQueue
-from srtm.broker.state import UNBOOKED, Channel, Topic
+from srtm.broker.state import UNBOOKED, Channel, LimitReached, Topic
 from srtm.broker.stats import BrokerStats, Recorder
 from srtm.broker.tcp import Client, enable_kernel_timestamps
 from srtm.broker.timer import TimerFd
@@ -31,11 +32,15 @@ from srtm.broker.tls import server_context
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_ephemeral, is_valid_name
 from srtm.protocol.header import publisher_of
-from srtm.ratelimit import BucketParams, TokenBucket
+from srtm.ratelimit import TokenBucket, check_bucket
 
 log = logging.getLogger("srtm.broker")
 _META = "meta.json"
 _FOREVER = 2**63 - 1
+#: Queues written at once at a graceful stop.
+_PERSIST_THREADS = 32
+#: nsqd's code for a SUB that cannot be served (not in srtm.protocol.errors yet).
+_E_SUB_FAILED = "E_SUB_FAILED"
 #: How late an asyncio timeout can end (epoll waits in whole milliseconds), with margin.
 _ASYNCIO_TIMER_SLACK_NS = 1_500_000
 
@@ -43,6 +48,133 @@ _ASYNCIO_TIMER_SLACK_NS = 1_500_000
 def _queue_dir(data_dir: Path, key: str) -> Path:
     # Names may be "." or "..": a prefix keeps every key a plain file name.
     return data_dir / "queues" / f"q-{key}"
+
+
+def _meta_doc(topics: list[Topic], ids: MessageIds) -> dict[str, Any]:
+    """Topics, channels, pauses and buckets: what ``meta.json`` holds. Safe in a thread
+    while the loop runs: it only reads attributes and copies dicts (atomic under the GIL);
+    a change made meanwhile marks the metadata dirty again, so another write follows."""
+    docs = []
+    for topic in topics:
+        if topic.ephemeral:
+            continue
+        bucket = topic.bucket
+        channels = list(topic.channels.values())
+        docs.append(
+            {
+                "name": topic.name,
+                "paused": topic.paused,
+                "bucket": None if bucket is None else {"rate": bucket.rate, "burst": bucket.burst},
+                "channels": [
+                    {"name": ch.name, "paused": ch.paused} for ch in channels if not ch.ephemeral
+                ],
+            }
+        )
+    return {"version": 1, "next_id": ids.last + 1, "topics": docs}
+
+
+def _write_meta(path: Path, topics: list[Topic], ids: MessageIds) -> None:
+    _write_durably(path, _meta_doc(topics, ids))
+
+
+def _write_durably(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` as JSON to ``path`` so that a crash leaves the old file or the new
+    one, never an empty one: the data reaches the disk before the rename, and the rename
+    before this returns. Blocking: run it in a thread while the loop serves."""
+    data = json.dumps(doc).encode()  # no indent: the C encoder, 10 times faster
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _scan_queue_dirs(data_dir: Path) -> dict[str, list[str]]:
+    """Topic -> its channels, as the queue directories name them (in name order): what
+    a broker whose ``meta.json`` is lost, stale or corrupt still knows it had."""
+    found: dict[str, list[str]] = {}
+    root = data_dir / "queues"
+    if not root.is_dir():
+        return found
+    for path in sorted(root.iterdir()):
+        if not path.is_dir() or not path.name.startswith("q-"):
+            continue
+        # ":" and "@" are never part of a valid name, so the key splits unambiguously.
+        topic, _, channel = path.name[2:].split("@")[0].partition(":")
+        if not is_valid_name(topic) or (channel and not is_valid_name(channel)):
+            log.warning("ignoring %s: not a queue directory this broker makes", path)
+            continue
+        channels = found.setdefault(topic, [])
+        if channel and channel not in channels:
+            channels.append(channel)
+    return found
+
+
+class LazyDisk:
+    """A durable queue's ``DiskQueue``, made on first need (an overflow, a graceful stop
+    with messages in memory, a restart): a new topic then costs no directory, no file
+    and no disk I/O on the event loop, however many names clients invent."""
+
+    def __init__(
+        self, data_dir: Path, key: str, segment_bytes: int, failing: set[DiskQueue]
+    ) -> None:
+        self._data_dir, self._key = data_dir, key
+        self._segment_bytes, self._failing = segment_bytes, failing
+        self._disk: DiskQueue | None = None
+
+    @property
+    def directory(self) -> Path:
+        return _queue_dir(self._data_dir, self._key)
+
+    @property
+    def opened(self) -> bool:
+        return self._disk is not None
+
+    def open(self) -> DiskQueue:
+        if self._disk is None:
+            self._disk = DiskQueue(self.directory, self._segment_bytes, failing=self._failing)
+        return self._disk
+
+    # the Overflow protocol (MessageQueue's backend)
+    def push(self, msg: Message) -> None:
+        self.open().push(msg)
+
+    def pop(self) -> Message | None:
+        return None if self._disk is None else self._disk.pop()
+
+    def __len__(self) -> int:
+        return 0 if self._disk is None else len(self._disk)
+
+    def clear(self) -> None:
+        if self._disk is not None:
+            self._disk.clear()
+
+    # what the broker itself asks of a disk queue
+    @property
+    def error(self) -> OSError | None:
+        return None if self._disk is None else self._disk.error
+
+    def flush(self) -> bool:
+        return True if self._disk is None else self._disk.flush()
+
+    def save_head(self, records: list[tuple[Message, int | None]]) -> bool:
+        return self.open().save_head(records) if records else True
+
+    def take_head(self) -> list[tuple[Message, int | None]]:
+        return [] if self._disk is None else self._disk.take_head()
+
+    def close(self, forget_read: bool = True) -> bool:
+        return True if self._disk is None else self._disk.close(forget_read)
+
+    def remove(self) -> None:
+        if self._disk is not None or self.directory.exists():
+            self.open().remove()
 
 
 @dataclass
@@ -83,12 +215,21 @@ class Broker:
             else None
         )
         self.traces: TraceWriter | None = None
-        self._disk: dict[str, DiskQueue] = {}
+        self._disk: dict[str, LazyDisk] = {}
         #: Disk queues whose last write failed (disk full...): their topics refuse PUBs.
         self._failing_disks: set[DiskQueue] = set()
         self._reserve = Reserve(self.options.data_dir, self.options.disk_reserve_bytes)
         self._restoring = False
+        #: Metadata changed since the last write; at most one write in flight, in a
+        #: thread, so N new topics cost a few writes, not N (each O(N)) on the loop.
+        self._meta_dirty = False
+        self._meta_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        #: meta.json writes done (tests and /stats-style curiosity).
+        self.meta_writes = 0
         self._dirty: set[Channel] = set()
+        #: Channels with deferred messages or in-flight deadlines: all that _scan visits.
+        self._timed: set[Channel] = set()
         self._flush_scheduled = False
         self._release_wakeup: asyncio.Event | None = None
         self._timer: TimerFd | None = None
@@ -117,11 +258,11 @@ class Broker:
         mem = self.options.mem_queue_size
         if any(is_ephemeral(part) for part in re.split("[:@]", key)):
             return MessageQueue(mem)
-        disk = DiskQueue(
-            _queue_dir(self.options.data_dir, key),
-            self.options.max_bytes_per_file,
-            failing=self._failing_disks,
+        disk = LazyDisk(
+            self.options.data_dir, key, self.options.max_bytes_per_file, self._failing_disks
         )
+        if self._restoring and disk.directory.is_dir():
+            disk.open()  # what an earlier run left there is read back now
         self._disk[key] = disk
         return MessageQueue(mem, disk)
 
@@ -182,6 +323,11 @@ class Broker:
         """Stop serving and persist every message still owed (queued, deferred, in flight)."""
         if self.stopped.is_set():
             return
+        self._stopping = True
+        if self._meta_task is not None:
+            # Let a write in flight finish: the final one below must not race its rename.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._meta_task)
         if self._timer is not None:
             asyncio.get_running_loop().remove_reader(self._timer.fd)
             self._timer.close()
@@ -209,82 +355,148 @@ class Broker:
             await self.traces.close()
         self.stopped.set()
 
-    def _persist(self) -> None:
+    def _persist(self) -> list[str]:
         """Graceful stop: what every durable queue holds in memory, then the metadata.
 
-        The disk reserve goes first, so that on a full disk the heads still fit; a queue
-        forgets what it read only once every head is saved."""
+        The disk reserve goes first, so that on a full disk the heads still fit. Each
+        queue is written on its own, in a pool of threads (one fsync per file, and a
+        journaling file system commits concurrent ones together: 16 times faster here for
+        thousands of topics); one that cannot be written (a full disk, a value out of
+        range) is logged and skipped, never costing another queue its messages. A queue
+        forgets what it read only once every head and buffer is saved (else the next
+        start reads it again: duplicates, not losses). Returns the keys that could not
+        be written (and ``meta.json`` if it could not).
+        """
         self._reserve.release()
-        saved = True
-        for topic in self.topics.values():
+        heads: dict[str, list[tuple[Message, int | None]]] = {}
+        for topic in list(self.topics.values()):
             if topic.ephemeral:
                 continue
             for key, head in topic.head():
-                saved &= self._disk[key].save_head(head)
+                heads[key] = head
             for ch in topic.channels.values():
                 if not ch.ephemeral:
-                    saved &= self._disk[f"{topic.name}:{ch.name}"].save_head(ch.head())
-        for disk in self._disk.values():
-            saved &= disk.flush()  # every buffer written before any queue forgets what it read
-        for disk in self._disk.values():
-            disk.close(forget_read=saved)
+                    heads[f"{topic.name}:{ch.name}"] = ch.head()
+        keys = [k for k, disk in self._disk.items() if heads.get(k) or disk.opened]
+        failed: list[str] = []
+        if keys:
+            with ThreadPoolExecutor(_PERSIST_THREADS, thread_name_prefix="srtm-persist") as pool:
+                saved = pool.map(lambda key: self._save_head(key, heads.get(key, [])), keys)
+                failed = [key for key, ok in zip(keys, saved, strict=True) if not ok]
+                # every buffer written before any queue forgets what it read
+                flushed = pool.map(lambda key: self._disk[key].flush(), keys)
+                failed += [key for key, ok in zip(keys, flushed, strict=True) if not ok]
+                forget = not failed
+                closed = pool.map(lambda key: self._close_queue(key, forget), keys)
+                failed += [key for key, ok in zip(keys, closed, strict=True) if not ok]
         self._disk.clear()
-        self._save_meta()
+        try:
+            _write_meta(self.options.data_dir / _META, list(self.topics.values()), self.ids)
+            self.meta_writes += 1
+        except Exception:
+            log.exception("could not write %s", _META)
+            failed.append(_META)
+        if failed:
+            failed = sorted(set(failed))
+            log.error("stopped; %d queue(s) could not be persisted: %s", len(failed), failed)
+        return failed
+
+    def _save_head(self, key: str, head: list[tuple[Message, int | None]]) -> bool:
+        """Write one queue's in-memory messages; on an error, once more with times
+        clamped into int64 (a time out of range must not cost the message). True if
+        nothing was lost."""
+        disk = self._disk[key]
+        if not head:
+            return True
+        try:
+            return disk.save_head(head)
+        except Exception:
+            log.exception("could not write the %d messages of %s; retrying", len(head), key)
+            try:
+                return disk.save_head([_clamped(m, due) for m, due in head])
+            except Exception:
+                log.exception("lost the %d in-memory messages of %s", len(head), key)
+                return False
+
+    def _close_queue(self, key: str, forget_read: bool) -> bool:
+        try:
+            return self._disk[key].close(forget_read=forget_read)
+        except Exception:
+            log.exception("could not close the disk queue of %s", key)
+            return False
 
     def _save_meta(self) -> None:
-        """Topics, channels, pauses and buckets, written whenever they change (as nsqd
-        does), so that after a crash the disk queues are found again."""
+        """Metadata changed: have it written (as nsqd does, so that after a crash the disk
+        queues are found again), soon and in a thread; a burst of changes is one write.
+        Without a running loop it is written at once."""
         if self._restoring:
             return
-        topics = []
-        for topic in self.topics.values():
-            if topic.ephemeral:
-                continue
-            bucket = topic.bucket
-            topics.append(
-                {
-                    "name": topic.name,
-                    "paused": topic.paused,
-                    "bucket": None
-                    if bucket is None
-                    else {"rate": bucket.rate, "burst": bucket.burst},
-                    "channels": [
-                        {"name": ch.name, "paused": ch.paused}
-                        for ch in topic.channels.values()
-                        if not ch.ephemeral
-                    ],
-                }
-            )
-        meta = {"version": 1, "next_id": self.ids.last + 1, "topics": topics}
-        path = self.options.data_dir / _META
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, path)
+        self._meta_dirty = True
+        if self._meta_task is not None or self._stopping:
+            return  # the writer in flight goes round again; stop() writes the last one
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._meta_dirty = False
+            _write_meta(self.options.data_dir / _META, list(self.topics.values()), self.ids)
+            self.meta_writes += 1
+            return
+        self._meta_task = loop.create_task(self._meta_writer(), name="srtm-meta")
 
-    def _restore(self) -> None:
+    async def _meta_writer(self) -> None:
+        path = self.options.data_dir / _META
+        try:
+            while self._meta_dirty and not self._stopping:
+                self._meta_dirty = False
+                # Only the list is taken on the loop; the document (20 ms for 10,000
+                # topics) is made in the thread, which yields the GIL every 5 ms.
+                topics = list(self.topics.values())
+                try:
+                    await asyncio.to_thread(_write_meta, path, topics, self.ids)
+                    self.meta_writes += 1
+                except Exception:
+                    # Never fatal: queues still find their directories on the next start
+                    # (_restore), and stop() writes once more.
+                    log.exception("could not write %s; retrying in 1 s", path)
+                    self._meta_dirty = True
+                    await asyncio.sleep(1.0)
+        finally:
+            self._meta_task = None
+
+    def _read_meta(self) -> dict[str, Any]:
+        """``meta.json``, or an empty one if it is missing, empty or corrupt (logged: the
+        queue directories then tell which topics and channels there were)."""
         path = self.options.data_dir / _META
         if not path.exists():
-            return
-        meta = json.loads(path.read_text())
+            return {}
+        try:
+            meta = json.loads(path.read_bytes())
+            if not isinstance(meta, dict) or not isinstance(meta.get("topics", []), list):
+                raise ValueError("not a metadata document")
+            return meta
+        except (OSError, ValueError) as exc:
+            log.error(
+                "%s is unreadable (%s): recovering topics from the queue directories", path, exc
+            )
+            return {}
+
+    def _restore(self) -> None:
+        meta = self._read_meta()
+        found = _scan_queue_dirs(self.options.data_dir)
         self._restoring = True
+        next_id = meta.get("next_id", 0)
         self.ids = MessageIds(
-            self.options.broker_id, max(meta.get("next_id", 0), self.ids.last + 1)
+            self.options.broker_id,
+            max(next_id if isinstance(next_id, int) else 0, self.ids.last + 1),
         )
         now = time.time_ns()
-        for t in meta.get("topics", []):
-            topic = self.topic(t["name"])
-            topic.paused = bool(t.get("paused"))
-            # What waited for tokens is booked again, not as if it arrived before this
-            # run: a restart must not burst.
-            topic.book_not_before_ns = now
-            if t.get("bucket"):
-                topic.shape(t["bucket"]["rate"], t["bucket"]["burst"], time.time_ns)
-                self._shaped[topic.name] = topic
-            for c in t.get("channels", []):
-                ch = topic.channel(c["name"])
-                ch.paused = bool(c.get("paused"))
-                self._restore_channel(ch)
-            self._restore_topic(topic, now)
+        entries: list[dict[str, Any]] = [
+            t for t in meta.get("topics", []) if isinstance(t, dict) and _valid(t.get("name"))
+        ]
+        known = {t["name"] for t in entries}
+        entries += [{"name": name} for name in found if name not in known]
+        for t in entries:
+            self._restore_one(t, found.get(t["name"], []), now)
         self._restoring = False
         self._save_meta()
         restored = sum(
@@ -293,6 +505,32 @@ class Broker:
         )
         if restored:
             log.info("restored %d messages from %s", restored, self.options.data_dir)
+
+    def _restore_one(self, t: dict[str, Any], on_disk: list[str], now: int) -> None:
+        """One topic from its metadata entry and the channel directories found for it."""
+        topic = self.topic(t["name"])
+        topic.paused = bool(t.get("paused"))
+        # What waited for tokens is booked again, not as if it arrived before this
+        # run: a restart must not burst.
+        topic.book_not_before_ns = now
+        bucket = t.get("bucket")
+        if bucket:
+            try:
+                topic.shape(bucket["rate"], bucket["burst"], time.time_ns)
+                self._shaped[topic.name] = topic
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error("topic %s: saved bucket %r ignored (%s)", topic.name, bucket, exc)
+        saved = t.get("channels")
+        channels = [c for c in saved if isinstance(c, dict)] if isinstance(saved, list) else []
+        names = {c.get("name") for c in channels}
+        channels += [{"name": name} for name in on_disk if name not in names]
+        for c in channels:
+            if not _valid(c.get("name")) or is_ephemeral(c["name"]):
+                continue
+            ch = self._watched(topic.channel(c["name"]))
+            ch.paused = bool(c.get("paused"))
+            self._restore_channel(ch)
+        self._restore_topic(topic, now)
 
     def _restore_channel(self, ch: Channel) -> None:
         head = self._disk[f"{ch.topic}:{ch.name}"].take_head()
@@ -393,29 +631,57 @@ class Broker:
             self.delete_channel(ch.topic, ch.name)
 
     # -- topics and channels -------------------------------------------------------------
-    def topic(self, name: str) -> Topic:
+    def topic(self, name: str, limit_code: str = errors.E_BAD_TOPIC) -> Topic:
+        """The topic ``name``, created on first use; ``limit_code`` is the error code
+        when the broker already has ``max_topics`` (the command's own, e.g. E_PUB_FAILED)."""
         topic = self.topics.get(name)
         if topic is None:
             if not is_valid_name(name):
                 raise ProtocolError(errors.E_BAD_TOPIC, f"topic name {name!r} is not valid")
+            limit = self.options.max_topics
+            if len(self.topics) >= limit and not self._restoring:
+                raise LimitReached(
+                    limit_code,
+                    f"topic {name!r} not created: this broker has its maximum of {limit} "
+                    "topics (--max-topics)",
+                    "TOO_MANY_TOPICS",
+                )
             topic = self.topics[name] = Topic(name, self._queue)
             if not topic.ephemeral:
                 self._save_meta()
         return topic
 
-    def channel(self, topic_name: str, channel_name: str) -> Channel:
+    def channel(
+        self, topic_name: str, channel_name: str, limit_code: str = errors.E_BAD_CHANNEL
+    ) -> Channel:
         if not is_valid_name(channel_name):
             raise ProtocolError(errors.E_BAD_CHANNEL, f"channel name {channel_name!r} is not valid")
-        topic = self.topic(topic_name)
+        topic = self.topic(topic_name, limit_code)
         new = channel_name not in topic.channels
-        ch = topic.channel(channel_name)
+        limit = self.options.max_channels_per_topic
+        if new and len(topic.channels) >= limit and not self._restoring:
+            raise LimitReached(
+                limit_code,
+                f"channel {channel_name!r} not created: topic {topic_name!r} has its maximum "
+                f"of {limit} channels (--max-channels-per-topic)",
+                "TOO_MANY_CHANNELS",
+            )
+        ch = self._watched(topic.channel(channel_name))
         if new and not ch.ephemeral and not topic.ephemeral:
             self._save_meta()
         self.mark_ready(ch)
         return ch
 
+    def _watched(self, ch: Channel) -> Channel:
+        """Have the scan look at ``ch`` whenever it has timers."""
+        if ch.watch is None:
+            ch.watch = self._timed
+            if ch.next_due_ns() is not None:  # what the topic deferred before it existed
+                self._timed.add(ch)
+        return ch
+
     def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel:
-        ch = self.channel(topic_name, channel_name)
+        ch = self.channel(topic_name, channel_name, _E_SUB_FAILED)
         ch.add_consumer(client)
         return ch
 
@@ -424,6 +690,7 @@ class Broker:
         if topic is None or channel_name not in topic.channels:
             raise KeyError(channel_name)
         ch = topic.channels.pop(channel_name)
+        self._timed.discard(ch)
         for consumer in list(ch.consumers):
             if isinstance(consumer, Client):
                 consumer.close()
@@ -440,6 +707,7 @@ class Broker:
         self._shaped.pop(name, None)
         for ch_name in list(topic.channels):
             ch = topic.channels.pop(ch_name)
+            self._timed.discard(ch)
             for consumer in list(ch.consumers):
                 if isinstance(consumer, Client):
                     consumer.close()
@@ -453,7 +721,7 @@ class Broker:
     def set_bucket(self, topic_name: str, rate: float, burst: float) -> TokenBucket:
         """Give a topic its sub-bucket, or retune it keeping its state; what already waits
         is paced by the new parameters from now on."""
-        BucketParams(rate, burst)  # a bad pair creates no topic
+        check_bucket(rate, burst)  # a bad pair creates no topic
         topic = self.topic(topic_name)
         bucket = topic.shape(rate, burst, time.time_ns)
         self._shaped[topic_name] = topic
@@ -495,7 +763,7 @@ class Broker:
     ) -> None:
         """Accept messages that arrived at ``arrival``; ``publisher`` None: each one is
         attributed to the publisher its measurement header names."""
-        topic = self._publish_topic(topic_name, "PUB")
+        topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
         now = time.time_ns()
         n = 0
         backlog = 0.0
@@ -510,7 +778,7 @@ class Broker:
     def publish_deferred(
         self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None
     ) -> None:
-        topic = self._publish_topic(topic_name, "DPUB")
+        topic = self._publish_topic(topic_name, "DPUB", errors.E_DPUB_FAILED)
         now = time.time_ns()
         who = publisher_of(body) if publisher is None else publisher
         topic.defer(
@@ -519,10 +787,11 @@ class Broker:
         )
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
 
-    def _publish_topic(self, name: str, what: str) -> Topic:
-        """The topic to publish to, or E_PUB_FAILED if it cannot take messages now."""
+    def _publish_topic(self, name: str, what: str, limit_code: str) -> Topic:
+        """The topic to publish to, or E_PUB_FAILED if it cannot take messages now
+        (``limit_code`` when it would be one topic too many)."""
         try:
-            topic = self.topic(name)
+            topic = self.topic(name, limit_code)
         except OSError as exc:  # its metadata could not be written (disk full...)
             raise ProtocolError(errors.E_PUB_FAILED, f"{what} failed: {exc}") from exc
         if self._failing_disks:
@@ -749,12 +1018,14 @@ class Broker:
 
     def _scan(self, now: int) -> None:
         # A function of its own: no loop variable keeps a deleted topic alive while the
-        # loop sleeps (freeing it later, all at once, stalled the loop).
-        for topic in list(self.topics.values()):
-            for ch in list(topic.channels.values()):
-                due = ch.next_due_ns()
-                if due is not None and due <= now and ch.tick(now):
-                    self.mark_ready(ch)
+        # loop sleeps (freeing it later, all at once, stalled the loop). Only channels
+        # with timers are visited: thousands of idle ones cost nothing.
+        for ch in list(self._timed):
+            due = ch.next_due_ns()
+            if due is None:
+                self._timed.discard(ch)  # it puts itself back when it gets a timer
+            elif due <= now and ch.tick(now):
+                self.mark_ready(ch)
 
     def _refresh_rtts(self) -> None:
         for c in list(self.clients):
@@ -768,7 +1039,7 @@ class Broker:
         rolled = time.monotonic()
         while True:
             await asyncio.sleep(0.1)
-            recorders = self.stats.recorders()
+            recorders = self.stats.pending_recorders()
             for rec in recorders:
                 rec.flush()
                 await asyncio.sleep(0)
@@ -783,3 +1054,22 @@ class Broker:
                     self._reserve.claim(retry=True)  # space came back since the start
                 if self.traces is not None:
                     self.traces.maybe_roll()
+
+
+def _clamped(msg: Message, due: int | None) -> tuple[Message, int | None]:
+    """A copy whose times fit the disk format's int64 fields."""
+
+    def fit(v: int) -> int:
+        return min(max(v, -1), _FOREVER)
+
+    m = msg.copy()
+    m.timestamp_ns, m.arrival_ns, m.release_ns = (
+        fit(m.timestamp_ns),
+        fit(m.arrival_ns),
+        fit(m.release_ns),
+    )
+    return m, None if due is None else fit(due)
+
+
+def _valid(name: object) -> bool:
+    return isinstance(name, str) and is_valid_name(name)

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from srtm.broker.metrics import BrokerCollector
 from srtm.broker.report import stats_document
+from srtm.broker.state import LimitReached
 from srtm.broker.tls import http_requires_tls
 from srtm.protocol import ProtocolError, errors, is_valid_name
 
@@ -37,6 +38,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except HttpError as err:
         body = {"message": err.code} | ({"detail": err.detail} if err.detail else {})
         return web.json_response(body, status=err.status)
+    except LimitReached as err:  # --max-topics / --max-channels-per-topic
+        return web.json_response({"message": err.http_code, "detail": err.message}, status=403)
 
 
 @contextlib.contextmanager

@@ -79,3 +79,8 @@ class BrokerOptions:
     https_port: int | None = None
     #: nsqd's --auth-http-address: auth servers (HOST:PORT or http(s)://...) for AUTH.
     auth_http_address: tuple[str, ...] = ()
+    #: Topics this broker holds at most; a command that would create one more fails
+    #: (PUB: E_PUB_FAILED, SUB: E_SUB_FAILED, HTTP: 403 TOO_MANY_TOPICS).
+    max_topics: int = 10_000
+    #: Channels per topic at most (SUB: E_SUB_FAILED, HTTP: 403 TOO_MANY_CHANNELS).
+    max_channels_per_topic: int = 100

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue, settle
-from srtm.protocol import is_ephemeral
+from srtm.protocol import ProtocolError, is_ephemeral
 from srtm.ratelimit import Reservation, TokenBucket
 
 #: Makes the queue for a key: ``topic`` (held), ``topic@shaping``, ``topic:channel``.
@@ -42,6 +42,15 @@ class InFlight:
     deadline_ns: int
 
 
+class LimitReached(ProtocolError):
+    """A topic or channel the broker's limits leave no room for: nothing was created
+    and nothing already accepted changes. ``http_code`` is the HTTP API's message."""
+
+    def __init__(self, code: str, message: str, http_code: str) -> None:
+        super().__init__(code, message)
+        self.http_code = http_code
+
+
 class DeliveryError(Exception):
     """FIN/REQ/TOUCH of a message that is not in flight for this client."""
 
@@ -63,6 +72,9 @@ class Channel:
     _timeouts: list[tuple[int, int, bytes]] = field(default_factory=list)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _next_consumer: int = 0
+    #: Where the channel puts itself when it gets a deferred message or an in-flight
+    #: deadline (the broker's scan then looks at these channels only, not at every one).
+    watch: set[Channel] | None = field(default=None, repr=False)
 
     @property
     def ephemeral(self) -> bool:
@@ -82,6 +94,8 @@ class Channel:
 
     def defer(self, msg: Message, due_ns: int) -> None:
         heapq.heappush(self._deferred, (due_ns, next(self._seq), msg))
+        if self.watch is not None:
+            self.watch.add(self)
 
     def put_deferred(self, msg: Message, due_ns: int) -> None:
         """A new message (DPUB), due later; unlike a delayed REQ it counts as a message."""
@@ -123,6 +137,8 @@ class Channel:
             self.in_flight[msg.id] = InFlight(msg, consumer, deadline)
             heapq.heappush(self._timeouts, (deadline, next(self._seq), msg.id))
             out.append((consumer, msg))
+        if out and self.watch is not None:
+            self.watch.add(self)
         return out
 
     # -- FIN / REQ / TOUCH ---------------------------------------------------------------

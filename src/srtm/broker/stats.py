@@ -78,13 +78,30 @@ def summarise(hist: HdrHistogram) -> dict[str, float]:
 
 
 class Recorder:
-    """An HDR histogram of nanosecond values (1 ns .. 1 h, 3 significant digits)."""
+    """An HDR histogram of nanosecond values (1 ns .. 1 h, 3 significant digits).
 
-    __slots__ = ("hist", "pending")
+    The histogram (270 KB of counts) is made on the first flush that has values: most
+    recorders of an idle topic or channel never get one, and a broker may hold
+    thousands of those.
+    """
+
+    __slots__ = ("_hist", "pending")
 
     def __init__(self) -> None:
-        self.hist = HdrHistogram(1, _MAX_NS, 3)
+        self._hist: HdrHistogram | None = None
         self.pending: array[int] = array("q")
+
+    @property
+    def hist(self) -> HdrHistogram:
+        """The histogram (made now if nothing was recorded yet)."""
+        if self._hist is None:
+            self._hist = HdrHistogram(1, _MAX_NS, 3)
+        return self._hist
+
+    @property
+    def allocated(self) -> bool:
+        """Whether the histogram exists yet (for tests and the cost of idle topics)."""
+        return self._hist is not None
 
     def add(self, value_ns: int) -> None:
         self.pending.append(value_ns)
@@ -99,12 +116,17 @@ class Recorder:
     @property
     def count(self) -> int:
         self.flush()
-        return int(self.hist.get_total_count())
+        return 0 if self._hist is None else int(self._hist.get_total_count())
 
     def summary(self) -> dict[str, float]:
         """count, mean and p50/p95/p99/p99.9 in ns (0 when empty)."""
         self.flush()
-        return summarise(self.hist)
+        if self._hist is None:
+            return _EMPTY_SUMMARY.copy()
+        return summarise(self._hist)
+
+
+_EMPTY_SUMMARY: dict[str, float] = {"count": 0, "mean": 0.0} | {f"p{p:g}": 0 for p in PERCENTILES}
 
 
 @dataclass
@@ -191,11 +213,15 @@ class BrokerStats:
     topics: dict[str, TopicStats] = field(default_factory=dict)
     #: user-space read time − kernel receive stamp, per read
     stamp_gaps: Recorder = field(default_factory=Recorder)
+    #: Topics whose stats were handed out since ``pending_recorders`` last looked: only
+    #: these can have values to flush (idle topics cost the housekeeping nothing).
+    _touched: set[str] = field(default_factory=set)
 
     def topic(self, name: str) -> TopicStats:
         ts = self.topics.get(name)
         if ts is None:
             ts = self.topics[name] = TopicStats(Window(self.window_seconds))
+        self._touched.add(name)
         return ts
 
     def drop_topic(self, name: str) -> None:
@@ -209,3 +235,14 @@ class BrokerStats:
     def recorders(self) -> list[Recorder]:
         """Every histogram it keeps (for flushing them one at a time)."""
         return [self.stamp_gaps, *(r for ts in self.topics.values() for r in ts.recorders())]
+
+    def pending_recorders(self) -> list[Recorder]:
+        """The histograms with values waiting to be flushed, looking only at the topics
+        used since the last call: an idle topic costs the housekeeping loop nothing."""
+        touched, self._touched = self._touched, set()
+        out = [self.stamp_gaps] if self.stamp_gaps.pending else []
+        for name in touched:
+            ts = self.topics.get(name)
+            if ts is not None:
+                out += [r for r in ts.recorders() if r.pending]
+        return out

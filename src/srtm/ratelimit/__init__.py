@@ -10,9 +10,14 @@ from srtm.ratelimit.bucket import (
 )
 from srtm.ratelimit.conformance import Violation, check_conformance
 from srtm.ratelimit.params import (
+    MAX_BURST,
+    MAX_RATE,
+    MAX_TOLERANCE_NS,
+    MIN_RATE,
     NS_PER_S,
     BucketParams,
     Grid,
+    check_bucket,
     check_burst,
     check_rate,
     grid,
@@ -24,6 +29,10 @@ __all__ = [
     "DEFAULT_ASYNC_SPIN_NS",
     "DEFAULT_SPIN_NS",
     "INSUFFICIENT",
+    "MAX_BURST",
+    "MAX_RATE",
+    "MAX_TOLERANCE_NS",
+    "MIN_RATE",
     "NS_PER_S",
     "OK",
     "OVER_REFILL",
@@ -36,6 +45,7 @@ __all__ = [
     "RtlimMode",
     "TokenBucket",
     "Violation",
+    "check_bucket",
     "check_burst",
     "check_conformance",
     "check_rate",

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from srtm.ratelimit.params import BucketParams, check_burst, check_rate, grid
+from srtm.ratelimit.params import BucketParams, check_bucket, grid
 
 Clock = Callable[[], int]
 Sleep = Callable[[float], None]
@@ -83,7 +83,7 @@ class TokenBucket:
         spin_ns: int = DEFAULT_SPIN_NS,
         async_spin_ns: int = DEFAULT_ASYNC_SPIN_NS,
     ) -> None:
-        self._params = BucketParams(check_rate(rate), check_burst(burst))
+        self._params = check_bucket(rate, burst)
         # GCRA constants in ns (see params.grid), kept flat: the hot path reads them.
         g = grid(rate, burst)
         self._t, self._tau = g.t, g.tau
@@ -118,7 +118,7 @@ class TokenBucket:
 
     def set_rate(self, rate: float) -> None:
         """Change the rate now, keeping the tokens currently in the bucket (or owed)."""
-        rate = check_rate(rate)
+        rate = check_bucket(rate, self._params.burst).rate
         with self._lock:
             now = self._clock()
             new = grid(rate, self._params.burst)
@@ -129,7 +129,7 @@ class TokenBucket:
 
     def set_burst(self, burst: float) -> None:
         """Change the depth now, keeping the token count (capped at the new depth)."""
-        burst = check_burst(burst)
+        burst = check_bucket(self._params.rate, burst).burst
         with self._lock:
             now = self._clock()
             new = grid(self._params.rate, burst)

@@ -47,6 +47,40 @@ class BucketParams:
         check_burst(self.burst)
 
 
+#: The range a bucket that schedules in int64 nanoseconds accepts (``TokenBucket``, and so
+#: a broker's sub-bucket). At the lowest rate one token is 1,000 s: release times stay
+#: below 2**63 ns (the year 2262) for a backlog of over 7 million messages on one bucket.
+#: Above 1e9/s the emission interval would round to less than 1 ns.
+MIN_RATE = 1e-3
+MAX_RATE = 1e9
+MAX_BURST = 1e9
+#: The bucket's depth in time, (burst - 1)/rate, at most this (about 31.7 years).
+MAX_TOLERANCE_NS = 10**18
+
+
+def check_bucket(rate: float, burst: float) -> BucketParams:
+    """``(rate, burst)`` checked for a bucket that schedules in int64 nanoseconds, or a
+    ValueError naming the field: finite, ``MIN_RATE <= rate <= MAX_RATE``,
+    ``1 <= burst <= MAX_BURST`` and ``(burst - 1)/rate`` at most ``MAX_TOLERANCE_NS``.
+
+    ``BucketParams`` alone only asks for finite and positive: splits and offline analysis
+    may describe tiny shares that no live bucket has to schedule.
+    """
+    r, b = check_rate(rate), check_burst(burst)
+    if not MIN_RATE <= r <= MAX_RATE:
+        raise ValueError(
+            f"rate must be between {MIN_RATE:g} and {MAX_RATE:g} per second, got {rate!r}"
+        )
+    if b > MAX_BURST:
+        raise ValueError(f"burst must be at most {MAX_BURST:g}, got {burst!r}")
+    if (Fraction(b) - 1) * math.ceil(NS_PER_S / Fraction(r)) > MAX_TOLERANCE_NS:
+        raise ValueError(
+            f"burst {burst!r} at rate {rate!r} is {(b - 1) / r:.3g} s of tokens; "
+            f"at most {MAX_TOLERANCE_NS / NS_PER_S:.3g} s (burst/rate) is allowed"
+        )
+    return BucketParams(r, b)
+
+
 @dataclass(frozen=True, slots=True)
 class Grid:
     """GCRA constants in nanoseconds: emission interval ``t`` and tolerance ``tau``."""
