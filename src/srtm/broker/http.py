@@ -48,8 +48,8 @@ def _pub_failed() -> Iterator[None]:
     try:
         yield
     except ProtocolError as err:
-        if err.code != errors.E_PUB_FAILED:
-            raise
+        if err.code != errors.E_PUB_FAILED or isinstance(err, LimitReached):
+            raise  # a limit is the client's 403, not the disk's 503
         raise HttpError(503, err.code, err.message) from err
 
 
