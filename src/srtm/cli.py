@@ -264,6 +264,23 @@ def broker(
             min=0,
         ),
     ] = 0.0,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SRTM_TOKEN",
+            help="Cluster token: mutating /srtm/* HTTP requests must carry "
+            "'Authorization: Bearer TOKEN' (nsqd's own endpoints stay open). Required "
+            "unless --insecure-loopback.",
+        ),
+    ] = None,
+    insecure_loopback: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-loopback",
+            envvar="SRTM_INSECURE_LOOPBACK",
+            help="Run without a token: allowed only when every bind address is loopback.",
+        ),
+    ] = False,
 ) -> None:
     """Run a broker: NSQ's TCP protocol V2 and nsqd's HTTP API, with per-topic shaping.
 
@@ -280,6 +297,9 @@ def broker(
     tcp_host, tcp_port = _address(tcp_address, "--tcp-address")
     http_host, http_port = _address(http_address, "--http-address")
     try:
+        from srtm.security import require_auth_choice
+
+        require_auth_choice(token, insecure_loopback, [tcp_host, http_host])
         options = BrokerOptions(
             tcp_host=tcp_host,
             tcp_port=tcp_port,
@@ -300,6 +320,7 @@ def broker(
             controller=controller,
             mcap=mcap,
             capacity=capacity,
+            token=token,
         )
 
         def ready(b: object) -> None:

@@ -183,9 +183,11 @@ def start_broker(
     stops it). If it does not come up within ``timeout`` it is killed and RuntimeError
     raised, with its exit code.
     """
+    # Loopback only: without a token of the caller's, the child runs open on purpose.
+    auth = [] if "--token" in args else ["--insecure-loopback"]
     cmd = [
         "broker", "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
-        "--data-dir", str(data_dir), *args,
+        "--data-dir", str(data_dir), *auth, *args,
     ]  # fmt: skip
     proc, m = _start(
         cmd, _BROKER_READY, stderr=stderr, new_session=new_session, preexec_fn=preexec_fn,

@@ -47,3 +47,6 @@ class BrokerOptions:
     #: takes 1/capacity s of a single broker-wide server, in release order (0: off).
     capacity: float = 0.0
     report_interval_s: float = 1.0
+    #: The cluster token: mutating ``/srtm/*`` HTTP endpoints then require
+    #: ``Authorization: Bearer <token>``. None: open, allowed on a loopback HTTP bind only.
+    token: str | None = None
