@@ -25,7 +25,11 @@ HEARTBEAT = b"_heartbeat_"
 
 
 class BrokerError(Exception):
-    """An error frame in answer to a command."""
+    """An error frame in answer to a command (its text: ``CODE detail``)."""
+
+    @property
+    def code(self) -> str:
+        return str(self).partition(" ")[0]
 
 
 class Connection:
@@ -47,6 +51,8 @@ class Connection:
         self.reader, self.writer, self.address = reader, writer, address
         self.on_message, self.on_order, self.on_close = on_message, on_order, on_close
         self._waiting: deque[asyncio.Future[bytes]] = deque()
+        #: The broker's largest message body, when its IDENTIFY answer says.
+        self.max_msg_size: int | None = None
         self.closed = asyncio.Event()
         self._closing = False
         self._task = asyncio.get_running_loop().create_task(self._read())
