@@ -184,7 +184,8 @@ def start_broker(
     raised, with its exit code.
     """
     # Loopback only: without a token of the caller's, the child runs open on purpose.
-    auth = [] if "--token" in args else ["--insecure-loopback"]
+    given = any(a == "--token" or a.startswith("--token=") for a in args)
+    auth = [] if given else ["--insecure-loopback"]
     cmd = [
         "broker", "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
         "--data-dir", str(data_dir), *auth, *args,
