@@ -115,6 +115,8 @@ async def test_mutating_srtm_endpoints_need_the_token(
     broker, s = guarded
     broker.topic("t")
     assert await call(s, method, path, headers=headers) == (401, {"message": "E_UNAUTHORIZED"})
+    async with s.request(method, path, headers=headers) as resp:
+        assert resp.headers["WWW-Authenticate"].startswith("Bearer")
     assert broker.topics["t"].bucket is None
 
 

@@ -63,7 +63,8 @@ def _auth(token: str | None) -> Middleware:
             and request.method not in _READS
             and not bearer_matches(request.headers.get("Authorization"), token)
         ):
-            raise HttpError(401, E_UNAUTHORIZED)
+            headers = {"WWW-Authenticate": 'Bearer realm="srtm"'}  # RFC 6750
+            return web.json_response({"message": E_UNAUTHORIZED}, status=401, headers=headers)
         return await handler(request)
 
     return auth
