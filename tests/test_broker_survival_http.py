@@ -151,7 +151,7 @@ async def test_reads_and_nsqd_endpoints_stay_open(
 
 @pytest.mark.parametrize(
     "to", ["evil", "evil:", ":4150", "host:port", "h:0", "h:65536", "h:-1", "a b:1",
-           "h:1/x", "h:1?x=1", "h:४१"],
+           "h:1/x", "h:1?x=1", "h:४१", "h:" + "1" * 5000],
 )  # fmt: skip
 async def test_migrate_target_must_be_host_port(
     api: tuple[Broker, aiohttp.ClientSession], to: str
@@ -249,6 +249,8 @@ def test_cli_broker_with_a_token_guards_its_api(tmp_path: Path) -> None:
             "INVALID_VERSION",
         ),
         ("/pub?topic=t&defer=%C2%B2", "INVALID_DEFER"),
+        ("/pub?topic=t&defer=" + "1" * 5000, "INVALID_DEFER"),
+        ("/srtm/migrate?topic=t&publisher=p&to=h:1&version=" + "1" * 5000, "INVALID_VERSION"),
     ],
 )
 async def test_numbers_must_be_finite_and_in_range(

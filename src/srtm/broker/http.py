@@ -103,7 +103,8 @@ def _number(request: web.Request, key: str) -> float:
 
 def _whole(raw: str, key: str, most: int) -> int:
     """A decimal integer 0..most (ASCII digits only: ``str.isdigit`` takes "²" and "४")."""
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > most:
+    digits = raw.isascii() and raw.isdigit() and len(raw) <= len(str(most))  # int() caps
+    if not digits or int(raw) > most:  # strings at 4,300 digits with a ValueError
         raise HttpError(400, f"INVALID_{key.upper()}", f"{key} {raw!r} is not an integer 0..{most}")
     return int(raw)
 
@@ -116,7 +117,8 @@ def valid_host_port(value: str) -> bool:
     """``HOST:PORT`` with a host name or IP address and a port 1..65535 (what a publisher
     can connect to, and nothing else: no path, query, user or spaces)."""
     host, sep, port = value.rpartition(":")
-    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+    digits = port.isascii() and port.isdigit() and len(port) <= 5
+    if not sep or not digits or not 0 < int(port) < 65536:
         return False
     try:
         ipaddress.ip_address(host)
