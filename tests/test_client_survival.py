@@ -106,3 +106,47 @@ async def test_a_lost_connection_still_resends(tmp_path: Path) -> None:
             restarted.stop()
         if broker.alive():
             broker.proc.kill()
+
+
+async def test_garbled_orders_do_not_break_the_connection() -> None:
+    """A broker (or whoever answers at a migration target) that sends malformed SRTM
+    order frames: deeply nested JSON, a list, a bad target. The publisher ignores them
+    and keeps publishing on the same connection."""
+    import struct
+
+    from srtm.protocol import FrameType
+
+    def frame(kind: int, data: bytes) -> bytes:
+        return struct.pack(">II", len(data) + 4, kind) + data
+
+    pubs: list[bytes] = []
+
+    async def fake_broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(4)  # magic
+        await reader.readline()  # IDENTIFY
+        (size,) = struct.unpack(">I", await reader.readexactly(4))
+        await reader.readexactly(size)
+        writer.write(frame(FrameType.RESPONSE, b'{"max_rdy_count": 2500}'))
+        for order in (b"[" * 100_000 + b"]" * 100_000, b"[1, 2]", b'{"migrate": 5}',
+                      b'{"migrate": {"topic": "t", "to": "no port"}}'):  # fmt: skip
+            writer.write(frame(FrameType.SRTM, order))
+        while await reader.readline():  # PUB t\n [size][body]
+            (size,) = struct.unpack(">I", await reader.readexactly(4))
+            pubs.append(await reader.readexactly(size))
+            writer.write(frame(FrameType.RESPONSE, b"OK"))
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(fake_broker, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pub = Publisher("t", "p1", address=f"127.0.0.1:{port}")
+    try:
+        await pub.start()
+        for i in range(3):  # the deadline only against hanging
+            await asyncio.wait_for(await pub.publish(f"m{i}".encode()), 10)
+        assert pubs == [b"m0", b"m1", b"m2"]
+        assert pub.reconnects == 0 and pub.migrations == 0
+    finally:
+        await pub.close()
+        server.close()
+        await server.wait_closed()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from srtm.protocol import (
 )
 
 HEARTBEAT = b"_heartbeat_"
+log = logging.getLogger("srtm.client")
 
 
 class BrokerError(Exception):
@@ -30,6 +32,17 @@ class BrokerError(Exception):
     @property
     def code(self) -> str:
         return str(self).partition(" ")[0]
+
+
+def _order(data: bytes) -> dict[str, Any] | None:
+    """An SRTM order frame's JSON object; anything else is ignored (not fatal: deeply
+    nested JSON raises RecursionError, which would end the reader)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        log.warning("ignoring an SRTM order that is not JSON (%d bytes)", len(data))
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 class Connection:
@@ -108,8 +121,9 @@ class Connection:
             if self.on_message is not None:
                 self.on_message(decode_message(data))
         elif kind is FrameType.SRTM:
-            if self.on_order is not None:
-                self.on_order(json.loads(data))
+            order = _order(data)
+            if self.on_order is not None and order is not None:
+                self.on_order(order)
         elif kind is FrameType.RESPONSE and data == HEARTBEAT:
             self.send(Nop())
         elif kind is FrameType.RESPONSE:

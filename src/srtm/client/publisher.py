@@ -219,8 +219,14 @@ class Publisher:
     # -- moving --------------------------------------------------------------------------
     def _on_order(self, order: dict[str, Any]) -> None:
         m = order.get("migrate")
-        if isinstance(m, dict) and m.get("topic") == self.topic and m.get("to") != self.address:
-            self._moving = asyncio.get_running_loop().create_task(self._migrate(str(m["to"])))
+        if not isinstance(m, dict) or m.get("topic") != self.topic:
+            return
+        to = m.get("to")
+        port = to.rpartition(":")[2] if isinstance(to, str) else ""
+        if not (isinstance(to, str) and port.isascii() and port.isdigit()):
+            log.warning("publisher %s ignores a migration to %r (not HOST:PORT)", self.id, to)
+        elif to != self.address:
+            self._moving = asyncio.get_running_loop().create_task(self._migrate(to))
 
     async def _migrate(self, to: str) -> None:
         """Make before break: the new connection first, then the old one drained."""
