@@ -264,6 +264,59 @@ def broker(
             min=0,
         ),
     ] = 0.0,
+    max_output_buffer: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_MAX_OUTPUT_BUFFER",
+            help="Bytes queued for one client beyond which its socket is not read and it "
+            "gets no messages until half of that has drained (0: no limit).",
+            min=0,
+        ),
+    ] = 4 * 1024 * 1024,
+    write_timeout_ms: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_WRITE_TIMEOUT_MS",
+            help="Close a client whose pending output made no progress for this long "
+            "(ms; 0: never).",
+            min=0,
+        ),
+    ] = 30_000,
+    read_timeout_ms: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_READ_TIMEOUT_MS",
+            help="A command must arrive whole within this long of its first byte, else "
+            "E_INVALID and the connection is closed (ms; 0: no limit).",
+            min=0,
+        ),
+    ] = 30_000,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_MAX_CONNECTIONS",
+            help="Client connections beyond this many get E_TOO_MANY_CONNECTIONS and are "
+            "closed (0: no limit but the open-files limit).",
+            min=0,
+        ),
+    ] = 10_000,
+    max_bytes_per_file: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_MAX_BYTES_PER_FILE",
+            help="Size of each disk queue segment file (bytes).",
+            min=1024,
+        ),
+    ] = 16 << 20,
+    disk_reserve_bytes: Annotated[
+        int,
+        typer.Option(
+            envvar="SRTM_DISK_RESERVE_BYTES",
+            help="Disk space (bytes) claimed at start and given back at a graceful stop, so "
+            "that what memory holds is saved even when the disk is full (0: none).",
+            min=0,
+        ),
+    ] = 32 << 20,
     token: Annotated[
         str | None,
         typer.Option(
@@ -320,6 +373,12 @@ def broker(
             controller=controller,
             mcap=mcap,
             capacity=capacity,
+            max_output_buffer_bytes=max_output_buffer,
+            write_timeout_ms=write_timeout_ms,
+            read_timeout_ms=read_timeout_ms,
+            max_connections=max_connections,
+            max_bytes_per_file=max_bytes_per_file,
+            disk_reserve_bytes=disk_reserve_bytes,
             token=token,
         )
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from srtm.broker.diskqueue import DiskQueue
+from srtm.broker.accept import AcceptBackoff, refuse
+from srtm.broker.diskqueue import DiskQueue, Reserve
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.queue import MessageQueue
@@ -84,6 +85,9 @@ class Broker:
         self.http_address: tuple[str, int] | None = None
         self.traces: TraceWriter | None = None
         self._disk: dict[str, DiskQueue] = {}
+        #: Disk queues whose last write failed (disk full...): their topics refuse PUBs.
+        self._failing_disks: set[DiskQueue] = set()
+        self._reserve = Reserve(self.options.data_dir, self.options.disk_reserve_bytes)
         self._restoring = False
         self._dirty: set[Channel] = set()
         self._flush_scheduled = False
@@ -91,6 +95,10 @@ class Broker:
         self._timer: TimerFd | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._listener: socket.socket | None = None
+        #: Why accepting TCP connections fails right now (None: it does not).
+        self.accept_error: str | None = None
+        #: Connections closed at once because ``max_connections`` were open.
+        self.refused_connections = 0
         self.stopped = asyncio.Event()
         self.measurements: list[Measurement] = []
         self.max_measurements = MAX_MEASUREMENTS
@@ -111,7 +119,11 @@ class Broker:
         mem = self.options.mem_queue_size
         if any(is_ephemeral(part) for part in re.split("[:@]", key)):
             return MessageQueue(mem)
-        disk = DiskQueue(_queue_dir(self.options.data_dir, key))
+        disk = DiskQueue(
+            _queue_dir(self.options.data_dir, key),
+            self.options.max_bytes_per_file,
+            failing=self._failing_disks,
+        )
         self._disk[key] = disk
         return MessageQueue(mem, disk)
 
@@ -125,6 +137,7 @@ class Broker:
         opts = self.options
         opts.data_dir.mkdir(parents=True, exist_ok=True)
         self._restore()
+        self._reserve.claim()  # after the restore: it may need the space first
         if opts.trace_dir is not None:
             self.traces = TraceWriter(
                 opts.trace_dir, opts.run, str(opts.broker_id), opts.trace_sample
@@ -145,6 +158,9 @@ class Broker:
         self._release_wakeup = asyncio.Event()
         self._timer = self._precise_timer()
         self._tasks.append(asyncio.create_task(self._release_loop(), name="srtm-release"))
+        self._tasks.append(asyncio.create_task(self._deadline_loop(), name="srtm-deadlines"))
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
         for topic in self.topics.values():
             self._kick(topic)
 
@@ -172,15 +188,20 @@ class Broker:
             asyncio.get_running_loop().remove_reader(self._timer.fd)
             self._timer.close()
             self._timer = None
+        listener, self._listener = self._listener, None  # tells the accept loop it is over
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                # Already logged when it died; what the broker owes is persisted anyway.
+                log.warning("stopping after background task %s died", task.get_name())
         self._tasks = []
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        if listener is not None:
+            listener.close()
         for client in list(self.clients):
             client.close()  # in-flight messages go back to their channel's queue
         self._processed(None)  # what the emulated server still holds is owed too
@@ -190,17 +211,24 @@ class Broker:
         self.stopped.set()
 
     def _persist(self) -> None:
-        """Graceful stop: what every durable queue holds in memory, then the metadata."""
+        """Graceful stop: what every durable queue holds in memory, then the metadata.
+
+        The disk reserve goes first, so that on a full disk the heads still fit; a queue
+        forgets what it read only once every head is saved."""
+        self._reserve.release()
+        saved = True
         for topic in self.topics.values():
             if topic.ephemeral:
                 continue
             for key, head in topic.head():
-                self._disk[key].save_head(head)
+                saved &= self._disk[key].save_head(head)
             for ch in topic.channels.values():
                 if not ch.ephemeral:
-                    self._disk[f"{topic.name}:{ch.name}"].save_head(ch.head())
+                    saved &= self._disk[f"{topic.name}:{ch.name}"].save_head(ch.head())
         for disk in self._disk.values():
-            disk.close()
+            saved &= disk.flush()  # every buffer written before any queue forgets what it read
+        for disk in self._disk.values():
+            disk.close(forget_read=saved)
         self._disk.clear()
         self._save_meta()
 
@@ -288,13 +316,69 @@ class Broker:
                 first.put(msg)
 
     async def _accept_loop(self, listener: socket.socket) -> None:
+        """Accept clients until stopped. A failed accept never ends it: out of fds or
+        memory it is retried with a backoff (the connection waits in the kernel's
+        backlog meanwhile, and /ping says so); a connection gone before it was
+        accepted is skipped."""
         loop = asyncio.get_running_loop()
+        backoff = AcceptBackoff()
         while True:
-            sock, _ = await loop.sock_accept(listener)
             try:
-                self.clients.add(Client(self, sock, self.options.kernel_timestamps))
-            except OSError:
-                sock.close()  # gone before we could set it up
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as exc:
+                if self._listener is None:
+                    return  # closed by stop()
+                delay = backoff.failed(exc)
+                if delay is None:
+                    continue
+                self.accept_error = f"accepting TCP connections fails: {exc}"
+                if backoff.should_log():
+                    log.error("%s; retrying (%d failures so far)", self.accept_error, backoff.count)
+                await asyncio.sleep(delay)
+                continue
+            if self.accept_error is not None:
+                log.warning("accepting TCP connections again after %d failures", backoff.count)
+                self.accept_error = None
+            backoff.reset()
+            self._admit(sock)
+
+    def _admit(self, sock: socket.socket) -> None:
+        limit = self.options.max_connections
+        if limit and len(self.clients) >= limit:
+            self.refused_connections += 1
+            refuse(sock, f"max connections ({limit}) reached")
+            return
+        try:
+            self.clients.add(Client(self, sock, self.options.kernel_timestamps))
+        except OSError:
+            sock.close()  # gone before we could set it up
+
+    def health(self) -> str | None:
+        """What is wrong with this broker (for /ping), or None."""
+        if self.accept_error is not None:
+            return self.accept_error
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return f"task {task.get_name()} died: {task.exception()!r}"
+        return None
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """Log a background task's death when it happens, not at the next stop."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("background task %s died", task.get_name(), exc_info=exc)
+
+    async def _deadline_loop(self) -> None:
+        """Close connections whose writes or partly received commands stalled too long."""
+        opts = self.options
+        timeouts = [t for t in (opts.read_timeout_ms, opts.write_timeout_ms) if t > 0]
+        if not timeouts:
+            return
+        interval = min(1.0, min(timeouts) / 4000)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.time_ns()
+            for client in list(self.clients):
+                client.check_deadlines(now)
 
     def disconnected(self, client: Client) -> None:
         self.clients.discard(client)
@@ -344,6 +428,7 @@ class Broker:
         for consumer in list(ch.consumers):
             if isinstance(consumer, Client):
                 consumer.close()
+        ch.discard()  # what it read from the topic's disk queues is settled
         self._remove_queue(f"{topic_name}:{channel_name}")
         self.stats.drop_channel(topic_name, channel_name)
         if topic.ephemeral and not topic.channels:
@@ -411,7 +496,7 @@ class Broker:
     ) -> None:
         """Accept messages that arrived at ``arrival``; ``publisher`` None: each one is
         attributed to the publisher its measurement header names."""
-        topic = self.topic(topic_name)
+        topic = self._publish_topic(topic_name, "PUB")
         now = time.time_ns()
         n = 0
         backlog = 0.0
@@ -426,7 +511,7 @@ class Broker:
     def publish_deferred(
         self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None
     ) -> None:
-        topic = self.topic(topic_name)
+        topic = self._publish_topic(topic_name, "DPUB")
         now = time.time_ns()
         who = publisher_of(body) if publisher is None else publisher
         topic.defer(
@@ -434,6 +519,28 @@ class Broker:
             now + defer_ms * 1_000_000,
         )
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
+
+    def _publish_topic(self, name: str, what: str) -> Topic:
+        """The topic to publish to, or E_PUB_FAILED if it cannot take messages now."""
+        try:
+            topic = self.topic(name)
+        except OSError as exc:  # its metadata could not be written (disk full...)
+            raise ProtocolError(errors.E_PUB_FAILED, f"{what} failed: {exc}") from exc
+        if self._failing_disks:
+            self._refuse_if_failing(topic, what)
+        return topic
+
+    def _refuse_if_failing(self, topic: Topic, what: str) -> None:
+        """E_PUB_FAILED while a disk queue of ``topic`` cannot write (disk full...): what
+        was acknowledged waits in memory, and nothing more is taken until writing works."""
+        keys = [topic.name, f"{topic.name}@shaping"]
+        keys += [f"{topic.name}:{name}" for name in topic.channels]
+        for key in keys:
+            disk = self._disk.get(key)
+            if disk is not None and disk.error is not None:
+                raise ProtocolError(
+                    errors.E_PUB_FAILED, f"{what} failed: cannot write to disk ({disk.error})"
+                )
 
     def _kick(self, topic: Topic) -> None:
         if topic.bucket is None:
@@ -678,5 +785,7 @@ class Broker:
                 # Like nsqd's sync every 2 s: overflowed messages reach the OS each second.
                 for disk in list(self._disk.values()):
                     disk.flush()
+                if not self._reserve.held and not self._failing_disks:
+                    self._reserve.claim(retry=True)  # space came back since the start
                 if self.traces is not None:
                     self.traces.maybe_roll()

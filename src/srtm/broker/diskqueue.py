@@ -1,74 +1,283 @@
-"""A FIFO of messages on disk: append-only segment files, read in order, deleted when read.
+"""A FIFO of messages on disk: append-only segment files, read in order.
 
 Used as a ``MessageQueue``'s overflow and for what a queue held in memory at shutdown
-(its *head*: read back before the segments on the next start).
+(its *head*: read back before the segments on the next start). The format, the crash
+guarantees and the disk-full behaviour are described in docs/survival-disk.md.
+
+The write side and the read side are separate: pushes are buffered in memory and written
+in batches (``flush``); ``pop`` reads what the segments hold, then what is still buffered,
+in FIFO order, so reading never depends on a write succeeding. A write that fails (disk
+full, file too big, I/O error) leaves the buffer as it was and marks the queue
+``failing`` until a later flush succeeds; the broker then refuses publishes to the topic.
+
+A segment is deleted only once every message read from it is *settled*: FIN'd, or
+written to another durable queue (each popped message carries an ``origin`` to settle).
+After ``kill -9`` the queue restarts from the oldest segment left: duplicates, no losses.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import errno
 import json
+import logging
 import os
 import struct
-from collections.abc import Iterator
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from srtm.broker.message import Message
+from srtm.broker.message import Message, Origin
+
+log = logging.getLogger("srtm.broker.disk")
 
 # timestamp, arrival, release, due (-1: none), attempts, id, publisher length, body length
 _RECORD = struct.Struct(">qqqqH16sHI")
+#: Version 2 frames each record: CRC-32 of (length field + payload), payload length.
+_FRAME = struct.Struct(">II")
+_CRC = struct.Struct(">I")
+#: The length field followed by the payload's fixed part (what the CRC starts with).
+_LENGTH_RECORD = struct.Struct(">I" + _RECORD.format[1:])
+#: Every version-2 file starts with this (version-1 files have no header at all).
+MAGIC = b"SRTMDQ"
+FORMAT_VERSION = 2
+FILE_HEADER = MAGIC + struct.pack(">H", FORMAT_VERSION)
+#: A record longer than this is corrupt (bodies are limited far below it).
+MAX_RECORD = 1 << 30
 _SEGMENT = "{:06d}.dat"
 _HEAD = "head.dat"
 _META = "meta.json"
+_HEAD_SEG = -1
 DEFAULT_SEGMENT_BYTES = 16 << 20
+#: Buffered pushes are written once they hold this many bytes (else at the next flush).
+DEFAULT_FLUSH_BYTES = 256 << 10
+#: Per-record overhead beyond publisher and body, on disk.
+RECORD_OVERHEAD = _FRAME.size + _RECORD.size
+#: Bytes read from a file at a time.
+_CHUNK = 1 << 16
+
+#: Writes ``data`` at the end of the open file ``fd``; returns how many bytes it wrote.
+Writer = Callable[[int, memoryview], int]
+#: A message's fields as ``MessageQueue`` keeps them (id, body, timestamp, arrival,
+#: release, attempts, publisher).
+Fields = tuple[bytes, bytes, int, int, int, int, str]
+
+
+class CorruptRecord(Exception):
+    """A record that fails its length or checksum test (a torn or zero-filled tail)."""
+
+
+def _encode(f: Fields, due_ns: int | None) -> bytes:
+    mid, body, ts, arrival, release, attempts, publisher = f
+    pub = publisher.encode()
+    data = _LENGTH_RECORD.pack(
+        _RECORD.size + len(pub) + len(body),
+        ts, arrival, release, -1 if due_ns is None else due_ns, attempts, mid, len(pub),
+        len(body),
+    ) + pub + body  # fmt: skip
+    return _CRC.pack(zlib.crc32(data)) + data
+
+
+def _fields(msg: Message) -> Fields:
+    return (
+        msg.id, msg.body, msg.timestamp_ns, msg.arrival_ns, msg.release_ns, msg.attempts,
+        msg.publisher,
+    )  # fmt: skip
 
 
 def encode(msg: Message, due_ns: int | None = None) -> bytes:
-    publisher = msg.publisher.encode()
-    return (
-        _RECORD.pack(
-            msg.timestamp_ns,
-            msg.arrival_ns,
-            msg.release_ns,
-            -1 if due_ns is None else due_ns,
-            msg.attempts,
-            msg.id,
-            len(publisher),
-            len(msg.body),
-        )
-        + publisher
-        + msg.body
-    )
+    """One version-2 record: CRC-32, length, then the payload."""
+    return _encode(_fields(msg), due_ns)
 
 
-def _read_record(f: BinaryIO) -> tuple[Message, int | None] | None:
-    head = f.read(_RECORD.size)
-    if len(head) < _RECORD.size:
-        return None  # end, or a record cut short by a crash
-    ts, arrival, release, due, attempts, mid, plen, blen = _RECORD.unpack(head)
-    rest = f.read(plen + blen)
-    if len(rest) < plen + blen:
-        return None
-    msg = Message(mid, rest[plen:], ts, arrival, release, attempts, rest[:plen].decode())
-    return msg, (None if due < 0 else due)
+def encode_v1(msg: Message, due_ns: int | None = None) -> bytes:
+    """One version-1 record (no checksum): what older brokers wrote."""
+    return _encode(_fields(msg), due_ns)[_FRAME.size :]
+
+
+class _Cursor:
+    """Reads the records of one file through a buffer refilled in large chunks."""
+
+    __slots__ = ("_buf", "_file", "_offset", "_pos", "version")
+
+    def __init__(self, f: BinaryIO, offset: int = 0) -> None:
+        start = f.read(len(FILE_HEADER))
+        if start == FILE_HEADER:
+            self.version = FORMAT_VERSION
+        elif start[: len(MAGIC)] == MAGIC:
+            raise CorruptRecord(f"unknown format version {start[len(MAGIC) :]!r}")
+        else:
+            self.version = 1
+            f.seek(0)
+        if offset:
+            f.seek(offset)
+        self._file = f
+        self._offset = f.tell()  # file offset of _buf[0]
+        self._buf = b""
+        self._pos = 0
+
+    def tell(self) -> int:
+        return self._offset + self._pos
+
+    def _need(self, n: int) -> bool:
+        """At least ``n`` bytes from the position in the buffer (False: the file ends)."""
+        if len(self._buf) - self._pos >= n:
+            return True
+        rest = self._buf[self._pos :]
+        more = self._file.read(max(_CHUNK, n - len(rest)))
+        self._offset += self._pos
+        self._buf = rest + more if rest else more
+        self._pos = 0
+        return len(self._buf) >= n
+
+    def next(self) -> tuple[Message, int | None] | None:
+        """The next record; None at a clean end; CorruptRecord for anything else."""
+        frame = _FRAME.size if self.version == FORMAT_VERSION else 0
+        if not self._need(frame + _RECORD.size):
+            if len(self._buf) == self._pos:
+                return None
+            raise CorruptRecord("record cut short")
+        buf, p = self._buf, self._pos
+        if frame:
+            crc, length = _FRAME.unpack_from(buf, p)
+            if not _RECORD.size <= length <= MAX_RECORD:
+                raise CorruptRecord(f"record length {length} out of range")
+        ts, arrival, release, due, attempts, mid, plen, blen = _RECORD.unpack_from(buf, p + frame)
+        if not frame:
+            length = _RECORD.size + plen + blen
+        elif _RECORD.size + plen + blen != length:
+            raise CorruptRecord(f"lengths {plen}+{blen} do not fill a {length}-byte record")
+        if not self._need(frame + length):
+            raise CorruptRecord(f"record cut short (a {length}-byte record)")
+        buf, p = self._buf, self._pos
+        end = p + frame + length
+        if frame and zlib.crc32(memoryview(buf)[p + 4 : end]) != crc:
+            raise CorruptRecord("checksum mismatch")
+        start = p + frame + _RECORD.size
+        try:
+            publisher = buf[start : start + plen].decode()
+        except UnicodeDecodeError as exc:
+            raise CorruptRecord(str(exc)) from exc
+        self._pos = end
+        msg = Message(mid, buf[start + plen : end], ts, arrival, release, attempts, publisher)
+        return msg, (None if due < 0 else due)
+
+
+def scan(path: Path) -> tuple[list[tuple[Message, int | None, int]], str | None]:
+    """Every valid record of a file with the offset after it, and why reading stopped
+    early (None: a clean end)."""
+    out: list[tuple[Message, int | None, int]] = []
+    with path.open("rb") as f:
+        try:
+            cursor = _Cursor(f)
+            while (rec := cursor.next()) is not None:
+                out.append((rec[0], rec[1], cursor.tell()))
+        except CorruptRecord as exc:
+            return out, f"{exc} at byte {out[-1][2] if out else 0}"
+    return out, None
 
 
 def read_records(path: Path) -> Iterator[tuple[Message, int | None]]:
-    with path.open("rb") as f:
-        while (rec := _read_record(f)) is not None:
-            yield rec
+    records, problem = scan(path)
+    if problem is not None:
+        log.warning("%s: %s; the rest of the file is skipped", path, problem)
+    for msg, due, _ in records:
+        yield msg, due
+
+
+_syncer: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _in_background(fn: Callable[[], None]) -> None:
+    """Run an fsync off the caller's thread (the broker's event loop must not wait for
+    the disk); errors are logged."""
+    global _syncer
+    if _syncer is None:
+        _syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="srtm-fsync")
+
+    def run() -> None:
+        try:
+            fn()
+        except OSError as exc:
+            log.warning("fsync failed: %s", exc)
+
+    _syncer.submit(run)
+
+
+def _sync_and_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or a new file in ``directory`` survive a power loss."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` crash-safely: temporary file, fsync, rename, dir fsync."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
 
 
 def write_records(path: Path, records: list[tuple[Message, int | None]]) -> None:
-    """Write ``records`` to ``path`` atomically (a temporary file, then a rename)."""
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("wb") as f:
-        for msg, due in records:
-            f.write(encode(msg, due))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    """Write ``records`` to ``path`` atomically (a version-2 file)."""
+    write_atomic(path, FILE_HEADER + b"".join(encode(m, due) for m, due in records))
+
+
+@dataclass(slots=True)
+class _Segment:
+    """What the queue knows of one segment file (``n`` -1: the head file)."""
+
+    n: int
+    path: Path
+    #: Valid records in the file, and the byte offset after the last one.
+    records: int = 0
+    end: int = 0
+    #: Records read out so far, and the byte offset after the last one read.
+    read: int = 0
+    read_pos: int = 0
+    #: Read out but not settled yet (in memory, in flight, in another queue's buffer).
+    outstanding: int = 0
+    #: What every message read from it carries (one object for all of them).
+    origin: _Origin | None = None
+
+
+class _Origin:
+    """Where a popped message came from: settling it lets its segment go."""
+
+    __slots__ = ("n", "queue")
+
+    def __init__(self, queue: DiskQueue, n: int) -> None:
+        self.queue, self.n = queue, n
+
+    def settle(self) -> None:
+        self.queue._settle(self.n, 1)
+
+    def share(self, n: int) -> None:
+        """``n`` more copies must be settled before the segment can go (a fan-out)."""
+        self.queue._settle(self.n, -n)
 
 
 class DiskQueue:
@@ -76,135 +285,485 @@ class DiskQueue:
 
     The read position survives a graceful close (``meta.json``); after a crash the queue
     starts again at the oldest segment left, so messages may be delivered twice, never lost.
+    ``failing`` (a set shared by the broker's queues) holds the queues whose last write
+    failed.
     """
 
-    def __init__(self, directory: Path, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        *,
+        flush_bytes: int = DEFAULT_FLUSH_BYTES,
+        writer: Writer = os.write,
+        failing: set[DiskQueue] | None = None,
+    ) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
+        self.flush_bytes = flush_bytes
+        self._write = writer
+        self._failing: set[DiskQueue] = failing if failing is not None else set()
+        #: Why the last write failed (None: writing works).
+        self.error: OSError | None = None
         directory.mkdir(parents=True, exist_ok=True)
-        segments = sorted(int(p.stem) for p in directory.glob("[0-9]*.dat"))
-        self._read_seg = segments[0] if segments else 0
-        self._write_seg = segments[-1] if segments else 0
-        self._read_pos = 0
-        meta = directory / _META
-        if meta.exists():
-            saved = json.loads(meta.read_text())
-            if saved.get("read_segment") in segments:
-                self._read_seg, self._read_pos = saved["read_segment"], saved["read_pos"]
-            meta.unlink()
-        self._count = self._count_unread(segments)
-        self._writer: BinaryIO = self._segment(self._write_seg).open("ab")
-        self._reader: BinaryIO | None = None
-        self._dirty = False
+        self._segments: dict[int, _Segment] = {}
+        self._unread = 0  # records on disk not read yet
+        last = self._load()
+        # Never append to a segment a crash may have left with a torn tail.
+        self._wseg = self._new_segment(last + 1)
+        self._wfd: int | None = None
+        self._rseg: _Segment | None = None
+        self._rfile: BinaryIO | None = None
+        self._cursor: _Cursor | None = None
+        #: Pushed, not written yet: (fields, settled once written).
+        self._pending: deque[tuple[Fields, Origin | None]] = deque()
+        self._pending_bytes = 0
+        self._head: _Segment | None = None
+        self._head_replaced = False
+        self._open_failed = False
 
-    def _segment(self, n: int) -> Path:
+    # -- start ----------------------------------------------------------------------------
+    def _path(self, n: int) -> Path:
         return self.directory / _SEGMENT.format(n)
 
-    def _count_unread(self, segments: list[int]) -> int:
-        count = 0
-        for n in segments:
-            if n < self._read_seg:
-                self._segment(n).unlink()  # read before a crash: stale
+    def _new_segment(self, n: int) -> _Segment:
+        seg = self._segments[n] = _Segment(n, self._path(n))
+        return seg
+
+    def _load(self) -> int:
+        """Count what the segments hold, skipping what a saved read position says was read;
+        returns the highest segment number found (-1: none)."""
+        numbers = sorted(int(p.stem) for p in self.directory.glob("[0-9]*.dat"))
+        start, start_pos = (numbers[0] if numbers else 0), 0
+        meta = self.directory / _META
+        if meta.exists():
+            try:
+                saved = json.loads(meta.read_text())
+                if saved.get("read_segment") in numbers:
+                    start, start_pos = int(saved["read_segment"]), int(saved["read_pos"])
+            except (ValueError, TypeError, KeyError) as exc:
+                log.warning("%s: unreadable (%s); reading from the oldest segment", meta, exc)
+            meta.unlink()
+        for n in numbers:
+            path = self._path(n)
+            if n < start:
+                path.unlink()  # read before a graceful stop
                 continue
-            with self._segment(n).open("rb") as f:
-                if n == self._read_seg:
-                    f.seek(self._read_pos)
-                while _read_record(f) is not None:
-                    count += 1
-        return count
+            records, problem = scan(path)
+            if problem is not None:
+                log.warning("%s: %s; the rest of the segment is skipped", path, problem)
+                if not records:
+                    continue  # nothing readable: left alone for a person to look at
+            seg = self._new_segment(n)
+            seg.records = len(records)
+            seg.end = records[-1][2] if records else 0
+            if n == start and start_pos:
+                seg.read = sum(1 for *_, after in records if after <= start_pos)
+                seg.read_pos = start_pos
+            self._unread += seg.records - seg.read
+            if not seg.records - seg.read:
+                self._segments.pop(n)
+                path.unlink()
+        return numbers[-1] if numbers else -1
 
+    # -- size ------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self._count
+        return self._unread + len(self._pending)
 
+    @property
+    def failing(self) -> bool:
+        return self.error is not None
+
+    @property
+    def pending(self) -> int:
+        """Messages pushed but not written yet."""
+        return len(self._pending)
+
+    # -- write side -------------------------------------------------------------------------
     def push(self, msg: Message) -> None:
-        if self._writer.tell() >= self.segment_bytes:
-            self._writer.close()
-            self._write_seg += 1
-            self._writer = self._segment(self._write_seg).open("ab")
-        self._writer.write(encode(msg))
-        self._dirty = True
-        self._count += 1
-
-    def flush(self) -> None:
-        """Hand buffered writes to the OS (a killed process then loses none of them)."""
-        if self._dirty:
-            self._writer.flush()
-            self._dirty = False
-
-    def pop(self) -> Message | None:
-        while self._count:
+        """Queue ``msg`` at the back. Never fails: while writing fails it waits in memory
+        (the broker refuses new publishes meanwhile)."""
+        # Its fields, not the object: the caller may hand the same one to other queues.
+        self._pending.append((_fields(msg), msg.origin))
+        self._pending_bytes += RECORD_OVERHEAD + len(msg.body) + len(msg.publisher)
+        if self._pending_bytes >= self.flush_bytes and self.error is None:
             self.flush()
-            if self._reader is None:
-                self._reader = self._segment(self._read_seg).open("rb")
-                self._reader.seek(self._read_pos)
-            rec = _read_record(self._reader)
-            if rec is not None:
-                self._read_pos = self._reader.tell()
-                self._count -= 1
-                if not self._count:
-                    self._reset()
-                return rec[0]
-            if self._read_seg >= self._write_seg:
-                # Counted but unreadable: a record cut short by a crash. Forget it.
-                self._count = 0
-                self._reset()
-                return None
-            self._reader.close()
-            self._reader = None
-            self._segment(self._read_seg).unlink()
-            self._read_seg += 1
-            self._read_pos = 0
+
+    def flush(self) -> bool:
+        """Write what is buffered (batched, no fsync: a killed process loses none of it).
+        False if a write failed; what did not fit stays buffered for the next try."""
+        while self._pending:
+            if self._wseg.end >= self.segment_bytes:
+                self._rotate(sync=True)
+            seg = self._wseg
+            header = b"" if seg.end else FILE_HEADER
+            records: list[bytes] = []
+            size = seg.end + len(header)
+            for fields, _ in self._pending:
+                if records and size >= self.segment_bytes:
+                    break
+                rec = _encode(fields, None)
+                records.append(rec)
+                size += len(rec)
+            written, exc = self._write_all(header + b"".join(records))
+            # What was written up to the last whole record counts; a torn one is taken back.
+            good = k = 0
+            if written >= len(header):
+                good = len(header)
+                for rec in records:
+                    if good + len(rec) > written:
+                        break
+                    good += len(rec)
+                    k += 1
+            self._written(seg, good, k)
+            if exc is not None:
+                self._take_back(seg)
+                if exc.errno == errno.EFBIG and self._wseg.records:
+                    self._rotate(sync=False)  # this file cannot grow: the next try starts anew
+                self._failed(exc)
+                return False
+        self._pending_bytes = 0
+        if self.error is not None:
+            log.info("%s: writing again after %s", self.directory, self.error)
+            self.error = None
+            self._failing.discard(self)
+        return True
+
+    def _write_all(self, data: bytes) -> tuple[int, OSError | None]:
+        """Write ``data`` at the end of the write segment: how much got written, and the
+        error that stopped it (None: all of it)."""
+        written = 0
+        view = memoryview(data)
+        try:
+            if self._wfd is None:
+                new = not self._wseg.path.exists()
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                self._wfd = os.open(self._wseg.path, flags, 0o644)
+                if new:  # the file's name survives a power loss
+                    directory = self.directory
+                    _in_background(lambda: fsync_dir(directory))
+            while written < len(data):
+                n = self._write(self._wfd, view[written:])
+                if n <= 0:
+                    raise OSError(errno.EIO, "write made no progress")
+                written += n
+        except OSError as exc:
+            return written, exc
+        return written, None
+
+    def _written(self, seg: _Segment, size: int, k: int) -> None:
+        """``k`` buffered records (``size`` bytes with the file header) are on disk now."""
+        seg.end += size
+        seg.records += k
+        self._unread += k
+        for _ in range(k):
+            f, origin = self._pending.popleft()
+            self._pending_bytes -= RECORD_OVERHEAD + len(f[1]) + len(f[6])
+            if origin is not None:
+                origin.settle()  # durable here now: its own segment may go
+
+    def _take_back(self, seg: _Segment) -> None:
+        """After a failed write the file must end on a whole record (shrinking needs no
+        space); if even that fails, later writes go to a new segment."""
+        if self._wfd is None:
+            return
+        try:
+            os.ftruncate(self._wfd, seg.end)
+        except OSError:
+            self._rotate(sync=False)
+
+    def _failed(self, exc: OSError) -> None:
+        if self.error is None:
+            log.error(
+                "%s: cannot write (%s): %d messages wait in memory; publishes to this "
+                "topic are refused until a write succeeds",
+                self.directory,
+                exc,
+                len(self._pending),
+            )
+        self.error = exc
+        self._failing.add(self)
+
+    def _rotate(self, sync: bool) -> None:
+        """Start a new write segment (the old one is read, then deleted when settled)."""
+        if self._wfd is not None:
+            if sync:  # a full segment: made durable in the background
+                dup = os.dup(self._wfd)
+                _in_background(lambda: _sync_and_close(dup))
+            os.close(self._wfd)
+            self._wfd = None
+        old = self._wseg
+        self._wseg = self._new_segment(old.n + 1)
+        if not old.records:
+            self._segments.pop(old.n)
+            with contextlib.suppress(FileNotFoundError):
+                old.path.unlink()
+        else:
+            self._maybe_delete(old)
+
+    # -- read side --------------------------------------------------------------------------
+    def pop(self) -> Message | None:
+        """The oldest message: from the segments first, then from the write buffer."""
+        while self._unread:
+            seg = self._rseg
+            if seg is None or seg.read >= seg.records:
+                try:
+                    seg = self._next_reader()
+                except OSError as exc:
+                    # Cannot open it now (out of fds, memory): nothing to read yet, and
+                    # nothing from behind it either (FIFO); the next pop tries again.
+                    if not self._open_failed:
+                        log.warning("%s: cannot open a segment (%s); retrying", self.directory, exc)
+                    self._open_failed = True
+                    return None
+                self._open_failed = False
+                if seg is None:
+                    break
+            msg = self._read_one(seg)
+            if msg is not None:
+                return msg
+        if self._pending:
+            f, origin = self._pending.popleft()
+            self._pending_bytes -= RECORD_OVERHEAD + len(f[1]) + len(f[6])
+            return Message(*f, origin)
         return None
 
-    def _reset(self) -> None:
-        """Everything read: start over with one empty segment."""
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-        self._writer.close()
-        for p in self.directory.glob("[0-9]*.dat"):
-            p.unlink()
-        self._read_seg = self._write_seg = 0
-        self._read_pos = 0
-        self._writer = self._segment(0).open("ab")
-        self._dirty = False
+    def _next_reader(self) -> _Segment | None:
+        """Open the oldest segment with records not read yet."""
+        self._close_reader()
+        for seg in list(self._segments.values()):
+            if seg.read >= seg.records:
+                continue
+            try:
+                f = seg.path.open("rb")
+            except FileNotFoundError as exc:
+                self._unreadable(seg, exc)
+                continue
+            try:
+                self._cursor = _Cursor(f, seg.read_pos)
+            except (OSError, CorruptRecord) as exc:
+                f.close()
+                self._unreadable(seg, exc)
+                continue
+            self._rseg, self._rfile = seg, f
+            return seg
+        self._unread = 0
+        return None
+
+    def _read_one(self, seg: _Segment) -> Message | None:
+        cursor = self._cursor
+        assert cursor is not None
+        try:
+            rec = cursor.next()
+            if rec is None:
+                raise CorruptRecord("end of file before the records counted")
+        except (OSError, CorruptRecord) as exc:
+            self._unreadable(seg, exc)
+            self._done_reading(seg)
+            return None
+        msg = rec[0]
+        seg.read += 1
+        seg.read_pos = cursor.tell()
+        seg.outstanding += 1
+        self._unread -= 1
+        if seg.origin is None:
+            seg.origin = _Origin(self, seg.n)
+        msg.origin = seg.origin
+        if seg.read >= seg.records:
+            self._done_reading(seg)
+        return msg
+
+    def _unreadable(self, seg: _Segment, exc: Exception) -> None:
+        """Damaged since it was written or counted: skip what cannot be read."""
+        lost = seg.records - seg.read
+        log.error("%s: %s; %d records skipped", seg.path, exc, lost)
+        self._unread -= lost
+        seg.records = seg.read
+
+    def _done_reading(self, seg: _Segment) -> None:
+        self._close_reader()
+        if seg is self._wseg:
+            self._rotate(sync=False)  # caught up: let this segment go once settled
+        else:
+            self._maybe_delete(seg)
+
+    def _close_reader(self) -> None:
+        if self._rfile is not None:
+            self._rfile.close()
+        self._rfile = self._rseg = self._cursor = None
+
+    # -- settling ---------------------------------------------------------------------------
+    def _settle(self, n: int, k: int) -> None:
+        seg = self._head if n == _HEAD_SEG else self._segments.get(n)
+        if seg is None:
+            return  # cleared or removed meanwhile
+        seg.outstanding -= k
+        self._maybe_delete(seg)
+
+    def _maybe_delete(self, seg: _Segment) -> None:
+        if seg.outstanding > 0 or seg.read < seg.records or seg is self._wseg:
+            return
+        if seg is self._rseg:
+            self._close_reader()
+        if seg.n == _HEAD_SEG:
+            self._head = None
+            if self._head_replaced:
+                return  # a new head has been saved over it
+        else:
+            self._segments.pop(seg.n, None)
+        with contextlib.suppress(FileNotFoundError):
+            seg.path.unlink()
 
     def clear(self) -> None:
-        self._count = 0
-        self._reset()
+        """Drop everything queued (what was popped before stays with its holders)."""
+        self._close_reader()
+        if self._wfd is not None:
+            os.close(self._wfd)
+            self._wfd = None
+        for _, origin in self._pending:
+            if origin is not None:
+                origin.settle()
+        self._pending.clear()
+        self._pending_bytes = 0
+        last = self._wseg.n
+        for seg in list(self._segments.values()):
+            with contextlib.suppress(FileNotFoundError):
+                seg.path.unlink()
+        self._segments.clear()
+        self._unread = 0
+        self._wseg = self._new_segment(last + 1)
+        if self.error is not None:
+            self.error = None
+            self._failing.discard(self)
 
-    # -- graceful shutdown --------------------------------------------------------------
-    def save_head(self, records: list[tuple[Message, int | None]]) -> None:
-        """Persist what the queue held in memory; the next start reads it first."""
-        if records:
+    # -- graceful shutdown ------------------------------------------------------------------
+    def save_head(self, records: list[tuple[Message, int | None]]) -> bool:
+        """Persist what the queue held in memory; the next start reads it first.
+        False (logged) if it could not be written."""
+        if not records:
+            return True
+        try:
             write_records(self.directory / _HEAD, records)
+        except OSError as exc:
+            log.error("%s: %d messages held in memory not saved: %s", self.directory,
+                      len(records), exc)  # fmt: skip
+            return False
+        self._head_replaced = True
+        return True
 
     def take_head(self) -> list[tuple[Message, int | None]]:
+        """What the last graceful stop held in memory. The file stays until every one of
+        these messages is settled (a crash meanwhile reads it again)."""
         path = self.directory / _HEAD
-        if not path.exists():
+        if not path.exists() or self._head is not None:
             return []
         records = list(read_records(path))
-        path.unlink()
+        if not records:
+            path.unlink()
+            return []
+        seg = self._head = _Segment(_HEAD_SEG, path, len(records), 0, len(records))
+        seg.outstanding = len(records)
+        self._head_replaced = False
+        for msg, _ in records:
+            msg.origin = _Origin(self, _HEAD_SEG)
         return records
 
-    def close(self) -> None:
-        self._writer.flush()
-        os.fsync(self._writer.fileno())
-        self._writer.close()
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-        if self._count:
-            (self.directory / _META).write_text(
-                json.dumps({"read_segment": self._read_seg, "read_pos": self._read_pos})
-            )
+    def close(self, forget_read: bool = True) -> bool:
+        """Graceful stop, after every queue's head was saved: write what is buffered, then
+        with ``forget_read`` forget what was read (the saved heads hold what of it is
+        unsettled). False if the buffer could not be written (logged; nothing read is
+        forgotten then: the next start reads those segments again)."""
+        written = self.flush()
+        if not written:
+            log.error("%s: %d acknowledged messages could not be written: %s",
+                      self.directory, len(self._pending), self.error)  # fmt: skip
+        if self._wfd is not None:
+            with contextlib.suppress(OSError):
+                os.fsync(self._wfd)
+            os.close(self._wfd)
+            self._wfd = None
+        self._close_reader()
+        if not written or not forget_read:
+            return written
+        if self._head is not None and not self._head_replaced:
+            with contextlib.suppress(FileNotFoundError):
+                self._head.path.unlink()  # what it held is in some saved head now
+        self._head = None
+        first: _Segment | None = None
+        for seg in list(self._segments.values()):
+            if seg.read >= seg.records:
+                self._segments.pop(seg.n)
+                with contextlib.suppress(FileNotFoundError):
+                    seg.path.unlink()
+            elif first is None:
+                first = seg
+        if first is not None and first.read_pos:
+            try:
+                meta = {"version": FORMAT_VERSION, "read_segment": first.n,
+                        "read_pos": first.read_pos}  # fmt: skip
+                write_atomic(self.directory / _META, json.dumps(meta).encode())
+            except OSError as exc:
+                # Without it the segment is read from its start: duplicates, no loss.
+                log.warning("%s: read position not saved: %s", self.directory, exc)
+        return True
 
     def remove(self) -> None:
         """Close and delete the queue's files (its topic or channel was deleted)."""
-        with contextlib.suppress(OSError):
-            self._writer.close()
-        if self._reader is not None:
-            self._reader.close()
+        self._close_reader()
+        if self._wfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._wfd)
+            self._wfd = None
+        self._failing.discard(self)
+        self._segments.clear()
+        self._head = None
         for p in self.directory.iterdir():
             p.unlink()
         self.directory.rmdir()
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+class Reserve:
+    """Space claimed at start (a preallocated file) and given back at a graceful stop, so
+    that the heads saved then still fit on a full disk."""
+
+    NAME = "reserve.dat"
+
+    def __init__(self, directory: Path, size: int) -> None:
+        self.path = directory / self.NAME
+        self.size = size
+        self.held = 0
+        self._next_try = 0.0
+
+    def claim(self, retry: bool = False) -> None:
+        """Preallocate the reserve (kept if already there); on failure log it (once, for
+        ``retry``: the broker tries again while it runs) and hold none."""
+        if self.size <= 0 or self.held:
+            return
+        if retry and time.monotonic() < self._next_try:
+            return
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, self.size)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._next_try = time.monotonic() + 10.0
+            if not retry:
+                level = logging.WARNING if exc.errno in _NO_SPACE else logging.ERROR
+                log.log(level, "no %d-byte disk reserve at %s (%s): a stop on a full disk "
+                        "may not save what memory holds", self.size, self.path, exc)  # fmt: skip
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            return
+        if retry:
+            log.info("disk reserve of %d bytes claimed at %s", self.size, self.path)
+        self.held = self.size
+
+    def release(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        self.held = 0

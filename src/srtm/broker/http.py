@@ -7,13 +7,14 @@ tools. Numbers must be finite, bodies and measurement rounds are bounded.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import math
 import re
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -23,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from srtm.broker.broker import MAX_MEASURE_NS, MIN_MEASURE_NS, MeasurementsBusy
 from srtm.broker.metrics import BrokerCollector
 from srtm.broker.report import stats_document
-from srtm.protocol import ProtocolError, is_valid_name
+from srtm.protocol import ProtocolError, errors, is_valid_name
 from srtm.security import E_UNAUTHORIZED, bearer_matches, require_loopback_without_token
 
 if TYPE_CHECKING:
@@ -68,6 +69,17 @@ def _auth(token: str | None) -> Middleware:
         return await handler(request)
 
     return auth
+
+
+@contextlib.contextmanager
+def _pub_failed() -> Iterator[None]:
+    """A publish the broker refuses (a disk queue cannot write): 503 E_PUB_FAILED."""
+    try:
+        yield
+    except ProtocolError as err:
+        if err.code != errors.E_PUB_FAILED:
+            raise
+        raise HttpError(503, err.code, err.message) from err
 
 
 def _topic_name(request: web.Request) -> str:
@@ -171,6 +183,9 @@ def make_app(broker: Broker) -> web.Application:
     registry.register(BrokerCollector(broker))
 
     async def ping(request: web.Request) -> web.Response:
+        problem = broker.health()  # nsqd's form: 500 and "NOK - <why>" when unhealthy
+        if problem is not None:
+            return web.Response(status=500, text=f"NOK - {problem}")
         return web.Response(text="OK")
 
     async def info(request: web.Request) -> web.Response:
@@ -202,9 +217,11 @@ def make_app(broker: Broker) -> web.Application:
         if "defer" in request.query:
             defer = request.query["defer"]
             ms = _whole(defer, "defer", limits.max_req_timeout_ms)
-            broker.publish_deferred(topic, body, ms, arrival, publisher)
+            with _pub_failed():
+                broker.publish_deferred(topic, body, ms, arrival, publisher)
         else:
-            broker.publish(topic, [body], arrival, publisher)
+            with _pub_failed():
+                broker.publish(topic, [body], arrival, publisher)
         return web.Response(text="OK")
 
     async def mpub(request: web.Request) -> web.Response:
@@ -217,7 +234,8 @@ def make_app(broker: Broker) -> web.Application:
             raise HttpError(413, "BODY_TOO_BIG")
         binary = request.query.get("binary", "false").lower() in ("true", "1")
         msgs = split_mpub(body, binary, limits.max_msg_size)
-        broker.publish(topic, msgs, arrival, request.query.get("publisher", ""))
+        with _pub_failed():
+            broker.publish(topic, msgs, arrival, request.query.get("publisher", ""))
         return web.Response(text="OK")
 
     async def stats(request: web.Request) -> web.Response:

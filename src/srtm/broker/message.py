@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Origin(Protocol):
+    """Where a message read from disk came from: its segment stays until it is settled."""
+
+    def settle(self) -> None:
+        """This copy is FIN'd or written to another durable queue."""
+
+    def share(self, n: int) -> None:
+        """``n`` more copies exist (a topic handing it to several channels)."""
 
 
 @dataclass(slots=True)
@@ -21,6 +32,8 @@ class Message:
     release_ns: int = 0
     attempts: int = 0
     publisher: str = ""
+    #: Set on messages read from a disk queue (not compared: the same message either way).
+    origin: Origin | None = field(default=None, compare=False, repr=False)
 
     def copy(self) -> Message:
         return Message(

@@ -47,6 +47,22 @@ class BrokerOptions:
     #: takes 1/capacity s of a single broker-wide server, in release order (0: off).
     capacity: float = 0.0
     report_interval_s: float = 1.0
+    #: Bytes queued for one client beyond which the broker stops reading its socket and
+    #: sends it no more messages, until the backlog drains to half of this.
+    max_output_buffer_bytes: int = 4 * 1024 * 1024
+    #: A connection whose pending output makes no progress for this long is closed (0: never).
+    write_timeout_ms: int = 30_000
+    #: A command must arrive whole within this long of its first byte, else the connection
+    #: is closed with E_INVALID (0: no limit).
+    read_timeout_ms: int = 30_000
+    #: Open client connections beyond which new ones get E_TOO_MANY_CONNECTIONS and are
+    #: closed (0: no limit but the fd limit).
+    max_connections: int = 10_000
+    #: Size of a disk queue's segment files (nsqd's max-bytes-per-file).
+    max_bytes_per_file: int = 16 << 20
+    #: Disk space claimed at start and given back at a graceful stop, so that what memory
+    #: holds is saved even on a full disk (0: none). See docs/survival-disk.md.
+    disk_reserve_bytes: int = 32 << 20
     #: The cluster token: mutating ``/srtm/*`` HTTP endpoints then require
     #: ``Authorization: Bearer <token>``. None: open, allowed on a loopback HTTP bind only.
     token: str | None = None

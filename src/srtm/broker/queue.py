@@ -4,7 +4,9 @@ Queued messages are kept as plain tuples of their fields, not ``Message`` object
 CPython's collector stops tracking a tuple of atomic values after one young
 collection, so a queue a million deep costs full collections nothing (as objects they
 made the broker spend a third of its time in collections, with pauses of 250 ms).
-A record is immutable, so every channel of a topic can share the same one.
+A record is immutable, so every channel of a topic can share the same one. A message
+read from disk also carries its ``origin`` (settled when it is FIN'd or written again),
+which only the records of messages read back from disk hold.
 """
 
 from __future__ import annotations
@@ -13,14 +15,24 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
-from srtm.broker.message import Message
+from srtm.broker.message import Message, Origin
 
-#: (id, body, timestamp_ns, arrival_ns, release_ns, attempts, publisher): Message's fields
-Record = tuple[bytes, bytes, int, int, int, int, str]
+#: (id, body, timestamp_ns, arrival_ns, release_ns, attempts, publisher, origin): Message's
+#: fields
+Record = tuple[bytes, bytes, int, int, int, int, str, Origin | None]
 
 
 def to_record(m: Message) -> Record:
-    return (m.id, m.body, m.timestamp_ns, m.arrival_ns, m.release_ns, m.attempts, m.publisher)
+    return (
+        m.id, m.body, m.timestamp_ns, m.arrival_ns, m.release_ns, m.attempts, m.publisher,
+        m.origin,
+    )  # fmt: skip
+
+
+def settle(origin: Origin | None) -> None:
+    """A message read from disk is gone for good (dropped, emptied): let its segment go."""
+    if origin is not None:
+        origin.settle()
 
 
 class Overflow(Protocol):
@@ -57,7 +69,14 @@ class MessageQueue:
         return len(self._mem) + (len(self.overflow) if self.overflow is not None else 0)
 
     def __bool__(self) -> bool:
-        return bool(self._mem) or (self.overflow is not None and len(self.overflow) > 0)
+        """Whether ``popleft`` has a message to give now (what the backend holds but
+        cannot read at the moment does not count)."""
+        if self._mem:
+            return True
+        if self.overflow is None or not len(self.overflow):
+            return False
+        self._refill()
+        return bool(self._mem)
 
     @property
     def memory_depth(self) -> int:
@@ -79,10 +98,11 @@ class MessageQueue:
             return True
         if len(self._mem) >= self.mem_size and ov is None:
             self.dropped += 1
+            settle(msg.origin)
             return False
         self._mem.append(
             (msg.id, msg.body, msg.timestamp_ns, msg.arrival_ns, msg.release_ns, msg.attempts,
-             msg.publisher)
+             msg.publisher, msg.origin)
         )  # fmt: skip
         return True
 
@@ -118,7 +138,7 @@ class MessageQueue:
     def set_head_release(self, release_ns: int) -> None:
         """Book the head's release time (the queue must not be empty)."""
         r = self._mem[0]
-        self._mem[0] = (r[0], r[1], r[2], r[3], release_ns, r[5], r[6])
+        self._mem[0] = (r[0], r[1], r[2], r[3], release_ns, r[5], r[6], r[7])
 
     def popleft(self) -> Message:
         if not self._mem:
@@ -132,6 +152,8 @@ class MessageQueue:
 
     def clear(self) -> int:
         n = len(self)
+        for r in self._mem:
+            settle(r[7])
         self._mem.clear()
         if self.overflow is not None:
             self.overflow.clear()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
+import resource
 import signal
 import sys
 from collections.abc import Callable
@@ -13,9 +15,38 @@ from srtm.broker.broker import Broker
 from srtm.broker.http import serve_http
 from srtm.broker.options import BrokerOptions
 
+log = logging.getLogger("srtm.broker")
+#: fds a broker needs beside its clients: listeners, HTTP, timers, a few queue files.
+_FD_ROOM = 256
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one (each client is an fd, each durable
+    queue one or two): a distribution's default soft 1,024 is hit long before memory.
+    Returns the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft >= hard:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("could not raise the open-files limit from %d to %d: %s", soft, hard, exc)
+        return soft
+    return hard
+
 
 async def serve(options: BrokerOptions, on_ready: Callable[[Broker], None] | None = None) -> None:
     """Serve until SIGTERM or SIGINT; then persist what is owed to ``data_dir`` and return."""
+    fds = raise_fd_limit()
+    if options.max_connections and fds < options.max_connections + _FD_ROOM:
+        log.warning(
+            "open-files limit %d leaves less than %d fds beside --max-connections %d: "
+            "past it, new connections wait unaccepted (EMFILE) instead of getting "
+            "E_TOO_MANY_CONNECTIONS",
+            fds,
+            _FD_ROOM,
+            options.max_connections,
+        )
     broker = Broker(options)
     await broker.start()
     runner, _ = await serve_http(broker)

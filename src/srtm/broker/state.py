@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from srtm.broker.message import Message
-from srtm.broker.queue import MessageQueue
+from srtm.broker.queue import MessageQueue, settle
 from srtm.protocol import is_ephemeral
 from srtm.ratelimit import Reservation, TokenBucket
 
@@ -136,6 +136,9 @@ class Channel:
         flight = self._take(mid, consumer)
         del self.in_flight[mid]
         consumer.in_flight -= 1
+        if flight.message.origin is not None:  # read from disk: its segment may go now
+            flight.message.origin.settle()
+            flight.message.origin = None
         if len(self._timeouts) > 2 * len(self.in_flight) + 1024:
             self._compact_timeouts()
         return flight.message
@@ -196,7 +199,16 @@ class Channel:
     def empty(self) -> None:
         """nsqd's /channel/empty: queued and deferred go; in-flight stay with their clients."""
         self.queue.clear()
+        for _, _, msg in self._deferred:
+            settle(msg.origin)
         self._deferred.clear()
+
+    def discard(self) -> None:
+        """The channel is deleted: nothing it holds will be settled any other way."""
+        for flight in self.in_flight.values():
+            settle(flight.message.origin)
+        self.in_flight.clear()
+        self.empty()
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,6 +360,8 @@ class Topic:
         self._deliver(msg, list(self.channels.values()))
 
     def _deliver(self, msg: Message, targets: list[Channel]) -> None:
+        if msg.origin is not None and len(targets) > 1:
+            msg.origin.share(len(targets) - 1)  # each channel's copy is settled on its own
         if not targets:
             self.held.append(msg)
         for ch in targets:
@@ -363,4 +377,6 @@ class Topic:
     def empty(self) -> None:
         self.shaping.clear()
         self.held.clear()
+        for msg, _ in self.held_deferred:
+            settle(msg.origin)
         self.held_deferred.clear()

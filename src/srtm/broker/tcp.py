@@ -7,12 +7,15 @@ Reads use ``recvmsg`` so each read carries the kernel's receive timestamp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import logging
 import socket
 import struct
+import sys
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from srtm.broker.state import DeliveryError
@@ -41,6 +44,7 @@ from srtm.protocol.frames import message as message_frame
 if TYPE_CHECKING:
     from srtm.broker.broker import Broker
     from srtm.broker.message import Message
+    from srtm.broker.options import BrokerOptions
     from srtm.broker.state import Channel
 
 log = logging.getLogger("srtm.broker")
@@ -57,11 +61,29 @@ _READ_SIZE = 32 * 1024
 _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
 
 
+@contextlib.contextmanager
+def _pub_failed_as(code: str) -> Iterator[None]:
+    """nsqd's code for a refused MPUB or DPUB (the broker raises E_PUB_FAILED)."""
+    try:
+        yield
+    except ProtocolError as err:
+        if err.code != errors.E_PUB_FAILED:
+            raise
+        command = code.removeprefix("E_").removesuffix("_FAILED")  # MPUB, DPUB
+        raise ProtocolError(code, err.message.replace("PUB", command, 1)) from err
+
+
 class State(enum.Enum):
     INIT = "init"
     SUBSCRIBED = "subscribed"
     CLOSING = "closing"
     CLOSED = "closed"
+
+
+def _incomplete(parser: Parser) -> bool:
+    """Whether the parser holds part of a command (a line, or a body still arriving).
+    The parser has no public view of this; only these two fields say it."""
+    return bool(parser._buf) or parser._pending is not None
 
 
 def enable_kernel_timestamps(sock: socket.socket) -> bool:
@@ -103,6 +125,7 @@ class Client:
         self._send_scheduled = False
         self._close_when_flushed = False
         self._heartbeat: asyncio.TimerHandle | None = None
+        self._init_limits(broker.options)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.loop.add_reader(sock.fileno(), self._on_readable)
@@ -127,7 +150,9 @@ class Client:
             arrival = sec * 1_000_000_000 + nsec
             self.broker.stats.stamp_gaps.add(user_ns - arrival)
         self.last_read_ns = user_ns
-        for i, event in enumerate(self.parser.feed(data)):
+        events = self.parser.feed(data)
+        self._note_partial(bool(events), user_ns)
+        for i, event in enumerate(events):
             if self.state is State.CLOSED or self._close_when_flushed:
                 return  # closed, or a fatal error: nsqd runs nothing after one
             if i & 31 == 31:
@@ -151,10 +176,12 @@ class Client:
                 broker.publish(topic, [body], arrival, self._publisher)
                 self._published(topic, 1)
             case Mpub(topic, bodies):
-                broker.publish(topic, bodies, arrival, self._publisher)
+                with _pub_failed_as(errors.E_MPUB_FAILED):
+                    broker.publish(topic, bodies, arrival, self._publisher)
                 self._published(topic, len(bodies))
             case Dpub(topic, defer_ms, body):
-                broker.publish_deferred(topic, body, defer_ms, arrival, self._publisher)
+                with _pub_failed_as(errors.E_DPUB_FAILED):
+                    broker.publish_deferred(topic, body, defer_ms, arrival, self._publisher)
                 self._published(topic, 1)
             case Rdy(count):
                 self._rdy(count)
@@ -264,6 +291,9 @@ class Client:
             return  # nsqd ignores RDY once the client said CLS
         if self.state is not State.SUBSCRIBED:
             raise ProtocolError(errors.E_INVALID, "cannot RDY in current state")
+        if self._paused:
+            self._rdy_wanted = count  # in force once its output has drained
+            return
         self.rdy = count
         if self.channel is not None:
             self.broker.mark_ready(self.channel)
@@ -320,6 +350,8 @@ class Client:
         if self.state is State.CLOSED:
             return
         self._out += data
+        if len(self._out) >= self._out_high and not self._paused:
+            self._pause()
         if not self._send_scheduled and not self._writing:
             self._send_scheduled = True
             self.loop.call_soon(self._send)
@@ -347,6 +379,9 @@ class Client:
             self.close()
             return
         del self._out[:sent]
+        self._sent_bytes += sent
+        if self._paused and len(self._out) <= self._out_low:
+            self._resume()
         if self._out:
             return
         if self._writing:
@@ -371,6 +406,88 @@ class Client:
             return
         self.write(frames.response(HEARTBEAT))
         self._arm_heartbeat()
+
+    # -- bounds: output buffer, read and write deadlines ------------------------------------
+    def _init_limits(self, opts: BrokerOptions) -> None:
+        high = opts.max_output_buffer_bytes
+        self._out_high = high if high > 0 else sys.maxsize
+        self._out_low = self._out_high // 2
+        #: Over the output high-water mark: its socket is not read and it gets no messages
+        #: (RDY 0, the one it asked for kept in ``_rdy_wanted``) until below the low one.
+        self._paused = False
+        self._rdy_wanted = 0
+        #: How often it was paused so (for tests and diagnostics).
+        self.output_pauses = 0
+        self._read_timeout_ns = opts.read_timeout_ms * 1_000_000
+        self._write_timeout_ns = opts.write_timeout_ms * 1_000_000
+        self._sent_bytes = 0
+        #: Bytes sent at the last deadline check, and since when nothing more was.
+        self._sent_seen = 0
+        self._stalled_since_ns = 0
+        #: When the first byte of a command still incomplete arrived (0: none pending).
+        self._partial_since_ns = 0
+
+    def _note_partial(self, completed: bool, now: int) -> None:
+        """After a read: does a command wait for more bytes, and since when? A read that
+        completed commands started whatever is left over."""
+        if not _incomplete(self.parser):
+            self._partial_since_ns = 0
+        elif completed or not self._partial_since_ns:
+            self._partial_since_ns = now
+
+    def _pause(self) -> None:
+        self._paused = True
+        self.output_pauses += 1
+        self._rdy_wanted, self.rdy = self.rdy, 0
+        fd = self.sock.fileno()
+        if fd >= 0 and not self._close_when_flushed:
+            self.loop.remove_reader(fd)
+
+    def _resume(self) -> None:
+        self._paused = False
+        if self.state is State.SUBSCRIBED:
+            self.rdy = self._rdy_wanted
+        if self.state is State.CLOSED or self._close_when_flushed:
+            return
+        # Its command could not progress while it was not read: the deadline restarts.
+        self._partial_since_ns = time.time_ns() if _incomplete(self.parser) else 0
+        self.loop.add_reader(self.sock.fileno(), self._on_readable)
+        if self.channel is not None and self.rdy:
+            self.broker.mark_ready(self.channel)
+
+    def check_deadlines(self, now: int) -> None:
+        """Called about every second: close a connection whose pending output made no
+        progress for the write timeout, or whose current command is not complete within
+        the read timeout."""
+        if self.state is State.CLOSED:
+            return
+        if not self._out:
+            self._stalled_since_ns = 0
+        elif self._sent_bytes != self._sent_seen or not self._stalled_since_ns:
+            self._sent_seen = self._sent_bytes
+            self._stalled_since_ns = now
+        elif self._write_timeout_ns and now - self._stalled_since_ns >= self._write_timeout_ns:
+            log.warning(
+                "closing %s: %d bytes pending, none written for %d ms",
+                self.remote,
+                len(self._out),
+                self._write_timeout_ns // 1_000_000,
+            )
+            self.close()
+            return
+        since = self._partial_since_ns
+        if (
+            since
+            and self._read_timeout_ns
+            and not self._paused
+            and not self._close_when_flushed
+            and now - since >= self._read_timeout_ns
+        ):
+            ms = self._read_timeout_ns // 1_000_000
+            log.warning("closing %s: a command still incomplete after %d ms", self.remote, ms)
+            self.send_error(ProtocolError(errors.E_INVALID, f"command incomplete after {ms} ms"))
+            self._send()
+            self.close()  # whether or not the error frame left: its partial command goes
 
     @property
     def closed(self) -> bool:
