@@ -91,6 +91,7 @@ def test_broker_refuses_an_out_of_range_id(tmp_path: Path) -> None:
             "127.0.0.1:0",
             "--data-dir",
             str(tmp_path),
+            "--insecure-loopback",
         ],
     )
     assert result.exit_code == 2

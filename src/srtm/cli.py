@@ -374,6 +374,23 @@ def broker(
             min=1,
         ),
     ] = 100,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SRTM_TOKEN",
+            help="Cluster token: mutating /srtm/* HTTP requests must carry "
+            "'Authorization: Bearer TOKEN' (nsqd's own endpoints stay open). Required "
+            "unless --insecure-loopback.",
+        ),
+    ] = None,
+    insecure_loopback: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-loopback",
+            envvar="SRTM_INSECURE_LOOPBACK",
+            help="Run without a token: allowed only when every bind address is loopback.",
+        ),
+    ] = False,
 ) -> None:
     """Run a broker: NSQ's TCP protocol V2 and nsqd's HTTP API, with per-topic shaping.
 
@@ -393,6 +410,9 @@ def broker(
         _address(https_address, "--https-address") if https_address else ("127.0.0.1", None)
     )
     try:
+        from srtm.security import require_auth_choice
+
+        require_auth_choice(token, insecure_loopback, [tcp_host, http_host])
         options = BrokerOptions(
             tcp_host=tcp_host,
             tcp_port=tcp_port,
@@ -429,6 +449,7 @@ def broker(
             auth_http_address=tuple(auth_http_address or ()),
             max_topics=max_topics,
             max_channels_per_topic=max_channels_per_topic,
+            token=token,
         )
 
         def ready(b: object) -> None:

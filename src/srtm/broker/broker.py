@@ -177,6 +177,17 @@ class LazyDisk:
             self.open().remove()
 
 
+#: Bounds of a measurement round: each holds a recorder and is fed every message of its
+#: topic, so neither their length nor their number may be left to whoever asks.
+MIN_MEASURE_NS = 1_000_000
+MAX_MEASURE_NS = 60_000_000_000
+MAX_MEASUREMENTS = 16
+
+
+class MeasurementsBusy(RuntimeError):
+    """As many measurement rounds as allowed are already running."""
+
+
 @dataclass
 class Measurement:
     """A measurement round: estimated end-to-end latency (publisher RTT/2 + time in broker
@@ -241,6 +252,7 @@ class Broker:
         self.refused_connections = 0
         self.stopped = asyncio.Event()
         self.measurements: list[Measurement] = []
+        self.max_measurements = MAX_MEASUREMENTS
         #: Publisher name -> RTT of its connection, refreshed every second.
         self.publisher_rtt_ns: dict[str, int] = {}
         #: The emulated processing server (``options.capacity``): a GCRA with one token is
@@ -967,7 +979,12 @@ class Broker:
     async def measure(
         self, topic: str, publishers: frozenset[str] | None, window_ns: int
     ) -> Measurement:
-        """Run a measurement round for ``window_ns`` and return it."""
+        """Run a measurement round for ``window_ns`` and return it; cancelling the call
+        ends the round. At most ``max_measurements`` run at once (MeasurementsBusy)."""
+        if not MIN_MEASURE_NS <= window_ns <= MAX_MEASURE_NS:
+            raise ValueError(f"window {window_ns} ns is not within 1 ms..60 s")
+        if len(self.measurements) >= self.max_measurements:
+            raise MeasurementsBusy(f"{len(self.measurements)} measurement rounds are running")
         self._refresh_rtts()
         m = Measurement(topic, publishers, time.time_ns() + window_ns)
         self.measurements.append(m)

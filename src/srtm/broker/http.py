@@ -1,21 +1,33 @@
-"""nsqd's HTTP API (aiohttp), plus /metrics and SRTM's ``/srtm/bucket``."""
+"""nsqd's HTTP API (aiohttp), plus /metrics and SRTM's ``/srtm/bucket``.
+
+With a token (``BrokerOptions.token``) every mutating ``/srtm/*`` request needs
+``Authorization: Bearer <token>``; nsqd's own endpoints stay open, as in nsqd, for NSQ's
+tools. Numbers must be finite, bodies and measurement rounds are bounded.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import json
+import math
+import re
 import struct
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from srtm.broker.broker import MAX_MEASURE_NS, MIN_MEASURE_NS, MeasurementsBusy
 from srtm.broker.metrics import BrokerCollector
 from srtm.broker.report import stats_document
 from srtm.broker.state import LimitReached
 from srtm.broker.tls import http_requires_tls
 from srtm.protocol import ProtocolError, errors, is_valid_name
+from srtm.security import E_UNAUTHORIZED, bearer_matches, require_loopback_without_token
 
 if TYPE_CHECKING:
     from srtm.broker.broker import Broker
@@ -40,6 +52,27 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return web.json_response(body, status=err.status)
     except LimitReached as err:  # --max-topics / --max-channels-per-topic
         return web.json_response({"message": err.http_code, "detail": err.message}, status=403)
+
+
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _auth(token: str | None) -> Middleware:
+    """Mutating ``/srtm/*`` requests need the token (when there is one)."""
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if (
+            token is not None
+            and request.path.startswith("/srtm/")
+            and request.method not in _READS
+            and not bearer_matches(request.headers.get("Authorization"), token)
+        ):
+            headers = {"WWW-Authenticate": 'Bearer realm="srtm"'}  # RFC 6750
+            return web.json_response({"message": E_UNAUTHORIZED}, status=401, headers=headers)
+        return await handler(request)
+
+    return auth
 
 
 @contextlib.contextmanager
@@ -84,9 +117,48 @@ def _number(request: web.Request, key: str) -> float:
     if raw is None:
         raise HttpError(400, f"MISSING_ARG_{key.upper()}")
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         raise HttpError(400, f"INVALID_{key.upper()}", f"{key} {raw!r} is not a number") from None
+    if not math.isfinite(value):  # nan passes every range check; inf overflows later
+        raise HttpError(400, f"INVALID_{key.upper()}", f"{key} {raw!r} is not finite")
+    return value
+
+
+def _whole(raw: str, key: str, most: int) -> int:
+    """A decimal integer 0..most (ASCII digits only: ``str.isdigit`` takes "²" and "४")."""
+    digits = raw.isascii() and raw.isdigit() and len(raw) <= len(str(most))  # int() caps
+    if not digits or int(raw) > most:  # strings at 4,300 digits with a ValueError
+        raise HttpError(400, f"INVALID_{key.upper()}", f"{key} {raw!r} is not an integer 0..{most}")
+    return int(raw)
+
+
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")  # fmt: skip
+
+
+def valid_host_port(value: str) -> bool:
+    """``HOST:PORT`` with a host name or IP address and a port 1..65535 (what a publisher
+    can connect to, and nothing else: no path, query, user or spaces)."""
+    host, sep, port = value.rpartition(":")
+    digits = port.isascii() and port.isdigit() and len(port) <= 5
+    if not sep or not digits or not 0 < int(port) < 65536:
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return _HOSTNAME.fullmatch(host) is not None
+
+
+async def _bounded_body(request: web.Request, most: int) -> bytes:
+    """The body, refused with 413 beyond ``most`` bytes before it is read when declared."""
+    if request.content_length is not None and request.content_length > most:
+        raise HttpError(413, "BODY_TOO_BIG", f"{request.content_length} > {most} bytes")
+    body = await request.read()
+    if len(body) > most:
+        raise HttpError(413, "BODY_TOO_BIG", f"{len(body)} > {most} bytes")
+    return body
 
 
 def split_mpub(body: bytes, binary: bool, max_msg: int) -> list[bytes]:
@@ -156,10 +228,9 @@ def make_app(broker: Broker) -> web.Application:
         publisher = request.query.get("publisher", "")
         if "defer" in request.query:
             defer = request.query["defer"]
-            if not defer.isdigit() or int(defer) > limits.max_req_timeout_ms:
-                raise HttpError(400, "INVALID_DEFER", f"defer {defer!r} ms")
+            ms = _whole(defer, "defer", limits.max_req_timeout_ms)
             with _pub_failed():
-                broker.publish_deferred(topic, body, int(defer), arrival, publisher)
+                broker.publish_deferred(topic, body, ms, arrival, publisher)
         else:
             with _pub_failed():
                 broker.publish(topic, [body], arrival, publisher)
@@ -247,7 +318,7 @@ def make_app(broker: Broker) -> web.Application:
         rate, burst = _number(request, "rate"), _number(request, "burst")
         try:
             b = broker.set_bucket(name, rate, burst)
-        except (ValueError, ProtocolError) as exc:
+        except (ValueError, OverflowError, ProtocolError) as exc:
             raise HttpError(400, "INVALID_BUCKET", str(exc)) from None
         return web.json_response({"topic": name, "bucket": {"rate": b.rate, "burst": b.burst}})
 
@@ -265,26 +336,27 @@ def make_app(broker: Broker) -> web.Application:
         publisher, to = q.get("publisher"), q.get("to")
         if not publisher:
             raise HttpError(400, "MISSING_ARG_PUBLISHER")
-        if not to or ":" not in to:
+        if not to or not valid_host_port(to):
             raise HttpError(400, "INVALID_TO", f"to must be HOST:PORT, got {to!r}")
-        version = q.get("version", "0")
-        if not version.isdigit():
-            raise HttpError(400, "INVALID_VERSION", f"version {version!r} is not a number")
-        order = {"migrate": {"topic": topic, "to": to, "version": int(version)}}
+        version = _whole(q.get("version", "0"), "version", 2**63 - 1)
+        order = {"migrate": {"topic": topic, "to": to, "version": version}}
         return web.json_response({"notified": broker.order(publisher, order)})
 
     async def measure(request: web.Request) -> web.Response:
         """A measurement round: p99 of the estimated end-to-end latency of the topic's
         messages from ``publishers`` (body ``{"publishers": [...]}``; all if absent) over
-        ``window_ms``, answered when the window ends."""
+        ``window_ms`` (1 ms..60 s), answered when the window ends. At most
+        ``broker.max_measurements`` rounds run at once (429 beyond); a client that goes
+        away ends its round (the server cancels the handler)."""
         topic = _topic_name(request)
         window = _number(request, "window_ms")
-        if window > 3_600_000:
-            raise HttpError(400, "INVALID_WINDOW_MS", "window_ms must be at most one hour")
+        if not MIN_MEASURE_NS <= window * 1_000_000 <= MAX_MEASURE_NS:
+            raise HttpError(400, "INVALID_WINDOW_MS", f"window_ms {window} is not in 1..60000")
         pubs = None
-        if request.can_read_body:
+        body = await _bounded_body(request, limits.max_msg_size)
+        if body:
             try:
-                doc = await request.json()
+                doc = json.loads(body)
             except ValueError:
                 raise HttpError(400, "INVALID_BODY", "body must be JSON") from None
             listed = doc.get("publishers") if isinstance(doc, dict) else None
@@ -292,7 +364,10 @@ def make_app(broker: Broker) -> web.Application:
                 if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
                     raise HttpError(400, "INVALID_PUBLISHERS", "publishers must be strings")
                 pubs = frozenset(listed)
-        m = await broker.measure(topic, pubs, int(window * 1_000_000))
+        try:
+            m = await broker.measure(topic, pubs, int(window * 1_000_000))
+        except MeasurementsBusy as exc:
+            raise HttpError(429, "TOO_MANY_MEASUREMENTS", str(exc)) from None
         s = m.latency.summary()
         return web.json_response(
             {"topic": topic, "window_ms": window, "samples": int(s["count"]),
@@ -300,9 +375,10 @@ def make_app(broker: Broker) -> web.Application:
              "p50_ms": s["p50"] / 1e6 if s["count"] else None}
         )  # fmt: skip
 
-    middlewares = [_errors]
+    middlewares = [_errors, _auth(broker.options.token)]
     if http_requires_tls(broker.options):
         middlewares.insert(0, _tls_required)
+    # No body beyond the largest the protocol takes (an MPUB's) is ever read.
     app = web.Application(middlewares=middlewares, client_max_size=limits.max_body_size + 1024)
     app.router.add_post("/srtm/migrate", migrate)
     app.router.add_post("/srtm/measure", measure)
@@ -340,8 +416,12 @@ def _stats_text(doc: dict[str, object]) -> str:
 
 async def serve_http(broker: Broker) -> tuple[web.AppRunner, int]:
     """Start the HTTP API; returns the runner (to stop it) and the bound port."""
+    opts = broker.options
+    require_loopback_without_token(opts.token, [opts.http_host])
     app = make_app(broker)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # Cancel a handler whose client went away: a measurement round must not outlive it
+    # (the other handlers do their work after their last await, so they finish or not).
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     opts = broker.options
     site = web.TCPSite(runner, opts.http_host, opts.http_port)

@@ -84,3 +84,6 @@ class BrokerOptions:
     max_topics: int = 10_000
     #: Channels per topic at most (SUB: E_SUB_FAILED, HTTP: 403 TOO_MANY_CHANNELS).
     max_channels_per_topic: int = 100
+    #: The cluster token: mutating ``/srtm/*`` HTTP endpoints then require
+    #: ``Authorization: Bearer <token>``. None: open, allowed on a loopback HTTP bind only.
+    token: str | None = None

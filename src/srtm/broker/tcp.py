@@ -290,6 +290,9 @@ class Client:
             # SRTM's own (clients ignore fields they do not know): which broker this is,
             # so subscriber-side trace rows join broker-side ones on (run, broker, msg_id).
             "srtm_broker_id": str(self.broker.options.broker_id),
+            # nsqd does not say it; a client that knows it refuses a too-big body itself
+            # instead of being disconnected for it.
+            "srtm_max_msg_size": limits.max_msg_size,
         }
         self.write(frames.response(json.dumps(reply).encode()))
         if tls_v1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -22,10 +23,26 @@ from srtm.protocol import (
 )
 
 HEARTBEAT = b"_heartbeat_"
+log = logging.getLogger("srtm.client")
 
 
 class BrokerError(Exception):
-    """An error frame in answer to a command."""
+    """An error frame in answer to a command (its text: ``CODE detail``)."""
+
+    @property
+    def code(self) -> str:
+        return str(self).partition(" ")[0]
+
+
+def _order(data: bytes) -> dict[str, Any] | None:
+    """An SRTM order frame's JSON object; anything else is ignored (not fatal: deeply
+    nested JSON raises RecursionError, which would end the reader)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        log.warning("ignoring an SRTM order that is not JSON (%d bytes)", len(data))
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 class Connection:
@@ -47,6 +64,8 @@ class Connection:
         self.reader, self.writer, self.address = reader, writer, address
         self.on_message, self.on_order, self.on_close = on_message, on_order, on_close
         self._waiting: deque[asyncio.Future[bytes]] = deque()
+        #: The broker's largest message body, when its IDENTIFY answer says.
+        self.max_msg_size: int | None = None
         self.closed = asyncio.Event()
         self._closing = False
         self._task = asyncio.get_running_loop().create_task(self._read())
@@ -102,8 +121,9 @@ class Connection:
             if self.on_message is not None:
                 self.on_message(decode_message(data))
         elif kind is FrameType.SRTM:
-            if self.on_order is not None:
-                self.on_order(json.loads(data))
+            order = _order(data)
+            if self.on_order is not None and order is not None:
+                self.on_order(order)
         elif kind is FrameType.RESPONSE and data == HEARTBEAT:
             self.send(Nop())
         elif kind is FrameType.RESPONSE:

@@ -7,6 +7,11 @@ followed make-before-break: connect to the new broker, send everything new there
 close the old connection only once all it carried is acknowledged. If a broker goes
 away, the publisher asks again where to go (backing off) and resends what was not
 acknowledged: nothing accepted by ``publish`` is lost (it may arrive twice).
+
+Only a lost connection causes a resend. A message the broker answers with an error
+(E_BAD_MESSAGE, E_BAD_TOPIC, E_PUB_FAILED, ...) is refused: its ``publish`` future fails
+with ``PublishRefused`` and it is never sent again; a body over the broker's advertised
+size (IDENTIFY) is refused before it is sent.
 """
 
 from __future__ import annotations
@@ -15,15 +20,36 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import aiohttp
 
-from srtm.client.connection import Connection
+from srtm.client.connection import BrokerError, Connection
 from srtm.protocol import Pub, header
 
 log = logging.getLogger("srtm.client")
+
+
+class PublishRefused(BrokerError):
+    """The broker refused a message (or would: over its size limit); it is not resent."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code} {detail}")
+
+
+@dataclass(eq=False)
+class _Sent:
+    """A message accepted by ``publish`` and not yet answered for good."""
+
+    body: bytes
+    #: What ``publish`` returned: done on the acknowledgement or the refusal.
+    ack: asyncio.Future[None]
+    #: The connection it was last sent on, and that connection's answer.
+    conn: Connection | None = None
+    reply: asyncio.Future[bytes] | None = field(default=None, repr=False)
 
 
 class Publisher:
@@ -50,10 +76,17 @@ class Publisher:
         self.seq = 0
         self.migrations = 0
         self.reconnects = 0
+        #: Messages the broker refused (never resent), and the first refusal since the
+        #: last ``flush``, which that ``flush`` raises.
+        self.refused = 0
+        self._refusal: PublishRefused | None = None
+        #: The current broker's largest message (its IDENTIFY answer; None: not told).
+        self.max_msg_size: int | None = None
         self._slots = asyncio.Semaphore(max_pending)
         self._conn: Connection | None = None
-        #: Bodies sent on the current connection and not acknowledged yet, in order.
-        self._unacked: deque[tuple[bytes, asyncio.Future[bytes]]] = deque()
+        #: Messages sent and not answered for good, in publish order (a dict as an
+        #: ordered set): what a reconnect resends.
+        self._unacked: dict[_Sent, None] = {}
         self._ready = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         self._moving: asyncio.Task[None] | None = None
@@ -84,12 +117,18 @@ class Publisher:
             fields["srtm_group"] = self.group
         if self.rate:
             fields["srtm_rate"] = self.rate
-        await conn.identify(**fields)
+        try:
+            doc = await conn.identify(**fields)
+        except BaseException:
+            await conn.close()
+            raise
+        size = doc.get("srtm_max_msg_size", doc.get("max_msg_size"))
+        conn.max_msg_size = size if isinstance(size, int) and size > 0 else None
         return conn
 
     async def _connect(self, address: str) -> None:
         self._conn = await self._open(address)
-        self.address = address
+        self.address, self.max_msg_size = address, self._conn.max_msg_size
         self._ready.set()
 
     # -- publishing ----------------------------------------------------------------------
@@ -99,59 +138,118 @@ class Publisher:
         self.seq += 1
         return header.encode(h, self.message_size)
 
-    async def publish(self, body: bytes | None = None) -> None:
+    async def publish(self, body: bytes | None = None) -> asyncio.Future[None]:
         """Send one message (a measurement body if none is given); returns once it is sent,
-        waiting while ``max_pending`` are unanswered."""
+        waiting while ``max_pending`` are unanswered.
+
+        The returned future is done when the broker acknowledges the message, or fails
+        with ``PublishRefused`` when it refuses it. A body over the broker's advertised
+        limit (or empty) raises ``PublishRefused`` here and is not sent."""
+        if body is not None:
+            self._check(body)
         await self._slots.acquire()
-        await self._ready.wait()
-        self._send(self.next_body() if body is None else body)
-
-    def _send(self, body: bytes) -> None:
-        assert self._conn is not None
-        fut = self._conn.request(Pub(self.topic, body))
-        self._unacked.append((body, fut))
-        fut.add_done_callback(self._answered)
-
-    def _answered(self, fut: asyncio.Future[bytes]) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            return  # resent after the reconnect, which releases its slot then
-        while self._unacked and self._unacked[0][1].done() and not self._unacked[0][1].exception():
-            self._unacked.popleft()
+        try:
+            await self._ready.wait()
+            body = self.next_body() if body is None else body
+            self._check(body)  # against the broker connected by now
+        except BaseException:
             self._slots.release()
+            raise
+        sent = _Sent(body, asyncio.get_running_loop().create_future())
+        self._unacked[sent] = None
+        self._send(sent)
+        return sent.ack
+
+    def _check(self, body: bytes) -> None:
+        """Refuse up front what every broker refuses (and closes the connection for)."""
+        if not body:
+            raise PublishRefused("E_BAD_MESSAGE", "PUB of an empty body; not sent")
+        most = self.max_msg_size
+        if most is not None and len(body) > most:
+            raise PublishRefused(
+                "E_BAD_MESSAGE",
+                f"PUB body of {len(body)} bytes is over the broker's limit of {most}; not sent",
+            )
+
+    def _send(self, sent: _Sent) -> None:
+        assert self._conn is not None
+        sent.conn, sent.reply = self._conn, self._conn.request(Pub(self.topic, sent.body))
+        sent.reply.add_done_callback(partial(self._answered, sent))
+
+    def _answered(self, sent: _Sent, reply: asyncio.Future[bytes]) -> None:
+        if reply is sent.reply:  # else an earlier send's answer: it was resent since
+            self._settle(sent)
+
+    def _settle(self, sent: _Sent) -> None:
+        """Finish ``sent`` if its answer is final: an acknowledgement or an error frame.
+        A lost connection is not final: the message waits to be resent."""
+        reply = sent.reply
+        if sent.ack.done() or reply is None or not reply.done() or reply.cancelled():
+            return
+        exc = reply.exception()
+        if exc is None:
+            sent.ack.set_result(None)
+        elif isinstance(exc, BrokerError):
+            self._refuse(sent, exc)
+        else:
+            return
+        del self._unacked[sent]
+        self._slots.release()
+
+    def _refuse(self, sent: _Sent, exc: BrokerError) -> None:
+        code, _, detail = str(exc).partition(" ")
+        refusal = PublishRefused(code, f"{detail} ({len(sent.body)} bytes); not resent")
+        log.warning("publisher %s: broker %s refused a message: %s", self.id, self.address, refusal)
+        self.refused += 1
+        if self._refusal is None:
+            self._refusal = refusal
+        sent.ack.set_exception(refusal)
+        sent.ack.exception()  # retrieved: a caller that ignores the future gets flush's
 
     async def flush(self) -> None:
-        """Wait until everything published so far is acknowledged."""
-        while self._unacked or not self._ready.is_set():
-            await self._ready.wait()
-            if self._conn is not None:
-                await self._conn.drain()
-            await asyncio.sleep(0)
+        """Wait until everything published so far is answered; raises the first
+        ``PublishRefused`` since the last flush if the broker refused any of it."""
+        pending = [sent.ack for sent in self._unacked]
+        if pending:
+            await asyncio.wait(pending)
+        refusal, self._refusal = self._refusal, None
+        if refusal is not None:
+            raise refusal
 
     # -- moving --------------------------------------------------------------------------
     def _on_order(self, order: dict[str, Any]) -> None:
         m = order.get("migrate")
-        if isinstance(m, dict) and m.get("topic") == self.topic and m.get("to") != self.address:
-            self._moving = asyncio.get_running_loop().create_task(self._migrate(str(m["to"])))
+        if not isinstance(m, dict) or m.get("topic") != self.topic:
+            return
+        to = m.get("to")
+        port = to.rpartition(":")[2] if isinstance(to, str) else ""
+        if not (isinstance(to, str) and port.isascii() and port.isdigit()):
+            log.warning("publisher %s ignores a migration to %r (not HOST:PORT)", self.id, to)
+        elif to != self.address:
+            self._moving = asyncio.get_running_loop().create_task(self._migrate(to))
 
     async def _migrate(self, to: str) -> None:
         """Make before break: the new connection first, then the old one drained."""
         try:
             new = await self._open(to)
-        except OSError as exc:
+        except (OSError, TimeoutError, BrokerError) as exc:
             log.warning("publisher %s cannot reach %s: %s; staying", self.id, to, exc)
             return
         old, self._conn, self.address = self._conn, new, to
-        carried, self._unacked = self._unacked, deque()
+        self.max_msg_size = new.max_msg_size
         self.migrations += 1
         if old is not None:
             await old.drain()
-            lost = [body for body, fut in carried if fut.exception() is not None]
-            for _ in carried:
-                self._slots.release()
-            for body in lost:  # the old broker went away meanwhile: resend here
-                await self._slots.acquire()
-                self._send(body)
+            self._resend(lambda sent: sent.conn is old)  # the old broker went away meanwhile
             await old.close()
+
+    def _resend(self, which: Callable[[_Sent], bool]) -> None:
+        """Resend, in order, the messages among ``which`` that lost their connection."""
+        for sent in list(self._unacked):
+            self._settle(sent)  # an error frame read just before the loss is final
+            lost = sent.reply is not None and sent.reply.done()
+            if lost and not sent.ack.done() and which(sent):
+                self._send(sent)
 
     def _lost(self, conn: Connection) -> None:
         if conn is self._conn and not self._closed:
@@ -159,24 +257,23 @@ class Publisher:
             asyncio.get_running_loop().create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
-        pending = [body for body, _ in self._unacked]
-        self._unacked.clear()
         delay = 0.05
         while not self._closed:
             try:
                 await self._connect(await self._where())
                 break
-            except (OSError, aiohttp.ClientError, TimeoutError) as exc:
+            except (OSError, aiohttp.ClientError, TimeoutError, BrokerError) as exc:
                 log.info("publisher %s reconnecting in %.2f s: %s", self.id, delay, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+        else:
+            return
         self.reconnects += 1
-        for body in pending:
-            self._send(body)
+        self._resend(lambda sent: True)
 
     async def close(self) -> None:
         """Flush, then close."""
-        with contextlib.suppress(ConnectionError):
+        with contextlib.suppress(ConnectionError, PublishRefused):
             await self.flush()
         if self._moving is not None:
             await self._moving
