@@ -9,65 +9,29 @@ import struct
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nsq_fuzz import commands, cut_lists, mutated_streams, split, stream
 from srtm.protocol import (
     MAGIC_V2,
-    Auth,
-    Cls,
     Command,
-    Dpub,
-    Fin,
     FrameReader,
     FrameType,
     Identify,
     Limits,
-    Mpub,
     Nop,
     Parser,
     ProtocolError,
-    Pub,
-    Rdy,
-    Req,
-    Sub,
-    Touch,
     decode_message,
-    encode_command,
     frame,
     message,
 )
 from srtm.protocol.parser import MAX_JSON_DEPTH
 
 COMMAND_TYPES = Command.__args__  # type: ignore[attr-defined]
-
-names = st.from_regex(r"[.a-zA-Z0-9_-]{1,64}", fullmatch=True)
-bodies = st.binary(min_size=1, max_size=200)
-ids = st.binary(min_size=16, max_size=16).filter(
-    lambda b: b" " not in b and b"\n" not in b and not b.endswith(b"\r")
-)
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
-identify_configs = st.dictionaries(st.text(max_size=12), json_values, max_size=6)
-commands = st.one_of(
-    st.builds(Identify, identify_configs),
-    st.builds(Auth, st.binary(min_size=1, max_size=40)),
-    st.builds(Sub, names, names),
-    st.builds(Pub, names, bodies),
-    st.builds(Mpub, names, st.lists(bodies, min_size=1, max_size=6)),
-    st.builds(Dpub, names, st.integers(0, 3_600_000), bodies),
-    st.builds(Rdy, st.integers(0, 2500)),
-    st.builds(Fin, ids),
-    st.builds(Req, ids, st.integers(-10, 4_000_000)),
-    st.builds(Touch, ids),
-    st.just(Cls()),
-    st.just(Nop()),
-)
+#: The codec is cheap to fuzz: five times the profile's examples (a few seconds in all).
+many = settings(max_examples=5 * settings.default.max_examples)
 
 
 def normal(events: list[object]) -> list[object]:
@@ -78,10 +42,8 @@ def normal(events: list[object]) -> list[object]:
 def feed_split(data: bytes, cuts: list[int], limits: Limits | None = None) -> list[object]:
     parser = Parser(limits)
     events: list[object] = []
-    last = 0
-    for cut in [*sorted(set(cuts)), len(data)]:
-        events += parser.feed(data[last:cut])
-        last = cut
+    for piece in split(data, cuts):
+        events += parser.feed(piece)
     return events
 
 
@@ -93,64 +55,32 @@ def check_events(events: list[object]) -> None:
     assert not fatal or fatal[0] == len(events) - 1
 
 
-@st.composite
-def mutated_streams(draw: st.DrawFn) -> bytes:
-    """Valid commands, then byte flips, truncations, insertions and deletions."""
-    data = bytearray(
-        MAGIC_V2 + b"".join(encode_command(c) for c in draw(st.lists(commands, max_size=8)))
-    )
-    for _ in range(draw(st.integers(0, 6))):
-        kind = draw(st.sampled_from(["flip", "set", "insert", "delete", "truncate", "size"]))
-        at = draw(st.integers(0, max(0, len(data) - 1)))
-        if kind == "flip" and data:
-            data[at] ^= 1 << draw(st.integers(0, 7))
-        elif kind == "set" and data:
-            data[at] = draw(st.sampled_from([0, 0xFF, ord("\n"), ord(" "), ord("\r"), ord("{")]))
-        elif kind == "insert":
-            data[at:at] = draw(
-                st.binary(min_size=1, max_size=8) | st.sampled_from([b"\n", b" ", b"NOP\n"])
-            )
-        elif kind == "delete":
-            del data[at : at + draw(st.integers(1, 8))]
-        elif kind == "truncate":
-            del data[at:]
-        elif kind == "size" and len(data) >= at + 4:
-            # An absurd size prefix where a size might be: negative, zero, huge.
-            value = draw(st.sampled_from([-1, 0, 1, 2**31 - 1, -(2**31), 5 << 20, (5 << 20) + 1]))
-            data[at : at + 4] = struct.pack(">i", value)
-    return bytes(data)
-
-
-cut_lists = st.lists(st.integers(0, 4096), max_size=12)
-
-
+@many
 @given(st.binary(max_size=600), cut_lists)
 def test_arbitrary_bytes_split_anywhere_give_the_same_events(data: bytes, cuts: list[int]) -> None:
-    for stream in (data, MAGIC_V2 + data):
-        whole = Parser().feed(stream)
+    for raw in (data, MAGIC_V2 + data):
+        whole = Parser().feed(raw)
         check_events(whole)
-        split = feed_split(stream, [c % (len(stream) + 1) for c in cuts])
-        assert normal(split) == normal(whole)
+        assert normal(feed_split(raw, cuts)) == normal(whole)
 
 
+@many
 @given(mutated_streams(), cut_lists)
 def test_mutated_streams_split_anywhere_give_the_same_events(data: bytes, cuts: list[int]) -> None:
     whole = Parser().feed(data)
     check_events(whole)
-    split = feed_split(data, [c % (len(data) + 1) for c in cuts])
-    assert normal(split) == normal(whole)
+    assert normal(feed_split(data, cuts)) == normal(whole)
     # Small limits reach the size checks with small inputs.
     small = Limits(max_msg_size=50, max_body_size=300, max_line=40)
     check_events(feed_split(data, [], small))
-    assert normal(feed_split(data, [c % (len(data) + 1) for c in cuts], small)) == normal(
-        feed_split(data, [], small)
-    )
+    assert normal(feed_split(data, cuts, small)) == normal(feed_split(data, [], small))
 
 
-@given(st.lists(commands, max_size=10), cut_lists)
+@many
+@given(st.lists(commands(), max_size=10), cut_lists)
 def test_valid_streams_round_trip_split_anywhere(cmds: list[Command], cuts: list[int]) -> None:
-    data = MAGIC_V2 + b"".join(encode_command(c) for c in cmds)
-    assert feed_split(data, [c % (len(data) + 1) for c in cuts]) == cmds
+    data = stream(cmds)
+    assert feed_split(data, cuts) == cmds
 
 
 def test_an_overlong_line_is_refused_however_it_arrives() -> None:
@@ -220,11 +150,7 @@ def test_frames_round_trip_split_anywhere(
 ) -> None:
     data = b"".join(frame(kind, body) for kind, body in frames)
     reader = FrameReader()
-    got = []
-    last = 0
-    for cut in [*sorted({c % (len(data) + 1) for c in cuts}), len(data)]:
-        got += reader.feed(data[last:cut])
-        last = cut
+    got = [f for piece in split(data, cuts) for f in reader.feed(piece)]
     assert [(f.kind, f.data) for f in got] == frames
 
 
