@@ -68,7 +68,7 @@ def commands(
         st.builds(Dpub, topics, defer_ms, bodies),
         st.builds(Rdy, st.integers(0, 2500)),
         st.builds(Fin, ids),
-        st.builds(Req, ids, st.integers(-10, 4_000_000)),
+        st.builds(Req, ids, st.integers(0, 3_600_000)),
         st.builds(Touch, ids),
         st.just(Cls()),
         st.just(Nop()),
