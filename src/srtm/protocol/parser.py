@@ -32,6 +32,10 @@ MAGIC_V2 = b"  V2"
 MESSAGE_ID_LENGTH = 16
 _SIZE = struct.Struct(">i")
 _INTEGER = re.compile(rb"-?[0-9]{1,18}")
+#: Deepest nesting of arrays and objects accepted in an IDENTIFY body (the body itself is
+#: one level). Real clients send a flat object; deeper JSON is refused before decoding,
+#: since the decoder recurses (RecursionError) and so would anything printing it later.
+MAX_JSON_DEPTH = 32
 
 Event = Command | ProtocolError
 #: A command with a body, split in two: ``head`` checks the line and the announced size
@@ -98,9 +102,11 @@ class Parser:
                     self._pending = None
                     continue
                 end = buf.find(b"\n", pos)
+                # The same bound whether or not the newline has arrived yet, so the
+                # events do not depend on how the stream was split into reads.
+                if (len(buf) if end < 0 else end) - pos > self.limits.max_line:
+                    raise ProtocolError(e.E_INVALID, "command line too long")
                 if end < 0:
-                    if len(buf) - pos > self.limits.max_line:
-                        raise ProtocolError(e.E_INVALID, "command line too long")
                     return
                 line = bytes(buf[pos:end]).rstrip(b"\r")
                 rest = self._line(line, events, buf, end + 1)
@@ -291,13 +297,41 @@ def _identify_head(p: Parser, parts: list[bytes], size: int) -> None:
 
 
 def _identify(p: Parser, head: None, body: memoryview) -> Command:
+    raw = bytes(body)
+    if _json_nests_deeper(raw, MAX_JSON_DEPTH):
+        raise ProtocolError(
+            e.E_BAD_BODY, f"IDENTIFY JSON body nested deeper than {MAX_JSON_DEPTH} levels"
+        )
     try:
-        config = json.loads(bytes(body))
-    except ValueError as exc:
+        config = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
         raise ProtocolError(e.E_BAD_BODY, "IDENTIFY failed to decode JSON body") from exc
     if not isinstance(config, dict):
         raise ProtocolError(e.E_BAD_BODY, "IDENTIFY failed to decode JSON body")
     return Identify(config)
+
+
+#: A JSON string literal (escapes included); brackets inside one do not nest.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+#: Openers to "(", closers to ")"; everything else is deleted (see ``_BRACKETS_ONLY``).
+_BRACKETS = bytes.maketrans(b"[{]}", b"(())")
+_BRACKETS_ONLY = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def _json_nests_deeper(raw: bytes, limit: int) -> bool:
+    """Whether arrays and objects in ``raw`` nest deeper than ``limit``: without recursion,
+    in C-speed passes (string literals removed, then innermost pairs, one level a pass).
+    Exact for valid JSON; whatever it says of invalid JSON, the decoder refuses that."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False  # the common case: a flat object
+    pairs = _JSON_STRING.sub(b"", raw).translate(_BRACKETS, _BRACKETS_ONLY)
+    if b"(" * (limit + 1) in pairs:
+        return True
+    for _ in range(limit):
+        if not pairs:
+            return False
+        pairs = pairs.replace(b"()", b"")
+    return bool(pairs)
 
 
 def _auth_head(p: Parser, parts: list[bytes], size: int) -> None:
