@@ -85,7 +85,7 @@ def test_host_figures_are_shares_of_the_interval() -> None:
     f = host.between(a, b, 2)
     assert f.run_queue_wait == pytest.approx(0.3) and f.waited_most == 2
     assert f.steal == pytest.approx(0.05)
-    assert f.foreign_cpu == pytest.approx(0.5)
+    assert f.foreign_cpu == pytest.approx(0.5) and f.run_cpus == pytest.approx(0.5)
     nothing = host.between(host.Sample(1.0), host.Sample(2.0), 2)
     assert (nothing.run_queue_wait, nothing.steal, nothing.foreign_cpu) == (None, None, None)
 

@@ -42,6 +42,8 @@ class HostFigures:
     steal: float | None
     foreign_cpu: float | None
     cpus: int
+    #: CPUs the run's own processes used on average (CPU seconds per second)
+    run_cpus: float | None = None
 
 
 def _read(path: Path) -> str | None:
@@ -90,7 +92,9 @@ def between(a: Sample, b: Sample, cpus: int) -> HostFigures:
     if wall > 0 and common:
         worst = max(common, key=lambda p: b.procs[p].wait_s - a.procs[p].wait_s)
         wait = (b.procs[worst].wait_s - a.procs[worst].wait_s) / wall
-    steal = foreign = None
+    steal = foreign = run_cpus = None
+    if wall > 0 and common:
+        run_cpus = sum(b.procs[p].cpu_s - a.procs[p].cpu_s for p in common) / wall
     if None not in (a.total_s, b.total_s, a.busy_s, b.busy_s, a.steal_s, b.steal_s):
         assert a.total_s is not None and b.total_s is not None
         assert a.busy_s is not None and b.busy_s is not None
@@ -100,4 +104,4 @@ def between(a: Sample, b: Sample, cpus: int) -> HostFigures:
             steal = (b.steal_s - a.steal_s) / total
             ours = sum(b.procs[p].cpu_s - a.procs[p].cpu_s for p in common)
             foreign = max(0.0, (b.busy_s - a.busy_s - ours) / total)
-    return HostFigures(wait, worst, steal, foreign, cpus)
+    return HostFigures(wait, worst, steal, foreign, cpus, run_cpus)

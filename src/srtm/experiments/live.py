@@ -358,6 +358,7 @@ def _validity(
         foreign_cpu=watched.foreign_cpu,
         load_per_cpu=None if watch.max_load1 is None else watch.max_load1 / watched.cpus,
         cpus=watched.cpus,
+        run_cpus=watched.run_cpus,
     )
     return check(figures)
 

@@ -77,8 +77,10 @@ def checks_line(summary: dict[str, Any]) -> str:
         parts.append(f"broker release lateness p99 {f['broker_late_p99_ms']:.1f} ms")
     if f.get("run_queue_wait") is not None:
         parts.append(f"CPU wait up to {f['run_queue_wait']:.0%}")
+    if f.get("run_cpus") is not None:
+        parts.append(f"the run used {f['run_cpus']:.1f} of {f['cpus']} CPUs")
     if f.get("foreign_cpu") is not None:
-        parts.append(f"other processes' CPU {f['foreign_cpu']:.0%} of {f['cpus']}")
+        parts.append(f"others {f['foreign_cpu']:.0%} of the CPU time")
     word = "ok" if doc["status"] == "valid" else "DISTURBED"
     return f"{word} ({', '.join(parts)})"
 

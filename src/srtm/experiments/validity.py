@@ -64,6 +64,8 @@ class RunFigures:
     #: Highest 1-minute load average seen during the window, per CPU (context only).
     load_per_cpu: float | None = None
     cpus: int | None = None
+    #: CPUs the run's own processes used on average (context only).
+    run_cpus: float | None = None
 
 
 @dataclass(frozen=True)
