@@ -133,7 +133,8 @@ def test_a_disturbed_run_carries_the_flag_and_no_conclusion(tmp_path: Path) -> N
     note = report.disturbed_note(runs)
     assert note is not None and note.startswith("No conclusion: the run of SRTM was disturbed")
     page = report.write_html(runs, [], tmp_path, _Scenario()).read_text()
-    assert "Disturbed run: no conclusion" in page and "a broker released late" in page
+    assert "Disturbed run." in page and "No conclusion: the run of SRTM" in page
+    assert "a broker released late" in page
     assert "Lowest p99" not in page
 
     quiet = [summary("lb", 39.9, QUIET), summary("srtm", 10.4, QUIET)]

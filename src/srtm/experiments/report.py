@@ -32,10 +32,7 @@ LEGEND = (
     "quiet enough (ok) or not (DISTURBED: its figures are shown, its SLO is not judged)."
 )
 #: Said instead of a conclusion when a run was disturbed.
-RERUN = (
-    "Re-run on a quieter machine (close other programs, or run fewer things at once), "
-    "or with a longer --duration."
-)
+RERUN = "Re-run on a quieter machine (close other programs, or run fewer things at once)."
 
 
 def status(summary: dict[str, Any]) -> str:
@@ -228,7 +225,7 @@ def write_html(
     )
     note = disturbed_note(summaries)
     verdict = (
-        '<p class="disturbed"><strong>Disturbed run: no conclusion.</strong> '
+        '<p class="disturbed"><strong>Disturbed run.</strong> '
         + "<br>".join(html.escape(line) for line in note.splitlines())
         + "</p>"
         if note is not None
