@@ -224,6 +224,15 @@ def test_mini_demo_end_to_end(tmp_path: Path) -> None:
         for q in ("p50", "p95", "p99"):
             assert row[f"{q}_ms"] == pytest.approx(local["e2e_ms"][q], rel=0.02, abs=0.05), q
         assert summary["token_share_tail"] == pytest.approx(local["token_share_tail"], abs=0.05)
+    # Each run checked itself over its window; a disturbed one draws no conclusion.
+    for policy, row in doc["policies"].items():
+        checked = json.loads((out / f"correlated-sensors-{policy}.json").read_text())["validity"]
+        assert row["validity"] == checked["status"] in ("valid", "disturbed"), policy
+        assert checked["figures"]["due"] > 0 and checked["figures"]["cpus"] >= 1
+        assert (checked["status"] == "disturbed") == bool(row["disturbed_by"])
+    assert doc["disturbed"] == any(r["validity"] == "disturbed" for r in doc["policies"].values())
+    assert (doc["conclusion"] is None) == doc["disturbed"]
+    assert ("No conclusion" in proc.stdout) == doc["disturbed"]
     for name in ("report.html", "latency_cdf.png", "broker_p99.png"):
         assert (out / name).stat().st_size > 0, name
     assert "published" in proc.stdout and "delivered" in proc.stdout

@@ -58,6 +58,16 @@ WarmupOpt = Annotated[
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print the result as one JSON document at the end.")
 ]
+StrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="Exit with code 3 when a run was disturbed (the machine too busy to measure "
+        "on); without it a disturbed run is reported as such and the exit code is 0.",
+    ),
+]
+#: The exit code of --strict when a run was disturbed.
+EXIT_DISTURBED = 3
 
 
 class Analysis(StrEnum):
@@ -147,10 +157,35 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str) -> None:
         out_console.print(
             f"{s['policy']}: published {acc['published']:,} {same} delivered "
             f"{acc['delivered']:,} (lost {acc['lost']}, duplicates {acc['duplicates']}); "
-            f"send lateness p99 {s['emulator']['send_lateness']['p99_us'] / 1e3:.2f} ms, "
-            f"{s['emulator']['skipped_late']:,} skipped as over "
-            f"{s['emulator']['max_late_ms']:g} ms late"
+            f"{s['emulator']['skipped_late']:,} events skipped as over "
+            f"{s['emulator']['max_late_ms']:g} ms late; measured window: "
+            f"{report.checks_line(s)}",
+            highlight=False,
         )
+    _print_verdict(summaries)
+
+
+def _print_verdict(summaries: Sequence[dict[str, Any]]) -> None:
+    """The conclusion, or, when a run was disturbed, that and why instead."""
+    from srtm.experiments import report
+
+    note = report.disturbed_note(summaries)
+    if note is not None:
+        first, *rest = note.splitlines()
+        out_console.print(f"[bold red]{first}[/bold red]", highlight=False)
+        for line in rest:
+            out_console.print(line, highlight=False, markup=False)
+        return
+    text = report.conclusion(summaries)
+    if text and len(summaries) > 1:
+        out_console.print(f"[bold]{text}[/bold]", highlight=False)
+
+
+def _strict_exit(summaries: Sequence[dict[str, Any]], strict: bool) -> None:
+    from srtm.experiments import report
+
+    if strict and report.disturbances(summaries):
+        raise typer.Exit(EXIT_DISTURBED)
 
 
 def analyse(
@@ -224,6 +259,7 @@ def run_cmd(
     as_json: JsonOpt = False,
     analysis: AnalysisOpt = Analysis.auto,
     spark_master: SparkMasterOpt = None,
+    strict: StrictOpt = False,
 ) -> None:
     """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
     the workload, collect traces, stop everything, and print the summary."""
@@ -239,6 +275,7 @@ def run_cmd(
         from srtm.experiments import report
 
         print(json.dumps(report.compact(summaries)))
+    _strict_exit(summaries, strict)
 
 
 @app.command("compare")
@@ -253,6 +290,7 @@ def compare_cmd(
     as_json: JsonOpt = False,
     analysis: AnalysisOpt = Analysis.auto,
     spark_master: SparkMasterOpt = None,
+    strict: StrictOpt = False,
 ) -> None:
     """Run SCENARIO under several policies and print them side by side, with plots and an
     HTML report in OUT."""
@@ -260,6 +298,7 @@ def compare_cmd(
     summaries = run_policies(sc, _policies(policies), out, duration, warmup)
     analyse(summaries, out, analysis, spark_master)
     _finish(sc, summaries, out, as_json)
+    _strict_exit(summaries, strict)
 
 
 def _finish(
@@ -361,6 +400,7 @@ def demo(
     as_json: JsonOpt = False,
     analysis: AnalysisOpt = Analysis.auto,
     spark_master: SparkMasterOpt = None,
+    strict: StrictOpt = False,
 ) -> None:
     """The main job: correlated sensors on a local cluster, once placed by load balancing
     (LB) and once by SRTM; the traces analysed by the Spark pipeline; a comparison table,
@@ -375,3 +415,4 @@ def demo(
     analyse(summaries, out, analysis, spark_master)
     _finish(sc, summaries, out, as_json)
     console.print(f"finished in {time.monotonic() - started:.0f} s")
+    _strict_exit(summaries, strict)

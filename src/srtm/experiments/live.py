@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 from srtm.analysis import profile_bucket
-from srtm.experiments import analysis
+from srtm.experiments import analysis, host
 from srtm.experiments.scenarios import POLICY_NAMES, Scenario
+from srtm.experiments.validity import RunFigures, Validity, check
 from srtm.launch import LocalCluster, die_with_parent, start_cluster
 from srtm.workload import PublisherSpec, build
 from srtm.workload.emulator import Emulator, EmulatorReport, follow_plan
@@ -57,6 +59,8 @@ class RunInfo:
     plan: dict[str, Any] = field(default_factory=dict)
     emulator: EmulatorReport | None = None
     subscriber_received: int = 0
+    #: The run's own conditions in the measured window (``validity.check``).
+    validity: Validity | None = None
 
 
 def run_name(sc: Scenario, policy: str) -> str:
@@ -192,8 +196,12 @@ async def _drive(
                     end = start + int(duration * 1e9)
                     info.window = analysis.Window(start, end)
                     emulator.stop_at(end)
-                    await _measure(end, duration, progress)
+                    watch = _Watch(_run_pids(cluster, sink), emulator.report.skipped_late)
+                    await _measure(end, duration, progress, watch)
+                    watched = watch.end()
+                    late = await _broker_lateness(http, cluster, sc.topic)
                     info.emulator = await sending
+                    info.validity = _validity(sc, emulator, info.window, watch, watched, late)
                 finally:
                     following.cancel()
                     sending.cancel()
@@ -268,11 +276,91 @@ async def _warm_up(
     return ready_at
 
 
-async def _measure(end: int, duration: float, progress: OnProgress) -> None:
+async def _measure(end: int, duration: float, progress: OnProgress, watch: _Watch) -> None:
     while (left := end - time.time_ns()) > 0:
         progress("measuring", duration - left / 1e9, duration)
+        watch.tick()
         await asyncio.sleep(min(0.25, left / 1e9))
     progress("measuring", duration, duration)
+
+
+class _Watch:
+    """The machine and the run's processes over the measured window (``host``)."""
+
+    def __init__(self, names: dict[int, str], skipped: int) -> None:
+        self.names, self.skipped_at_start = names, skipped
+        self.start = host.take(list(names))
+        self.max_load1 = self.start.load1
+
+    def tick(self) -> None:
+        load = host.take([]).load1
+        if load is not None and (self.max_load1 is None or load > self.max_load1):
+            self.max_load1 = load
+
+    def end(self) -> host.HostFigures:
+        self.tick()
+        return host.between(self.start, host.take(list(self.names)), os.cpu_count() or 1)
+
+
+def _run_pids(cluster: LocalCluster, sink: Sink) -> dict[int, str]:
+    """This process (the emulator's), the controller's, the brokers' and the sink's."""
+    names = {os.getpid(): "the emulator", cluster.controller.proc.pid: "the controller",
+             sink.proc.pid: "the subscriber"}  # fmt: skip
+    for i, b in enumerate(cluster.brokers, 1):
+        names[b.proc.pid] = f"broker {i}"
+    return names
+
+
+async def _broker_lateness(
+    http: aiohttp.ClientSession, cluster: LocalCluster, topic: str
+) -> float | None:
+    """The worst broker's release lateness p99 (ms) for ``topic`` (since it started: the
+    brokers' histograms are cumulative), None if no broker could say."""
+    worst = None
+    for b in cluster.brokers:
+        try:
+            doc = await _get(http, f"http://{b.http_address}/stats?format=json&topic={topic}")
+        except (aiohttp.ClientError, TimeoutError, RuntimeError):
+            continue
+        for t in doc.get("srtm", {}).get("topics", []):
+            late = t.get("release_lateness_ns", {})
+            if t.get("topic") == topic and late.get("count"):
+                p99 = late["p99"] / 1e6
+                worst = p99 if worst is None else max(worst, p99)
+    return worst
+
+
+def _validity(
+    sc: Scenario,
+    emulator: Emulator,
+    window: analysis.Window,
+    watch: _Watch,
+    watched: host.HostFigures,
+    broker_late_ms: float | None,
+) -> Validity:
+    """The run's figures over its measured window, checked."""
+    rep, sched = emulator.report, emulator.schedule
+    due = np.repeat(sched.t_ns, sched.batch) + rep.started_ns
+    in_window = (due >= window.start_ns) & (due < window.end_ns)
+    late = rep.lateness_ns[in_window]
+    late = late[late >= 0]
+    p99, p999 = (np.percentile(late, [99, 99.9]) / 1e6) if late.size else (0.0, 0.0)
+    figures = RunFigures(
+        slo_p99_ms=sc.slo_p99_ms,
+        send_late_p99_ms=float(p99),
+        send_late_p999_ms=float(p999),
+        due=int(in_window.sum()),
+        skipped_late=rep.skipped_late - watch.skipped_at_start,
+        broker_late_p99_ms=broker_late_ms,
+        run_queue_wait=watched.run_queue_wait,
+        waited_most=watch.names.get(watched.waited_most or -1),
+        steal=watched.steal,
+        foreign_cpu=watched.foreign_cpu,
+        load_per_cpu=None if watch.max_load1 is None else watch.max_load1 / watched.cpus,
+        cpus=watched.cpus,
+        run_cpus=watched.run_cpus,
+    )
+    return check(figures)
 
 
 async def _start_preload(sc: Scenario, cluster: LocalCluster) -> asyncio.Task[Any] | None:
@@ -406,4 +494,6 @@ def _summarize(sc: Scenario, info: RunInfo, traces: Path, duration: float) -> di
             "max_late_ms": MAX_SEND_LATE_S * 1e3, "rate": rep.rate,
             "send_lateness": rep.lateness_summary(),
         }  # fmt: skip
+    if info.validity is not None:
+        summary["validity"] = info.validity.to_json()
     return summary

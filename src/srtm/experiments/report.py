@@ -16,6 +16,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("p95 ms", "e2e_ms.p95", "{:.1f}"),
     ("p99 ms", "e2e_ms.p99", "{:.1f}"),
     ("SLO", "slo_met", "{}"),
+    ("run", "validity", "{}"),
     ("brokers", "brokers_used", "{}"),
     ("tokens", "token_share_tail", "{:.0%}"),
     ("rounds", "fitting_rounds", "{}"),
@@ -26,13 +27,27 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 LEGEND = (
     "SLO: p99 within the SLO; brokers: brokers that carried the topic; tokens: share of the "
     "slowest 1 % of messages' latency spent waiting for tokens (the DRL penalty); rounds: "
-    "measurement rounds of online fitting (LB is not fitted)."
+    "measurement rounds of online fitting (LB is not fitted); run: whether the run's own "
+    "checks (send and release lateness, events skipped, CPU waits) found the machine "
+    "quiet enough (ok) or not (DISTURBED: its figures are shown, its SLO is not judged)."
 )
+#: Said instead of a conclusion when a run was disturbed.
+RERUN = "Re-run on a quieter machine (close other programs, or run fewer things at once)."
+
+
+def status(summary: dict[str, Any]) -> str:
+    """'valid', 'disturbed', or 'unchecked' (a summary from before runs checked it)."""
+    doc = summary.get("validity")
+    return str(doc["status"]) if doc else "unchecked"
 
 
 def value(summary: dict[str, Any], path: str) -> Any:
     if path == "slo_met":
+        if status(summary) == "disturbed":
+            return "n/a"
         return "yes" if summary["e2e_ms"]["p99"] <= summary["slo_p99_ms"] else "no"
+    if path == "validity":
+        return {"valid": "ok", "disturbed": "DISTURBED"}.get(status(summary), "-")
     if path == "fitting_rounds":
         rounds = summary.get("fitting_rounds") or []
         return sum(rounds) if rounds else "-"
@@ -46,12 +61,81 @@ def rows(summaries: Sequence[dict[str, Any]]) -> list[list[str]]:
     return [[fmt.format(value(s, path)) for _, path, fmt in COLUMNS] for s in summaries]
 
 
+def checks_line(summary: dict[str, Any]) -> str:
+    """The run's own checks in a few figures (ms, shares), for the lines under the table."""
+    doc = summary.get("validity")
+    if not doc:
+        return "not checked"
+    f = doc["figures"]
+    parts = [f"send lateness p99 {f['send_late_p99_ms']:.1f} ms",
+             f"p99.9 {f['send_late_p999_ms']:.1f} ms",
+             f"skipped {f['skipped_late']:,} of {f['due']:,}"]  # fmt: skip
+    if f.get("broker_late_p99_ms") is not None:
+        parts.append(f"broker release lateness p99 {f['broker_late_p99_ms']:.1f} ms")
+    if f.get("run_queue_wait") is not None:
+        parts.append(f"CPU wait up to {f['run_queue_wait']:.0%}")
+    if f.get("run_cpus") is not None:
+        parts.append(f"the run used {f['run_cpus']:.1f} of {f['cpus']} CPUs")
+    if f.get("foreign_cpu") is not None:
+        parts.append(f"others {f['foreign_cpu']:.0%} of the CPU time")
+    word = "ok" if doc["status"] == "valid" else "DISTURBED"
+    return f"{word} ({', '.join(parts)})"
+
+
+def disturbances(summaries: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    """Policy -> the reasons its run was disturbed, for the disturbed runs only."""
+    return {
+        s["policy"]: list(s["validity"]["reasons"]) for s in summaries if status(s) == "disturbed"
+    }
+
+
+def conclusion(summaries: Sequence[dict[str, Any]]) -> str | None:
+    """What the comparison shows, in one sentence; None when any run was disturbed (the
+    figures of a starved machine have shown the opposite of the truth)."""
+    if not summaries or disturbances(summaries):
+        return None
+    slo = summaries[0]["slo_p99_ms"]
+    p99 = {s["policy"]: float(s["e2e_ms"]["p99"]) for s in summaries}
+    meet = [p.upper() for p, v in p99.items() if v <= slo]
+    miss = [p.upper() for p, v in p99.items() if v > slo]
+    text = (
+        f"Within the SLO (p99 ≤ {slo:g} ms): {', '.join(meet) or 'none'}; "
+        f"outside it: {', '.join(miss) or 'none'}."
+    )
+    if len(p99) > 1:
+        best = min(p99, key=lambda p: p99[p])
+        others = ", ".join(f"{p.upper()} {v:.1f} ms" for p, v in p99.items() if p != best)
+        text += f" Lowest p99: {best.upper()} {p99[best]:.1f} ms ({others})."
+    return text
+
+
+def disturbed_note(summaries: Sequence[dict[str, Any]]) -> str | None:
+    """Said instead of a conclusion: which runs were disturbed and why."""
+    found = disturbances(summaries)
+    if not found:
+        return None
+    lines = [
+        f"No conclusion: the run{'s' if len(found) > 1 else ''} of "
+        f"{', '.join(p.upper() for p in found)} "
+        f"{'were' if len(found) > 1 else 'was'} disturbed by the machine, so the latencies "
+        "show its CPU queue rather than the placement."
+    ]
+    for policy, reasons in found.items():
+        lines += [f"  {policy}: {r}" for r in reasons]
+    lines.append(RERUN)
+    return "\n".join(lines)
+
+
 def compact(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The comparison as one JSON document: per policy p50, p95, p99 (ms), brokers used."""
+    """The comparison as one JSON document: per policy p50, p95, p99 (ms), brokers used,
+    whether the run was disturbed (and why); the conclusion, or null if any run was."""
+    found = disturbances(summaries)
     return {
         "scenario": summaries[0]["scenario"] if summaries else None,
         "slo_p99_ms": summaries[0]["slo_p99_ms"] if summaries else None,
         "analysis": engine(summaries),
+        "disturbed": bool(found),
+        "conclusion": conclusion(summaries),
         "policies": {
             s["policy"]: {
                 "p50_ms": s["e2e_ms"]["p50"],
@@ -61,6 +145,8 @@ def compact(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "token_share_tail": s["token_share_tail"],
                 "published": s["accounting"]["published"],
                 "delivered": s["accounting"]["delivered"],
+                "validity": status(s),
+                "disturbed_by": found.get(s["policy"], []),
             }
             for s in summaries
         },
@@ -137,17 +223,27 @@ def write_html(
         f"duplicates {s['accounting']['duplicates']}</li>"
         for s in summaries
     )
+    note = disturbed_note(summaries)
+    verdict = (
+        '<p class="disturbed"><strong>Disturbed run.</strong> '
+        + "<br>".join(html.escape(line) for line in note.splitlines())
+        + "</p>"
+        if note is not None
+        else f"<p><strong>{html.escape(conclusion(summaries) or '')}</strong></p>"
+    )
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>SRTM demo: {html.escape(scenario.name)}</title>
 <style>body{{font-family:sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:.3rem .6rem;text-align:right}}
-img{{max-width:100%}}</style></head><body>
+img{{max-width:100%}}
+.disturbed{{background:#fee;border:2px solid #c00;padding:.6rem}}</style></head><body>
 <h1>SRTM demo: {html.escape(scenario.name)}</h1>
 <p>{html.escape(scenario.description)}</p>
 <p><em>Scale:</em> {html.escape(scenario.scale)}</p>
 <p>SLO: p99 &le; {scenario.slo_p99_ms:g} ms. Measured window: {summaries[0]["duration_s"]:g} s
 per policy, after a warm-up in which the controller places (and, except for LB, fits) the
 topic. {html.escape(LEGEND)}</p>
+{verdict}
 <table><tr>{head}</tr>{body}</table>
 <p>Latency figures computed by: {html.escape(engine(summaries))}.</p>
 <h2>Every message accounted for</h2><ul>{accounting}</ul>
