@@ -546,3 +546,31 @@ async def test_a_full_disk_refuses_publishes_drains_and_stops_cleanly(tmp_path: 
             assert second.stop() == 0
         missing = acked - finished - got
         assert not missing, f"{len(missing)} acknowledged lost, e.g. {sorted(missing)[:5]}"
+
+
+async def test_kill_9_right_after_an_ok_keeps_what_overflowed_to_disk(tmp_path: Path) -> None:
+    """With --mem-queue-size 0 every acknowledged message overflowed to disk; its OK
+    leaves only once the write reached the OS, so kill -9 straight after loses none
+    (a buffer flushed each second lost up to a second of acknowledged messages)."""
+    data = tmp_path / "data"
+    args = ["--mem-queue-size", "0"]
+    n = 400
+    first = start_broker(data, args)
+    try:
+        first.post("/channel/create?topic=t&channel=c")
+        pub = await RawClient.connect(*first.tcp)
+        for i in range(n):
+            await pub.send(Pub("t", _body(i, 100)))
+            assert await pub.response() == b"OK"
+        await pub.send(Mpub("t", [_body(i, 100) for i in range(n, 2 * n)]))
+        assert await pub.response() == b"OK"
+    finally:
+        first.proc.send_signal(signal.SIGKILL)
+        first.stop()
+    second = start_broker(data, args)
+    try:
+        got = await _drain(second, "t", "c", set(range(2 * n)))
+    finally:
+        assert second.stop() == 0
+    missing = set(range(2 * n)) - got
+    assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"

@@ -122,10 +122,15 @@ class LazyDisk:
     and no disk I/O on the event loop, however many names clients invent."""
 
     def __init__(
-        self, data_dir: Path, key: str, segment_bytes: int, failing: set[DiskQueue]
+        self,
+        data_dir: Path,
+        key: str,
+        segment_bytes: int,
+        failing: set[DiskQueue],
+        unflushed: set[DiskQueue],
     ) -> None:
         self._data_dir, self._key = data_dir, key
-        self._segment_bytes, self._failing = segment_bytes, failing
+        self._segment_bytes, self._failing, self._unflushed = segment_bytes, failing, unflushed
         self._disk: DiskQueue | None = None
 
     @property
@@ -138,7 +143,12 @@ class LazyDisk:
 
     def open(self) -> DiskQueue:
         if self._disk is None:
-            self._disk = DiskQueue(self.directory, self._segment_bytes, failing=self._failing)
+            self._disk = DiskQueue(
+                self.directory,
+                self._segment_bytes,
+                failing=self._failing,
+                unflushed=self._unflushed,
+            )
         return self._disk
 
     # the Overflow protocol (MessageQueue's backend)
@@ -229,6 +239,8 @@ class Broker:
         self._disk: dict[str, LazyDisk] = {}
         #: Disk queues whose last write failed (disk full...): their topics refuse PUBs.
         self._failing_disks: set[DiskQueue] = set()
+        #: Disk queues with pushes not written yet (see _write_through).
+        self._unflushed_disks: set[DiskQueue] = set()
         self._reserve = Reserve(self.options.data_dir, self.options.disk_reserve_bytes)
         self._restoring = False
         #: Metadata changed since the last write; at most one write in flight, in a
@@ -271,7 +283,11 @@ class Broker:
         if any(is_ephemeral(part) for part in re.split("[:@]", key)):
             return MessageQueue(mem)
         disk = LazyDisk(
-            self.options.data_dir, key, self.options.max_bytes_per_file, self._failing_disks
+            self.options.data_dir,
+            key,
+            self.options.max_bytes_per_file,
+            self._failing_disks,
+            self._unflushed_disks,
         )
         if self._restoring and disk.directory.is_dir():
             disk.open()  # what an earlier run left there is read back now
@@ -786,6 +802,16 @@ class Broker:
             n += 1
         self.stats.topic(topic_name).window.add(arrival, n, backlog)
         self._kick(topic)
+        if self._unflushed_disks:
+            self._write_through()
+
+    def _write_through(self) -> None:
+        """Write what this publish overflowed to disk before it is acknowledged: its OK
+        then means the OS holds it, so it survives kill -9 (as with nsqd, one write per
+        publish that overflows; batching across publishes would lose up to a second)."""
+        for disk in list(self._unflushed_disks):
+            if disk.error is None:  # a failing one is retried by the housekeeping loop
+                disk.flush()
 
     def publish_deferred(
         self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None

@@ -297,12 +297,16 @@ class DiskQueue:
         flush_bytes: int = DEFAULT_FLUSH_BYTES,
         writer: Writer = os.write,
         failing: set[DiskQueue] | None = None,
+        unflushed: set[DiskQueue] | None = None,
     ) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
         self.flush_bytes = flush_bytes
         self._write = writer
         self._failing: set[DiskQueue] = failing if failing is not None else set()
+        #: Shared with the broker: queues holding pushes not written yet, which it writes
+        #: before acknowledging the publish that made them.
+        self._unflushed: set[DiskQueue] = unflushed if unflushed is not None else set()
         #: Why the last write failed (None: writing works).
         self.error: OSError | None = None
         directory.mkdir(parents=True, exist_ok=True)
@@ -386,6 +390,7 @@ class DiskQueue:
         # Its fields, not the object: the caller may hand the same one to other queues.
         self._pending.append((_fields(msg), msg.origin))
         self._pending_bytes += RECORD_OVERHEAD + len(msg.body) + len(msg.publisher)
+        self._unflushed.add(self)
         if self._pending_bytes >= self.flush_bytes and self.error is None:
             self.flush()
 
@@ -423,6 +428,7 @@ class DiskQueue:
                 self._failed(exc)
                 return False
         self._pending_bytes = 0
+        self._unflushed.discard(self)
         if self.error is not None:
             log.info("%s: writing again after %s", self.directory, self.error)
             self.error = None
