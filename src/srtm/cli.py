@@ -628,16 +628,16 @@ def controller_command(
     Adaptor, nsqlookupd's /lookup; its state lives in --db. Stops on SIGTERM or Ctrl-C."""
     import asyncio
 
-    from srtm.control.service import ControllerOptions, ControllerService, is_loopback, serve
+    from srtm.control.service import ControllerOptions, ControllerService, serve
     from srtm.placement import AdaptorSettings
+    from srtm.security import require_auth_choice
 
     host, port = _address(http_address, "--http-address")
-    if not token and not (insecure_loopback and is_loopback(host)):
-        Console(stderr=True).print(
-            "[red]error:[/red] the controller needs --token (or SRTM_TOKEN); without one "
-            "only --insecure-loopback on a loopback --http-address"
-        )
-        raise typer.Exit(2)
+    try:
+        require_auth_choice(token or None, insecure_loopback, [host])
+    except ValueError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
     options = ControllerOptions(
         http_host=host,
         http_port=port,

@@ -59,7 +59,7 @@ def require_loopback_without_token(token: str | None, hosts: Iterable[str]) -> N
     if exposed:
         raise ValueError(
             f"binding {', '.join(exposed)} without a token would let anyone who reaches it "
-            "change SRTM state; give a token or bind 127.0.0.1"
+            "change SRTM state; give a token or bind a loopback address (127.0.0.1)"
         )
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import hmac
-import ipaddress
 import json
 import logging
 import math
@@ -48,6 +46,7 @@ from srtm.placement import (
     parse_topic,
     place,
 )
+from srtm.security import bearer_matches, check_token, require_loopback_without_token
 
 if TYPE_CHECKING:
     from srtm.sim.model import BrokerModel
@@ -85,15 +84,6 @@ MAX_MODEL_BYTES = 1 << 20
 _THREADED_JSON_BYTES = 256 << 10
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -106,14 +96,15 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 def _auth(token: str | None) -> Any:
     """Refuses every request but GET/HEAD without the cluster token (401)."""
-    expected = f"Bearer {token}".encode()
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if token is not None and request.method not in ("GET", "HEAD"):
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                return web.json_response({"message": "E_UNAUTHORIZED"}, status=401)
+        if (
+            token is not None
+            and request.method not in ("GET", "HEAD")
+            and not bearer_matches(request.headers.get("Authorization"), token)
+        ):
+            return web.json_response({"message": "E_UNAUTHORIZED"}, status=401)
         return await handler(request)
 
     return auth
@@ -137,11 +128,8 @@ async def _json(request: web.Request) -> dict[str, Any]:
 class ControllerService:
     def __init__(self, options: ControllerOptions | None = None) -> None:
         self.options = opts = options or ControllerOptions()
-        if opts.token is None and not is_loopback(opts.http_host):
-            raise ValueError(
-                f"a controller without a token binds a loopback address only, not "
-                f"{opts.http_host!r}: give it a token (--token / SRTM_TOKEN)"
-            )
+        check_token(opts.token)
+        require_loopback_without_token(opts.token, [opts.http_host])
         if (opts.tls_cert is None) != (opts.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
         self.ctrl = Controller(
