@@ -52,12 +52,12 @@ PATIENCE_S = 10.0
 
 # -- processes -----------------------------------------------------------------------------
 def restart(b: BrokerProcess) -> BrokerProcess:
-    """The same command line again (data dir, id, controller, ...), on the same ports: the
-    last --tcp-address/--http-address given wins."""
+    """The same command line again (data dir, id, controller, ...), on the same ports (the
+    last --tcp-address/--http-address given wins), with the cluster's token."""
     argv = [str(a) for a in b.proc.args]  # type: ignore[union-attr]
     args = argv[argv.index("broker") + 1 :]
     fixed = ["--tcp-address", b.tcp_address, "--http-address", b.http_address]
-    return start_broker(b.data_dir, [*args, *fixed], preexec_fn=die_with_parent)
+    return start_broker(b.data_dir, [*args, *fixed], preexec_fn=die_with_parent, token=b.token)
 
 
 def kill9(b: BrokerProcess) -> None:
@@ -123,13 +123,14 @@ class CountingPublisher(Publisher):
         #: seq -> (broker address, monotonic time) of its first acknowledgement
         self.acked: dict[int, tuple[str, float]] = {}
 
-    def _send(self, body: bytes) -> None:
-        super()._send(body)
-        assert self._conn is not None
-        fut, address = self._unacked[-1][1], self._conn.address
-        h = header.decode(body)
-        assert h is not None
-        fut.add_done_callback(lambda f: self._acked(f, h.seq, address))
+    def _send(self, sent: Any) -> None:
+        super()._send(sent)
+        # Each send's own answer: an OK from the broker it went to is an acknowledgement
+        # even if the connection is lost right after (the message is then resent).
+        reply, address = sent.reply, sent.conn.address
+        h = header.decode(sent.body)
+        assert reply is not None and h is not None
+        reply.add_done_callback(lambda f: self._acked(f, h.seq, address))
 
     def _acked(self, fut: asyncio.Future[bytes], seq: int, address: str) -> None:
         if not fut.cancelled() and fut.exception() is None and seq not in self.acked:
