@@ -24,7 +24,7 @@ from srtm.control import Controller, PlanChanged
 from srtm.control.service import ControllerOptions, ControllerService, _broker_url
 from srtm.control.state import BrokerInfo
 from srtm.launch import ServerProcess, start_broker, start_cluster, start_controller
-from srtm.placement import Publisher, Topic
+from srtm.placement import Publisher, Topic, parse_topic
 from srtm.protocol import Fin, Pub, Rdy, Sub
 
 # -- helpers ---------------------------------------------------------------------------
@@ -525,3 +525,16 @@ def test_topic_names_every_broker_refuses_are_refused(ctrl: ServerProcess) -> No
         status, body = call(ctrl, "/topics", topic_doc(name))
         assert status == 400 and "name" in body["message"], (name, body)
     assert call(ctrl, "/topics")[1]["topics"] == []
+
+
+@pytest.mark.parametrize(
+    ("rate", "burst", "field"),
+    [(1e-10, 10.0, "rate"), (1e12, 10.0, "rate"), (100.0, 1e12, "burst"), (0.01, 1e9, "burst")],
+)
+def test_a_topic_bucket_no_broker_could_schedule_is_refused(
+    rate: float, burst: float, field: str
+) -> None:
+    doc = {"name": "t", "slo_p99_ms": 5, "burst": burst, "rate": rate,
+           "publishers": [{"id": "p", "rate": 1}]}  # fmt: skip
+    with pytest.raises(ValueError, match=f"topic: .*{field}"):
+        parse_topic(doc)

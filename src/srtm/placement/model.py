@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from srtm.ratelimit import BucketParams
+from srtm.ratelimit import BucketParams, check_bucket
 
 #: The topic rate is this much above its publishers' total, as the paper configures topics.
 RATE_MARGIN = 1.1
@@ -176,4 +176,8 @@ def parse_topic(doc: Any) -> Topic:
         raise ValueError(f"topic.burst must be >= 1 (a bucket holds one token), got {burst!r}")
     load = math.fsum(p.rate for p in publishers)
     rate = _number(doc, "rate", "topic") if "rate" in doc else RATE_MARGIN * load
+    try:  # a bucket that no broker could schedule is refused here, not by every broker
+        check_bucket(rate, burst)
+    except ValueError as exc:
+        raise ValueError(f"topic: {exc}") from None
     return Topic(name, tuple(publishers), burst, _number(doc, "slo_p99_ms", "topic"), rate)
