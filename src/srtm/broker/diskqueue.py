@@ -2,7 +2,7 @@
 
 Used as a ``MessageQueue``'s overflow and for what a queue held in memory at shutdown
 (its *head*: read back before the segments on the next start). The format, the crash
-guarantees and the disk-full behaviour are described in docs/survival-disk.md.
+guarantees and the disk-full behaviour are described in docs/durability.md.
 
 The write side and the read side are separate: pushes are buffered in memory and written
 in batches (``flush``); ``pop`` reads what the segments hold, then what is still buffered,

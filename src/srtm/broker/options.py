@@ -61,7 +61,7 @@ class BrokerOptions:
     #: Size of a disk queue's segment files (nsqd's max-bytes-per-file).
     max_bytes_per_file: int = 16 << 20
     #: Disk space claimed at start and given back at a graceful stop, so that what memory
-    #: holds is saved even on a full disk (0: none). See docs/survival-disk.md.
+    #: holds is saved even on a full disk (0: none). See docs/durability.md.
     disk_reserve_bytes: int = 32 << 20
     #: TLS (nsqd's --tls-cert/--tls-key): clients upgrade with IDENTIFY ``tls_v1``.
     tls_cert: Path | None = None
