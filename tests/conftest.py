@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from srtm.broker import Broker, BrokerOptions
 from srtm.launch import BrokerProcess, start_broker
+from support import MakeBroker
 
 settings.register_profile(
     "default", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow]
@@ -16,6 +19,23 @@ settings.register_profile(
     "ci", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+@pytest.fixture
+async def make_broker(tmp_path: Path) -> AsyncIterator[MakeBroker]:
+    """Starts in-process brokers (TCP only) on ephemeral ports; stops them after the test."""
+    started: list[Broker] = []
+
+    async def make(**options: Any) -> Broker:
+        opts = BrokerOptions(tcp_port=0, http_port=0, data_dir=tmp_path / "data", **options)
+        broker = Broker(opts)
+        await broker.start()
+        started.append(broker)
+        return broker
+
+    yield make
+    for b in started:
+        await b.stop()
 
 
 @pytest.fixture

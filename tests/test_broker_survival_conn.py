@@ -14,8 +14,7 @@ import os
 import resource
 import socket
 import struct
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +37,9 @@ from srtm.protocol import (
     decode_message,
     encode_command,
 )
+from support import until
 
 MIB = 1 << 20
-
-
-async def until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
-    """Await ``cond`` (polled); fail naming ``what`` if it does not hold within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached in {timeout} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 def fd_count(pid: int) -> int:
@@ -345,22 +336,6 @@ async def test_a_stalled_consumer_is_bounded_and_its_messages_go_to_another(
         assert sorted(got) == sorted(bodies)
     finally:
         assert broker.stop() == 0
-
-
-@pytest.fixture
-async def make_broker(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
-    started: list[Broker] = []
-
-    async def make(**options: Any) -> Broker:
-        opts = BrokerOptions(tcp_port=0, http_port=0, data_dir=tmp_path / "data", **options)
-        broker = Broker(opts)
-        await broker.start()
-        started.append(broker)
-        return broker
-
-    yield make
-    for b in started:
-        await b.stop()
 
 
 @pytest.mark.parametrize(

@@ -2,52 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 from nsq_raw import RawClient
-from srtm.broker import Broker, BrokerOptions
+from srtm.broker import Broker
 from srtm.protocol import Dpub as DpubCmd
 from srtm.protocol import Fin, FrameType, Mpub, Nop, Pub, Rdy, Sub, Touch, header
 from srtm.ratelimit import check_conformance
-
-MakeBroker = Callable[..., Awaitable[Broker]]
-
-
-@pytest.fixture
-async def make_broker(tmp_path: Path) -> AsyncIterator[MakeBroker]:
-    started: list[Broker] = []
-
-    async def make(**options: Any) -> Broker:
-        opts = BrokerOptions(tcp_port=0, http_port=0, data_dir=tmp_path / "data", **options)
-        broker = Broker(opts)
-        await broker.start()
-        started.append(broker)
-        return broker
-
-    yield make
-    for b in started:
-        await b.stop()
+from support import MakeBroker, until
 
 
 async def connect(broker: Broker) -> RawClient:
     assert broker.tcp_address is not None
     return await RawClient.connect(*broker.tcp_address)
-
-
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 # -- nsqd's error codes ----------------------------------------------------------------

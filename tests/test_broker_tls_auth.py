@@ -31,6 +31,7 @@ from srtm.broker.http import serve_http
 from srtm.broker.report import client_doc
 from srtm.launch import start_broker
 from srtm.protocol import Auth, Mpub, Nop, Pub, Rdy, Sub
+from support import until
 
 MakeBroker = Callable[..., Awaitable[Broker]]
 
@@ -169,14 +170,6 @@ async def upgrade(client: RawClient, ctx: ssl.SSLContext) -> None:
     """The client's half of nsqd's upgrade: handshake, then the broker's OK over TLS."""
     await client.writer.start_tls(ctx, server_hostname="127.0.0.1")
     assert await client.response() == b"OK"
-
-
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 # -- TLS on the TCP protocol ---------------------------------------------------------------

@@ -171,17 +171,7 @@ class Client:
                 self.broker.release_due()
             if self.gate is not None and self.gate.consumes(event, arrival):
                 continue  # refused, or held until the auth server answers
-            if isinstance(event, ProtocolError):
-                self.send_error(event)
-            else:
-                try:
-                    self._handle(event, arrival)
-                except ProtocolError as err:
-                    self.send_error(err)
-                except Exception:
-                    # A broker bug costs this client its connection, not the whole loop.
-                    log.exception("internal error on %s from %s", type(event).__name__, self.remote)
-                    self.send_error(ProtocolError(errors.E_INVALID, "internal error"))
+            self.run(event, arrival)
 
     def _handle(self, cmd: object, arrival: int) -> None:
         broker = self.broker
@@ -592,7 +582,7 @@ class Client:
         self.write(frames.response(body))
 
     def run(self, event: object, arrival: int) -> None:
-        """Run a command the gate held back (read earlier, in order)."""
+        """Run a command just read, or one the gate held back (read earlier, in order)."""
         if isinstance(event, ProtocolError):
             self.send_error(event)
             return
@@ -601,5 +591,6 @@ class Client:
         except ProtocolError as err:
             self.send_error(err)
         except Exception:
+            # A broker bug costs this client its connection, not the whole loop.
             log.exception("internal error on %s from %s", type(event).__name__, self.remote)
             self.send_error(ProtocolError(errors.E_INVALID, "internal error"))
