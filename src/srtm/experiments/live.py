@@ -347,6 +347,7 @@ def _validity(
     p99, p999 = (np.percentile(late, [99, 99.9]) / 1e6) if late.size else (0.0, 0.0)
     figures = RunFigures(
         slo_p99_ms=sc.slo_p99_ms,
+        max_late_ms=MAX_SEND_LATE_S * 1e3,
         send_late_p99_ms=float(p99),
         send_late_p999_ms=float(p999),
         due=int(in_window.sum()),

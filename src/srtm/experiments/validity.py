@@ -8,9 +8,9 @@ each run records figures taken during its own measured window, and ``check`` com
 them with the thresholds below: any one over its threshold marks the run ``disturbed``,
 with one reason per figure, and no conclusion is drawn from it.
 
-The thresholds are shares of the scenario's SLO where the figure adds to latency (a
-disturbance a tenth of the SLO in size can move a p99 across it), and shares of the
-window where the figure is CPU time.
+The thresholds (constants below, each with its reason) were set from runs of the demo on
+a calm and on a loaded two-CPU machine (docs/survival-measure.md): a calm run passes
+every one with room, the loaded runs that reported nonsense fail several.
 """
 
 from __future__ import annotations
@@ -19,23 +19,26 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: Emulator send lateness p99 (real send time − intended): above a tenth of the SLO the
-#: workload the brokers got is no longer the scenario's (bursts merged, gaps shifted).
-SEND_LATE_P99_SLO_SHARE = 0.10
-#: Send lateness p99.9: the tail may be later, but a quarter of the SLO means the
-#: emulator itself stalled for a good part of the latency budget.
-SEND_LATE_P999_SLO_SHARE = 0.25
+#: Emulator send lateness p99 (real send time − intended), as a share of the lateness at
+#: which it skips an event instead (10 ms in live runs): half of that means the emulator
+#: was behind for much of the window, and the brokers got bursts merged and gaps shifted.
+#: (A share of the emulator's limit, not of the SLO: the workload's shape is at stake.)
+SEND_LATE_P99_SHARE = 0.5
+#: Send lateness p99.9, as a share of the same limit: the tail near it means stalls.
+SEND_LATE_P999_SHARE = 0.8
 #: Events the emulator skipped as too late (share of those due in the window): the
 #: schedule's correlated bursts are what placement is about; losing more than 0.5 %
-#: of them changes the workload.
+#: of them changes the workload. (A calm run skips under 0.1 %.)
 SKIPPED_SHARE = 0.005
-#: Worst broker's release lateness p99 (time a message became due − time the broker's
-#: loop got to it): the brokers' own CPU starvation, added to every latency it touches.
-BROKER_LATE_P99_SLO_SHARE = 0.10
-#: Worst run process's (brokers, controller, subscriber, driver) share of the window
-#: spent runnable but waiting for a CPU (``/proc/<pid>/schedstat``): an event loop that
-#: waits this long for a CPU adds its queue to latencies measured in milliseconds.
-RUN_QUEUE_WAIT_SHARE = 0.10
+#: Worst broker's release lateness p99 (time the broker's loop got to a message − time
+#: it was due), as a share of the SLO: the brokers' own CPU starvation, added to every
+#: latency it touches; at half the SLO it can decide whether the p99 meets it.
+BROKER_LATE_P99_SLO_SHARE = 0.5
+#: Worst run process's (brokers, controller, subscriber, emulator) share of the window
+#: spent runnable but waiting for a CPU (``/proc/<pid>/schedstat``). The run's own nine
+#: processes make each other wait on two CPUs (about a fifth of the window for the
+#: busiest broker on a calm machine), so only twice that counts as starvation.
+RUN_QUEUE_WAIT_SHARE = 0.4
 #: CPU time stolen by the hypervisor, as a share of the machine's CPU time in the window.
 STEAL_SHARE = 0.05
 
@@ -46,6 +49,8 @@ class RunFigures:
     a figure could not be taken (no /proc, a broker that did not answer)."""
 
     slo_p99_ms: float
+    #: The emulator skips events it could only send this late (ms).
+    max_late_ms: float
     send_late_p99_ms: float
     send_late_p999_ms: float
     #: Events due in the window: sent plus skipped.
@@ -88,11 +93,12 @@ class Validity:
         }
 
 
-def thresholds(slo_p99_ms: float) -> dict[str, float]:
-    """The limits for a run with this SLO (ms or shares), as the JSON reports them."""
+def thresholds(slo_p99_ms: float, max_late_ms: float) -> dict[str, float]:
+    """The limits for a run with this SLO and emulator (ms or shares), as the JSON
+    reports them."""
     return {
-        "send_late_p99_ms": SEND_LATE_P99_SLO_SHARE * slo_p99_ms,
-        "send_late_p999_ms": SEND_LATE_P999_SLO_SHARE * slo_p99_ms,
+        "send_late_p99_ms": SEND_LATE_P99_SHARE * max_late_ms,
+        "send_late_p999_ms": SEND_LATE_P999_SHARE * max_late_ms,
         "skipped_share": SKIPPED_SHARE,
         "broker_late_p99_ms": BROKER_LATE_P99_SLO_SHARE * slo_p99_ms,
         "run_queue_wait_share": RUN_QUEUE_WAIT_SHARE,
@@ -103,7 +109,7 @@ def thresholds(slo_p99_ms: float) -> dict[str, float]:
 def check(f: RunFigures) -> Validity:
     """``f`` against the thresholds: disturbed, with a reason per figure over its limit
     (a figure that is NaN counts as over: it was measured and is not a number)."""
-    lim = thresholds(f.slo_p99_ms)
+    lim = thresholds(f.slo_p99_ms, f.max_late_ms)
     reasons: list[str] = []
 
     def over(value: float | None, limit: float) -> bool:
