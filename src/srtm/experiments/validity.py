@@ -9,7 +9,7 @@ them with the thresholds below: any one over its threshold marks the run ``distu
 with one reason per figure, and no conclusion is drawn from it.
 
 The thresholds (constants below, each with its reason) were set from runs of the demo on
-a calm and on a loaded two-CPU machine (docs/survival-measure.md): a calm run passes
+a calm and on a loaded two-CPU machine (docs/measurement-validity.md): a calm run passes
 every one with room, the loaded runs that reported nonsense fail several.
 """
 
