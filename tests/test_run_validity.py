@@ -182,3 +182,11 @@ def test_compare_prints_the_disturbance_and_fails_only_when_strict(
     assert "Re-run on a quieter machine" in text and "Lowest p99" not in text
     assert json.loads(result.stdout.strip().splitlines()[-1])["conclusion"] is None
     assert "Disturbed run" in (tmp_path / "report.html").read_text()
+
+
+def test_what_the_drain_did_not_see_is_not_called_lost() -> None:
+    acc = {"published": 100, "delivered": 60, "lost": 40, "duplicates": 0}
+    assert report.loss_text({"accounting": acc, "drained": True}) == "lost 40"
+    late = report.loss_text({"accounting": acc, "drained": False})
+    assert late.startswith("40 undelivered when the drain ended") and "lost 40" not in late
+    assert report.loss_text({"accounting": acc | {"lost": 0}, "drained": False}) == "lost 0"

@@ -46,6 +46,10 @@ SETTLE_S = 2.0
 MAX_SEND_LATE_S = 0.01
 
 
+#: How long a run waits after sending for the subscriber to receive what was acknowledged.
+DRAIN_S = 30.0
+
+
 @dataclass
 class RunInfo:
     """What the driver learned while running (the rest comes from the traces)."""
@@ -59,6 +63,9 @@ class RunInfo:
     plan: dict[str, Any] = field(default_factory=dict)
     emulator: EmulatorReport | None = None
     subscriber_received: int = 0
+    #: Whether the subscriber had everything acknowledged when the drain ended (else what
+    #: it lacks may only be late, on a starved machine, not lost).
+    drained: bool = True
     #: The run's own conditions in the measured window (``validity.check``).
     validity: Validity | None = None
 
@@ -212,7 +219,8 @@ async def _drive(
                     await emulator.close()
             info.plan = await _get(http, f"{url}/plan?topic={sc.topic}")
             progress("draining", 0, 1)
-            info.subscriber_received = await sink.until(info.emulator.acknowledged, 30.0)
+            info.subscriber_received = await sink.until(info.emulator.acknowledged, DRAIN_S)
+            info.drained = info.subscriber_received >= info.emulator.acknowledged
             progress("draining", 1, 1)
         finally:
             info.subscriber_received = max(info.subscriber_received, sink.stop())
@@ -488,6 +496,7 @@ def _summarize(sc: Scenario, info: RunInfo, traces: Path, duration: float) -> di
     }
     summary |= analysis.summarize(broker_rows, sub_rows, info.window, sc.slo_p99_ms)
     summary["accounting"] = analysis.accounting(sub_rows, published)
+    summary["drained"] = info.drained
     if rep is not None:
         summary["emulator"] = {
             "scheduled_sent": rep.sent, "acknowledged": rep.acknowledged, "failed": rep.failed,

@@ -61,6 +61,16 @@ def rows(summaries: Sequence[dict[str, Any]]) -> list[list[str]]:
     return [[fmt.format(value(s, path)) for _, path, fmt in COLUMNS] for s in summaries]
 
 
+def loss_text(summary: dict[str, Any]) -> str:
+    """'lost N', or, when the drain after sending ran out before the subscriber had
+    everything, how many were still undelivered then (late on a starved machine, or
+    lost: the run cannot tell)."""
+    lost = summary["accounting"]["lost"]
+    if summary.get("drained", True) or lost == 0:
+        return f"lost {lost}"
+    return f"{lost} undelivered when the drain ended (lost or still late)"
+
+
 def checks_line(summary: dict[str, Any]) -> str:
     """The run's own checks in a few figures (ms, shares), for the lines under the table."""
     doc = summary.get("validity")
@@ -219,7 +229,7 @@ def write_html(
     )
     accounting = "".join(
         f"<li>{html.escape(s['policy'])}: published {s['accounting']['published']:,}, "
-        f"delivered {s['accounting']['delivered']:,}, lost {s['accounting']['lost']}, "
+        f"delivered {s['accounting']['delivered']:,}, {html.escape(loss_text(s))}, "
         f"duplicates {s['accounting']['duplicates']}</li>"
         for s in summaries
     )
