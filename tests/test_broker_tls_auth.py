@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import ssl
 import subprocess
 import time
@@ -34,8 +33,6 @@ from srtm.protocol import Auth, Mpub, Nop, Pub, Rdy, Sub
 from support import until
 
 MakeBroker = Callable[..., Awaitable[Broker]]
-
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 
 
 # -- certificates ---------------------------------------------------------------------------
