@@ -23,6 +23,7 @@ from nsq_raw import RawClient
 from srtm.control import Controller, PlanChanged
 from srtm.control.service import ControllerOptions, ControllerService, _broker_url
 from srtm.control.state import BrokerInfo
+from srtm.control.store import Store
 from srtm.launch import ServerProcess, start_broker, start_cluster, start_controller
 from srtm.placement import Publisher, Topic, parse_topic
 from srtm.protocol import Fin, Pub, Rdy, Sub
@@ -538,3 +539,34 @@ def test_a_topic_bucket_no_broker_could_schedule_is_refused(
            "publishers": [{"id": "p", "rate": 1}]}  # fmt: skip
     with pytest.raises(ValueError, match=f"topic: .*{field}"):
         parse_topic(doc)
+
+
+def test_the_database_is_written_off_the_event_loop_in_order(tmp_path: Path) -> None:
+    """Every SQLite write runs in the writer thread, never on the loop's, and a later
+    state is never overwritten by an earlier one."""
+    service = ControllerService(ControllerOptions(db=tmp_path / "c.db", http_port=0))
+    writes: list[tuple[int, str]] = []
+    put = service.store.put_text
+
+    def recording_put(key: str, text: str) -> None:
+        writes.append((threading.get_ident(), key))
+        put(key, text)
+
+    service.store.put_text = recording_put  # type: ignore[method-assign]
+    loop_thread = threading.get_ident()
+
+    async def run() -> None:
+        await service.start()
+        try:
+            for i in range(3):
+                tcp, http = f"127.0.0.1:{4150 + i}", f"127.0.0.1:{5150 + i}"
+                service._execute(service.ctrl.register(f"b{i}", tcp, http, 1000.0, 0.0))
+                service._save_state()
+            await service._save_state()
+        finally:
+            await service.stop()
+
+    asyncio.run(run())
+    assert writes and all(tid != loop_thread for tid, _ in writes)
+    saved = Store(tmp_path / "c.db").load()
+    assert saved is not None and sorted(b["id"] for b in saved["brokers"]) == ["b0", "b1", "b2"]

@@ -14,7 +14,9 @@ import ssl
 import stat
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +141,8 @@ class ControllerService:
             max_publishers=opts.max_publishers,
         )
         self.store = Store(opts.db)
+        #: SQLite writes leave the event loop, in order, in this one thread.
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="srtm-store")
         saved = self.store.load()
         if saved:
             self.ctrl.restore(saved, time.monotonic())
@@ -172,6 +176,7 @@ class ControllerService:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        await asyncio.to_thread(self._writer.shutdown, wait=True)  # every write done
         self.store.close()
 
     def _ssl_context(self) -> ssl.SSLContext | None:
@@ -207,26 +212,39 @@ class ControllerService:
         return {} if token is None else {"Authorization": f"Bearer {token}"}
 
     # -- actions -------------------------------------------------------------------------
-    def _persist(self, actions: list[Action]) -> None:
+    def _save(self, key: str, doc: Any) -> asyncio.Future[None]:
+        """Write ``doc`` under ``key`` in the writer thread; writes land in call order.
+        The document is encoded here, on the loop: a snapshot of state the loop owns."""
+        text = json.dumps(doc)
+        loop = asyncio.get_running_loop()
+        written = loop.run_in_executor(self._writer, self.store.put_text, key, text)
+        written.add_done_callback(partial(_log_failed_write, key))
+        return written
+
+    def _save_state(self) -> asyncio.Future[None]:
+        return self._save("controller", self.ctrl.to_json())
+
+    def _persist(self, actions: list[Action]) -> asyncio.Future[None] | None:
+        """Have what ``actions`` changed written; the last write's future (None: none)."""
+        last = None
         if any(isinstance(a, PlanChanged) for a in actions):
-            self.store.save(self.ctrl.to_json())
+            last = self._save_state()
         for name in {a.topic for a in actions if isinstance(a, SetBucket)}:
             topic = self.ctrl.topics[name]
-            self.store.save_buckets(
-                name, {b: {"rate": p.rate, "burst": p.burst} for b, p in topic.buckets.items()}
-            )
+            buckets = {b: {"rate": p.rate, "burst": p.burst} for b, p in topic.buckets.items()}
+            last = self._save(f"buckets:{name}", buckets)
+        return last
 
     def _execute(self, actions: list[Action]) -> None:
         """Persist, then carry the actions out in order in the background (sub-buckets
         before migration orders, so a destination shapes from the first message)."""
-        self._persist(actions)
+        written = self._persist(actions)
         if any(not isinstance(a, PlanChanged) for a in actions):
-            self._spawn(self._carry_out(actions))
+            self._spawn(self._carry_out(actions, written))
 
     async def _execute_now(self, actions: list[Action]) -> None:
         """``_execute``, awaited: the fitting driver must know the plan is in place."""
-        self._persist(actions)
-        await self._carry_out(actions)
+        await self._carry_out(actions, self._persist(actions))
 
     async def _measure(
         self, topic: str, broker: str, publishers: Sequence[str], window_s: float
@@ -250,7 +268,14 @@ class ControllerService:
             log.warning("measurement on %s failed: %s", broker, exc)
             return RoundResult(float("nan"), 0)
 
-    async def _carry_out(self, actions: list[Action]) -> None:
+    async def _carry_out(
+        self, actions: list[Action], written: asyncio.Future[None] | None = None
+    ) -> None:
+        if written is not None:
+            # Brokers hear of a plan once it would survive a restart; if it cannot be
+            # written (logged), the controller still runs on the plan it holds.
+            with contextlib.suppress(Exception):
+                await written
         pushes = [self._push_bucket(a) for a in actions if isinstance(a, SetBucket)]
         await asyncio.gather(*pushes)
         for a in actions:
@@ -288,7 +313,7 @@ class ControllerService:
             state = self.ctrl.topics[topic].fitting
             if state is not None:
                 state["state"] = "failed"
-        self.store.save(self.ctrl.to_json())
+        await self._save_state()
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -336,7 +361,7 @@ class ControllerService:
             actions = ctrl.register(
                 doc["id"], doc["tcp_address"], doc["http_address"], mcap, time.monotonic()
             )
-            self.store.save(ctrl.to_json())
+            self._save_state()
             self._execute(actions)
             return web.json_response({"id": doc["id"], "registered": True})
 
@@ -529,6 +554,11 @@ def _read_model(choice: str) -> BrokerModel:
         return BrokerModel.from_json(json.loads(data))
     except (ValueError, TypeError, KeyError) as exc:
         raise ControlError(400, f"fit.model: {exc}") from None
+
+
+def _log_failed_write(key: str, written: asyncio.Future[None]) -> None:
+    if not written.cancelled() and (exc := written.exception()) is not None:
+        log.error("could not save %s to the controller's database: %s", key, exc)
 
 
 def _fit_settings(doc: Any, models_dir: Path | None = None) -> dict[str, Any] | None:

@@ -1,6 +1,9 @@
 """The controller's state in SQLite: one document for brokers, topics and plans (written
 when they change), and a small one per topic for its sub-buckets (which the TB Adaptor
-changes often)."""
+changes often).
+
+Writes may come from a thread other than the one that opened it (the service writes in a
+single writer thread, off its event loop), one at a time."""
 
 from __future__ import annotations
 
@@ -13,16 +16,20 @@ from typing import Any
 class Store:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path)
+        self._db = sqlite3.connect(path, check_same_thread=False)
         self._db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, doc TEXT)")
         self._db.commit()
 
     def _put(self, key: str, doc: Any) -> None:
+        self.put_text(key, json.dumps(doc))
+
+    def put_text(self, key: str, text: str) -> None:
+        """Store an encoded document under ``key``."""
         with self._db:  # one transaction: a crash leaves the old or the new document
             self._db.execute(
                 "INSERT INTO state (key, doc) VALUES (?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET doc = excluded.doc",
-                (key, json.dumps(doc)),
+                (key, text),
             )
 
     def save(self, doc: dict[str, Any]) -> None:
