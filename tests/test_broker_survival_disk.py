@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from nsq_raw import RawClient
 from srtm.broker.diskqueue import (
+    CATCH_UP_ROTATE_BYTES,
     FILE_HEADER,
     DiskQueue,
     Reserve,
@@ -280,6 +281,39 @@ def test_a_fanout_settles_once_per_channel(tmp_path: Path) -> None:
     for m in [m for _, m in b.dispatch(0)]:
         b.fin(m.id, cb)
     assert files[0] not in sorted((tmp_path / "shaping").glob("*.dat"))
+
+
+def test_a_message_taken_from_the_write_buffer_was_written_first(tmp_path: Path) -> None:
+    """With nothing left to read on disk a pop takes from the write buffer; a message
+    buffered there has no other copy, so it is written first and carries an origin: a
+    topic's release to a channel that is not flushed before a crash loses nothing."""
+    shaping, late = DiskQueue(tmp_path / "shaping", 100), DiskQueue(tmp_path / "late")
+    queues = {"t@shaping": MessageQueue(0, shaping), "t:late": MessageQueue(0, late),
+              "t": MessageQueue(0)}  # fmt: skip
+    topic = Topic("t", queues.__getitem__)
+    topic.channel("late")
+    topic.put(msg(0, b"w" * 100))
+    assert [r.message.id for r in topic.release(time.time_ns())] == want(range(1))
+    assert late.pending == 1  # released, not written yet: then the process is killed
+    found = [DiskQueue(tmp_path / d).pop() for d in ("shaping", "late")]
+    assert ids(found) == want(range(1))
+    late.flush()  # written to the channel's queue: the topic's segment may go
+    assert not list((tmp_path / "shaping").glob("*.dat"))
+
+
+def test_a_reader_that_keeps_up_writes_each_message_once_in_few_files(tmp_path: Path) -> None:
+    """A consumer that keeps up takes every message from the write buffer: each is written
+    first (it carries an origin), and catching up moves writes to a new segment only once
+    the current one holds CATCH_UP_ROTATE_BYTES (not a new file per message)."""
+    q = DiskQueue(tmp_path / "q")
+    for i in range(100):
+        q.push(msg(i))
+        m = q.pop()
+        assert m is not None and m.id == want(range(i, i + 1))[0] and m.origin is not None
+        m.origin.settle()
+    assert 100 * len(encode(msg(99))) < CATCH_UP_ROTATE_BYTES
+    assert [p.name for p in (tmp_path / "q").glob("*.dat")] == ["000000.dat"]
+    assert len(scan(tmp_path / "q" / "000000.dat")[0]) == 100
 
 
 def test_a_zero_filled_tail_is_skipped_never_delivered(
@@ -574,3 +608,51 @@ async def test_kill_9_right_after_an_ok_keeps_what_overflowed_to_disk(tmp_path: 
         assert second.stop() == 0
     missing = set(range(2 * n)) - got
     assert not missing, f"{len(missing)} acknowledged messages lost, e.g. {sorted(missing)[:5]}"
+
+
+async def test_kill_9_keeps_acknowledged_messages_of_a_shaped_topic(tmp_path: Path) -> None:
+    """A shaped topic with --mem-queue-size 0: a message published while the topic's
+    ``@shaping`` queue was empty is taken out of that queue's write buffer at once (the
+    publish books the head on the bucket), so its write-through found nothing to write;
+    it then waited for its token in memory only, and its copy released to a channel that
+    no one consumes sat in that channel's buffer until the next 1 s flush. kill -9 in
+    between lost acknowledged messages of that channel."""
+    data = tmp_path / "data"
+    args = ["--mem-queue-size", "0"]
+    n = 6
+    first = start_broker(data, args)
+    live = None
+    fin: set[int] = set()
+    try:
+        first.post("/channel/create?topic=t&channel=live")
+        first.post("/channel/create?topic=t&channel=late")
+        # One message at once, then one every 5 s: the head waits for its token.
+        first.post("/srtm/bucket?topic=t&rate=0.2&burst=1")
+        live = await RawClient.connect(*first.tcp)
+        await live.send(Sub("t", "live"), Rdy(10))
+        assert await live.response() == b"OK"
+        pub = await RawClient.connect(*first.tcp)
+        for i in range(n):
+            await pub.send(Pub("t", _body(i, 100)))
+            assert await pub.response() == b"OK"
+        # The first is released at once and FIN'd on `live`; the rest wait for tokens.
+        m = await live.message()
+        fin.add(_seq(m.body))
+        await live.send(Fin(m.id))
+        channel = lambda: first.stats("t")["topics"][0]["channels"]  # noqa: E731
+        await _wait(lambda: all(c["in_flight_count"] == 0 for c in channel()), "FIN taken")
+        await pub.close()
+    finally:
+        first.proc.send_signal(signal.SIGKILL)
+        first.stop()
+        if live is not None:
+            await live.close()
+    assert fin == {0}
+    second = start_broker(data, args)
+    try:
+        second.request("/srtm/bucket?topic=t", "DELETE")  # release what waits, at once
+        got = await _drain(second, "t", "late", set(range(n)))
+    finally:
+        assert second.stop() == 0
+    missing = set(range(n)) - got
+    assert not missing, f"acknowledged, never delivered on 'late': {sorted(missing)}"

@@ -56,6 +56,11 @@ _HEAD_SEG = -1
 DEFAULT_SEGMENT_BYTES = 16 << 20
 #: Buffered pushes are written once they hold this many bytes (else at the next flush).
 DEFAULT_FLUSH_BYTES = 256 << 10
+#: A reader that catches up with the write segment moves writes to a new one only once
+#: this one holds this much (or a full segment): a queue whose consumer keeps up would
+#: otherwise create and delete a file per message. Its settled records go with it; a
+#: kill -9 meanwhile delivers them again (duplicates, bounded by this).
+CATCH_UP_ROTATE_BYTES = 16 << 10
 #: Per-record overhead beyond publisher and body, on disk.
 RECORD_OVERHEAD = _FRAME.size + _RECORD.size
 #: Bytes read from a file at a time.
@@ -423,8 +428,11 @@ class DiskQueue:
             self._written(seg, good, k)
             if exc is not None:
                 self._take_back(seg)
-                if exc.errno == errno.EFBIG and self._wseg.records:
-                    self._rotate(sync=False)  # this file cannot grow: the next try starts anew
+                wseg = self._wseg
+                if wseg.records and (exc.errno == errno.EFBIG or wseg.read >= wseg.records):
+                    # This file cannot grow, or all of it was read (its settled records can
+                    # free space once it goes): the next try starts a new one.
+                    self._rotate(sync=False)
                 self._failed(exc)
                 return False
         self._pending_bytes = 0
@@ -509,7 +517,15 @@ class DiskQueue:
 
     # -- read side --------------------------------------------------------------------------
     def pop(self) -> Message | None:
-        """The oldest message: from the segments first, then from the write buffer."""
+        """The oldest message: from the segments first, then from the write buffer.
+
+        A buffered message with no ``origin`` has no other copy on disk: it is written
+        first and read back, so that it carries an origin and stays durable wherever it
+        goes next (a shaped topic's head waiting for its token, a channel's buffer). While
+        writing fails it is handed out from memory (reading never waits for a write)."""
+        pending = self._pending
+        if pending and not self._unread and pending[0][1] is None and self.error is None:
+            self.flush()
         while self._unread:
             seg = self._rseg
             if seg is None or seg.read >= seg.records:
@@ -589,7 +605,8 @@ class DiskQueue:
     def _done_reading(self, seg: _Segment) -> None:
         self._close_reader()
         if seg is self._wseg:
-            self._rotate(sync=False)  # caught up: let this segment go once settled
+            if seg.end >= min(self.segment_bytes, CATCH_UP_ROTATE_BYTES):
+                self._rotate(sync=False)  # caught up: let this segment go once settled
         else:
             self._maybe_delete(seg)
 
