@@ -1094,7 +1094,8 @@ class Broker:
                 for disk in list(self._disk.values()):
                     disk.flush()
                 if not self._reserve.held and not self._failing_disks:
-                    self._reserve.claim(retry=True)  # space came back since the start
+                    # space came back since the start; fallocate may take a while: a thread
+                    await asyncio.to_thread(self._reserve.claim, True)
                 if self.traces is not None:
                     self.traces.maybe_roll()
 
