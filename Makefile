@@ -38,6 +38,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/workload.py
 	$(BIN)/python benchmarks/sim.py
 	$(BIN)/python benchmarks/pipeline.py
+	$(BIN)/python benchmarks/loop_lag.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis out

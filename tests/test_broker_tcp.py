@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import struct
 import time
 from pathlib import Path
 
@@ -29,6 +31,24 @@ async def test_bad_magic_is_refused_and_closed(make_broker: MakeBroker) -> None:
     c = await RawClient.connect(*broker.tcp_address, magic=b"  V1")
     assert (await c.error()).startswith("E_BAD_PROTOCOL")
     assert await c.closed()
+
+
+async def test_a_fatal_error_reaches_a_client_that_kept_sending(make_broker: MakeBroker) -> None:
+    """Commands after a fatal one are never run, but the client still reads the error:
+    the broker closes with a FIN after reading what was sent, not with a reset that would
+    make the client's kernel drop the unread error frame."""
+    broker = await make_broker()
+    assert broker.tcp_address is not None
+    reader, writer = await asyncio.open_connection(*broker.tcp_address)
+    junk = b"PUB t\n\x00\x00\x00\x01x" * 20_000  # 240 KB the broker will not run
+    writer.write(b"  V2HELLO\n" + junk)
+    await writer.drain()
+    await until(lambda: not broker.clients)  # closed (after lingering) before we read
+    data = await reader.read()
+    writer.close()
+    size, kind = struct.unpack(">ii", data[:8])
+    assert kind == FrameType.ERROR and data[8 : 4 + size].startswith(b"E_INVALID")
+    assert broker.topics == {}  # nothing after the fatal command ran
 
 
 @pytest.mark.parametrize(

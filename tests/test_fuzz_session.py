@@ -234,9 +234,10 @@ async def hostile_session(broker: BrokerThread, pieces: list[bytes]) -> Outcome:
             except TimeoutError:
                 raise AssertionError(f"no answer in {PATIENCE_S} s: {events} / {frames}") from None
             except ConnectionResetError:
-                # The broker closed with our later commands unread, so its kernel reset the
-                # connection, which drops what we had not read yet. Only after a fatal
-                # error (the walk ends there), and what was lost counts as unacknowledged.
+                # After a fatal error the broker reads and discards for a second before it
+                # closes (tcp.Client._linger); a session still sending after that gets a
+                # reset, which drops what we had not read yet. Only after a fatal error
+                # (the walk ends there), and what was lost counts as unacknowledged.
                 reset = True
                 break
             if not data:

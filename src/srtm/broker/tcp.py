@@ -62,6 +62,8 @@ _TCPI_MIN_RTT_OFFSET = 148
 # Small reads bound the work one callback does, so shaped releases are not held back.
 _READ_SIZE = 32 * 1024
 _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
+#: Longest a connection that had a fatal error is read (and discarded) before closing.
+_LINGER_S = 1.0
 
 
 @contextlib.contextmanager
@@ -128,6 +130,8 @@ class Client:
         self._send_scheduled = False
         self._close_when_flushed = False
         self._heartbeat: asyncio.TimerHandle | None = None
+        #: Set while closing after a fatal error (see _linger).
+        self._lingering: asyncio.TimerHandle | None = None
         self._init_limits(broker.options)
         #: TLS once IDENTIFY asked for it; the gate (--tls-required, AUTH) where configured.
         self.tls: TlsSession | None = None
@@ -401,6 +405,31 @@ class Client:
             self.loop.remove_writer(self.sock.fileno())
             self._writing = False
         if self._close_when_flushed:
+            self._linger()
+
+    def _linger(self) -> None:
+        """After the last frame of a fatal error: stop writing, then read and discard
+        what the client still sends until it closes (or _LINGER_S pass), so its kernel
+        gets our FIN; closing with unread bytes sends a reset, which makes the client's
+        kernel drop the error frame it has not read yet."""
+        if self.state is State.CLOSED or self._lingering is not None:
+            return
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self.close()
+            return
+        self.loop.add_reader(self.sock.fileno(), self._discard)
+        self._lingering = self.loop.call_later(_LINGER_S, self.close)
+
+    def _discard(self) -> None:
+        try:
+            data = self.sock.recv(_READ_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
             self.close()
 
     # -- liveness ------------------------------------------------------------------------
@@ -513,6 +542,8 @@ class Client:
         self.state = State.CLOSED
         if self._heartbeat is not None:
             self._heartbeat.cancel()
+        if self._lingering is not None:
+            self._lingering.cancel()
         if self.gate is not None:
             self.gate.close()
         if self.tls is not None and not self._out:
