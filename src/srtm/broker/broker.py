@@ -130,11 +130,12 @@ class LazyDisk:
         unflushed: set[DiskQueue],
         io: Callable[[], DiskIO | None] = lambda: None,
         on_readable: Callable[[], None] | None = None,
+        pushed: set[DiskQueue] | None = None,
     ) -> None:
         self._data_dir, self._key = data_dir, key
         self._segment_bytes, self._failing, self._unflushed = segment_bytes, failing, unflushed
         #: The broker's disk thread once it serves (None before: the restore is inline).
-        self._io, self._on_readable = io, on_readable
+        self._io, self._on_readable, self._pushed = io, on_readable, pushed
         self._disk: DiskQueue | None = None
 
     @property
@@ -153,6 +154,7 @@ class LazyDisk:
                 failing=self._failing,
                 unflushed=self._unflushed,
                 io=self._io(),
+                pushed=self._pushed,
                 on_readable=self._on_readable,
             )
         return self._disk
@@ -260,6 +262,8 @@ class Broker:
         self._unflushed_disks: set[DiskQueue] = set()
         #: The disk thread of the queues while serving (see DiskIO).
         self._io: DiskIO | None = None
+        #: Disk queues pushed to by the publish running (what its OK waits for).
+        self._pushed_disks: set[DiskQueue] = set()
         self._reserve = Reserve(self.options.data_dir, self.options.disk_reserve_bytes)
         self._restoring = False
         #: Metadata changed since the last write; at most one write in flight, in a
@@ -309,6 +313,7 @@ class Broker:
             self._unflushed_disks,
             lambda: self._io,
             lambda: self._disk_readable(key),
+            self._pushed_disks,
         )
         if self._restoring and disk.directory.is_dir():
             disk.open()  # what an earlier run left there is read back now
@@ -842,6 +847,7 @@ class Broker:
         once what overflowed to disk is written (None: nothing to wait for): the publish
         is acknowledged only then."""
         topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
+        self._pushed_disks.clear()
         now = time.time_ns()
         n = 0
         backlog = 0.0
@@ -852,7 +858,7 @@ class Broker:
             n += 1
         self.stats.topic(topic_name).window.add(arrival, n, backlog)
         self._kick(topic)
-        if self._unflushed_disks:
+        if self._pushed_disks:
             return self._write_through()
         return None
 
@@ -863,7 +869,9 @@ class Broker:
         together in the next). The writes run on the disk thread; the future returned is
         done when they are (None: written inline, or nothing to write)."""
         waits = []
-        for disk in list(self._unflushed_disks):
+        pushed = list(self._pushed_disks)
+        self._pushed_disks.clear()  # the same set: the queues hold it
+        for disk in pushed:
             # a failing one is not waited for: the housekeeping loop retries it
             if (fut := disk.written()) is not None:
                 waits.append(fut)

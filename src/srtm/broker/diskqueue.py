@@ -310,6 +310,7 @@ class DiskQueue:
         failing: set[DiskQueue] | None = None,
         unflushed: set[DiskQueue] | None = None,
         io: DiskIO | None = None,
+        pushed: set[DiskQueue] | None = None,
         on_readable: Callable[[], None] | None = None,
     ) -> None:
         self.directory = directory
@@ -320,6 +321,9 @@ class DiskQueue:
         #: Shared with the broker: queues holding pushes not written yet, which it writes
         #: before acknowledging the publish that made them.
         self._unflushed: set[DiskQueue] = unflushed if unflushed is not None else set()
+        #: Shared with the broker: queues pushed to since it last cleared it (what one
+        #: publish must wait for).
+        self._pushed_to: set[DiskQueue] = pushed if pushed is not None else set()
         #: Why the last write failed (None: writing works).
         self.error: OSError | None = None
         #: The broker's disk thread (None, or closed: file work runs inline).
@@ -454,6 +458,7 @@ class DiskQueue:
         self._pushed += 1
         self._pending_bytes += RECORD_OVERHEAD + len(msg.body) + len(msg.publisher)
         self._unflushed.add(self)
+        self._pushed_to.add(self)
         if self._pending_bytes >= self.flush_bytes and self.error is None:
             self.flush()
 
@@ -575,6 +580,10 @@ class DiskQueue:
             and self._unread == 0
             and not self._reading
             and seg.read == seg.records
+            # a reader keeping up, and memory bounded: else they are read back later
+            and len(self._ahead) < READ_AHEAD_LOW
+            and k <= READ_AHEAD_RECORDS
+            and size <= READ_AHEAD_BYTES
         )
         seg.end += size
         seg.records += k
