@@ -10,6 +10,11 @@ in FIFO order, so reading never depends on a write succeeding. A write that fail
 full, file too big, I/O error) leaves the buffer as it was and marks the queue
 ``failing`` until a later flush succeeds; the broker then refuses publishes to the topic.
 
+While the broker serves, the file work (encoding and writing batches, reading ahead,
+opening, closing and deleting files) runs on its disk thread (``DiskIO``), never on the
+event loop; without one (tests, the restore before serving, the graceful stop) it runs
+inline.
+
 A segment is deleted only once every message read from it is *settled*: FIN'd, or
 written to another durable queue (each popped message carries an ``origin`` to settle).
 After ``kill -9`` the queue restarts from the oldest segment left: duplicates, no losses.
