@@ -911,7 +911,10 @@ def _write_batch(
     """Encode ``fields`` and append them to the segment ``path`` (opened if ``fd`` is None),
     which holds ``end`` good bytes. A failed write is taken back to its last whole record
     (``ftruncate`` needs no space)."""
-    records = [_encode(f, None) for f in fields]
+    try:
+        records = [_encode(f, None) for f in fields]
+    except (struct.error, OverflowError, ValueError) as e:  # a field out of range
+        return fd, 0, 0, OSError(errno.EINVAL, f"cannot encode a record: {e}"), False
     data = header + b"".join(records)
     view = memoryview(data)
     written = 0
@@ -971,7 +974,7 @@ def _read_batch(path: Path, pos: int, want: int) -> _ReadResult:
                 out.append(rec[0])
                 size += cursor.tell() - end
                 end = cursor.tell()
-    except (OSError, CorruptRecord) as exc:
+    except Exception as exc:  # anything unreadable is skipped (and logged)
         return out, end, exc, True
     return out, end, None, True
 
