@@ -1,8 +1,9 @@
 """How long the broker's event loop is held while its queues go through disk.
 
-The broker writes overflowing messages to its disk queues with plain ``write(2)`` calls on
-the event loop (batched, page cache; fsyncs and metadata rewrites run in threads), and
-reads them back there. This measures what that costs the loop: a probe on the broker's
+The broker writes overflowing messages to its disk queues with plain ``write(2)`` calls
+(batched, page cache) and reads them back; that file work runs on its disk thread, and
+what is left on the event loop is bookkeeping. This measures what it costs the loop
+(before the disk thread it was all on the loop): a probe on the broker's
 loop sleeps 1 ms over and over and records how late it wakes (loop lag), and every call
 into a disk queue is timed. The anchor, in the same run, is the same load with queues in
 memory (nothing touches the disk): the difference is the disk's share of the lag.

@@ -12,7 +12,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +20,7 @@ from typing import Any
 
 from srtm.broker.accept import AcceptBackoff, refuse
 from srtm.broker.auth import Authenticator, close_quietly
-from srtm.broker.diskqueue import DiskQueue, Reserve
+from srtm.broker.diskqueue import DiskIO, DiskQueue, Reserve
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.queue import MessageQueue
@@ -128,9 +128,14 @@ class LazyDisk:
         segment_bytes: int,
         failing: set[DiskQueue],
         unflushed: set[DiskQueue],
+        io: Callable[[], DiskIO | None] = lambda: None,
+        on_readable: Callable[[], None] | None = None,
+        pushed: set[DiskQueue] | None = None,
     ) -> None:
         self._data_dir, self._key = data_dir, key
         self._segment_bytes, self._failing, self._unflushed = segment_bytes, failing, unflushed
+        #: The broker's disk thread once it serves (None before: the restore is inline).
+        self._io, self._on_readable, self._pushed = io, on_readable, pushed
         self._disk: DiskQueue | None = None
 
     @property
@@ -148,8 +153,16 @@ class LazyDisk:
                 self._segment_bytes,
                 failing=self._failing,
                 unflushed=self._unflushed,
+                io=self._io(),
+                pushed=self._pushed,
+                on_readable=self._on_readable,
             )
         return self._disk
+
+    def attach(self, io: DiskIO) -> None:
+        """The broker serves now: a queue opened before (restored) uses its disk thread."""
+        if self._disk is not None:
+            self._disk.io = io
 
     # the Overflow protocol (MessageQueue's backend)
     def push(self, msg: Message) -> None:
@@ -165,6 +178,9 @@ class LazyDisk:
         if self._disk is not None:
             self._disk.clear()
 
+    def read_ahead(self) -> list[Message]:
+        return [] if self._disk is None else self._disk.read_ahead()
+
     # what the broker itself asks of a disk queue
     @property
     def error(self) -> OSError | None:
@@ -172,6 +188,9 @@ class LazyDisk:
 
     def flush(self) -> bool:
         return True if self._disk is None else self._disk.flush()
+
+    def written(self) -> asyncio.Future[None] | None:
+        return None if self._disk is None else self._disk.written()
 
     def save_head(self, records: list[tuple[Message, int | None]]) -> bool:
         return self.open().save_head(records) if records else True
@@ -241,6 +260,10 @@ class Broker:
         self._failing_disks: set[DiskQueue] = set()
         #: Disk queues with pushes not written yet (see _write_through).
         self._unflushed_disks: set[DiskQueue] = set()
+        #: The disk thread of the queues while serving (see DiskIO).
+        self._io: DiskIO | None = None
+        #: Disk queues pushed to by the publish running (what its OK waits for).
+        self._pushed_disks: set[DiskQueue] = set()
         self._reserve = Reserve(self.options.data_dir, self.options.disk_reserve_bytes)
         self._restoring = False
         #: Metadata changed since the last write; at most one write in flight, in a
@@ -288,11 +311,34 @@ class Broker:
             self.options.max_bytes_per_file,
             self._failing_disks,
             self._unflushed_disks,
+            lambda: self._io,
+            lambda: self._disk_readable(key),
+            self._pushed_disks,
         )
         if self._restoring and disk.directory.is_dir():
             disk.open()  # what an earlier run left there is read back now
         self._disk[key] = disk
         return MessageQueue(mem, disk)
+
+    def _disk_readable(self, key: str) -> None:
+        """The disk queue of ``key`` has read or written records ``pop`` can give now:
+        dispatch its channel, or release its topic, again."""
+        name, sep, channel = key.partition(":")
+        topic = self.topics.get(name.split("@")[0])
+        if topic is None:
+            return
+        if name == topic.name:
+            # What the topic held for its first channel (read back after a restart):
+            # that channel takes it, as it took what was in memory when it was made.
+            first = next(iter(topic.channels.values()), None)
+            if first is not None:
+                for msg in topic.held.drain():
+                    first.put(msg)
+                self.mark_ready(first)
+        elif not sep:
+            self._kick(topic)
+        elif (ch := topic.channels.get(channel)) is not None:
+            self.mark_ready(ch)
 
     def _remove_queue(self, key: str) -> None:
         disk = self._disk.pop(key, None)
@@ -305,6 +351,10 @@ class Broker:
         opts.data_dir.mkdir(parents=True, exist_ok=True)
         self._restore()
         self._reserve.claim()  # after the restore: it may need the space first
+        # From now on the disk queues' file work runs on a thread of their own.
+        self._io = DiskIO(asyncio.get_running_loop())
+        for disk in self._disk.values():
+            disk.attach(self._io)
         if opts.trace_dir is not None:
             self.traces = TraceWriter(
                 opts.trace_dir, opts.run, str(opts.broker_id), opts.trace_sample
@@ -377,6 +427,9 @@ class Broker:
         for client in list(self.clients):
             client.close()  # in-flight messages go back to their channel's queue
         self._processed(None)  # what the emulated server still holds is owed too
+        if self._io is not None:
+            # What runs on the disk thread ends first; the queues are saved inline.
+            await self._io.quiesce()
         self._persist()
         await close_quietly(self.authenticator)
         if self.traces is not None:
@@ -788,10 +841,13 @@ class Broker:
     # -- publishing ----------------------------------------------------------------------
     def publish(
         self, topic_name: str, bodies: Iterable[bytes], arrival: int, publisher: str | None
-    ) -> None:
+    ) -> asyncio.Future[Any] | None:
         """Accept messages that arrived at ``arrival``; ``publisher`` None: each one is
-        attributed to the publisher its measurement header names."""
+        attributed to the publisher its measurement header names. Returns a future done
+        once what overflowed to disk is written (None: nothing to wait for): the publish
+        is acknowledged only then."""
         topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
+        self._pushed_disks.clear()
         now = time.time_ns()
         n = 0
         backlog = 0.0
@@ -802,16 +858,26 @@ class Broker:
             n += 1
         self.stats.topic(topic_name).window.add(arrival, n, backlog)
         self._kick(topic)
-        if self._unflushed_disks:
-            self._write_through()
+        if self._pushed_disks:
+            return self._write_through()
+        return None
 
-    def _write_through(self) -> None:
+    def _write_through(self) -> asyncio.Future[Any] | None:
         """Write what this publish overflowed to disk before it is acknowledged: its OK
         then means the OS holds it, so it survives kill -9 (as with nsqd, one write per
-        publish that overflows; batching across publishes would lose up to a second)."""
-        for disk in list(self._unflushed_disks):
-            if disk.error is None:  # a failing one is retried by the housekeeping loop
-                disk.flush()
+        publish that overflows, or fewer: publishes arriving while one is written go
+        together in the next). The writes run on the disk thread; the future returned is
+        done when they are (None: written inline, or nothing to write)."""
+        waits = []
+        pushed = list(self._pushed_disks)
+        self._pushed_disks.clear()  # the same set: the queues hold it
+        for disk in pushed:
+            # a failing one is not waited for: the housekeeping loop retries it
+            if (fut := disk.written()) is not None:
+                waits.append(fut)
+        if not waits:
+            return None
+        return waits[0] if len(waits) == 1 else asyncio.gather(*waits)
 
     def publish_deferred(
         self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None

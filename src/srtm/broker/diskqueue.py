@@ -10,6 +10,11 @@ in FIFO order, so reading never depends on a write succeeding. A write that fail
 full, file too big, I/O error) leaves the buffer as it was and marks the queue
 ``failing`` until a later flush succeeds; the broker then refuses publishes to the topic.
 
+While the broker serves, the file work (encoding and writing batches, reading ahead,
+opening, closing and deleting files) runs on its disk thread (``DiskIO``), never on the
+event loop; without one (tests, the restore before serving, the graceful stop) it runs
+inline.
+
 A segment is deleted only once every message read from it is *settled*: FIN'd, or
 written to another durable queue (each popped message carries an ``origin`` to settle).
 After ``kill -9`` the queue restarts from the oldest segment left: duplicates, no losses.
@@ -17,6 +22,7 @@ After ``kill -9`` the queue restarts from the oldest segment left: duplicates, n
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import errno
@@ -30,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from srtm.broker.message import Message, Origin
 
@@ -65,6 +71,11 @@ CATCH_UP_ROTATE_BYTES = 16 << 10
 RECORD_OVERHEAD = _FRAME.size + _RECORD.size
 #: Bytes read from a file at a time.
 _CHUNK = 1 << 16
+#: What a queue reads ahead on the disk thread at a time (records, about bytes), and how
+#: few read records left make it read the next ones.
+READ_AHEAD_RECORDS = 4096
+READ_AHEAD_BYTES = 256 << 10
+READ_AHEAD_LOW = 256
 
 #: Writes ``data`` at the end of the open file ``fd``; returns how many bytes it wrote.
 Writer = Callable[[int, memoryview], int]
@@ -303,6 +314,9 @@ class DiskQueue:
         writer: Writer = os.write,
         failing: set[DiskQueue] | None = None,
         unflushed: set[DiskQueue] | None = None,
+        io: DiskIO | None = None,
+        pushed: set[DiskQueue] | None = None,
+        on_readable: Callable[[], None] | None = None,
     ) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
@@ -312,18 +326,40 @@ class DiskQueue:
         #: Shared with the broker: queues holding pushes not written yet, which it writes
         #: before acknowledging the publish that made them.
         self._unflushed: set[DiskQueue] = unflushed if unflushed is not None else set()
+        #: Shared with the broker: queues pushed to since it last cleared it (what one
+        #: publish must wait for).
+        self._pushed_to: set[DiskQueue] = pushed if pushed is not None else set()
         #: Why the last write failed (None: writing works).
         self.error: OSError | None = None
-        directory.mkdir(parents=True, exist_ok=True)
+        #: The broker's disk thread (None, or closed: file work runs inline).
+        self.io = io
+        #: Called (on the event loop) when records were read or written that ``pop`` can
+        #: now give: the broker dispatches the queue's channel or topic again.
+        self._on_readable = on_readable
         self._segments: dict[int, _Segment] = {}
         self._unread = 0  # records on disk not read yet
-        last = self._load()
+        if self.threaded:
+            # Made while serving: a new queue (restored ones are opened before serving),
+            # so there is nothing to load; the directory is made on the disk thread, before
+            # any write (its work runs in order).
+            last = -1
+            self._run(lambda: directory.mkdir(parents=True, exist_ok=True))
+        else:
+            directory.mkdir(parents=True, exist_ok=True)
+            last = self._load()
         # Never append to a segment a crash may have left with a torn tail.
         self._wseg = self._new_segment(last + 1)
         self._wfd: int | None = None
-        self._rseg: _Segment | None = None
-        self._rfile: BinaryIO | None = None
-        self._cursor: _Cursor | None = None
+        #: Read from the segments (counted as read, not settled), not popped yet.
+        self._ahead: deque[Message] = deque()
+        #: A write / a read is running (on the disk thread); another write was asked for.
+        self._writing = self._reading = self._again = False
+        self._failed_last = False
+        #: Bumped when the queue's files go (clear, remove): late completions are ignored.
+        self._gen = 0
+        #: Pushes so far, and publishes waiting for the write of the first ``n`` of them.
+        self._pushed = 0
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         #: Pushed, not written yet: (fields, settled once written).
         self._pending: deque[tuple[Fields, Origin | None]] = deque()
         self._pending_bytes = 0
@@ -377,7 +413,7 @@ class DiskQueue:
 
     # -- size ------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self._unread + len(self._pending)
+        return self._unread + len(self._ahead) + len(self._pending)
 
     @property
     def failing(self) -> bool:
@@ -388,103 +424,190 @@ class DiskQueue:
         """Messages pushed but not written yet."""
         return len(self._pending)
 
+    # -- running file work ------------------------------------------------------------------
+    @property
+    def threaded(self) -> bool:
+        """Whether file work runs on the broker's disk thread (else inline, synchronously:
+        tests driving a queue directly, the restore before serving, the graceful stop)."""
+        return self.io is not None and not self.io.closed
+
+    def _run(self, work: Callable[[], _T], done: Callable[[_T], None] | None = None) -> None:
+        """Run ``work`` on the disk thread (``done`` later, on the event loop) or inline."""
+        if self.io is not None and not self.io.closed:
+            self.io.submit(work, done)
+            return
+        result = work()
+        if done is not None:
+            done(result)
+
+    def _resolve_waiters(self, everyone: bool) -> None:
+        """Publishes waiting for their records' write: done once they went through one."""
+        if not self._waiters:
+            return
+        done = self._pushed - len(self._pending)
+        keep = []
+        for target, fut in self._waiters:
+            if everyone or target <= done:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((target, fut))
+        self._waiters = keep
+
     # -- write side -------------------------------------------------------------------------
     def push(self, msg: Message) -> None:
         """Queue ``msg`` at the back. Never fails: while writing fails it waits in memory
         (the broker refuses new publishes meanwhile)."""
         # Its fields, not the object: the caller may hand the same one to other queues.
         self._pending.append((_fields(msg), msg.origin))
+        self._pushed += 1
         self._pending_bytes += RECORD_OVERHEAD + len(msg.body) + len(msg.publisher)
         self._unflushed.add(self)
+        self._pushed_to.add(self)
         if self._pending_bytes >= self.flush_bytes and self.error is None:
             self.flush()
 
+    def written(self) -> asyncio.Future[None] | None:
+        """Have what is buffered written; a future done once everything pushed so far went
+        through a write (None: nothing to wait for, or already written inline). A queue
+        that is failing is not waited for (the housekeeping loop retries it)."""
+        if not self._pending or self.error is not None:
+            return None
+        if not self.threaded:
+            self.flush()
+            return None
+        assert self.io is not None
+        fut = self.io.loop.create_future()
+        self._waiters.append((self._pushed, fut))
+        self.flush()
+        return fut
+
     def flush(self) -> bool:
         """Write what is buffered (batched, no fsync: a killed process loses none of it).
-        False if a write failed; what did not fit stays buffered for the next try."""
-        while self._pending:
-            if self._wseg.end >= self.segment_bytes:
-                self._rotate(sync=True)
-            seg = self._wseg
-            header = b"" if seg.end else FILE_HEADER
-            records: list[bytes] = []
-            size = seg.end + len(header)
-            for fields, _ in self._pending:
-                if records and size >= self.segment_bytes:
-                    break
-                rec = _encode(fields, None)
-                records.append(rec)
-                size += len(rec)
-            written, exc = self._write_all(header + b"".join(records))
-            # What was written up to the last whole record counts; a torn one is taken back.
-            good = k = 0
-            if written >= len(header):
-                good = len(header)
-                for rec in records:
-                    if good + len(rec) > written:
-                        break
-                    good += len(rec)
-                    k += 1
-            self._written(seg, good, k)
-            if exc is not None:
-                self._take_back(seg)
-                wseg = self._wseg
-                if wseg.records and (exc.errno == errno.EFBIG or wseg.read >= wseg.records):
-                    # This file cannot grow, or all of it was read (its settled records can
-                    # free space once it goes): the next try starts a new one.
-                    self._rotate(sync=False)
-                self._failed(exc)
-                return False
+        Inline: False if a write failed; what did not fit stays buffered for the next try.
+        On the disk thread the write is started (or another one asked for after the one
+        running) and the result is whether the queue is not failing."""
+        if self._writing:
+            self._again = True
+            return self.error is None
+        if not self.threaded:
+            while self._pending:
+                self._start_write()
+                if self.error is not None and self._failed_last:
+                    return False
+            self._all_written()
+            return True
+        if not self._pending:
+            self._all_written()
+            return True
+        self._start_write()
+        return self.error is None
+
+    def _all_written(self) -> None:
         self._pending_bytes = 0
         self._unflushed.discard(self)
         if self.error is not None:
             log.info("%s: writing again after %s", self.directory, self.error)
             self.error = None
             self._failing.discard(self)
-        return True
+        self._resolve_waiters(False)
 
-    def _write_all(self, data: bytes) -> tuple[int, OSError | None]:
-        """Write ``data`` at the end of the write segment: how much got written, and the
-        error that stopped it (None: all of it)."""
-        written = 0
-        view = memoryview(data)
-        try:
-            if self._wfd is None:
-                new = not self._wseg.path.exists()
-                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-                self._wfd = os.open(self._wseg.path, flags, 0o644)
-                if new:  # the file's name survives a power loss
-                    directory = self.directory
-                    _in_background(lambda: fsync_dir(directory))
-            while written < len(data):
-                n = self._write(self._wfd, view[written:])
-                if n <= 0:
-                    raise OSError(errno.EIO, "write made no progress")
-                written += n
-        except OSError as exc:
-            return written, exc
-        return written, None
+    def _start_write(self) -> None:
+        """Write the oldest buffered records (up to a segment's size) at the end of the
+        write segment; they stay readable from the buffer until the write is done."""
+        if self._wseg.end >= self.segment_bytes:
+            self._rotate(sync=True)
+        seg = self._wseg
+        header = b"" if seg.end else FILE_HEADER
+        fields: list[Fields] = []
+        size = seg.end + len(header)
+        for f, _ in self._pending:
+            if fields and size >= self.segment_bytes:
+                break
+            fields.append(f)
+            size += RECORD_OVERHEAD + len(f[1]) + len(f[6])
+        self._writing = True
+        self._again = False
+        gen, fd, path, end = self._gen, self._wfd, seg.path, seg.end
+        directory, write = self.directory, self._write
 
-    def _written(self, seg: _Segment, size: int, k: int) -> None:
-        """``k`` buffered records (``size`` bytes with the file header) are on disk now."""
+        def work() -> _WriteResult:
+            return _write_batch(write, directory, path, fd, end, header, fields)
+
+        def done(res: _WriteResult) -> None:
+            self._write_done(gen, fd, seg, res)
+
+        self._run(work, done)
+
+    def _write_done(self, gen: int, fd: int | None, seg: _Segment, res: _WriteResult) -> None:
+        """Back from a write: count what is on disk; on an error keep the rest buffered."""
+        new_fd, good, k, exc, truncate_failed = res
+        if gen != self._gen:  # cleared or removed meanwhile: its files are going
+            if new_fd is not None and new_fd != fd:
+                self._run(lambda: _close_quietly(new_fd))
+            return
+        self._writing = False
+        self._wfd = new_fd
+        filled = self._written(seg, good, k)
+        self._failed_last = exc is not None
+        if exc is not None:
+            if truncate_failed:
+                self._rotate(sync=False)  # the file may end on a torn record
+            wseg = self._wseg
+            if wseg.records and (exc.errno == errno.EFBIG or wseg.read >= wseg.records):
+                # This file cannot grow, or all of it was read (its settled records can
+                # free space once it goes): the next try starts a new one.
+                self._rotate(sync=False)
+            self._failed(exc)
+            self._again = False
+            self._resolve_waiters(True)  # acknowledged as before; the topic now refuses
+        else:
+            if filled:
+                self._caught_up(self._wseg)
+            if not self._pending:
+                self._all_written()
+            else:
+                self._resolve_waiters(False)
+                if self.threaded and (
+                    self._again or self.error is not None or self._pending_bytes >= self.flush_bytes
+                ):
+                    self._start_write()
+        if k and self.threaded and self._on_readable is not None:
+            self._on_readable()
+
+    def _written(self, seg: _Segment, size: int, k: int) -> bool:
+        """``k`` buffered records (``size`` bytes with the file header) are on disk now.
+        A reader that has read everything before them takes them as read from memory (no
+        read back); returns whether it did."""
+        fill = (
+            k > 0
+            and self.threaded
+            and self._unread == 0
+            and not self._reading
+            and seg.read == seg.records
+            # a reader keeping up, and memory bounded: else they are read back later
+            and len(self._ahead) < READ_AHEAD_LOW
+            and k <= READ_AHEAD_RECORDS
+            and size <= READ_AHEAD_BYTES
+        )
         seg.end += size
         seg.records += k
-        self._unread += k
+        origin: _Origin | None = None
+        if fill:
+            seg.read += k
+            seg.read_pos = seg.end
+            seg.outstanding += k
+            origin = seg.origin = seg.origin or _Origin(self, seg.n)
+        else:
+            self._unread += k
         for _ in range(k):
-            f, origin = self._pending.popleft()
+            f, settled = self._pending.popleft()
             self._pending_bytes -= RECORD_OVERHEAD + len(f[1]) + len(f[6])
+            if settled is not None:
+                settled.settle()  # durable here now: its own segment may go
             if origin is not None:
-                origin.settle()  # durable here now: its own segment may go
-
-    def _take_back(self, seg: _Segment) -> None:
-        """After a failed write the file must end on a whole record (shrinking needs no
-        space); if even that fails, later writes go to a new segment."""
-        if self._wfd is None:
-            return
-        try:
-            os.ftruncate(self._wfd, seg.end)
-        except OSError:
-            self._rotate(sync=False)
+                self._ahead.append(Message(*f, origin))
+        return fill
 
     def _failed(self, exc: OSError) -> None:
         if self.error is None:
@@ -500,100 +623,109 @@ class DiskQueue:
 
     def _rotate(self, sync: bool) -> None:
         """Start a new write segment (the old one is read, then deleted when settled)."""
-        if self._wfd is not None:
-            if sync:  # a full segment: made durable in the background
-                dup = os.dup(self._wfd)
-                _in_background(lambda: _sync_and_close(dup))
-            os.close(self._wfd)
-            self._wfd = None
+        fd, self._wfd = self._wfd, None
+        if fd is not None:
+            if sync:  # a full segment: made durable (and closed) in the background
+                _in_background(lambda: _sync_and_close(fd))
+            else:
+                self._run(lambda: _close_quietly(fd))
         old = self._wseg
         self._wseg = self._new_segment(old.n + 1)
         if not old.records:
             self._segments.pop(old.n)
-            with contextlib.suppress(FileNotFoundError):
-                old.path.unlink()
+            self._unlink(old.path)
         else:
             self._maybe_delete(old)
 
+    def _unlink(self, path: Path) -> None:
+        self._run(lambda: _unlink_quietly(path))
+
     # -- read side --------------------------------------------------------------------------
     def pop(self) -> Message | None:
-        """The oldest message: from the segments first, then from the write buffer.
+        """The oldest message: read ahead from the segments, then from the write buffer.
+
+        On the disk thread, reading is ahead of ``pop``: None while what is unread has
+        not been read yet (``on_readable`` is called once it has).
 
         A buffered message with no ``origin`` has no other copy on disk: it is written
         first and read back, so that it carries an origin and stays durable wherever it
         goes next (a shaped topic's head waiting for its token, a channel's buffer). While
         writing fails it is handed out from memory (reading never waits for a write)."""
+        ahead = self._ahead
+        if len(ahead) <= READ_AHEAD_LOW and self._unread:
+            self._read_more()
+        if ahead:
+            return ahead.popleft()
+        if self._unread or self._writing:
+            return None  # being read, or being written (then read from memory)
         pending = self._pending
-        if pending and not self._unread and pending[0][1] is None and self.error is None:
+        if pending and pending[0][1] is None and self.error is None:
             self.flush()
-        while self._unread:
-            seg = self._rseg
-            if seg is None or seg.read >= seg.records:
-                try:
-                    seg = self._next_reader()
-                except OSError as exc:
-                    # Cannot open it now (out of fds, memory): nothing to read yet, and
-                    # nothing from behind it either (FIFO); the next pop tries again.
-                    if not self._open_failed:
-                        log.warning("%s: cannot open a segment (%s); retrying", self.directory, exc)
-                    self._open_failed = True
-                    return None
-                self._open_failed = False
-                if seg is None:
-                    break
-            msg = self._read_one(seg)
-            if msg is not None:
-                return msg
-        if self._pending:
-            f, origin = self._pending.popleft()
+            if self.threaded:
+                return None
+            return self.pop()
+        if pending:
+            f, origin = pending.popleft()
             self._pending_bytes -= RECORD_OVERHEAD + len(f[1]) + len(f[6])
+            self._resolve_waiters(False)
             return Message(*f, origin)
         return None
 
-    def _next_reader(self) -> _Segment | None:
-        """Open the oldest segment with records not read yet."""
-        self._close_reader()
-        for seg in list(self._segments.values()):
-            if seg.read >= seg.records:
-                continue
-            try:
-                f = seg.path.open("rb")
-            except FileNotFoundError as exc:
-                self._unreadable(seg, exc)
-                continue
-            try:
-                self._cursor = _Cursor(f, seg.read_pos)
-            except (OSError, CorruptRecord) as exc:
-                f.close()
-                self._unreadable(seg, exc)
-                continue
-            self._rseg, self._rfile = seg, f
-            return seg
-        self._unread = 0
-        return None
+    def _read_more(self) -> None:
+        """Read the next records of the oldest segment not read out (inline, or on the
+        disk thread: ``on_readable`` then tells the broker)."""
+        if self._reading:
+            return
+        seg = next((s for s in self._segments.values() if s.read < s.records), None)
+        if seg is None:
+            self._unread = 0
+            return
+        self._reading = True
+        gen, want, path, pos = self._gen, seg.records - seg.read, seg.path, seg.read_pos
+        threaded = self.threaded
 
-    def _read_one(self, seg: _Segment) -> Message | None:
-        cursor = self._cursor
-        assert cursor is not None
-        try:
-            rec = cursor.next()
-            if rec is None:
-                raise CorruptRecord("end of file before the records counted")
-        except (OSError, CorruptRecord) as exc:
-            self._unreadable(seg, exc)
-            self._done_reading(seg)
-            return None
-        msg = rec[0]
-        seg.read += 1
-        seg.read_pos = cursor.tell()
-        seg.outstanding += 1
-        self._unread -= 1
-        if seg.origin is None:
-            seg.origin = _Origin(self, seg.n)
-        msg.origin = seg.origin
+        def work() -> _ReadResult:
+            # inline: one record at a time (nothing read ahead that a close would forget)
+            return _read_batch(path, pos, min(want, READ_AHEAD_RECORDS if threaded else 1))
+
+        def done(res: _ReadResult) -> None:
+            self._read_done(gen, seg, res)
+
+        self._run(work, done)
+
+    def _read_done(self, gen: int, seg: _Segment, res: _ReadResult) -> None:
+        msgs, end, exc, opened = res
+        if gen != self._gen:
+            return
+        self._reading = False
+        if msgs:
+            n = len(msgs)
+            seg.read += n
+            seg.read_pos = end
+            seg.outstanding += n
+            self._unread -= n
+            origin = seg.origin = seg.origin or _Origin(self, seg.n)
+            for msg in msgs:
+                msg.origin = origin
+            self._ahead.extend(msgs)
+        if exc is not None:
+            if not opened and not isinstance(exc, (FileNotFoundError, CorruptRecord)):
+                # Cannot open it now (out of fds, memory): nothing to read yet, and nothing
+                # from behind it either (FIFO); the next pop tries again.
+                if not self._open_failed:
+                    log.warning("%s: cannot open a segment (%s); retrying", self.directory, exc)
+                self._open_failed = True
+            else:
+                self._unreadable(seg, exc)
+        else:
+            self._open_failed = False
         if seg.read >= seg.records:
             self._done_reading(seg)
-        return msg
+        if self.threaded:
+            if msgs and self._on_readable is not None:
+                self._on_readable()
+            elif not msgs and self._unread and not self._open_failed:
+                self._read_more()  # skipped a damaged segment: the next one
 
     def _unreadable(self, seg: _Segment, exc: Exception) -> None:
         """Damaged since it was written or counted: skip what cannot be read."""
@@ -603,17 +735,19 @@ class DiskQueue:
         seg.records = seg.read
 
     def _done_reading(self, seg: _Segment) -> None:
-        self._close_reader()
         if seg is self._wseg:
-            if seg.end >= min(self.segment_bytes, CATCH_UP_ROTATE_BYTES):
-                self._rotate(sync=False)  # caught up: let this segment go once settled
+            self._caught_up(seg)
         else:
             self._maybe_delete(seg)
 
-    def _close_reader(self) -> None:
-        if self._rfile is not None:
-            self._rfile.close()
-        self._rfile = self._rseg = self._cursor = None
+    def _caught_up(self, seg: _Segment) -> None:
+        if not self._writing and seg.end >= min(self.segment_bytes, CATCH_UP_ROTATE_BYTES):
+            self._rotate(sync=False)  # caught up: let this segment go once settled
+
+    def read_ahead(self) -> list[Message]:
+        """What was read from the segments and not popped yet (saved with the head at a
+        graceful stop: it counts as read)."""
+        return list(self._ahead)
 
     # -- settling ---------------------------------------------------------------------------
     def _settle(self, n: int, k: int) -> None:
@@ -626,23 +760,28 @@ class DiskQueue:
     def _maybe_delete(self, seg: _Segment) -> None:
         if seg.outstanding > 0 or seg.read < seg.records or seg is self._wseg:
             return
-        if seg is self._rseg:
-            self._close_reader()
         if seg.n == _HEAD_SEG:
             self._head = None
             if self._head_replaced:
                 return  # a new head has been saved over it
         else:
             self._segments.pop(seg.n, None)
-        with contextlib.suppress(FileNotFoundError):
-            seg.path.unlink()
+        self._unlink(seg.path)
+
+    def _forget_files(self) -> None:
+        """The queue's files are going: work still running for them is ignored when done,
+        and publishes waiting for a write are answered."""
+        self._gen += 1
+        self._writing = self._reading = self._again = False
+        fd, self._wfd = self._wfd, None
+        if fd is not None:
+            self._run(lambda: _close_quietly(fd))
+        self._ahead.clear()
+        self._resolve_waiters(True)
 
     def clear(self) -> None:
         """Drop everything queued (what was popped before stays with its holders)."""
-        self._close_reader()
-        if self._wfd is not None:
-            os.close(self._wfd)
-            self._wfd = None
+        self._forget_files()
         for _, origin in self._pending:
             if origin is not None:
                 origin.settle()
@@ -650,8 +789,7 @@ class DiskQueue:
         self._pending_bytes = 0
         last = self._wseg.n
         for seg in list(self._segments.values()):
-            with contextlib.suppress(FileNotFoundError):
-                seg.path.unlink()
+            self._unlink(seg.path)
         self._segments.clear()
         self._unread = 0
         self._wseg = self._new_segment(last + 1)
@@ -705,7 +843,6 @@ class DiskQueue:
                 os.fsync(self._wfd)
             os.close(self._wfd)
             self._wfd = None
-        self._close_reader()
         if not written or not forget_read:
             return written
         if self._head is not None and not self._head_replaced:
@@ -732,17 +869,174 @@ class DiskQueue:
 
     def remove(self) -> None:
         """Close and delete the queue's files (its topic or channel was deleted)."""
-        self._close_reader()
-        if self._wfd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._wfd)
-            self._wfd = None
+        self._forget_files()
         self._failing.discard(self)
+        self._unflushed.discard(self)
+        self._pending.clear()
         self._segments.clear()
         self._head = None
-        for p in self.directory.iterdir():
-            p.unlink()
-        self.directory.rmdir()
+        self._run(lambda: _remove_dir(self.directory))
+
+
+def _remove_dir(directory: Path) -> None:
+    for p in directory.iterdir():
+        p.unlink()
+    directory.rmdir()
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+#: A write's result: the file's descriptor (None: it could not be opened), the bytes and
+#: records written whole, the error that stopped it, whether taking a torn tail back failed.
+_WriteResult = tuple[int | None, int, int, OSError | None, bool]
+
+
+def _write_batch(
+    write: Writer,
+    directory: Path,
+    path: Path,
+    fd: int | None,
+    end: int,
+    header: bytes,
+    fields: list[Fields],
+) -> _WriteResult:
+    """Encode ``fields`` and append them to the segment ``path`` (opened if ``fd`` is None),
+    which holds ``end`` good bytes. A failed write is taken back to its last whole record
+    (``ftruncate`` needs no space)."""
+    try:
+        records = [_encode(f, None) for f in fields]
+    except (struct.error, OverflowError, ValueError) as e:  # a field out of range
+        return fd, 0, 0, OSError(errno.EINVAL, f"cannot encode a record: {e}"), False
+    data = header + b"".join(records)
+    view = memoryview(data)
+    written = 0
+    exc: OSError | None = None
+    try:
+        if fd is None:
+            new = not path.exists()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            if new:  # the file's name survives a power loss
+                _in_background(lambda: fsync_dir(directory))
+        while written < len(data):
+            n = write(fd, view[written:])
+            if n <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            written += n
+    except OSError as e:
+        exc = e
+    # What was written up to the last whole record counts; a torn one is taken back.
+    good = k = 0
+    if written >= len(header):
+        good = len(header)
+        for rec in records:
+            if good + len(rec) > written:
+                break
+            good += len(rec)
+            k += 1
+    truncate_failed = False
+    if exc is not None and fd is not None:
+        try:
+            os.ftruncate(fd, end + good)
+        except OSError:
+            truncate_failed = True
+    return fd, good, k, exc, truncate_failed
+
+
+#: A read's result: the records, the offset after the last one, the error that stopped it
+#: and whether the file could be opened.
+_ReadResult = tuple[list[Message], int, Exception | None, bool]
+
+
+def _read_batch(path: Path, pos: int, want: int) -> _ReadResult:
+    """Up to ``want`` records (and about ``READ_AHEAD_BYTES``) of ``path`` from ``pos``."""
+    out: list[Message] = []
+    end = pos
+    try:
+        f = path.open("rb")
+    except OSError as exc:
+        return out, end, exc, isinstance(exc, FileNotFoundError)
+    size = 0
+    try:
+        with f:
+            cursor = _Cursor(f, pos)
+            while len(out) < want and size < READ_AHEAD_BYTES:
+                rec = cursor.next()
+                if rec is None:
+                    raise CorruptRecord("end of file before the records counted")
+                out.append(rec[0])
+                size += cursor.tell() - end
+                end = cursor.tell()
+    except Exception as exc:  # anything unreadable is skipped (and logged)
+        return out, end, exc, True
+    return out, end, None, True
+
+
+_T = TypeVar("_T")
+
+
+class DiskIO:
+    """A broker's disk thread: its disk queues' file work (encoding and writing batches,
+    reading ahead, opening, closing and deleting segments) runs there, one piece at a
+    time in the order asked (a queue's close or delete never overtakes its write), so
+    the event loop never waits for the disk; each completion runs back on the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="srtm-disk")
+        #: Work submitted whose completion has not run yet.
+        self.outstanding = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        #: Set by ``quiesce``: queues then work inline (the graceful stop).
+        self.closed = False
+
+    def submit(self, work: Callable[[], _T], done: Callable[[_T], None] | None = None) -> None:
+        self.outstanding += 1
+        self._idle.clear()
+
+        def finish(result: _T) -> None:
+            self.outstanding -= 1
+            try:
+                if done is not None:
+                    done(result)
+            finally:
+                if not self.outstanding:
+                    self._idle.set()
+
+        def failed() -> None:
+            self.outstanding -= 1
+            if not self.outstanding:
+                self._idle.set()
+
+        def run() -> None:
+            try:
+                result = work()
+            except Exception:
+                log.exception("disk work failed")
+                self._call(failed)
+                return
+            self._call(finish, result)
+
+        self._pool.submit(run)
+
+    def _call(self, fn: Callable[..., None], *args: object) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone (interpreter exit)
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    async def quiesce(self) -> None:
+        """Wait until no work is left, then have the queues work inline from now on."""
+        while self.outstanding:
+            await self._idle.wait()
+        self.closed = True
+        self._pool.shutdown(wait=False)
 
 
 _NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)

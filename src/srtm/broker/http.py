@@ -7,6 +7,7 @@ tools. Numbers must be finite, bodies and measurement rounds are bounded.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import json
@@ -233,7 +234,9 @@ def make_app(broker: Broker) -> web.Application:
                 broker.publish_deferred(topic, body, ms, arrival, publisher)
         else:
             with _pub_failed():
-                broker.publish(topic, [body], arrival, publisher)
+                written = broker.publish(topic, [body], arrival, publisher)
+            if written is not None:
+                await asyncio.shield(written)  # acknowledged once on disk (the OS)
         return web.Response(text="OK")
 
     async def mpub(request: web.Request) -> web.Response:
@@ -247,7 +250,9 @@ def make_app(broker: Broker) -> web.Application:
         binary = request.query.get("binary", "false").lower() in ("true", "1")
         msgs = split_mpub(body, binary, limits.max_msg_size)
         with _pub_failed():
-            broker.publish(topic, msgs, arrival, request.query.get("publisher", ""))
+            written = broker.publish(topic, msgs, arrival, request.query.get("publisher", ""))
+        if written is not None:
+            await asyncio.shield(written)  # acknowledged once on disk (the OS)
         return web.Response(text="OK")
 
     async def stats(request: web.Request) -> web.Response:

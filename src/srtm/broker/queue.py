@@ -46,6 +46,8 @@ class Overflow(Protocol):
 
     def clear(self) -> None: ...
 
+    def read_ahead(self) -> list[Message]: ...
+
 
 class MessageQueue:
     """FIFO order across memory and overflow: once anything overflowed, later messages
@@ -87,8 +89,12 @@ class MessageQueue:
         return len(self.overflow) if self.overflow is not None else 0
 
     def memory(self) -> list[Message]:
-        """The messages held in memory, in order (copies)."""
-        return [Message(*r) for r in self._mem]
+        """The messages held in memory, in order (copies), with what the backend read
+        ahead of its disk and holds in memory too (what a graceful stop saves)."""
+        out = [Message(*r) for r in self._mem]
+        if self.overflow is not None:
+            out += self.overflow.read_ahead()
+        return out
 
     def append(self, msg: Message) -> bool:
         """Queue ``msg`` at the back; False if it had to be dropped (no backend, full)."""

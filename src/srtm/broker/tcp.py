@@ -126,6 +126,9 @@ class Client:
         host, port = sock.getpeername()[:2]
         self.remote = f"{host}:{port}"
         self._out = bytearray()
+        #: Writes of publishes not done yet, and what waits for them to be sent.
+        self._holds = 0
+        self._held = bytearray()
         self._writing = False
         self._send_scheduled = False
         self._close_when_flushed = False
@@ -181,11 +184,12 @@ class Client:
         broker = self.broker
         match cmd:
             case Pub(topic, body):
-                broker.publish(topic, [body], arrival, self._publisher)
+                self._hold_until(broker.publish(topic, [body], arrival, self._publisher))
                 self._published(topic, 1)
             case Mpub(topic, bodies):
                 with _pub_failed_as(errors.E_MPUB_FAILED):
-                    broker.publish(topic, bodies, arrival, self._publisher)
+                    written = broker.publish(topic, bodies, arrival, self._publisher)
+                self._hold_until(written)
                 self._published(topic, len(bodies))
             case Dpub(topic, defer_ms, body):
                 with _pub_failed_as(errors.E_DPUB_FAILED):
@@ -217,6 +221,25 @@ class Client:
                 raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
             case Nop():
                 pass
+
+    def _hold_until(self, written: asyncio.Future[Any] | None) -> None:
+        """A publish is acknowledged once what it overflowed to disk is written: its OK,
+        and every frame after it on this connection (order is kept), wait for ``written``
+        (other connections do not)."""
+        if written is None:
+            return
+        self._holds += 1
+        written.add_done_callback(self._unhold)
+
+    def _unhold(self, _: asyncio.Future[Any]) -> None:
+        self._holds -= 1
+        if self._holds or not self._held:
+            return
+        held, self._held = self._held, bytearray()
+        self._out += held
+        if not self._send_scheduled and not self._writing and self.state is not State.CLOSED:
+            self._send_scheduled = True
+            self.loop.call_soon(self._send)
 
     def _published(self, topic: str, n: int) -> None:
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + n
@@ -366,6 +389,11 @@ class Client:
             return
         if self.tls is not None:
             data = self.tls.wrap(data)  # ciphertext, with any handshake bytes due
+        if self._holds:
+            self._held += data  # behind an OK that waits for its write
+            if len(self._out) + len(self._held) >= self._out_high and not self._paused:
+                self._pause()
+            return
         self._out += data
         if len(self._out) >= self._out_high and not self._paused:
             self._pause()
@@ -404,7 +432,7 @@ class Client:
         if self._writing:
             self.loop.remove_writer(self.sock.fileno())
             self._writing = False
-        if self._close_when_flushed:
+        if self._close_when_flushed and not self._holds:  # else after what is held
             self._linger()
 
     def _linger(self) -> None:
@@ -589,7 +617,7 @@ class Client:
         if self.tls.peer_closed and not self._close_when_flushed:
             self._close_when_flushed = True  # its close_notify answered, then closed
             self.loop.remove_reader(self.sock.fileno())
-            if not self._out:
+            if not self._out and not self._holds:
                 self.close()
         return plain
 

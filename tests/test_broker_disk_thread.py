@@ -1,0 +1,235 @@
+"""No disk work on the event loop: the disk queues' file I/O runs on the broker's disk
+thread, and a publish that overflowed to disk is acknowledged only once written."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import io
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nsq_raw import RawClient
+from srtm.broker import Broker, BrokerOptions
+from srtm.broker.diskqueue import DiskQueue
+from srtm.protocol import MAGIC_V2, Fin, Mpub, Pub, Rdy, Sub
+from srtm.protocol.commands import encode_command
+from support import MakeBroker, until
+
+PAD = b"." * 200  # enough that the backlog is written out (past 256 KiB) and read back
+OK_FRAME = b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
+
+
+def _set_writer(monkeypatch: pytest.MonkeyPatch, writer: Callable[[int, Any], int]) -> None:
+    """Every DiskQueue the broker makes writes through ``writer``."""
+    defaults = dict(DiskQueue.__init__.__kwdefaults__ or {})
+    defaults["writer"] = writer
+    monkeypatch.setattr(DiskQueue.__init__, "__kwdefaults__", defaults)
+
+
+async def test_no_disk_queue_file_work_runs_on_the_event_loop(
+    make_broker: MakeBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every message through disk (mem-queue-size 0, small segments that rotate and
+    are deleted; a backlog read back), opening, writing, reading and deleting segment files
+    all happen off the loop's thread (the old code did them all on it)."""
+    queues = tmp_path / "data" / "queues"
+    calls: list[tuple[str, int]] = []  # (what, thread)
+
+    def ours(path: object) -> bool:
+        return isinstance(path, (str, os.PathLike)) and str(path).startswith(str(queues))
+
+    def record(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if ours(path):
+                calls.append((name, threading.get_ident()))
+            return fn(path, *args, **kwargs)
+
+        return wrapper
+
+    def writer(fd: int, data: Any) -> int:
+        calls.append(("write", threading.get_ident()))
+        return os.write(fd, data)
+
+    _set_writer(monkeypatch, writer)
+    for name in ("open", "unlink", "ftruncate", "rmdir", "mkdir"):
+        monkeypatch.setattr(os, name, record(name, getattr(os, name)))
+    monkeypatch.setattr(io, "open", record("io.open", io.open))  # Path.open, Path.read_*
+    monkeypatch.setattr(builtins, "open", record("open()", builtins.open))
+
+    broker = await make_broker(mem_queue_size=0, max_bytes_per_file=4096)
+    assert broker.tcp_address is not None
+    loop_thread = threading.get_ident()
+    pub = await RawClient.connect(*broker.tcp_address)
+    sub = await RawClient.connect(*broker.tcp_address)
+    await sub.send(Sub("t", "c"))
+    assert await sub.response() == b"OK"
+    sent = 600
+    for i in range(0, sent, 20):
+        await pub.send(Mpub("t", [b"m%04d" % n + b"x" * 1000 for n in range(i, i + 20)]))
+        assert await pub.response() == b"OK"
+    await sub.send(Rdy(50))  # a backlog: read back from the channel's segments
+    got: set[bytes] = set()
+    while len(got) < sent:
+        m = await sub.message()
+        got.add(m.body[:5])
+        await sub.send(Fin(m.id))
+    assert len(got) == sent
+    # every segment settled and deleted (on the disk thread) but the one being written
+    await until(
+        lambda: (
+            len(list((queues / "q-t").glob("*.dat"))) <= 1
+            and len(list((queues / "q-t:c").glob("*.dat"))) <= 1
+        ),
+        what="settled segments deleted",
+    )
+    await pub.close()
+    await sub.close()
+    kinds = {name for name, _ in calls}
+    assert {"write", "open", "io.open", "unlink"} <= kinds, kinds  # the disk was used
+    on_loop = [name for name, thread in calls if thread == loop_thread]
+    assert not on_loop, f"file work on the event loop: {sorted(set(on_loop))}"
+
+
+async def test_an_ok_waits_for_its_write_and_holds_later_frames_of_its_connection_only(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PUB that overflowed to disk is answered once its write is done; the answer to a
+    later command of the same connection waits behind it (order is kept); another
+    connection is answered meanwhile (the old code blocked the whole loop in the write)."""
+    entered, release = threading.Event(), threading.Event()
+
+    def writer(fd: int, data: Any) -> int:
+        entered.set()
+        release.wait(10)  # bounded: the old code, blocking the loop here, fails, not hangs
+        return os.write(fd, data)
+
+    _set_writer(monkeypatch, writer)
+    broker: Broker = await make_broker(mem_queue_size=0)
+    assert broker.tcp_address is not None
+    loop = asyncio.get_running_loop()
+    a = socket.create_connection(broker.tcp_address)
+    try:
+        a.setblocking(False)
+        await loop.sock_sendall(a, MAGIC_V2 + encode_command(Pub("t", b"durable")))
+        await until(entered.is_set, what="the PUB's write started")
+        # the same connection: an ephemeral topic needs no disk, its OK waits nonetheless
+        await loop.sock_sendall(a, encode_command(Pub("e#ephemeral", b"a")))
+        b = await RawClient.connect(*broker.tcp_address)
+        await b.send(Pub("e#ephemeral", b"b"))
+        assert await b.response() == b"OK"  # answered while the write is still blocked
+        await until(
+            lambda: (
+                "e#ephemeral" in broker.topics and broker.topics["e#ephemeral"].message_count == 2
+            ),
+            what="the second PUB of the first connection ran",
+        )
+        await b.send(Pub("e#ephemeral", b"c"))  # a full loop turn later
+        assert await b.response() == b"OK"
+        with pytest.raises(BlockingIOError):
+            a.recv(100)  # nothing answered yet: the first OK waits for its write
+        assert not release.is_set()
+        release.set()
+        data = b""
+        while len(data) < 2 * len(OK_FRAME):
+            data += await loop.sock_recv(a, 100)
+        assert data == OK_FRAME * 2
+        await b.close()
+    finally:
+        release.set()
+        a.close()
+
+
+async def test_http_pub_answers_once_written(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/pub and /mpub await the write of what they overflowed to disk before their 200."""
+    import aiohttp
+
+    from srtm.broker.http import serve_http
+
+    entered, release = threading.Event(), threading.Event()
+
+    def writer(fd: int, data: Any) -> int:
+        entered.set()
+        release.wait(10)
+        return os.write(fd, data)
+
+    _set_writer(monkeypatch, writer)
+    broker = await make_broker(mem_queue_size=0)
+    runner, port = await serve_http(broker)
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+            for path in ("/pub?topic=h", "/mpub?topic=h"):
+                entered.clear()
+                release.clear()
+                answer = asyncio.ensure_future(http.post(path, data=b"x"))
+                await until(entered.is_set, what=f"{path}: the write started")
+                # a request on another topic in memory is answered meanwhile
+                other = await http.post("/pub?topic=m%23ephemeral", data=b"y")
+                assert other.status == 200
+                assert not answer.done()  # still waiting for its write
+                release.set()
+                resp = await answer
+                assert resp.status == 200 and await resp.text() == "OK"
+    finally:
+        release.set()
+        await runner.cleanup()
+
+
+async def test_a_graceful_stop_keeps_what_was_read_ahead_exactly_once(tmp_path: Path) -> None:
+    """Records read ahead from the segments (counted as read, not yet handed out) are
+    saved with the queue's head at a graceful stop: after a restart every unfinished
+    message is delivered once, none twice, none lost."""
+    opts = BrokerOptions(
+        tcp_port=0, http_port=0, data_dir=tmp_path / "data", mem_queue_size=0,
+        max_bytes_per_file=64 << 10,
+    )  # fmt: skip
+    sent, taken = 3000, 700
+    broker = Broker(opts)
+    await broker.start()
+    try:
+        assert broker.tcp_address is not None
+        c = await RawClient.connect(*broker.tcp_address)
+        await c.send(Sub("t", "c"))  # the channel first: the backlog goes to its queue
+        assert await c.response() == b"OK"
+        for i in range(0, sent, 100):
+            await c.send(Mpub("t", [b"%05d" % n + PAD for n in range(i, i + 100)]))
+            assert await c.response() == b"OK"
+        await c.send(Rdy(1))
+        finished: list[bytes] = []
+        while len(finished) < taken:
+            m = await c.message()
+            finished.append(m.body)
+            await c.send(Fin(m.id), Rdy(1) if len(finished) < taken else Rdy(0))
+        disk = broker._disk["t:c"]._disk
+        assert disk is not None and disk.read_ahead()  # something is held read ahead
+        await c.close()
+    finally:
+        await broker.stop()
+    again = Broker(opts)
+    await again.start()
+    try:
+        assert again.tcp_address is not None
+        c = await RawClient.connect(*again.tcp_address)
+        await c.send(Sub("t", "c"), Rdy(500))
+        assert await c.response() == b"OK"
+        rest: list[bytes] = []
+        while len(rest) < sent - taken:
+            m = await c.message()
+            rest.append(m.body)
+            await c.send(Fin(m.id))
+        assert len(set(rest)) == len(rest)  # none twice
+        assert set(rest) | set(finished) == {b"%05d" % n + PAD for n in range(sent)}
+        assert not set(rest) & set(finished)  # none finished before comes again
+        await c.send(Rdy(0))
+        await until(lambda: again.topics["t"].channels["c"].depth == 0, what="drained")
+        await c.close()
+    finally:
+        await again.stop()
