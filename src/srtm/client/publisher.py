@@ -91,6 +91,8 @@ class Publisher:
         self._session: aiohttp.ClientSession | None = None
         self._moving: asyncio.Task[None] | None = None
         self._closed = False
+        #: The task that connects again after a lost connection (held: close cancels it).
+        self._reconnecting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self.controller:
@@ -254,7 +256,7 @@ class Publisher:
     def _lost(self, conn: Connection) -> None:
         if conn is self._conn and not self._closed:
             self._ready.clear()
-            asyncio.get_running_loop().create_task(self._reconnect())
+            self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
         delay = 0.05
@@ -278,6 +280,10 @@ class Publisher:
         if self._moving is not None:
             await self._moving
         self._closed = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reconnecting
         if self._conn is not None:
             await self._conn.close()
         if self._session is not None:
