@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -39,16 +38,9 @@ def report_document(broker: Broker) -> dict[str, Any]:
     return {"load": load, "topics": topics}
 
 
-def _token(broker: Broker) -> str | None:
-    """The cluster token: ``BrokerOptions.token`` where that field exists, else
-    ``SRTM_TOKEN`` from the environment (how ``srtm.launch`` hands it to children)."""
-    token: str | None = getattr(broker.options, "token", None)
-    return token or os.environ.get("SRTM_TOKEN") or None
-
-
 async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: float) -> None:
     assert broker.tcp_address is not None and broker.http_address is not None
-    token = _token(broker)
+    token = broker.options.token
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     me = {
         "id": str(broker.options.broker_id),
