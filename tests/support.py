@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from srtm.broker import Broker
 
@@ -21,3 +22,16 @@ async def until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "")
         if time.monotonic() > deadline:
             raise AssertionError(f"not reached in {timeout} s: {what or 'condition'}")
         await asyncio.sleep(0.005)
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
+    """Poll ``cond`` (blocking, every 50 ms) until it returns something true, and return
+    that; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)

@@ -8,7 +8,7 @@ import json
 import math
 import time
 import urllib.error
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +17,7 @@ import pytest
 from nsq_raw import RawClient
 from srtm.launch import BrokerProcess, ServerProcess, start_cluster, start_controller
 from srtm.protocol import Pub
-
-
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+from support import wait_for
 
 
 @pytest.fixture

@@ -27,19 +27,9 @@ from srtm.control.store import Store
 from srtm.launch import ServerProcess, start_broker, start_cluster, start_controller
 from srtm.placement import Publisher, Topic, parse_topic
 from srtm.protocol import Fin, Pub, Rdy, Sub
+from support import wait_for
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def call(
