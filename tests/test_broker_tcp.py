@@ -251,7 +251,7 @@ async def test_retuning_a_bucket_keeps_its_state(make_broker: MakeBroker) -> Non
 
 @pytest.mark.parametrize("kernel", [True, False])
 async def test_arrival_stamps_kernel_or_user(make_broker: MakeBroker, kernel: bool) -> None:
-    broker = await make_broker(kernel_timestamps=kernel)
+    broker = await make_broker(arrival_stamps="kernel" if kernel else "user")
     p = await connect(broker)
     await p.send(Pub("stamped", b"x"))
     assert await p.response() == b"OK"

@@ -15,7 +15,6 @@ import stat
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,8 +26,8 @@ from yarl import URL
 from srtm.analysis import profile_bucket
 from srtm.control.fitting_run import as_result, fit_topic
 from srtm.control.openapi import OPENAPI
+from srtm.control.options import ControllerOptions
 from srtm.control.state import (
-    MAX_PUBLISHERS,
     Action,
     BrokerInfo,
     ControlError,
@@ -41,7 +40,6 @@ from srtm.control.store import Store
 from srtm.control.validate import parse_address, parse_report, topic_name
 from srtm.placement import (
     POLICIES,
-    AdaptorSettings,
     Broker,
     RoundResult,
     Topic,
@@ -56,28 +54,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("srtm.controller")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 VERSION = "0.1.0"
-
-
-@dataclass(frozen=True, slots=True)
-class ControllerOptions:
-    http_host: str = "127.0.0.1"
-    http_port: int = 4161
-    db: Path = Path("srtm-controller.db")
-    #: A broker silent for this long is down; its publishers are placed again.
-    broker_timeout_s: float = 5.0
-    tick_s: float = 1.0
-    adaptor: AdaptorSettings = field(default_factory=AdaptorSettings)
-    #: The cluster token: registration, reports and every mutating endpoint need
-    #: ``Authorization: Bearer <token>``; sent to brokers too. None: open, loopback only.
-    token: str | None = None
-    #: HTTPS for the API: PEM certificate chain and private key (both or neither).
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    #: ``fit.model`` may name a built-in model or a file under this directory (None:
-    #: built-in models only).
-    models_dir: Path | None = None
-    #: Publishers one topic may have (413 beyond).
-    max_publishers: int = MAX_PUBLISHERS
 
 
 #: The biggest model file ``fit.model`` may name (bytes).
