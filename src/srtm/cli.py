@@ -171,7 +171,7 @@ def _parameters(s: Setting) -> list[inspect.Parameter]:
 
 
 def _metavar(s: Setting) -> str | None:
-    if isinstance(s.kind, type) and issubclass(s.kind, enum.Enum):
+    if issubclass(s.kind, enum.Enum):
         return "|".join(str(m.value) or "''" for m in s.kind)
     names = {Address: "HOST:PORT", int: "INTEGER", float: "NUMBER", Path: "PATH"}
     return names.get(s.kind, None if s.kind is bool else "TEXT")
@@ -190,8 +190,9 @@ def _server_command(
                 file_name=str(config),
             )  # fmt: skip
         except SettingError as exc:
-            hint = exc.where if exc.where.startswith(("SRTM_", str(config))) else None
-            raise typer.BadParameter(exc.message, param_hint=hint or f"'{exc.where}'") from None
+            flag = exc.where.startswith("--")  # quoted as click quotes flags
+            hint = f"'{exc.where}'" if flag else exc.where
+            raise typer.BadParameter(exc.message, param_hint=hint) from None
         try:
             serve(options)
         except (ValueError, OSError) as exc:
@@ -216,9 +217,8 @@ def _server_command(
             *(p for s in settings(options_type, env_prefix) for p in _parameters(s)),
         ]
     )
-    app.command(name, help=f"{inspect.cleandoc(doc)}\n\n{_PRECEDENCE.format(prefix=env_prefix)}")(
-        command
-    )
+    text = f"{inspect.cleandoc(doc)}\n\n{_PRECEDENCE.format(prefix=env_prefix)}"
+    app.command(name, help=text)(command)
 
 
 def _serve_broker(options: BrokerOptions) -> None:

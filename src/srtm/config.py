@@ -64,7 +64,8 @@ def setting(
     maximum: float | None = None,
     address: str | None = None,
 ) -> Any:
-    """A dataclass field that is a setting (for an address, the host field carries the help)."""
+    """A dataclass field that is a setting. An address is two of them, the host field (with
+    the help) then the port field, both given the address setting's name."""
     spec = Spec(help, aliases, env, env_aliases, minimum, maximum, address)
     return field(default=default, metadata={"setting": spec})
 
@@ -82,7 +83,7 @@ class Setting:
     fields: tuple[str, ...]
     #: int, float, str, bool, Path, a StrEnum, tuple (of str) or Address.
     kind: type
-    #: The default, as the user would write it (None: none).
+    #: The field's default (an address's as HOST:PORT; None: none).
     default: Any
     spec: Spec
     #: Its variables, the current one first.
@@ -150,9 +151,8 @@ def resolve(
     file_name: str = "",
 ) -> T:
     """``options_type`` filled from ``cli`` (setting name or older name -> value, None: not
-    given), then
-    ``environ`` (an empty variable counts as unset), then ``file`` (a table read by
-    :func:`read_table`), then the field defaults."""
+    given), then ``environ`` (an empty variable counts as unset), then ``file`` (a table read
+    by :func:`read_table`), then the field defaults."""
     values: dict[str, Any] = {}
     for s in settings(options_type, env_prefix):
         value, where = _pick(s, cli, environ, file, file_name)

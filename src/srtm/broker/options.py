@@ -47,6 +47,9 @@ class TlsClientAuthPolicy(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class BrokerOptions:
+    """Everything a broker is told at start; each field is one setting (``setting()``'s
+    help is what ``srtm broker --help`` shows)."""
+
     tcp_host: str = setting(
         "127.0.0.1",
         "HOST:PORT for NSQ's TCP protocol (port 0: any free port, printed at start).",

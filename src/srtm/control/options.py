@@ -18,6 +18,9 @@ _ADAPTOR = AdaptorSettings()
 
 @dataclass(frozen=True, slots=True)
 class ControllerOptions:
+    """Everything the controller is told at start; each field is one setting (``setting()``'s
+    help is what ``srtm controller --help`` shows)."""
+
     http_host: str = setting(
         "127.0.0.1",
         "HOST:PORT of its HTTP API (port 0: any free port, printed at start).",
