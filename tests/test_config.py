@@ -136,6 +136,8 @@ def test_help_lists_every_setting_with_its_variable(server: str) -> None:
         assert s.flags[0] in result.output
         assert s.env[0] in result.flat
         assert s.spec.help.split()[0] in result.flat
+        if issubclass(s.kind, enum.Enum):  # its help explains each choice
+            assert all(f"'{m.value}'" in result.flat for m in s.kind), s.name
     assert "--config" in result.output and "wins over the variable" in result.flat
 
 

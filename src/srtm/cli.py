@@ -172,7 +172,7 @@ def _parameters(s: Setting) -> list[inspect.Parameter]:
 
 def _metavar(s: Setting) -> str | None:
     if issubclass(s.kind, enum.Enum):
-        return "|".join(str(m.value) or "''" for m in s.kind)
+        return "CHOICE"  # each setting's help explains its choices; a list here is too wide
     names = {Address: "HOST:PORT", int: "INTEGER", float: "NUMBER", Path: "PATH"}
     return names.get(s.kind, None if s.kind is bool else "TEXT")
 
