@@ -248,8 +248,8 @@ def _path(value: Any, kind: type) -> Path:
     return Path(_str(value, kind))
 
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+_TRUE = ("1", "true", "t", "yes", "y", "on")
+_FALSE = ("0", "false", "f", "no", "n", "off")
 
 
 def _bool(value: Any, _: type) -> bool:
