@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     PlainValidator,
     PrivateAttr,
+    StringConstraints,
     ValidationError,
     ValidationInfo,
     WithJsonSchema,
@@ -38,7 +39,7 @@ from srtm.control.validate import ControlError, split_address
 from srtm.placement import Policy, Publisher, Topic
 from srtm.placement.fitting import Verdict
 from srtm.placement.model import RATE_MARGIN
-from srtm.protocol import is_valid_name
+from srtm.protocol.names import MAX_NAME_LENGTH
 from srtm.ratelimit import check_bucket
 
 #: Topics one report may carry (a broker with more is refused, not truncated).
@@ -62,12 +63,6 @@ def _address(value: str) -> str:
     return value
 
 
-def _topic_name(value: str) -> str:
-    if not is_valid_name(value):
-        raise ValueError(f"{value!r} is not a valid topic name")
-    return value
-
-
 def _burst(value: Any) -> float | str:
     if value == "profile":
         return "profile"
@@ -85,13 +80,10 @@ HostPort = Annotated[
     AfterValidator(_address),
     Field(examples=["127.0.0.1:4150"], description="HOST:PORT ([V6]:PORT), port 1-65535"),
 ]
-#: NSQ's rule for topic names (``srtm.protocol.is_valid_name``).
+#: NSQ's rule for topic names, as ``srtm.protocol.is_valid_name`` has it (a test checks
+#: that they agree); checked by pydantic itself, as a report may name 100,000 topics.
 TopicName = Annotated[
-    str,
-    AfterValidator(_topic_name),
-    WithJsonSchema(
-        {"type": "string", "pattern": r"^[.a-zA-Z0-9_-]+(#ephemeral)?$", "maxLength": 64}
-    ),
+    str, StringConstraints(pattern=r"^[.a-zA-Z0-9_-]+(#ephemeral)?$", max_length=MAX_NAME_LENGTH)
 ]
 #: The topic's bucket depth, or ``"profile"``: derived from ``arrivals_ns``.
 Burst = Annotated[
@@ -111,15 +103,18 @@ class Registration(_Request):
     mcap: float = Field(gt=0, description="messages/s it can process")
 
 
-class TopicWindow(_Request):
-    """One topic's TB Adaptor window in a broker's report."""
+# TypedDicts, not models, where a document may hold 100,000 entries (a report's topics,
+# a topic's publishers): pydantic checks dicts about four times faster than it builds as
+# many model instances, and reports are checked on the event loop.
+@with_config(_STRICT)
+class TopicWindow(TypedDict):
+    """One topic's TB Adaptor window in a broker's report (each field defaults to 0);
+    ``depth``: messages it still holds (queued, deferred, in flight), listed by /lookup
+    while > 0."""
 
-    rate: float = Field(0.0, ge=0)
-    backlog: float = Field(0.0, ge=0)
-    depth: int = Field(
-        0, ge=0, description="messages it still holds (queued, deferred, in flight): "
-        "while > 0 it is listed by /lookup",
-    )  # fmt: skip
+    rate: NotRequired[Annotated[float, Field(ge=0)]]
+    backlog: NotRequired[Annotated[float, Field(ge=0)]]
+    depth: NotRequired[Annotated[int, Field(ge=0)]]
 
 
 class BrokerReport(_Request):
@@ -131,14 +126,12 @@ class BrokerReport(_Request):
 
     def windows(self) -> dict[str, tuple[float, float]]:
         """Topic -> (average rate, max backlog), the TB Adaptor's inputs."""
-        return {name: (w.rate, w.backlog) for name, w in self.topics.items()}
+        return {n: (w.get("rate", 0.0), w.get("backlog", 0.0)) for n, w in self.topics.items()}
 
     def depths(self) -> dict[str, int]:
-        return {name: w.depth for name, w in self.topics.items()}
+        return {name: w.get("depth", 0) for name, w in self.topics.items()}
 
 
-# A TypedDict, not a model: a topic may have 100,000 publishers, and pydantic checks
-# these dicts about four times faster than it builds as many model instances.
 @with_config(_STRICT)
 class PublisherSpec(TypedDict):
     """A publisher of a new topic; publishers of one ``group`` fire together."""
