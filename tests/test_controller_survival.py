@@ -242,7 +242,7 @@ def test_a_stopped_controller_keeps_its_plans_when_continued(tmp_path: Path) -> 
 def test_huge_topics_are_refused_and_placement_runs_off_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import srtm.control.service as service_mod
+    import srtm.control.api as api_mod
     import srtm.control.state as state_mod
 
     opts = ControllerOptions(db=tmp_path / "c.db", http_port=0, max_publishers=100)
@@ -257,7 +257,7 @@ def test_huge_topics_are_refused_and_placement_runs_off_the_loop(
         return real_place(*args, **kwargs)
 
     monkeypatch.setattr(state_mod, "place", slow_place)
-    monkeypatch.setattr(service_mod, "place", slow_place, raising=False)
+    monkeypatch.setattr(api_mod, "place", slow_place)
 
     async def run() -> None:
         import aiohttp
@@ -550,9 +550,9 @@ def test_the_database_is_written_off_the_event_loop_in_order(tmp_path: Path) -> 
         try:
             for i in range(3):
                 tcp, http = f"127.0.0.1:{4150 + i}", f"127.0.0.1:{5150 + i}"
-                service._execute(service.ctrl.register(f"b{i}", tcp, http, 1000.0, 0.0))
-                service._save_state()
-            await service._save_state()
+                service.execute(service.ctrl.register(f"b{i}", tcp, http, 1000.0, 0.0))
+                service.save_state()
+            await service.save_state()
         finally:
             await service.stop()
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from srtm.client import Publisher, Subscriber
+from srtm.control.documents import TopicStatus
 from srtm.launch import LocalCluster, ServerProcess, start_cluster
 
 FIT = {"window_s": 0.4, "min_samples": 10, "settle_s": 0.3}
@@ -55,6 +56,7 @@ async def fit_with_traffic(ctrl: ServerProcess, name: str, slo_ms: float) -> dic
     for p in pubs:
         await p.close()
     await sub.close()
+    TopicStatus.model_validate(state)  # the documented fitting status, steps and all
     return state
 
 

@@ -1,215 +1,129 @@
-"""The OpenAPI 3.1 document of the controller's SRTM endpoints (served at /openapi.json)."""
+"""The OpenAPI 3.1 document of the controller's HTTP API (served at /openapi.json),
+written from the route table (``srtm.control.api.ROUTES``) and the documents' JSON
+schemas, so that it lists every route the app serves and no other."""
 
 from __future__ import annotations
 
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-_ERROR = {
-    "description": "Refused; the message names the field or the reason",
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+
+from srtm.control.documents import Error
+
+#: What a request may do without the cluster token: read.
+READ_METHODS = ("GET", "HEAD")
+
+
+def needs_token(method: str) -> bool:
+    """Every request but a read needs ``Authorization: Bearer <token>`` (when the
+    controller has one)."""
+    return method not in READ_METHODS
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One route: the handler that serves it, the documents it takes and answers with.
+    The handler's docstring (first paragraph) is the operation's summary."""
+
+    method: str
+    path: str
+    handler: Callable[..., Awaitable[Any]]
+    body: type[BaseModel] | None = None
+    #: None: a JSON object of no declared shape (or, with ``media``, plain text).
+    answer: type[BaseModel] | None = None
+    status: int = 200
+    #: Required query parameters: (name, description).
+    query: tuple[tuple[str, str], ...] = ()
+    #: Statuses it refuses with (each an ``Error``); 401 is added where a token is needed.
+    errors: tuple[int, ...] = ()
+    media: str = "application/json"
+
+    @property
+    def needs_token(self) -> bool:
+        return needs_token(self.method)
+
+    @property
+    def summary(self) -> str:
+        doc = inspect.getdoc(self.handler) or ""
+        return " ".join(doc.split("\n\n")[0].split())
+
+
+#: What each refusal means, for every route that can answer it.
+_REFUSALS = {
+    400: "A malformed request: the message names the field",
+    401: 'No or a wrong cluster token: {"message": "E_UNAUTHORIZED"}',
+    404: "No such topic, broker or publisher",
+    409: "The topic exists, or the broker id is registered at another address and up",
+    413: "More publishers than the controller's --max-publishers",
+    503: "No broker up, or the publisher is unassigned (capacity is short)",
 }
-_UNAUTHORIZED = {
-    "description": 'No or a wrong cluster token: {"message": "E_UNAUTHORIZED"}',
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-}
-#: Mutating endpoints need the cluster token when the controller has one.
-_BEARER: list[dict[str, list[str]]] = [{"token": []}]
-_BUCKET = {
-    "type": ["object", "null"],
-    "properties": {"rate": {"type": "number"}, "burst": {"type": "number", "minimum": 1}},
-}
-_PLAN = {
-    "type": "object",
-    "properties": {
-        "topic": {"type": "string"},
-        "version": {"type": "integer"},
-        "policy": {"type": "string"},
-        "status": {"type": "string", "enum": ["placed", "short", "fitting"]},
-        "brokers": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "id": {"type": "string"},
-                    "tcp_address": {"type": "string"},
-                    "http_address": {"type": "string"},
-                    "publishers": {"type": "array", "items": {"type": "string"}},
-                    "bucket": _BUCKET,
-                },
+_PATH_PARAMETER = re.compile(r"\{(\w+)\}")
+
+
+def document(routes: Sequence[Route]) -> dict[str, Any]:
+    """The OpenAPI document of ``routes``: bodies, answers and errors as JSON schemas
+    under ``components/schemas``."""
+    wanted: set[tuple[type[BaseModel], JsonSchemaMode]] = {(Error, "serialization")}
+    for r in routes:
+        if r.body is not None:
+            wanted.add((r.body, "validation"))
+        if r.answer is not None:
+            wanted.add((r.answer, "serialization"))
+    refs, defs = models_json_schema(
+        sorted(wanted, key=lambda m: (m[0].__name__, m[1])),
+        ref_template="#/components/schemas/{model}",
+    )
+    paths: dict[str, dict[str, Any]] = {}
+    for r in routes:
+        paths.setdefault(r.path, {})[r.method.lower()] = _operation(r, refs)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "SRTM controller", "version": "0.1.0"},
+        "paths": paths,
+        "components": {
+            "schemas": defs.get("$defs", {}),
+            "securitySchemes": {
+                "token": {"type": "http", "scheme": "bearer",
+                          "description": "the cluster token (--token, SRTM_TOKEN)"},
             },
         },
-        "unassigned": {"type": "array", "items": {"type": "string"}},
-    },
-}
+    }  # fmt: skip
 
 
-def _query(name: str, description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": True, "description": description,
-            "schema": {"type": "string"}}  # fmt: skip
+Refs = Mapping[tuple[Any, JsonSchemaMode], dict[str, Any]]
 
 
-OPENAPI: dict[str, Any] = {
-    "openapi": "3.1.0",
-    "info": {"title": "SRTM controller", "version": "0.1.0"},
-    "paths": {
-        "/brokers": {
-            "post": {
-                "summary": "Register a broker (again after a restart)",
-                "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                    "type": "object",
-                    "required": ["id", "tcp_address", "http_address", "mcap"],
-                    "properties": {
-                        "id": {"type": "string"},
-                        "tcp_address": {"type": "string", "examples": ["127.0.0.1:4150"],
-                                        "description": "HOST:PORT ([V6]:PORT), an IP or a "
-                                                       "DNS name, port 1-65535"},
-                        "http_address": {"type": "string", "description": "as tcp_address"},
-                        "mcap": {"type": "number", "exclusiveMinimum": 0,
-                                 "description": "messages/s it can process"},
-                    },
-                }}}},
-                "security": _BEARER,
-                "responses": {"200": {"description": "Registered"}, "400": _ERROR,
-                              "401": _UNAUTHORIZED,
-                              "409": {"description": "The id is registered at another "
-                                                     "address and that broker is up"}},
-            }
-        },
-        "/brokers/{id}/report": {
-            "post": {
-                "summary": "A broker's report (every second): load and per-topic window",
-                "parameters": [{"name": "id", "in": "path", "required": True,
-                                "schema": {"type": "string"}}],
-                "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                    "type": "object",
-                    "properties": {
-                        "load": {"type": "number", "minimum": 0},
-                        "topics": {"type": "object", "additionalProperties": {
-                            "type": "object",
-                            "properties": {
-                                "rate": {"type": "number", "minimum": 0},
-                                "backlog": {"type": "number", "minimum": 0},
-                                "depth": {"type": "integer", "minimum": 0,
-                                          "description": "messages it still holds (queued, "
-                                                         "deferred, in flight): while > 0 "
-                                                         "it is listed by /lookup"},
-                            },
-                        }},
-                    },
-                    "description": "numbers finite (no NaN or infinity); a bad report is "
-                                   "refused whole with 400 naming the field",
-                }}}},
-                "security": _BEARER,
-                "responses": {"200": {"description": "Taken"}, "400": _ERROR,
-                              "401": _UNAUTHORIZED,
-                              "404": {"description": "Unknown broker: register first"}},
-            }
-        },
-        "/topics": {
-            "post": {
-                "summary": "Create a topic: its SLO, publishers and policy; places it",
-                "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                    "type": "object",
-                    "required": ["name", "slo_p99_ms", "burst", "publishers"],
-                    "properties": {
-                        "name": {"type": "string", "pattern": "^[.a-zA-Z0-9_-]+(#ephemeral)?$",
-                                 "maxLength": 64},
-                        "slo_p99_ms": {"type": "number", "exclusiveMinimum": 0},
-                        "burst": {"oneOf": [{"type": "number", "minimum": 1},
-                                            {"const": "profile"}]},
-                        "rate": {"type": "number", "description": "default 1.1 x publishers"},
-                        "arrivals_ns": {"type": "array", "items": {"type": "integer"},
-                                        "description": "trace for burst = profile"},
-                        "policy": {"enum": ["lb", "conc", "maxmin", "srtm"]},
-                        "fit": {"description": "run online fitting (true, or window_s, "
-                                               "min_samples, settle_s, and model: 'paper' "
-                                               "or a calibrated model file under the "
-                                               "controller's --models-dir, at most 1 MiB, "
-                                               "for model-assisted fitting)",
-                                "oneOf": [{"type": "boolean"}, {"type": "object"}]},
-                        "publishers": {"type": "array", "maxItems": 100000,
-                                       "description": "at most --max-publishers (413)",
-                                       "items": {
-                            "type": "object", "required": ["id", "rate"],
-                            "properties": {"id": {"type": "string"}, "rate": {"type": "number"},
-                                           "group": {"type": "string"}},
-                        }},
-                    },
-                }}}},
-                "security": _BEARER,
-                "responses": {"201": {"description": "Placed",
-                                      "content": {"application/json": {"schema": _PLAN}}},
-                              "400": _ERROR, "401": _UNAUTHORIZED, "409": _ERROR,
-                              "413": _ERROR, "503": _ERROR},
-            }
-        },
-        "/topics/{name}/move": {
-            "post": {
-                "summary": "Move publishers to a broker (a new plan, migration orders)",
-                "parameters": [{"name": "name", "in": "path", "required": True,
-                                "schema": {"type": "string"}}],
-                "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                    "type": "object", "required": ["publishers", "to"],
-                    "properties": {"publishers": {"type": "array",
-                                                  "items": {"type": "string"}},
-                                   "to": {"type": "string", "description": "broker id"}},
-                }}}},
-                "security": _BEARER,
-                "responses": {"200": {"description": "The new plan",
-                                      "content": {"application/json": {"schema": _PLAN}}},
-                              "400": _ERROR, "401": _UNAUTHORIZED, "404": _ERROR},
-            }
-        },
-        "/lookup": {
-            "get": {
-                "summary": "nsqlookupd's /lookup: the topic's live brokers, then any live "
-                           "broker still holding its messages (draining, never a publish "
-                           "target)",
-                "parameters": [_query("topic", "topic name")],
-                "responses": {"200": {"description": "channels and producers"},
-                              "400": _ERROR, "404": _ERROR},
-            }
-        },
-        "/info": {
-            "get": {
-                "summary": "Version; ticks run, stalls of the controller itself and their "
-                           "total length (s); whether TLS and the token are on",
-                "responses": {"200": {"description": "Info"}},
-            }
-        },
-        "/topics/{name}": {
-            "get": {
-                "summary": "A topic's plan, SLO and events",
-                "parameters": [{"name": "name", "in": "path", "required": True,
-                                "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "The topic",
-                                      "content": {"application/json": {"schema": _PLAN}}},
-                              "404": _ERROR},
-            }
-        },
-        "/plan": {
-            "get": {
-                "summary": "The whole plan of a topic, with its version",
-                "parameters": [_query("topic", "topic name")],
-                "responses": {"200": {"description": "The plan",
-                                      "content": {"application/json": {"schema": _PLAN}}},
-                              "400": _ERROR, "404": _ERROR},
-            }
-        },
-        "/assign": {
-            "get": {
-                "summary": "The broker a publisher should use",
-                "parameters": [_query("topic", "topic name"), _query("publisher", "its id")],
-                "responses": {"200": {"description": "Its broker"}, "400": _ERROR,
-                              "404": _ERROR, "503": _ERROR},
-            }
-        },
-    },
-    "components": {
-        "schemas": {"Error": {"type": "object", "required": ["message"],
-                              "properties": {"message": {"type": "string"}}}},
-        "securitySchemes": {"token": {"type": "http", "scheme": "bearer",
-                                      "description": "the cluster token (--token, "
-                                                     "SRTM_TOKEN)"}},
-    },
-}  # fmt: skip
+def _operation(r: Route, refs: Refs) -> dict[str, Any]:
+    op: dict[str, Any] = {"operationId": r.handler.__name__, "summary": r.summary}
+    params = [_parameter(name, "path") for name in _PATH_PARAMETER.findall(r.path)]
+    params += [_parameter(name, "query", text) for name, text in r.query]
+    if params:
+        op["parameters"] = params
+    if r.body is not None:
+        op["requestBody"] = {"required": True, "content": _json(refs[(r.body, "validation")])}
+    if r.answer is not None:
+        answer = {r.media: {"schema": refs[(r.answer, "serialization")]}}
+    else:
+        answer = {r.media: {"schema": {"type": "object" if "json" in r.media else "string"}}}
+    responses: dict[str, Any] = {str(r.status): {"description": "OK", "content": answer}}
+    error = _json(refs[(Error, "serialization")])
+    for status in sorted({*r.errors, *([401] if r.needs_token else [])}):
+        responses[str(status)] = {"description": _REFUSALS[status], "content": error}
+    op["responses"] = responses
+    if r.needs_token:
+        op["security"] = [{"token": []}]
+    return op
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"application/json": {"schema": schema}}
+
+
+def _parameter(name: str, where: str, description: str | None = None) -> dict[str, Any]:
+    param = {"name": name, "in": where, "required": True, "schema": {"type": "string"}}
+    return param if description is None else param | {"description": description}
