@@ -23,6 +23,7 @@ from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from srtm.broker.broker import MAX_MEASURE_NS, MIN_MEASURE_NS, MeasurementsBusy
+from srtm.broker.documents import StatsDoc
 from srtm.broker.metrics import BrokerCollector
 from srtm.broker.report import stats_document
 from srtm.broker.state import LimitReached
@@ -264,7 +265,7 @@ def make_app(broker: Broker) -> web.Application:
             q.get("include_clients", "true") != "false",
         )
         if q.get("format") == "json":
-            return web.json_response(doc)
+            return web.json_response(doc.model_dump())
         return web.Response(text=_stats_text(doc))
 
     def topic_action(action: str) -> Handler:
@@ -402,19 +403,19 @@ def make_app(broker: Broker) -> web.Application:
     return app
 
 
-def _stats_text(doc: dict[str, object]) -> str:
-    lines = [f"nsqd v{doc['version']} (srtm)", f"start_time {doc['start_time']}", ""]
-    for t in doc["topics"]:  # type: ignore[attr-defined]
+def _stats_text(doc: StatsDoc) -> str:
+    lines = [f"nsqd v{doc.version} (srtm)", f"start_time {doc.start_time}", ""]
+    for t in doc.topics:
         lines.append(
-            f"[{t['topic_name']:<24}] depth: {t['depth']:<5} be-depth: {t['backend_depth']:<5} "
-            f"msgs: {t['message_count']:<8}"
+            f"[{t.topic_name:<24}] depth: {t.depth:<5} be-depth: {t.backend_depth:<5} "
+            f"msgs: {t.message_count:<8}"
         )
-        for c in t["channels"]:
+        for c in t.channels:
             lines.append(
-                f"    [{c['channel_name']:<20}] depth: {c['depth']:<5} "
-                f"be-depth: {c['backend_depth']:<5} inflt: {c['in_flight_count']:<4} "
-                f"def: {c['deferred_count']:<4} re-q: {c['requeue_count']:<5} "
-                f"timeout: {c['timeout_count']:<5} msgs: {c['message_count']:<8}"
+                f"    [{c.channel_name:<20}] depth: {c.depth:<5} "
+                f"be-depth: {c.backend_depth:<5} inflt: {c.in_flight_count:<4} "
+                f"def: {c.deferred_count:<4} re-q: {c.requeue_count:<5} "
+                f"timeout: {c.timeout_count:<5} msgs: {c.message_count:<8}"
             )
     return "\n".join(lines) + "\n"
 
