@@ -25,15 +25,15 @@ NAME_RULE = f"1-{MAX_NAME_LENGTH} characters of [.a-zA-Z0-9_-], optionally endin
 MAX_VERSION = 2**63 - 1
 
 
-# -- the rules a parameter follows (also used by http.py's hand parsing) -------------------
-def absent() -> PydanticCustomError:
+# -- the rules parameters follow (NAME_RULE and flag are /pub's and /mpub's too) -----------
+def _absent() -> PydanticCustomError:
     """An empty value where one is needed: answered as a missing one (MISSING_ARG_*)."""
     return PydanticCustomError("missing", "is empty")
 
 
 def _name(value: str) -> str:
     if not value:
-        raise absent()
+        raise _absent()
     if not is_valid_name(value):
         raise PydanticCustomError("invalid_name", "must be " + NAME_RULE)
     return value
@@ -41,7 +41,7 @@ def _name(value: str) -> str:
 
 def _present(value: str) -> str:
     if not value:
-        raise absent()
+        raise _absent()
     return value
 
 

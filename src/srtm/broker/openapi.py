@@ -19,7 +19,7 @@ from srtm import __version__
 from srtm.broker.documents import ErrorDoc, OpenApiDoc, Query
 
 #: A handler as the table holds it: a method of the handlers' class, not yet bound.
-Handler = Callable[[Any, web.Request], Awaitable[web.StreamResponse]]
+HandlerMethod = Callable[[Any, web.Request], Awaitable[web.StreamResponse]]
 
 #: Methods that change nothing: open even when the broker has a token.
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -39,7 +39,7 @@ class Route:
 
     method: str
     path: str
-    handler: Handler
+    handler: HandlerMethod
     #: Its query parameters (validated by the model, or by hand where noted there).
     query: type[Query] | None = None
     #: Its body: a JSON document's model, or the media type of raw bytes.
