@@ -1,6 +1,6 @@
 """The broker HTTP API's route rows and the OpenAPI 3.1 document generated from them.
 
-A ``Route`` is one row of ``srtm.broker.http.ROUTES`` (nsqd's http.go table: method, path,
+A ``BrokerRoute`` is one row of ``srtm.broker.http.ROUTES`` (nsqd's http.go table: method, path,
 handler) with the documents the route takes and gives, so that the document served at
 ``/srtm/openapi.json`` is built from the same table the app is, never written by hand.
 """
@@ -34,7 +34,7 @@ def needs_token(method: str, path: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Route:
+class BrokerRoute:
     """One route: ``method path -> handler``, and what it takes and answers."""
 
     method: str
@@ -51,7 +51,7 @@ class Route:
     errors: Mapping[int, str] = field(default_factory=dict)
 
 
-def openapi_document(routes: Iterable[Route], title: str) -> OpenApiDoc:
+def openapi_document(routes: Iterable[BrokerRoute], title: str) -> OpenApiDoc:
     """The OpenAPI 3.1 document of ``routes``: one operation per route, named for its
     handler; query parameters from the query models, schemas from the documents."""
     routes = list(routes)
@@ -75,12 +75,12 @@ def openapi_document(routes: Iterable[Route], title: str) -> OpenApiDoc:
     )
 
 
-def _mode(model: type[BaseModel], routes: list[Route]) -> JsonSchemaMode:
+def _mode(model: type[BaseModel], routes: list[BrokerRoute]) -> JsonSchemaMode:
     """Bodies are described as they are read, answers as they are written."""
     return "validation" if any(r.body is model for r in routes) else "serialization"
 
 
-def _operation(r: Route, schema: Mapping[type[BaseModel], Any]) -> dict[str, Any]:
+def _operation(r: BrokerRoute, schema: Mapping[type[BaseModel], Any]) -> dict[str, Any]:
     doc = (r.handler.__doc__ or r.handler.__name__).strip()
     summary, _, description = doc.partition("\n\n")
     op: dict[str, Any] = {"operationId": r.handler.__name__, "summary": " ".join(summary.split())}
