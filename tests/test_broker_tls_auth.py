@@ -423,8 +423,8 @@ async def test_auth_over_tls_reports_tls_and_the_certificate_name(
     assert auth_server.queries[0]["tls"] == "true"
     assert auth_server.queries[0]["common_name"] == "alice"
     doc = client_doc(next(iter(broker.clients)))  # nsqd's client stats fields
-    assert doc["tls"] is True and doc["tls_version"].startswith("TLSv1") and doc["tls_cipher_suite"]
-    assert (doc["authed"], doc["auth_identity"]) == (True, "alice")
+    assert doc.tls is True and doc.tls_version.startswith("TLSv1") and doc.tls_cipher_suite
+    assert (doc.authed, doc.auth_identity) == (True, "alice")
     await c.close()
 
 
