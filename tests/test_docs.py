@@ -1,8 +1,10 @@
 """The documentation holds together: a short front door, links that resolve, and an
-architecture page whose module table covers every module in the source tree."""
+architecture page whose module table covers every module in the source tree and whose
+dependency rule the imports obey."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -146,3 +148,118 @@ def test_every_module_is_in_the_architecture_module_table() -> None:
         "modules without a row in docs/architecture.md's module table (say what each "
         "holds and where it sits in the layers):\n" + "\n".join(missing)
     )
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def unit_of(module: str) -> str:
+    """The row of the packages table a module belongs to: ``srtm.X`` (a package or a
+    top-level module), or ``srtm`` for the package's own ``__init__``."""
+    return ".".join(module.split(".")[:2])
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every ``srtm`` module a file imports, anywhere in it (functions and
+    ``TYPE_CHECKING`` blocks included: a dependency for the types is still one)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)  # a module, perhaps
+    return {name for name in found if name.split(".")[0] == "srtm" and is_module(name)}
+
+
+def is_module(name: str) -> bool:
+    path = SRC.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def allowed_imports() -> dict[str, set[str] | None]:
+    """From the packages table: each row's units → what they may import (None: anything)."""
+    text = ARCHITECTURE.read_text()
+    start = text.index("### Packages")
+    end = text.index("\n### ", start + 1)
+    allowed: dict[str, set[str] | None] = {}
+    for line in text[start:end].splitlines():
+        cells = line.split("|")
+        if not line.startswith("|") or len(cells) < 4:
+            continue
+        units = _MODULE.findall(cells[1])
+        may = cells[3]
+        targets: set[str] | None = None
+        if "everything" not in may:
+            names = re.findall(r"`([\w.]+)`", may)
+            targets = {n if n.startswith("srtm") else f"srtm.{n}" for n in names}
+        for unit in units:
+            allowed[unit] = targets
+    return allowed
+
+
+def permitted(target: str, allowed: set[str]) -> bool:
+    """``target`` is an allowed module, inside one, or the package that holds one."""
+    return any(
+        target == a or target.startswith(a + ".") or a.startswith(target + ".") for a in allowed
+    )
+
+
+def test_imports_follow_the_dependency_rule() -> None:
+    allowed = allowed_imports()
+    assert "srtm.ratelimit" in allowed and allowed["srtm.cli"] is None  # the table parsed
+    problems = []
+    for path in sorted(SRC.rglob("*.py")):
+        module = module_of(path)
+        unit = unit_of(module)
+        if unit not in allowed:
+            problems.append(f"{module}: its package {unit} has no row in the packages table")
+            continue
+        may = allowed[unit]
+        if may is None:
+            continue
+        for target in sorted(imports_of(path)):
+            if unit_of(target) != unit and not permitted(target, may):
+                problems.append(f"{module} imports {target}, which {unit} may not import")
+    assert not problems, "imports against docs/architecture.md's rule:\n" + "\n".join(problems)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of nodes (first repeated last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt, [*path, nxt])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [start])):
+            return cycle
+    return None
+
+
+def test_find_cycle_sees_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycles_between_modules() -> None:
+    modules = {module_of(p): p for p in SRC.rglob("*.py")}
+    graph = {}
+    for module, path in modules.items():
+        # A package's __init__ re-exporting its modules is no cycle with them.
+        graph[module] = {
+            t
+            for t in imports_of(path)
+            if t in modules and t != module and not module.startswith(t + ".")
+        }
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
