@@ -18,6 +18,7 @@ from srtm.protocol import (
     Command,
     Dpub,
     Fin,
+    FrameReader,
     Identify,
     Limits,
     Mpub,
@@ -301,7 +302,8 @@ def identify(session: Session, **config: Any) -> None:
 
 
 def reply(conn: FakeConnection) -> dict[str, Any]:
-    (body,) = [c[1][8:] for c in conn.calls if c[0] == "write" and c[1] != OK]
+    written = b"".join(c[1] for c in conn.calls if c[0] == "write")
+    (body,) = [f.data for f in FrameReader().feed(written) if f.data != b"OK"]
     doc: dict[str, Any] = json.loads(body)
     return doc
 
