@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import struct
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from nsq_raw import RawClient
 from srtm.broker import Broker
 from srtm.protocol import Dpub as DpubCmd
-from srtm.protocol import Fin, FrameType, Mpub, Nop, Pub, Rdy, Sub, Touch, header
+from srtm.protocol import Fin, FrameReader, FrameType, Mpub, Nop, Pub, Rdy, Sub, Touch, header
 from srtm.ratelimit import check_conformance
 from support import MakeBroker, until
 
@@ -46,8 +45,8 @@ async def test_a_fatal_error_reaches_a_client_that_kept_sending(make_broker: Mak
     await until(lambda: not broker.clients)  # closed (after lingering) before we read
     data = await reader.read()
     writer.close()
-    size, kind = struct.unpack(">ii", data[:8])
-    assert kind == FrameType.ERROR and data[8 : 4 + size].startswith(b"E_INVALID")
+    first = FrameReader().feed(data)[0]
+    assert first.kind is FrameType.ERROR and first.data.startswith(b"E_INVALID")
     assert broker.topics == {}  # nothing after the fatal command ran
 
 

@@ -273,9 +273,9 @@ class Gate:
         return False
 
     def _auth(self, body: bytes) -> None:
-        from srtm.broker.tcp import State
+        from srtm.protocol.session import SessionState
 
-        if self.client.state is not State.INIT:
+        if self.client.state is not SessionState.INIT:
             raise ProtocolError(errors.E_INVALID, "cannot AUTH in current state")
         if self.state is not None and self.state.authorizations:
             raise ProtocolError(errors.E_INVALID, "AUTH already set")
