@@ -24,13 +24,14 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from srtm.broker.auth import Authenticator, Gate
 from srtm.broker.state import DeliveryError
+from srtm.broker.tls import tcp_requires_tls
 from srtm.protocol import Parser, ProtocolError, errors, frames
 from srtm.protocol.frames import message as message_frame
 from srtm.protocol.session import Session, SessionSettings, SessionState
 
 if TYPE_CHECKING:
-    from srtm.broker.auth import Authenticator, Gate
     from srtm.broker.message import Message
     from srtm.broker.options import BrokerOptions
     from srtm.broker.state import Channel
@@ -151,9 +152,7 @@ class Client:
         self.tls: TlsSession | None = None
         self.gate: Gate | None = None
         if broker.tls_context is not None or broker.authenticator is not None:
-            from srtm.broker.auth import new_gate
-
-            self.gate = new_gate(self)
+            self.gate = Gate(self, tcp_requires_tls(broker.options), broker.authenticator)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.loop.add_reader(sock.fileno(), self._on_readable)
