@@ -1,6 +1,6 @@
 """The broker HTTP API's JSON documents, declared once: what it accepts (query parameters,
 the measurement body), what it answers (/info, /stats, /srtm/*, errors) and the orders it
-sends publishers. The OpenAPI document is generated from these (``srtm.broker.openapi``).
+sends publishers. The OpenAPI document is generated from these (``srtm.openapi``).
 
 Queries are validated by their model, except /pub's and /mpub's: those are parsed by hand
 per message in ``srtm.broker.http`` (a test holds both to the same answers). Answers are
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
@@ -109,6 +109,19 @@ class Query(BaseModel):
     absent_is_invalid: ClassVar[frozenset[str]] = frozenset()
     #: False where every value is read somehow and nothing is refused.
     refuses: ClassVar[bool] = True
+
+
+def query_refusals(query: type[BaseModel]) -> dict[int, str]:
+    """What a ``Query`` refuses with, for the OpenAPI document: 400 and its codes,
+    MISSING_ARG_<NAME> (required ones) and INVALID_<NAME>."""
+    if not (issubclass(query, Query) and query.refuses):
+        return {}
+    codes = []
+    for name, info in query.model_fields.items():
+        if info.is_required() and name not in query.absent_is_invalid:
+            codes.append(f"MISSING_ARG_{name.upper()}")
+        codes.append(f"INVALID_{name.upper()}")
+    return {400: ", ".join(codes)}
 
 
 class TopicQuery(Query):
@@ -265,15 +278,6 @@ class OrderDoc(Doc):
     """An SRTM order, sent to a publisher's connections that take orders."""
 
     migrate: MigrateDoc
-
-
-class OpenApiDoc(Doc):
-    """The OpenAPI 3.1 document of this API."""
-
-    openapi: str
-    info: dict[str, Any]
-    paths: dict[str, Any]
-    components: dict[str, Any]
 
 
 # -- /stats: nsqd's shape, then the srtm section ------------------------------------------

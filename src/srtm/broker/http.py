@@ -44,7 +44,6 @@ from srtm.broker.documents import (
     MigrateDoc,
     MigrateQuery,
     MpubQuery,
-    OpenApiDoc,
     OrderDoc,
     PubQuery,
     Query,
@@ -52,12 +51,13 @@ from srtm.broker.documents import (
     StatsQuery,
     TopicQuery,
     flag,
+    query_refusals,
 )
 from srtm.broker.metrics import BrokerCollector
-from srtm.broker.openapi import BrokerRoute, needs_token, openapi_document
 from srtm.broker.report import bucket_now, stats_document
 from srtm.broker.state import LimitReached
 from srtm.broker.tls import http_requires_tls
+from srtm.openapi import OpenApiDoc, Route, document
 from srtm.protocol import ProtocolError, errors, is_valid_name
 from srtm.security import E_UNAUTHORIZED, bearer_matches, require_loopback_without_token
 
@@ -66,6 +66,15 @@ if TYPE_CHECKING:
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Q = TypeVar("Q", bound=Query)
+
+#: Methods that change nothing: open even when the broker has a token.
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def needs_token(method: str, path: str) -> bool:
+    """Mutating ``/srtm/*`` requests need the token; nsqd's own endpoints stay open, as in
+    nsqd, for NSQ's tools. (The auth middleware and the document both ask this.)"""
+    return path.startswith("/srtm/") and method not in READS
 
 
 class HttpError(Exception):
@@ -436,7 +445,7 @@ class BrokerHttp:
 
     async def openapi(self, request: web.Request) -> web.Response:
         """This API's OpenAPI 3.1 document, generated from ROUTES."""
-        return _json(api_document())
+        return web.json_response(api_document().model_dump())
 
 
 _TEXT = "text/plain"  # nsqd's "OK", and /stats without format=json
@@ -448,62 +457,68 @@ _PUB = {**_FULL, 503: "E_PUB_FAILED"}
 _H = BrokerHttp
 
 #: The HTTP API: every route, in nsqd's http.go order, then SRTM's.
-ROUTES: tuple[BrokerRoute, ...] = (
-    BrokerRoute("GET", "/ping", _H.ping,
-                text=_TEXT),
-    BrokerRoute("GET", "/info", _H.info,
-                answer=InfoDoc),
-    BrokerRoute("POST", "/pub", _H.pub,
-                query=PubQuery, body=_BYTES, text=_TEXT,
-                errors={400: "MSG_EMPTY", 413: "MSG_TOO_BIG", **_PUB}),
-    BrokerRoute("POST", "/mpub", _H.mpub,
-                query=MpubQuery, body=_BYTES, text=_TEXT,
-                errors={400: "MSG_EMPTY, INVALID_BODY", 413: "BODY_TOO_BIG, MSG_TOO_BIG", **_PUB}),
-    BrokerRoute("GET", "/stats", _H.stats,
-                query=StatsQuery, answer=StatsDoc, text=_TEXT),
-    BrokerRoute("POST", "/topic/create", _H.topic_create,
-                query=TopicQuery, text=_TEXT, errors=_FULL),
-    BrokerRoute("POST", "/topic/delete", _H.topic_delete,
-                query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
-    BrokerRoute("POST", "/topic/empty", _H.topic_empty,
-                query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
-    BrokerRoute("POST", "/topic/pause", _H.topic_pause,
-                query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
-    BrokerRoute("POST", "/topic/unpause", _H.topic_unpause,
-                query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
-    BrokerRoute("POST", "/channel/create", _H.channel_create,
-                query=ChannelQuery, text=_TEXT, errors=_FULL),
-    BrokerRoute("POST", "/channel/delete", _H.channel_delete,
-                query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
-    BrokerRoute("POST", "/channel/empty", _H.channel_empty,
-                query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
-    BrokerRoute("POST", "/channel/pause", _H.channel_pause,
-                query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
-    BrokerRoute("POST", "/channel/unpause", _H.channel_unpause,
-                query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
-    BrokerRoute("GET", "/metrics", _H.metrics,
-                text=CONTENT_TYPE_LATEST),
-    BrokerRoute("GET", "/srtm/bucket", _H.bucket_get,
-                query=TopicQuery, answer=BucketReading, errors=_NO_TOPIC),
-    BrokerRoute("POST", "/srtm/bucket", _H.bucket_set,
-                query=BucketQuery, answer=BucketAnswer, errors={400: "INVALID_BUCKET"}),
-    BrokerRoute("DELETE", "/srtm/bucket", _H.bucket_delete,
-                query=TopicQuery, answer=BucketAnswer, errors=_NO_TOPIC),
-    BrokerRoute("POST", "/srtm/migrate", _H.migrate,
-                query=MigrateQuery, answer=MigrateAnswer),
-    BrokerRoute("POST", "/srtm/measure", _H.measure,
-                query=MeasureQuery, body=MeasureBody, answer=MeasureAnswer,
-                errors={400: "INVALID_BODY, INVALID_PUBLISHERS", 413: "BODY_TOO_BIG",
-                        429: "TOO_MANY_MEASUREMENTS"}),
-    BrokerRoute("GET", "/srtm/openapi.json", _H.openapi,
-                answer=OpenApiDoc),
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/ping", _H.ping,
+          text=_TEXT),
+    Route("GET", "/info", _H.info,
+          answer=InfoDoc),
+    Route("POST", "/pub", _H.pub,
+          query=PubQuery, body=_BYTES, text=_TEXT,
+          errors={400: "MSG_EMPTY", 413: "MSG_TOO_BIG", **_PUB}),
+    Route("POST", "/mpub", _H.mpub,
+          query=MpubQuery, body=_BYTES, text=_TEXT,
+          errors={400: "MSG_EMPTY, INVALID_BODY", 413: "BODY_TOO_BIG, MSG_TOO_BIG", **_PUB}),
+    Route("GET", "/stats", _H.stats,
+          query=StatsQuery, answer=StatsDoc, text=_TEXT),
+    Route("POST", "/topic/create", _H.topic_create,
+          query=TopicQuery, text=_TEXT, errors=_FULL),
+    Route("POST", "/topic/delete", _H.topic_delete,
+          query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
+    Route("POST", "/topic/empty", _H.topic_empty,
+          query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
+    Route("POST", "/topic/pause", _H.topic_pause,
+          query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
+    Route("POST", "/topic/unpause", _H.topic_unpause,
+          query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
+    Route("POST", "/channel/create", _H.channel_create,
+          query=ChannelQuery, text=_TEXT, errors=_FULL),
+    Route("POST", "/channel/delete", _H.channel_delete,
+          query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
+    Route("POST", "/channel/empty", _H.channel_empty,
+          query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
+    Route("POST", "/channel/pause", _H.channel_pause,
+          query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
+    Route("POST", "/channel/unpause", _H.channel_unpause,
+          query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
+    Route("GET", "/metrics", _H.metrics,
+          text=CONTENT_TYPE_LATEST),
+    Route("GET", "/srtm/bucket", _H.bucket_get,
+          query=TopicQuery, answer=BucketReading, errors=_NO_TOPIC),
+    Route("POST", "/srtm/bucket", _H.bucket_set,
+          query=BucketQuery, answer=BucketAnswer, errors={400: "INVALID_BUCKET"}),
+    Route("DELETE", "/srtm/bucket", _H.bucket_delete,
+          query=TopicQuery, answer=BucketAnswer, errors=_NO_TOPIC),
+    Route("POST", "/srtm/migrate", _H.migrate,
+          query=MigrateQuery, answer=MigrateAnswer),
+    Route("POST", "/srtm/measure", _H.measure,
+          query=MeasureQuery, body=MeasureBody, body_required=False, answer=MeasureAnswer,
+          errors={400: "INVALID_BODY, INVALID_PUBLISHERS", 413: "BODY_TOO_BIG",
+                  429: "TOO_MANY_MEASUREMENTS"}),
+    Route("GET", "/srtm/openapi.json", _H.openapi,
+          answer=OpenApiDoc),
 )  # fmt: skip
 
 
 @functools.cache
 def api_document() -> OpenApiDoc:
     """The OpenAPI document of ROUTES (built once: it only changes with the code)."""
-    return openapi_document(ROUTES, "SRTM broker")
+    return document(
+        ROUTES,
+        title="SRTM broker",
+        needs_token=needs_token,
+        error=ErrorDoc,
+        query_refusals=query_refusals,
+    )
 
 
 def make_app(broker: Broker) -> web.Application:

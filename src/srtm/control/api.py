@@ -16,12 +16,15 @@ import stat
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aiohttp import web
+from pydantic import BaseModel
 
 from srtm.control.documents import (
+    AssignQuery,
     BrokerReport,
+    Error,
     Info,
     Lookup,
     Move,
@@ -33,12 +36,13 @@ from srtm.control.documents import (
     Registration,
     Taken,
     TopicList,
+    TopicQuery,
     TopicStatus,
     parse,
 )
-from srtm.control.openapi import Route, document, needs_token
 from srtm.control.state import BrokerInfo, ControlError
 from srtm.control.validate import parse_address
+from srtm.openapi import OpenApiDoc, Route, document
 from srtm.placement import Topic, place
 from srtm.security import bearer_matches
 
@@ -48,6 +52,17 @@ if TYPE_CHECKING:
     from srtm.sim.model import BrokerModel
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Q = TypeVar("Q", bound=BaseModel)
+
+#: What a request may do without the cluster token: read.
+READ_METHODS = ("GET", "HEAD")
+
+
+def needs_token(method: str, path: str) -> bool:
+    """Every request but a read needs ``Authorization: Bearer <token>`` (when the
+    controller has one), whatever its path."""
+    return method not in READ_METHODS
+
 
 #: The biggest model file ``fit.model`` may name (bytes).
 MAX_MODEL_BYTES = 1 << 20
@@ -135,18 +150,18 @@ class ControllerAPI:
 
     async def plan(self, request: web.Request) -> web.Response:
         """The whole plan of a topic, with its version."""
-        return web.json_response(self.ctrl.plan(_query(request, "topic")))
+        return web.json_response(self.ctrl.plan(_query(request, TopicQuery).topic))
 
     async def assign(self, request: web.Request) -> web.Response:
         """The broker a publisher should use."""
-        topic, publisher = _query(request, "topic"), _query(request, "publisher")
-        return web.json_response(self.ctrl.assign(topic, publisher))
+        q = _query(request, AssignQuery)
+        return web.json_response(self.ctrl.assign(q.topic, q.publisher))
 
     # -- nsqlookupd's ----------------------------------------------------------------------
     async def lookup(self, request: web.Request) -> web.Response:
         """nsqlookupd's /lookup: the topic's live brokers, then any live broker still
         holding its messages (draining, never a publish target)."""
-        name = _query(request, "topic")
+        name = _query(request, TopicQuery).topic
         if name not in self.ctrl.topics:
             return web.json_response({"message": "TOPIC_NOT_FOUND"}, status=404)
         producers = _producers(self.ctrl.producers(name))
@@ -174,26 +189,42 @@ class ControllerAPI:
         return web.json_response(_openapi())
 
 
+#: What each refusal means, for every route that can answer it (401: ``srtm.openapi``).
+_REFUSALS = {
+    400: "A malformed request: the message names the field",
+    404: "No such topic, broker or publisher",
+    409: "The topic exists, or the broker id is registered at another address and up",
+    413: "More publishers than the controller's --max-publishers",
+    503: "No broker up, or the publisher is unassigned (capacity is short)",
+}
+
+
+def _refusals(*statuses: int) -> dict[int, str]:
+    return {status: _REFUSALS[status] for status in statuses}
+
+
 ROUTES: tuple[Route, ...] = (
-    Route("POST", "/brokers", ControllerAPI.register, Registration, Registered,
-          errors=(400, 409)),
-    Route("POST", "/brokers/{id}/report", ControllerAPI.report, BrokerReport, Taken,
-          errors=(400, 404)),
-    Route("POST", "/topics", ControllerAPI.create_topic, NewTopic, TopicStatus, status=201,
-          errors=(400, 409, 413, 503)),
-    Route("GET", "/topics/{name}", ControllerAPI.get_topic, answer=TopicStatus, errors=(404,)),
-    Route("POST", "/topics/{name}/move", ControllerAPI.move, Move, Plan, errors=(400, 404)),
-    Route("GET", "/plan", ControllerAPI.plan, answer=Plan, query=(("topic", "topic name"),),
-          errors=(400, 404)),
-    Route("GET", "/assign", ControllerAPI.assign, answer=PublisherAssignment,
-          query=(("topic", "topic name"), ("publisher", "its id")), errors=(400, 404, 503)),
-    Route("GET", "/lookup", ControllerAPI.lookup, answer=Lookup,
-          query=(("topic", "topic name"),), errors=(400, 404)),
+    Route("POST", "/brokers", ControllerAPI.register, body=Registration, answer=Registered,
+          errors=_refusals(400, 409)),
+    Route("POST", "/brokers/{id}/report", ControllerAPI.report, body=BrokerReport, answer=Taken,
+          errors=_refusals(400, 404)),
+    Route("POST", "/topics", ControllerAPI.create_topic, body=NewTopic, answer=TopicStatus,
+          status=201, errors=_refusals(400, 409, 413, 503)),
+    Route("GET", "/topics/{name}", ControllerAPI.get_topic, answer=TopicStatus,
+          errors=_refusals(404)),
+    Route("POST", "/topics/{name}/move", ControllerAPI.move, body=Move, answer=Plan,
+          errors=_refusals(400, 404)),
+    Route("GET", "/plan", ControllerAPI.plan, query=TopicQuery, answer=Plan,
+          errors=_refusals(400, 404)),
+    Route("GET", "/assign", ControllerAPI.assign, query=AssignQuery, answer=PublisherAssignment,
+          errors=_refusals(400, 404, 503)),
+    Route("GET", "/lookup", ControllerAPI.lookup, query=TopicQuery, answer=Lookup,
+          errors=_refusals(400, 404)),
     Route("GET", "/topics", ControllerAPI.topics, answer=TopicList),
     Route("GET", "/nodes", ControllerAPI.nodes, answer=Nodes),
-    Route("GET", "/ping", ControllerAPI.ping, media="text/plain"),
+    Route("GET", "/ping", ControllerAPI.ping, text="text/plain"),
     Route("GET", "/info", ControllerAPI.info, answer=Info),
-    Route("GET", "/openapi.json", ControllerAPI.openapi),
+    Route("GET", "/openapi.json", ControllerAPI.openapi, answer=OpenApiDoc),
 )  # fmt: skip
 
 
@@ -214,7 +245,8 @@ def make_app(
 
 @functools.cache
 def _openapi() -> dict[str, Any]:
-    return document(ROUTES)
+    doc = document(ROUTES, title="SRTM controller", needs_token=needs_token, error=Error)
+    return doc.model_dump()
 
 
 # -- the edges of every request --------------------------------------------------------------
@@ -235,7 +267,7 @@ def _auth(token: str | None) -> Any:
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         if (
             token is not None
-            and needs_token(request.method)
+            and needs_token(request.method, request.path)
             and not bearer_matches(request.headers.get("Authorization"), token)
         ):
             return web.json_response({"message": "E_UNAUTHORIZED"}, status=401)
@@ -259,11 +291,15 @@ async def _json(request: web.Request) -> dict[str, Any]:
     return doc
 
 
-def _query(request: web.Request, key: str) -> str:
-    value = request.query.get(key)
-    if not value:
-        raise ControlError(400, f"missing query parameter {key!r}")
-    return value
+def _query(request: web.Request, model: type[Q]) -> Q:
+    """The query as ``model``: each of its parameters given and not empty."""
+    values = {}
+    for key in model.model_fields:
+        value = request.query.get(key)
+        if not value:
+            raise ControlError(400, f"missing query parameter {key!r}")
+        values[key] = value
+    return model.model_validate(values)
 
 
 def _producers(brokers: Sequence[BrokerInfo]) -> list[dict[str, Any]]:

@@ -246,6 +246,18 @@ class Move(_Request):
     to: str = Field(description="a broker id")
 
 
+class TopicQuery(_Request):
+    """``GET /plan``, ``GET /lookup``: the topic asked about."""
+
+    topic: str = Field(min_length=1, description="topic name")
+
+
+class AssignQuery(TopicQuery):
+    """``GET /assign``: the publisher asking which broker to use."""
+
+    publisher: str = Field(min_length=1, description="its id")
+
+
 # -- answers ---------------------------------------------------------------------------------
 class Registered(_Answer):
     id: str
