@@ -15,7 +15,7 @@ from srtm.broker import Broker
 from srtm.protocol import Dpub as DpubCmd
 from srtm.protocol import Fin, FrameReader, FrameType, Mpub, Nop, Pub, Rdy, Sub, Touch, header
 from srtm.ratelimit import check_conformance
-from support import MakeBroker, until
+from support import MakeBroker, eventually
 
 
 async def connect(broker: Broker) -> RawClient:
@@ -42,7 +42,8 @@ async def test_a_fatal_error_reaches_a_client_that_kept_sending(make_broker: Mak
     junk = b"PUB t\n\x00\x00\x00\x01x" * 20_000  # 240 KB the broker will not run
     writer.write(b"  V2HELLO\n" + junk)
     await writer.drain()
-    await until(lambda: not broker.clients)  # closed (after lingering) before we read
+    # closed (after lingering) before we read
+    await eventually(lambda: not broker.clients, "the client closed")
     data = await reader.read()
     writer.close()
     first = FrameReader().feed(data)[0]
@@ -117,7 +118,10 @@ async def test_two_channels_each_get_every_message(make_broker: MakeBroker) -> N
         assert [m.body for m in msgs] == [b"x%d" % i for i in range(30)]
         assert all(m.attempts == 1 for m in msgs)
         await c.send(*[Fin(m.id) for m in msgs])
-    await until(lambda: all(not ch.in_flight for ch in broker.topics["fan"].channels.values()))
+    await eventually(
+        lambda: all(not ch.in_flight for ch in broker.topics["fan"].channels.values()),
+        "every channel settled",
+    )
 
 
 async def test_dpub_is_delivered_after_its_delay(make_broker: MakeBroker) -> None:
@@ -156,7 +160,7 @@ async def test_ephemeral_channel_and_topic_go_with_their_last_consumer(
     assert await c.response() == b"OK"
     assert "e#ephemeral" in broker.topics
     await c.close()
-    await until(lambda: "e#ephemeral" not in broker.topics)
+    await eventually(lambda: "e#ephemeral" not in broker.topics, "the ephemeral topic gone")
 
 
 # -- shaping ---------------------------------------------------------------------------
