@@ -15,6 +15,7 @@ import pytest
 
 from srtm.control.api import ROUTES
 from srtm.control.documents import (
+    Brokers,
     Error,
     FitSettings,
     Lookup,
@@ -200,6 +201,8 @@ async def test_answers_have_their_documented_shapes(api: Client) -> None:
     assert PublisherAssignment.model_validate(body).broker == "a"
     (producer,) = Nodes.model_validate((await api.call("GET", "/nodes"))[1]).producers
     assert producer.tcp_port == 9
+    (broker,) = Brokers.model_validate((await api.call("GET", "/brokers"))[1]).brokers
+    assert (broker.id, broker.measured, broker.down) == ("a", 1.0, False)
     assert Lookup.model_validate((await api.call("GET", "/lookup?topic=t"))[1]).producers
 
 

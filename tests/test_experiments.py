@@ -329,3 +329,34 @@ def test_analysis_falls_back_in_process_only_when_asked_to(
         cli.analyse(summaries, tmp_path, cli.Analysis.spark, None)  # type: ignore[arg-type]
     assert stop.value.exit_code == 1
     assert "Java gateway" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.slow
+async def test_preload_returns_once_the_controller_sees_the_brokers_load(tmp_path: Path) -> None:
+    import tomllib
+    from importlib import resources
+
+    import aiohttp
+
+    from srtm.experiments import live
+    from srtm.launch import start_cluster
+
+    text = (resources.files(scenarios) / "correlated-sensors.toml").read_text()
+    doc = tomllib.loads(text) | {"brokers": 2, "preload": [{"broker": 2, "rate": 300.0}]}
+    sc = scenarios.parse(doc)
+    cluster = await asyncio.to_thread(start_cluster, tmp_path, 2)
+    try:
+        async with aiohttp.ClientSession() as http:
+            task = await live._start_preload(sc, cluster, http)
+            assert task is not None
+            try:
+                async with http.get(f"{cluster.url}/brokers") as r:
+                    measured = {b["id"]: b["measured"] for b in (await r.json())["brokers"]}
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        # Broker 2 carries the preload as the controller sees it; broker 1 carries nothing.
+        assert measured["2"] >= live.PRELOAD_SEEN * 300.0
+        assert measured["1"] == 0.0
+    finally:
+        await asyncio.to_thread(cluster.stop)

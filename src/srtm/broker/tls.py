@@ -22,8 +22,7 @@ def server_context(opts: BrokerOptions) -> ssl.SSLContext | None:
     Raises ValueError naming the bad option (missing key, unreadable file, bad policy)."""
     if opts.tls_required not in TlsRequired.__members__.values():
         raise ValueError(
-            f"--tls-required must be one of {', '.join(TlsRequired)}, "
-            f"not {opts.tls_required!r}"
+            f"--tls-required must be one of {', '.join(TlsRequired)}, not {opts.tls_required!r}"
         )
     if opts.tls_client_auth_policy not in TlsClientAuthPolicy.__members__.values():
         raise ValueError(

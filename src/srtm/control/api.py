@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from srtm.control.documents import (
     AssignQuery,
     BrokerReport,
+    Brokers,
     Error,
     Info,
     Lookup,
@@ -175,6 +176,15 @@ class ControllerAPI:
         """Every broker up."""
         return web.json_response({"producers": _producers(self.ctrl.up())})
 
+    async def brokers(self, request: web.Request) -> web.Response:
+        """Every registered broker, up or down, with the load it last reported."""
+        rows = [
+            {"id": b.id, "tcp_address": b.tcp_address, "http_address": b.http_address,
+             "mcap": b.mcap, "measured": b.load, "down": b.down}
+            for b in self.ctrl.brokers.values()
+        ]  # fmt: skip
+        return web.json_response({"brokers": rows})
+
     async def ping(self, request: web.Request) -> web.Response:
         """OK while the controller serves."""
         return web.Response(text="OK")
@@ -222,6 +232,7 @@ ROUTES: tuple[Route, ...] = (
           errors=_refusals(400, 404)),
     Route("GET", "/topics", ControllerAPI.topics, answer=TopicList),
     Route("GET", "/nodes", ControllerAPI.nodes, answer=Nodes),
+    Route("GET", "/brokers", ControllerAPI.brokers, answer=Brokers),
     Route("GET", "/ping", ControllerAPI.ping, text="text/plain"),
     Route("GET", "/info", ControllerAPI.info, answer=Info),
     Route("GET", "/openapi.json", ControllerAPI.openapi, answer=OpenApiDoc),

@@ -357,6 +357,22 @@ class Nodes(_Answer):
     producers: list[Producer]
 
 
+class BrokerLoad(_Answer):
+    """A registered broker and the load it last reported."""
+
+    id: str
+    tcp_address: str
+    http_address: str
+    mcap: float
+    #: Messages per second over all its topics, as its last report measured them.
+    measured: float
+    down: bool
+
+
+class Brokers(_Answer):
+    brokers: list[BrokerLoad]
+
+
 class TopicList(_Answer):
     topics: list[str]
 

@@ -46,6 +46,11 @@ SETTLE_S = 2.0
 MAX_SEND_LATE_S = 0.01
 
 
+#: Preloaded brokers count as loaded once the controller sees this share of their rate.
+PRELOAD_SEEN = 0.8
+PRELOAD_TIMEOUT_S = 30.0
+PRELOAD_POLL_S = 0.1
+
 #: How long a run waits after sending for the subscriber to receive what was acknowledged.
 DRAIN_S = 30.0
 
@@ -177,7 +182,7 @@ async def _drive(
     url = cluster.url
     specs = sc.specs()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-        preload = await _start_preload(sc, cluster)
+        preload = await _start_preload(sc, cluster, http)
         sink = Sink(url, sc.topic, traces, info.run)
         try:
             doc = topic_document(sc, policy, specs)
@@ -372,7 +377,9 @@ def _validity(
     return check(figures)
 
 
-async def _start_preload(sc: Scenario, cluster: LocalCluster) -> asyncio.Task[Any] | None:
+async def _start_preload(
+    sc: Scenario, cluster: LocalCluster, http: aiohttp.ClientSession
+) -> asyncio.Task[Any] | None:
     """Background topics on the preloaded brokers, running until cancelled; returns once
     the brokers have reported the load (so the controller places around it)."""
     if not sc.preload:
@@ -394,10 +401,25 @@ async def _start_preload(sc: Scenario, cluster: LocalCluster) -> asyncio.Task[An
             await emulator.close()
 
     task = asyncio.create_task(send())
-    # Two reports (one a second): the controller knows each broker's load. Not a condition
-    # one can await: the controller shows no broker's load (nor its reports) to wait on.
-    await asyncio.sleep(2.5)
+    await _until_loaded(http, cluster, {str(p.broker): p.rate for p in sc.preload})
     return task
+
+
+async def _until_loaded(
+    http: aiohttp.ClientSession, cluster: LocalCluster, rates: dict[str, float]
+) -> None:
+    """Waits until the controller's ``/brokers`` shows each broker carrying most of its
+    preload (so that placement sees it); Poisson traffic is never exactly on its rate."""
+    deadline = time.monotonic() + PRELOAD_TIMEOUT_S
+    while True:
+        doc = await _get(http, f"{cluster.url}/brokers")
+        measured = {b["id"]: b["measured"] for b in doc["brokers"]}
+        short = {b: r for b, r in rates.items() if measured.get(b, 0.0) < PRELOAD_SEEN * r}
+        if not short:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"preloaded brokers never reported their load: {short}")
+        await asyncio.sleep(PRELOAD_POLL_S)
 
 
 class Sink:
