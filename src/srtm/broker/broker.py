@@ -14,18 +14,18 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from srtm.broker.accept import AcceptBackoff, refuse
 from srtm.broker.auth import Authenticator, close_quietly
 from srtm.broker.diskqueue import DiskIO, DiskQueue, Reserve
+from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.queue import MessageQueue
 from srtm.broker.state import UNBOOKED, Channel, LimitReached, Topic
-from srtm.broker.stats import BrokerStats, Recorder
+from srtm.broker.stats import BrokerStats
 from srtm.broker.tcp import Client, enable_kernel_timestamps
 from srtm.broker.timer import TimerFd
 from srtm.broker.tls import server_context
@@ -206,29 +206,6 @@ class LazyDisk:
             self.open().remove()
 
 
-#: Bounds of a measurement round: each holds a recorder and is fed every message of its
-#: topic, so neither their length nor their number may be left to whoever asks.
-MIN_MEASURE_NS = 1_000_000
-MAX_MEASURE_NS = 60_000_000_000
-MAX_MEASUREMENTS = 16
-
-
-class MeasurementsBusy(RuntimeError):
-    """As many measurement rounds as allowed are already running."""
-
-
-@dataclass
-class Measurement:
-    """A measurement round: estimated end-to-end latency (publisher RTT/2 + time in broker
-    + subscriber RTT/2) of a topic's messages from ``publishers`` (None: all) until
-    ``until_ns``."""
-
-    topic: str
-    publishers: frozenset[str] | None
-    until_ns: int
-    latency: Recorder = field(default_factory=Recorder)
-
-
 class Broker:
     """Owns the topics; ``Client`` objects call into it, it calls back to send frames."""
 
@@ -286,10 +263,7 @@ class Broker:
         #: Connections closed at once because ``max_connections`` were open.
         self.refused_connections = 0
         self.stopped = asyncio.Event()
-        self.measurements: list[Measurement] = []
-        self.max_measurements = MAX_MEASUREMENTS
-        #: Publisher name -> RTT of its connection, refreshed every second.
-        self.publisher_rtt_ns: dict[str, int] = {}
+        self.measurements = Measurements()
         #: The emulated processing server (``options.capacity``): a GCRA with one token is
         #: a D/1 queue whose release times are when each service starts, in order.
         cap = self.options.capacity
@@ -1035,7 +1009,6 @@ class Broker:
         shaped = topic.bucket is not None
         first_channel = next(iter(topic.channels.values()), None) is ch
         traces = self.traces
-        measuring = [m for m in self.measurements if m.topic == ch.topic and m.until_ns > now]
         first = sum(1 for _, m in out if m.attempts == 1)
         if first:
             cs.window.add(now, first, 0.0)
@@ -1052,39 +1025,23 @@ class Broker:
                     ts.lateness.add(now - msg.release_ns)
                 if traces is not None:
                     traces.add(ch.topic, msg, now)
-        if measuring and first_channel:
-            self._measure(measuring, out, now)
-
-    def _measure(
-        self, measuring: list[Measurement], out: Sequence[tuple[object, Message]], now: int
-    ) -> None:
-        rtt = self.publisher_rtt_ns
-        for consumer, msg in out:
-            if msg.attempts != 1:
-                continue
-            sub_rtt = consumer.rtt_cache_ns if isinstance(consumer, Client) else 0
-            estimate = rtt.get(msg.publisher, 0) // 2 + (now - msg.arrival_ns) + sub_rtt // 2
-            for m in measuring:
-                if m.publishers is None or msg.publisher in m.publishers:
-                    m.latency.add(estimate)
+        if first_channel and self.measurements.running:
+            self.measurements.record(ch.topic, out, now)
 
     async def measure(
         self, topic: str, publishers: frozenset[str] | None, window_ns: int
     ) -> Measurement:
         """Run a measurement round for ``window_ns`` and return it; cancelling the call
         ends the round. At most ``max_measurements`` run at once (MeasurementsBusy)."""
-        if not MIN_MEASURE_NS <= window_ns <= MAX_MEASURE_NS:
-            raise ValueError(f"window {window_ns} ns is not within 1 ms..60 s")
-        if len(self.measurements) >= self.max_measurements:
-            raise MeasurementsBusy(f"{len(self.measurements)} measurement rounds are running")
-        self._refresh_rtts()
-        m = Measurement(topic, publishers, time.time_ns() + window_ns)
-        self.measurements.append(m)
-        try:
-            await asyncio.sleep(window_ns / 1e9)
-        finally:
-            self.measurements.remove(m)
-        return m
+        return await self.measurements.run(topic, publishers, window_ns, self.clients)
+
+    @property
+    def max_measurements(self) -> int:
+        return self.measurements.limit
+
+    @max_measurements.setter
+    def max_measurements(self, limit: int) -> None:
+        self.measurements.limit = limit
 
     async def _release_loop(self) -> None:
         """Release shaped messages on time: sleep while the next release is far, then
@@ -1136,12 +1093,6 @@ class Broker:
             elif due <= now and ch.tick(now):
                 self.mark_ready(ch)
 
-    def _refresh_rtts(self) -> None:
-        for c in list(self.clients):
-            c.rtt_cache_ns = c.rtt_ns()
-            if c.pub_counts:
-                self.publisher_rtt_ns[c.publisher] = c.rtt_cache_ns
-
     async def _housekeeping_loop(self) -> None:
         """Move measured values into the histograms every 100 ms, one histogram per loop
         turn, so no single step holds the loop (and shaped releases) for long."""
@@ -1155,7 +1106,7 @@ class Broker:
             del recorders  # no reference to a deleted topic's histograms while sleeping
             if time.monotonic() - rolled >= 1.0:
                 rolled = time.monotonic()
-                self._refresh_rtts()
+                self.measurements.refresh_rtts(self.clients)
                 # Like nsqd's sync every 2 s: overflowed messages reach the OS each second.
                 for disk in list(self._disk.values()):
                     disk.flush()

@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from srtm.broker.broker import MAX_MEASURE_NS, MIN_MEASURE_NS, MeasurementsBusy
+from srtm.broker.measurement import MAX_MEASURE_NS, MIN_MEASURE_NS, MeasurementsBusy
 from srtm.broker.metrics import BrokerCollector
 from srtm.broker.report import stats_document
 from srtm.broker.state import LimitReached
