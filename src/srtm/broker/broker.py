@@ -4,7 +4,6 @@ durable queues under ``data_dir`` and the graceful shutdown that fills them."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import logging
@@ -24,10 +23,10 @@ from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.queue import MessageQueue
+from srtm.broker.release import Releaser
 from srtm.broker.state import UNBOOKED, Channel, LimitReached, Topic
 from srtm.broker.stats import BrokerStats
 from srtm.broker.tcp import Client, enable_kernel_timestamps
-from srtm.broker.timer import TimerFd
 from srtm.broker.tls import server_context
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_ephemeral, is_valid_name
@@ -41,8 +40,6 @@ _FOREVER = 2**63 - 1
 _PERSIST_THREADS = 32
 #: nsqd's code for a SUB that cannot be served (not in srtm.protocol.errors yet).
 _E_SUB_FAILED = "E_SUB_FAILED"
-#: How late an asyncio timeout can end (epoll waits in whole milliseconds), with margin.
-_ASYNCIO_TIMER_SLACK_NS = 1_500_000
 
 
 def _queue_dir(data_dir: Path, key: str) -> Path:
@@ -213,15 +210,11 @@ class Broker:
         self.options = options or BrokerOptions()
         self.version = VERSION
         self.topics: dict[str, Topic] = {}
-        #: The topics with a sub-bucket: the only ones the releaser looks at.
-        self._shaped: dict[str, Topic] = {}
         self.clients: set[Client] = set()
         self.stats = BrokerStats(self.options.window_seconds)
         self.ids = MessageIds(self.options.broker_id, time.time_ns() // 1000)
         self.started_ns = time.time_ns()
         self.tcp_address: tuple[str, int] | None = None
-        #: Earliest release time among shaped topics (None: nothing waits for tokens).
-        self.next_release_ns: int | None = None
         self.http_address: tuple[str, int] | None = None
         self.https_address: tuple[str, int] | None = None
         #: TLS and AUTH (srtm.broker.tls, srtm.broker.auth); None where not configured.
@@ -254,8 +247,6 @@ class Broker:
         #: Channels with deferred messages or in-flight deadlines: all that _scan visits.
         self._timed: set[Channel] = set()
         self._flush_scheduled = False
-        self._release_wakeup: asyncio.Event | None = None
-        self._timer: TimerFd | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._listener: socket.socket | None = None
         #: Why accepting TCP connections fails right now (None: it does not).
@@ -264,13 +255,9 @@ class Broker:
         self.refused_connections = 0
         self.stopped = asyncio.Event()
         self.measurements = Measurements()
-        #: The emulated processing server (``options.capacity``): a GCRA with one token is
-        #: a D/1 queue whose release times are when each service starts, in order.
-        cap = self.options.capacity
-        self._server = TokenBucket(cap, 1.0) if cap > 0 else None
-        self._service_ns = round(1e9 / cap) if cap > 0 else 0
-        #: Released by their buckets, waiting for the server: (done at, topic, message).
-        self._processing: collections.deque[tuple[int, Topic, Message]] = collections.deque()
+        self.releaser = Releaser(
+            self.options, self.topics, self.stats, self.mark_ready, self._dispatch
+        )
 
     # -- queues --------------------------------------------------------------------------
     def _queue(self, key: str) -> MessageQueue:
@@ -310,7 +297,7 @@ class Broker:
                     first.put(msg)
                 self.mark_ready(first)
         elif not sep:
-            self._kick(topic)
+            self.releaser.kick(topic)
         elif (ch := topic.channels.get(channel)) is not None:
             self.mark_ready(ch)
 
@@ -346,30 +333,13 @@ class Broker:
             asyncio.create_task(self._scan_loop(), name="srtm-scan"),
             asyncio.create_task(self._housekeeping_loop(), name="srtm-housekeeping"),
         ]
-        self._release_wakeup = asyncio.Event()
-        self._timer = self._precise_timer()
-        self._tasks.append(asyncio.create_task(self._release_loop(), name="srtm-release"))
+        self.releaser.start()
+        self._tasks.append(asyncio.create_task(self.releaser.run(), name="srtm-release"))
         self._tasks.append(asyncio.create_task(self._deadline_loop(), name="srtm-deadlines"))
         for task in self._tasks:
             task.add_done_callback(self._task_done)
         for topic in self.topics.values():
-            self._kick(topic)
-
-    def _precise_timer(self) -> TimerFd | None:
-        if self.options.release_timer != "timerfd":
-            return None
-        try:
-            timer = TimerFd()
-        except OSError as exc:
-            log.warning("no timerfd (%s): shaped releases fall back to spinning", exc)
-            return None
-        asyncio.get_running_loop().add_reader(timer.fd, self._on_timer)
-        return timer
-
-    def _on_timer(self) -> None:
-        assert self._timer is not None and self._release_wakeup is not None
-        self._timer.consume()
-        self._release_wakeup.set()
+            self.releaser.kick(topic)
 
     async def stop(self) -> None:
         """Stop serving and persist every message still owed (queued, deferred, in flight)."""
@@ -380,10 +350,7 @@ class Broker:
             # Let a write in flight finish: the final one below must not race its rename.
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._meta_task)
-        if self._timer is not None:
-            asyncio.get_running_loop().remove_reader(self._timer.fd)
-            self._timer.close()
-            self._timer = None
+        self.releaser.stop()
         listener, self._listener = self._listener, None  # tells the accept loop it is over
         for task in self._tasks:
             task.cancel()
@@ -400,7 +367,7 @@ class Broker:
             listener.close()
         for client in list(self.clients):
             client.close()  # in-flight messages go back to their channel's queue
-        self._processed(None)  # what the emulated server still holds is owed too
+        self.releaser.processed(None)  # what the emulated server still holds is owed too
         if self._io is not None:
             # What runs on the disk thread ends first; the queues are saved inline.
             await self._io.quiesce()
@@ -572,7 +539,7 @@ class Broker:
         if bucket:
             try:
                 topic.shape(bucket["rate"], bucket["burst"], time.time_ns)
-                self._shaped[topic.name] = topic
+                self.releaser.shaped[topic.name] = topic
             except (KeyError, TypeError, ValueError) as exc:
                 log.error("topic %s: saved bucket %r ignored (%s)", topic.name, bucket, exc)
         saved = t.get("channels")
@@ -759,7 +726,7 @@ class Broker:
 
     def delete_topic(self, name: str) -> None:
         topic = self.topics.pop(name)
-        self._shaped.pop(name, None)
+        self.releaser.shaped.pop(name, None)
         for ch_name in list(topic.channels):
             ch = topic.channels.pop(ch_name)
             self._timed.discard(ch)
@@ -779,25 +746,25 @@ class Broker:
         check_bucket(rate, burst)  # a bad pair creates no topic
         topic = self.topic(topic_name)
         bucket = topic.shape(rate, burst, time.time_ns)
-        self._shaped[topic_name] = topic
+        self.releaser.shaped[topic_name] = topic
         self._save_meta()
-        self._kick(topic)
+        self.releaser.kick(topic)
         return bucket
 
     def clear_bucket(self, topic_name: str) -> None:
         """Stop shaping: what waits for tokens is released at once."""
         topic = self.topic(topic_name)
         topic.unshape()
-        self._shaped.pop(topic_name, None)
+        self.releaser.shaped.pop(topic_name, None)
         self._save_meta()
-        self._release(topic, _FOREVER)
+        self.releaser.release_all(topic)
 
     def pause_topic(self, name: str, paused: bool) -> None:
         topic = self.topics[name]
         topic.paused = paused
         self._save_meta()
         if not paused:
-            self._kick(topic)
+            self.releaser.kick(topic)
 
     def pause_channel(self, topic_name: str, channel_name: str, paused: bool) -> None:
         ch = self.topics[topic_name].channels[channel_name]
@@ -831,7 +798,7 @@ class Broker:
             backlog = max(backlog, b)
             n += 1
         self.stats.topic(topic_name).window.add(arrival, n, backlog)
-        self._kick(topic)
+        self.releaser.kick(topic)
         if self._pushed_disks:
             return self._write_through()
         return None
@@ -888,89 +855,9 @@ class Broker:
                     errors.E_PUB_FAILED, f"{what} failed: cannot write to disk ({disk.error})"
                 )
 
-    def _kick(self, topic: Topic) -> None:
-        if topic.bucket is None:
-            self._release(topic, time.time_ns())
-            return
-        self._wake(topic.next_release_ns())
-
-    def _wake(self, due: int | None) -> None:
-        """Make the release loop wake up by ``due``."""
-        if due is not None and (self.next_release_ns is None or due < self.next_release_ns):
-            self.next_release_ns = due
-            if self._release_wakeup is not None:
-                self._release_wakeup.set()
-
-    def _release(self, topic: Topic, upto: int, at_once: bool = False) -> None:
-        """Release what is due by ``upto`` to the channels (or to the emulated server);
-        ``at_once`` dispatches and sends now instead of at the end of the loop turn (for
-        on-time shaped releases)."""
-        server = self._server
-        released = topic.release(upto, deliver=server is None)
-        if not released:
-            return
-        if topic.bucket is not None:
-            wait = self.stats.topic(topic.name).token_wait
-            for r in released:
-                wait.add(r.due_ns - r.message.arrival_ns)
-        if server is not None:
-            for r in released:
-                done = server.reserve(at=r.due_ns).release_ns + self._service_ns
-                self._processing.append((done, topic, r.message))
-            self._wake(self._processing[0][0])
-            return
-        self._ready(topic, at_once)
-
-    def _ready(self, topic: Topic, at_once: bool) -> None:
-        for ch in topic.channels.values():
-            if at_once:
-                self._dispatch(ch, send=True)
-            else:
-                self.mark_ready(ch)
-
-    def _processed(self, now: int | None) -> int | None:
-        """Deliver what the emulated server has finished by ``now`` (None: everything);
-        returns when the next one finishes."""
-        queue = self._processing
-        done: dict[str, Topic] = {}
-        while queue and (now is None or queue[0][0] <= now):
-            due, topic, msg = queue.popleft()
-            if self.topics.get(topic.name) is not topic:
-                continue  # deleted meanwhile
-            topic.deliver(msg)
-            done[topic.name] = topic
-            if now is not None:
-                self.stats.topic(topic.name).lateness.add(now - due)
-        for topic in done.values():
-            self._ready(topic, at_once=now is not None)
-        return queue[0][0] if queue else None
-
     def release_due(self) -> None:
-        """Release shaped messages that are due; called between commands of a long read
-        so that a busy connection cannot hold releases back for a whole loop turn."""
-        due = self.next_release_ns
-        if due is not None and (now := time.time_ns()) >= due:
-            self._release_shaped(now)
-
-    def _release_shaped(self, now: int) -> int | None:
-        """Release every shaped message due by ``now``, and what the emulated server has
-        processed; returns the next time something is due."""
-        due = None
-        for topic in list(self._shaped.values()):
-            nxt = topic.next_release_ns()
-            if nxt is None:
-                continue
-            if nxt <= now:
-                self._release(topic, now, at_once=True)
-                nxt = topic.next_release_ns()
-            if nxt is not None and (due is None or nxt < due):
-                due = nxt
-        if self._processing:
-            nxt = self._processed(now)
-            if nxt is not None and (due is None or nxt < due):
-                due = nxt
-        self.next_release_ns = due
-        return due
+        """Release shaped messages that are due (see ``Releaser.release_due``)."""
+        self.releaser.release_due()
 
     # -- delivery ------------------------------------------------------------------------
     def mark_ready(self, channel: Channel) -> None:
@@ -1007,6 +894,8 @@ class Broker:
         ts = self.stats.topic(ch.topic)
         cs = ts.channel(ch.name)
         shaped = topic.bucket is not None
+        # else the lateness is measured when the emulated server has processed it
+        lateness = shaped and self.releaser.server is None
         first_channel = next(iter(topic.channels.values()), None) is ch
         traces = self.traces
         first = sum(1 for _, m in out if m.attempts == 1)
@@ -1021,7 +910,7 @@ class Broker:
                 cs.token_wait.add(msg.release_ns - msg.arrival_ns)
             if first_channel:
                 ts.latency.add(latency)
-                if shaped and self._server is None:  # else measured when processed
+                if lateness:
                     ts.lateness.add(now - msg.release_ns)
                 if traces is not None:
                     traces.add(ch.topic, msg, now)
@@ -1042,38 +931,6 @@ class Broker:
     @max_measurements.setter
     def max_measurements(self, limit: int) -> None:
         self.measurements.limit = limit
-
-    async def _release_loop(self) -> None:
-        """Release shaped messages on time: sleep while the next release is far, then
-        yield to the loop for the last ``release_spin_ns``.
-
-        The sleep ends on a timerfd armed ``release_spin_ns`` before the release (ns
-        precise); without one, on an asyncio timeout (about 1 ms coarse), so the spin
-        must then be longer.
-        """
-        assert self._release_wakeup is not None
-        wakeup = self._release_wakeup
-        spin = self.options.release_spin_ns
-        if self._timer is None:
-            spin = max(spin, _ASYNCIO_TIMER_SLACK_NS)
-        while True:
-            due = self._release_shaped(time.time_ns())
-            if due is None:
-                wakeup.clear()
-                await wakeup.wait()
-                continue
-            wait = due - time.time_ns()
-            if wait <= spin:
-                await asyncio.sleep(0)
-                continue
-            wakeup.clear()
-            if self._timer is not None:
-                self._timer.arm(due - spin)
-                await wakeup.wait()
-                self._timer.disarm()
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wakeup.wait(), (wait - spin) / 1e9)
 
     async def _scan_loop(self) -> None:
         """Deferred messages that came due and in-flight messages that timed out."""
