@@ -4,203 +4,31 @@ durable queues under ``data_dir`` and the graceful shutdown that fills them."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-import os
-import re
 import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from srtm.broker.accept import AcceptBackoff, refuse
 from srtm.broker.auth import Authenticator, close_quietly
-from srtm.broker.diskqueue import DiskIO, DiskQueue, Reserve
 from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
-from srtm.broker.queue import MessageQueue
+from srtm.broker.persistence import Persistence, SavedTopic
 from srtm.broker.release import Releaser
-from srtm.broker.state import UNBOOKED, Channel, LimitReached, Topic
+from srtm.broker.state import Channel, LimitReached, Topic
 from srtm.broker.stats import BrokerStats
 from srtm.broker.tcp import Client, enable_kernel_timestamps
 from srtm.broker.tls import server_context
 from srtm.broker.traces import TraceWriter
-from srtm.protocol import ProtocolError, errors, is_ephemeral, is_valid_name
+from srtm.protocol import ProtocolError, errors, is_valid_name
 from srtm.protocol.header import publisher_of
 from srtm.ratelimit import TokenBucket, check_bucket
 
 log = logging.getLogger("srtm.broker")
-_META = "meta.json"
-_FOREVER = 2**63 - 1
-#: Queues written at once at a graceful stop.
-_PERSIST_THREADS = 32
 #: nsqd's code for a SUB that cannot be served (not in srtm.protocol.errors yet).
 _E_SUB_FAILED = "E_SUB_FAILED"
-
-
-def _queue_dir(data_dir: Path, key: str) -> Path:
-    # Names may be "." or "..": a prefix keeps every key a plain file name.
-    return data_dir / "queues" / f"q-{key}"
-
-
-def _meta_doc(topics: list[Topic], ids: MessageIds) -> dict[str, Any]:
-    """Topics, channels, pauses and buckets: what ``meta.json`` holds. Safe in a thread
-    while the loop runs: it only reads attributes and copies dicts (atomic under the GIL);
-    a change made meanwhile marks the metadata dirty again, so another write follows."""
-    docs = []
-    for topic in topics:
-        if topic.ephemeral:
-            continue
-        bucket = topic.bucket
-        channels = list(topic.channels.values())
-        docs.append(
-            {
-                "name": topic.name,
-                "paused": topic.paused,
-                "bucket": None if bucket is None else {"rate": bucket.rate, "burst": bucket.burst},
-                "channels": [
-                    {"name": ch.name, "paused": ch.paused} for ch in channels if not ch.ephemeral
-                ],
-            }
-        )
-    return {"version": 1, "next_id": ids.last + 1, "topics": docs}
-
-
-def _write_meta(path: Path, topics: list[Topic], ids: MessageIds) -> None:
-    _write_durably(path, _meta_doc(topics, ids))
-
-
-def _write_durably(path: Path, doc: dict[str, Any]) -> None:
-    """Write ``doc`` as JSON to ``path`` so that a crash leaves the old file or the new
-    one, never an empty one: the data reaches the disk before the rename, and the rename
-    before this returns. Blocking: run it in a thread while the loop serves."""
-    data = json.dumps(doc).encode()  # no indent: the C encoder, 10 times faster
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _scan_queue_dirs(data_dir: Path) -> dict[str, list[str]]:
-    """Topic -> its channels, as the queue directories name them (in name order): what
-    a broker whose ``meta.json`` is lost, stale or corrupt still knows it had."""
-    found: dict[str, list[str]] = {}
-    root = data_dir / "queues"
-    if not root.is_dir():
-        return found
-    for path in sorted(root.iterdir()):
-        if not path.is_dir() or not path.name.startswith("q-"):
-            continue
-        # ":" and "@" are never part of a valid name, so the key splits unambiguously.
-        topic, _, channel = path.name[2:].split("@")[0].partition(":")
-        if not is_valid_name(topic) or (channel and not is_valid_name(channel)):
-            log.warning("ignoring %s: not a queue directory this broker makes", path)
-            continue
-        channels = found.setdefault(topic, [])
-        if channel and channel not in channels:
-            channels.append(channel)
-    return found
-
-
-class LazyDisk:
-    """A durable queue's ``DiskQueue``, made on first need (an overflow, a graceful stop
-    with messages in memory, a restart): a new topic then costs no directory, no file
-    and no disk I/O on the event loop, however many names clients invent."""
-
-    def __init__(
-        self,
-        data_dir: Path,
-        key: str,
-        segment_bytes: int,
-        failing: set[DiskQueue],
-        unflushed: set[DiskQueue],
-        io: Callable[[], DiskIO | None] = lambda: None,
-        on_readable: Callable[[], None] | None = None,
-        pushed: set[DiskQueue] | None = None,
-    ) -> None:
-        self._data_dir, self._key = data_dir, key
-        self._segment_bytes, self._failing, self._unflushed = segment_bytes, failing, unflushed
-        #: The broker's disk thread once it serves (None before: the restore is inline).
-        self._io, self._on_readable, self._pushed = io, on_readable, pushed
-        self._disk: DiskQueue | None = None
-
-    @property
-    def directory(self) -> Path:
-        return _queue_dir(self._data_dir, self._key)
-
-    @property
-    def opened(self) -> bool:
-        return self._disk is not None
-
-    def open(self) -> DiskQueue:
-        if self._disk is None:
-            self._disk = DiskQueue(
-                self.directory,
-                self._segment_bytes,
-                failing=self._failing,
-                unflushed=self._unflushed,
-                io=self._io(),
-                pushed=self._pushed,
-                on_readable=self._on_readable,
-            )
-        return self._disk
-
-    def attach(self, io: DiskIO) -> None:
-        """The broker serves now: a queue opened before (restored) uses its disk thread."""
-        if self._disk is not None:
-            self._disk.io = io
-
-    # the Overflow protocol (MessageQueue's backend)
-    def push(self, msg: Message) -> None:
-        self.open().push(msg)
-
-    def pop(self) -> Message | None:
-        return None if self._disk is None else self._disk.pop()
-
-    def __len__(self) -> int:
-        return 0 if self._disk is None else len(self._disk)
-
-    def clear(self) -> None:
-        if self._disk is not None:
-            self._disk.clear()
-
-    def read_ahead(self) -> list[Message]:
-        return [] if self._disk is None else self._disk.read_ahead()
-
-    # what the broker itself asks of a disk queue
-    @property
-    def error(self) -> OSError | None:
-        return None if self._disk is None else self._disk.error
-
-    def flush(self) -> bool:
-        return True if self._disk is None else self._disk.flush()
-
-    def written(self) -> asyncio.Future[None] | None:
-        return None if self._disk is None else self._disk.written()
-
-    def save_head(self, records: list[tuple[Message, int | None]]) -> bool:
-        return self.open().save_head(records) if records else True
-
-    def take_head(self) -> list[tuple[Message, int | None]]:
-        return [] if self._disk is None else self._disk.take_head()
-
-    def close(self, forget_read: bool = True) -> bool:
-        return True if self._disk is None else self._disk.close(forget_read)
-
-    def remove(self) -> None:
-        if self._disk is not None or self.directory.exists():
-            self.open().remove()
 
 
 class Broker:
@@ -225,24 +53,7 @@ class Broker:
             else None
         )
         self.traces: TraceWriter | None = None
-        self._disk: dict[str, LazyDisk] = {}
-        #: Disk queues whose last write failed (disk full...): their topics refuse PUBs.
-        self._failing_disks: set[DiskQueue] = set()
-        #: Disk queues with pushes not written yet (see _write_through).
-        self._unflushed_disks: set[DiskQueue] = set()
-        #: The disk thread of the queues while serving (see DiskIO).
-        self._io: DiskIO | None = None
-        #: Disk queues pushed to by the publish running (what its OK waits for).
-        self._pushed_disks: set[DiskQueue] = set()
-        self._reserve = Reserve(self.options.data_dir, self.options.disk_reserve_bytes)
-        self._restoring = False
-        #: Metadata changed since the last write; at most one write in flight, in a
-        #: thread, so N new topics cost a few writes, not N (each O(N)) on the loop.
-        self._meta_dirty = False
-        self._meta_task: asyncio.Task[None] | None = None
-        self._stopping = False
-        #: meta.json writes done (tests and /stats-style curiosity).
-        self.meta_writes = 0
+        self.persistence = Persistence(self.options, self, self._disk_readable)
         self._dirty: set[Channel] = set()
         #: Channels with deferred messages or in-flight deadlines: all that _scan visits.
         self._timed: set[Channel] = set()
@@ -259,28 +70,7 @@ class Broker:
             self.options, self.topics, self.stats, self.mark_ready, self._dispatch
         )
 
-    # -- queues --------------------------------------------------------------------------
-    def _queue(self, key: str) -> MessageQueue:
-        """Keys are ``topic``, ``topic@shaping`` or ``topic:channel``; a queue is durable
-        unless its topic or channel is ephemeral (those are never persisted)."""
-        mem = self.options.mem_queue_size
-        if any(is_ephemeral(part) for part in re.split("[:@]", key)):
-            return MessageQueue(mem)
-        disk = LazyDisk(
-            self.options.data_dir,
-            key,
-            self.options.max_bytes_per_file,
-            self._failing_disks,
-            self._unflushed_disks,
-            lambda: self._io,
-            lambda: self._disk_readable(key),
-            self._pushed_disks,
-        )
-        if self._restoring and disk.directory.is_dir():
-            disk.open()  # what an earlier run left there is read back now
-        self._disk[key] = disk
-        return MessageQueue(mem, disk)
-
+    # -- durable queues ------------------------------------------------------------------
     def _disk_readable(self, key: str) -> None:
         """The disk queue of ``key`` has read or written records ``pop`` can give now:
         dispatch its channel, or release its topic, again."""
@@ -301,21 +91,12 @@ class Broker:
         elif (ch := topic.channels.get(channel)) is not None:
             self.mark_ready(ch)
 
-    def _remove_queue(self, key: str) -> None:
-        disk = self._disk.pop(key, None)
-        if disk is not None:
-            disk.remove()
-
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         opts = self.options
         opts.data_dir.mkdir(parents=True, exist_ok=True)
         self._restore()
-        self._reserve.claim()  # after the restore: it may need the space first
-        # From now on the disk queues' file work runs on a thread of their own.
-        self._io = DiskIO(asyncio.get_running_loop())
-        for disk in self._disk.values():
-            disk.attach(self._io)
+        self.persistence.serve()
         if opts.trace_dir is not None:
             self.traces = TraceWriter(
                 opts.trace_dir, opts.run, str(opts.broker_id), opts.trace_sample
@@ -345,11 +126,7 @@ class Broker:
         """Stop serving and persist every message still owed (queued, deferred, in flight)."""
         if self.stopped.is_set():
             return
-        self._stopping = True
-        if self._meta_task is not None:
-            # Let a write in flight finish: the final one below must not race its rename.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._meta_task)
+        await self.persistence.stop_meta_writes()
         self.releaser.stop()
         listener, self._listener = self._listener, None  # tells the accept loop it is over
         for task in self._tasks:
@@ -368,159 +145,22 @@ class Broker:
         for client in list(self.clients):
             client.close()  # in-flight messages go back to their channel's queue
         self.releaser.processed(None)  # what the emulated server still holds is owed too
-        if self._io is not None:
-            # What runs on the disk thread ends first; the queues are saved inline.
-            await self._io.quiesce()
-        self._persist()
+        await self.persistence.persist()
         await close_quietly(self.authenticator)
         if self.traces is not None:
             await self.traces.close()
         self.stopped.set()
 
-    def _persist(self) -> list[str]:
-        """Graceful stop: what every durable queue holds in memory, then the metadata.
-
-        The disk reserve goes first, so that on a full disk the heads still fit. Each
-        queue is written on its own, in a pool of threads (one fsync per file, and a
-        journaling file system commits concurrent ones together: 16 times faster here for
-        thousands of topics); one that cannot be written (a full disk, a value out of
-        range) is logged and skipped, never costing another queue its messages. A queue
-        forgets what it read only once every head and buffer is saved (else the next
-        start reads it again: duplicates, not losses). Returns the keys that could not
-        be written (and ``meta.json`` if it could not).
-        """
-        self._reserve.release()
-        heads: dict[str, list[tuple[Message, int | None]]] = {}
-        for topic in list(self.topics.values()):
-            if topic.ephemeral:
-                continue
-            for key, head in topic.head():
-                heads[key] = head
-            for ch in topic.channels.values():
-                if not ch.ephemeral:
-                    heads[f"{topic.name}:{ch.name}"] = ch.head()
-        keys = [k for k, disk in self._disk.items() if heads.get(k) or disk.opened]
-        failed: list[str] = []
-        if keys:
-            with ThreadPoolExecutor(_PERSIST_THREADS, thread_name_prefix="srtm-persist") as pool:
-                saved = pool.map(lambda key: self._save_head(key, heads.get(key, [])), keys)
-                failed = [key for key, ok in zip(keys, saved, strict=True) if not ok]
-                # every buffer written before any queue forgets what it read
-                flushed = pool.map(lambda key: self._disk[key].flush(), keys)
-                failed += [key for key, ok in zip(keys, flushed, strict=True) if not ok]
-                forget = not failed
-                closed = pool.map(lambda key: self._close_queue(key, forget), keys)
-                failed += [key for key, ok in zip(keys, closed, strict=True) if not ok]
-        self._disk.clear()
-        try:
-            _write_meta(self.options.data_dir / _META, list(self.topics.values()), self.ids)
-            self.meta_writes += 1
-        except Exception:
-            log.exception("could not write %s", _META)
-            failed.append(_META)
-        if failed:
-            failed = sorted(set(failed))
-            log.error("stopped; %d queue(s) could not be persisted: %s", len(failed), failed)
-        return failed
-
-    def _save_head(self, key: str, head: list[tuple[Message, int | None]]) -> bool:
-        """Write one queue's in-memory messages; on an error, once more with times
-        clamped into int64 (a time out of range must not cost the message). True if
-        nothing was lost."""
-        disk = self._disk[key]
-        if not head:
-            return True
-        try:
-            return disk.save_head(head)
-        except Exception:
-            log.exception("could not write the %d messages of %s; retrying", len(head), key)
-            try:
-                return disk.save_head([_clamped(m, due) for m, due in head])
-            except Exception:
-                log.exception("lost the %d in-memory messages of %s", len(head), key)
-                return False
-
-    def _close_queue(self, key: str, forget_read: bool) -> bool:
-        try:
-            return self._disk[key].close(forget_read=forget_read)
-        except Exception:
-            log.exception("could not close the disk queue of %s", key)
-            return False
-
-    def _save_meta(self) -> None:
-        """Metadata changed: have it written (as nsqd does, so that after a crash the disk
-        queues are found again), soon and in a thread; a burst of changes is one write.
-        Without a running loop it is written at once."""
-        if self._restoring:
-            return
-        self._meta_dirty = True
-        if self._meta_task is not None or self._stopping:
-            return  # the writer in flight goes round again; stop() writes the last one
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._meta_dirty = False
-            _write_meta(self.options.data_dir / _META, list(self.topics.values()), self.ids)
-            self.meta_writes += 1
-            return
-        self._meta_task = loop.create_task(self._meta_writer(), name="srtm-meta")
-
-    async def _meta_writer(self) -> None:
-        path = self.options.data_dir / _META
-        try:
-            while self._meta_dirty and not self._stopping:
-                self._meta_dirty = False
-                # Only the list is taken on the loop; the document (20 ms for 10,000
-                # topics) is made in the thread, which yields the GIL every 5 ms.
-                topics = list(self.topics.values())
-                try:
-                    await asyncio.to_thread(_write_meta, path, topics, self.ids)
-                    self.meta_writes += 1
-                except Exception:
-                    # Never fatal: queues still find their directories on the next start
-                    # (_restore), and stop() writes once more.
-                    log.exception("could not write %s; retrying in 1 s", path)
-                    self._meta_dirty = True
-                    await asyncio.sleep(1.0)
-        finally:
-            self._meta_task = None
-
-    def _read_meta(self) -> dict[str, Any]:
-        """``meta.json``, or an empty one if it is missing, empty or corrupt (logged: the
-        queue directories then tell which topics and channels there were)."""
-        path = self.options.data_dir / _META
-        if not path.exists():
-            return {}
-        try:
-            meta = json.loads(path.read_bytes())
-            if not isinstance(meta, dict) or not isinstance(meta.get("topics", []), list):
-                raise ValueError("not a metadata document")
-            return meta
-        except (OSError, ValueError) as exc:
-            log.error(
-                "%s is unreadable (%s): recovering topics from the queue directories", path, exc
-            )
-            return {}
-
     def _restore(self) -> None:
-        meta = self._read_meta()
-        found = _scan_queue_dirs(self.options.data_dir)
-        self._restoring = True
-        next_id = meta.get("next_id", 0)
-        self.ids = MessageIds(
-            self.options.broker_id,
-            max(next_id if isinstance(next_id, int) else 0, self.ids.last + 1),
-        )
+        """Topics, channels and the messages they held, as the last run left them."""
+        saved = self.persistence.load()
+        self.persistence.restoring = True
+        self.ids = MessageIds(self.options.broker_id, max(saved.next_id, self.ids.last + 1))
         now = time.time_ns()
-        entries: list[dict[str, Any]] = [
-            t for t in meta.get("topics", []) if isinstance(t, dict) and _valid(t.get("name"))
-        ]
-        known = {t["name"] for t in entries}
-        entries += [{"name": name} for name in found if name not in known]
-        for t in entries:
-            self._restore_one(t, found.get(t["name"], []), now)
-        self._restoring = False
-        self._save_meta()
+        for t in saved.topics:
+            self._restore_topic(t, now)
+        self.persistence.restoring = False
+        self.persistence.save_meta()
         restored = sum(
             t.depth + sum(c.depth + c.deferred_count for c in t.channels.values())
             for t in self.topics.values()
@@ -528,51 +168,24 @@ class Broker:
         if restored:
             log.info("restored %d messages from %s", restored, self.options.data_dir)
 
-    def _restore_one(self, t: dict[str, Any], on_disk: list[str], now: int) -> None:
-        """One topic from its metadata entry and the channel directories found for it."""
-        topic = self.topic(t["name"])
-        topic.paused = bool(t.get("paused"))
+    def _restore_topic(self, saved: SavedTopic, now: int) -> None:
+        topic = self.topic(saved.name)
+        topic.paused = saved.paused
         # What waited for tokens is booked again, not as if it arrived before this
         # run: a restart must not burst.
         topic.book_not_before_ns = now
-        bucket = t.get("bucket")
+        bucket = saved.bucket
         if bucket:
             try:
                 topic.shape(bucket["rate"], bucket["burst"], time.time_ns)
                 self.releaser.shaped[topic.name] = topic
             except (KeyError, TypeError, ValueError) as exc:
                 log.error("topic %s: saved bucket %r ignored (%s)", topic.name, bucket, exc)
-        saved = t.get("channels")
-        channels = [c for c in saved if isinstance(c, dict)] if isinstance(saved, list) else []
-        names = {c.get("name") for c in channels}
-        channels += [{"name": name} for name in on_disk if name not in names]
-        for c in channels:
-            if not _valid(c.get("name")) or is_ephemeral(c["name"]):
-                continue
-            ch = self._watched(topic.channel(c["name"]))
-            ch.paused = bool(c.get("paused"))
-            self._restore_channel(ch)
-        self._restore_topic(topic, now)
-
-    def _restore_channel(self, ch: Channel) -> None:
-        head = self._disk[f"{ch.topic}:{ch.name}"].take_head()
-        ch.queue.extendleft([m for m, due in head if due is None])
-        for msg, due in head:
-            if due is not None:
-                ch.defer(msg, due)
-
-    def _restore_topic(self, topic: Topic, now: int) -> None:
-        held = self._disk[topic.name].take_head()
-        topic.held.extendleft([m for m, due in held if due is None])
-        topic.held_deferred += [(m, due) for m, due in held if due is not None]
-        shaping = [m for m, _ in self._disk[f"{topic.name}@shaping"].take_head()]
-        for msg in shaping:
-            msg.release_ns = UNBOOKED  # booked on the old run's bucket
-        topic.shaping.extendleft(shaping)
-        if topic.channels and topic.held:
-            first = next(iter(topic.channels.values()))
-            for msg in topic.held.drain():
-                first.put(msg)
+        for c in saved.channels:
+            ch = self._watched(topic.channel(c.name))
+            ch.paused = c.paused
+            self.persistence.restore_channel(ch)
+        self.persistence.restore_topic(topic)
 
     async def _accept_loop(self, listener: socket.socket) -> None:
         """Accept clients until stopped. A failed accept never ends it: out of fds or
@@ -661,16 +274,16 @@ class Broker:
             if not is_valid_name(name):
                 raise ProtocolError(errors.E_BAD_TOPIC, f"topic name {name!r} is not valid")
             limit = self.options.max_topics
-            if len(self.topics) >= limit and not self._restoring:
+            if len(self.topics) >= limit and not self.persistence.restoring:
                 raise LimitReached(
                     limit_code,
                     f"topic {name!r} not created: this broker has its maximum of {limit} "
                     "topics (--max-topics)",
                     "TOO_MANY_TOPICS",
                 )
-            topic = self.topics[name] = Topic(name, self._queue)
+            topic = self.topics[name] = Topic(name, self.persistence.queue)
             if not topic.ephemeral:
-                self._save_meta()
+                self.persistence.save_meta()
         return topic
 
     def channel(
@@ -681,7 +294,7 @@ class Broker:
         topic = self.topic(topic_name, limit_code)
         new = channel_name not in topic.channels
         limit = self.options.max_channels_per_topic
-        if new and len(topic.channels) >= limit and not self._restoring:
+        if new and len(topic.channels) >= limit and not self.persistence.restoring:
             raise LimitReached(
                 limit_code,
                 f"channel {channel_name!r} not created: topic {topic_name!r} has its maximum "
@@ -690,7 +303,7 @@ class Broker:
             )
         ch = self._watched(topic.channel(channel_name))
         if new and not ch.ephemeral and not topic.ephemeral:
-            self._save_meta()
+            self.persistence.save_meta()
         self.mark_ready(ch)
         return ch
 
@@ -717,12 +330,12 @@ class Broker:
             if isinstance(consumer, Client):
                 consumer.close()
         ch.discard()  # what it read from the topic's disk queues is settled
-        self._remove_queue(f"{topic_name}:{channel_name}")
+        self.persistence.remove(f"{topic_name}:{channel_name}")
         self.stats.drop_channel(topic_name, channel_name)
         if topic.ephemeral and not topic.channels:
             self.delete_topic(topic_name)
         elif not ch.ephemeral:
-            self._save_meta()
+            self.persistence.save_meta()
 
     def delete_topic(self, name: str) -> None:
         topic = self.topics.pop(name)
@@ -733,12 +346,12 @@ class Broker:
             for consumer in list(ch.consumers):
                 if isinstance(consumer, Client):
                     consumer.close()
-            self._remove_queue(f"{name}:{ch_name}")
-        self._remove_queue(name)
-        self._remove_queue(f"{name}@shaping")
+            self.persistence.remove(f"{name}:{ch_name}")
+        self.persistence.remove(name)
+        self.persistence.remove(f"{name}@shaping")
         self.stats.drop_topic(name)
         if not topic.ephemeral:
-            self._save_meta()
+            self.persistence.save_meta()
 
     def set_bucket(self, topic_name: str, rate: float, burst: float) -> TokenBucket:
         """Give a topic its sub-bucket, or retune it keeping its state; what already waits
@@ -747,7 +360,7 @@ class Broker:
         topic = self.topic(topic_name)
         bucket = topic.shape(rate, burst, time.time_ns)
         self.releaser.shaped[topic_name] = topic
-        self._save_meta()
+        self.persistence.save_meta()
         self.releaser.kick(topic)
         return bucket
 
@@ -756,20 +369,20 @@ class Broker:
         topic = self.topic(topic_name)
         topic.unshape()
         self.releaser.shaped.pop(topic_name, None)
-        self._save_meta()
+        self.persistence.save_meta()
         self.releaser.release_all(topic)
 
     def pause_topic(self, name: str, paused: bool) -> None:
         topic = self.topics[name]
         topic.paused = paused
-        self._save_meta()
+        self.persistence.save_meta()
         if not paused:
             self.releaser.kick(topic)
 
     def pause_channel(self, topic_name: str, channel_name: str, paused: bool) -> None:
         ch = self.topics[topic_name].channels[channel_name]
         ch.paused = paused
-        self._save_meta()
+        self.persistence.save_meta()
         self.mark_ready(ch)
 
     def order(self, publisher: str, order: dict[str, Any]) -> int:
@@ -788,7 +401,8 @@ class Broker:
         once what overflowed to disk is written (None: nothing to wait for): the publish
         is acknowledged only then."""
         topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
-        self._pushed_disks.clear()
+        pushed = self.persistence.pushed
+        pushed.clear()
         now = time.time_ns()
         n = 0
         backlog = 0.0
@@ -799,26 +413,9 @@ class Broker:
             n += 1
         self.stats.topic(topic_name).window.add(arrival, n, backlog)
         self.releaser.kick(topic)
-        if self._pushed_disks:
-            return self._write_through()
+        if pushed:
+            return self.persistence.write_through()
         return None
-
-    def _write_through(self) -> asyncio.Future[Any] | None:
-        """Write what this publish overflowed to disk before it is acknowledged: its OK
-        then means the OS holds it, so it survives kill -9 (as with nsqd, one write per
-        publish that overflows, or fewer: publishes arriving while one is written go
-        together in the next). The writes run on the disk thread; the future returned is
-        done when they are (None: written inline, or nothing to write)."""
-        waits = []
-        pushed = list(self._pushed_disks)
-        self._pushed_disks.clear()  # the same set: the queues hold it
-        for disk in pushed:
-            # a failing one is not waited for: the housekeeping loop retries it
-            if (fut := disk.written()) is not None:
-                waits.append(fut)
-        if not waits:
-            return None
-        return waits[0] if len(waits) == 1 else asyncio.gather(*waits)
 
     def publish_deferred(
         self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None
@@ -839,21 +436,9 @@ class Broker:
             topic = self.topic(name, limit_code)
         except OSError as exc:  # its metadata could not be written (disk full...)
             raise ProtocolError(errors.E_PUB_FAILED, f"{what} failed: {exc}") from exc
-        if self._failing_disks:
-            self._refuse_if_failing(topic, what)
+        if self.persistence.failing:
+            self.persistence.refuse_if_failing(topic, what)
         return topic
-
-    def _refuse_if_failing(self, topic: Topic, what: str) -> None:
-        """E_PUB_FAILED while a disk queue of ``topic`` cannot write (disk full...): what
-        was acknowledged waits in memory, and nothing more is taken until writing works."""
-        keys = [topic.name, f"{topic.name}@shaping"]
-        keys += [f"{topic.name}:{name}" for name in topic.channels]
-        for key in keys:
-            disk = self._disk.get(key)
-            if disk is not None and disk.error is not None:
-                raise ProtocolError(
-                    errors.E_PUB_FAILED, f"{what} failed: cannot write to disk ({disk.error})"
-                )
 
     def release_due(self) -> None:
         """Release shaped messages that are due (see ``Releaser.release_due``)."""
@@ -964,30 +549,6 @@ class Broker:
             if time.monotonic() - rolled >= 1.0:
                 rolled = time.monotonic()
                 self.measurements.refresh_rtts(self.clients)
-                # Like nsqd's sync every 2 s: overflowed messages reach the OS each second.
-                for disk in list(self._disk.values()):
-                    disk.flush()
-                if not self._reserve.held and not self._failing_disks:
-                    # space came back since the start; fallocate may take a while: a thread
-                    await asyncio.to_thread(self._reserve.claim, True)
+                await self.persistence.housekeep()
                 if self.traces is not None:
                     self.traces.maybe_roll()
-
-
-def _clamped(msg: Message, due: int | None) -> tuple[Message, int | None]:
-    """A copy whose times fit the disk format's int64 fields."""
-
-    def fit(v: int) -> int:
-        return min(max(v, -1), _FOREVER)
-
-    m = msg.copy()
-    m.timestamp_ns, m.arrival_ns, m.release_ns = (
-        fit(m.timestamp_ns),
-        fit(m.arrival_ns),
-        fit(m.release_ns),
-    )
-    return m, None if due is None else fit(due)
-
-
-def _valid(name: object) -> bool:
-    return isinstance(name, str) and is_valid_name(name)
