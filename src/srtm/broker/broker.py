@@ -473,33 +473,23 @@ class Broker:
                 consumer.send_now()
 
     def _account(self, ch: Channel, out: Sequence[tuple[object, Message]], now: int) -> None:
+        """What a dispatch records: stats, traces and measurement rounds. The topic's own
+        figures come from its first channel (each channel gets a copy of every message)."""
         topic = self.topics.get(ch.topic)
         if topic is None:
             return
-        ts = self.stats.topic(ch.topic)
-        cs = ts.channel(ch.name)
         shaped = topic.bucket is not None
-        # else the lateness is measured when the emulated server has processed it
-        lateness = shaped and self.releaser.server is None
         first_channel = next(iter(topic.channels.values()), None) is ch
-        traces = self.traces
-        first = sum(1 for _, m in out if m.attempts == 1)
-        if first:
-            cs.window.add(now, first, 0.0)
-        for _, msg in out:
-            if msg.attempts != 1:
-                continue
-            latency = now - msg.arrival_ns
-            cs.latency.add(latency)
-            if shaped:
-                cs.token_wait.add(msg.release_ns - msg.arrival_ns)
-            if first_channel:
-                ts.latency.add(latency)
-                if lateness:
-                    ts.lateness.add(now - msg.release_ns)
-                if traces is not None:
+        # with an emulated server, the lateness is measured when it has processed one
+        lateness = shaped and self.releaser.server is None
+        self.stats.topic(ch.topic).dispatched(ch.name, out, now, shaped, first_channel, lateness)
+        if not first_channel:
+            return
+        if (traces := self.traces) is not None:
+            for _, msg in out:
+                if msg.attempts == 1:
                     traces.add(ch.topic, msg, now)
-        if first_channel and self.measurements.running:
+        if self.measurements.running:
             self.measurements.record(ch.topic, out, now)
 
     async def measure(
