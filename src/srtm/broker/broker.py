@@ -1,5 +1,15 @@
-"""The broker: topics and clients on one asyncio loop, a precise releaser, timers,
-durable queues under ``data_dir`` and the graceful shutdown that fills them."""
+"""The broker: topics, channels and client connections on one asyncio loop.
+
+``Broker`` keeps the registry of topics and channels, serves the operations that
+connections (``srtm.broker.tcp``) and the HTTP API (``srtm.broker.http``) call, delivers
+messages to consumers and runs the background tasks. The rest is done by parts it owns,
+one module each, none of which imports this one (each is handed what it needs):
+
+- ``persistence.Persistence``: the disk queues, ``meta.json``, the restart, the save at stop;
+- ``release.Releaser``: the release loop of shaped topics and the emulated server;
+- ``measurement.Measurements``: measurement rounds and the publishers' RTTs;
+- ``stats.BrokerStats``: what publishes and dispatches record.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +42,8 @@ _E_SUB_FAILED = "E_SUB_FAILED"
 
 
 class Broker:
-    """Owns the topics; ``Client`` objects call into it, it calls back to send frames."""
+    """Owns the topics and the connections; ``Client`` objects call into it, it calls
+    back to send frames."""
 
     def __init__(self, options: BrokerOptions | None = None) -> None:
         self.options = options or BrokerOptions()
@@ -53,7 +64,6 @@ class Broker:
             else None
         )
         self.traces: TraceWriter | None = None
-        self.persistence = Persistence(self.options, self, self._disk_readable)
         self._dirty: set[Channel] = set()
         #: Channels with deferred messages or in-flight deadlines: all that _scan visits.
         self._timed: set[Channel] = set()
@@ -65,31 +75,12 @@ class Broker:
         #: Connections closed at once because ``max_connections`` were open.
         self.refused_connections = 0
         self.stopped = asyncio.Event()
-        self.measurements = Measurements()
+        # The parts (see the module's docstring), each handed what it needs.
+        self.persistence = Persistence(self.options, self, self._disk_readable)
         self.releaser = Releaser(
             self.options, self.topics, self.stats, self.mark_ready, self._dispatch
         )
-
-    # -- durable queues ------------------------------------------------------------------
-    def _disk_readable(self, key: str) -> None:
-        """The disk queue of ``key`` has read or written records ``pop`` can give now:
-        dispatch its channel, or release its topic, again."""
-        name, sep, channel = key.partition(":")
-        topic = self.topics.get(name.split("@")[0])
-        if topic is None:
-            return
-        if name == topic.name:
-            # What the topic held for its first channel (read back after a restart):
-            # that channel takes it, as it took what was in memory when it was made.
-            first = next(iter(topic.channels.values()), None)
-            if first is not None:
-                for msg in topic.held.drain():
-                    first.put(msg)
-                self.mark_ready(first)
-        elif not sep:
-            self.releaser.kick(topic)
-        elif (ch := topic.channels.get(channel)) is not None:
-            self.mark_ready(ch)
+        self.measurements = Measurements()
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -187,6 +178,7 @@ class Broker:
             self.persistence.restore_channel(ch)
         self.persistence.restore_topic(topic)
 
+    # -- background tasks ----------------------------------------------------------------
     async def _accept_loop(self, listener: socket.socket) -> None:
         """Accept clients until stopped. A failed accept never ends it: out of fds or
         memory it is retried with a backoff (the connection waits in the kernel's
@@ -225,20 +217,6 @@ class Broker:
         except OSError:
             sock.close()  # gone before we could set it up
 
-    def health(self) -> str | None:
-        """What is wrong with this broker (for /ping), or None."""
-        if self.accept_error is not None:
-            return self.accept_error
-        for task in self._tasks:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                return f"task {task.get_name()} died: {task.exception()!r}"
-        return None
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        """Log a background task's death when it happens, not at the next stop."""
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("background task %s died", task.get_name(), exc_info=exc)
-
     async def _deadline_loop(self) -> None:
         """Close connections whose writes or partly received commands stalled too long."""
         opts = self.options
@@ -252,6 +230,57 @@ class Broker:
             for client in list(self.clients):
                 client.check_deadlines(now)
 
+    async def _scan_loop(self) -> None:
+        """Deferred messages that came due and in-flight messages that timed out."""
+        interval = self.options.scan_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            self._scan(time.time_ns())
+
+    def _scan(self, now: int) -> None:
+        # A function of its own: no loop variable keeps a deleted topic alive while the
+        # loop sleeps (freeing it later, all at once, stalled the loop). Only channels
+        # with timers are visited: thousands of idle ones cost nothing.
+        for ch in list(self._timed):
+            due = ch.next_due_ns()
+            if due is None:
+                self._timed.discard(ch)  # it puts itself back when it gets a timer
+            elif due <= now and ch.tick(now):
+                self.mark_ready(ch)
+
+    async def _housekeeping_loop(self) -> None:
+        """Move measured values into the histograms every 100 ms, one histogram per loop
+        turn, so no single step holds the loop (and shaped releases) for long."""
+        rolled = time.monotonic()
+        while True:
+            await asyncio.sleep(0.1)
+            recorders = self.stats.pending_recorders()
+            for rec in recorders:
+                rec.flush()
+                await asyncio.sleep(0)
+            del recorders  # no reference to a deleted topic's histograms while sleeping
+            if time.monotonic() - rolled >= 1.0:
+                rolled = time.monotonic()
+                self.measurements.refresh_rtts(self.clients)
+                await self.persistence.housekeep()
+                if self.traces is not None:
+                    self.traces.maybe_roll()
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """Log a background task's death when it happens, not at the next stop."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("background task %s died", task.get_name(), exc_info=exc)
+
+    def health(self) -> str | None:
+        """What is wrong with this broker (for /ping), or None."""
+        if self.accept_error is not None:
+            return self.accept_error
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                return f"task {task.get_name()} died: {task.exception()!r}"
+        return None
+
+    # -- connections ---------------------------------------------------------------------
     def disconnected(self, client: Client) -> None:
         self.clients.discard(client)
         ch = client.channel
@@ -264,6 +293,13 @@ class Broker:
         self.mark_ready(ch)
         if ch.ephemeral and not ch.consumers:
             self.delete_channel(ch.topic, ch.name)
+
+    def order(self, publisher: str, order: dict[str, Any]) -> int:
+        """Send an SRTM order to every connection of ``publisher`` that takes orders."""
+        clients = [c for c in self.clients if c.publisher == publisher and c.takes_orders]
+        for c in clients:
+            c.send_order(order)
+        return len(clients)
 
     # -- topics and channels -------------------------------------------------------------
     def topic(self, name: str, limit_code: str = errors.E_BAD_TOPIC) -> Topic:
@@ -385,13 +421,6 @@ class Broker:
         self.persistence.save_meta()
         self.mark_ready(ch)
 
-    def order(self, publisher: str, order: dict[str, Any]) -> int:
-        """Send an SRTM order to every connection of ``publisher`` that takes orders."""
-        clients = [c for c in self.clients if c.publisher == publisher and c.takes_orders]
-        for c in clients:
-            c.send_order(order)
-        return len(clients)
-
     # -- publishing ----------------------------------------------------------------------
     def publish(
         self, topic_name: str, bodies: Iterable[bytes], arrival: int, publisher: str | None
@@ -439,10 +468,6 @@ class Broker:
         if self.persistence.failing:
             self.persistence.refuse_if_failing(topic, what)
         return topic
-
-    def release_due(self) -> None:
-        """Release shaped messages that are due (see ``Releaser.release_due``)."""
-        self.releaser.release_due()
 
     # -- delivery ------------------------------------------------------------------------
     def mark_ready(self, channel: Channel) -> None:
@@ -492,6 +517,31 @@ class Broker:
         if self.measurements.running:
             self.measurements.record(ch.topic, out, now)
 
+    def _disk_readable(self, key: str) -> None:
+        """The disk queue of ``key`` has read or written records ``pop`` can give now:
+        dispatch its channel, or release its topic, again."""
+        name, sep, channel = key.partition(":")
+        topic = self.topics.get(name.split("@")[0])
+        if topic is None:
+            return
+        if name == topic.name:
+            # What the topic held for its first channel (read back after a restart):
+            # that channel takes it, as it took what was in memory when it was made.
+            first = next(iter(topic.channels.values()), None)
+            if first is not None:
+                for msg in topic.held.drain():
+                    first.put(msg)
+                self.mark_ready(first)
+        elif not sep:
+            self.releaser.kick(topic)
+        elif (ch := topic.channels.get(channel)) is not None:
+            self.mark_ready(ch)
+
+    def release_due(self) -> None:
+        """Release shaped messages that are due (see ``Releaser.release_due``)."""
+        self.releaser.release_due()
+
+    # -- measurement rounds --------------------------------------------------------------
     async def measure(
         self, topic: str, publishers: frozenset[str] | None, window_ns: int
     ) -> Measurement:
@@ -506,39 +556,3 @@ class Broker:
     @max_measurements.setter
     def max_measurements(self, limit: int) -> None:
         self.measurements.limit = limit
-
-    async def _scan_loop(self) -> None:
-        """Deferred messages that came due and in-flight messages that timed out."""
-        interval = self.options.scan_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            self._scan(time.time_ns())
-
-    def _scan(self, now: int) -> None:
-        # A function of its own: no loop variable keeps a deleted topic alive while the
-        # loop sleeps (freeing it later, all at once, stalled the loop). Only channels
-        # with timers are visited: thousands of idle ones cost nothing.
-        for ch in list(self._timed):
-            due = ch.next_due_ns()
-            if due is None:
-                self._timed.discard(ch)  # it puts itself back when it gets a timer
-            elif due <= now and ch.tick(now):
-                self.mark_ready(ch)
-
-    async def _housekeeping_loop(self) -> None:
-        """Move measured values into the histograms every 100 ms, one histogram per loop
-        turn, so no single step holds the loop (and shaped releases) for long."""
-        rolled = time.monotonic()
-        while True:
-            await asyncio.sleep(0.1)
-            recorders = self.stats.pending_recorders()
-            for rec in recorders:
-                rec.flush()
-                await asyncio.sleep(0)
-            del recorders  # no reference to a deleted topic's histograms while sleeping
-            if time.monotonic() - rolled >= 1.0:
-                rolled = time.monotonic()
-                self.measurements.refresh_rtts(self.clients)
-                await self.persistence.housekeep()
-                if self.traces is not None:
-                    self.traces.maybe_roll()
