@@ -208,7 +208,7 @@ async def test_a_graceful_stop_keeps_what_was_read_ahead_exactly_once(tmp_path: 
             m = await c.message()
             finished.append(m.body)
             await c.send(Fin(m.id), Rdy(1) if len(finished) < taken else Rdy(0))
-        disk = broker._disk["t:c"]._disk
+        disk = broker.persistence.disks["t:c"]._disk
         assert disk is not None and disk.read_ahead()  # something is held read ahead
         await c.close()
     finally:

@@ -31,12 +31,7 @@ async def metadata_written(broker: Broker) -> None:
     """No metadata write pending or in flight (a broker that writes synchronously never
     has one)."""
     await eventually(
-        lambda: (
-            not getattr(broker, "_meta_dirty", False)
-            and getattr(broker, "_meta_task", None) is None
-        ),
-        "the metadata written",
-        timeout=20,
+        lambda: not broker.persistence.meta_pending, "the metadata written", timeout=20
     )
 
 
@@ -320,7 +315,7 @@ async def test_one_queue_that_cannot_be_written_costs_no_other_its_messages(
     def fail(records: object) -> None:
         raise OSError(28, "No space left on device")
 
-    broker._disk["broken"].save_head = fail  # type: ignore[method-assign]
+    broker.persistence.disks["broken"].save_head = fail  # type: ignore[method-assign]
     await broker.stop()
 
     again = Broker(opts)

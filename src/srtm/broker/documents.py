@@ -17,7 +17,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from srtm.broker.broker import MAX_MEASURE_NS, MIN_MEASURE_NS
+from srtm.broker.measurement import MAX_MEASURE_NS, MIN_MEASURE_NS
 from srtm.protocol import is_valid_name
 from srtm.protocol.names import MAX_NAME_LENGTH
 

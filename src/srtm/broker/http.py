@@ -25,7 +25,6 @@ from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import ValidationError
 
-from srtm.broker.broker import MeasurementsBusy
 from srtm.broker.documents import (
     NAME_RULE,
     BucketAnswer,
@@ -53,6 +52,7 @@ from srtm.broker.documents import (
     flag,
     query_refusals,
 )
+from srtm.broker.measurement import MeasurementsBusy
 from srtm.broker.metrics import BrokerCollector
 from srtm.broker.report import bucket_now, stats_document
 from srtm.broker.state import LimitReached

@@ -11,10 +11,13 @@ from __future__ import annotations
 import functools
 from array import array
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from hdrh.histogram import HdrHistogram
+
+from srtm.broker.message import Message
 
 NS_PER_S = 1_000_000_000
 PERCENTILES = (50.0, 95.0, 99.0, 99.9)
@@ -199,6 +202,35 @@ class TopicStats:
         if cs is None:
             cs = self.channels[name] = ChannelStats()
         return cs
+
+    def dispatched(
+        self,
+        channel: str,
+        out: Sequence[tuple[object, Message]],
+        now: int,
+        shaped: bool,
+        first_channel: bool,
+        lateness: bool,
+    ) -> None:
+        """Account the first attempts in ``out``, dispatched by ``channel`` at ``now``
+        (a redelivery is not a new message): the channel's rate, latency and (``shaped``)
+        token wait; where it is the topic's first channel, the topic's latency and (with
+        ``lateness``) its release lateness too, so that a message counts once."""
+        cs = self.channel(channel)
+        first = sum(1 for _, m in out if m.attempts == 1)
+        if first:
+            cs.window.add(now, first, 0.0)
+        for _, msg in out:
+            if msg.attempts != 1:
+                continue
+            latency = now - msg.arrival_ns
+            cs.latency.add(latency)
+            if shaped:
+                cs.token_wait.add(msg.release_ns - msg.arrival_ns)
+            if first_channel:
+                self.latency.add(latency)
+                if lateness:
+                    self.lateness.add(now - msg.release_ns)
 
     def recorders(self) -> list[Recorder]:
         out = [self.token_wait, self.latency, self.lateness]

@@ -1,0 +1,110 @@
+"""Measurement rounds: the estimated end-to-end latency of a topic's messages over a
+window (``POST /srtm/measure``), and the connection RTTs the estimate adds.
+
+The estimate of one message is its publisher's RTT/2 + its time in the broker + its
+subscriber's RTT/2; RTTs come from TCP_INFO, read once a second, not per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from srtm.broker.message import Message
+from srtm.broker.stats import Recorder
+
+#: Bounds of a measurement round: each holds a recorder and is fed every message of its
+#: topic, so neither their length nor their number may be left to whoever asks.
+MIN_MEASURE_NS = 1_000_000
+MAX_MEASURE_NS = 60_000_000_000
+MAX_MEASUREMENTS = 16
+
+
+class MeasurementsBusy(RuntimeError):
+    """As many measurement rounds as allowed are already running."""
+
+
+@dataclass
+class Measurement:
+    """A measurement round: estimated end-to-end latency (publisher RTT/2 + time in broker
+    + subscriber RTT/2) of a topic's messages from ``publishers`` (None: all) until
+    ``until_ns``."""
+
+    topic: str
+    publishers: frozenset[str] | None
+    until_ns: int
+    latency: Recorder = field(default_factory=Recorder)
+
+
+class Connection(Protocol):
+    """What a round needs of a client connection: its RTT, and whom it publishes for."""
+
+    rtt_cache_ns: int
+    pub_counts: dict[str, int]
+
+    @property
+    def publisher(self) -> str: ...
+
+    def rtt_ns(self) -> int: ...
+
+
+class Measurements:
+    """The rounds running (at most ``limit``), and each publisher's connection RTT."""
+
+    def __init__(self, limit: int = MAX_MEASUREMENTS) -> None:
+        self.running: list[Measurement] = []
+        self.limit = limit
+        #: Publisher name -> RTT of its connection, refreshed every second.
+        self.publisher_rtt_ns: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.running)
+
+    def refresh_rtts(self, clients: Iterable[Connection]) -> None:
+        for c in list(clients):
+            c.rtt_cache_ns = c.rtt_ns()
+            if c.pub_counts:
+                self.publisher_rtt_ns[c.publisher] = c.rtt_cache_ns
+
+    def record(self, topic: str, out: Sequence[tuple[object, Message]], now: int) -> None:
+        """Add the estimate of every first delivery of ``topic`` in ``out`` (dispatched at
+        ``now``) to the rounds that want it."""
+        measuring = [m for m in self.running if m.topic == topic and m.until_ns > now]
+        if not measuring:
+            return
+        rtt = self.publisher_rtt_ns
+        for consumer, msg in out:
+            if msg.attempts != 1:
+                continue
+            # Only client connections have an RTT (a consumer in a test may have none).
+            sub_rtt: int = getattr(consumer, "rtt_cache_ns", 0)
+            estimate = rtt.get(msg.publisher, 0) // 2 + (now - msg.arrival_ns) + sub_rtt // 2
+            for m in measuring:
+                if m.publishers is None or msg.publisher in m.publishers:
+                    m.latency.add(estimate)
+
+    async def run(
+        self,
+        topic: str,
+        publishers: frozenset[str] | None,
+        window_ns: int,
+        clients: Iterable[Connection],
+    ) -> Measurement:
+        """Run a round for ``window_ns`` and return it; cancelling the call ends the round.
+        At most ``limit`` run at once (MeasurementsBusy). ``clients``: the connections,
+        whose RTTs are read afresh as the round starts."""
+        if not MIN_MEASURE_NS <= window_ns <= MAX_MEASURE_NS:
+            raise ValueError(f"window {window_ns} ns is not within 1 ms..60 s")
+        if len(self.running) >= self.limit:
+            raise MeasurementsBusy(f"{len(self.running)} measurement rounds are running")
+        self.refresh_rtts(clients)
+        m = Measurement(topic, publishers, time.time_ns() + window_ns)
+        self.running.append(m)
+        try:
+            await asyncio.sleep(window_ns / 1e9)
+        finally:
+            self.running.remove(m)
+        return m

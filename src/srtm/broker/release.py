@@ -1,0 +1,214 @@
+"""The release loop of shaped topics, and the emulated processing server.
+
+A shaped topic's messages wait for their sub-bucket's tokens; the loop releases each
+when it is due, on a precise timer, to the topic's channels, or first to the emulated
+server (``--capacity``) that delivers it once processed. Unshaped topics release at
+once, when published to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from srtm.broker.message import Message
+from srtm.broker.options import BrokerOptions
+from srtm.broker.state import Channel, Topic
+from srtm.broker.stats import BrokerStats
+from srtm.broker.timer import TimerFd
+from srtm.ratelimit import TokenBucket
+
+log = logging.getLogger("srtm.broker")
+_FOREVER = 2**63 - 1
+#: How late an asyncio timeout can end (epoll waits in whole milliseconds), with margin.
+_ASYNCIO_TIMER_SLACK_NS = 1_500_000
+
+
+class Releaser:
+    """Releases what topics' buckets let through, and emulates the processing server.
+
+    ``mark_ready`` has a channel dispatched at the end of the loop turn, ``dispatch``
+    (channel, send) dispatches it now: an on-time shaped release goes out at once.
+    """
+
+    def __init__(
+        self,
+        options: BrokerOptions,
+        topics: dict[str, Topic],
+        stats: BrokerStats,
+        mark_ready: Callable[[Channel], None],
+        dispatch: Callable[[Channel, bool], None],
+    ) -> None:
+        self._topics, self._stats = topics, stats
+        self._mark_ready, self._dispatch = mark_ready, dispatch
+        self._timer_kind = options.release_timer
+        self._spin_ns = options.release_spin_ns
+        #: The topics with a sub-bucket: the only ones the release loop looks at.
+        self.shaped: dict[str, Topic] = {}
+        #: Earliest release time among shaped topics (None: nothing waits for tokens).
+        self.next_release_ns: int | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._timer: TimerFd | None = None
+        #: The emulated processing server (``options.capacity``; None: none): a GCRA with
+        #: one token is a D/1 queue whose release times are when each service starts.
+        cap = options.capacity
+        self.server = TokenBucket(cap, 1.0) if cap > 0 else None
+        self._service_ns = round(1e9 / cap) if cap > 0 else 0
+        #: Released by their buckets, waiting for the server: (done at, topic, message).
+        self._processing: collections.deque[tuple[int, Topic, Message]] = collections.deque()
+
+    # -- lifecycle (on the running loop) -------------------------------------------------
+    def start(self) -> None:
+        """Ready the wake-up and the precise timer; ``run`` is the loop's task."""
+        self._wakeup = asyncio.Event()
+        self._timer = self._precise_timer()
+
+    def _precise_timer(self) -> TimerFd | None:
+        if self._timer_kind != "timerfd":
+            return None
+        try:
+            timer = TimerFd()
+        except OSError as exc:
+            log.warning("no timerfd (%s): shaped releases fall back to spinning", exc)
+            return None
+        asyncio.get_running_loop().add_reader(timer.fd, self._on_timer)
+        return timer
+
+    def _on_timer(self) -> None:
+        assert self._timer is not None and self._wakeup is not None
+        self._timer.consume()
+        self._wakeup.set()
+
+    def stop(self) -> None:
+        """Close the timer (the loop's task is cancelled by its owner)."""
+        if self._timer is not None:
+            asyncio.get_running_loop().remove_reader(self._timer.fd)
+            self._timer.close()
+            self._timer = None
+
+    # -- releasing -----------------------------------------------------------------------
+    def kick(self, topic: Topic) -> None:
+        """``topic`` got messages or changed: release what is due now (unshaped), or have
+        the loop wake up by its next release (shaped)."""
+        if topic.bucket is None:
+            self.release(topic, time.time_ns())
+            return
+        self._wake(topic.next_release_ns())
+
+    def _wake(self, due: int | None) -> None:
+        """Make the release loop wake up by ``due``."""
+        if due is not None and (self.next_release_ns is None or due < self.next_release_ns):
+            self.next_release_ns = due
+            if self._wakeup is not None:
+                self._wakeup.set()
+
+    def release(self, topic: Topic, upto: int, at_once: bool = False) -> None:
+        """Release what is due by ``upto`` to the channels (or to the emulated server);
+        ``at_once`` dispatches and sends now instead of at the end of the loop turn (for
+        on-time shaped releases)."""
+        server = self.server
+        released = topic.release(upto, deliver=server is None)
+        if not released:
+            return
+        if topic.bucket is not None:
+            wait = self._stats.topic(topic.name).token_wait
+            for r in released:
+                wait.add(r.due_ns - r.message.arrival_ns)
+        if server is not None:
+            for r in released:
+                done = server.reserve(at=r.due_ns).release_ns + self._service_ns
+                self._processing.append((done, topic, r.message))
+            self._wake(self._processing[0][0])
+            return
+        self._ready(topic, at_once)
+
+    def release_all(self, topic: Topic) -> None:
+        """Everything that waits, now (the topic is no longer shaped)."""
+        self.release(topic, _FOREVER)
+
+    def _ready(self, topic: Topic, at_once: bool) -> None:
+        for ch in topic.channels.values():
+            if at_once:
+                self._dispatch(ch, True)
+            else:
+                self._mark_ready(ch)
+
+    def processed(self, now: int | None) -> int | None:
+        """Deliver what the emulated server has finished by ``now`` (None: everything);
+        returns when the next one finishes."""
+        queue = self._processing
+        done: dict[str, Topic] = {}
+        while queue and (now is None or queue[0][0] <= now):
+            due, topic, msg = queue.popleft()
+            if self._topics.get(topic.name) is not topic:
+                continue  # deleted meanwhile
+            topic.deliver(msg)
+            done[topic.name] = topic
+            if now is not None:
+                self._stats.topic(topic.name).lateness.add(now - due)
+        for topic in done.values():
+            self._ready(topic, at_once=now is not None)
+        return queue[0][0] if queue else None
+
+    def release_due(self) -> None:
+        """Release shaped messages that are due; called between commands of a long read
+        so that a busy connection cannot hold releases back for a whole loop turn."""
+        due = self.next_release_ns
+        if due is not None and (now := time.time_ns()) >= due:
+            self.release_shaped(now)
+
+    def release_shaped(self, now: int) -> int | None:
+        """Release every shaped message due by ``now``, and what the emulated server has
+        processed; returns the next time something is due."""
+        due = None
+        for topic in list(self.shaped.values()):
+            nxt = topic.next_release_ns()
+            if nxt is None:
+                continue
+            if nxt <= now:
+                self.release(topic, now, at_once=True)
+                nxt = topic.next_release_ns()
+            if nxt is not None and (due is None or nxt < due):
+                due = nxt
+        if self._processing:
+            nxt = self.processed(now)
+            if nxt is not None and (due is None or nxt < due):
+                due = nxt
+        self.next_release_ns = due
+        return due
+
+    async def run(self) -> None:
+        """Release shaped messages on time: sleep while the next release is far, then
+        yield to the loop for the last ``release_spin_ns``.
+
+        The sleep ends on a timerfd armed ``release_spin_ns`` before the release (ns
+        precise); without one, on an asyncio timeout (about 1 ms coarse), so the spin
+        must then be longer.
+        """
+        assert self._wakeup is not None
+        wakeup = self._wakeup
+        spin = self._spin_ns
+        if self._timer is None:
+            spin = max(spin, _ASYNCIO_TIMER_SLACK_NS)
+        while True:
+            due = self.release_shaped(time.time_ns())
+            if due is None:
+                wakeup.clear()
+                await wakeup.wait()
+                continue
+            wait = due - time.time_ns()
+            if wait <= spin:
+                await asyncio.sleep(0)
+                continue
+            wakeup.clear()
+            if self._timer is not None:
+                self._timer.arm(due - spin)
+                await wakeup.wait()
+                self._timer.disarm()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), (wait - spin) / 1e9)
