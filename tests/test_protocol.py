@@ -29,6 +29,7 @@ from srtm.protocol import (
     decode_message,
     encode_command,
     error,
+    is_valid_name,
     message,
     response,
 )
@@ -189,3 +190,14 @@ def test_message_frames_round_trip(ts: int, attempts: int, mid: bytes, body: byt
     assert (msg.timestamp_ns, msg.attempts, msg.id, msg.body) == (ts, attempts, mid, body)
     assert frames[1].data == b"OK"
     assert frames[2].data == b"E_X y"
+
+
+@pytest.mark.parametrize("name", ["t", "a.b_c-d", "x" * 64, "t#ephemeral"])
+def test_valid_names(name: str) -> None:
+    assert is_valid_name(name)
+
+
+# "t\n": a regex ending in `$` accepts a trailing newline; nsqd's does not.
+@pytest.mark.parametrize("name", ["", "x" * 65, "t\n", "a b", "t#eph", "#ephemeral", "é"])
+def test_invalid_names(name: str) -> None:
+    assert not is_valid_name(name)

@@ -6,12 +6,12 @@ import re
 
 EPHEMERAL_SUFFIX = "#ephemeral"
 MAX_NAME_LENGTH = 64
-_NAME = re.compile(r"^[.a-zA-Z0-9_-]+(#ephemeral)?$")
+_NAME = re.compile(r"[.a-zA-Z0-9_-]+(#ephemeral)?")
 
 
 def is_valid_name(name: str) -> bool:
     """1–64 characters of ``[.a-zA-Z0-9_-]``, optionally ending in ``#ephemeral``."""
-    return 0 < len(name) <= MAX_NAME_LENGTH and _NAME.match(name) is not None
+    return 0 < len(name) <= MAX_NAME_LENGTH and _NAME.fullmatch(name) is not None
 
 
 def is_ephemeral(name: str) -> bool:
