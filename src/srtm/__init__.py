@@ -1,3 +1,5 @@
 """SRTM: scalable real-time pub/sub messaging with DRL-aware load distribution."""
 
-__version__ = "0.1.0"
+from srtm.version import __version__
+
+__all__ = ["__version__"]

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from srtm.analysis import DrlRow, drl_table
+from srtm.version import __version__
 
 app = typer.Typer(
     help="SRTM: scalable real-time pub/sub messaging with DRL-aware load distribution.",
@@ -22,8 +23,21 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        print(__version__)
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
     """SRTM command line; see each command's --help."""
 
 

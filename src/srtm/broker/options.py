@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from srtm.protocol import Limits
+from srtm.version import NSQD_VERSION
 
-VERSION = "1.3.0-srtm"
+VERSION = NSQD_VERSION
 
 
 @dataclass(frozen=True, slots=True)

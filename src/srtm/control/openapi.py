@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from srtm.version import __version__
+
 _ERROR = {
     "description": "Refused; the message names the field or the reason",
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
@@ -50,7 +52,7 @@ def _query(name: str, description: str) -> dict[str, Any]:
 
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
-    "info": {"title": "SRTM controller", "version": "0.1.0"},
+    "info": {"title": "SRTM controller", "version": __version__},
     "paths": {
         "/brokers": {
             "post": {

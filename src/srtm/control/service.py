@@ -49,13 +49,13 @@ from srtm.placement import (
     place,
 )
 from srtm.security import bearer_matches, check_token, require_loopback_without_token
+from srtm.version import NSQD_VERSION, __version__
 
 if TYPE_CHECKING:
     from srtm.sim.model import BrokerModel
 
 log = logging.getLogger("srtm.controller")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-VERSION = "0.1.0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,7 +445,7 @@ class ControllerService:
 
         async def info(request: web.Request) -> web.Response:
             return web.json_response(
-                {"version": VERSION, "ticks": ctrl.ticks, "stalls": ctrl.stalls,
+                {"version": __version__, "ticks": ctrl.ticks, "stalls": ctrl.stalls,
                  "stalled_s": ctrl.stalled_s, "tls": self.options.tls_cert is not None,
                  "auth": self.options.token is not None}
             )  # fmt: skip
@@ -491,7 +491,7 @@ def _producers(brokers: Sequence[BrokerInfo]) -> list[dict[str, Any]]:
             continue
         out.append({"remote_address": b.tcp_address, "hostname": host,
                     "broadcast_address": host, "tcp_port": tcp, "http_port": http,
-                    "version": "1.3.0-srtm"})  # fmt: skip
+                    "version": NSQD_VERSION})  # fmt: skip
     return out
 
 
