@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from srtm.analysis.quantiles import REPORTED
 from srtm.broker.stats import Recorder
 
 if TYPE_CHECKING:
@@ -21,22 +22,15 @@ def _percentiles(rec: Recorder) -> dict[str, Any]:
         return {"count": 0, "percentiles": None}
     return {
         "count": int(s["count"]),
-        "percentiles": [
-            {"quantile": q / 100, "value": int(s[f"p{q:g}"])} for q in (50.0, 95.0, 99.0, 99.9)
-        ],
+        "percentiles": [{"quantile": q, "value": int(s[key])} for key, q in REPORTED],
     }
 
 
 def latency_summary(rec: Recorder) -> dict[str, int]:
     """count, mean, p50, p95, p99, p999 in ns."""
     s = rec.summary()
-    return {
-        "count": int(s["count"]),
-        "mean": int(s["mean"]),
-        "p50": int(s["p50"]),
-        "p95": int(s["p95"]),
-        "p99": int(s["p99"]),
-        "p999": int(s["p99.9"]),
+    return {"count": int(s["count"]), "mean": int(s["mean"])} | {
+        key: int(s[key]) for key, _ in REPORTED
     }
 
 

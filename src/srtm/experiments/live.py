@@ -28,6 +28,7 @@ import aiohttp
 import numpy as np
 
 from srtm.analysis import profile_bucket
+from srtm.analysis.quantiles import quantiles
 from srtm.experiments import analysis, host
 from srtm.experiments.scenarios import POLICY_NAMES, Scenario
 from srtm.experiments.validity import RunFigures, Validity, check
@@ -352,12 +353,12 @@ def _validity(
     in_window = (due >= window.start_ns) & (due < window.end_ns)
     late = rep.lateness_ns[in_window]
     late = late[late >= 0]
-    p99, p999 = (np.percentile(late, [99, 99.9]) / 1e6) if late.size else (0.0, 0.0)
+    q = quantiles(late, (0.99, 0.999), scale=1e6, empty=0.0)
     figures = RunFigures(
         slo_p99_ms=sc.slo_p99_ms,
         max_late_ms=MAX_SEND_LATE_S * 1e3,
-        send_late_p99_ms=float(p99),
-        send_late_p999_ms=float(p999),
+        send_late_p99_ms=q["p99"],
+        send_late_p999_ms=q["p999"],
         due=int(in_window.sum()),
         skipped_late=rep.skipped_late - watch.skipped_at_start,
         broker_late_p99_ms=broker_late_ms,

@@ -18,12 +18,11 @@ import numpy as np
 import numpy.typing as npt
 
 from srtm.analysis import token_delays
+from srtm.analysis.quantiles import quantiles
 from srtm.ratelimit import BucketParams
 from srtm.sim.arrivals import NS_PER_S, IntArray, Trace
 from srtm.sim.model import BrokerModel, FloatArray
 from srtm.sim.queue import pooled
-
-QUANTILES = (0.5, 0.95, 0.99)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +69,15 @@ class Stats:
         if latency_ns.size == 0:
             nan = float("nan")
             return cls(0, nan, nan, nan, nan, nan, nan, nan)
-        p50, p95, p99 = np.quantile(latency_ns, QUANTILES) / 1e6
+        q = quantiles(latency_ns, (0.5, 0.95, 0.99), scale=1e6)
         return cls(
             int(latency_ns.size),
-            float(p50),
-            float(p95),
-            float(p99),
+            q["p50"],
+            q["p95"],
+            q["p99"],
             float(latency_ns.mean()) / 1e6,
             float(latency_ns.max()) / 1e6,
-            float(np.quantile(token_ns, 0.99)) / 1e6,
+            quantiles(token_ns, (0.99,), scale=1e6)["p99"],
             float(np.count_nonzero(token_ns)) / token_ns.size,
         )
 
