@@ -524,17 +524,19 @@ def place_command(
     Prints each broker used with its publishers, their rate and its sub-bucket, or the
     shortfall when the brokers' residual capacity cannot carry the topic.
     """
-    from srtm.placement import POLICIES, parse_brokers, parse_topic, place
+    from srtm.placement import parse_brokers, parse_policy, parse_topic, place
 
-    if policy not in POLICIES:
-        raise typer.BadParameter(f"must be one of {', '.join(POLICIES)}", param_hint="--policy")
+    try:
+        chosen = parse_policy(policy)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policy") from None
     try:
         fleet = parse_brokers(_read_json(brokers, "--brokers"))
         spec = parse_topic(_read_json(topic, "--topic"))
     except ValueError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    result = place(policy, fleet, spec, seed)  # type: ignore[arg-type]
+    result = place(chosen, fleet, spec, seed)
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
         return

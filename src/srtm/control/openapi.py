@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from srtm.placement import POLICIES
 from srtm.version import __version__
 
 _ERROR = {
@@ -122,7 +123,7 @@ OPENAPI: dict[str, Any] = {
                         "rate": {"type": "number", "description": "default 1.1 x publishers"},
                         "arrivals_ns": {"type": "array", "items": {"type": "integer"},
                                         "description": "trace for burst = profile"},
-                        "policy": {"enum": ["lb", "conc", "maxmin", "srtm"]},
+                        "policy": {"enum": list(POLICIES)},
                         "fit": {"description": "run online fitting (true, or window_s, "
                                                "min_samples, settle_s, and model: 'paper' "
                                                "or a calibrated model file under the "

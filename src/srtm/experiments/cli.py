@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from srtm.experiments import scenarios
+from srtm.placement import POLICIES, Policy, parse_policy
 
 if TYPE_CHECKING:
     from srtm.experiments.live import OnProgress
@@ -124,7 +125,7 @@ def _load(name: str) -> scenarios.Scenario:
 
 def run_policies(
     sc: scenarios.Scenario,
-    policies: Sequence[str],
+    policies: Sequence[Policy],
     out: Path,
     duration: float | None,
     warmup: float | None,
@@ -218,14 +219,16 @@ def analyse(
     console.print(f"latency figures by the Spark pipeline ({done['master']}), {done['seconds']} s")
 
 
-def _policies(text: str) -> list[str]:
+def _policies(text: str) -> list[Policy]:
     names = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in names if p not in scenarios.POLICY_NAMES]
-    if bad or not names:
-        raise typer.BadParameter(
-            f"policies are {', '.join(scenarios.POLICY_NAMES)}; got {text!r}", param_hint="--policy"
-        )
-    return names
+    try:
+        if names:
+            return [parse_policy(p) for p in names]
+    except ValueError:
+        pass
+    raise typer.BadParameter(
+        f"policies are {', '.join(POLICIES)}; got {text!r}", param_hint="--policy"
+    )
 
 
 @app.command("list")

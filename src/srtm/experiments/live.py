@@ -30,9 +30,10 @@ import numpy as np
 from srtm.analysis import profile_bucket
 from srtm.analysis.quantiles import quantiles
 from srtm.experiments import analysis, host
-from srtm.experiments.scenarios import POLICY_NAMES, Scenario
+from srtm.experiments.scenarios import Scenario
 from srtm.experiments.validity import RunFigures, Validity, check
 from srtm.launch import LocalCluster, die_with_parent, start_cluster
+from srtm.placement import Policy, parse_policy
 from srtm.workload import PublisherSpec, build
 from srtm.workload.emulator import Emulator, EmulatorReport, follow_plan
 
@@ -77,7 +78,7 @@ def run_name(sc: Scenario, policy: str) -> str:
 
 def run(
     sc: Scenario,
-    policy: str,
+    policy: Policy,
     out: Path,
     *,
     duration_s: float | None = None,
@@ -86,8 +87,7 @@ def run(
 ) -> dict[str, Any]:
     """Run ``sc`` under ``policy``; write traces under ``out/traces`` and the summary to
     ``out/<run>.json``; return the summary. Nothing is left running, even on Ctrl-C."""
-    if policy not in POLICY_NAMES:
-        raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}, got {policy!r}")
+    policy = parse_policy(policy)  # callers from untyped input
     duration = sc.duration_s if duration_s is None else duration_s
     warmup = sc.warmup_s if warmup_s is None else warmup_s
     if duration <= 0 or warmup < 0:
