@@ -99,11 +99,6 @@ class Recorder:
             self._hist = HdrHistogram(1, _MAX_NS, 3)
         return self._hist
 
-    @property
-    def allocated(self) -> bool:
-        """Whether the histogram exists yet (for tests and the cost of idle topics)."""
-        return self._hist is not None
-
     def add(self, value_ns: int) -> None:
         self.pending.append(value_ns)
 

@@ -48,7 +48,12 @@ from srtm.placement import (
     parse_topic,
     place,
 )
-from srtm.security import bearer_matches, check_token, require_loopback_without_token
+from srtm.security import (
+    bearer_header,
+    bearer_matches,
+    check_token,
+    require_loopback_without_token,
+)
 from srtm.version import NSQD_VERSION, __version__
 
 if TYPE_CHECKING:
@@ -208,8 +213,7 @@ class ControllerService:
 
     def _headers(self) -> dict[str, str]:
         """What the controller sends to brokers: the cluster token, if any."""
-        token = self.options.token
-        return {} if token is None else {"Authorization": f"Bearer {token}"}
+        return bearer_header(self.options.token)
 
     # -- actions -------------------------------------------------------------------------
     def _save(self, key: str, doc: Any) -> asyncio.Future[None]:

@@ -21,7 +21,7 @@ from srtm.analysis import token_delays
 from srtm.analysis.quantiles import quantiles
 from srtm.ratelimit import BucketParams
 from srtm.sim.arrivals import NS_PER_S, IntArray, Trace
-from srtm.sim.model import BrokerModel, FloatArray
+from srtm.sim.model import BrokerModel
 from srtm.sim.queue import pooled
 
 
@@ -102,9 +102,6 @@ class SimResult:
     @property
     def p99_ms(self) -> float:
         return self.topic.p99_ms
-
-    def worst_broker(self) -> BrokerRun:
-        return max(self.brokers.values(), key=lambda b: b.stats.p99_ms)
 
     def to_json(self) -> dict[str, object]:
         from dataclasses import asdict
@@ -226,9 +223,3 @@ def simulate(
     lat = np.concatenate(all_lat) if all_lat else np.zeros(0, np.int64)
     tok = np.concatenate(all_tok) if all_tok else np.zeros(0, np.int64)
     return SimResult(runs, Stats.of(lat, tok))
-
-
-def latencies_ms(result: SimResult) -> FloatArray:
-    """Every message's latency (ms), all brokers together (needs ``keep_latencies``)."""
-    parts = [r.latency_ns for r in result.brokers.values()]
-    return np.concatenate(parts) / 1e6 if parts else np.zeros(0)
