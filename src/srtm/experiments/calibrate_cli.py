@@ -1,4 +1,4 @@
-"""``srtm calibrate``: the command line of ``srtm.sim.calibrate``."""
+"""``srtm calibrate``: the command line of ``srtm.experiments.calibrate``."""
 
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ def calibrate(
 ) -> None:
     """Measure the broker on this machine (service time, capacity at the SLO, overhead per
     connection) and write a model for the simulator (about 30 s)."""
-    from srtm.sim.calibrate import Plan
-    from srtm.sim.calibrate import calibrate as run
+    from srtm.experiments.calibrate import Plan
+    from srtm.experiments.calibrate import calibrate as run
     from srtm.sim.model import save
 
     plan = Plan(
