@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from srtm.analysis import DrlRow, drl_table
-from srtm.version import __version__
+from srtm.version import package_version
 
 app = typer.Typer(
     help="SRTM: scalable real-time pub/sub messaging with DRL-aware load distribution.",
@@ -25,7 +25,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        print(__version__)
+        print(package_version())
         raise typer.Exit()
 
 
