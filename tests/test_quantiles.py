@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from srtm.analysis.quantiles import REPORTED, key, label, quantiles
+from support import MakeBroker
 
 
 @pytest.mark.parametrize(
@@ -39,3 +40,26 @@ def test_quantiles_are_numpys_scaled_and_named() -> None:
 def test_no_values_give_the_empty_value() -> None:
     assert quantiles([], (0.99,), empty=0.0) == {"p99": 0.0}
     assert all(math.isnan(v) for v in quantiles(np.zeros(0)).values())
+
+
+async def test_the_broker_shows_the_reported_quantiles(make_broker: MakeBroker) -> None:
+    """/stats (nsqd's quantiles), its srtm section (keys) and /metrics (labels)."""
+    from srtm.broker.metrics import BrokerCollector
+    from srtm.broker.report import stats_document
+
+    broker = await make_broker()
+    broker.topic("q")
+    stats = broker.stats.topic("q")
+    for v in range(1, 2_001):
+        stats.token_wait.add(v * 1_000)
+        stats.latency.add(v * 1_000)
+    doc = stats_document(broker, "q")
+    nsqd = doc["topics"][0]["e2e_processing_latency"]["percentiles"]
+    assert [p["quantile"] for p in nsqd] == [0.5, 0.95, 0.99, 0.999]
+    assert nsqd[-1]["value"] == pytest.approx(1_998_000, rel=1e-3)
+    ours = doc["srtm"]["topics"][0]["token_wait_ns"]
+    assert list(ours) == ["count", "mean", "p50", "p95", "p99", "p999"]
+    assert ours["p999"] == nsqd[-1]["value"]
+    (family,) = (m for m in BrokerCollector(broker).collect() if m.name.endswith("wait_seconds"))
+    labels = [s.labels["quantile"] for s in family.samples if s.labels["topic"] == "q"]
+    assert labels == ["0.5", "0.95", "0.99", "0.999"]
