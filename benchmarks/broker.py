@@ -46,7 +46,8 @@ from rich.table import Table
 
 from srtm.analysis.quantiles import quantiles
 from srtm.launch import BrokerProcess, start_broker
-from srtm.protocol import MAGIC_V2, Mpub, Pub, encode_command
+from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Mpub, Pub, encode_command, response
+from srtm.protocol.frames import ATTEMPTS_AT, BODY_AT, HEARTBEAT, ID_AT
 
 NS_PER_S = 1_000_000_000
 BODY_SIZE = 100
@@ -81,13 +82,10 @@ NSQD: dict[str, tuple[float, float]] = {
 GOAL_VS_NSQD = 0.5
 TARGET_LATENESS_P99_US = 100.0
 
-_HDR = struct.Struct(">iI")
 _I32 = struct.Struct(">I")
 _Q = struct.Struct(">q")
 _STAMP = struct.Struct(">qq")  # send time (ns, CLOCK_REALTIME), sequence number
-OK_FRAME = _HDR.pack(6, 0) + b"OK"
-HEARTBEAT = b"_heartbeat_"
-FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE = 0, 1, 2
+OK_FRAME = response()
 
 
 class BrokerError(RuntimeError):
@@ -115,68 +113,61 @@ def recv(sock: socket.socket) -> bytes:
     return data
 
 
-def take_responses(buf: bytearray, sock: socket.socket) -> int:
-    """Consume the complete response frames in ``buf``; return how many were OK."""
-    n = len(buf)
-    k = n // len(OK_FRAME)
-    # Fast path: k non-overlapping OK frames in exactly k frames' bytes tile the buffer.
-    if n == k * len(OK_FRAME) and buf.count(OK_FRAME) == k:
-        buf.clear()
-        return k
-    oks = pos = 0
-    while n - pos >= 8:
-        size, kind = _HDR.unpack_from(buf, pos)
-        end = pos + 4 + size
-        if end > n:
-            break
-        data = bytes(buf[pos + 8 : end])
-        if kind == FRAME_ERROR:
-            raise BrokerError(f"error frame: {data.decode(errors='replace')}")
-        if kind != FRAME_RESPONSE:
+def take_responses(frames: FrameReader, data: bytes, sock: socket.socket) -> int:
+    """Read the response frames ``data`` completes; return how many were OK."""
+    buf = frames.buffer
+    if not buf:
+        # Fast path: k OK frames in exactly k frames' bytes, nothing else to read.
+        k = len(data) // len(OK_FRAME)
+        if len(data) == k * len(OK_FRAME) and data.count(OK_FRAME) == k:
+            return k
+    oks = 0
+    for kind, start, end in frames.spans(data):
+        if kind == FrameType.ERROR:
+            raise BrokerError(f"error frame: {bytes(buf[start:end]).decode(errors='replace')}")
+        if kind != FrameType.RESPONSE:
             raise BrokerError(f"unexpected frame type {kind} on a publishing connection")
-        if data == b"OK":
+        response = bytes(buf[start:end])
+        if response == b"OK":
             oks += 1
-        elif data == HEARTBEAT:
+        elif response == HEARTBEAT:
             sock.sendall(b"NOP\n")
         else:
-            raise BrokerError(f"unexpected response {data[:60]!r}")
-        pos = end
-    del buf[:pos]
+            raise BrokerError(f"unexpected response {response[:60]!r}")
     return oks
 
 
 def consume(
-    buf: bytearray, sock: socket.socket, recv_ns: int, lat: array[int] | None, seen: bytearray
+    frames: FrameReader,
+    data: bytes,
+    sock: socket.socket,
+    recv_ns: int,
+    lat: array[int] | None,
+    seen: bytearray,
 ) -> tuple[int, int]:
-    """Consume complete frames in ``buf`` on a subscribed connection: FIN every message
+    """Read the frames ``data`` completes on a subscribed connection: FIN every message
     (one send for the lot). With ``lat``, the body's send stamp gives recv − send and its
     sequence number marks ``seen``. Returns (messages, redeliveries)."""
-    n = len(buf)
-    pos = got = again = 0
+    buf = frames.buffer
+    got = again = 0
     fins = []
-    while n - pos >= 8:
-        size, kind = _HDR.unpack_from(buf, pos)
-        end = pos + 4 + size
-        if end > n:
-            break
-        if kind == FRAME_MESSAGE:
+    for kind, start, end in frames.spans(data):
+        if kind == FrameType.MESSAGE:
             got += 1
-            if buf[pos + 16] or buf[pos + 17] != 1:  # attempts (uint16) != 1
+            if buf[start + ATTEMPTS_AT] or buf[start + ATTEMPTS_AT + 1] != 1:  # attempts != 1
                 again += 1
-            fins.append(b"FIN " + buf[pos + 18 : pos + 34] + b"\n")
+            fins.append(b"FIN " + buf[start + ID_AT : start + BODY_AT] + b"\n")
             if lat is not None:
-                sent_ns, seq = _STAMP.unpack_from(buf, pos + 34)
+                sent_ns, seq = _STAMP.unpack_from(buf, start + BODY_AT)
                 lat.append(recv_ns - sent_ns)
                 if seen[seq]:
                     again += 1
                 seen[seq] = 1
-        elif kind == FRAME_RESPONSE:
-            if bytes(buf[pos + 8 : end]) == HEARTBEAT:
+        elif kind == FrameType.RESPONSE:
+            if buf[start:end] == HEARTBEAT:
                 fins.append(b"NOP\n")
         else:
-            raise BrokerError(f"error frame: {bytes(buf[pos + 8 : end]).decode(errors='replace')}")
-        pos = end
-    del buf[:pos]
+            raise BrokerError(f"error frame: {bytes(buf[start:end]).decode(errors='replace')}")
     if fins:
         sock.sendall(b"".join(fins))
     return got, again
@@ -185,12 +176,11 @@ def consume(
 def subscribe(addr: tuple[str, int], topic: str, channel: str) -> socket.socket:
     sock = connect(addr)
     sock.sendall(f"SUB {topic} {channel}\n".encode())
-    buf = bytearray()
+    frames = FrameReader()
     deadline = time.monotonic() + IO_TIMEOUT_S
-    while not take_responses(buf, sock):
+    while not take_responses(frames, recv(sock), sock):
         if time.monotonic() > deadline:
             raise BrokerError("no OK to SUB")
-        buf += recv(sock)
     sock.sendall(f"RDY {RDY}\n".encode())
     return sock
 
@@ -202,7 +192,7 @@ def publish_loop(
     rate = messages acknowledged / (first send .. last OK)."""
     sock = connect(addr)
     try:
-        buf = bytearray()
+        frames = FrameReader()
         clock = time.perf_counter
         start = clock()
         deadline = start + duration_s
@@ -211,8 +201,7 @@ def publish_loop(
         sock.sendall(cmd * first)
         sent, done = first, 0
         while done < sent:
-            buf += recv(sock)
-            k = take_responses(buf, sock)
+            k = take_responses(frames, recv(sock), sock)
             done += k
             if done > sent:
                 raise BrokerError(f"{done} OKs for {sent} commands")
@@ -249,7 +238,7 @@ def task_drain(
         raise BrokerError(f"drain: published only {pub['msgs']:,.0f} of {n:,} in {max_s:g} s")
     sock = subscribe(addr, topic, CHANNEL)
     try:
-        buf = bytearray()
+        frames = FrameReader()
         clock = time.perf_counter
         start = clock()
         deadline = start + max_s
@@ -258,8 +247,7 @@ def task_drain(
         while got < n:
             if clock() > deadline:
                 raise BrokerError(f"drain: {got:,} of {n:,} messages in {max_s:g} s")
-            buf += recv(sock)
-            g, a = consume(buf, sock, 0, None, seen)
+            g, a = consume(frames, recv(sock), sock, 0, None, seen)
             got += g
             again += a
         elapsed = clock() - start
@@ -271,8 +259,7 @@ def task_drain(
                 data = sock.recv(1 << 20)
                 if not data:
                     break
-                buf += data
-                g, a = consume(buf, sock, 0, None, seen)
+                g, a = consume(frames, data, sock, 0, None, seen)
                 got += g
                 again += a
     finally:
@@ -315,7 +302,7 @@ def _paced(
     total = int(rate * duration_s)
     seen = bytearray(total)
     lat: array[int] = array("q")
-    cbuf, pbuf = bytearray(), bytearray()
+    cframes, pframes = FrameReader(), FrameReader()
     sent = acked = got = again = 0
     first_recv = last_recv = 0
     t0 = clock() + 20_000_000
@@ -341,17 +328,16 @@ def _paced(
             timeout = 0.05
         readable, _, _ = select.select(socks, [], [], timeout)
         if cons in readable:
-            cbuf += recv(cons)
+            data = recv(cons)
             recv_ns = clock()
-            g, a = consume(cbuf, cons, recv_ns, lat, seen)
+            g, a = consume(cframes, data, cons, recv_ns, lat, seen)
             if g:
                 got += g
                 again += a
                 first_recv = first_recv or recv_ns
                 last_recv = recv_ns
         if pub in readable:
-            pbuf += recv(pub)
-            acked += take_responses(pbuf, pub)
+            acked += take_responses(pframes, recv(pub), pub)
     lost = total - sum(seen)
     us = np.asarray(lat, dtype=np.float64) / 1e3
     span = (last_recv - first_recv) / NS_PER_S

@@ -21,7 +21,6 @@ import functools
 import multiprocessing
 import socket
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from rich.table import Table
 
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.diskqueue import DiskQueue
-from srtm.protocol import MAGIC_V2, Fin, Mpub, Pub, Rdy, Sub
+from srtm.protocol import MAGIC_V2, Fin, FrameReader, FrameType, Mpub, Pub, Rdy, Sub, decode_message
 from srtm.protocol.commands import encode_command
 
 BODY = b"x" * 100
@@ -53,24 +52,20 @@ def _load(port: int, messages: int, done: Any) -> None:
     # Every millisecond one MPUB of 5 and 5 single PUBs: paced, so the lag shows stalls
     # rather than a loop saturated by a flood.
     tick = encode_command(Mpub("t", [BODY] * 5)) + encode_command(Pub("t", BODY)) * 5
-    start, sent, got, buf = time.perf_counter(), 0, 0, b""
+    start, sent, got, frames = time.perf_counter(), 0, 0, FrameReader()
     while got < messages:
         due = int((time.perf_counter() - start) * 1000) + 1
         while sent < messages and sent < due * 10:
             pub.sendall(tick)
             sent += 10
         try:
-            buf += sub.recv(1 << 20)
+            data = sub.recv(1 << 20)
         except TimeoutError:
             continue
         fins = []
-        while len(buf) >= 8:
-            size, kind = struct.unpack(">ii", buf[:8])
-            if len(buf) < 4 + size:
-                break
-            frame, buf = buf[8 : 4 + size], buf[4 + size :]
-            if kind == 2:  # a message: timestamp 8, attempts 2, id 16
-                fins.append(encode_command(Fin(frame[10:26])))
+        for frame in frames.feed(data):
+            if frame.kind is FrameType.MESSAGE:
+                fins.append(encode_command(Fin(decode_message(frame.data).id)))
                 got += 1
         if fins:
             sub.sendall(b"".join(fins))

@@ -48,6 +48,13 @@ def broker_proc(tmp_path: Path) -> Iterator[BrokerProcess]:
         proc.stop()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs the SparkSession is slow: its JVM takes a minute to start."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """The one SparkSession of the test run (srtm.pipeline's factory, local[*]), stopped

@@ -1,37 +1,124 @@
-"""Shared test helpers: awaited conditions (poll instead of sleeping a fixed time) and the
+"""Shared test helpers: ``eventually`` (wait on a condition, never a fixed sleep) and the
 ``make_broker`` fixture's type (the fixture is in conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
 
 from srtm.broker import Broker
+
+T = TypeVar("T")
 
 #: ``make_broker(**options)``: an in-process broker on 127.0.0.1 (ephemeral port).
 MakeBroker = Callable[..., Awaitable[Broker]]
 
-
-async def until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
-    """Await ``cond`` (polled every 5 ms); fail naming ``what`` if it does not hold within
-    ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached in {timeout} s: {what or 'condition'}")
-        await asyncio.sleep(0.005)
+#: Default patience: long enough for a loaded machine, so that it only ends a test that
+#: would otherwise hang. Tests pass ``timeout`` only where the wait is known to be longer.
+TIMEOUT_S = 15.0
 
 
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    """Poll ``cond`` (blocking, every 50 ms) until it returns something true, and return
-    that; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+def _truthy(value: object) -> bool:
+    return bool(value)
+
+
+@dataclass
+class _Attempts:
+    """One wait's deadline, and the failure that names what was awaited and what the
+    condition last gave. Both loops of ``eventually`` go through it."""
+
+    what: str
+    timeout: float
+    until: Callable[[Any], bool]
+    deadline: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.timeout
+
+    def done(self, value: object) -> bool:
+        if self.until(value):
+            return True
+        if time.monotonic() >= self.deadline:
+            raise AssertionError(
+                f"not reached in {self.timeout:g} s: {self.what} (last value: {value!r})"
+            )
+        return False
+
+
+class _Eventually:
+    """Poll ``cond`` until it holds, then return what it returned.
+
+    ``cond`` returns the value judged: truthy ends the wait, or ``until(value)`` does when
+    given (``cond`` then probes, e.g. ``lambda: len(got)`` with ``until=lambda n: n >= 10``,
+    and a failure shows the last count). The deadline is only against hanging: a wait that
+    times out fails with ``AssertionError`` naming ``what`` and the last value.
+
+    ``await eventually(cond, "what")`` polls on the running loop (``cond`` may also return
+    an awaitable, awaited each time); ``eventually.blocking(cond, "what")`` polls in this
+    thread, sleeping with ``sleep`` between tries (``gevent.sleep`` lets greenlets run).
+    """
+
+    @overload
+    async def __call__(
+        self,
+        cond: Callable[[], Awaitable[T]],
+        what: str,
+        *,
+        until: Callable[[T], bool] = ...,
+        timeout: float = ...,
+        interval: float = ...,
+    ) -> T: ...
+
+    @overload
+    async def __call__(
+        self,
+        cond: Callable[[], T],
+        what: str,
+        *,
+        until: Callable[[T], bool] = ...,
+        timeout: float = ...,
+        interval: float = ...,
+    ) -> T: ...
+
+    async def __call__(
+        self,
+        cond: Callable[[], Any],
+        what: str,
+        *,
+        until: Callable[[Any], bool] = _truthy,
+        timeout: float = TIMEOUT_S,
+        interval: float = 0.005,
+    ) -> Any:
+        attempts = _Attempts(what, timeout, until)
+        while True:
+            value = cond()
+            if inspect.isawaitable(value):
+                value = await value
+            if attempts.done(value):
+                return value
+            await asyncio.sleep(interval)
+
+    def blocking(
+        self,
+        cond: Callable[[], T],
+        what: str,
+        *,
+        until: Callable[[T], bool] = _truthy,
+        timeout: float = TIMEOUT_S,
+        interval: float = 0.05,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> T:
+        attempts = _Attempts(what, timeout, until)
+        while True:
+            value = cond()
+            if attempts.done(value):
+                return value
+            sleep(interval)
+
+
+#: The one way tests wait for something to happen (see ``_Eventually``).
+eventually = _Eventually()

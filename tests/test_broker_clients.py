@@ -29,11 +29,11 @@ import tornado.ioloop
 from ansq import ConnectionFeatures, ConnectionOptions
 
 from srtm.launch import BrokerProcess, start_broker
+from support import eventually
 
 T = TypeVar("T")
 
 DEADLINE_S = 10.0
-POLL_S = 0.01
 DEFER_MS = 300
 REQ_MS = 250
 MSG_TIMEOUT_MS = 1000  # nsqd's minimum
@@ -117,35 +117,9 @@ def check_redelivered(got: list[Got], body: bytes, since: float, min_s: float) -
     assert gap >= min_s - SLACK_S, f"redelivered after {gap:.3f} s, expected >= {min_s} s"
 
 
-# -- waiting (deadlines, no fixed sleeps) -----------------------------------------------------
-def wait_sync(
-    cond: Callable[[], T | None], what: str, sleep: Callable[[float], object] = time.sleep
-) -> T:
-    """Poll ``cond`` until it returns something truthy; fail at the deadline."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {DEADLINE_S:g} s waiting for {what}")
-        sleep(POLL_S)
-
-
-def wait_gevent(cond: Callable[[], T | None], what: str) -> T:
+def wait_gevent(cond: Callable[[], T], what: str) -> T:
     """Polling that yields to the gevent hub, so gnsq's greenlets run meanwhile."""
-    return wait_sync(cond, what, sleep=gevent.sleep)
-
-
-async def wait_async(cond: Callable[[], T | None], what: str) -> T:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {DEADLINE_S:g} s waiting for {what}")
-        await asyncio.sleep(POLL_S)
+    return eventually.blocking(cond, what, sleep=gevent.sleep)
 
 
 def have(got: dict[str, list[Got]], n: int) -> bool:
@@ -240,7 +214,7 @@ class PynsqWriter:
         self.responses: list[object] = []
 
     async def connected(self) -> PynsqWriter:
-        await wait_async(
+        await eventually(
             lambda: any(c.connected() for c in self.writer.conns.values()), "Writer connected"
         )
         return self
@@ -249,7 +223,7 @@ class PynsqWriter:
         self.responses.append(data)
 
     async def all_ok(self, n: int) -> None:
-        await wait_async(lambda: len(self.responses) >= n, f"{n} publish responses")
+        await eventually(lambda: len(self.responses) >= n, f"{n} publish responses")
         assert self.responses == [b"OK"] * n
 
 
@@ -283,7 +257,7 @@ def test_pynsq_pub_mpub_dpub_two_channels_fin(broker_proc: BrokerProcess) -> Non
         ]
         w = None
         try:
-            await wait_async(lambda: subscribed(broker_proc, topic, CHANNELS), "subscribed")
+            await eventually(lambda: subscribed(broker_proc, topic, CHANNELS), "subscribed")
             w = await PynsqWriter(broker_proc.tcp_address).connected()
             t_dpub = time.monotonic()
             w.writer.dpub(topic, DEFER_MS, sent.deferred, callback=w.ack)
@@ -291,9 +265,9 @@ def test_pynsq_pub_mpub_dpub_two_channels_fin(broker_proc: BrokerProcess) -> Non
                 w.writer.pub(topic, body, callback=w.ack)
             w.writer.mpub(topic, sent.mpub, callback=w.ack)
             await w.all_ok(5)
-            await wait_async(lambda: have(got, len(sent.all)), "every message on both channels")
+            await eventually(lambda: have(got, len(sent.all)), "every message on both channels")
             for ch in CHANNELS:
-                docs[ch] = await wait_async(
+                docs[ch] = await eventually(
                     lambda ch=ch: settled(broker_proc, topic, ch, len(sent.all)), f"{ch} settled"
                 )
             check_published(broker_proc, topic, len(sent.all))
@@ -323,12 +297,12 @@ def test_pynsq_req_with_delay(broker_proc: BrokerProcess) -> None:
         reader = pynsq_reader(broker_proc, topic, "worker", handler)
         w = None
         try:
-            await wait_async(lambda: subscribed(broker_proc, topic, ["worker"]), "subscribed")
+            await eventually(lambda: subscribed(broker_proc, topic, ["worker"]), "subscribed")
             w = await PynsqWriter(broker_proc.tcp_address).connected()
             w.writer.pub(topic, body, callback=w.ack)
             await w.all_ok(1)
-            await wait_async(lambda: len(got) == 2, "the requeued message back")
-            doc = await wait_async(lambda: settled(broker_proc, topic, "worker", 1), "settled")
+            await eventually(lambda: len(got) == 2, "the requeued message back")
+            doc = await eventually(lambda: settled(broker_proc, topic, "worker", 1), "settled")
         finally:
             pynsq_close(reader, w and w.writer)
 
@@ -358,13 +332,13 @@ def test_pynsq_timeout_redelivery(broker_proc: BrokerProcess) -> None:
         )
         w = None
         try:
-            await wait_async(lambda: subscribed(broker_proc, topic, ["worker"]), "subscribed")
+            await eventually(lambda: subscribed(broker_proc, topic, ["worker"]), "subscribed")
             w = await PynsqWriter(broker_proc.tcp_address).connected()
             t_pub = time.monotonic()
             w.writer.pub(topic, body, callback=w.ack)
             await w.all_ok(1)
-            await wait_async(lambda: len(got) == 2, "the timed-out message back")
-            doc = await wait_async(lambda: settled(broker_proc, topic, "worker", 1), "settled")
+            await eventually(lambda: len(got) == 2, "the timed-out message back")
+            doc = await eventually(lambda: settled(broker_proc, topic, "worker", 1), "settled")
         finally:
             pynsq_close(reader, w and w.writer)
 
@@ -493,7 +467,7 @@ def test_gnsq_cls_stops_delivery_but_allows_fin(broker_proc: BrokerProcess) -> N
     delivered however high RDY was (nsqd's StartClose sets RDY 0), and what is in flight
     can still be FINished on the open connection."""
     topic, channel = "gnsq_cls", "worker"
-    conn = gnsq.NsqdTCPClient(*broker_proc.tcp, timeout=DEADLINE_S)
+    conn = gnsq.NsqdTCPClient(*broker_proc.tcp)
     conn.connect()
     try:
         conn.identify()
@@ -521,7 +495,7 @@ def test_gnsq_cls_stops_delivery_but_allows_fin(broker_proc: BrokerProcess) -> N
 def test_commands_after_a_fatal_error_are_not_executed(broker_proc: BrokerProcess) -> None:
     """nsqd stops reading at a fatal error: a PUB pipelined behind one must not publish."""
     topic = "after_fatal"
-    conn = gnsq.NsqdTCPClient(*broker_proc.tcp, timeout=DEADLINE_S)
+    conn = gnsq.NsqdTCPClient(*broker_proc.tcp)
     conn.connect()
     try:
         # one write, so the broker reads both at once: RDY before SUB is fatal (E_INVALID)
@@ -579,7 +553,7 @@ async def test_ansq_pub_mpub_dpub_two_channels_fin(broker_proc: BrokerProcess) -
         assert [r.body for r in responses] == [b"OK"] * 5
         await asyncio.gather(*(drain(r, ch) for r, ch in zip(readers, CHANNELS, strict=True)))
         docs = {
-            ch: await wait_async(
+            ch: await eventually(
                 lambda ch=ch: settled(broker_proc, topic, ch, len(sent.all)), f"{ch} settled"
             )
             for ch in CHANNELS
@@ -609,7 +583,7 @@ async def test_ansq_req_with_delay(broker_proc: BrokerProcess) -> None:
         second = await ansq_next(reader)
         got.append(ansq_got(second))
         await second.fin()
-        doc = await wait_async(lambda: settled(broker_proc, topic, "worker", 1), "settled")
+        doc = await eventually(lambda: settled(broker_proc, topic, "worker", 1), "settled")
     finally:
         await ansq_close(clients)
     check_redelivered(got, body, since=got[0].at, min_s=REQ_MS / 1000)
@@ -633,7 +607,7 @@ async def test_ansq_timeout_redelivery(broker_proc: BrokerProcess) -> None:
         second = await ansq_next(reader)
         got.append(ansq_got(second))
         await second.fin()
-        doc = await wait_async(lambda: settled(broker_proc, topic, "worker", 1), "settled")
+        doc = await eventually(lambda: settled(broker_proc, topic, "worker", 1), "settled")
     finally:
         await ansq_close(clients)
     check_redelivered(got, body, since=t_pub, min_s=MSG_TIMEOUT_MS / 1000)
@@ -691,8 +665,8 @@ def test_every_library_reads_what_every_library_wrote(broker_proc: BrokerProcess
 
         reader = pynsq_reader(broker_proc, topic, "pynsq", handler, max_in_flight=3)
         try:
-            await wait_async(lambda: len(got["pynsq"]) >= n, "pynsq consumer done")
-            docs["pynsq"] = await wait_async(
+            await eventually(lambda: len(got["pynsq"]) >= n, "pynsq consumer done")
+            docs["pynsq"] = await eventually(
                 lambda: settled(broker_proc, topic, "pynsq", n), "pynsq settled"
             )
         finally:
@@ -716,7 +690,7 @@ def test_every_library_reads_what_every_library_wrote(broker_proc: BrokerProcess
                 message = await ansq_next(reader)
                 got["ansq"].append(ansq_got(message))
                 await message.fin()
-            docs["ansq"] = await wait_async(
+            docs["ansq"] = await eventually(
                 lambda: settled(broker_proc, topic, "ansq", n), "ansq settled"
             )
         finally:

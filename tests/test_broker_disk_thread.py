@@ -20,7 +20,7 @@ from srtm.broker import Broker, BrokerOptions
 from srtm.broker.diskqueue import DiskQueue
 from srtm.protocol import MAGIC_V2, Fin, Mpub, Pub, Rdy, Sub
 from srtm.protocol.commands import encode_command
-from support import MakeBroker, until
+from support import MakeBroker, eventually
 
 PAD = b"." * 200  # enough that the backlog is written out (past 256 KiB) and read back
 OK_FRAME = b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
@@ -82,7 +82,7 @@ async def test_no_disk_queue_file_work_runs_on_the_event_loop(
         await sub.send(Fin(m.id))
     assert len(got) == sent
     # every segment settled and deleted (on the disk thread) but the one being written
-    await until(
+    await eventually(
         lambda: (
             len(list((queues / "q-t").glob("*.dat"))) <= 1
             and len(list((queues / "q-t:c").glob("*.dat"))) <= 1
@@ -118,13 +118,13 @@ async def test_an_ok_waits_for_its_write_and_holds_later_frames_of_its_connectio
     try:
         a.setblocking(False)
         await loop.sock_sendall(a, MAGIC_V2 + encode_command(Pub("t", b"durable")))
-        await until(entered.is_set, what="the PUB's write started")
+        await eventually(entered.is_set, what="the PUB's write started")
         # the same connection: an ephemeral topic needs no disk, its OK waits nonetheless
         await loop.sock_sendall(a, encode_command(Pub("e#ephemeral", b"a")))
         b = await RawClient.connect(*broker.tcp_address)
         await b.send(Pub("e#ephemeral", b"b"))
         assert await b.response() == b"OK"  # answered while the write is still blocked
-        await until(
+        await eventually(
             lambda: (
                 "e#ephemeral" in broker.topics and broker.topics["e#ephemeral"].message_count == 2
             ),
@@ -170,7 +170,7 @@ async def test_http_pub_answers_once_written(
                 entered.clear()
                 release.clear()
                 answer = asyncio.ensure_future(http.post(path, data=b"x"))
-                await until(entered.is_set, what=f"{path}: the write started")
+                await eventually(entered.is_set, what=f"{path}: the write started")
                 # a request on another topic in memory is answered meanwhile
                 other = await http.post("/pub?topic=m%23ephemeral", data=b"y")
                 assert other.status == 200
@@ -229,7 +229,7 @@ async def test_a_graceful_stop_keeps_what_was_read_ahead_exactly_once(tmp_path: 
         assert set(rest) | set(finished) == {b"%05d" % n + PAD for n in range(sent)}
         assert not set(rest) & set(finished)  # none finished before comes again
         await c.send(Rdy(0))
-        await until(lambda: again.topics["t"].channels["c"].depth == 0, what="drained")
+        await eventually(lambda: again.topics["t"].channels["c"].depth == 0, what="drained")
         await c.close()
     finally:
         await again.stop()

@@ -188,7 +188,7 @@ async def test_measurement_rounds_estimate_e2e_for_named_publishers(
                 m = await sub.message()
                 await sub.send(Fin(m.id))
                 n += 1
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # paces the traffic over the 400 ms window
         return n
 
     async def measure(who: str) -> dict[str, Any]:

@@ -3,14 +3,13 @@ restart (a real broker process, stopped by signal, started again on the same --d
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import time
 from pathlib import Path
 
 from nsq_raw import RawClient
 from srtm.launch import start_broker
 from srtm.protocol import Dpub, Fin, Mpub, Rdy, Sub
+from support import eventually
 
 
 async def test_messages_queued_at_sigterm_are_delivered_after_restart(tmp_path: Path) -> None:
@@ -80,10 +79,11 @@ async def test_after_a_crash_what_overflowed_to_disk_is_delivered(tmp_path: Path
         await pub.close()
         segment = data / "queues" / "q-crashy:c" / "000000.dat"
         # Overflow writes reach the OS within a second: wait for all 90 to be there.
-        deadline = time.monotonic() + 10
-        while not (segment.exists() and segment.stat().st_size >= 90 * (56 + 3)):  # header+body
-            assert time.monotonic() < deadline, "overflow never reached the disk"
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: segment.stat().st_size if segment.exists() else 0,
+            "the 90 overflowed messages on disk",
+            until=lambda size: size >= 90 * (56 + 3),  # header+body
+        )
     finally:
         first.proc.send_signal(signal.SIGKILL)  # a crash: nothing saved at the stop
         first.stop()

@@ -37,7 +37,7 @@ from srtm.protocol import (
     decode_message,
     encode_command,
 )
-from support import until
+from support import eventually
 
 MIB = 1 << 20
 
@@ -138,19 +138,19 @@ async def test_fd_exhaustion_does_not_end_accepting_and_sigterm_persists(tmp_pat
             c = await RawClient.connect(*broker.tcp)
             clients.append(c)
             await c.send(Pub("kept", b"fill%d" % len(clients)))
-            await until(lambda b=before: socket_count(pid) > b, what="the connection accepted")  # type: ignore[misc]
+            await eventually(lambda b=before: socket_count(pid) > b, what="the connection accepted")  # type: ignore[misc]
             assert await c.response() == b"OK"
             acked.append(b"fill%d" % len(clients))
         late = await RawClient.connect(*broker.tcp)  # completed by the kernel, not accepted
         await late.send(Pub("kept", b"late"))
-        await until(lambda: ping()[0] == 500, what="/ping reporting that accepting fails")
+        await eventually(lambda: ping()[0] == 500, what="/ping reporting that accepting fails")
         status, text = ping()
         assert text.startswith("NOK") and "accept" in text, (status, text)
         for c in clients[1:11]:
             await c.close()
         assert await late.response() == b"OK"  # accepted once fds were free again
         acked.append(b"late")
-        await until(lambda: ping() == (200, "OK"), what="/ping healthy again")
+        await eventually(lambda: ping() == (200, "OK"), what="/ping healthy again")
         extra = await RawClient.connect(*broker.tcp)
         await extra.send(Pub("kept", b"after"))
         assert await extra.response() == b"OK"
@@ -196,7 +196,7 @@ async def test_stop_persists_when_a_background_task_died(tmp_path: Path) -> None
     await c.send(Mpub("owed", [b"a", b"b", b"c"]))
     assert await c.response() == b"OK"
     scan = next(t for t in broker._tasks if t.get_name() == "srtm-scan")
-    await until(scan.done, what="the scan task dead")
+    await eventually(scan.done, what="the scan task dead")
     assert "srtm-scan" in (broker.health() or "")  # /ping: NOK
     await c.close()
     await broker.stop()  # must not raise, must persist
@@ -222,7 +222,7 @@ class RssPeak:
     async def _sample(self) -> None:
         while True:
             self.peak = max(self.peak, rss_bytes(self.pid))
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # the sampling period, not a wait for an event
 
     async def stop(self) -> int:
         """Stop sampling; the growth over the baseline, in bytes."""
@@ -262,7 +262,10 @@ async def test_a_client_that_never_reads_its_replies_is_bounded_then_cut_off(
     )
     try:
         s = non_reading_socket(broker.tcp, encode_command(Sub("t", "c")))
-        await until(lambda: broker.stats("t")["topics"][0]["channels"][0]["client_count"] == 1)
+        await eventually(
+            lambda: broker.stats("t")["topics"][0]["channels"][0]["client_count"] == 1,
+            "the consumer subscribed",
+        )
         flood = b"".join(b"FIN %016d\n" % i for i in range(1_500_000))  # 39 MB
 
         def send() -> str:
@@ -320,10 +323,11 @@ async def test_a_stalled_consumer_is_bounded_and_its_messages_go_to_another(
             + encode_command(Sub("t", "c"))
             + encode_command(Rdy(n)),
         )
-        await until(lambda: channel()["client_count"] == 1, what="the consumer subscribed")
+        await eventually(lambda: channel()["client_count"] == 1, what="the consumer subscribed")
         # Fixed: closed by the write timeout. Unfixed: the batch re-sent every second.
-        await until(
+        await eventually(
             lambda: channel()["client_count"] == 0 or channel()["timeout_count"] >= 8 * n,
+            "the stalled consumer closed (or its batch timed out 8 times)",
             timeout=60,
         )
         growth = await rss.stop()
@@ -360,7 +364,7 @@ async def test_a_command_dripped_byte_by_byte_is_cut_off(
     async def drip() -> None:
         with contextlib.suppress(ConnectionError):
             for _ in range(300):
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # the drip itself: one byte per 50 ms
                 await c.send(b" ")
 
     dripping = asyncio.create_task(drip())
@@ -388,7 +392,7 @@ async def test_backpressure_delays_but_loses_nothing(make_broker: Callable[..., 
         growing to 4 MB), so what it is sent piles up in the broker."""
         known = set(broker.clients)
         c = await SlowReader.connect(address, b"")
-        await until(lambda: len(broker.clients) > len(known))
+        await eventually(lambda: len(broker.clients) > len(known), "the client accepted")
         for new in broker.clients - known:
             new.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         return c
@@ -396,11 +400,11 @@ async def test_backpressure_delays_but_loses_nothing(make_broker: Callable[..., 
     pub = await slow_client()
     pub.writer.write(b"".join(encode_command(Pub("bp", b"%05d" % i)) for i in range(n)))
     # Its 500 kB of replies cannot all fit the bound and the kernel's buffers.
-    await until(lambda: any(c.output_pauses for c in broker.clients), what="publisher paused")
+    await eventually(lambda: any(c.output_pauses for c in broker.clients), what="publisher paused")
     assert [f.data for f in await pub.frames(n)] == [b"OK"] * n
     sub = await slow_client()
     sub.writer.write(encode_command(Sub("bp", "c")) + encode_command(Rdy(2500)))
-    await until(lambda: any(c.output_pauses for c in broker.clients if c.channel), what="sub")
+    await eventually(lambda: any(c.output_pauses for c in broker.clients if c.channel), what="sub")
     got: list[bytes] = []
     while len(got) < n:
         for f in await sub.frames(1):
@@ -456,7 +460,7 @@ async def test_connections_beyond_the_limit_are_told_and_closed(
     assert await over.closed()
     assert broker.refused_connections == 1
     await held.pop().close()
-    await until(lambda: len(broker.clients) == 2)
+    await eventually(lambda: len(broker.clients), "two clients", until=lambda n: n == 2)
     again = await RawClient.connect(*broker.tcp_address)
     await again.send(Pub("t", b"again"))
     assert await again.response() == b"OK"

@@ -9,7 +9,6 @@ checksummed (a zero-filled or torn tail is skipped, never delivered).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import json
@@ -20,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.error
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from srtm.broker.queue import MessageQueue
 from srtm.broker.state import Topic
 from srtm.launch import BrokerProcess, start_broker
 from srtm.protocol import Dpub, Fin, FrameType, Mpub, Pub, Rdy, Sub
+from support import eventually
 
 
 def msg(i: int, body: bytes | None = None) -> Message:
@@ -419,13 +419,6 @@ def _on_disk(directory: Path) -> int:
     return sum(len(scan(p)[0]) for p in directory.glob("[0-9]*.dat"))
 
 
-async def _wait(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        await asyncio.sleep(0.05)
-
-
 async def _drain(b: BrokerProcess, topic: str, channel: str, expect: set[int]) -> set[int]:
     """FIN everything the channel delivers until ``expect`` is covered or it stays quiet
     for 5 s (then the caller's assertion names what is missing)."""
@@ -463,7 +456,12 @@ async def test_kill_9_while_draining_from_disk_loses_nothing_that_was_on_disk(
             assert await pub.response() == b"OK"
         await pub.close()
         # All but the 50 held in memory reach the disk (within the broker's 1 s flush).
-        await _wait(lambda: _on_disk(data / "queues" / "q-t:c") >= n - 50, "overflow on disk")
+        await eventually(
+            lambda: _on_disk(data / "queues" / "q-t:c"),
+            "overflow on disk",
+            until=lambda on_disk: on_disk >= n - 50,
+            timeout=30,
+        )
         # A consumer finishes 100, then takes 900 more and finishes none: the reader is
         # then several 64 KiB segments (about 280 messages each) past what was settled.
         c = await RawClient.connect(*first.tcp)
@@ -473,7 +471,7 @@ async def test_kill_9_while_draining_from_disk_loses_nothing_that_was_on_disk(
         await c.send(Rdy(0), *(Fin(m.id) for m in first_100))
         finished |= {_seq(m.body) for m in first_100}
         channel = lambda: first.stats("t")["topics"][0]["channels"][0]  # noqa: E731
-        await _wait(lambda: channel()["in_flight_count"] == 0, "100 FINs taken")
+        await eventually(lambda: channel()["in_flight_count"] == 0, "100 FINs taken", timeout=30)
         await c.send(Rdy(900))
         for _ in range(900):
             await c.message()
@@ -566,7 +564,12 @@ async def test_a_full_disk_refuses_publishes_drains_and_stops_cleanly(tmp_path: 
                 finished.add(_seq(m.body))
                 await c.send(Fin(m.id))
             await c.close()
-            await _wait(lambda: _http_pub(b, _body(seq, 100))[0] == 200, "PUB taken again")
+            await eventually(
+                lambda: _http_pub(b, _body(seq, 100))[0] == 200,
+                "PUB taken again",
+                timeout=30,
+                interval=0.05,
+            )
             acked.add(seq)
             seq, err = await _fill(b, seq + 1, acked)
             assert err.startswith("E_PUB_FAILED"), err
@@ -640,7 +643,9 @@ async def test_kill_9_keeps_acknowledged_messages_of_a_shaped_topic(tmp_path: Pa
         fin.add(_seq(m.body))
         await live.send(Fin(m.id))
         channel = lambda: first.stats("t")["topics"][0]["channels"]  # noqa: E731
-        await _wait(lambda: all(c["in_flight_count"] == 0 for c in channel()), "FIN taken")
+        await eventually(
+            lambda: all(c["in_flight_count"] == 0 for c in channel()), "FIN taken", timeout=30
+        )
         await pub.close()
     finally:
         first.proc.send_signal(signal.SIGKILL)

@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +22,10 @@ from srtm.broker.http import serve_http
 from srtm.launch import start_broker
 from srtm.protocol import MAGIC_V2, Identify, encode_command
 from srtm.security import require_auth_choice
+from support import eventually
 
 TOKEN = "t0ps3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-async def wait_until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Poll ``cond`` on the loop until it holds (a deadline only against hanging)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def serve(tmp_path: Path, token: str | None) -> tuple[Broker, Any, int]:
@@ -291,9 +283,11 @@ async def test_a_measurement_round_ends_with_its_client(tmp_path: Path, token: s
     broker, runner, port = await serve(tmp_path, token)
     try:
         _, writer = await post_measure(port, 60_000, token)
-        await wait_until(lambda: len(broker.measurements) == 1, "the round to start")
+        await eventually(
+            lambda: len(broker.measurements), "the round to start", until=lambda n: n == 1
+        )
         writer.close()
-        await wait_until(lambda: not broker.measurements, "the round to end with its client")
+        await eventually(lambda: not broker.measurements, "the round to end with its client")
     finally:
         await runner.cleanup()
         await broker.stop()
@@ -306,12 +300,14 @@ async def test_measurement_rounds_are_limited_per_broker(tmp_path: Path) -> None
     try:
         for _ in range(3):
             writers.append((await post_measure(port, 60_000, None))[1])
-        await wait_until(lambda: len(broker.measurements) == 3, "three rounds")
+        await eventually(lambda: len(broker.measurements), "three rounds", until=lambda n: n == 3)
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as s:
             status, doc = await call(s, "POST", "/srtm/measure?topic=t&window_ms=10")
             assert status == 429 and doc["message"] == "TOO_MANY_MEASUREMENTS"
             writers.pop().close()
-            await wait_until(lambda: len(broker.measurements) == 2, "one round to end")
+            await eventually(
+                lambda: len(broker.measurements), "one round to end", until=lambda n: n == 2
+            )
             status, doc = await call(s, "POST", "/srtm/measure?topic=t&window_ms=10")
             assert status == 200 and doc["window_ms"] == 10
     finally:

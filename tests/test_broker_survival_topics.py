@@ -3,7 +3,6 @@ bucket parameters a broker accepts, and metadata that survives being lost or cut
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import math
@@ -15,7 +14,7 @@ import tracemalloc
 import urllib.error
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -25,30 +24,19 @@ from srtm.broker.state import Channel
 from srtm.launch import BrokerProcess, start_broker
 from srtm.protocol import Fin, Mpub, Pub, Rdy, Sub
 from srtm.ratelimit import MAX_RATE, MIN_RATE, TokenBucket, check_bucket
-
-T = TypeVar("T")
-
-
-async def wait_for(cond: Callable[[], T | None], what: str, deadline_s: float = 20.0) -> T:
-    end = time.monotonic() + deadline_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+from support import eventually
 
 
 async def metadata_written(broker: Broker) -> None:
     """No metadata write pending or in flight (a broker that writes synchronously never
     has one)."""
-    await wait_for(
+    await eventually(
         lambda: (
             not getattr(broker, "_meta_dirty", False)
             and getattr(broker, "_meta_task", None) is None
         ),
         "the metadata written",
+        timeout=20,
     )
 
 

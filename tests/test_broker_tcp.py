@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import struct
 import time
 from pathlib import Path
 
@@ -14,9 +13,9 @@ import pytest
 from nsq_raw import RawClient
 from srtm.broker import Broker
 from srtm.protocol import Dpub as DpubCmd
-from srtm.protocol import Fin, FrameType, Mpub, Nop, Pub, Rdy, Sub, Touch, header
+from srtm.protocol import Fin, FrameReader, FrameType, Mpub, Nop, Pub, Rdy, Sub, Touch, header
 from srtm.ratelimit import check_conformance
-from support import MakeBroker, until
+from support import MakeBroker, eventually
 
 
 async def connect(broker: Broker) -> RawClient:
@@ -43,11 +42,12 @@ async def test_a_fatal_error_reaches_a_client_that_kept_sending(make_broker: Mak
     junk = b"PUB t\n\x00\x00\x00\x01x" * 20_000  # 240 KB the broker will not run
     writer.write(b"  V2HELLO\n" + junk)
     await writer.drain()
-    await until(lambda: not broker.clients)  # closed (after lingering) before we read
+    # closed (after lingering) before we read
+    await eventually(lambda: not broker.clients, "the client closed")
     data = await reader.read()
     writer.close()
-    size, kind = struct.unpack(">ii", data[:8])
-    assert kind == FrameType.ERROR and data[8 : 4 + size].startswith(b"E_INVALID")
+    first = FrameReader().feed(data)[0]
+    assert first.kind is FrameType.ERROR and first.data.startswith(b"E_INVALID")
     assert broker.topics == {}  # nothing after the fatal command ran
 
 
@@ -118,7 +118,10 @@ async def test_two_channels_each_get_every_message(make_broker: MakeBroker) -> N
         assert [m.body for m in msgs] == [b"x%d" % i for i in range(30)]
         assert all(m.attempts == 1 for m in msgs)
         await c.send(*[Fin(m.id) for m in msgs])
-    await until(lambda: all(not ch.in_flight for ch in broker.topics["fan"].channels.values()))
+    await eventually(
+        lambda: all(not ch.in_flight for ch in broker.topics["fan"].channels.values()),
+        "every channel settled",
+    )
 
 
 async def test_dpub_is_delivered_after_its_delay(make_broker: MakeBroker) -> None:
@@ -157,7 +160,7 @@ async def test_ephemeral_channel_and_topic_go_with_their_last_consumer(
     assert await c.response() == b"OK"
     assert "e#ephemeral" in broker.topics
     await c.close()
-    await until(lambda: "e#ephemeral" not in broker.topics)
+    await eventually(lambda: "e#ephemeral" not in broker.topics, "the ephemeral topic gone")
 
 
 # -- shaping ---------------------------------------------------------------------------
@@ -251,7 +254,7 @@ async def test_retuning_a_bucket_keeps_its_state(make_broker: MakeBroker) -> Non
 
 @pytest.mark.parametrize("kernel", [True, False])
 async def test_arrival_stamps_kernel_or_user(make_broker: MakeBroker, kernel: bool) -> None:
-    broker = await make_broker(kernel_timestamps=kernel)
+    broker = await make_broker(arrival_stamps="kernel" if kernel else "user")
     p = await connect(broker)
     await p.send(Pub("stamped", b"x"))
     assert await p.response() == b"OK"

@@ -30,7 +30,7 @@ from srtm.broker.http import serve_http
 from srtm.broker.report import client_doc
 from srtm.launch import start_broker
 from srtm.protocol import Auth, Mpub, Nop, Pub, Rdy, Sub
-from support import until
+from support import eventually
 
 MakeBroker = Callable[..., Awaitable[Broker]]
 
@@ -226,7 +226,7 @@ async def test_a_handshake_that_never_comes_is_ended(make_broker: MakeBroker, ce
     c = await connect(broker)
     await c.identify(tls_v1=True)
     assert await c.closed(timeout=5.0)  # it sent nothing after IDENTIFY
-    await until(lambda: not broker.clients)
+    await eventually(lambda: not broker.clients, "the client closed")
 
 
 async def test_plain_text_after_identify_tls_is_not_run(
@@ -377,7 +377,7 @@ async def test_commands_wait_in_order_for_the_answer_without_blocking_the_broker
     c = await connect(broker)
     await c.identify()
     await c.send(Auth(b"good"), Pub("allowed", b"1"), Pub("allowed", b"2"), Nop())
-    await until(lambda: len(auth_server.queries) == 1)
+    await eventually(lambda: len(auth_server.queries), "one auth query", until=lambda n: n == 1)
     # The broker's loop is free while the auth server thinks: another client is served.
     other = await connect(broker)
     assert (await other.identify())["auth_required"] is True
@@ -423,8 +423,8 @@ async def test_auth_over_tls_reports_tls_and_the_certificate_name(
     assert auth_server.queries[0]["tls"] == "true"
     assert auth_server.queries[0]["common_name"] == "alice"
     doc = client_doc(next(iter(broker.clients)))  # nsqd's client stats fields
-    assert doc["tls"] is True and doc["tls_version"].startswith("TLSv1") and doc["tls_cipher_suite"]
-    assert (doc["authed"], doc["auth_identity"]) == (True, "alice")
+    assert doc.tls is True and doc.tls_version.startswith("TLSv1") and doc.tls_cipher_suite
+    assert (doc.authed, doc.auth_identity) == (True, "alice")
     await c.close()
 
 
@@ -464,12 +464,6 @@ def test_pynsq_publishes_and_consumes_with_tls_and_auth(tmp_path: Path, certs: C
         got.append(message.body)
         return True
 
-    async def until_true(cond: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + 10
-        while not cond():
-            assert time.monotonic() < deadline, what
-            await asyncio.sleep(0.02)
-
     async def main() -> None:
         app = web.Application()
         app.router.add_get("/auth", server.handle)
@@ -492,13 +486,13 @@ def test_pynsq_publishes_and_consumes_with_tls_and_auth(tmp_path: Path, certs: C
             )  # fmt: skip
             writer = nsq.Writer([proc.tcp_address], auth_secret="good", **common)
             refused = nsq.Writer([proc.tcp_address], auth_secret="bad", **common)
-            await until_true(
+            await eventually(
                 lambda: any(c.connected() for c in writer.conns.values()), "Writer connected"
             )
             for body in (b"one", b"two"):
                 writer.pub("allowed_t", body, callback=lambda conn, data: responses.append(data))
-            await until_true(lambda: len(got) == 2, f"received only {got}")
-            await until_true(
+            await eventually(lambda: got, "both messages received", until=lambda g: len(g) == 2)
+            await eventually(
                 lambda: any(q["secret"] == "bad" for q in server.queries), "refused writer"
             )
         finally:

@@ -32,6 +32,7 @@ import pytest
 from srtm.client import Publisher, Received, Subscriber
 from srtm.launch import BrokerProcess, LocalCluster, die_with_parent, start_broker, start_cluster
 from srtm.protocol import header
+from support import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -239,17 +240,25 @@ class Traffic:
             await late.close()
 
     async def _until_delivered(self, got: Counter[tuple[str, int]]) -> None:
-        """Until every acknowledged message came, or nothing new for a while."""
+        """Until every acknowledged message came, or nothing new for PATIENCE_S (the
+        caller's assertions then name what is missing)."""
         last, quiet_since = -1, time.monotonic()
-        while True:
+
+        def delivered_or_quiet() -> bool:
+            nonlocal last, quiet_since
             want = {(p, s) for p, seqs in self.acked().items() for s in seqs}
             if want <= got.keys():
-                return
+                return True
             if len(got) != last:
                 last, quiet_since = len(got), time.monotonic()
-            elif time.monotonic() - quiet_since > PATIENCE_S:
-                return
-            await asyncio.sleep(0.1)
+            return time.monotonic() - quiet_since > PATIENCE_S
+
+        await eventually(
+            delivered_or_quiet,
+            "every acknowledged message, or a quiet spell",
+            timeout=300,  # pytest's own limit: progress may go on that long
+            interval=0.1,
+        )
 
     def stop(self) -> None:
         """Close every client and end the thread (also after a failure)."""
@@ -394,7 +403,7 @@ def faults(
 
     def step(what: str, seconds: float) -> None:
         log.append(f"{time.monotonic() - t0:.1f} s: {what}")
-        time.sleep(seconds)
+        time.sleep(seconds)  # the fault's span, with traffic running: the schedule itself
 
     step("traffic", 4)
     kill9(brokers[0])  # kill -9, restarted on the same data dir and ports

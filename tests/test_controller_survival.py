@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from srtm.control.store import Store
 from srtm.launch import ServerProcess, start_broker, start_cluster, start_controller
 from srtm.placement import Publisher, Topic, parse_topic
 from srtm.protocol import Fin, Pub, Rdy, Sub
-from support import wait_for
+from support import eventually
 
 # -- helpers ---------------------------------------------------------------------------
 
@@ -80,7 +80,9 @@ def info(server: ServerProcess) -> dict[str, Any]:
 def wait_ticks(server: ServerProcess, n: int) -> None:
     """Until the controller has ticked ``n`` more times (each tick may mark brokers down)."""
     start = info(server)["ticks"]
-    wait_for(lambda: info(server)["ticks"] >= start + n, f"{n} ticks")
+    eventually.blocking(
+        lambda: info(server)["ticks"], f"{n} ticks", until=lambda ticks: ticks >= start + n
+    )
 
 
 @pytest.fixture
@@ -132,7 +134,7 @@ def test_a_nan_report_is_refused_naming_the_field_and_failover_goes_on(
         plan = call(ctrl, "/plan?topic=t")[1]
         return plan["version"] > before["version"] and [b["id"] for b in plan["brokers"]]
 
-    assert wait_for(moved, "b marked down and its publishers moved to a") == ["a"]
+    assert eventually.blocking(moved, "b marked down and its publishers moved to a") == ["a"]
 
 
 def test_an_exception_in_one_tick_does_not_end_the_ticks(tmp_path: Path) -> None:
@@ -151,17 +153,12 @@ def test_an_exception_in_one_tick_does_not_end_the_ticks(tmp_path: Path) -> None
     async def run() -> None:
         await service.start()
         try:
-            await asyncio.wait_for(_until(lambda: len(calls) >= 3), 10)
+            await eventually(lambda: len(calls), "three ticks", until=lambda n: n >= 3, timeout=10)
         finally:
             await service.stop()
 
     asyncio.run(run())
     assert len(calls) >= 3
-
-
-async def _until(cond: Callable[[], bool]) -> None:
-    while not cond():
-        await asyncio.sleep(0.01)
 
 
 # -- finding 5: a controller stall unassigned every publisher, for good -----------------
@@ -212,6 +209,7 @@ def test_publishers_left_without_a_broker_are_placed_again_when_brokers_report()
     assert again.assign("t", "p1")["broker"] == "b0"
 
 
+@pytest.mark.slow
 def test_a_stopped_controller_keeps_its_plans_when_continued(tmp_path: Path) -> None:
     c = start_cluster(
         tmp_path, 2, broker_args=["--mcap", "600"],
@@ -225,7 +223,7 @@ def test_a_stopped_controller_keeps_its_plans_when_continued(tmp_path: Path) -> 
         before = call(ctrl, "/plan?topic=t")[1]
         ctrl.proc.send_signal(signal.SIGSTOP)
         try:
-            time.sleep(5)  # the fault: 2.5 broker timeouts without a tick or a report
+            time.sleep(5)  # the fault: 2.5 broker timeouts without a tick or a report (no wait)
         finally:
             ctrl.proc.send_signal(signal.SIGCONT)
         wait_ticks(ctrl, 3)  # the resumption's tick and two normal ones
@@ -242,22 +240,23 @@ def test_a_stopped_controller_keeps_its_plans_when_continued(tmp_path: Path) -> 
 def test_huge_topics_are_refused_and_placement_runs_off_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import srtm.control.service as service_mod
+    import srtm.control.api as api_mod
     import srtm.control.state as state_mod
 
     opts = ControllerOptions(db=tmp_path / "c.db", http_port=0, max_publishers=100)
     service = ControllerService(opts)
-    release = threading.Event()
+    release, placing = threading.Event(), threading.Event()
     real_place = state_mod.place
 
     def slow_place(*args: Any, **kwargs: Any) -> Any:
         # Placement of a huge topic, until the loop has answered a /ping meanwhile.
+        placing.set()
         if not release.wait(10):
             raise RuntimeError("placement blocked the event loop: /ping never answered")
         return real_place(*args, **kwargs)
 
     monkeypatch.setattr(state_mod, "place", slow_place)
-    monkeypatch.setattr(service_mod, "place", slow_place, raising=False)
+    monkeypatch.setattr(api_mod, "place", slow_place)
 
     async def run() -> None:
         import aiohttp
@@ -275,7 +274,7 @@ def test_huge_topics_are_refused_and_placement_runs_off_the_loop(
                 creating = asyncio.ensure_future(
                     http.post(f"{base}/topics", json=topic_doc("t", n=100))
                 )
-                await asyncio.sleep(0.2)  # the creation is under way
+                await eventually(placing.is_set, "the creation's placement under way")
                 async with http.get(f"{base}/ping") as r:
                     assert r.status == 200
                 release.set()
@@ -304,6 +303,7 @@ def test_a_broker_back_with_a_backlog_is_listed_for_subscribers_until_drained() 
     assert [b.id for b in c.producers("t")] == [home]
 
 
+@pytest.mark.slow
 def test_a_brokers_backlog_reaches_lookup_end_to_end(tmp_path: Path) -> None:
     c = start_cluster(tmp_path, 2, broker_args=["--mcap", "600"])
     ctrl = c.controller
@@ -316,11 +316,17 @@ def test_a_brokers_backlog_reaches_lookup_end_to_end(tmp_path: Path) -> None:
         def ports() -> list[int]:
             return sorted(p["tcp_port"] for p in call(ctrl, "/lookup?topic=t")[1]["producers"])
 
-        wait_for(lambda: ports() == sorted(b.tcp[1] for b in c.brokers), "the backlog listed")
+        eventually.blocking(
+            ports,
+            "the backlog listed",
+            until=lambda got: got == sorted(b.tcp[1] for b in c.brokers),
+        )
         assert call(ctrl, "/assign?topic=t&publisher=p1")[1]["broker"] == str(home)
         # A subscriber told by /lookup reads the backlog; drained, the broker leaves it.
         assert asyncio.run(_drain(other.tcp, "t", 5)) == [b"left %d" % i for i in range(5)]
-        wait_for(lambda: ports() == [c.brokers[home - 1].tcp[1]], "the drained broker gone")
+        eventually.blocking(
+            ports, "the drained broker gone", until=lambda got: got == [c.brokers[home - 1].tcp[1]]
+        )
     finally:
         c.stop()
 
@@ -337,7 +343,7 @@ def test_after_failover_a_restarted_brokers_backlog_is_drained(tmp_path: Path) -
         dead, survivor = c.brokers[home - 1], c.brokers[2 - home]
         asyncio.run(_publish(dead.tcp, "t", 5))  # acknowledged, not yet read by anyone
         assert dead.stop() == 0  # its backlog goes to its data dir
-        wait_for(
+        eventually.blocking(
             lambda: (
                 [b["id"] for b in call(ctrl, "/plan?topic=t")[1]["brokers"]] == [str(4 - home - 1)]
             ),
@@ -353,12 +359,16 @@ def test_after_failover_a_restarted_brokers_backlog_is_drained(tmp_path: Path) -
         def ports() -> list[int]:
             return sorted(p["tcp_port"] for p in call(ctrl, "/lookup?topic=t")[1]["producers"])
 
-        wait_for(lambda: ports() == sorted([survivor.tcp[1], back.tcp[1]]), "backlog listed")
+        eventually.blocking(
+            ports, "backlog listed", until=lambda got: got == sorted([survivor.tcp[1], back.tcp[1]])
+        )
         assert call(ctrl, "/assign?topic=t&publisher=p1")[1]["tcp_address"] == (
             survivor.tcp_address
         )
         assert asyncio.run(_drain(back.tcp, "t", 5)) == [b"left %d" % i for i in range(5)]
-        wait_for(lambda: ports() == [survivor.tcp[1]], "the drained broker no longer listed")
+        eventually.blocking(
+            ports, "the drained broker no longer listed", until=lambda got: got == [survivor.tcp[1]]
+        )
     finally:
         c.stop()
 
@@ -414,7 +424,7 @@ def test_a_live_brokers_id_cannot_be_taken_over(ctrl: ServerProcess) -> None:
     assert status == 409 and "registered" in doc["message"]
     (node,) = call(ctrl, "/nodes")[1]["producers"]
     assert node["tcp_port"] == 20_000
-    wait_for(lambda: not call(ctrl, "/nodes")[1]["producers"], "a marked down (silent)")
+    eventually.blocking(lambda: not call(ctrl, "/nodes")[1]["producers"], "a marked down (silent)")
     assert call(ctrl, "/brokers", hijack)[0] == 200  # a down broker's id may move
 
 
@@ -550,9 +560,9 @@ def test_the_database_is_written_off_the_event_loop_in_order(tmp_path: Path) -> 
         try:
             for i in range(3):
                 tcp, http = f"127.0.0.1:{4150 + i}", f"127.0.0.1:{5150 + i}"
-                service._execute(service.ctrl.register(f"b{i}", tcp, http, 1000.0, 0.0))
-                service._save_state()
-            await service._save_state()
+                service.execute(service.ctrl.register(f"b{i}", tcp, http, 1000.0, 0.0))
+                service.save_state()
+            await service.save_state()
         finally:
             await service.stop()
 

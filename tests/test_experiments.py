@@ -23,6 +23,7 @@ from srtm.experiments import analysis, scenarios
 from srtm.protocol import header
 from srtm.workload import PublisherSpec, build
 from srtm.workload.emulator import Emulator, routes_of
+from support import eventually
 
 
 @pytest.fixture
@@ -60,7 +61,9 @@ async def test_emulator_sends_the_schedule_with_headers_and_follows_routes(
     sched = build(specs, 1.0, spread_s=0.002, seed=3)
     emu = Emulator(sched, "emu", {p.id: address(b1) for p in specs}, message_size=90)
     task = asyncio.ensure_future(emu.run())
-    await asyncio.sleep(0.5)
+    await eventually(
+        lambda: emu.report.sent, "a quarter sent", until=lambda n: n >= sched.messages // 4
+    )
     emu.route({p.id: address(b2) for p in specs[:20]} | {p.id: address(b1) for p in specs[20:]})
     rep = await task
     await emu.close()
@@ -107,7 +110,11 @@ async def test_emulator_skips_what_it_could_only_send_late(two_brokers: list[Bro
     emu = Emulator(sched, "late", {"p": address(b1)}, max_late_s=0.01)
     rep = await emu.run(time.time_ns() - 200_000_000)
     await emu.close()
-    assert 17 <= rep.skipped_late <= 21  # the events due in the first 190-200 ms
+    # The events due in the first 190 ms are skipped; any later one only if the machine
+    # stalled the emulator (so no upper bound): what was sent was sent in time.
+    assert rep.skipped_late >= 17
+    lateness = rep.lateness_ns[rep.lateness_ns >= 0]
+    assert len(lateness) == rep.sent and lateness.max() <= 10_000_000
     assert rep.sent + rep.skipped_late == sched.messages == 50
     assert rep.per_publisher["p"] == rep.sent == b1.topics["late"].message_count
 
@@ -194,6 +201,7 @@ def test_analysis_joins_sides_and_accounts_for_every_message() -> None:
 
 
 # -- the demo -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_mini_demo_end_to_end(tmp_path: Path) -> None:
     """`srtm demo` for 5 s per policy: both runs complete with every message delivered, the
     JSON comparison and the report with its plots are written, and nothing is left running."""
@@ -248,6 +256,7 @@ def _group_of(pattern: str) -> str:
     return subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True).stdout
 
 
+@pytest.mark.slow
 def test_an_interrupted_demo_leaves_nothing_running(tmp_path: Path) -> None:
     """Ctrl-C (SIGINT to the demo's process group, as a terminal sends it) while the
     brokers run: the demo exits with 130 and every server it started is gone."""
@@ -259,10 +268,14 @@ def test_an_interrupted_demo_leaves_nothing_running(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while "broker-6" not in _group_of(f"[s]rtm broker.*{out}"):
-            assert time.monotonic() < deadline and proc.poll() is None, "brokers never started"
-            time.sleep(0.2)
+
+        def brokers() -> str:
+            assert proc.poll() is None, "the demo exited before its brokers started"
+            return _group_of(f"[s]rtm broker.*{out}")
+
+        eventually.blocking(
+            brokers, "the demo's six brokers", until=lambda ps: "broker-6" in ps, timeout=60
+        )
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(30) == 130
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,9 @@ from typing import Any
 import pytest
 
 from srtm.client import Publisher, Subscriber
+from srtm.control.documents import TopicStatus
 from srtm.launch import LocalCluster, ServerProcess, start_cluster
+from support import eventually
 
 FIT = {"window_s": 0.4, "min_samples": 10, "settle_s": 0.3}
 
@@ -43,21 +44,29 @@ async def fit_with_traffic(ctrl: ServerProcess, name: str, slo_ms: float) -> dic
     pubs = [Publisher(name, f"p{i}", controller=url, max_pending=20) for i in range(6)]
     for p in pubs:
         await p.start()
-    state: dict[str, Any] = {}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    async def publish_and_look() -> dict[str, Any]:
         for p in pubs:
             await p.publish()
-        await asyncio.sleep(0.01)
-        state = json.loads(await asyncio.to_thread(ctrl.get, f"/topics/{name}"))
-        if state["fitting"]["state"] != "running":
-            break
+        doc: dict[str, Any] = json.loads(await asyncio.to_thread(ctrl.get, f"/topics/{name}"))
+        return doc
+
+    # Polling every 10 ms also paces the traffic (one message per publisher each time).
+    state = await eventually(
+        publish_and_look,
+        "the fitting over",
+        until=lambda doc: doc["fitting"]["state"] != "running",
+        timeout=30,
+        interval=0.01,
+    )
     for p in pubs:
         await p.close()
     await sub.close()
+    TopicStatus.model_validate(state)  # the documented fitting status, steps and all
     return state
 
 
+@pytest.mark.slow
 async def test_a_topic_within_its_slo_is_confirmed_in_one_round(
     cluster: LocalCluster,
 ) -> None:
@@ -71,6 +80,7 @@ async def test_a_topic_within_its_slo_is_confirmed_in_one_round(
     assert state["status"] == "placed" and len(state["brokers"]) == 1
 
 
+@pytest.mark.slow
 async def test_an_impossible_slo_sheds_everything_and_terminates(
     cluster: LocalCluster,
 ) -> None:

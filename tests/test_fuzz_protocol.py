@@ -64,6 +64,7 @@ def test_arbitrary_bytes_split_anywhere_give_the_same_events(data: bytes, cuts: 
         assert normal(feed_split(raw, cuts)) == normal(whole)
 
 
+@pytest.mark.slow
 @many
 @given(mutated_streams(), cut_lists)
 def test_mutated_streams_split_anywhere_give_the_same_events(data: bytes, cuts: list[int]) -> None:
@@ -76,6 +77,7 @@ def test_mutated_streams_split_anywhere_give_the_same_events(data: bytes, cuts: 
     assert normal(feed_split(data, cuts, small)) == normal(feed_split(data, [], small))
 
 
+@pytest.mark.slow
 @many
 @given(st.lists(commands(), max_size=10), cut_lists)
 def test_valid_streams_round_trip_split_anywhere(cmds: list[Command], cuts: list[int]) -> None:

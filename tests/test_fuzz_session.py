@@ -52,6 +52,7 @@ from srtm.protocol import (
     Touch,
     is_ephemeral,
 )
+from support import eventually
 
 T = TypeVar("T")
 
@@ -282,16 +283,20 @@ async def drained(broker: BrokerThread, acked: list[Acked]) -> None:
         assert existing is not None, f"topic {topic} with acknowledged messages is gone"
         names = [n for n in existing.channels if not is_ephemeral(n)] or ["fz-verify"]
         tasks += [asyncio.create_task(drain(topic, n)) for n in names]
+
+    def missing() -> dict[str, Counter[bytes]]:
+        for t in tasks:
+            if t.done():
+                t.result()  # a drain that failed: its error
+        return {t: left for t in want if (left := +(want[t] - got[t]))}
+
     try:
-        async with asyncio.timeout(PATIENCE_S):
-            while any(got[t][b] < n for t, c in want.items() for b, n in c.items()):
-                for t in tasks:
-                    if t.done():
-                        t.result()  # a drain that failed: its error
-                await asyncio.sleep(0.005)
-    except TimeoutError:
-        missing = {t: +(want[t] - got[t]) for t in want}
-        raise AssertionError(f"acknowledged but never delivered: {missing}") from None
+        await eventually(
+            missing,
+            "every acknowledged message delivered",
+            until=lambda left: not left,
+            timeout=PATIENCE_S,
+        )
     finally:
         for t in tasks:
             t.cancel()
@@ -337,6 +342,7 @@ def check_example(broker: BrokerThread, data: bytes, cuts: list[int]) -> None:
 more = settings(max_examples=3 * settings.default.max_examples)
 
 
+@pytest.mark.slow
 @more
 @given(st.lists(SESSION_COMMANDS, max_size=15), cut_lists)
 def test_random_command_sequences(
@@ -345,6 +351,7 @@ def test_random_command_sequences(
     check_example(broker, stream(cmds), cuts)
 
 
+@pytest.mark.slow
 @more
 @given(mutated_streams(SESSION_COMMANDS, max_commands=12), cut_lists)
 def test_mutated_command_streams(broker: BrokerThread, data: bytes, cuts: list[int]) -> None:

@@ -16,6 +16,7 @@ import pytest
 from srtm.client import Publisher, Received, Subscriber
 from srtm.launch import LocalCluster, start_cluster
 from srtm.protocol import header as mheader
+from support import eventually
 
 N_PUBLISHERS = 6
 PER_PUBLISHER = 300
@@ -37,11 +38,12 @@ async def publish_all(pubs: list[Publisher], rate: float) -> None:
     for k in range(PER_PUBLISHER):
         delay = start + k / rate - time.monotonic()
         if delay > 0:
-            await asyncio.sleep(delay)
+            await asyncio.sleep(delay)  # the load's schedule, not a wait for an event
         for p in pubs:
             await p.publish()
 
 
+@pytest.mark.slow
 async def test_moving_publishers_loses_and_duplicates_nothing(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
@@ -80,19 +82,26 @@ async def test_moving_publishers_loses_and_duplicates_nothing(
         await p.start()
 
     async def moves() -> None:
-        await asyncio.sleep(0.4)
+        """Both moves while the traffic runs; p2 moves again once its first move is made."""
+        await eventually(
+            lambda: pubs[0].seq, "a fifth sent", until=lambda n: n >= PER_PUBLISHER // 5
+        )
         body = json.dumps({"publishers": ["p0", "p1", "p2"], "to": others[0]}).encode()
         await asyncio.to_thread(ctrl.post, "/topics/moving/move", body)
-        await asyncio.sleep(0.4)
+        await eventually(
+            lambda: [p.migrations for p in pubs[:3]], "p0-p2 moved", until=lambda m: m == [1] * 3
+        )
         body = json.dumps({"publishers": ["p2", "p3"], "to": others[1]}).encode()
         await asyncio.to_thread(ctrl.post, "/topics/moving/move", body)
 
     await asyncio.gather(publish_all(pubs, rate=200), moves())
     for p in pubs:
         await p.close()
-    deadline = time.monotonic() + 15
-    while len(got) < N_PUBLISHERS * PER_PUBLISHER and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: len(got),
+        "every message received",
+        until=lambda n: n >= N_PUBLISHERS * PER_PUBLISHER,
+    )
     await sub.close()
 
     expected = {(f"p{i}", s) for i in range(N_PUBLISHERS) for s in range(PER_PUBLISHER)}

@@ -34,6 +34,7 @@ from srtm.pipeline.jobs import JOBS, Options, run_job, run_jobs
 from srtm.pipeline.synth import RunSpec, Sends, simulate, write
 from srtm.ratelimit import NS_PER_S, grid
 from srtm.workload import PublisherSpec, build
+from support import eventually
 
 QUANTILES = {"p50_ns": 0.5, "p95_ns": 0.95, "p99_ns": 0.99, "p999_ns": 0.999}
 
@@ -598,15 +599,22 @@ def test_jobs_run_in_separate_executor_processes(
 
 
 _START_AND_WAIT = """
-import sys
+import sys, threading, time
 from srtm.pipeline.session import get_session
 print("starting", flush=True)
 spark = get_session()
-print("started", flush=True)
+
+def announce():  # once the job below runs on the JVM
+    while not spark.sparkContext.statusTracker().getActiveJobsIds():
+        time.sleep(0.01)
+    print("started", flush=True)
+
+threading.Thread(target=announce, daemon=True).start()
 spark.range(0, 10**12).filter("id % 3 = 0").count()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["starting", "started"])
 def test_ctrl_c_leaves_no_jvm(when: str) -> None:
     """Interrupted while its JVM starts or while a job runs, a process that uses the
@@ -623,13 +631,11 @@ def test_ctrl_c_leaves_no_jvm(when: str) -> None:
         while (line := proc.stdout.readline()) and line.strip() != when:
             pass
         assert line.strip() == when, proc.stderr.read() if proc.stderr else ""
-        jvms = _jvms_of(proc.pid)
-        deadline = time.monotonic() + 30
-        while when == "starting" and not jvms and time.monotonic() < deadline:
-            jvms = _jvms_of(proc.pid)  # interrupt once the JVM exists, before it is up
-            time.sleep(0.05)
-        assert jvms, "no JVM started"
-        time.sleep(1.0 if when == "started" else 0.3)
+        # "starting": interrupt once the JVM exists, before it is up; "started": the job
+        # already runs on it.
+        jvms = eventually.blocking(lambda: _jvms_of(proc.pid), "the JVM started", timeout=30)
+        if when == "starting":
+            time.sleep(0.3)  # when to interrupt (within the JVM's seconds of start-up)
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:

@@ -24,6 +24,7 @@ def test_capacity_is_where_the_measured_p99_crosses_the_slo() -> None:
     assert measured_capacity([(1_000.0, 2.0, 5.0, 10)], 1.0) == 0.0
 
 
+@pytest.mark.slow
 def test_fit_recovers_a_known_broker() -> None:
     truth = BrokerModel("truth", 1.0, 1, 8e-6, 12e-6, 1.0, Dist("constant", 150e-6))
     plan = Plan(step_s=2.0, fractions=(0.2, 0.5, 0.7, 0.85, 0.95))
@@ -42,6 +43,7 @@ def test_fit_recovers_a_known_broker() -> None:
     assert 0.8 * top < model.capacity_at_slo < top  # type: ignore[operator]
 
 
+@pytest.mark.slow
 def test_a_short_calibration_against_a_real_broker(tmp_path: Path) -> None:
     plan = Plan(step_s=0.6, saturation_s=0.5, trickle_rate=400, fractions=(0.1, 0.3))
     seen: list[str] = []

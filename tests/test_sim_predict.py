@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -130,16 +129,3 @@ def test_the_controller_builds_a_simulator_predictor() -> None:
     cands = balanced_order(topic.publishers)
     idle, busy = predictor("a", [], cands), predictor("b", [], cands)
     assert idle is not None and busy is not None and busy <= idle
-
-
-def test_fit_settings_take_a_model_and_refuse_a_bad_one(tmp_path: Path) -> None:
-    from srtm.control.service import _fit_settings
-    from srtm.control.state import ControlError
-
-    assert _fit_settings({"model": "paper"}) == {
-        "window_s": 60.0, "min_samples": 100, "settle_s": 1.0, "model": "paper"
-    }  # fmt: skip
-    with pytest.raises(ControlError, match=r"fit\.model"):
-        _fit_settings({"model": str(tmp_path / "missing.json")})
-    with pytest.raises(ControlError, match="model"):
-        _fit_settings({"bogus": 1})

@@ -53,6 +53,7 @@ def test_the_controller_shows_it(cluster: LocalCluster) -> None:
 async def test_the_broker_shows_the_nsqd_version(cluster: LocalCluster) -> None:
     (broker,) = cluster.brokers
     assert broker.json("/info")["version"] == NSQD_VERSION
+    assert broker.json("/srtm/openapi.json")["info"]["version"] == __version__
     host, port = broker.tcp_address.rsplit(":", 1)
     client = await RawClient.connect(host, int(port))
     try:

@@ -22,14 +22,15 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from srtm.protocol import Auth, Dpub, Identify, Mpub, ProtocolError, Pub, Sub, errors
+from srtm.protocol.session import SessionState
 
 if TYPE_CHECKING:
     import aiohttp
 
-    from srtm.broker.tcp import Client
+    from srtm.broker.tls import TlsSession
 
 log = logging.getLogger("srtm.broker")
 
@@ -200,6 +201,26 @@ class Authenticator:
             self._session = None
 
 
+class Gated(Protocol):
+    """What the gate needs of its connection (``srtm.broker.tcp.Client``), declared here so
+    that this module does not import the socket code that uses it."""
+
+    tls: TlsSession | None
+    remote: str
+
+    @property
+    def state(self) -> SessionState: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def finishing(self) -> bool: ...
+    def send_error(self, err: ProtocolError) -> None: ...
+    def respond(self, body: bytes) -> None: ...
+    def hold_reads(self) -> None: ...
+    def release_reads(self) -> None: ...
+    def run(self, event: object, arrival: int) -> None: ...
+
+
 class Gate:
     """What one connection may run, decided before each command: ``--tls-required``
     (nothing but IDENTIFY before the upgrade) and AUTH. Commands that arrive while the
@@ -207,7 +228,7 @@ class Gate:
 
     def __init__(
         self,
-        client: Client,
+        client: Gated,
         tls_required: bool,
         auth: Authenticator | None,
         clock_ns: Callable[[], int] = time.time_ns,
@@ -273,9 +294,7 @@ class Gate:
         return False
 
     def _auth(self, body: bytes) -> None:
-        from srtm.broker.tcp import State
-
-        if self.client.state is not State.INIT:
+        if self.client.state is not SessionState.INIT:
             raise ProtocolError(errors.E_INVALID, "cannot AUTH in current state")
         if self.state is not None and self.state.authorizations:
             raise ProtocolError(errors.E_INVALID, "AUTH already set")
@@ -337,13 +356,6 @@ class Gate:
         if self._query is not None:
             self._query.cancel()
             self._query = None
-
-
-def new_gate(client: Client) -> Gate:
-    from srtm.broker.tls import tcp_requires_tls
-
-    broker = client.broker
-    return Gate(client, tcp_requires_tls(broker.options), broker.authenticator)
 
 
 async def close_quietly(auth: Authenticator | None) -> None:

@@ -1,4 +1,9 @@
-"""nsqd's HTTP API (aiohttp), plus /metrics and SRTM's ``/srtm/bucket``.
+"""nsqd's HTTP API (aiohttp), plus /metrics and SRTM's ``/srtm/*`` endpoints.
+
+As in nsqd's http.go, the handlers are named methods (``BrokerHttp``) and ``ROUTES`` is the
+one table of ``(method, path, handler)`` the app is built from; a method a path does not
+take is answered 405. The same table, with the documents each route takes and gives
+(``srtm.broker.documents``), generates the OpenAPI document served at /srtm/openapi.json.
 
 With a token (``BrokerOptions.token``) every mutating ``/srtm/*`` request needs
 ``Authorization: Bearer <token>``; nsqd's own endpoints stay open, as in nsqd, for NSQ's
@@ -9,24 +14,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
-import json
-import math
-import re
+import functools
 import struct
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import ValidationError
 
-from srtm.broker.broker import MAX_MEASURE_NS, MIN_MEASURE_NS, MeasurementsBusy
+from srtm.broker.broker import MeasurementsBusy
+from srtm.broker.documents import (
+    NAME_RULE,
+    BucketAnswer,
+    BucketDoc,
+    BucketQuery,
+    BucketReading,
+    ChannelQuery,
+    Doc,
+    ErrorDoc,
+    InfoDoc,
+    InfoSrtmDoc,
+    MeasureAnswer,
+    MeasureBody,
+    MeasureQuery,
+    MigrateAnswer,
+    MigrateDoc,
+    MigrateQuery,
+    MpubQuery,
+    OrderDoc,
+    PubQuery,
+    Query,
+    StatsDoc,
+    StatsQuery,
+    TopicQuery,
+    flag,
+    query_refusals,
+)
 from srtm.broker.metrics import BrokerCollector
-from srtm.broker.report import stats_document
+from srtm.broker.report import bucket_now, stats_document
 from srtm.broker.state import LimitReached
 from srtm.broker.tls import http_requires_tls
+from srtm.openapi import OpenApiDoc, Route, document
 from srtm.protocol import ProtocolError, errors, is_valid_name
 from srtm.security import E_UNAUTHORIZED, bearer_matches, require_loopback_without_token
 
@@ -34,6 +65,16 @@ if TYPE_CHECKING:
     from srtm.broker.broker import Broker
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Q = TypeVar("Q", bound=Query)
+
+#: Methods that change nothing: open even when the broker has a token.
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def needs_token(method: str, path: str) -> bool:
+    """Mutating ``/srtm/*`` requests need the token; nsqd's own endpoints stay open, as in
+    nsqd, for NSQ's tools. (The auth middleware and the document both ask this.)"""
+    return path.startswith("/srtm/") and method not in READS
 
 
 class HttpError(Exception):
@@ -44,18 +85,33 @@ class HttpError(Exception):
         self.status, self.code, self.detail = status, code, detail
 
 
+def _error(
+    status: int, code: str, detail: str = "", headers: Mapping[str, str] | None = None
+) -> web.Response:
+    doc = ErrorDoc(message=code, detail=detail or None).model_dump(exclude_none=True)
+    return web.json_response(doc, status=status, headers=headers)
+
+
+def _json(doc: Doc) -> web.Response:
+    return web.json_response(doc.model_dump())
+
+
+def _ok() -> web.Response:
+    return web.Response(text="OK")
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except HttpError as err:
-        body = {"message": err.code} | ({"detail": err.detail} if err.detail else {})
-        return web.json_response(body, status=err.status)
+        return _error(err.status, err.code, err.detail)
     except LimitReached as err:  # --max-topics / --max-channels-per-topic
-        return web.json_response({"message": err.http_code, "detail": err.message}, status=403)
-
-
-_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+        return _error(403, err.http_code, err.message)
+    except web.HTTPMethodNotAllowed as err:  # nsqd's answers where no route matches
+        return _error(405, "METHOD_NOT_ALLOWED", headers={"Allow": err.headers["Allow"]})
+    except web.HTTPNotFound:
+        return _error(404, "NOT_FOUND")
 
 
 def _auth(token: str | None) -> Middleware:
@@ -65,15 +121,22 @@ def _auth(token: str | None) -> Middleware:
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         if (
             token is not None
-            and request.path.startswith("/srtm/")
-            and request.method not in _READS
+            and needs_token(request.method, request.path)
             and not bearer_matches(request.headers.get("Authorization"), token)
         ):
             headers = {"WWW-Authenticate": 'Bearer realm="srtm"'}  # RFC 6750
-            return web.json_response({"message": E_UNAUTHORIZED}, status=401, headers=headers)
+            return _error(401, E_UNAUTHORIZED, headers=headers)
         return await handler(request)
 
     return auth
+
+
+@web.middleware
+async def _tls_required(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """nsqd's --tls-required=true: the plain HTTP API answers 403 TLS_REQUIRED."""
+    if not request.secure:
+        return _error(403, "TLS_REQUIRED")
+    return await handler(request)
 
 
 @contextlib.contextmanager
@@ -87,69 +150,47 @@ def _pub_failed() -> Iterator[None]:
         raise HttpError(503, err.code, err.message) from err
 
 
-@web.middleware
-async def _tls_required(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """nsqd's --tls-required=true: the plain HTTP API answers 403 TLS_REQUIRED."""
-    if not request.secure:
-        return web.json_response({"message": "TLS_REQUIRED"}, status=403)
-    return await handler(request)
+def refusal(err: ValidationError, absent_is_invalid: frozenset[str] = frozenset()) -> HttpError:
+    """A document's first fault, nsqd's way: MISSING_ARG_<NAME> or INVALID_<NAME>, the
+    detail naming the field; a body that is not the document at all is INVALID_BODY."""
+    first = err.errors(include_url=False)[0]
+    loc = first["loc"]
+    if not loc:
+        return HttpError(400, "INVALID_BODY", f"body: {first['msg']}")
+    name = str(loc[0])
+    where = name + "".join(f"[{i}]" for i in loc[1:])
+    missing = first["type"] == "missing" and name not in absent_is_invalid
+    code = f"MISSING_ARG_{name.upper()}" if missing else f"INVALID_{name.upper()}"
+    return HttpError(400, code, f"{where}: {first['msg']}")
 
 
-def _topic_name(request: web.Request) -> str:
-    name = request.query.get("topic")
-    if not name:
-        raise HttpError(400, "MISSING_ARG_TOPIC")
-    if not is_valid_name(name):
-        raise HttpError(400, "INVALID_TOPIC", f"topic name {name!r} is not valid")
-    return name
-
-
-def _channel_name(request: web.Request) -> str:
-    name = request.query.get("channel")
-    if not name:
-        raise HttpError(400, "MISSING_ARG_CHANNEL")
-    if not is_valid_name(name):
-        raise HttpError(400, "INVALID_CHANNEL", f"channel name {name!r} is not valid")
-    return name
-
-
-def _number(request: web.Request, key: str) -> float:
-    raw = request.query.get(key)
-    if raw is None:
-        raise HttpError(400, f"MISSING_ARG_{key.upper()}")
+def parse_query(model: type[Q], query: Mapping[str, str]) -> Q:
+    """``query`` (the first value of each parameter) as ``model``, or the refusal."""
     try:
-        value = float(raw)
-    except ValueError:
-        raise HttpError(400, f"INVALID_{key.upper()}", f"{key} {raw!r} is not a number") from None
-    if not math.isfinite(value):  # nan passes every range check; inf overflows later
-        raise HttpError(400, f"INVALID_{key.upper()}", f"{key} {raw!r} is not finite")
-    return value
+        return model.model_validate({k: query[k] for k in query})
+    except ValidationError as err:
+        raise refusal(err, model.absent_is_invalid) from None
 
 
-def _whole(raw: str, key: str, most: int) -> int:
+# -- /pub and /mpub: their queries checked by hand (no model per message), by the rules
+# their models declare (PubQuery, MpubQuery); tests hold both to the same answers.
+def topic_param(query: Mapping[str, str]) -> str:
+    name = query.get("topic")
+    if name is None:
+        raise HttpError(400, "MISSING_ARG_TOPIC", "topic: Field required")
+    if not name:
+        raise HttpError(400, "MISSING_ARG_TOPIC", "topic: is empty")
+    if not is_valid_name(name):
+        raise HttpError(400, "INVALID_TOPIC", "topic: must be " + NAME_RULE)
+    return name
+
+
+def defer_param(raw: str, most: int) -> int:
     """A decimal integer 0..most (ASCII digits only: ``str.isdigit`` takes "²" and "४")."""
     digits = raw.isascii() and raw.isdigit() and len(raw) <= len(str(most))  # int() caps
     if not digits or int(raw) > most:  # strings at 4,300 digits with a ValueError
-        raise HttpError(400, f"INVALID_{key.upper()}", f"{key} {raw!r} is not an integer 0..{most}")
+        raise HttpError(400, "INVALID_DEFER", f"defer: must be an integer 0..{most}")
     return int(raw)
-
-
-_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")  # fmt: skip
-
-
-def valid_host_port(value: str) -> bool:
-    """``HOST:PORT`` with a host name or IP address and a port 1..65535 (what a publisher
-    can connect to, and nothing else: no path, query, user or spaces)."""
-    host, sep, port = value.rpartition(":")
-    digits = port.isascii() and port.isdigit() and len(port) <= 5
-    if not sep or not digits or not 0 < int(port) < 65536:
-        return False
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return _HOSTNAME.fullmatch(host) is not None
 
 
 async def _bounded_body(request: web.Request, most: int) -> bytes:
@@ -190,35 +231,60 @@ def split_mpub(body: bytes, binary: bool, max_msg: int) -> list[bytes]:
     return msgs
 
 
-def make_app(broker: Broker) -> web.Application:
-    limits = broker.options.limits
-    registry = CollectorRegistry()
-    registry.register(BrokerCollector(broker))
+class BrokerHttp:
+    """The HTTP API's handlers, one method per route of ``ROUTES``."""
 
-    async def ping(request: web.Request) -> web.Response:
-        problem = broker.health()  # nsqd's form: 500 and "NOK - <why>" when unhealthy
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.limits = broker.options.limits
+        self.registry = CollectorRegistry()
+        self.registry.register(BrokerCollector(broker))
+
+    def _known_topic(self, request: web.Request) -> str:
+        name = parse_query(TopicQuery, request.query).topic
+        if name not in self.broker.topics:
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        return name
+
+    def _known_channel(self, request: web.Request) -> tuple[str, str]:
+        q = parse_query(ChannelQuery, request.query)
+        if q.topic not in self.broker.topics:
+            raise HttpError(404, "TOPIC_NOT_FOUND")
+        if q.channel not in self.broker.topics[q.topic].channels:
+            raise HttpError(404, "CHANNEL_NOT_FOUND")
+        return q.topic, q.channel
+
+    # -- nsqd's ----------------------------------------------------------------------------
+    async def ping(self, request: web.Request) -> web.Response:
+        """Health: OK, or 500 and "NOK - <why>" (nsqd's form)."""
+        problem = self.broker.health()
         if problem is not None:
             return web.Response(status=500, text=f"NOK - {problem}")
-        return web.Response(text="OK")
+        return _ok()
 
-    async def info(request: web.Request) -> web.Response:
-        opts = broker.options
+    async def info(self, request: web.Request) -> web.Response:
+        """Version and addresses."""
+        broker, opts = self.broker, self.broker.options
         tcp = broker.tcp_address or (opts.tcp_host, opts.tcp_port)
-        return web.json_response(
-            {
-                "version": broker.version,
-                "broadcast_address": tcp[0],
-                "hostname": tcp[0],
-                "tcp_port": tcp[1],
-                "http_port": broker.http_address[1] if broker.http_address else opts.http_port,
-                "start_time": broker.started_ns // 1_000_000_000,
-                "srtm": {"broker_id": opts.broker_id},
-            }
+        return _json(
+            InfoDoc(
+                version=broker.version,
+                broadcast_address=tcp[0],
+                hostname=tcp[0],
+                tcp_port=tcp[1],
+                http_port=broker.http_address[1] if broker.http_address else opts.http_port,
+                start_time=broker.started_ns // 1_000_000_000,
+                srtm=InfoSrtmDoc(broker_id=opts.broker_id),
+            )
         )
 
-    async def pub(request: web.Request) -> web.Response:
+    async def pub(self, request: web.Request) -> web.Response:
+        """Publish the body as one message (after ``defer`` ms when given).
+
+        Answered once the message is accepted (on disk where it overflowed to disk)."""
         arrival = time.time_ns()
-        topic = _topic_name(request)
+        limits, query = self.limits, request.query
+        topic = topic_param(query)
         if request.content_length and request.content_length > limits.max_msg_size:
             raise HttpError(413, "MSG_TOO_BIG")
         body = await request.read()
@@ -226,195 +292,266 @@ def make_app(broker: Broker) -> web.Application:
             raise HttpError(400, "MSG_EMPTY")
         if len(body) > limits.max_msg_size:
             raise HttpError(413, "MSG_TOO_BIG")
-        publisher = request.query.get("publisher", "")
-        if "defer" in request.query:
-            defer = request.query["defer"]
-            ms = _whole(defer, "defer", limits.max_req_timeout_ms)
+        publisher = query.get("publisher", "")
+        if "defer" in query:
+            ms = defer_param(query["defer"], limits.max_req_timeout_ms)
             with _pub_failed():
-                broker.publish_deferred(topic, body, ms, arrival, publisher)
+                self.broker.publish_deferred(topic, body, ms, arrival, publisher)
         else:
             with _pub_failed():
-                written = broker.publish(topic, [body], arrival, publisher)
+                written = self.broker.publish(topic, [body], arrival, publisher)
             if written is not None:
                 await asyncio.shield(written)  # acknowledged once on disk (the OS)
-        return web.Response(text="OK")
+        return _ok()
 
-    async def mpub(request: web.Request) -> web.Response:
+    async def mpub(self, request: web.Request) -> web.Response:
+        """Publish several messages: one per line, or nsqd's binary form."""
         arrival = time.time_ns()
-        topic = _topic_name(request)
+        limits, query = self.limits, request.query
+        topic = topic_param(query)
         if request.content_length and request.content_length > limits.max_body_size:
             raise HttpError(413, "BODY_TOO_BIG")
         body = await request.read()
         if len(body) > limits.max_body_size:
             raise HttpError(413, "BODY_TOO_BIG")
-        binary = request.query.get("binary", "false").lower() in ("true", "1")
-        msgs = split_mpub(body, binary, limits.max_msg_size)
+        msgs = split_mpub(body, flag(query.get("binary", "false")), limits.max_msg_size)
         with _pub_failed():
-            written = broker.publish(topic, msgs, arrival, request.query.get("publisher", ""))
+            written = self.broker.publish(topic, msgs, arrival, query.get("publisher", ""))
         if written is not None:
             await asyncio.shield(written)  # acknowledged once on disk (the OS)
-        return web.Response(text="OK")
+        return _ok()
 
-    async def stats(request: web.Request) -> web.Response:
-        q = request.query
-        doc = stats_document(
-            broker,
-            q.get("topic") or None,
-            q.get("channel") or None,
-            q.get("include_clients", "true") != "false",
-        )
-        if q.get("format") == "json":
-            return web.json_response(doc)
+    async def stats(self, request: web.Request) -> web.Response:
+        """Topics, channels and clients (nsqd's document), and SRTM's section."""
+        q = parse_query(StatsQuery, request.query)
+        doc = stats_document(self.broker, q.topic, q.channel, q.include_clients)
+        if q.format == "json":
+            return _json(doc)
         return web.Response(text=_stats_text(doc))
 
-    def topic_action(action: str) -> Handler:
-        async def handler(request: web.Request) -> web.Response:
-            name = _topic_name(request)
-            if action == "create":
-                broker.topic(name)
-            elif name not in broker.topics:
-                raise HttpError(404, "TOPIC_NOT_FOUND")
-            elif action == "delete":
-                broker.delete_topic(name)
-            elif action == "empty":
-                broker.topics[name].empty()
-            else:
-                broker.pause_topic(name, action == "pause")
-            return web.Response(text="OK")
+    async def topic_create(self, request: web.Request) -> web.Response:
+        """Create a topic (nothing changes if it exists)."""
+        self.broker.topic(parse_query(TopicQuery, request.query).topic)
+        return _ok()
 
-        return handler
+    async def topic_delete(self, request: web.Request) -> web.Response:
+        """Delete a topic, its channels and their messages."""
+        self.broker.delete_topic(self._known_topic(request))
+        return _ok()
 
-    def channel_action(action: str) -> Handler:
-        async def handler(request: web.Request) -> web.Response:
-            topic, channel = _topic_name(request), _channel_name(request)
-            if action == "create":
-                broker.channel(topic, channel)
-                return web.Response(text="OK")
-            if topic not in broker.topics:
-                raise HttpError(404, "TOPIC_NOT_FOUND")
-            if channel not in broker.topics[topic].channels:
-                raise HttpError(404, "CHANNEL_NOT_FOUND")
-            if action == "delete":
-                broker.delete_channel(topic, channel)
-            elif action == "empty":
-                broker.topics[topic].channels[channel].empty()
-            else:
-                broker.pause_channel(topic, channel, action == "pause")
-            return web.Response(text="OK")
+    async def topic_empty(self, request: web.Request) -> web.Response:
+        """Drop the messages waiting in the topic."""
+        self.broker.topics[self._known_topic(request)].empty()
+        return _ok()
 
-        return handler
+    async def topic_pause(self, request: web.Request) -> web.Response:
+        """Stop copying the topic's messages to its channels."""
+        self.broker.pause_topic(self._known_topic(request), True)
+        return _ok()
 
-    async def metrics(request: web.Request) -> web.Response:
-        resp = web.Response(body=generate_latest(registry))
+    async def topic_unpause(self, request: web.Request) -> web.Response:
+        """Copy the topic's messages to its channels again."""
+        self.broker.pause_topic(self._known_topic(request), False)
+        return _ok()
+
+    async def channel_create(self, request: web.Request) -> web.Response:
+        """Create a channel (and its topic; nothing changes if it exists)."""
+        q = parse_query(ChannelQuery, request.query)
+        self.broker.channel(q.topic, q.channel)
+        return _ok()
+
+    async def channel_delete(self, request: web.Request) -> web.Response:
+        """Delete a channel and its messages."""
+        self.broker.delete_channel(*self._known_channel(request))
+        return _ok()
+
+    async def channel_empty(self, request: web.Request) -> web.Response:
+        """Drop the messages waiting in the channel."""
+        topic, channel = self._known_channel(request)
+        self.broker.topics[topic].channels[channel].empty()
+        return _ok()
+
+    async def channel_pause(self, request: web.Request) -> web.Response:
+        """Stop delivering the channel's messages."""
+        self.broker.pause_channel(*self._known_channel(request), True)
+        return _ok()
+
+    async def channel_unpause(self, request: web.Request) -> web.Response:
+        """Deliver the channel's messages again."""
+        self.broker.pause_channel(*self._known_channel(request), False)
+        return _ok()
+
+    # -- SRTM's ----------------------------------------------------------------------------
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus metrics."""
+        resp = web.Response(body=generate_latest(self.registry))
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 
-    async def bucket_get(request: web.Request) -> web.Response:
-        name = _topic_name(request)
-        topic = broker.topics.get(name)
-        if topic is None:
-            raise HttpError(404, "TOPIC_NOT_FOUND")
-        b = topic.bucket
-        doc = None if b is None else {"rate": b.rate, "burst": b.burst, "tokens": b.tokens()}
-        return web.json_response({"topic": name, "bucket": doc})
+    async def bucket_get(self, request: web.Request) -> web.Response:
+        """The topic's sub-bucket and its tokens now (null: none)."""
+        name = self._known_topic(request)
+        return _json(BucketReading(topic=name, bucket=bucket_now(self.broker.topics[name].bucket)))
 
-    async def bucket_set(request: web.Request) -> web.Response:
-        name = _topic_name(request)
-        rate, burst = _number(request, "rate"), _number(request, "burst")
+    async def bucket_set(self, request: web.Request) -> web.Response:
+        """Give the topic a sub-bucket, or retune it keeping its state.
+
+        The broker refuses a bucket it cannot schedule (INVALID_BUCKET names rate or burst)."""
+        q = parse_query(BucketQuery, request.query)
         try:
-            b = broker.set_bucket(name, rate, burst)
+            b = self.broker.set_bucket(q.topic, q.rate, q.burst)
         except (ValueError, OverflowError, ProtocolError) as exc:
             raise HttpError(400, "INVALID_BUCKET", str(exc)) from None
-        return web.json_response({"topic": name, "bucket": {"rate": b.rate, "burst": b.burst}})
+        return _json(BucketAnswer(topic=q.topic, bucket=BucketDoc(rate=b.rate, burst=b.burst)))
 
-    async def bucket_delete(request: web.Request) -> web.Response:
-        name = _topic_name(request)
-        if name not in broker.topics:
-            raise HttpError(404, "TOPIC_NOT_FOUND")
-        broker.clear_bucket(name)
-        return web.json_response({"topic": name, "bucket": None})
+    async def bucket_delete(self, request: web.Request) -> web.Response:
+        """Remove the topic's sub-bucket: what waits for tokens is released at once."""
+        name = self._known_topic(request)
+        self.broker.clear_bucket(name)
+        return _json(BucketAnswer(topic=name, bucket=None))
 
-    async def migrate(request: web.Request) -> web.Response:
+    async def migrate(self, request: web.Request) -> web.Response:
         """Tell a publisher's connections (those that take SRTM orders) to move to ``to``."""
-        topic = _topic_name(request)
-        q = request.query
-        publisher, to = q.get("publisher"), q.get("to")
-        if not publisher:
-            raise HttpError(400, "MISSING_ARG_PUBLISHER")
-        if not to or not valid_host_port(to):
-            raise HttpError(400, "INVALID_TO", f"to must be HOST:PORT, got {to!r}")
-        version = _whole(q.get("version", "0"), "version", 2**63 - 1)
-        order = {"migrate": {"topic": topic, "to": to, "version": version}}
-        return web.json_response({"notified": broker.order(publisher, order)})
+        q = parse_query(MigrateQuery, request.query)
+        order = OrderDoc(migrate=MigrateDoc(topic=q.topic, to=q.to, version=q.version))
+        return _json(MigrateAnswer(notified=self.broker.order(q.publisher, order.model_dump())))
 
-    async def measure(request: web.Request) -> web.Response:
-        """A measurement round: p99 of the estimated end-to-end latency of the topic's
-        messages from ``publishers`` (body ``{"publishers": [...]}``; all if absent) over
-        ``window_ms`` (1 ms..60 s), answered when the window ends. At most
-        ``broker.max_measurements`` rounds run at once (429 beyond); a client that goes
-        away ends its round (the server cancels the handler)."""
-        topic = _topic_name(request)
-        window = _number(request, "window_ms")
-        if not MIN_MEASURE_NS <= window * 1_000_000 <= MAX_MEASURE_NS:
-            raise HttpError(400, "INVALID_WINDOW_MS", f"window_ms {window} is not in 1..60000")
+    async def measure(self, request: web.Request) -> web.Response:
+        """A measurement round: p50 and p99 of the estimated end-to-end latency.
+
+        Of the topic's messages from the body's ``publishers`` (all if absent) over
+        ``window_ms``, answered when the window ends. At most ``broker.max_measurements``
+        rounds run at once (429 beyond); a client that goes away ends its round (the server
+        cancels the handler)."""
+        q = parse_query(MeasureQuery, request.query)
         pubs = None
-        body = await _bounded_body(request, limits.max_msg_size)
+        body = await _bounded_body(request, self.limits.max_msg_size)
         if body:
             try:
-                doc = json.loads(body)
-            except ValueError:
-                raise HttpError(400, "INVALID_BODY", "body must be JSON") from None
-            listed = doc.get("publishers") if isinstance(doc, dict) else None
-            if listed is not None:
-                if not isinstance(listed, list) or not all(isinstance(p, str) for p in listed):
-                    raise HttpError(400, "INVALID_PUBLISHERS", "publishers must be strings")
-                pubs = frozenset(listed)
+                listed = MeasureBody.model_validate_json(body).publishers
+            except ValidationError as err:
+                raise refusal(err) from None
+            pubs = None if listed is None else frozenset(listed)
         try:
-            m = await broker.measure(topic, pubs, int(window * 1_000_000))
+            m = await self.broker.measure(q.topic, pubs, int(q.window_ms * 1_000_000))
         except MeasurementsBusy as exc:
             raise HttpError(429, "TOO_MANY_MEASUREMENTS", str(exc)) from None
         s = m.latency.summary()
-        return web.json_response(
-            {"topic": topic, "window_ms": window, "samples": int(s["count"]),
-             "p99_ms": s["p99"] / 1e6 if s["count"] else None,
-             "p50_ms": s["p50"] / 1e6 if s["count"] else None}
+        return _json(
+            MeasureAnswer(topic=q.topic, window_ms=q.window_ms, samples=int(s["count"]),
+                          p99_ms=s["p99"] / 1e6 if s["count"] else None,
+                          p50_ms=s["p50"] / 1e6 if s["count"] else None)
         )  # fmt: skip
 
+    async def openapi(self, request: web.Request) -> web.Response:
+        """This API's OpenAPI 3.1 document, generated from ROUTES."""
+        return web.json_response(api_document().model_dump())
+
+
+_TEXT = "text/plain"  # nsqd's "OK", and /stats without format=json
+_BYTES = "application/octet-stream"  # message bodies, as they are
+_NO_TOPIC = {404: "TOPIC_NOT_FOUND"}
+_NO_CHANNEL = {404: "TOPIC_NOT_FOUND, CHANNEL_NOT_FOUND"}
+_FULL = {403: "TOO_MANY_TOPICS, TOO_MANY_CHANNELS"}  # --max-topics, --max-channels-per-topic
+_PUB = {**_FULL, 503: "E_PUB_FAILED"}
+_H = BrokerHttp
+
+#: The HTTP API: every route, in nsqd's http.go order, then SRTM's.
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/ping", _H.ping,
+          text=_TEXT),
+    Route("GET", "/info", _H.info,
+          answer=InfoDoc),
+    Route("POST", "/pub", _H.pub,
+          query=PubQuery, body=_BYTES, text=_TEXT,
+          errors={400: "MSG_EMPTY", 413: "MSG_TOO_BIG", **_PUB}),
+    Route("POST", "/mpub", _H.mpub,
+          query=MpubQuery, body=_BYTES, text=_TEXT,
+          errors={400: "MSG_EMPTY, INVALID_BODY", 413: "BODY_TOO_BIG, MSG_TOO_BIG", **_PUB}),
+    Route("GET", "/stats", _H.stats,
+          query=StatsQuery, answer=StatsDoc, text=_TEXT),
+    Route("POST", "/topic/create", _H.topic_create,
+          query=TopicQuery, text=_TEXT, errors=_FULL),
+    Route("POST", "/topic/delete", _H.topic_delete,
+          query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
+    Route("POST", "/topic/empty", _H.topic_empty,
+          query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
+    Route("POST", "/topic/pause", _H.topic_pause,
+          query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
+    Route("POST", "/topic/unpause", _H.topic_unpause,
+          query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
+    Route("POST", "/channel/create", _H.channel_create,
+          query=ChannelQuery, text=_TEXT, errors=_FULL),
+    Route("POST", "/channel/delete", _H.channel_delete,
+          query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
+    Route("POST", "/channel/empty", _H.channel_empty,
+          query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
+    Route("POST", "/channel/pause", _H.channel_pause,
+          query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
+    Route("POST", "/channel/unpause", _H.channel_unpause,
+          query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
+    Route("GET", "/metrics", _H.metrics,
+          text=CONTENT_TYPE_LATEST),
+    Route("GET", "/srtm/bucket", _H.bucket_get,
+          query=TopicQuery, answer=BucketReading, errors=_NO_TOPIC),
+    Route("POST", "/srtm/bucket", _H.bucket_set,
+          query=BucketQuery, answer=BucketAnswer, errors={400: "INVALID_BUCKET"}),
+    Route("DELETE", "/srtm/bucket", _H.bucket_delete,
+          query=TopicQuery, answer=BucketAnswer, errors=_NO_TOPIC),
+    Route("POST", "/srtm/migrate", _H.migrate,
+          query=MigrateQuery, answer=MigrateAnswer),
+    Route("POST", "/srtm/measure", _H.measure,
+          query=MeasureQuery, body=MeasureBody, body_required=False, answer=MeasureAnswer,
+          errors={400: "INVALID_BODY, INVALID_PUBLISHERS", 413: "BODY_TOO_BIG",
+                  429: "TOO_MANY_MEASUREMENTS"}),
+    Route("GET", "/srtm/openapi.json", _H.openapi,
+          answer=OpenApiDoc),
+)  # fmt: skip
+
+
+@functools.cache
+def api_document() -> OpenApiDoc:
+    """The OpenAPI document of ROUTES (built once: it only changes with the code)."""
+    return document(
+        ROUTES,
+        title="SRTM broker",
+        needs_token=needs_token,
+        error=ErrorDoc,
+        query_refusals=query_refusals,
+    )
+
+
+def make_app(broker: Broker) -> web.Application:
+    """ROUTES bound to one ``BrokerHttp``, behind the error, token and TLS middlewares."""
+    handlers = BrokerHttp(broker)
     middlewares = [_errors, _auth(broker.options.token)]
     if http_requires_tls(broker.options):
         middlewares.insert(0, _tls_required)
     # No body beyond the largest the protocol takes (an MPUB's) is ever read.
-    app = web.Application(middlewares=middlewares, client_max_size=limits.max_body_size + 1024)
-    app.router.add_post("/srtm/migrate", migrate)
-    app.router.add_post("/srtm/measure", measure)
-    app.router.add_get("/ping", ping)
-    app.router.add_get("/info", info)
-    app.router.add_post("/pub", pub)
-    app.router.add_post("/mpub", mpub)
-    app.router.add_get("/stats", stats)
-    for action in ("create", "delete", "empty", "pause", "unpause"):
-        app.router.add_post(f"/topic/{action}", topic_action(action))
-        app.router.add_post(f"/channel/{action}", channel_action(action))
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/srtm/bucket", bucket_get)
-    app.router.add_post("/srtm/bucket", bucket_set)
-    app.router.add_delete("/srtm/bucket", bucket_delete)
+    limit = broker.options.limits.max_body_size + 1024
+    app = web.Application(middlewares=middlewares, client_max_size=limit)
+    for route in ROUTES:
+        handler = functools.partial(route.handler, handlers)
+        if route.method == "GET":
+            app.router.add_get(route.path, handler)  # and HEAD, answered as GET is
+        else:
+            app.router.add_route(route.method, route.path, handler)
     return app
 
 
-def _stats_text(doc: dict[str, object]) -> str:
-    lines = [f"nsqd v{doc['version']} (srtm)", f"start_time {doc['start_time']}", ""]
-    for t in doc["topics"]:  # type: ignore[attr-defined]
+def _stats_text(doc: StatsDoc) -> str:
+    lines = [f"nsqd v{doc.version} (srtm)", f"start_time {doc.start_time}", ""]
+    for t in doc.topics:
         lines.append(
-            f"[{t['topic_name']:<24}] depth: {t['depth']:<5} be-depth: {t['backend_depth']:<5} "
-            f"msgs: {t['message_count']:<8}"
+            f"[{t.topic_name:<24}] depth: {t.depth:<5} be-depth: {t.backend_depth:<5} "
+            f"msgs: {t.message_count:<8}"
         )
-        for c in t["channels"]:
+        for c in t.channels:
             lines.append(
-                f"    [{c['channel_name']:<20}] depth: {c['depth']:<5} "
-                f"be-depth: {c['backend_depth']:<5} inflt: {c['in_flight_count']:<4} "
-                f"def: {c['deferred_count']:<4} re-q: {c['requeue_count']:<5} "
-                f"timeout: {c['timeout_count']:<5} msgs: {c['message_count']:<8}"
+                f"    [{c.channel_name:<20}] depth: {c.depth:<5} "
+                f"be-depth: {c.backend_depth:<5} inflt: {c.in_flight_count:<4} "
+                f"def: {c.deferred_count:<4} re-q: {c.requeue_count:<5} "
+                f"timeout: {c.timeout_count:<5} msgs: {c.message_count:<8}"
             )
     return "\n".join(lines) + "\n"
 

@@ -1,90 +1,233 @@
-"""Broker settings (command-line flags map onto these)."""
+"""A broker's settings: one field per setting, which ``srtm broker``'s flags, ``SRTM_*``
+variables and ``--config`` file all fill (see :mod:`srtm.config`)."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from srtm.config import setting
 from srtm.protocol import Limits
 from srtm.version import NSQD_VERSION
 
 VERSION = NSQD_VERSION
+#: ``SRTM_`` and the setting's name in capitals: ``SRTM_MAX_OUTPUT_BUFFER_BYTES``.
+ENV_PREFIX = "SRTM_"
+
+
+class ArrivalStamps(enum.StrEnum):
+    """Where a message's arrival time comes from."""
+
+    KERNEL = "kernel"  # SO_TIMESTAMPNS receive stamps
+    USER = "user"  # a clock read after each read
+
+
+class ReleaseTimer(enum.StrEnum):
+    """What ends the wait for a shaped release."""
+
+    TIMERFD = "timerfd"
+    ASYNCIO = "asyncio"
+
+
+class TlsRequired(enum.StrEnum):
+    """nsqd's --tls-required."""
+
+    FALSE = "false"
+    TRUE = "true"
+    TCP_HTTPS = "tcp-https"
+
+
+class TlsClientAuthPolicy(enum.StrEnum):
+    """nsqd's --tls-client-auth-policy (both ask for and verify a client certificate here)."""
+
+    NONE = ""
+    REQUIRE = "require"
+    REQUIRE_VERIFY = "require-verify"
 
 
 @dataclass(frozen=True, slots=True)
 class BrokerOptions:
-    tcp_host: str = "127.0.0.1"
-    tcp_port: int = 4150
-    http_host: str = "127.0.0.1"
-    http_port: int = 4151
-    broker_id: int = 0
-    data_dir: Path = Path("srtm-data")
-    trace_dir: Path | None = None
-    #: Trace partition name (``broker/run=<run>/``).
-    run: str = "default"
-    #: Share of messages that get a trace row (1.0: all).
-    trace_sample: float = 1.0
-    limits: Limits = field(default_factory=Limits)
-    #: Messages a queue keeps in memory before overflowing to disk (nsqd's mem-queue-size).
-    mem_queue_size: int = 10_000
-    msg_timeout_ms: int = 60_000
-    heartbeat_interval_ms: int = 30_000
-    #: Kernel receive timestamps (SO_TIMESTAMPNS) for arrival times; else a clock read.
-    kernel_timestamps: bool = True
-    #: How the wait for a shaped release ends: "timerfd" (ns-precise, Linux) or "asyncio"
-    #: (~1 ms coarse); either way the last ``release_spin_ns`` are spent yielding to the
-    #: loop. Without a timerfd the spin must cover asyncio's lateness (1.5 ms).
-    release_timer: str = "timerfd"
-    release_spin_ns: int = 200_000
-    #: How often deferred messages and in-flight timeouts are checked.
-    scan_interval_ms: int = 10
-    #: The TB Adaptor's window: average rate and maximum backlog over this many seconds.
-    window_seconds: int = 10
-    #: Controller URL to register with and report to every ``report_interval_s``.
-    controller: str | None = None
-    #: Messages per second this broker can process (told to the controller).
-    mcap: float = 110_000.0
-    #: Emulate a smaller instance: every message released by its topic's bucket then
-    #: takes 1/capacity s of a single broker-wide server, in release order (0: off).
-    capacity: float = 0.0
-    report_interval_s: float = 1.0
-    #: Bytes queued for one client beyond which the broker stops reading its socket and
-    #: sends it no more messages, until the backlog drains to half of this.
-    max_output_buffer_bytes: int = 4 * 1024 * 1024
-    #: A connection whose pending output makes no progress for this long is closed (0: never).
-    write_timeout_ms: int = 30_000
-    #: A command must arrive whole within this long of its first byte, else the connection
-    #: is closed with E_INVALID (0: no limit).
-    read_timeout_ms: int = 30_000
-    #: Open client connections beyond which new ones get E_TOO_MANY_CONNECTIONS and are
-    #: closed (0: no limit but the fd limit).
-    max_connections: int = 10_000
-    #: Size of a disk queue's segment files (nsqd's max-bytes-per-file).
-    max_bytes_per_file: int = 16 << 20
-    #: Disk space claimed at start and given back at a graceful stop, so that what memory
-    #: holds is saved even on a full disk (0: none). See docs/durability.md.
-    disk_reserve_bytes: int = 32 << 20
-    #: TLS (nsqd's --tls-cert/--tls-key): clients upgrade with IDENTIFY ``tls_v1``.
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    #: CA bundle for client certificates (nsqd's --tls-root-ca-file).
-    tls_root_ca_file: Path | None = None
-    #: "false", "true" (TCP only after the upgrade; plain HTTP refused) or "tcp-https".
-    tls_required: str = "false"
-    #: "", "require" or "require-verify" (both verify here); set, it implies tls_required.
-    tls_client_auth_policy: str = ""
-    #: A TLS handshake not done this long after IDENTIFY closes the connection.
-    tls_handshake_timeout_ms: int = 5_000
-    #: HTTPS API with the same certificate (nsqd's --https-address); None: none.
-    https_host: str = "127.0.0.1"
-    https_port: int | None = None
-    #: nsqd's --auth-http-address: auth servers (HOST:PORT or http(s)://...) for AUTH.
-    auth_http_address: tuple[str, ...] = ()
-    #: Topics this broker holds at most; a command that would create one more fails
-    #: (PUB: E_PUB_FAILED, SUB: E_SUB_FAILED, HTTP: 403 TOO_MANY_TOPICS).
-    max_topics: int = 10_000
-    #: Channels per topic at most (SUB: E_SUB_FAILED, HTTP: 403 TOO_MANY_CHANNELS).
-    max_channels_per_topic: int = 100
-    #: The cluster token: mutating ``/srtm/*`` HTTP endpoints then require
-    #: ``Authorization: Bearer <token>``. None: open, allowed on a loopback HTTP bind only.
-    token: str | None = None
+    """Everything a broker is told at start; each field is one setting (``setting()``'s
+    help is what ``srtm broker --help`` shows)."""
+
+    tcp_host: str = setting(
+        "127.0.0.1",
+        "HOST:PORT for NSQ's TCP protocol (port 0: any free port, printed at start).",
+        address="tcp_address",
+    )
+    tcp_port: int = setting(4150, address="tcp_address")
+    http_host: str = setting(
+        "127.0.0.1", "HOST:PORT for the HTTP API (port 0: any).", address="http_address"
+    )
+    http_port: int = setting(4151, address="http_address")
+    broker_id: int = setting(
+        0, "0..4095; the first 3 hex digits of message ids.", minimum=0, maximum=4095
+    )
+    data_dir: Path = setting(
+        Path("srtm-data"),
+        "Where queues overflow to disk and where a graceful stop (SIGTERM) leaves every "
+        "message still owed; the next start delivers them.",
+    )
+    trace_dir: Path | None = setting(
+        None, "Write broker-side trace rows as Parquet under DIR/broker/run=RUN/."
+    )
+    run: str = setting("default", "Trace partition (run) name.")
+    trace_sample: float = setting(
+        1.0, "Share of messages traced, in (0, 1].", minimum=0.0, maximum=1.0
+    )
+    mem_queue_size: int = setting(
+        10_000,
+        "Messages each queue keeps in memory before overflowing to disk (ephemeral queues "
+        "drop beyond it, counted in /stats).",
+        minimum=0,
+    )
+    msg_timeout_ms: int = setting(
+        60_000, "Default in-flight timeout before a message is requeued (ms)."
+    )
+    heartbeat_interval_ms: int = setting(
+        30_000,
+        "Default heartbeat interval (ms); clients may negotiate theirs.",
+        aliases=("heartbeat_ms",),
+    )
+    arrival_stamps: ArrivalStamps = setting(
+        ArrivalStamps.KERNEL,
+        "'kernel': SO_TIMESTAMPNS receive stamps (falls back where unsupported); 'user': a "
+        "clock read after each read.",
+    )
+    release_timer: ReleaseTimer = setting(
+        ReleaseTimer.TIMERFD,
+        "What ends the wait for a shaped release: 'timerfd' (Linux, ns-precise) or "
+        "'asyncio' (~1 ms coarse; the spin is then at least 1.5 ms).",
+    )
+    release_spin_us: int = setting(
+        200,
+        "Yield to the loop for this long (µs) before each shaped release instead of "
+        "sleeping, to absorb the timer's wake-up latency.",
+        minimum=0,
+    )
+    scan_interval_ms: int = setting(
+        10, "How often deferred messages and in-flight timeouts are checked (ms).", minimum=1
+    )
+    window_seconds: int = setting(
+        10,
+        "TB Adaptor window: average rate and max backlog over this many seconds.",
+        aliases=("window_s",),
+        minimum=1,
+    )
+    controller: str | None = setting(
+        None,
+        "Controller URL (http://HOST:PORT): register there and report load and each "
+        "topic's window every --report-interval-s.",
+    )
+    mcap: float = setting(
+        110_000.0, "Messages/s this broker can process, told to the controller.", minimum=1
+    )
+    capacity: float = setting(
+        0.0,
+        "Emulate a smaller instance: process at most this many messages/s, each taking "
+        "1/CAPACITY s of one broker-wide server after its topic's bucket releases it "
+        "(0: no limit).",
+        minimum=0,
+    )
+    report_interval_s: float = setting(
+        1.0, "How often a broker with --controller reports to it (s).", minimum=0.01
+    )
+    max_output_buffer_bytes: int = setting(
+        4 * 1024 * 1024,
+        "Bytes queued for one client beyond which its socket is not read and it gets no "
+        "messages until half of that has drained (0: no limit).",
+        aliases=("max_output_buffer",),
+        env_aliases=("SRTM_MAX_OUTPUT_BUFFER",),
+        minimum=0,
+    )
+    write_timeout_ms: int = setting(
+        30_000,
+        "Close a client whose pending output made no progress for this long (ms; 0: never).",
+        minimum=0,
+    )
+    read_timeout_ms: int = setting(
+        30_000,
+        "A command must arrive whole within this long of its first byte, else E_INVALID "
+        "and the connection is closed (ms; 0: no limit).",
+        minimum=0,
+    )
+    max_connections: int = setting(
+        10_000,
+        "Client connections beyond this many get E_TOO_MANY_CONNECTIONS and are closed "
+        "(0: no limit but the open-files limit).",
+        minimum=0,
+    )
+    max_bytes_per_file: int = setting(
+        16 << 20, "Size of each disk queue segment file (bytes).", minimum=1024
+    )
+    disk_reserve_bytes: int = setting(
+        32 << 20,
+        "Disk space (bytes) claimed at start and given back at a graceful stop, so that "
+        "what memory holds is saved even when the disk is full (0: none).",
+        minimum=0,
+    )
+    tls_cert: Path | None = setting(
+        None, "PEM certificate (chain): clients may upgrade with IDENTIFY tls_v1 (nsqd's)."
+    )
+    tls_key: Path | None = setting(None, "PEM private key of --tls-cert.")
+    tls_root_ca_file: Path | None = setting(
+        None, "PEM CA bundle that client certificates must chain to."
+    )
+    tls_required: TlsRequired = setting(
+        TlsRequired.FALSE,
+        "'true': TCP commands only after the TLS upgrade, plain HTTP refused "
+        "(TLS_REQUIRED); 'tcp-https': TCP only; 'false': optional.",
+    )
+    tls_client_auth_policy: TlsClientAuthPolicy = setting(
+        TlsClientAuthPolicy.NONE,
+        "'require' or 'require-verify': clients must present a certificate that verifies "
+        "against --tls-root-ca-file (implies --tls-required); '': none asked for.",
+    )
+    tls_handshake_timeout_ms: int = setting(
+        5_000, "A TLS handshake not done this long after IDENTIFY closes the connection (ms).",
+        minimum=1,
+    )  # fmt: skip
+    https_host: str = setting(
+        "127.0.0.1",
+        "HOST:PORT for the HTTP API over TLS, with --tls-cert (port 0: any); none by default.",
+        address="https_address",
+    )
+    https_port: int | None = setting(None, address="https_address")
+    auth_http_address: tuple[str, ...] = setting(
+        (),
+        "nsqd's AUTH: auth server (HOST:PORT or http(s)://HOST:PORT) asked GET /auth for "
+        "each AUTH secret; repeat for fallbacks (the variable: space-separated).",
+    )
+    max_topics: int = setting(
+        10_000,
+        "Topics this broker holds at most; creating one more fails (PUB: E_PUB_FAILED, "
+        "SUB: E_SUB_FAILED, HTTP: 403 TOO_MANY_TOPICS).",
+        minimum=1,
+    )
+    max_channels_per_topic: int = setting(
+        100,
+        "Channels per topic at most (SUB: E_SUB_FAILED, HTTP: 403 TOO_MANY_CHANNELS).",
+        minimum=1,
+    )
+    token: str | None = setting(
+        None,
+        "Cluster token: mutating /srtm/* HTTP requests must carry 'Authorization: Bearer "
+        "TOKEN' (nsqd's own endpoints stay open). Required by srtm broker unless "
+        "--insecure-loopback.",
+    )
+    insecure_loopback: bool = setting(
+        False,
+        "Run without a token: allowed only when every bind address is loopback (checked "
+        "by srtm broker; an embedded broker without a token needs a loopback HTTP bind).",
+    )
+    #: nsqd's protocol limits (fixed: not a setting).
+    limits: Limits = field(default_factory=Limits, init=False)
+
+    @property
+    def kernel_timestamps(self) -> bool:
+        return self.arrival_stamps == ArrivalStamps.KERNEL
+
+    @property
+    def release_spin_ns(self) -> int:
+        return self.release_spin_us * 1000

@@ -1,4 +1,10 @@
-"""One client connection: socket bytes → protocol events → broker calls → frames back.
+"""One client connection: socket bytes → parser → session (srtm.protocol) → frames back.
+
+The NSQ session rules (states, IDENTIFY, SUB, RDY, FIN/REQ/TOUCH, CLS, heartbeats, error
+codes) are ``srtm.protocol.session``'s; ``Client`` keeps the socket, TLS, buffers,
+back-pressure and timeouts, feeds the session what the parser completes and carries out
+what the session asks of it on the broker (``BrokerPort``: this module does not import the
+broker itself).
 
 Reads use ``recvmsg`` so each read carries the kernel's receive timestamp
 (SO_TIMESTAMPNS); every command completed by a read gets that read's stamp.
@@ -8,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import json
 import logging
 import socket
@@ -16,38 +21,21 @@ import ssl
 import struct
 import sys
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
+from srtm.broker.auth import Authenticator, Gate
 from srtm.broker.state import DeliveryError
-from srtm.protocol import (
-    CLOSE_WAIT,
-    HEARTBEAT,
-    Auth,
-    Cls,
-    Dpub,
-    Fin,
-    Identify,
-    Mpub,
-    Nop,
-    Parser,
-    ProtocolError,
-    Pub,
-    Rdy,
-    Req,
-    Sub,
-    Touch,
-    errors,
-    frames,
-)
+from srtm.broker.tls import tcp_requires_tls
+from srtm.protocol import Parser, ProtocolError, errors, frames
 from srtm.protocol.frames import message as message_frame
+from srtm.protocol.session import Session, SessionSettings, SessionState
 
 if TYPE_CHECKING:
-    from srtm.broker.auth import Gate
-    from srtm.broker.broker import Broker
     from srtm.broker.message import Message
     from srtm.broker.options import BrokerOptions
     from srtm.broker.state import Channel
+    from srtm.broker.stats import BrokerStats
     from srtm.broker.tls import TlsSession
 
 log = logging.getLogger("srtm.broker")
@@ -64,31 +52,42 @@ _READ_SIZE = 32 * 1024
 _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
 #: Longest a connection that had a fatal error is read (and discarded) before closing.
 _LINGER_S = 1.0
+_CLOSED = SessionState.CLOSED
 
 
-@contextlib.contextmanager
-def _pub_failed_as(code: str) -> Iterator[None]:
-    """nsqd's code for a refused MPUB or DPUB (the broker raises E_PUB_FAILED)."""
-    try:
-        yield
-    except ProtocolError as err:
-        if err.code != errors.E_PUB_FAILED:
-            raise
-        command = code.removeprefix("E_").removesuffix("_FAILED")  # MPUB, DPUB
-        raise ProtocolError(code, err.message.replace("PUB", command, 1)) from err
+class BrokerPort(Protocol):
+    """What a Client needs of the broker (srtm.broker.broker.Broker is one)."""
 
+    @property
+    def options(self) -> BrokerOptions: ...
 
-class State(enum.Enum):
-    INIT = "init"
-    SUBSCRIBED = "subscribed"
-    CLOSING = "closing"
-    CLOSED = "closed"
+    @property
+    def version(self) -> str: ...
 
+    @property
+    def stats(self) -> BrokerStats: ...
 
-def _incomplete(parser: Parser) -> bool:
-    """Whether the parser holds part of a command (a line, or a body still arriving).
-    The parser has no public view of this; only these two fields say it."""
-    return bool(parser._buf) or parser._pending is not None
+    @property
+    def tls_context(self) -> ssl.SSLContext | None: ...
+
+    @property
+    def authenticator(self) -> Authenticator | None: ...
+
+    def publish(
+        self, topic_name: str, bodies: Iterable[bytes], arrival: int, publisher: str | None
+    ) -> asyncio.Future[Any] | None: ...
+
+    def publish_deferred(
+        self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None
+    ) -> None: ...
+
+    def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel: ...
+
+    def mark_ready(self, channel: Channel) -> None: ...
+
+    def release_due(self) -> None: ...
+
+    def disconnected(self, client: Client) -> None: ...
 
 
 def enable_kernel_timestamps(sock: socket.socket) -> bool:
@@ -99,21 +98,34 @@ def enable_kernel_timestamps(sock: socket.socket) -> bool:
     return True
 
 
-class Client:
-    """A connected NSQ client (a publisher, a consumer, or both)."""
+def session_settings(broker: BrokerPort) -> SessionSettings:
+    opts = broker.options
+    return SessionSettings(
+        limits=opts.limits,
+        heartbeat_interval_ms=opts.heartbeat_interval_ms,
+        msg_timeout_ms=opts.msg_timeout_ms,
+        version=broker.version,
+        broker_id=str(opts.broker_id),
+        tls=broker.tls_context is not None,
+        auth=broker.authenticator is not None,
+    )
 
-    def __init__(self, broker: Broker, sock: socket.socket, kernel_timestamps: bool) -> None:
+
+class Client:
+    """A connected NSQ client (a publisher, a consumer, or both): the ``SessionHost`` its
+    session answers through."""
+
+    def __init__(self, broker: BrokerPort, sock: socket.socket, kernel_timestamps: bool) -> None:
         self.broker = broker
         self.sock = sock
         self.loop = asyncio.get_running_loop()
         self.parser = Parser(broker.options.limits)
-        self.state = State.INIT
+        self.session = Session(self, session_settings(broker))
+        #: Read by the channel for every message it dispatches: plain attributes.
         self.rdy = 0
         self.in_flight = 0
-        self.msg_timeout_ns = broker.options.msg_timeout_ms * 1_000_000
-        self.heartbeat_ns = broker.options.heartbeat_interval_ms * 1_000_000
+        self.msg_timeout_ns = self.session.msg_timeout_ns
         self.channel: Channel | None = None
-        self.identity: dict[str, Any] = {}
         self.connected_ns = time.time_ns()
         self.last_read_ns = self.connected_ns
         self.message_count = 0
@@ -140,13 +152,33 @@ class Client:
         self.tls: TlsSession | None = None
         self.gate: Gate | None = None
         if broker.tls_context is not None or broker.authenticator is not None:
-            from srtm.broker.auth import new_gate
-
-            self.gate = new_gate(self)
+            self.gate = Gate(self, tcp_requires_tls(broker.options), broker.authenticator)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.loop.add_reader(sock.fileno(), self._on_readable)
         self._arm_heartbeat()
+
+    # -- the session's view ----------------------------------------------------------------
+    @property
+    def state(self) -> SessionState:
+        return self.session.state
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return self.session.identity
+
+    @property
+    def heartbeat_ns(self) -> int:
+        return self.session.heartbeat_ns
+
+    @property
+    def publisher(self) -> str:
+        return self.session.publisher
+
+    @property
+    def takes_orders(self) -> bool:
+        """Whether it negotiated SRTM's order frames in IDENTIFY."""
+        return self.session.takes_orders
 
     # -- reading -------------------------------------------------------------------------
     def _on_readable(self) -> None:
@@ -171,63 +203,110 @@ class Client:
             return
         events = self.parser.feed(data)
         self._note_partial(bool(events), user_ns)
+        session = self.session
+        gate = self.gate
         for i, event in enumerate(events):
-            if self.state is State.CLOSED or self._close_when_flushed:
+            if session.state is _CLOSED or self._close_when_flushed:
                 return  # closed, or a fatal error: nsqd runs nothing after one
             if i & 31 == 31:
                 self.broker.release_due()
-            if self.gate is not None and self.gate.consumes(event, arrival):
+            if gate is not None and gate.consumes(event, arrival):
                 continue  # refused, or held until the auth server answers
-            self.run(event, arrival)
+            try:
+                session.receive(event, arrival)
+            except ProtocolError as err:
+                self.send_error(err)
+            except Exception:
+                self._internal_error(event)
 
-    def _handle(self, cmd: object, arrival: int) -> None:
-        broker = self.broker
-        match cmd:
-            case Pub(topic, body):
-                self._hold_until(broker.publish(topic, [body], arrival, self._publisher))
-                self._published(topic, 1)
-            case Mpub(topic, bodies):
-                with _pub_failed_as(errors.E_MPUB_FAILED):
-                    written = broker.publish(topic, bodies, arrival, self._publisher)
-                self._hold_until(written)
-                self._published(topic, len(bodies))
-            case Dpub(topic, defer_ms, body):
-                with _pub_failed_as(errors.E_DPUB_FAILED):
-                    broker.publish_deferred(topic, body, defer_ms, arrival, self._publisher)
-                self._published(topic, 1)
-            case Rdy(count):
-                self._rdy(count)
-            case Fin(mid):
-                self._settle(mid, "FIN", lambda ch: ch.fin(mid, self))
-                self.finish_count += 1
-            case Req(mid, timeout_ms):
-                self._settle(
-                    mid, "REQ", lambda ch: ch.req(mid, self, timeout_ms * 1_000_000, time.time_ns())
-                )
-                self.requeue_count += 1
-            case Touch(mid):
-                self._settle(mid, "TOUCH", lambda ch: ch.touch(mid, self, time.time_ns()))
-            case Sub(topic, channel):
-                self._sub(topic, channel)
-            case Identify(config):
-                self._identify(config)
-            case Cls():
-                if self.state is not State.SUBSCRIBED:
-                    raise ProtocolError(errors.E_INVALID, "cannot CLS in current state")
-                self.state = State.CLOSING
-                self.rdy = 0  # nsqd's StartClose: RDY 0, so no more messages
-                self.write(frames.response(CLOSE_WAIT))
-            case Auth():
-                raise ProtocolError("E_AUTH_DISABLED", "AUTH disabled")
-            case Nop():
-                pass
+    def run(self, event: object, arrival: int) -> None:
+        """Run a command the gate held back (read earlier, in order)."""
+        try:
+            self.session.receive(event, arrival)  # type: ignore[arg-type]
+        except ProtocolError as err:
+            self.send_error(err)
+        except Exception:
+            self._internal_error(event)
 
-    def _hold_until(self, written: asyncio.Future[Any] | None) -> None:
+    def _internal_error(self, event: object) -> None:
+        # A broker bug costs this client its connection, not the whole loop.
+        log.exception("internal error on %s from %s", type(event).__name__, self.remote)
+        self.send_error(ProtocolError(errors.E_INVALID, "internal error"))
+
+    # -- what the session asks (srtm.protocol.session.SessionHost) ---------------------------
+    def publish(self, topic: str, bodies: list[bytes], arrival_ns: int) -> None:
+        written = self.broker.publish(topic, bodies, arrival_ns, self.session.attributed_to)
+        if written is not None:
+            self._hold_until(written)
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
+
+    def publish_deferred(self, topic: str, body: bytes, defer_ms: int, arrival_ns: int) -> None:
+        self.broker.publish_deferred(topic, body, defer_ms, arrival_ns, self.session.attributed_to)
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + 1
+
+    def subscribe(self, topic: str, channel: str) -> None:
+        self.channel = self.broker.subscribe(topic, channel, self)
+
+    def ready(self, count: int) -> None:
+        if self._paused:
+            self._rdy_wanted = count  # in force once its output has drained
+            return
+        self.rdy = count
+        if self.channel is not None:
+            self.broker.mark_ready(self.channel)
+
+    def finish(self, message_id: bytes) -> str | None:
+        channel = self.channel
+        assert channel is not None  # subscribed: the session says FIN only then
+        try:
+            channel.fin(message_id, self)
+        except DeliveryError as exc:
+            return str(exc)
+        self.finish_count += 1
+        self.broker.mark_ready(channel)
+        return None
+
+    def requeue(self, message_id: bytes, delay_ns: int) -> str | None:
+        channel = self.channel
+        assert channel is not None
+        try:
+            channel.req(message_id, self, delay_ns, time.time_ns())
+        except DeliveryError as exc:
+            return str(exc)
+        self.requeue_count += 1
+        self.broker.mark_ready(channel)
+        return None
+
+    def touch(self, message_id: bytes) -> str | None:
+        channel = self.channel
+        assert channel is not None
+        try:
+            channel.touch(message_id, self, time.time_ns())
+        except DeliveryError as exc:
+            return str(exc)
+        self.broker.mark_ready(channel)
+        return None
+
+    def negotiated(self, heartbeat_changed: bool) -> None:
+        self.msg_timeout_ns = self.session.msg_timeout_ns
+        if heartbeat_changed:
+            self._arm_heartbeat()
+
+    def start_tls(self) -> None:
+        """Upgrade after IDENTIFY's plain-text reply, as nsqd: the client starts the
+        handshake; a handshake not done in time ends the connection."""
+        from srtm.broker.tls import TlsSession
+
+        assert self.broker.tls_context is not None
+        self.tls = TlsSession(self.broker.tls_context)
+        timeout_s = self.broker.options.tls_handshake_timeout_ms / 1000
+        self.loop.call_later(timeout_s, self._tls_deadline)
+
+    # -- holding answers until their publish is on disk ------------------------------------
+    def _hold_until(self, written: asyncio.Future[Any]) -> None:
         """A publish is acknowledged once what it overflowed to disk is written: its OK,
         and every frame after it on this connection (order is kept), wait for ``written``
         (other connections do not)."""
-        if written is None:
-            return
         self._holds += 1
         written.add_done_callback(self._unhold)
 
@@ -237,114 +316,9 @@ class Client:
             return
         held, self._held = self._held, bytearray()
         self._out += held
-        if not self._send_scheduled and not self._writing and self.state is not State.CLOSED:
+        if not self._send_scheduled and not self._writing and not self.closed:
             self._send_scheduled = True
             self.loop.call_soon(self._send)
-
-    def _published(self, topic: str, n: int) -> None:
-        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + n
-        self.write(frames.response())
-
-    @property
-    def publisher(self) -> str:
-        return str(self.identity.get("srtm_publisher") or self.identity.get("client_id") or "")
-
-    @property
-    def _publisher(self) -> str | None:
-        """Who published what this connection sends; None: the publisher each message's
-        measurement header names (a workload emulator multiplexes many on one connection)."""
-        if self.identity.get("srtm_header_publisher") is True:
-            return None
-        return self.publisher
-
-    def _identify(self, config: dict[str, Any]) -> None:
-        if self.state is not State.INIT:
-            raise ProtocolError(errors.E_INVALID, "cannot IDENTIFY in current state")
-        self.identity = config
-        opts = self.broker.options
-        limits = opts.limits
-        heartbeat = config.get("heartbeat_interval", 0)
-        if isinstance(heartbeat, int) and heartbeat != 0:
-            if heartbeat == -1:
-                self.heartbeat_ns = 0
-            elif 1000 <= heartbeat <= 60_000:
-                self.heartbeat_ns = heartbeat * 1_000_000
-            else:
-                raise ProtocolError(
-                    errors.E_BAD_BODY, f"IDENTIFY heartbeat interval ({heartbeat}) is invalid"
-                )
-            self._arm_heartbeat()
-        timeout = config.get("msg_timeout", 0)
-        if isinstance(timeout, int) and timeout != 0:
-            if not limits.min_msg_timeout_ms <= timeout <= limits.max_msg_timeout_ms:
-                raise ProtocolError(
-                    errors.E_BAD_BODY,
-                    f"IDENTIFY msg timeout ({timeout}) is invalid",
-                )
-            self.msg_timeout_ns = timeout * 1_000_000
-        if not config.get("feature_negotiation"):
-            self.write(frames.response())
-            return
-        tls_v1 = (
-            config.get("tls_v1") is True
-            and self.broker.tls_context is not None
-            and self.tls is None
-        )  # a second IDENTIFY does not upgrade twice
-        reply = {
-            "max_rdy_count": limits.max_rdy_count,
-            "version": self.broker.version,
-            "max_msg_timeout": limits.max_msg_timeout_ms,
-            "msg_timeout": self.msg_timeout_ns // 1_000_000,
-            "tls_v1": tls_v1,
-            "deflate": False,
-            "deflate_level": 6,
-            "max_deflate_level": 6,
-            "snappy": False,
-            "sample_rate": 0,
-            "auth_required": self.broker.authenticator is not None,
-            "output_buffer_size": 16384,
-            "output_buffer_timeout": 250,
-            # SRTM's own (clients ignore fields they do not know): which broker this is,
-            # so subscriber-side trace rows join broker-side ones on (run, broker, msg_id).
-            "srtm_broker_id": str(self.broker.options.broker_id),
-            # nsqd does not say it; a client that knows it refuses a too-big body itself
-            # instead of being disconnected for it.
-            "srtm_max_msg_size": limits.max_msg_size,
-        }
-        self.write(frames.response(json.dumps(reply).encode()))
-        if tls_v1:
-            self._start_tls()
-
-    def _sub(self, topic: str, channel: str) -> None:
-        if self.state is not State.INIT:
-            raise ProtocolError(errors.E_INVALID, "cannot SUB in current state")
-        if self.heartbeat_ns == 0:
-            raise ProtocolError(errors.E_INVALID, "cannot SUB with heartbeats disabled")
-        self.channel = self.broker.subscribe(topic, channel, self)
-        self.state = State.SUBSCRIBED
-        self.write(frames.response())
-
-    def _rdy(self, count: int) -> None:
-        if self.state is State.CLOSING:
-            return  # nsqd ignores RDY once the client said CLS
-        if self.state is not State.SUBSCRIBED:
-            raise ProtocolError(errors.E_INVALID, "cannot RDY in current state")
-        if self._paused:
-            self._rdy_wanted = count  # in force once its output has drained
-            return
-        self.rdy = count
-        if self.channel is not None:
-            self.broker.mark_ready(self.channel)
-
-    def _settle(self, mid: bytes, name: str, action: Any) -> None:
-        if self.state not in (State.SUBSCRIBED, State.CLOSING) or self.channel is None:
-            raise ProtocolError(errors.E_INVALID, f"cannot {name} in current state")
-        try:
-            action(self.channel)
-        except DeliveryError as exc:
-            shown = mid.decode(errors="replace")
-            raise ProtocolError(f"E_{name}_FAILED", f"{name} {shown} failed {exc}") from None
-        self.broker.mark_ready(self.channel)
 
     # -- writing -------------------------------------------------------------------------
     def send_message(self, msg: Message) -> None:
@@ -366,11 +340,6 @@ class Client:
                     return int(rtt_us) * 1_000
         return 0
 
-    @property
-    def takes_orders(self) -> bool:
-        """Whether it negotiated SRTM's order frames in IDENTIFY."""
-        return self.identity.get("srtm_orders") is True
-
     def send_order(self, order: dict[str, Any]) -> None:
         self.write(frames.frame(frames.FrameType.SRTM, json.dumps(order).encode()))
         self.send_now()
@@ -385,7 +354,7 @@ class Client:
 
     def write(self, data: bytes) -> None:
         """Queue ``data``; everything written in one loop turn leaves in one send."""
-        if self.state is State.CLOSED:
+        if self.session.state is _CLOSED:
             return
         if self.tls is not None:
             data = self.tls.wrap(data)  # ciphertext, with any handshake bytes due
@@ -408,7 +377,7 @@ class Client:
 
     def _send(self) -> None:
         self._send_scheduled = False
-        if self.state is State.CLOSED or self._writing or not self._out:
+        if self.session.state is _CLOSED or self._writing or not self._out:
             return
         self._on_writable()
         if self._out and not self.closed:
@@ -440,7 +409,7 @@ class Client:
         what the client still sends until it closes (or _LINGER_S pass), so its kernel
         gets our FIN; closing with unread bytes sends a reset, which makes the client's
         kernel drop the error frame it has not read yet."""
-        if self.state is State.CLOSED or self._lingering is not None:
+        if self.closed or self._lingering is not None:
             return
         try:
             self.sock.shutdown(socket.SHUT_WR)
@@ -469,12 +438,13 @@ class Client:
             self._heartbeat = self.loop.call_later(self.heartbeat_ns / 1e9, self._beat)
 
     def _beat(self) -> None:
-        if self.state is State.CLOSED:
+        if self.closed:
             return
-        if time.time_ns() - self.last_read_ns > 2 * self.heartbeat_ns:
-            self.close()  # silent for two intervals: gone
+        frame = self.session.beat(time.time_ns(), self.last_read_ns)
+        if frame is None:
+            self.close()  # silent for too long: gone
             return
-        self.write(frames.response(HEARTBEAT))
+        self.write(frame)
         self._arm_heartbeat()
 
     # -- bounds: output buffer, read and write deadlines ------------------------------------
@@ -500,7 +470,7 @@ class Client:
     def _note_partial(self, completed: bool, now: int) -> None:
         """After a read: does a command wait for more bytes, and since when? A read that
         completed commands started whatever is left over."""
-        if not _incomplete(self.parser):
+        if not self.parser.incomplete:
             self._partial_since_ns = 0
         elif completed or not self._partial_since_ns:
             self._partial_since_ns = now
@@ -515,12 +485,12 @@ class Client:
 
     def _resume(self) -> None:
         self._paused = False
-        if self.state is State.SUBSCRIBED:
+        if self.session.state is SessionState.SUBSCRIBED:
             self.rdy = self._rdy_wanted
-        if self.state is State.CLOSED or self._close_when_flushed:
+        if self.closed or self._close_when_flushed:
             return
         # Its command could not progress while it was not read: the deadline restarts.
-        self._partial_since_ns = time.time_ns() if _incomplete(self.parser) else 0
+        self._partial_since_ns = time.time_ns() if self.parser.incomplete else 0
         if self.gate is None or not self.gate.waiting:  # else AUTH resumes reading
             self.loop.add_reader(self.sock.fileno(), self._on_readable)
         if self.channel is not None and self.rdy:
@@ -530,7 +500,7 @@ class Client:
         """Called about every second: close a connection whose pending output made no
         progress for the write timeout, or whose current command is not complete within
         the read timeout."""
-        if self.state is State.CLOSED:
+        if self.closed:
             return
         if not self._out:
             self._stalled_since_ns = 0
@@ -562,12 +532,12 @@ class Client:
 
     @property
     def closed(self) -> bool:
-        return self.state is State.CLOSED
+        return self.session.state is _CLOSED
 
     def close(self) -> None:
-        if self.state is State.CLOSED:
+        if self.closed:
             return
-        self.state = State.CLOSED
+        self.session.close()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         if self._lingering is not None:
@@ -588,17 +558,6 @@ class Client:
         self.broker.disconnected(self)
 
     # -- TLS and the gate (srtm.broker.tls, srtm.broker.auth) -----------------------------
-    def _start_tls(self) -> None:
-        """Upgrade after IDENTIFY's plain-text reply, as nsqd: the client starts the
-        handshake, nsqd's OK follows it over TLS; a handshake not done in time ends it."""
-        from srtm.broker.tls import TlsSession
-
-        assert self.broker.tls_context is not None
-        self.tls = TlsSession(self.broker.tls_context)
-        self.write(frames.response())
-        timeout_s = self.broker.options.tls_handshake_timeout_ms / 1000
-        self.loop.call_later(timeout_s, self._tls_deadline)
-
     def _tls_deadline(self) -> None:
         if self.tls is not None and not self.tls.established and not self.closed:
             log.info("TLS handshake from %s not done in time", self.remote)
@@ -624,7 +583,7 @@ class Client:
     @property
     def finishing(self) -> bool:
         """Closed, or closing after a fatal error: nothing more is read or run."""
-        return self.state is State.CLOSED or self._close_when_flushed
+        return self.closed or self._close_when_flushed
 
     def hold_reads(self) -> None:
         fd = self.sock.fileno()
@@ -639,17 +598,3 @@ class Client:
 
     def respond(self, body: bytes) -> None:
         self.write(frames.response(body))
-
-    def run(self, event: object, arrival: int) -> None:
-        """Run a command just read, or one the gate held back (read earlier, in order)."""
-        if isinstance(event, ProtocolError):
-            self.send_error(event)
-            return
-        try:
-            self._handle(event, arrival)
-        except ProtocolError as err:
-            self.send_error(err)
-        except Exception:
-            # A broker bug costs this client its connection, not the whole loop.
-            log.exception("internal error on %s from %s", type(event).__name__, self.remote)
-            self.send_error(ProtocolError(errors.E_INVALID, "internal error"))

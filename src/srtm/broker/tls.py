@@ -9,16 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from srtm.broker.options import BrokerOptions
+from srtm.broker.options import BrokerOptions, TlsClientAuthPolicy, TlsRequired
 
-#: nsqd's --tls-required values: plain TCP refused before the upgrade for both non-false ones;
-#: "true" also refuses the plain HTTP API (HTTPS only), "tcp-https" leaves it open.
-TLS_REQUIRED_VALUES = ("false", "true", "tcp-https")
-#: nsqd's --tls-client-auth-policy values ("" : no client certificate asked for).
-CLIENT_AUTH_POLICIES = ("", "require", "require-verify")
 _READ_SIZE = 64 * 1024
 
 
@@ -26,19 +20,19 @@ def server_context(opts: BrokerOptions) -> ssl.SSLContext | None:
     """The broker's server-side context, or None when no certificate is configured.
 
     Raises ValueError naming the bad option (missing key, unreadable file, bad policy)."""
-    if opts.tls_required not in TLS_REQUIRED_VALUES:
+    if opts.tls_required not in TlsRequired.__members__.values():
         raise ValueError(
-            f"--tls-required must be one of {', '.join(TLS_REQUIRED_VALUES)}, "
+            f"--tls-required must be one of {', '.join(TlsRequired)}, "
             f"not {opts.tls_required!r}"
         )
-    if opts.tls_client_auth_policy not in CLIENT_AUTH_POLICIES:
+    if opts.tls_client_auth_policy not in TlsClientAuthPolicy.__members__.values():
         raise ValueError(
             "--tls-client-auth-policy must be 'require' or 'require-verify', "
             f"not {opts.tls_client_auth_policy!r}"
         )
     if opts.tls_cert is None and opts.tls_key is None:
         if (
-            opts.tls_required != "false"
+            opts.tls_required != TlsRequired.FALSE
             or opts.tls_client_auth_policy
             or opts.https_port is not None
         ):
@@ -73,12 +67,12 @@ def server_context(opts: BrokerOptions) -> ssl.SSLContext | None:
 
 def tcp_requires_tls(opts: BrokerOptions) -> bool:
     """nsqd turns --tls-required on when a client-certificate policy is set."""
-    return opts.tls_required != "false" or bool(opts.tls_client_auth_policy)
+    return opts.tls_required != TlsRequired.FALSE or bool(opts.tls_client_auth_policy)
 
 
 def http_requires_tls(opts: BrokerOptions) -> bool:
-    return opts.tls_required == "true" or (
-        bool(opts.tls_client_auth_policy) and opts.tls_required == "false"
+    return opts.tls_required == TlsRequired.TRUE or (
+        bool(opts.tls_client_auth_policy) and opts.tls_required == TlsRequired.FALSE
     )
 
 

@@ -42,7 +42,8 @@ import numpy as np
 
 from srtm.analysis.quantiles import quantiles
 from srtm.launch import start_broker
-from srtm.protocol import MAGIC_V2, Mpub, Pub, encode_command
+from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Mpub, Pub, encode_command
+from srtm.protocol.frames import BODY_AT, HEARTBEAT, ID_AT
 from srtm.sim.model import BrokerModel, Dist
 from srtm.sim.probe import capacity_at_slo, probe
 
@@ -50,10 +51,7 @@ TOPIC = "srtm_calibrate"
 CHANNEL = "c"
 BODY = 100
 RDY = 2_500
-_HDR = struct.Struct(">iI")
 _STAMP = struct.Struct(">qq")
-OK = _HDR.pack(6, 0) + b"OK"
-HEARTBEAT = b"_heartbeat_"
 CV_GRID = (0.0, 0.5, 1.0, 2.0, 3.0)
 #: Candidate costs of a read event, in halves of a message's cost.
 EVENT_GRID = tuple(range(0, 13))
@@ -99,9 +97,9 @@ def _recv(sock: socket.socket) -> bytes:
 def _subscribe(addr: tuple[str, int], topic: str) -> socket.socket:
     sock = _connect(addr)
     sock.sendall(f"SUB {topic} {CHANNEL}\n".encode())
-    buf = b""
-    while OK not in buf:
-        buf += _recv(sock)
+    frames = _Frames(sock)
+    while not frames.oks:
+        frames.feed(0, stamps=False)
     sock.sendall(f"RDY {RDY}\n".encode())
     return sock
 
@@ -110,32 +108,27 @@ class _Frames:
     """Frames from one connection: counts OKs, FINs messages, reads send stamps."""
 
     def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.buf = sock, bytearray()
+        self.sock, self.frames = sock, FrameReader()
         self.oks = self.messages = 0
         self.latency_ns: list[int] = []
 
     def feed(self, now_ns: int, stamps: bool) -> None:
-        self.buf += _recv(self.sock)
-        buf, pos, n, reply = self.buf, 0, len(self.buf), []
-        while n - pos >= 8:
-            size, kind = _HDR.unpack_from(buf, pos)
-            end = pos + 4 + size
-            if end > n:
-                break
-            if kind == 2:
+        reply = []
+        buf = self.frames.buffer
+        for kind, start, end in self.frames.spans(_recv(self.sock)):
+            if kind == FrameType.MESSAGE:
                 self.messages += 1
-                reply.append(b"FIN " + bytes(buf[pos + 18 : pos + 34]) + b"\n")
+                reply.append(b"FIN " + bytes(buf[start + ID_AT : start + BODY_AT]) + b"\n")
                 if stamps:
-                    self.latency_ns.append(now_ns - _STAMP.unpack_from(buf, pos + 34)[0])
-            elif kind == 0:
-                if bytes(buf[pos + 8 : end]) == HEARTBEAT:
+                    sent_ns = _STAMP.unpack_from(buf, start + BODY_AT)[0]
+                    self.latency_ns.append(now_ns - sent_ns)
+            elif kind == FrameType.RESPONSE:
+                if buf[start:end] == HEARTBEAT:
                     reply.append(b"NOP\n")
                 else:
                     self.oks += 1
             else:
-                raise ConnectionError(bytes(buf[pos + 8 : end]).decode(errors="replace"))
-            pos = end
-        del buf[:pos]
+                raise ConnectionError(bytes(buf[start:end]).decode(errors="replace"))
         if reply:
             self.sock.sendall(b"".join(reply))
 

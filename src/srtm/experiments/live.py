@@ -35,7 +35,7 @@ from srtm.experiments.validity import RunFigures, Validity, check
 from srtm.launch import LocalCluster, die_with_parent, start_cluster
 from srtm.placement import Policy, parse_policy
 from srtm.workload import PublisherSpec, build
-from srtm.workload.emulator import Emulator, EmulatorReport, follow_plan
+from srtm.workload.emulator import Emulator, EmulatorReport, follow_plan, routes_of
 
 #: (phase, done, total): what a run is doing, for progress bars.
 OnProgress = Callable[[str, float, float], None]
@@ -194,8 +194,8 @@ async def _drive(
             emulator = Emulator(
                 schedule, sc.topic, {}, message_size=sc.message_size, max_late_s=MAX_SEND_LATE_S
             )
+            emulator.route(routes_of(plan))  # the first routes; later plans are followed
             following = asyncio.create_task(follow_plan(emulator, url, sc.topic, 0.1))
-            await asyncio.sleep(0.3)  # the first routes
             sending = asyncio.create_task(emulator.run())
             t0 = time.time_ns()
             with _favoured():
@@ -276,12 +276,12 @@ async def _warm_up(
             progress(f"fitting (round {rounds + 1})", 0, 1)
             if state in ("done", "failed"):
                 break
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.25)  # polls the fitting's state (progress shown meanwhile)
         progress("fitting", 1, 1)
         ready_at = max(ready_at, time.time_ns() + int(SETTLE_S * 1e9))
     while (left := ready_at - time.time_ns()) > 0:
         progress("warming up", warmup - left / 1e9, max(warmup, 1e-9))
-        await asyncio.sleep(min(0.25, left / 1e9))
+        await asyncio.sleep(min(0.25, left / 1e9))  # the warm-up is a span of time
     return ready_at
 
 
@@ -289,7 +289,7 @@ async def _measure(end: int, duration: float, progress: OnProgress, watch: _Watc
     while (left := end - time.time_ns()) > 0:
         progress("measuring", duration - left / 1e9, duration)
         watch.tick()
-        await asyncio.sleep(min(0.25, left / 1e9))
+        await asyncio.sleep(min(0.25, left / 1e9))  # the window is a span of time
     progress("measuring", duration, duration)
 
 
@@ -395,7 +395,9 @@ async def _start_preload(sc: Scenario, cluster: LocalCluster) -> asyncio.Task[An
             await emulator.close()
 
     task = asyncio.create_task(send())
-    await asyncio.sleep(2.5)  # two reports: the controller knows each broker's load
+    # Two reports (one a second): the controller knows each broker's load. Not a condition
+    # one can await: the controller shows no broker's load (nor its reports) to wait on.
+    await asyncio.sleep(2.5)
     return task
 
 

@@ -1,4 +1,5 @@
-"""NSQ TCP protocol V2, sans-I/O: commands in, frames out, name rules, error codes."""
+"""NSQ TCP protocol V2, sans-I/O: commands in, frames out, the session rules, name rules,
+error codes."""
 
 from srtm.protocol import errors
 from srtm.protocol.commands import (
@@ -35,6 +36,7 @@ from srtm.protocol.frames import (
 from srtm.protocol.limits import Limits
 from srtm.protocol.names import EPHEMERAL_SUFFIX, is_ephemeral, is_valid_name
 from srtm.protocol.parser import MAGIC_V2, MESSAGE_ID_LENGTH, Event, Parser
+from srtm.protocol.session import Session, SessionHost, SessionSettings, SessionState
 
 __all__ = [
     "CLOSE_WAIT",
@@ -63,6 +65,10 @@ __all__ = [
     "Pub",
     "Rdy",
     "Req",
+    "Session",
+    "SessionHost",
+    "SessionSettings",
+    "SessionState",
     "Sub",
     "Touch",
     "decode_message",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from srtm.protocol.errors import ProtocolError
@@ -44,6 +45,9 @@ def message(timestamp_ns: int, attempts: int, message_id: bytes, body: bytes) ->
 
 
 _KINDS = frozenset(int(k) for k in FrameType)
+_TYPES = {int(k): k for k in FrameType}
+#: Where a message frame's fields start in its data: attempts, the 16-byte id, the body.
+ATTEMPTS_AT, ID_AT, BODY_AT = 8, 10, 26
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,33 +65,45 @@ class Message:
 
 
 def decode_message(data: bytes) -> Message:
-    if len(data) < 26:
+    if len(data) < BODY_AT:
         raise ValueError(f"message frame too short: {len(data)} bytes")
     timestamp, attempts = _MESSAGE.unpack_from(data, 0)
-    return Message(timestamp, attempts, bytes(data[10:26]), bytes(data[26:]))
+    return Message(timestamp, attempts, bytes(data[ID_AT:BODY_AT]), bytes(data[BODY_AT:]))
 
 
 class FrameReader:
-    """Client side: bytes in, frames out."""
+    """Client side, sans-I/O: bytes in, complete frames out; a frame split across reads
+    waits in ``buffer`` for the rest. Every NSQ frame decoder in SRTM reads through one."""
 
     def __init__(self, max_frame: int = 16 << 20) -> None:
-        self._buf = bytearray()
+        self.buffer = bytearray()
         self._max = max_frame
 
     def feed(self, data: bytes) -> list[Frame]:
-        self._buf += data
-        out = []
+        """The frames ``data`` completes, as values."""
+        buf = self.buffer
+        return [Frame(_TYPES[k], bytes(buf[start:end])) for k, start, end in self.spans(data)]
+
+    def spans(self, data: bytes = b"") -> Iterator[tuple[int, int, int]]:
+        """The frames ``data`` completes, without copying them: ``(type, start, end)``, the
+        frame's data being ``buffer[start:end]`` (a message's id at ``start + ID_AT``, its
+        body from ``start + BODY_AT``) until the iteration ends and drops what it read.
+        For readers that take a few fields of many messages (load generators)."""
+        buf = self.buffer
+        buf += data
+        n = len(buf)
         pos = 0
-        buf = self._buf
-        while len(buf) - pos >= 8:
-            size, kind = _HEADER.unpack_from(buf, pos)
-            if size < 4 or size > self._max:
-                raise ValueError(f"bad frame size {size}")
-            if len(buf) - pos < 4 + size:
-                break
-            if kind not in _KINDS:
-                raise ValueError(f"unknown frame type {kind}")
-            out.append(Frame(FrameType(kind), bytes(buf[pos + 8 : pos + 4 + size])))
-            pos += 4 + size
-        del buf[:pos]
-        return out
+        try:
+            while n - pos >= 8:
+                size, kind = _HEADER.unpack_from(buf, pos)
+                if size < 4 or size > self._max:
+                    raise ValueError(f"bad frame size {size}")
+                end = pos + 4 + size
+                if end > n:
+                    break
+                if kind not in _KINDS:
+                    raise ValueError(f"unknown frame type {kind}")
+                start, pos = pos + 8, end
+                yield kind, start, end
+        finally:
+            del buf[:pos]

@@ -62,6 +62,11 @@ class Parser:
     def failed(self) -> bool:
         return self._failed
 
+    @property
+    def incomplete(self) -> bool:
+        """Whether it holds part of a command: a line, or a body still arriving."""
+        return bool(self._buf) or self._pending is not None
+
     def feed(self, data: bytes) -> list[Event]:
         if self._failed:
             return []

@@ -1,0 +1,406 @@
+"""The broker HTTP API's JSON documents, declared once: what it accepts (query parameters,
+the measurement body), what it answers (/info, /stats, /srtm/*, errors) and the orders it
+sends publishers. The OpenAPI document is generated from these (``srtm.openapi``).
+
+Queries are validated by their model, except /pub's and /mpub's: those are parsed by hand
+per message in ``srtm.broker.http`` (a test holds both to the same answers). Answers are
+built as these models and dumped in their field order, which is nsqd's where nsqd has the
+field (NSQ's tools read /stats).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic_core import PydanticCustomError
+
+from srtm.broker.broker import MAX_MEASURE_NS, MIN_MEASURE_NS
+from srtm.protocol import is_valid_name
+from srtm.protocol.names import MAX_NAME_LENGTH
+
+NAME_RULE = f"1-{MAX_NAME_LENGTH} characters of [.a-zA-Z0-9_-], optionally ending in #ephemeral"
+MAX_VERSION = 2**63 - 1
+
+
+# -- the rules parameters follow (NAME_RULE and flag are /pub's and /mpub's too) -----------
+def _absent() -> PydanticCustomError:
+    """An empty value where one is needed: answered as a missing one (MISSING_ARG_*)."""
+    return PydanticCustomError("missing", "is empty")
+
+
+def _name(value: str) -> str:
+    if not value:
+        raise _absent()
+    if not is_valid_name(value):
+        raise PydanticCustomError("invalid_name", "must be " + NAME_RULE)
+    return value
+
+
+def _present(value: str) -> str:
+    if not value:
+        raise _absent()
+    return value
+
+
+def _ascii_digits(value: object) -> object:
+    """A decimal integer in ASCII digits: int() also takes "²", "४", "1_000" and " 1"."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise PydanticCustomError("not_digits", "must be a decimal integer in ASCII digits")
+    return value
+
+
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")  # fmt: skip
+
+
+def valid_host_port(value: str) -> bool:
+    """``HOST:PORT`` with a host name or IP address and a port 1..65535 (what a publisher
+    can connect to, and nothing else: no path, query, user or spaces)."""
+    host, sep, port = value.rpartition(":")
+    digits = port.isascii() and port.isdigit() and len(port) <= 5
+    if not sep or not digits or not 0 < int(port) < 65536:
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return _HOSTNAME.fullmatch(host) is not None
+
+
+def _host_port(value: str) -> str:
+    if not valid_host_port(value):
+        raise PydanticCustomError("host_port", "must be HOST:PORT with a port 1-65535")
+    return value
+
+
+def flag(value: object) -> bool:
+    """/mpub's ``binary``: true or 1 (any case); anything else is false, as in nsqd."""
+    return str(value).lower() in ("true", "1")
+
+
+def _empty_is_none(value: object) -> object:
+    return value or None
+
+
+Name = Annotated[
+    str,
+    AfterValidator(_name),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_NAME_LENGTH}),
+]
+# Constraints before validators: after one, pydantic leaves them out of the JSON schema.
+Whole = Annotated[int, Field(ge=0), BeforeValidator(_ascii_digits)]
+Version = Annotated[int, Field(ge=0, le=MAX_VERSION), BeforeValidator(_ascii_digits)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+HostPort = Annotated[str, AfterValidator(_host_port), Field(examples=["broker-2.local:4150"])]
+Flag = Annotated[bool, BeforeValidator(flag)]
+
+
+# -- requests ----------------------------------------------------------------------------
+class Query(BaseModel):
+    """Query parameters. A refused one is answered nsqd's way, ``{"message": CODE}``:
+    MISSING_ARG_<NAME> when absent (or empty where a name is needed), INVALID_<NAME>
+    otherwise; the detail names the parameter and the rule."""
+
+    model_config = ConfigDict(frozen=True)
+    #: Parameters whose absence is INVALID_<NAME> (the answer the broker has always given).
+    absent_is_invalid: ClassVar[frozenset[str]] = frozenset()
+    #: False where every value is read somehow and nothing is refused.
+    refuses: ClassVar[bool] = True
+
+
+def query_refusals(query: type[BaseModel]) -> dict[int, str]:
+    """What a ``Query`` refuses with, for the OpenAPI document: 400 and its codes,
+    MISSING_ARG_<NAME> (required ones) and INVALID_<NAME>."""
+    if not (issubclass(query, Query) and query.refuses):
+        return {}
+    codes = []
+    for name, info in query.model_fields.items():
+        if info.is_required() and name not in query.absent_is_invalid:
+            codes.append(f"MISSING_ARG_{name.upper()}")
+        codes.append(f"INVALID_{name.upper()}")
+    return {400: ", ".join(codes)}
+
+
+class TopicQuery(Query):
+    topic: Annotated[Name, Field(description="The topic: " + NAME_RULE)]
+
+
+class ChannelQuery(TopicQuery):
+    channel: Annotated[Name, Field(description="The channel: " + NAME_RULE)]
+
+
+class PubQuery(TopicQuery):
+    """/pub's query (parsed by hand per message; this declares it)."""
+
+    defer: Annotated[
+        Whole | None, Field(description="Deliver after this many ms (at most --max-req-timeout)")
+    ] = None
+    publisher: Annotated[str, Field(description="Whose message, for measurement rounds")] = ""
+
+
+class MpubQuery(TopicQuery):
+    """/mpub's query (parsed by hand per request; this declares it)."""
+
+    binary: Annotated[
+        Flag, Field(description="true: [count]([size][body])*; else one message per line")
+    ] = False
+    publisher: Annotated[str, Field(description="Whose messages, for measurement rounds")] = ""
+
+
+class StatsQuery(Query):
+    """As nsqd: every value is read somehow, none is refused."""
+
+    refuses = False
+
+    format: Annotated[
+        Literal["text", "json"],
+        BeforeValidator(lambda v: "json" if v == "json" else "text"),
+        Field(description="json, or text (anything else)"),
+    ] = "text"
+    topic: Annotated[
+        str | None, BeforeValidator(_empty_is_none), Field(description="Only this topic")
+    ] = None
+    channel: Annotated[
+        str | None, BeforeValidator(_empty_is_none), Field(description="Only this channel")
+    ] = None
+    include_clients: Annotated[
+        bool,
+        BeforeValidator(lambda v: v != "false"),
+        Field(description="false leaves the clients out"),
+    ] = True
+
+
+class BucketQuery(TopicQuery):
+    rate: Annotated[Finite, Field(description="Tokens per second")]
+    burst: Annotated[Finite, Field(description="Bucket size in tokens")]
+
+
+class MigrateQuery(TopicQuery):
+    absent_is_invalid = frozenset({"to"})
+
+    publisher: Annotated[str, AfterValidator(_present), Field(description="Who is to move")]
+    to: Annotated[HostPort, Field(description="The broker to move to (its TCP address)")]
+    version: Annotated[Version, Field(description="The plan's version, echoed in the order")] = 0
+
+
+class MeasureQuery(TopicQuery):
+    window_ms: Annotated[
+        Finite,
+        Field(
+            ge=MIN_MEASURE_NS / 1e6,
+            le=MAX_MEASURE_NS / 1e6,
+            description="How long the round measures; answered when it ends",
+        ),
+    ]
+
+
+class MeasureBody(BaseModel):
+    """The body of /srtm/measure (optional): whose messages the round measures."""
+
+    model_config = ConfigDict(frozen=True)
+
+    publishers: Annotated[
+        list[str] | None, Field(description="Publisher names; absent or null: all")
+    ] = None
+
+
+# -- answers -----------------------------------------------------------------------------
+class Doc(BaseModel):
+    """An answer; dumped with its fields in declaration order."""
+
+    model_config = ConfigDict(frozen=True)
+
+
+class ErrorDoc(Doc):
+    """nsqd's error answer; ``detail`` (SRTM's) names the field or the reason."""
+
+    message: str
+    detail: str | None = None
+
+
+class InfoSrtmDoc(Doc):
+    broker_id: int
+
+
+class InfoDoc(Doc):
+    version: str
+    broadcast_address: str
+    hostname: str
+    tcp_port: int
+    http_port: int
+    start_time: int
+    srtm: InfoSrtmDoc
+
+
+class BucketDoc(Doc):
+    rate: float
+    burst: float
+
+
+class BucketNowDoc(BucketDoc):
+    tokens: float = Field(description="Tokens in the bucket now; negative while owed")
+
+
+class BucketAnswer(Doc):
+    """The bucket a POST or DELETE left (null: none)."""
+
+    topic: str
+    bucket: BucketDoc | None
+
+
+class BucketReading(Doc):
+    topic: str
+    bucket: BucketNowDoc | None
+
+
+class MigrateAnswer(Doc):
+    notified: int = Field(description="Connections of the publisher that took the order")
+
+
+class MeasureAnswer(Doc):
+    topic: str
+    window_ms: float
+    samples: int
+    p99_ms: float | None = Field(description="null without samples")
+    p50_ms: float | None = Field(description="null without samples")
+
+
+class MigrateDoc(Doc):
+    topic: str
+    to: str
+    version: int
+
+
+class OrderDoc(Doc):
+    """An SRTM order, sent to a publisher's connections that take orders."""
+
+    migrate: MigrateDoc
+
+
+# -- /stats: nsqd's shape, then the srtm section ------------------------------------------
+class QuantileDoc(Doc):
+    quantile: float
+    value: int
+
+
+class E2eLatencyDoc(Doc):
+    count: int
+    percentiles: list[QuantileDoc] | None
+
+
+class PubCountDoc(Doc):
+    topic: str
+    count: int
+
+
+class ClientDoc(Doc):
+    client_id: str
+    hostname: str
+    version: str
+    remote_address: str
+    state: int
+    ready_count: int
+    in_flight_count: int
+    message_count: int
+    finish_count: int
+    requeue_count: int
+    connect_ts: int
+    sample_rate: int
+    deflate: bool
+    snappy: bool
+    user_agent: str
+    tls: bool
+    tls_version: str
+    tls_cipher_suite: str
+    authed: bool
+    auth_identity: str
+    auth_identity_url: str
+    pub_counts: list[PubCountDoc]
+
+
+class ChannelDoc(Doc):
+    channel_name: str
+    depth: int
+    backend_depth: int
+    in_flight_count: int
+    deferred_count: int
+    message_count: int
+    requeue_count: int
+    timeout_count: int
+    client_count: int
+    clients: list[ClientDoc]
+    paused: bool
+    e2e_processing_latency: E2eLatencyDoc
+
+
+class TopicDoc(Doc):
+    topic_name: str
+    channels: list[ChannelDoc]
+    depth: int
+    backend_depth: int
+    message_count: int
+    message_bytes: int
+    paused: bool
+    e2e_processing_latency: E2eLatencyDoc
+
+
+class LatencySummaryDoc(Doc):
+    """In ns."""
+
+    count: int
+    mean: int
+    p50: int
+    p95: int
+    p99: int
+    p999: int
+
+
+class WindowDoc(Doc):
+    """The TB Adaptor's inputs over the last ``seconds`` complete seconds."""
+
+    seconds: int
+    average_rate: float
+    max_backlog: float
+
+
+class SrtmChannelDoc(Doc):
+    channel: str
+    rate_1s: float
+    token_wait_ns: LatencySummaryDoc
+    latency_ns: LatencySummaryDoc
+
+
+class SrtmTopicDoc(Doc):
+    topic: str
+    bucket: BucketNowDoc | None
+    shaping_depth: int
+    rate_1s: float
+    window: WindowDoc
+    token_wait_ns: LatencySummaryDoc
+    latency_ns: LatencySummaryDoc
+    release_lateness_ns: LatencySummaryDoc
+    dropped: int
+    channels: list[SrtmChannelDoc]
+
+
+class ArrivalStampsDoc(Doc):
+    kernel: bool
+    gap_ns: LatencySummaryDoc
+
+
+class SrtmStatsDoc(Doc):
+    broker_id: int
+    arrival_stamps: ArrivalStampsDoc
+    topics: list[SrtmTopicDoc]
+
+
+class StatsDoc(Doc):
+    version: str
+    health: str
+    start_time: int
+    topics: list[TopicDoc]
+    producers: list[ClientDoc]
+    srtm: SrtmStatsDoc

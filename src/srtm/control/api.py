@@ -1,0 +1,344 @@
+"""The controller's HTTP API: handlers as named methods of ``ControllerAPI`` and one route
+table, ``ROUTES`` (as nsqd's http.go), from which both the aiohttp app and the OpenAPI
+document are built. nsqlookupd's routes (/lookup, /topics, /nodes, /ping, /info) answer
+as nsqlookupd does, so NSQ readers given the controller find every broker.
+
+Every refusal is ``{"message": ...}`` with its status; every request but a read needs
+the cluster token when the controller has one (401 ``E_UNAUTHORIZED``)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from srtm.control.documents import (
+    AssignQuery,
+    BrokerReport,
+    Error,
+    Info,
+    Lookup,
+    Move,
+    NewTopic,
+    Nodes,
+    Plan,
+    PublisherAssignment,
+    Registered,
+    Registration,
+    Taken,
+    TopicList,
+    TopicQuery,
+    TopicStatus,
+    parse,
+)
+from srtm.control.state import BrokerInfo, ControlError
+from srtm.control.validate import parse_address
+from srtm.openapi import OpenApiDoc, Route, document
+from srtm.placement import Topic, place
+from srtm.security import bearer_matches
+from srtm.version import NSQD_VERSION
+
+if TYPE_CHECKING:
+    from srtm.control.documents import FitSettings
+    from srtm.control.state import Action, Controller
+    from srtm.sim.model import BrokerModel
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Q = TypeVar("Q", bound=BaseModel)
+
+#: What a request may do without the cluster token: read.
+READ_METHODS = ("GET", "HEAD")
+
+
+def needs_token(method: str, path: str) -> bool:
+    """Every request but a read needs ``Authorization: Bearer <token>`` (when the
+    controller has one), whatever its path."""
+    return method not in READ_METHODS
+
+
+#: The biggest model file ``fit.model`` may name (bytes).
+MAX_MODEL_BYTES = 1 << 20
+#: Request bodies above this are decoded on a thread, not on the event loop.
+_THREADED_JSON_BYTES = 256 << 10
+
+
+class Service(Protocol):
+    """What the handlers ask of the controller process (``ControllerService``)."""
+
+    ctrl: Controller
+
+    def execute(self, actions: list[Action]) -> None: ...
+
+    def save_state(self) -> asyncio.Future[None]: ...
+
+    def start_fitting(self, topic: str, fit: FitSettings, model: BrokerModel | None) -> None: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+
+class ControllerAPI:
+    def __init__(self, service: Service, models_dir: Path | None = None) -> None:
+        self.service = service
+        self.ctrl = service.ctrl
+        #: ``fit.model`` may name a file under this directory (None: built-in models only).
+        self.models_dir = models_dir
+
+    # -- brokers ---------------------------------------------------------------------------
+    async def register(self, request: web.Request) -> web.Response:
+        """Register a broker (again after a restart)."""
+        doc = parse(Registration, await _json(request))
+        actions = self.ctrl.register(
+            doc.id, doc.tcp_address, doc.http_address, doc.mcap, time.monotonic()
+        )
+        self.service.save_state()
+        self.service.execute(actions)
+        return web.json_response({"id": doc.id, "registered": True})
+
+    async def report(self, request: web.Request) -> web.Response:
+        """A broker's report (every second): its load and each topic's window."""
+        doc = parse(BrokerReport, await _json(request))  # refused whole, never half stored
+        self.ctrl.report(
+            request.match_info["id"], doc.load, doc.windows(), time.monotonic(), doc.depths()
+        )
+        return web.json_response({"ok": True})
+
+    # -- topics ----------------------------------------------------------------------------
+    async def create_topic(self, request: web.Request) -> web.Response:
+        """Create a topic (its SLO, publishers and policy) and place it; with ``fit``,
+        online fitting follows."""
+        doc = await _json(request)
+        pubs = doc.get("publishers")
+        if isinstance(pubs, list) and len(pubs) > self.ctrl.max_publishers:
+            raise ControlError(
+                413, f"publishers: {len(pubs)} > {self.ctrl.max_publishers} per topic"
+            )
+        # Checking and placing are linear to quadratic in the publishers: on a thread,
+        # so a big topic never stalls the loop (reports, ticks, lookups go on).
+        new, spec = await asyncio.to_thread(self._new_topic, doc)
+        model = None
+        if new.fit is not None and new.fit.model is not None:
+            model = await asyncio.to_thread(_read_model, new.fit.model)
+        fleet = self.ctrl.check_new_topic(spec)
+        placement = await asyncio.to_thread(place, new.policy, fleet, spec, self.ctrl.seed)
+        self.service.execute(self.ctrl.create_topic(spec, new.policy, time.monotonic(), placement))
+        if new.fit is not None:
+            self.service.start_fitting(spec.name, new.fit, model)
+        return web.json_response(self.ctrl.topic_doc(spec.name), status=201)
+
+    def _new_topic(self, doc: dict[str, Any]) -> tuple[NewTopic, Topic]:
+        new = parse(NewTopic, doc, models_dir=self.models_dir)
+        return new, new.to_topic()
+
+    async def move(self, request: web.Request) -> web.Response:
+        """Move publishers to a broker: a new plan, and migration orders."""
+        doc = parse(Move, await _json(request))
+        name = request.match_info["name"]
+        self.service.execute(self.ctrl.move(name, doc.publishers, doc.to))
+        return web.json_response(self.ctrl.plan(name))
+
+    async def get_topic(self, request: web.Request) -> web.Response:
+        """A topic: its plan, SLO, events and fitting status."""
+        return web.json_response(self.ctrl.topic_doc(request.match_info["name"]))
+
+    async def plan(self, request: web.Request) -> web.Response:
+        """The whole plan of a topic, with its version."""
+        return web.json_response(self.ctrl.plan(_query(request, TopicQuery).topic))
+
+    async def assign(self, request: web.Request) -> web.Response:
+        """The broker a publisher should use."""
+        q = _query(request, AssignQuery)
+        return web.json_response(self.ctrl.assign(q.topic, q.publisher))
+
+    # -- nsqlookupd's ----------------------------------------------------------------------
+    async def lookup(self, request: web.Request) -> web.Response:
+        """nsqlookupd's /lookup: the topic's live brokers, then any live broker still
+        holding its messages (draining, never a publish target)."""
+        name = _query(request, TopicQuery).topic
+        if name not in self.ctrl.topics:
+            return web.json_response({"message": "TOPIC_NOT_FOUND"}, status=404)
+        producers = _producers(self.ctrl.producers(name))
+        return web.json_response({"channels": [], "producers": producers})
+
+    async def topics(self, request: web.Request) -> web.Response:
+        """Every topic's name."""
+        return web.json_response({"topics": sorted(self.ctrl.topics)})
+
+    async def nodes(self, request: web.Request) -> web.Response:
+        """Every broker up."""
+        return web.json_response({"producers": _producers(self.ctrl.up())})
+
+    async def ping(self, request: web.Request) -> web.Response:
+        """OK while the controller serves."""
+        return web.Response(text="OK")
+
+    async def info(self, request: web.Request) -> web.Response:
+        """Version; ticks run, stalls of the controller itself and their total length
+        (s); whether TLS and the token are on."""
+        return web.json_response(self.service.info())
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        """This API's OpenAPI 3.1 document."""
+        return web.json_response(_openapi())
+
+
+#: What each refusal means, for every route that can answer it (401: ``srtm.openapi``).
+_REFUSALS = {
+    400: "A malformed request: the message names the field",
+    404: "No such topic, broker or publisher",
+    409: "The topic exists, or the broker id is registered at another address and up",
+    413: "More publishers than the controller's --max-publishers",
+    503: "No broker up, or the publisher is unassigned (capacity is short)",
+}
+
+
+def _refusals(*statuses: int) -> dict[int, str]:
+    return {status: _REFUSALS[status] for status in statuses}
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/brokers", ControllerAPI.register, body=Registration, answer=Registered,
+          errors=_refusals(400, 409)),
+    Route("POST", "/brokers/{id}/report", ControllerAPI.report, body=BrokerReport, answer=Taken,
+          errors=_refusals(400, 404)),
+    Route("POST", "/topics", ControllerAPI.create_topic, body=NewTopic, answer=TopicStatus,
+          status=201, errors=_refusals(400, 409, 413, 503)),
+    Route("GET", "/topics/{name}", ControllerAPI.get_topic, answer=TopicStatus,
+          errors=_refusals(404)),
+    Route("POST", "/topics/{name}/move", ControllerAPI.move, body=Move, answer=Plan,
+          errors=_refusals(400, 404)),
+    Route("GET", "/plan", ControllerAPI.plan, query=TopicQuery, answer=Plan,
+          errors=_refusals(400, 404)),
+    Route("GET", "/assign", ControllerAPI.assign, query=AssignQuery, answer=PublisherAssignment,
+          errors=_refusals(400, 404, 503)),
+    Route("GET", "/lookup", ControllerAPI.lookup, query=TopicQuery, answer=Lookup,
+          errors=_refusals(400, 404)),
+    Route("GET", "/topics", ControllerAPI.topics, answer=TopicList),
+    Route("GET", "/nodes", ControllerAPI.nodes, answer=Nodes),
+    Route("GET", "/ping", ControllerAPI.ping, text="text/plain"),
+    Route("GET", "/info", ControllerAPI.info, answer=Info),
+    Route("GET", "/openapi.json", ControllerAPI.openapi, answer=OpenApiDoc),
+)  # fmt: skip
+
+
+def make_app(
+    service: Service, token: str | None = None, models_dir: Path | None = None
+) -> web.Application:
+    """The aiohttp app serving ``ROUTES`` for ``service``."""
+    api = ControllerAPI(service, models_dir)
+    app = web.Application(middlewares=[_errors, _auth(token)], client_max_size=64 << 20)
+    for route in ROUTES:
+        handler: Handler = getattr(api, route.handler.__name__)
+        if route.method == "GET":
+            app.router.add_get(route.path, handler)  # and HEAD
+        else:
+            app.router.add_route(route.method, route.path, handler)
+    return app
+
+
+@functools.cache
+def _openapi() -> dict[str, Any]:
+    doc = document(ROUTES, title="SRTM controller", needs_token=needs_token, error=Error)
+    return doc.model_dump()
+
+
+# -- the edges of every request --------------------------------------------------------------
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ControlError as err:
+        return web.json_response({"message": str(err)}, status=err.status)
+    except ValueError as err:  # a malformed document: its message names the field
+        return web.json_response({"message": str(err)}, status=400)
+
+
+def _auth(token: str | None) -> Any:
+    """Refuses every request but a read without the cluster token (401)."""
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if (
+            token is not None
+            and needs_token(request.method, request.path)
+            and not bearer_matches(request.headers.get("Authorization"), token)
+        ):
+            return web.json_response({"message": "E_UNAUTHORIZED"}, status=401)
+        return await handler(request)
+
+    return auth
+
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object; a big one is decoded off the event loop."""
+    body = await request.read()
+    try:
+        if len(body) > _THREADED_JSON_BYTES:
+            doc = await asyncio.to_thread(json.loads, body)
+        else:
+            doc = json.loads(body)
+    except (ValueError, RecursionError):
+        raise ControlError(400, "body must be a JSON object") from None
+    if not isinstance(doc, dict):
+        raise ControlError(400, "body must be a JSON object")
+    return doc
+
+
+def _query(request: web.Request, model: type[Q]) -> Q:
+    """The query as ``model``: each of its parameters given and not empty."""
+    values = {}
+    for key in model.model_fields:
+        value = request.query.get(key)
+        if not value:
+            raise ControlError(400, f"missing query parameter {key!r}")
+        values[key] = value
+    return model.model_validate(values)
+
+
+def _producers(brokers: Sequence[BrokerInfo]) -> list[dict[str, Any]]:
+    """nsqlookupd's shape (``documents.Producer``); an address that does not parse (from
+    an old state file) is left out, not fatal."""
+    out = []
+    for b in brokers:
+        try:
+            host, tcp = parse_address(b.tcp_address, "tcp_address")
+            _, http = b.http_endpoint()
+        except ControlError:
+            continue
+        out.append({"remote_address": b.tcp_address, "hostname": host,
+                    "broadcast_address": host, "tcp_port": tcp, "http_port": http,
+                    "version": NSQD_VERSION})  # fmt: skip
+    return out
+
+
+def _read_model(choice: str) -> BrokerModel:
+    """Loads the model ``fit.model`` named (``FitSettings`` resolved it; blocking: run it
+    on a thread). Only a regular file of at most MAX_MODEL_BYTES is read; opening does
+    not wait on a FIFO."""
+    from srtm.sim.model import BUILTIN, BrokerModel, load
+
+    if choice in BUILTIN:
+        return load(choice)
+    try:
+        fd = os.open(choice, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ControlError(400, f"fit.model: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ControlError(400, "fit.model: not a regular file")
+        data = f.read(MAX_MODEL_BYTES + 1)
+    if len(data) > MAX_MODEL_BYTES:
+        raise ControlError(400, f"fit.model: larger than {MAX_MODEL_BYTES} bytes")
+    try:
+        return BrokerModel.from_json(json.loads(data))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ControlError(400, f"fit.model: {exc}") from None

@@ -1,0 +1,415 @@
+"""Every JSON document the controller's HTTP API takes or answers with, declared once.
+
+Requests (``Registration``, ``BrokerReport``, ``NewTopic``, ``Move``) are validated by
+``parse``: JSON types as they are (no ``"1"`` for 1, no ``true`` for 1), numbers finite,
+unknown fields ignored (except in ``fit``); a refusal is a ``ControlError`` (400) whose
+message names the failing field, as ``publishers[2].rate: ...``. Answers are built by
+the controller's state as plain dicts; the models here describe them for the OpenAPI
+document, and tests check real answers against them. No I/O here.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal, NotRequired, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    PrivateAttr,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+    with_config,
+)
+from pydantic_core import ErrorDetails
+from typing_extensions import TypedDict
+
+from srtm.analysis import profile_bucket
+from srtm.control.validate import ControlError, split_address
+from srtm.placement import Policy, Publisher, Topic
+from srtm.placement.fitting import Verdict
+from srtm.placement.model import RATE_MARGIN
+from srtm.protocol.names import MAX_NAME_LENGTH
+from srtm.ratelimit import check_bucket
+
+#: Topics one report may carry (a broker with more is refused, not truncated).
+MAX_REPORT_TOPICS = 100_000
+
+_STRICT = ConfigDict(strict=True, allow_inf_nan=False)
+
+
+class _Request(BaseModel):
+    model_config = _STRICT
+
+
+class _Answer(BaseModel):
+    # A field the state adds that no model declares fails tests/test_controller_api.py.
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- values ----------------------------------------------------------------------------------
+def _address(value: str) -> str:
+    split_address(value)
+    return value
+
+
+def _burst(value: Any) -> float | str:
+    if value == "profile":
+        return "profile"
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value >= 1):
+        raise ValueError(
+            f'must be a finite number >= 1 (a bucket holds one token) or "profile", got {value!r}'
+        )
+    return float(value)
+
+
+#: ``HOST:PORT`` (``[V6]:PORT``): an IP or a DNS name, port 1-65535, nothing else.
+HostPort = Annotated[
+    str,
+    AfterValidator(_address),
+    Field(examples=["127.0.0.1:4150"], description="HOST:PORT ([V6]:PORT), port 1-65535"),
+]
+#: NSQ's rule for topic names, as ``srtm.protocol.is_valid_name`` has it (a test checks
+#: that they agree); checked by pydantic itself, as a report may name 100,000 topics.
+TopicName = Annotated[
+    str, StringConstraints(pattern=r"^[.a-zA-Z0-9_-]+(#ephemeral)?$", max_length=MAX_NAME_LENGTH)
+]
+#: The topic's bucket depth, or ``"profile"``: derived from ``arrivals_ns``.
+Burst = Annotated[
+    float | Literal["profile"],
+    PlainValidator(_burst),
+    WithJsonSchema({"anyOf": [{"type": "number", "minimum": 1}, {"const": "profile"}]}),
+]
+
+
+# -- requests --------------------------------------------------------------------------------
+class Registration(_Request):
+    """``POST /brokers``: a broker registers (again after a restart)."""
+
+    id: str = Field(min_length=1, max_length=256)
+    tcp_address: HostPort
+    http_address: HostPort
+    mcap: float = Field(gt=0, description="messages/s it can process")
+
+
+# TypedDicts, not models, where a document may hold 100,000 entries (a report's topics,
+# a topic's publishers): pydantic checks dicts about four times faster than it builds as
+# many model instances, and reports are checked on the event loop.
+@with_config(_STRICT)
+class TopicWindow(TypedDict):
+    """One topic's TB Adaptor window in a broker's report (each field defaults to 0);
+    ``depth``: messages it still holds (queued, deferred, in flight), listed by /lookup
+    while > 0."""
+
+    rate: NotRequired[Annotated[float, Field(ge=0)]]
+    backlog: NotRequired[Annotated[float, Field(ge=0)]]
+    depth: NotRequired[Annotated[int, Field(ge=0)]]
+
+
+class BrokerReport(_Request):
+    """``POST /brokers/{id}/report``, every second: load and each topic's window. A bad
+    report is refused whole (never half stored)."""
+
+    load: float = Field(0.0, ge=0)
+    topics: dict[TopicName, TopicWindow] = Field(default_factory=dict, max_length=MAX_REPORT_TOPICS)
+
+    def windows(self) -> dict[str, tuple[float, float]]:
+        """Topic -> (average rate, max backlog), the TB Adaptor's inputs."""
+        return {n: (w.get("rate", 0.0), w.get("backlog", 0.0)) for n, w in self.topics.items()}
+
+    def depths(self) -> dict[str, int]:
+        return {name: w.get("depth", 0) for name, w in self.topics.items()}
+
+
+@with_config(_STRICT)
+class PublisherSpec(TypedDict):
+    """A publisher of a new topic; publishers of one ``group`` fire together."""
+
+    id: Annotated[str, Field(min_length=1)]
+    rate: Annotated[float, Field(gt=0)]
+    group: NotRequired[str | None]
+
+
+class FitSettings(_Request):
+    """Online fitting (``"fit": true`` takes the defaults); ``model`` (``"paper"`` or a
+    model file from ``srtm calibrate`` under the controller's ``--models-dir``, at most
+    1 MiB) makes it model-assisted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    window_s: float = Field(60.0, ge=0)
+    min_samples: float = Field(100, ge=0)
+    settle_s: float = Field(1.0, ge=0)
+    model: str | None = Field(None, min_length=1)
+
+    @field_validator("model")
+    @classmethod
+    def _model_choice(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """A built-in model's name, or the resolved path of a file under ``models_dir``
+        (``parse``'s context); no other path, so that a request cannot make the
+        controller read /dev/zero or a FIFO. Reads no file."""
+        from srtm.sim.model import BUILTIN  # the simulator only when fitting is asked for
+
+        if value is None or value in BUILTIN:
+            return value
+        models_dir: Path | None = (info.context or {}).get("models_dir")
+        if models_dir is None:
+            raise ValueError(
+                f"{value!r} is not a built-in model ({', '.join(BUILTIN)}); "
+                "model files need the controller's --models-dir"
+            )
+        base = models_dir.resolve()
+        path = (base / value).resolve()
+        if not path.is_relative_to(base) or path == base:
+            raise ValueError(f"{value!r} is not a file under --models-dir")
+        return str(path)
+
+
+def _fit_shorthand(value: Any) -> Any:
+    """``true``: fitting with the defaults; ``false``: none."""
+    if value is True:
+        return {}
+    if value is False:
+        return None
+    return value
+
+
+def _or_boolean(schema: dict[str, Any]) -> None:
+    schema["anyOf"] = [{"type": "boolean"}, *schema.get("anyOf", [])]
+
+
+class NewTopic(_Request):
+    """``POST /topics``: a topic, its SLO, its publishers and how to place it."""
+
+    name: TopicName
+    slo_p99_ms: float = Field(gt=0)
+    burst: Burst
+    rate: float | None = Field(
+        None, gt=0, description=f"the topic's token rate (default {RATE_MARGIN} × the "
+        "publishers' total)",
+    )  # fmt: skip
+    arrivals_ns: list[int] | None = Field(None, description='a trace, for burst "profile"')
+    policy: Policy = "srtm"
+    fit: Annotated[
+        FitSettings | None, BeforeValidator(_fit_shorthand), Field(json_schema_extra=_or_boolean)
+    ] = None
+    publishers: list[PublisherSpec] = Field(
+        min_length=1, description="at most the controller's --max-publishers (413)"
+    )
+
+    _bucket: tuple[float, float] = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _whole(self) -> NewTopic:
+        """Ids unique (counted once, not searched per id), and a bucket (given, default or
+        profiled) that a broker can schedule."""
+        ids = collections.Counter(p["id"] for p in self.publishers)
+        dup = sorted(i for i, n in ids.items() if n > 1)[:5]
+        if dup:
+            raise ValueError(f"publishers: duplicate ids {dup}")
+        if self.burst == "profile":
+            if self.arrivals_ns is None or len(self.arrivals_ns) < 2:
+                raise ValueError('arrivals_ns: burst "profile" needs a list of >= 2 timestamps')
+            params = profile_bucket(self.arrivals_ns)
+            rate, burst = params.rate, max(1.0, math.ceil(params.burst))
+        else:
+            load = math.fsum(p["rate"] for p in self.publishers)
+            rate, burst = (RATE_MARGIN * load if self.rate is None else self.rate), self.burst
+        try:  # a bucket that no broker could schedule is refused here, not by every broker
+            check_bucket(rate, burst)
+        except ValueError as exc:
+            raise ValueError(f"topic: {exc}") from None
+        self._bucket = (rate, burst)
+        return self
+
+    def to_topic(self) -> Topic:
+        rate, burst = self._bucket
+        pubs = tuple(Publisher(p["id"], p["rate"], p.get("group")) for p in self.publishers)
+        return Topic(self.name, pubs, burst, self.slo_p99_ms, rate)
+
+
+class Move(_Request):
+    """``POST /topics/{name}/move``: move publishers to a broker."""
+
+    publishers: list[str]
+    to: str = Field(description="a broker id")
+
+
+class TopicQuery(_Request):
+    """``GET /plan``, ``GET /lookup``: the topic asked about."""
+
+    topic: str = Field(min_length=1, description="topic name")
+
+
+class AssignQuery(TopicQuery):
+    """``GET /assign``: the publisher asking which broker to use."""
+
+    publisher: str = Field(min_length=1, description="its id")
+
+
+# -- answers ---------------------------------------------------------------------------------
+class Registered(_Answer):
+    id: str
+    registered: bool
+
+
+class Taken(_Answer):
+    ok: bool
+
+
+class Bucket(_Answer):
+    rate: float
+    burst: float = Field(ge=1)
+
+
+class PlanBroker(_Answer):
+    id: str
+    tcp_address: str
+    http_address: str
+    publishers: list[str]
+    bucket: Bucket | None
+
+
+class Plan(_Answer):
+    """A topic's plan: its brokers, their publishers and sub-buckets, and a version."""
+
+    topic: str
+    version: int
+    policy: Policy
+    status: Literal["placed", "short", "fitting"]
+    brokers: list[PlanBroker]
+    unassigned: list[str]
+
+
+class FittingStep(_Answer):
+    """One broker's measurement in a fitting round."""
+
+    iteration: int
+    round: int
+    broker: str
+    publishers: int
+    p99_ms: float | None
+    samples: int
+    verdict: Verdict
+
+
+class FittingStatus(_Answer):
+    """Online fitting's progress (only ``state`` until the first round is set up)."""
+
+    state: Literal["running", "done", "failed", "interrupted"]
+    iteration: int = 0
+    round: int = 0
+    rounds: list[int] = []
+    steps: list[FittingStep] = []
+    full: list[str] = []
+    iteration_brokers: list[str] | None = None
+
+
+class TopicStatus(Plan):
+    """A topic: its plan, SLO, bucket, events and fitting."""
+
+    slo_p99_ms: float
+    rate: float
+    burst: float
+    publishers: int = Field(description="how many publishers it has")
+    events: list[str]
+    fitting: FittingStatus | None
+
+
+class PublisherAssignment(_Answer):
+    """The broker a publisher should use, and the plan version that says so."""
+
+    topic: str
+    publisher: str
+    broker: str
+    tcp_address: str
+    version: int
+
+
+class Producer(_Answer):
+    """A broker as nsqlookupd describes one."""
+
+    remote_address: str
+    hostname: str
+    broadcast_address: str
+    tcp_port: int
+    http_port: int
+    version: str
+
+
+class Lookup(_Answer):
+    channels: list[str]
+    producers: list[Producer]
+
+
+class Nodes(_Answer):
+    producers: list[Producer]
+
+
+class TopicList(_Answer):
+    topics: list[str]
+
+
+class Info(_Answer):
+    """Version; ticks run, the controller's own stalls and their total length (s);
+    whether TLS and the cluster token are on."""
+
+    version: str
+    ticks: int
+    stalls: int
+    stalled_s: float
+    tls: bool
+    auth: bool
+
+
+class Error(_Answer):
+    """A refusal; ``message`` names the failing field or says why."""
+
+    message: str
+
+
+# -- validation ------------------------------------------------------------------------------
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], doc: Any, **context: Any) -> M:
+    """``doc`` as a ``model``; a ``ControlError`` (400) naming the first failing field."""
+    try:
+        return model.model_validate(doc, context=context)
+    except ValidationError as exc:
+        raise ControlError(400, describe(exc)) from None
+
+
+def describe(exc: ValidationError) -> str:
+    """``field.path[i]: why`` for the first error, and how many more there are."""
+    errors = exc.errors(include_url=False)
+    text = _one(errors[0])
+    return text if len(errors) == 1 else f"{text} (and {len(errors) - 1} more)"
+
+
+def _one(error: ErrorDetails) -> str:
+    where = ""
+    for part in error["loc"]:
+        if isinstance(part, int):
+            where += f"[{part}]"
+        elif part != "[key]":  # a bad key of a mapping: the key is the part before
+            where += f".{part}" if where else part
+    if error["type"] == "value_error":
+        why = str(error.get("ctx", {}).get("error", error["msg"]))
+    else:
+        why = error["msg"]
+        given = error.get("input")
+        if given is None or isinstance(given, bool | int | float | str):
+            why += f", got {given!r:.80}"
+    return f"{where}: {why}" if where else why

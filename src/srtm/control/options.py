@@ -1,0 +1,81 @@
+"""The controller's settings: one field per setting, which ``srtm controller``'s flags,
+``SRTM_CONTROLLER_*`` variables and ``--config`` file all fill (see :mod:`srtm.config`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from srtm.config import setting
+from srtm.control.state import MAX_PUBLISHERS
+from srtm.placement import AdaptorSettings
+
+#: ``SRTM_CONTROLLER_`` and the setting's name in capitals (the broker's variables are
+#: ``SRTM_*``; both read the cluster-wide ``SRTM_TOKEN`` and ``SRTM_INSECURE_LOOPBACK``).
+ENV_PREFIX = "SRTM_CONTROLLER_"
+_ADAPTOR = AdaptorSettings()
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerOptions:
+    """Everything the controller is told at start; each field is one setting (``setting()``'s
+    help is what ``srtm controller --help`` shows)."""
+
+    http_host: str = setting(
+        "127.0.0.1",
+        "HOST:PORT of its HTTP API (port 0: any free port, printed at start).",
+        address="http_address",
+        env_aliases=("SRTM_CONTROLLER_ADDRESS",),
+    )
+    http_port: int = setting(4161, address="http_address")
+    db: Path = setting(
+        Path("srtm-controller.db"),
+        "SQLite file with brokers, topics, plans and sub-buckets; a restarted controller "
+        "resumes from it.",
+        env_aliases=("SRTM_DB",),
+    )
+    broker_timeout_s: float = setting(
+        5.0, "A broker silent this long is down; its publishers move (s).", minimum=0.1
+    )
+    tick_s: float = setting(1.0, "How often it checks brokers and runs the TB Adaptor (s).")
+    stale_after_s: float = setting(
+        _ADAPTOR.stale_after_s, "TB Adaptor: a report older than this keeps its share (s)."
+    )
+    hysteresis: float = setting(
+        _ADAPTOR.hysteresis, "TB Adaptor: ignore changes smaller than this fraction of a share."
+    )
+    adapt_settle_s: float = setting(
+        _ADAPTOR.settle_s,
+        "TB Adaptor: after a plan change, wait this long (s) before adapting, until the "
+        "brokers' windows hold only traffic placed by the new plan.",
+        minimum=0,
+    )
+    token: str | None = setting(
+        None,
+        "Cluster token: brokers' registrations and reports and every mutating request need "
+        "'Authorization: Bearer TOKEN'; sent to brokers too. Required by srtm controller "
+        "unless --insecure-loopback.",
+        env="SRTM_TOKEN",
+    )
+    insecure_loopback: bool = setting(
+        False,
+        "Run without a token (anyone who reaches the port may change plans); only with a "
+        "loopback --http-address.",
+        env="SRTM_INSECURE_LOOPBACK",
+    )
+    tls_cert: Path | None = setting(None, "HTTPS: PEM certificate chain (with --tls-key).")
+    tls_key: Path | None = setting(None, "HTTPS: PEM private key.")
+    models_dir: Path | None = setting(
+        None, "fit.model may name a model file under this directory (else built-in models only)."
+    )
+    max_publishers: int = setting(
+        MAX_PUBLISHERS, "Publishers one topic may have (413 beyond).", minimum=1
+    )
+
+    @property
+    def adaptor(self) -> AdaptorSettings:
+        return AdaptorSettings(
+            stale_after_s=self.stale_after_s,
+            hysteresis=self.hysteresis,
+            settle_s=self.adapt_settle_s,
+        )

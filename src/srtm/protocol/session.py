@@ -1,0 +1,380 @@
+"""One client's NSQ V2 session, sans-I/O: commands in, calls on its connection out.
+
+The rules nsqd applies per connection live here (what each state accepts and where it
+leads, IDENTIFY's negotiation, SUB's preconditions, the error codes of failed commands,
+heartbeats); the socket, TLS, buffers and timeouts are the connection's
+(``srtm.broker.tcp.Client``). The session answers through the ``SessionHost`` it is given,
+reads no clock (times are passed in) and starts nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from srtm.protocol import errors
+from srtm.protocol.commands import (
+    Auth,
+    Cls,
+    Command,
+    Dpub,
+    Fin,
+    Identify,
+    Mpub,
+    Nop,
+    Pub,
+    Rdy,
+    Req,
+    Sub,
+    Touch,
+)
+from srtm.protocol.errors import ProtocolError
+from srtm.protocol.frames import CLOSE_WAIT, HEARTBEAT, response
+from srtm.protocol.limits import Limits
+
+E_AUTH_DISABLED = "E_AUTH_DISABLED"
+#: nsqd's bounds on a heartbeat interval a client asks for (ms); -1 turns heartbeats off.
+MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 1_000, 60_000
+OK_FRAME = response()
+HEARTBEAT_FRAME = response(HEARTBEAT)
+CLOSE_WAIT_FRAME = response(CLOSE_WAIT)
+
+
+class SessionState(enum.Enum):
+    INIT = "init"
+    SUBSCRIBED = "subscribed"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+_COMMANDS: tuple[type[Command], ...] = (
+    Identify,
+    Auth,
+    Sub,
+    Pub,
+    Mpub,
+    Dpub,
+    Rdy,
+    Fin,
+    Req,
+    Touch,
+    Cls,
+    Nop,
+)
+_PUBLISH = (Pub, Mpub, Dpub)
+
+#: The state table: for each state, the commands it accepts and the state each leads to
+#: (entered once the command succeeded), or None for a command read and ignored.
+#: A command a state does not list is refused: E_INVALID "cannot X in current state"
+#: (fatal). Publishing needs no subscription; RDY after CLS is ignored, as nsqd does.
+TRANSITIONS: dict[SessionState, dict[type[Command], SessionState | None]] = {
+    SessionState.INIT: {
+        Identify: SessionState.INIT,
+        Auth: SessionState.INIT,
+        Sub: SessionState.SUBSCRIBED,
+        **{cmd: SessionState.INIT for cmd in _PUBLISH},
+        Nop: SessionState.INIT,
+    },
+    SessionState.SUBSCRIBED: {
+        **{cmd: SessionState.SUBSCRIBED for cmd in (*_PUBLISH, Rdy, Fin, Req, Touch, Nop)},
+        Cls: SessionState.CLOSING,
+    },
+    SessionState.CLOSING: {
+        **{cmd: SessionState.CLOSING for cmd in (*_PUBLISH, Fin, Req, Touch, Nop)},
+        Rdy: None,
+    },
+    # A closed connection runs nothing more of what it had read.
+    SessionState.CLOSED: dict.fromkeys(_COMMANDS),
+}
+
+
+def command_name(cmd: type[Command]) -> str:
+    """The command's name on the wire (``Mpub`` -> ``MPUB``)."""
+    return cmd.__name__.upper()
+
+
+class SessionHost(Protocol):
+    """What a session asks of its connection. Refusals are ProtocolErrors (raised), except
+    that FIN, REQ and TOUCH return why they failed (None: done)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def publish(self, topic: str, bodies: list[bytes], arrival_ns: int) -> None: ...
+
+    def publish_deferred(self, topic: str, body: bytes, defer_ms: int, arrival_ns: int) -> None: ...
+
+    def subscribe(self, topic: str, channel: str) -> None: ...
+
+    def ready(self, count: int) -> None: ...
+
+    def finish(self, message_id: bytes) -> str | None: ...
+
+    def requeue(self, message_id: bytes, delay_ns: int) -> str | None: ...
+
+    def touch(self, message_id: bytes) -> str | None: ...
+
+    def negotiated(self, heartbeat_changed: bool) -> None:
+        """IDENTIFY's heartbeat interval and message timeout are now the session's."""
+
+    def start_tls(self) -> None:
+        """Upgrade to TLS: whatever is written from now on is encrypted."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    """The server's side of a session (what IDENTIFY negotiates against)."""
+
+    limits: Limits = field(default_factory=Limits)
+    heartbeat_interval_ms: int = 30_000
+    msg_timeout_ms: int = 60_000
+    version: str = ""
+    broker_id: str = ""
+    #: TLS can be negotiated (the server has a certificate).
+    tls: bool = False
+    #: An auth server decides AUTH (the connection's gate answers it, not the session).
+    auth: bool = False
+
+
+_Handler = Callable[["Session", Any, int], None]
+
+
+class Session:
+    """Feed it each command (or parse error) with its arrival time; it answers through
+    the connection, and raises a ProtocolError to send (fatal unless errors.NON_FATAL
+    says otherwise)."""
+
+    def __init__(self, conn: SessionHost, settings: SessionSettings) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.state = SessionState.INIT
+        self._handlers = _HANDLERS[SessionState.INIT]
+        #: What IDENTIFY sent, and what the session made of it.
+        self.identity: dict[str, Any] = {}
+        self.heartbeat_ns = settings.heartbeat_interval_ms * 1_000_000
+        self.msg_timeout_ns = settings.msg_timeout_ms * 1_000_000
+        self.publisher = ""
+        #: Who published what this connection sends; None: the publisher each message's
+        #: measurement header names (a workload emulator multiplexes many on one connection).
+        self.attributed_to: str | None = ""
+        self.takes_orders = False
+        self.tls = False
+
+    def receive(self, event: Command | ProtocolError, arrival_ns: int) -> None:
+        """Run one command that arrived at ``arrival_ns``; a parse error is raised back."""
+        self._handlers[type(event)](self, event, arrival_ns)
+
+    def accepts(self, cmd: type[Command]) -> bool:
+        """Whether the current state runs ``cmd`` (rather than refusing it)."""
+        return cmd in TRANSITIONS[self.state]
+
+    def close(self) -> None:
+        self._enter(SessionState.CLOSED)
+
+    def beat(self, now_ns: int, last_read_ns: int) -> bytes | None:
+        """The heartbeat frame due now, or None when the client has been silent for two
+        intervals: it is gone, close it."""
+        if now_ns - last_read_ns > 2 * self.heartbeat_ns:
+            return None
+        return HEARTBEAT_FRAME
+
+    def _enter(self, state: SessionState) -> None:
+        self.state = state
+        self._handlers = _HANDLERS[state]
+
+    # -- commands ----------------------------------------------------------------------------
+    def _identify(self, cmd: Identify, arrival_ns: int) -> None:
+        config = cmd.config
+        self.identity = config
+        limits = self.settings.limits
+        heartbeat_ns = self.heartbeat_ns
+        heartbeat = config.get("heartbeat_interval", 0)
+        changed = isinstance(heartbeat, int) and heartbeat != 0
+        if changed:
+            if heartbeat == -1:
+                heartbeat_ns = 0
+            elif MIN_HEARTBEAT_MS <= heartbeat <= MAX_HEARTBEAT_MS:
+                heartbeat_ns = heartbeat * 1_000_000
+            else:
+                raise ProtocolError(
+                    errors.E_BAD_BODY, f"IDENTIFY heartbeat interval ({heartbeat}) is invalid"
+                )
+        timeout = config.get("msg_timeout", 0)
+        if isinstance(timeout, int) and timeout != 0:
+            if not limits.min_msg_timeout_ms <= timeout <= limits.max_msg_timeout_ms:
+                raise ProtocolError(
+                    errors.E_BAD_BODY, f"IDENTIFY msg timeout ({timeout}) is invalid"
+                )
+            self.msg_timeout_ns = timeout * 1_000_000
+        self.heartbeat_ns = heartbeat_ns
+        self.publisher = str(config.get("srtm_publisher") or config.get("client_id") or "")
+        header = config.get("srtm_header_publisher") is True
+        self.attributed_to = None if header else self.publisher
+        self.takes_orders = config.get("srtm_orders") is True
+        self.conn.negotiated(changed)
+        if not config.get("feature_negotiation"):
+            self.conn.write(OK_FRAME)
+            return
+        # A second IDENTIFY does not upgrade twice.
+        tls = config.get("tls_v1") is True and self.settings.tls and not self.tls
+        self.conn.write(response(json.dumps(self._features(tls)).encode()))
+        if tls:
+            # nsqd's order: the reply in plain text, then its OK over TLS.
+            self.tls = True
+            self.conn.start_tls()
+            self.conn.write(OK_FRAME)
+
+    def _features(self, tls: bool) -> dict[str, Any]:
+        """IDENTIFY's reply under feature negotiation."""
+        s = self.settings
+        return {
+            "max_rdy_count": s.limits.max_rdy_count,
+            "version": s.version,
+            "max_msg_timeout": s.limits.max_msg_timeout_ms,
+            "msg_timeout": self.msg_timeout_ns // 1_000_000,
+            "tls_v1": tls,
+            "deflate": False,
+            "deflate_level": 6,
+            "max_deflate_level": 6,
+            "snappy": False,
+            "sample_rate": 0,
+            "auth_required": s.auth,
+            "output_buffer_size": 16384,
+            "output_buffer_timeout": 250,
+            # SRTM's own (clients ignore fields they do not know): which broker this is,
+            # so subscriber-side trace rows join broker-side ones on (run, broker, msg_id).
+            "srtm_broker_id": s.broker_id,
+            # nsqd does not say it; a client that knows it refuses a too-big body itself
+            # instead of being disconnected for it.
+            "srtm_max_msg_size": s.limits.max_msg_size,
+        }
+
+    def _auth(self, cmd: Auth, arrival_ns: int) -> None:
+        raise ProtocolError(E_AUTH_DISABLED, "AUTH disabled")
+
+    def _sub(self, cmd: Sub, arrival_ns: int) -> None:
+        if self.heartbeat_ns == 0:
+            raise ProtocolError(errors.E_INVALID, "cannot SUB with heartbeats disabled")
+        self.conn.subscribe(cmd.topic, cmd.channel)
+        self.conn.write(OK_FRAME)
+
+    def _pub(self, cmd: Pub, arrival_ns: int) -> None:
+        self.conn.publish(cmd.topic, [cmd.body], arrival_ns)
+        self.conn.write(OK_FRAME)
+
+    def _mpub(self, cmd: Mpub, arrival_ns: int) -> None:
+        try:
+            self.conn.publish(cmd.topic, cmd.bodies, arrival_ns)
+        except ProtocolError as err:
+            raise _failed_as(err, errors.E_MPUB_FAILED) from err
+        self.conn.write(OK_FRAME)
+
+    def _dpub(self, cmd: Dpub, arrival_ns: int) -> None:
+        try:
+            self.conn.publish_deferred(cmd.topic, cmd.body, cmd.defer_ms, arrival_ns)
+        except ProtocolError as err:
+            raise _failed_as(err, errors.E_DPUB_FAILED) from err
+        self.conn.write(OK_FRAME)
+
+    def _rdy(self, cmd: Rdy, arrival_ns: int) -> None:
+        self.conn.ready(cmd.count)
+
+    def _fin(self, cmd: Fin, arrival_ns: int) -> None:
+        why = self.conn.finish(cmd.message_id)
+        if why is not None:
+            raise _settle_failed("FIN", cmd.message_id, why)
+
+    def _req(self, cmd: Req, arrival_ns: int) -> None:
+        why = self.conn.requeue(cmd.message_id, cmd.timeout_ms * 1_000_000)
+        if why is not None:
+            raise _settle_failed("REQ", cmd.message_id, why)
+
+    def _touch(self, cmd: Touch, arrival_ns: int) -> None:
+        why = self.conn.touch(cmd.message_id)
+        if why is not None:
+            raise _settle_failed("TOUCH", cmd.message_id, why)
+
+    def _cls(self, cmd: Cls, arrival_ns: int) -> None:
+        self.conn.ready(0)  # nsqd's StartClose: RDY 0, so no more messages
+        self.conn.write(CLOSE_WAIT_FRAME)
+
+    def _nop(self, cmd: Nop, arrival_ns: int) -> None:
+        pass
+
+
+def _failed_as(err: ProtocolError, code: str) -> ProtocolError:
+    """nsqd's code for a refused MPUB or DPUB (the connection raises E_PUB_FAILED)."""
+    if err.code != errors.E_PUB_FAILED:
+        return err
+    command = code.removeprefix("E_").removesuffix("_FAILED")  # MPUB, DPUB
+    return ProtocolError(code, err.message.replace("PUB", command, 1))
+
+
+def _settle_failed(name: str, message_id: bytes, why: str) -> ProtocolError:
+    shown = message_id.decode(errors="replace")
+    return ProtocolError(f"E_{name}_FAILED", f"{name} {shown} failed {why}")
+
+
+_RUN: dict[type[Command], _Handler] = {
+    Identify: Session._identify,
+    Auth: Session._auth,
+    Sub: Session._sub,
+    Pub: Session._pub,
+    Mpub: Session._mpub,
+    Dpub: Session._dpub,
+    Rdy: Session._rdy,
+    Fin: Session._fin,
+    Req: Session._req,
+    Touch: Session._touch,
+    Cls: Session._cls,
+    Nop: Session._nop,
+}
+
+
+def _refused(cmd: type[Command]) -> _Handler:
+    message = f"cannot {command_name(cmd)} in current state"
+
+    def refuse(session: Session, event: Any, arrival_ns: int) -> None:
+        raise ProtocolError(errors.E_INVALID, message)
+
+    return refuse
+
+
+def _ignored(session: Session, event: Any, arrival_ns: int) -> None:
+    pass
+
+
+def _moving(run: _Handler, to: SessionState) -> _Handler:
+    def run_then_enter(session: Session, event: Any, arrival_ns: int) -> None:
+        run(session, event, arrival_ns)
+        session._enter(to)
+
+    return run_then_enter
+
+
+def _raise(session: Session, event: Any, arrival_ns: int) -> None:
+    raise event
+
+
+def _handlers(state: SessionState) -> dict[type[Command | ProtocolError], _Handler]:
+    """The table's row for ``state`` as one dict lookup per command: the common commands
+    (those that stay in their state) call their handler directly."""
+    row = TRANSITIONS[state]
+    table: dict[type[Command | ProtocolError], _Handler] = {ProtocolError: _raise}
+    for cmd in _COMMANDS:
+        if cmd not in row:
+            table[cmd] = _refused(cmd)
+            continue
+        to = row[cmd]
+        if to is None:
+            table[cmd] = _ignored
+        elif to is state:
+            table[cmd] = _RUN[cmd]
+        else:
+            table[cmd] = _moving(_RUN[cmd], to)
+    return table
+
+
+_HANDLERS = {state: _handlers(state) for state in SessionState}

@@ -1,0 +1,217 @@
+"""The controller's HTTP API against its declared documents: the OpenAPI document lists
+exactly the routes the app serves, refusals name the failing field, and real answers
+have the declared shapes."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from srtm.control.api import ROUTES
+from srtm.control.documents import (
+    Error,
+    FitSettings,
+    Lookup,
+    NewTopic,
+    Nodes,
+    Plan,
+    PublisherAssignment,
+    Registered,
+    Taken,
+    TopicStatus,
+    parse,
+)
+from srtm.control.service import ControllerOptions, ControllerService
+from srtm.control.validate import ControlError
+from srtm.protocol import is_valid_name
+
+REGISTRATION = {"id": "a", "tcp_address": "127.0.0.1:9", "http_address": "127.0.0.1:9",
+                "mcap": 1e6}  # fmt: skip
+
+
+def topic_doc(name: str, n: int = 4) -> dict[str, Any]:
+    pubs = [{"id": f"p{i}", "rate": 10, "group": f"g{i // 2}"} for i in range(n)]
+    return {"name": name, "slo_p99_ms": 5.0, "burst": 20, "publishers": pubs}
+
+
+class Client:
+    """HTTP calls to an in-process controller: (status, decoded JSON)."""
+
+    def __init__(self, http: aiohttp.ClientSession, base: str) -> None:
+        self.http, self.base = http, base
+
+    async def call(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
+        async with self.http.request(method, self.base + path, json=doc) as resp:
+            return resp.status, json.loads(await resp.read())
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[Client]:
+    # Ticks far apart: the fake broker must not be marked down during a test.
+    opts = ControllerOptions(db=tmp_path / "c.db", http_port=0, tick_s=60)
+    service = ControllerService(opts)
+    await service.start()
+    assert service.http_address is not None
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            yield Client(http, "http://{}:{}".format(*service.http_address))
+    finally:
+        await service.stop()
+
+
+# -- the route table and the OpenAPI document ----------------------------------------------
+
+
+async def test_the_openapi_document_lists_every_route_of_the_app_and_no_other(
+    api: Client, tmp_path: Path
+) -> None:
+    status, doc = await api.call("GET", "/openapi.json")
+    assert status == 200
+    documented = {(m.upper(), path) for path, ops in doc["paths"].items() for m in ops}
+    app = ControllerService(ControllerOptions(db=tmp_path / "other.db")).app()
+    served = {
+        (r.method, r.resource.canonical)
+        for r in app.router.routes()
+        if r.method != "HEAD" and r.resource is not None  # HEAD comes with every GET
+    }
+    assert served == documented
+    assert ("POST", "/topics/{name}/move") in documented
+    assert ("GET", "/openapi.json") in documented
+
+
+async def test_move_and_the_fitting_status_are_documented(api: Client) -> None:
+    _, doc = await api.call("GET", "/openapi.json")
+    schemas = doc["components"]["schemas"]
+    move = doc["paths"]["/topics/{name}/move"]["post"]
+    assert move["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Move"
+    }
+    assert set(schemas["Move"]["required"]) == {"publishers", "to"}
+    assert move["security"] == [{"token": []}] and "401" in move["responses"]
+    topic = doc["paths"]["/topics/{name}"]["get"]["responses"]["200"]
+    ref = topic["content"]["application/json"]["schema"]["$ref"]
+    fitting = schemas[ref.rsplit("/", 1)[1]]["properties"]["fitting"]
+    assert {"$ref": "#/components/schemas/FittingStatus"} in fitting["anyOf"]
+    assert "steps" in schemas["FittingStatus"]["properties"]
+    # Reads need no token; every other route does.
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            assert ("security" in op) == (method != "get"), (method, path)
+
+
+def test_the_documented_topic_name_pattern_is_the_brokers_rule() -> None:
+    from srtm.control.api import _openapi
+
+    schema = _openapi()["components"]["schemas"]["NewTopic"]["properties"]["name"]
+    pattern = re.compile(schema["pattern"])
+    for name in ["t", "a.b-c_d", "x#ephemeral", "has space", "a/b", "", "x" * 64, "x" * 65]:
+        documented = pattern.match(name) is not None and len(name) <= schema["maxLength"]
+        assert documented == is_valid_name(name), name
+
+
+# -- refusals name the field ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "doc", "where"),
+    [
+        ("/topics", topic_doc("t") | {"publishers": [{"id": "p", "rate": 1}] * 0}, "publishers"),
+        ("/topics", {**topic_doc("t"), "publishers": [{"id": "p0", "rate": 1},
+         {"id": "p1", "rate": 1}, {"id": "p2", "rate": "fast"}]}, "publishers[2].rate: "),
+        ("/topics", {**topic_doc("t"), "publishers": [{"id": "p0"}]}, "publishers[0].rate: "),
+        ("/topics", {**topic_doc("t"), "fit": {"window_s": -1}}, "fit.window_s: "),
+        ("/topics", {**topic_doc("t"), "fit": {"windows": 1}}, "fit.windows: "),
+        ("/topics", {**topic_doc("t"), "fit": "yes"}, "fit: "),
+        ("/topics", {**topic_doc("t"), "burst": 0.5}, "burst: "),
+        ("/topics", {**topic_doc("t"), "slo_p99_ms": True}, "slo_p99_ms: "),
+        ("/topics", {**topic_doc("t"), "policy": "random"}, "policy: "),
+        ("/topics", {**topic_doc("t"), "name": "a/b"}, "name: "),
+        ("/brokers", {**REGISTRATION, "mcap": "fast"}, "mcap: "),
+        ("/brokers", {**REGISTRATION, "mcap": 0}, "mcap: "),
+        ("/brokers", {**REGISTRATION, "http_address": "127.0.0.1"}, "http_address: "),
+        ("/brokers", {k: v for k, v in REGISTRATION.items() if k != "id"}, "id: "),
+        ("/brokers/a/report", {"topics": {"t": {"depth": 1.5}}}, "topics.t.depth: "),
+        ("/brokers/a/report", {"topics": {"t": {"rate": -1}}}, "topics.t.rate: "),
+        ("/brokers/a/report", {"load": "high"}, "load: "),
+        ("/topics/t/move", {"publishers": "p0", "to": "a"}, "publishers: "),
+        ("/topics/t/move", {"publishers": ["p0", 3], "to": "a"}, "publishers[1]: "),
+        ("/topics/t/move", {"publishers": ["p0"]}, "to: "),
+    ],
+)  # fmt: skip
+async def test_a_bad_document_is_refused_naming_the_field(
+    api: Client, path: str, doc: dict[str, Any], where: str
+) -> None:
+    assert (await api.call("POST", "/brokers", REGISTRATION))[0] == 200
+    status, body = await api.call("POST", path, doc)
+    assert status == 400 and body["message"].startswith(where), body
+    Error.model_validate(body)
+
+
+async def test_the_first_failing_field_is_named_and_the_rest_counted(api: Client) -> None:
+    bad = [{"id": f"p{i}", "rate": -1} for i in range(3)]
+    status, body = await api.call("POST", "/topics", {**topic_doc("t"), "publishers": bad})
+    assert status == 400 and body["message"].startswith("publishers[0].rate: ")
+    assert body["message"].endswith("(and 2 more)")
+
+
+def test_fit_settings_take_a_model_and_refuse_a_bad_one(tmp_path: Path) -> None:
+    assert FitSettings.model_validate({"model": "paper"}) == FitSettings(model="paper")
+    missing = topic_doc("t") | {"fit": {"model": str(tmp_path / "missing.json")}}
+    with pytest.raises(ControlError, match=r"^fit\.model: .*--models-dir"):
+        parse(NewTopic, missing)
+    (tmp_path / "m.json").write_text("{}")
+    chosen = parse(FitSettings, {"model": "m.json"}, models_dir=tmp_path).model
+    assert chosen == str((tmp_path / "m.json").resolve())
+    with pytest.raises(ControlError, match="not a file under"):
+        parse(FitSettings, {"model": "../m.json"}, models_dir=tmp_path / "sub")
+
+
+# -- answers have the declared shapes ------------------------------------------------------
+
+
+async def test_answers_have_their_documented_shapes(api: Client) -> None:
+    status, body = await api.call("POST", "/brokers", REGISTRATION)
+    assert status == 200 and Registered.model_validate(body).registered
+    status, body = await api.call("POST", "/brokers/a/report", {"load": 1, "topics": {}})
+    assert status == 200 and Taken.model_validate(body).ok
+    status, body = await api.call("POST", "/topics", topic_doc("t"))
+    assert status == 201 and TopicStatus.model_validate(body).publishers == 4
+    status, body = await api.call("POST", "/topics", topic_doc("f") | {"fit": True})
+    fitting = TopicStatus.model_validate(body).fitting
+    assert status == 201 and fitting is not None and fitting.state == "running"
+    status, body = await api.call("POST", "/topics/t/move", {"publishers": ["p0"], "to": "a"})
+    assert status == 200 and Plan.model_validate(body).topic == "t"
+    queries = {"/plan": "?topic=t", "/assign": "?topic=t&publisher=p0", "/lookup": "?topic=t",
+               "/topics/{name}": ""}  # fmt: skip
+    for route in ROUTES:
+        if route.method != "GET" or route.answer is None:
+            continue
+        path = route.path.replace("{name}", "t") + queries.get(route.path, "")
+        status, body = await api.call("GET", path)
+        assert status == route.status, (path, body)
+        route.answer.model_validate(body)
+    _, body = await api.call("GET", "/assign?topic=t&publisher=p0")
+    assert PublisherAssignment.model_validate(body).broker == "a"
+    (producer,) = Nodes.model_validate((await api.call("GET", "/nodes"))[1]).producers
+    assert producer.tcp_port == 9
+    assert Lookup.model_validate((await api.call("GET", "/lookup?topic=t"))[1]).producers
+
+
+async def test_refusals_outside_validation_keep_their_status_and_shape(api: Client) -> None:
+    for method, path, doc, status in [
+        ("GET", "/lookup?topic=none", None, 404),
+        ("GET", "/plan", None, 400),
+        ("GET", "/topics/none", None, 404),
+        ("POST", "/topics", topic_doc("t"), 503),  # no broker yet
+        ("POST", "/brokers/x/report", {}, 404),
+    ]:
+        got, body = await api.call(method, path, doc)
+        assert got == status, (path, body)
+        Error.model_validate(body)
+    assert (await api.call("GET", "/lookup?topic=none"))[1] == {"message": "TOPIC_NOT_FOUND"}
