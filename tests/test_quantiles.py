@@ -53,7 +53,7 @@ async def test_the_broker_shows_the_reported_quantiles(make_broker: MakeBroker) 
     for v in range(1, 2_001):
         stats.token_wait.add(v * 1_000)
         stats.latency.add(v * 1_000)
-    doc = stats_document(broker, "q")
+    doc = stats_document(broker, "q").model_dump(mode="json")
     nsqd = doc["topics"][0]["e2e_processing_latency"]["percentiles"]
     assert [p["quantile"] for p in nsqd] == [0.5, 0.95, 0.99, 0.999]
     assert nsqd[-1]["value"] == pytest.approx(1_998_000, rel=1e-3)

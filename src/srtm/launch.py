@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from srtm.security import bearer_header
-
 _BROKER_READY = re.compile(r"tcp=([\d.]+):(\d+) http=([\d.]+):(\d+)")
 _CONTROLLER_READY = re.compile(r"srtm controller http=([\d.]+):(\d+)")
 
@@ -48,7 +46,7 @@ class ServerProcess:
     @property
     def headers(self) -> dict[str, str]:
         """``Authorization: Bearer <token>`` for its mutating endpoints (none without)."""
-        return bearer_header(self.token)
+        return {} if self.token is None else {"Authorization": f"Bearer {self.token}"}
 
     @property
     def http_address(self) -> str:
