@@ -390,7 +390,7 @@ from srtm.experiments.cli import demo  # noqa: E402
 app.add_typer(experiment_app, name="experiment")
 app.command("demo")(demo)
 
-from srtm.experiments.calibrate_cli import calibrate  # noqa: E402
+from srtm.experiments.cli import calibrate  # noqa: E402
 
 app.command("calibrate")(calibrate)
 

@@ -14,9 +14,9 @@ Each figure function writes ``<name>.png`` (a plot in the paper's layout), ``<na
 what the simulation shows and whether it agrees. ``quick=True`` shrinks every figure
 (fewer points, shorter traces) for tests.
 
-One module per figure; ``configuration`` (the paper's setup, one configuration
-simulated), ``output`` (the files and plotting every figure shares) and ``groups`` (what
-Figs. 7–9 share) below them; ``validation`` compares live runs with the simulator.
+One module per figure; ``common`` (the paper's setup, one configuration simulated, the
+files and plotting every figure shares) and ``groups`` (what Figs. 7–9 share) below them;
+``validation`` compares live runs with the simulator.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from srtm.experiments.figures.common import FigureResult
 from srtm.experiments.figures.fig4 import fig4
 from srtm.experiments.figures.fig5 import fig5
 from srtm.experiments.figures.fig6 import fig6
 from srtm.experiments.figures.fig7 import fig7
 from srtm.experiments.figures.fig8 import fig8
 from srtm.experiments.figures.fig9 import fig9
-from srtm.experiments.figures.output import FigureResult
 from srtm.experiments.figures.table1 import fit_topic, table1
 from srtm.experiments.figures.validation import validate_live
 

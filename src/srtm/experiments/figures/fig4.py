@@ -5,8 +5,19 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from srtm.experiments.figures.configuration import BROKERS, SLO_MS, Setup, duration_for, run, scaled
-from srtm.experiments.figures.output import FigureResult, axes, claim, slo_axis, write
+from srtm.experiments.figures.common import (
+    BROKERS,
+    SLO_MS,
+    FigureResult,
+    Setup,
+    axes,
+    claim,
+    duration_for,
+    run,
+    scaled,
+    slo_axis,
+    write,
+)
 from srtm.sim.arrivals import homogeneous
 
 

@@ -7,14 +7,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from srtm.experiments.figures.configuration import SLO_MS, Setup, duration_for, run
-from srtm.experiments.figures.output import (
+from srtm.experiments.figures.common import (
     PANELS,
+    SLO_MS,
     FigureResult,
+    Setup,
     axes,
     claim,
+    duration_for,
     label_points,
     panel_name,
+    run,
     slo_axis,
     write,
 )

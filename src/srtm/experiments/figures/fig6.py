@@ -8,21 +8,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from srtm.experiments.figures.configuration import (
+from srtm.experiments.figures.common import (
+    PANELS,
     PRELOAD_BATCH,
     PRELOADS,
     SLO_MS,
-    Setup,
-    duration_for,
-    run,
-)
-from srtm.experiments.figures.output import (
-    PANELS,
     FigureResult,
+    Setup,
     axes,
     claim,
+    duration_for,
     label_points,
     panel_name,
+    run,
     slo_axis,
     write,
 )

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from srtm.experiments.figures.common import FigureResult, claim
 from srtm.experiments.figures.groups import by_group_size, panel_points
-from srtm.experiments.figures.output import FigureResult, claim
 
 
 def fig8(out_dir: Path, *, seed: int = 0, quick: bool = False) -> FigureResult:

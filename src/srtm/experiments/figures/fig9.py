@@ -6,9 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from srtm.experiments.figures.configuration import Setup
+from srtm.experiments.figures.common import FigureResult, Setup, claim
 from srtm.experiments.figures.groups import grouped, groups_figure
-from srtm.experiments.figures.output import FigureResult, claim
 
 SPREADS_MS = (0.0, 2.0, 4.0, 8.0, 16.0)
 

@@ -8,8 +8,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from srtm.experiments.figures.configuration import Setup, run
-from srtm.experiments.figures.output import FigureResult, axes, label_points, slo_axis, write
+from srtm.experiments.figures.common import (
+    FigureResult,
+    Setup,
+    axes,
+    label_points,
+    run,
+    slo_axis,
+    write,
+)
 from srtm.sim.arrivals import homogeneous
 from srtm.workload import PublisherSpec
 

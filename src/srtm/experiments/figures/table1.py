@@ -7,9 +7,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from srtm.experiments.figures.configuration import BROKERS, SLO_MS, profiled_bucket
+from srtm.experiments.figures.common import (
+    BROKERS,
+    SLO_MS,
+    FigureResult,
+    claim,
+    profiled_bucket,
+    pyplot,
+    write,
+)
 from srtm.experiments.figures.groups import GROUP_BATCH, GROUP_PUBLISHERS, GROUP_SIZES
-from srtm.experiments.figures.output import FigureResult, claim, pyplot, write
 from srtm.placement import Broker, Finished, Fitting
 from srtm.sim.arrivals import generate, homogeneous
 from srtm.sim.model import BrokerModel, paper

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from srtm.experiments.figures.output import FigureResult, axes, claim, write
+from srtm.experiments.figures.common import FigureResult, axes, claim, write
 from srtm.placement import POLICIES
 from srtm.ratelimit import BucketParams
 from srtm.sim.model import BrokerModel
