@@ -12,6 +12,7 @@ import pytest
 
 from nsq_raw import RawClient
 from srtm import __version__ as package_version
+from srtm.client import Publisher
 from srtm.launch import LocalCluster, start_cluster
 from srtm.version import NSQ_VERSION, NSQD_VERSION, __version__
 
@@ -60,3 +61,15 @@ async def test_the_broker_shows_the_nsqd_version(cluster: LocalCluster) -> None:
         assert (await client.identify())["version"] == NSQD_VERSION
     finally:
         await client.close()
+
+
+async def test_the_client_names_it_in_its_user_agent(cluster: LocalCluster) -> None:
+    (broker,) = cluster.brokers
+    pub = Publisher("agent", "p1", address=broker.tcp_address)
+    await pub.start()
+    try:
+        await (await pub.publish(b"x"))
+        (client,) = broker.json("/stats?format=json")["producers"]
+        assert client["user_agent"] == f"srtm-client/{__version__}"
+    finally:
+        await pub.close()

@@ -29,6 +29,7 @@ import numpy.typing as npt
 from srtm.analysis.quantiles import quantiles
 from srtm.client.connection import BrokerError, Connection
 from srtm.protocol import Mpub, header
+from srtm.version import __version__
 from srtm.workload.schedule import Schedule
 
 log = logging.getLogger("srtm.workload")
@@ -204,7 +205,7 @@ class Emulator:
         conn = await Connection.open(address)
         await conn.identify(
             client_id=self.name, srtm_publisher=self.name, srtm_header_publisher=True,
-            user_agent="srtm-emulator/0.1",
+            user_agent=f"srtm-emulator/{__version__}",
         )  # fmt: skip
         self._conns[address] = conn
         self._opening.pop(address, None)
