@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from srtm.analysis.quantiles import quantiles
 from srtm.launch import BrokerProcess, start_broker
 from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Mpub, Pub, encode_command, response
 from srtm.protocol.frames import ATTEMPTS_AT, BODY_AT, HEARTBEAT, ID_AT
@@ -339,7 +340,6 @@ def _paced(
             acked += take_responses(pframes, recv(pub), pub)
     lost = total - sum(seen)
     us = np.asarray(lat, dtype=np.float64) / 1e3
-    p50, p99, p999 = np.percentile(us, [50, 99, 99.9]) if us.size else (np.nan,) * 3
     span = (last_recv - first_recv) / NS_PER_S
     return {
         "sent": sent,
@@ -349,9 +349,7 @@ def _paced(
         "redelivered": again,
         "offered_rate": sent / max((last_send - t0) / NS_PER_S, 1e-9),
         "rate": (got - 1) / span if span > 0 else float("nan"),
-        "p50_us": float(p50),
-        "p99_us": float(p99),
-        "p999_us": float(p999),
+        **quantiles(us, (0.5, 0.99, 0.999), suffix="_us"),
         "max_us": float(us.max()) if us.size else float("nan"),
     }
 

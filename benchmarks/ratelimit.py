@@ -30,6 +30,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from srtm.analysis import required_burst, token_delays
+from srtm.analysis.quantiles import quantiles
 from srtm.ratelimit import NS_PER_S, OK, Rtlim, RtlimMode, TokenBucket
 
 TryFn = Callable[[], object]
@@ -229,14 +230,14 @@ def pacing_stats(trace: Trace, rate: float, burst: int) -> Pacing:
     contract = burst + rate * elapsed_s
     ideal = start + np.arange(times.size) * (NS_PER_S / rate)
     late_us = (times - ideal) / 1e3
-    p50, p99 = np.percentile(late_us, [50, 99]) if times.size else (np.nan, np.nan)
+    late = quantiles(late_us, (0.5, 0.99))
     seen = required_burst(times, rate, 1.0) if times.size else float("nan")
     return Pacing(
         releases=int(times.size),
         contract=contract,
         error_pct=100 * (times.size - contract) / contract,
-        late_p50_us=float(p50),
-        late_p99_us=float(p99),
+        late_p50_us=late["p50"],
+        late_p99_us=late["p99"],
         burst_seen=seen,
     )
 
@@ -463,8 +464,8 @@ def sleep_overshoot_us(sleeps: int = 300, seconds: float = 0.0008) -> tuple[floa
         t0 = clock()
         time.sleep(seconds)
         over.append((clock() - t0) / 1e3 - seconds * 1e6)
-    p50, p99 = np.percentile(over, [50, 99])
-    return float(p50), float(p99), max(over)
+    q = quantiles(over, (0.5, 0.99))
+    return q["p50"], q["p99"], max(over)
 
 
 def spin_stall_pct(seconds: float) -> dict[int, float]:

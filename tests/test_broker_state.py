@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from srtm.analysis.quantiles import REPORTED
 from srtm.broker.message import Message
 from srtm.broker.state import Channel, DeliveryError, Topic, memory_queues
 from srtm.broker.stats import Recorder, Window
@@ -208,10 +209,10 @@ def test_recorder_batches_equal_recording_one_by_one() -> None:
         direct.record_value(v)
     s = rec.summary()
     assert s["count"] == len(values)
-    for p in (50, 95, 99, 99.9):
-        assert s[f"p{p:g}"] == direct.get_value_at_percentile(p)
-        exact = float(np.percentile(values, p, method="inverted_cdf"))
-        assert s[f"p{p:g}"] == pytest.approx(exact, rel=0.01)
+    for key, q in REPORTED:
+        assert s[key] == direct.get_value_at_percentile(q * 100)
+        exact = float(np.quantile(values, q, method="inverted_cdf"))
+        assert s[key] == pytest.approx(exact, rel=0.01)
     assert s["mean"] == pytest.approx(direct.get_mean_value(), rel=1e-9)
     assert s["mean"] == pytest.approx(values.mean(), rel=2e-3)
 

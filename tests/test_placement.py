@@ -15,6 +15,7 @@ from srtm.placement import (
     Publisher,
     Topic,
     parse_brokers,
+    parse_policy,
     parse_topic,
     place,
 )
@@ -226,3 +227,11 @@ def test_topic_rate_defaults_to_the_papers_margin_and_extra_fields_pass() -> Non
     )  # fmt: skip
     assert topic.rate == pytest.approx(44.0) and topic.load == 40
     assert topic.publishers[1].group is None
+
+
+def test_policy_names_parse_to_themselves_and_others_are_refused() -> None:
+    assert [parse_policy(str(p)) for p in POLICIES] == list(POLICIES)
+    with pytest.raises(ValueError, match="policy must be one of lb, conc, maxmin, srtm, got 'LB'"):
+        parse_policy("LB")
+    with pytest.raises(ValueError, match="got 'random'"):
+        place("random", fig6_brokers(), topic_of(10, rate=10))  # type: ignore[arg-type]

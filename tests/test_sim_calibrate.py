@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from srtm.sim.calibrate import Measurements, Plan, fit, measure, measured_capacity
+from srtm.experiments.calibrate import Measurements, Plan, fit, measure, measured_capacity
 from srtm.sim.model import BrokerModel, Dist, load, save
 from srtm.sim.probe import probe
 

@@ -23,6 +23,7 @@ from srtm.broker.options import BrokerOptions
 from srtm.config import Address, Setting, SettingError, read_table, resolve, settings
 from srtm.control.options import ENV_PREFIX as CONTROLLER_ENV
 from srtm.control.options import ControllerOptions
+from srtm.version import package_version
 
 T = TypeVar("T")
 
@@ -33,8 +34,21 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        print(package_version())
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
     """SRTM command line; see each command's --help."""
 
 
@@ -298,17 +312,19 @@ def place_command(
     Prints each broker used with its publishers, their rate and its sub-bucket, or the
     shortfall when the brokers' residual capacity cannot carry the topic.
     """
-    from srtm.placement import POLICIES, parse_brokers, parse_topic, place
+    from srtm.placement import parse_brokers, parse_policy, parse_topic, place
 
-    if policy not in POLICIES:
-        raise typer.BadParameter(f"must be one of {', '.join(POLICIES)}", param_hint="--policy")
+    try:
+        chosen = parse_policy(policy)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policy") from None
     try:
         fleet = parse_brokers(_read_json(brokers, "--brokers"))
         spec = parse_topic(_read_json(topic, "--topic"))
     except ValueError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    result = place(policy, fleet, spec, seed)  # type: ignore[arg-type]
+    result = place(chosen, fleet, spec, seed)
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
         return
@@ -374,7 +390,7 @@ from srtm.experiments.cli import demo  # noqa: E402
 app.add_typer(experiment_app, name="experiment")
 app.command("demo")(demo)
 
-from srtm.sim.cli import calibrate  # noqa: E402
+from srtm.experiments.cli import calibrate  # noqa: E402
 
 app.command("calibrate")(calibrate)
 

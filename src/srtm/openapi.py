@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from srtm import __version__
+from srtm.version import __version__
 
 _REF = "#/components/schemas/{model}"
 _PATH_PARAMETER = re.compile(r"\{(\w+)\}")

@@ -9,12 +9,11 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from srtm.analysis.quantiles import REPORTED
 from srtm.broker.stats import Recorder
 
 if TYPE_CHECKING:
     from srtm.broker.broker import Broker
-
-_QUANTILES = (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"), ("0.999", "p99.9"))
 
 
 class BrokerCollector(Collector):
@@ -83,5 +82,5 @@ def _quantiles(family: GaugeMetricFamily, labels: list[str], rec: Recorder) -> N
     s = rec.summary()
     if not s["count"]:
         return
-    for q, key in _QUANTILES:
-        family.add_metric([*labels, q], s[key] / 1e9)
+    for key, q in REPORTED:
+        family.add_metric([*labels, str(q)], s[key] / 1e9)

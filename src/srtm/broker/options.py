@@ -9,8 +9,9 @@ from pathlib import Path
 
 from srtm.config import setting
 from srtm.protocol import Limits
+from srtm.version import NSQD_VERSION
 
-VERSION = "1.3.0-srtm"
+VERSION = NSQD_VERSION
 #: ``SRTM_`` and the setting's name in capitals: ``SRTM_MAX_OUTPUT_BUFFER_BYTES``.
 ENV_PREFIX = "SRTM_"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from srtm.analysis.quantiles import REPORTED
 from srtm.broker.documents import (
     ArrivalStampsDoc,
     BucketNowDoc,
@@ -39,9 +40,7 @@ def _percentiles(rec: Recorder) -> E2eLatencyDoc:
         return E2eLatencyDoc(count=0, percentiles=None)
     return E2eLatencyDoc(
         count=int(s["count"]),
-        percentiles=[
-            QuantileDoc(quantile=q / 100, value=int(s[f"p{q:g}"])) for q in (50.0, 95.0, 99.0, 99.9)
-        ],
+        percentiles=[QuantileDoc(quantile=q, value=int(s[key])) for key, q in REPORTED],
     )
 
 
@@ -54,7 +53,7 @@ def latency_summary(rec: Recorder) -> LatencySummaryDoc:
         p50=int(s["p50"]),
         p95=int(s["p95"]),
         p99=int(s["p99"]),
-        p999=int(s["p99.9"]),
+        p999=int(s["p999"]),
     )
 
 

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from srtm.security import bearer_header
+
 if TYPE_CHECKING:
     from srtm.broker.broker import Broker
     from srtm.broker.state import Topic
@@ -40,8 +42,7 @@ def report_document(broker: Broker) -> dict[str, Any]:
 
 async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: float) -> None:
     assert broker.tcp_address is not None and broker.http_address is not None
-    token = broker.options.token
-    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    headers = bearer_header(broker.options.token)
     me = {
         "id": str(broker.options.broker_id),
         "tcp_address": _host_port(*broker.tcp_address),

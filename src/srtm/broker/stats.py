@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+from srtm.analysis.quantiles import REPORTED
 from srtm.broker.message import Message
 
 NS_PER_S = 1_000_000_000
-PERCENTILES = (50.0, 95.0, 99.0, 99.9)
 _MAX_NS = 3_600 * NS_PER_S
 
 
@@ -55,14 +55,13 @@ def _index_values(hist_shape: tuple[int, int, int, int]) -> tuple[np.ndarray, np
 
 
 def summarise(hist: HdrHistogram) -> dict[str, float]:
-    """count, mean and PERCENTILES of ``hist``: the values ``get_value_at_percentile`` gives,
-    computed with numpy over the counts (hdrh loops over 33,792 counts in Python per call)."""
+    """count, mean and the REPORTED quantiles of ``hist``: the values
+    ``get_value_at_percentile`` gives, computed with numpy over the counts (hdrh loops over
+    33,792 counts in Python per call)."""
     total = int(hist.total_count)
     out: dict[str, float] = {"count": total, "mean": 0.0}
-    for p in PERCENTILES:
-        out[f"p{p:g}"] = 0
     if not total:
-        return out
+        return out | _EMPTY_QUANTILES
     shape = (
         hist.counts_len,
         hist.sub_bucket_half_count_magnitude,
@@ -73,10 +72,11 @@ def summarise(hist: HdrHistogram) -> dict[str, float]:
     counts = np.ctypeslib.as_array(hist.counts).astype(np.int64)
     cum = np.cumsum(counts)
     out["mean"] = float((counts * (lowest + (width >> 1))).sum() / total)
-    for p in PERCENTILES:
-        target = max(int(p / 100 * total + 0.5), 1)
+    for name, q in REPORTED:
+        # hdrh divides a percentage by 100; so does this, to round exactly as it does
+        target = max(int(q * 100 / 100 * total + 0.5), 1)
         i = int(np.searchsorted(cum, target))
-        out[f"p{p:g}"] = int(lowest[i] + width[i] - 1)
+        out[name] = int(lowest[i] + width[i] - 1)
     return out
 
 
@@ -101,11 +101,6 @@ class Recorder:
             self._hist = HdrHistogram(1, _MAX_NS, 3)
         return self._hist
 
-    @property
-    def allocated(self) -> bool:
-        """Whether the histogram exists yet (for tests and the cost of idle topics)."""
-        return self._hist is not None
-
     def add(self, value_ns: int) -> None:
         self.pending.append(value_ns)
 
@@ -122,14 +117,15 @@ class Recorder:
         return 0 if self._hist is None else int(self._hist.get_total_count())
 
     def summary(self) -> dict[str, float]:
-        """count, mean and p50/p95/p99/p99.9 in ns (0 when empty)."""
+        """count, mean and p50/p95/p99/p999 in ns (0 when empty)."""
         self.flush()
         if self._hist is None:
             return _EMPTY_SUMMARY.copy()
         return summarise(self._hist)
 
 
-_EMPTY_SUMMARY: dict[str, float] = {"count": 0, "mean": 0.0} | {f"p{p:g}": 0 for p in PERCENTILES}
+_EMPTY_QUANTILES: dict[str, float] = {name: 0 for name, _ in REPORTED}
+_EMPTY_SUMMARY: dict[str, float] = {"count": 0, "mean": 0.0} | _EMPTY_QUANTILES
 
 
 @dataclass

@@ -96,10 +96,6 @@ class Connection:
         self.writer.write(encode_command(cmd))
         return fut
 
-    @property
-    def unanswered(self) -> int:
-        return len(self._waiting)
-
     async def drain(self) -> None:
         """Wait until every command sent so far has its answer."""
         if self._waiting:

@@ -29,6 +29,7 @@ import aiohttp
 
 from srtm.client.connection import BrokerError, Connection
 from srtm.protocol import Pub, header
+from srtm.version import __version__
 
 log = logging.getLogger("srtm.client")
 
@@ -114,7 +115,7 @@ class Publisher:
     async def _open(self, address: str) -> Connection:
         conn = await Connection.open(address, on_order=self._on_order, on_close=self._lost)
         fields = {"srtm_publisher": self.id, "srtm_orders": True, "client_id": self.id,
-                  "user_agent": "srtm-client/0.1"}  # fmt: skip
+                  "user_agent": f"srtm-client/{__version__}"}  # fmt: skip
         if self.group:
             fields["srtm_group"] = self.group
         if self.rate:

@@ -46,6 +46,7 @@ from srtm.control.validate import parse_address
 from srtm.openapi import OpenApiDoc, Route, document
 from srtm.placement import Topic, place
 from srtm.security import bearer_matches
+from srtm.version import NSQD_VERSION
 
 if TYPE_CHECKING:
     from srtm.control.documents import FitSettings
@@ -325,7 +326,7 @@ def _producers(brokers: Sequence[BrokerInfo]) -> list[dict[str, Any]]:
             continue
         out.append({"remote_address": b.tcp_address, "hostname": host,
                     "broadcast_address": host, "tcp_port": tcp, "http_port": http,
-                    "version": "1.3.0-srtm"})  # fmt: skip
+                    "version": NSQD_VERSION})  # fmt: skip
     return out
 
 

@@ -32,14 +32,14 @@ from srtm.control.state import (
 )
 from srtm.control.store import Store
 from srtm.placement import Broker, RoundResult
-from srtm.security import check_token, require_loopback_without_token
+from srtm.security import bearer_header, check_token, require_loopback_without_token
+from srtm.version import __version__
 
 if TYPE_CHECKING:
     from srtm.control.documents import FitSettings
     from srtm.sim.model import BrokerModel
 
 log = logging.getLogger("srtm.controller")
-VERSION = "0.1.0"
 
 
 class ControllerService:
@@ -123,8 +123,7 @@ class ControllerService:
 
     def _headers(self) -> dict[str, str]:
         """What the controller sends to brokers: the cluster token, if any."""
-        token = self.options.token
-        return {} if token is None else {"Authorization": f"Bearer {token}"}
+        return bearer_header(self.options.token)
 
     # -- actions -------------------------------------------------------------------------
     def _save(self, key: str, doc: Any) -> asyncio.Future[None]:
@@ -274,7 +273,7 @@ class ControllerService:
 
     def info(self) -> dict[str, Any]:
         """What /info answers (``documents.Info``)."""
-        return {"version": VERSION, "ticks": self.ctrl.ticks, "stalls": self.ctrl.stalls,
+        return {"version": __version__, "ticks": self.ctrl.ticks, "stalls": self.ctrl.stalls,
                 "stalled_s": self.ctrl.stalled_s, "tls": self.options.tls_cert is not None,
                 "auth": self.options.token is not None}  # fmt: skip
 

@@ -20,9 +20,6 @@ class Store:
         self._db.execute("CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, doc TEXT)")
         self._db.commit()
 
-    def _put(self, key: str, doc: Any) -> None:
-        self.put_text(key, json.dumps(doc))
-
     def put_text(self, key: str, text: str) -> None:
         """Store an encoded document under ``key``."""
         with self._db:  # one transaction: a crash leaves the old or the new document
@@ -31,12 +28,6 @@ class Store:
                 "ON CONFLICT(key) DO UPDATE SET doc = excluded.doc",
                 (key, text),
             )
-
-    def save(self, doc: dict[str, Any]) -> None:
-        self._put("controller", doc)
-
-    def save_buckets(self, topic: str, buckets: dict[str, Any]) -> None:
-        self._put(f"buckets:{topic}", buckets)
 
     def load(self) -> dict[str, Any] | None:
         """The saved document with every topic's latest buckets laid over it."""

@@ -2,7 +2,8 @@
 rows on (broker, msg_id), latency percentiles, the DRL penalty's share, and the
 published = delivered accounting.
 
-Percentiles are numpy's default (linear interpolation between closest ranks).
+Quantiles are ``srtm.analysis.quantiles``' (numpy's default: linear interpolation between
+the closest ranks).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-QUANTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+from srtm.analysis.quantiles import quantiles
+
 #: How a summary says its figures were computed here (``spark_analysis`` says otherwise).
 ENGINE = {"engine": "in-process (pandas)"}
 
@@ -49,11 +51,9 @@ def load(traces: Path, run: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     return broker, sub
 
 
-def percentiles_ms(values_ns: np.ndarray[Any, Any]) -> dict[str, float]:
-    if values_ns.size == 0:
-        return {k: float("nan") for k in QUANTILES}
-    q = np.percentile(values_ns, list(QUANTILES.values())) / 1e6
-    return dict(zip(QUANTILES, (float(x) for x in q), strict=True))
+def _quantiles_ms(values_ns: np.ndarray[Any, Any]) -> dict[str, float]:
+    """The reported quantiles of nanosecond values, in ms (NaN when there are none)."""
+    return quantiles(values_ns, scale=1e6)
 
 
 def accounting(sub: pd.DataFrame, published: Mapping[str, int]) -> dict[str, int]:
@@ -90,12 +90,12 @@ def summarize(
     token = (joined["t_release_ns"] - joined["t_arrive_ns"]).to_numpy(np.float64)
     processing = (joined["t_dispatch_ns"] - joined["t_release_ns"]).to_numpy(np.float64)
     out: dict[str, Any] = {"messages": len(joined), "joined": int(has_broker.sum())}
-    out["e2e_ms"] = percentiles_ms(e2e)
-    out["token_wait_ms"] = percentiles_ms(token[has_broker])
-    out["processing_ms"] = percentiles_ms(processing[has_broker])
+    out["e2e_ms"] = _quantiles_ms(e2e)
+    out["token_wait_ms"] = _quantiles_ms(token[has_broker])
+    out["processing_ms"] = _quantiles_ms(processing[has_broker])
     # The rest: publisher to broker, and broker to subscriber (sockets, both clients' loops).
     transit = e2e - (joined["t_dispatch_ns"] - joined["t_arrive_ns"]).to_numpy(np.float64)
-    out["transit_ms"] = percentiles_ms(transit[has_broker])
+    out["transit_ms"] = _quantiles_ms(transit[has_broker])
     out["slo_violations"] = float((e2e > slo_ms * 1e6).mean()) if e2e.size else 0.0
     out["token_share"] = _share(token[has_broker], e2e[has_broker])
     if e2e.size:
@@ -106,7 +106,7 @@ def summarize(
     per_broker = {}
     for b, rows in joined.groupby("broker", sort=True):
         lat = (rows["t_recv_ns"] - rows["t_send_ns"]).to_numpy(np.int64)
-        per_broker[str(b)] = {"messages": len(rows)} | percentiles_ms(lat)
+        per_broker[str(b)] = {"messages": len(rows)} | _quantiles_ms(lat)
     out["per_broker"] = per_broker
     out["brokers_used"] = len(per_broker)
     return out

@@ -28,10 +28,12 @@ import aiohttp
 import numpy as np
 
 from srtm.analysis import profile_bucket
+from srtm.analysis.quantiles import quantiles
 from srtm.experiments import analysis, host
-from srtm.experiments.scenarios import POLICY_NAMES, Scenario
+from srtm.experiments.scenarios import Scenario
 from srtm.experiments.validity import RunFigures, Validity, check
 from srtm.launch import LocalCluster, die_with_parent, start_cluster
+from srtm.placement import Policy, parse_policy
 from srtm.workload import PublisherSpec, build
 from srtm.workload.emulator import Emulator, EmulatorReport, follow_plan, routes_of
 
@@ -81,7 +83,7 @@ def run_name(sc: Scenario, policy: str) -> str:
 
 def run(
     sc: Scenario,
-    policy: str,
+    policy: Policy,
     out: Path,
     *,
     duration_s: float | None = None,
@@ -90,8 +92,7 @@ def run(
 ) -> dict[str, Any]:
     """Run ``sc`` under ``policy``; write traces under ``out/traces`` and the summary to
     ``out/<run>.json``; return the summary. Nothing is left running, even on Ctrl-C."""
-    if policy not in POLICY_NAMES:
-        raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}, got {policy!r}")
+    policy = parse_policy(policy)  # callers from untyped input
     duration = sc.duration_s if duration_s is None else duration_s
     warmup = sc.warmup_s if warmup_s is None else warmup_s
     if duration <= 0 or warmup < 0:
@@ -357,12 +358,12 @@ def _validity(
     in_window = (due >= window.start_ns) & (due < window.end_ns)
     late = rep.lateness_ns[in_window]
     late = late[late >= 0]
-    p99, p999 = (np.percentile(late, [99, 99.9]) / 1e6) if late.size else (0.0, 0.0)
+    q = quantiles(late, (0.99, 0.999), scale=1e6, empty=0.0)
     figures = RunFigures(
         slo_p99_ms=sc.slo_p99_ms,
         max_late_ms=MAX_SEND_LATE_S * 1e3,
-        send_late_p99_ms=float(p99),
-        send_late_p999_ms=float(p999),
+        send_late_p99_ms=q["p99"],
+        send_late_p999_ms=q["p999"],
         due=int(in_window.sum()),
         skipped_late=rep.skipped_late - watch.skipped_at_start,
         broker_late_p99_ms=broker_late_ms,

@@ -14,11 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from srtm.analysis.quantiles import REPORTED
+
 _HEADLINE = ("e2e_ms", "per_broker", "brokers_used", "slo_violations", "token_share_tail")
 
 
 def _ms(row: dict[str, Any]) -> dict[str, float]:
-    return {q: row[f"{q}_ns"] / 1e6 for q in ("p50", "p95", "p99", "p999")}
+    return {key: row[f"{key}_ns"] / 1e6 for key, _ in REPORTED}
 
 
 def apply(summary: dict[str, Any], row: dict[str, Any], engine: dict[str, Any]) -> None:

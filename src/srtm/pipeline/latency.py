@@ -33,14 +33,14 @@ import numpy.typing as npt
 import pandas as pd
 
 from srtm.pipeline.dataset import Traces, in_window, read_side
-from srtm.pipeline.quantiles import bucket_column, locate
+from srtm.pipeline.quantiles import QUANTILES, bucket_column, locate
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 GROUP = ["run", "topic", "broker"]
-QUANTILE_COLUMNS = ("p50_ns", "p95_ns", "p99_ns", "p999_ns")
+QUANTILE_COLUMNS = tuple(name for name, _ in QUANTILES)
 #: Above this many tail deliveries the tail is shuffle-joined instead of broadcast.
 BROADCAST_ROWS = 2_000_000
 

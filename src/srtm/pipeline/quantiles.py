@@ -24,16 +24,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from srtm.analysis.quantiles import REPORTED
+
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-#: Output column name → quantile.
-QUANTILES: tuple[tuple[str, float], ...] = (
-    ("p50_ns", 0.5),
-    ("p95_ns", 0.95),
-    ("p99_ns", 0.99),
-    ("p999_ns", 0.999),
-)
+#: Output column name → quantile: the reported ones, in ns.
+QUANTILES: tuple[tuple[str, float], ...] = tuple((f"{key}_ns", q) for key, q in REPORTED)
 SUB_BUCKETS = 256
 
 

@@ -20,7 +20,7 @@ from srtm.placement.model import (
     parse_brokers,
     parse_topic,
 )
-from srtm.placement.policies import POLICIES, Policy, place
+from srtm.placement.policies import POLICIES, Policy, parse_policy, place
 
 __all__ = [
     "POLICIES",
@@ -41,6 +41,7 @@ __all__ = [
     "adapt",
     "judge",
     "parse_brokers",
+    "parse_policy",
     "parse_topic",
     "place",
     "search_quantum",

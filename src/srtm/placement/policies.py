@@ -17,13 +17,15 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 from srtm.placement.model import Assignment, Broker, Placement, Publisher, Topic
 from srtm.ratelimit import split_floored
 
+#: The placement policies, by the names the CLI, the controller's documents and the traces
+#: use (a Literal, not an enum, so plain strings in JSON and code type-check as they are).
 Policy = Literal["lb", "conc", "maxmin", "srtm"]
-POLICIES: tuple[Policy, ...] = ("lb", "conc", "maxmin", "srtm")
+POLICIES: tuple[Policy, ...] = get_args(Policy)
 # Rates are floats: a share may exceed its quota by rounding noise, never by a publisher.
 _EPS = 1e-9
 
@@ -165,14 +167,21 @@ def fill_by_group(
     return out, unassigned
 
 
+def parse_policy(name: str) -> Policy:
+    """``name`` as a ``Policy``; ValueError naming the choices when it is none."""
+    for policy in POLICIES:
+        if name == policy:
+            return policy
+    raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {name!r}")
+
+
 def place(policy: Policy, brokers: Sequence[Broker], topic: Topic, seed: int = 0) -> Placement:
     """Where ``topic``'s publishers go under ``policy``, and each broker's sub-bucket.
 
     Capacity short of the topic's load is a result, not an error: what fits is placed,
     the rest listed as unassigned with the shortfall in msg/s.
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    policy = parse_policy(policy)  # callers from untyped JSON
     load = topic.load
     if policy == "lb":
         chosen = [b for b in by_residual(brokers) if b.rcap > 0]

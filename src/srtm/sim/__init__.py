@@ -3,8 +3,8 @@
 Pure and vectorised (numpy): ``arrivals`` (the workload's processes in bulk), ``engine``
 (token waits, processing queues, latency per message), ``model`` (broker models as JSON;
 ``paper`` ships), ``placing`` and ``predict`` (placements, model-assisted fitting), and
-``scenario`` (live scenarios and replays). ``calibrate`` is the one module with I/O: it
-measures a real broker.
+``scenario`` (live scenarios and replays). No I/O: the models are measured on a real broker
+by ``srtm.experiments.calibrate``.
 """
 
 from srtm.sim.arrivals import Trace, from_schedule, generate, homogeneous

@@ -18,12 +18,11 @@ import numpy as np
 import numpy.typing as npt
 
 from srtm.analysis import token_delays
+from srtm.analysis.quantiles import quantiles
 from srtm.ratelimit import BucketParams
 from srtm.sim.arrivals import NS_PER_S, IntArray, Trace
-from srtm.sim.model import BrokerModel, FloatArray
+from srtm.sim.model import BrokerModel
 from srtm.sim.queue import pooled
-
-QUANTILES = (0.5, 0.95, 0.99)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +69,15 @@ class Stats:
         if latency_ns.size == 0:
             nan = float("nan")
             return cls(0, nan, nan, nan, nan, nan, nan, nan)
-        p50, p95, p99 = np.quantile(latency_ns, QUANTILES) / 1e6
+        q = quantiles(latency_ns, (0.5, 0.95, 0.99), scale=1e6)
         return cls(
             int(latency_ns.size),
-            float(p50),
-            float(p95),
-            float(p99),
+            q["p50"],
+            q["p95"],
+            q["p99"],
             float(latency_ns.mean()) / 1e6,
             float(latency_ns.max()) / 1e6,
-            float(np.quantile(token_ns, 0.99)) / 1e6,
+            quantiles(token_ns, (0.99,), scale=1e6)["p99"],
             float(np.count_nonzero(token_ns)) / token_ns.size,
         )
 
@@ -103,9 +102,6 @@ class SimResult:
     @property
     def p99_ms(self) -> float:
         return self.topic.p99_ms
-
-    def worst_broker(self) -> BrokerRun:
-        return max(self.brokers.values(), key=lambda b: b.stats.p99_ms)
 
     def to_json(self) -> dict[str, object]:
         from dataclasses import asdict
@@ -227,9 +223,3 @@ def simulate(
     lat = np.concatenate(all_lat) if all_lat else np.zeros(0, np.int64)
     tok = np.concatenate(all_tok) if all_tok else np.zeros(0, np.int64)
     return SimResult(runs, Stats.of(lat, tok))
-
-
-def latencies_ms(result: SimResult) -> FloatArray:
-    """Every message's latency (ms), all brokers together (needs ``keep_latencies``)."""
-    parts = [r.latency_ns for r in result.brokers.values()]
-    return np.concatenate(parts) / 1e6 if parts else np.zeros(0)

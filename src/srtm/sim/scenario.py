@@ -52,7 +52,7 @@ class LiveSetup:
 
 @dataclass(frozen=True)
 class LivePrediction:
-    policy: str
+    policy: Policy
     assignment: Mapping[str, tuple[str, ...]]
     result: SimResult
     fitting_rounds: tuple[int, ...] = ()

@@ -26,8 +26,10 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
+from srtm.analysis.quantiles import quantiles
 from srtm.client.connection import BrokerError, Connection
 from srtm.protocol import Mpub, header
+from srtm.version import __version__
 from srtm.workload.schedule import Schedule
 
 log = logging.getLogger("srtm.workload")
@@ -61,13 +63,10 @@ class EmulatorReport:
         return self.sent / span if span > 0 else 0.0
 
     def lateness_summary(self) -> dict[str, float]:
-        """Send lateness in µs: p50, p99, p99.9 and max over messages sent."""
+        """Send lateness in µs: p50, p99, p99.9 and max over messages sent (0 if none)."""
         late = self.lateness_ns[self.lateness_ns >= 0]
-        if late.size == 0:
-            return {"p50_us": 0.0, "p99_us": 0.0, "p999_us": 0.0, "max_us": 0.0}
-        q = np.percentile(late, [50, 99, 99.9]) / 1e3
-        return {"p50_us": float(q[0]), "p99_us": float(q[1]), "p999_us": float(q[2]),
-                "max_us": float(late.max() / 1e3)}  # fmt: skip
+        out = quantiles(late, (0.5, 0.99, 0.999), scale=1e3, suffix="_us", empty=0.0)
+        return out | {"max_us": float(late.max() / 1e3) if late.size else 0.0}
 
 
 class Emulator:
@@ -206,7 +205,7 @@ class Emulator:
         conn = await Connection.open(address)
         await conn.identify(
             client_id=self.name, srtm_publisher=self.name, srtm_header_publisher=True,
-            user_agent="srtm-emulator/0.1",
+            user_agent=f"srtm-emulator/{__version__}",
         )  # fmt: skip
         self._conns[address] = conn
         self._opening.pop(address, None)

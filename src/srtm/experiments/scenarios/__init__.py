@@ -15,8 +15,6 @@ from srtm.protocol import is_valid_name
 from srtm.workload import PublisherSpec
 from srtm.workload.schedule import Process
 
-POLICY_NAMES = ("lb", "conc", "maxmin", "srtm")
-
 
 @dataclass(frozen=True, slots=True)
 class PublisherClass:

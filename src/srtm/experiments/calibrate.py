@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from srtm.analysis.quantiles import quantiles
 from srtm.launch import start_broker
 from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Mpub, Pub, encode_command
 from srtm.protocol.frames import BODY_AT, HEARTBEAT, ID_AT
@@ -296,10 +297,8 @@ def measure(plan: Plan, on_progress: OnProgress | None = None) -> Measurements:
                     lat = np.asarray(
                         call("paced", plan.step_s + 30, rate=rate, seconds=plan.step_s, seed=2 + i)
                     )
-                    p50, p99 = (
-                        (np.quantile(lat, [0.5, 0.99]) / 1e6) if lat.size else (math.nan,) * 2
-                    )
-                    out.steps.append((rate, float(p50), float(p99), int(lat.size)))
+                    q = quantiles(lat, (0.5, 0.99), scale=1e6)
+                    out.steps.append((rate, q["p50"], q["p99"], int(lat.size)))
         finally:
             broker.stop()
     tick("fitting the model")
@@ -377,8 +376,7 @@ def fit(m: Measurements, plan: Plan) -> BrokerModel:
         "saturation_msg_per_s": m.saturation,
         "per_extra_connection_s": per_conn,
         "trickle": {"rate": plan.trickle_rate, "messages": int(trickle.size),
-                    "p50_ms": float(np.quantile(trickle, 0.5) * 1e3),
-                    "p99_ms": float(np.quantile(trickle, 0.99) * 1e3)},
+                    **quantiles(m.trickle_ns, (0.5, 0.99), scale=1e6, suffix="_ms")},
         "steps": [
             {"rate": r, "p50_ms": p50, "p99_ms": p99, "messages": n,
              "model_p50_ms": pred.p50_ms, "model_p99_ms": pred.p99_ms}

@@ -1,0 +1,71 @@
+"""The paper's Figs. 4–9 and Table I, simulated at full scale with the paper's model.
+
+Every run follows the paper's setup (Sec. VI): brokers of 110 kmsg/s ``mcap``, 10 msg/s
+per publisher, a 1 ms p99 SLO, and a topic bucket profiled on the topic's trace (rate
+1.1 × the measured rate, the smallest burst with which 99 % of messages wait zero); here
+the profiled trace is the simulated one, so a topic on one broker never waits for
+tokens and every token wait is the DRL penalty of the split. Baselines other than LB use
+the fewest brokers whose ``rcap`` covers the topic and add brokers until the simulated
+p99 meets the SLO, reporting the best configuration when none does (Sec. VI-B).
+
+Each figure function writes ``<name>.png`` (a plot in the paper's layout), ``<name>.md``
+(the table) and ``<name>.json`` (``data``) into the output directory and returns a
+``FigureResult``. ``data["claims"]`` lists the paper's conclusions for the figure, with
+what the simulation shows and whether it agrees. ``quick=True`` shrinks every figure
+(fewer points, shorter traces) for tests.
+
+One module per figure; ``common`` (the paper's setup, one configuration simulated, the
+files and plotting every figure shares) and ``groups`` (what Figs. 7–9 share) below them;
+``validation`` compares live runs with the simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from srtm.experiments.figures.common import FigureResult
+from srtm.experiments.figures.fig4 import fig4
+from srtm.experiments.figures.fig5 import fig5
+from srtm.experiments.figures.fig6 import fig6
+from srtm.experiments.figures.fig7 import fig7
+from srtm.experiments.figures.fig8 import fig8
+from srtm.experiments.figures.fig9 import fig9
+from srtm.experiments.figures.table1 import fit_topic, table1
+from srtm.experiments.figures.validation import validate_live
+
+FIGURES: dict[str, Callable[..., FigureResult]] = {
+    "fig4": fig4,
+    "fig5": fig5,
+    "fig6": fig6,
+    "fig7": fig7,
+    "fig8": fig8,
+    "fig9": fig9,
+    "table1": table1,
+}
+
+
+def run_figure(name: str, out_dir: Path, **options: Any) -> FigureResult:
+    """Run one reproduction by name, writing its files into ``out_dir``."""
+    try:
+        fn = FIGURES[name]
+    except KeyError:
+        raise ValueError(f"unknown figure {name!r} (one of {', '.join(FIGURES)})") from None
+    return fn(out_dir, **options)
+
+
+__all__ = [
+    "FIGURES",
+    "FigureResult",
+    "fig4",
+    "fig5",
+    "fig6",
+    "fig7",
+    "fig8",
+    "fig9",
+    "fit_topic",
+    "run_figure",
+    "table1",
+    "validate_live",
+]
