@@ -41,7 +41,7 @@ Trace = tuple[int, list[int]]
 Pacer = Callable[[float, int, float], Trace]
 
 #: A rate no benchmark run can exhaust, so every non-blocking call succeeds.
-HUGE = 10**12
+HUGE = 10**9  # the largest rate srtm.ratelimit accepts (check_bucket)
 PACE_RATES = (1_000, 50_000)
 PACE_BURST = 1
 #: Calls between clock reads in the timing loops: the read costs < 1 ns per call.
@@ -614,7 +614,7 @@ def footnotes(cfg: Config) -> list[str]:
         "² has_capacity() then await acquire() inside one coroutine (no sync try exists; "
         "acquire does not suspend when there is capacity); asyncio-only, so no 2-thread "
         "figure. Paced by await acquire() on AsyncLimiter(1, 1/r), timers on the loop.",
-        "³ try: Limiter(Rate(1e12/s)).try_acquire(name, blocking=False), default "
+        "³ try: Limiter(Rate(1e9/s)).try_acquire(name, blocking=False), default "
         "InMemoryBucket (a sliding-window log). Paced by blocking try_acquire on "
         "StateBucket(TokenBucket(), burst=1) with buffer_ms=0: the default log with "
         "Rate(1, 1 ms) gives 500/s and buffer_ms=50 sleeps ≥ 50 ms per denial. Its clock is "
