@@ -5,12 +5,14 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from hypothesis import HealthCheck, settings
 
 from srtm.broker import Broker, BrokerOptions
+from srtm.broker.http import serve_http
 from srtm.launch import BrokerProcess, start_broker
-from support import MakeBroker
+from support import BrokerApi, MakeBroker
 
 settings.register_profile(
     "default", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow]
@@ -36,6 +38,18 @@ async def make_broker(tmp_path: Path) -> AsyncIterator[MakeBroker]:
     yield make
     for b in started:
         await b.stop()
+
+
+@pytest.fixture
+async def broker_api(tmp_path: Path) -> AsyncIterator[BrokerApi]:
+    """An in-process broker with its HTTP API, and a client session on that API."""
+    broker = Broker(BrokerOptions(tcp_port=0, http_port=0, data_dir=tmp_path / "data"))
+    await broker.start()
+    runner, port = await serve_http(broker)
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
+        yield broker, session
+    await runner.cleanup()
+    await broker.stop()
 
 
 @pytest.fixture

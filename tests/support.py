@@ -1,5 +1,6 @@
-"""Shared test helpers: ``eventually`` (wait on a condition, never a fixed sleep) and the
-``make_broker`` fixture's type (the fixture is in conftest.py)."""
+"""Shared test helpers: ``eventually`` (wait on a condition, never a fixed sleep), ``call``
+(one HTTP request), and the types of the ``make_broker`` and ``broker_api`` fixtures (the
+fixtures are in conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,27 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+import aiohttp
+
 from srtm.broker import Broker
 
 T = TypeVar("T")
 
 #: ``make_broker(**options)``: an in-process broker on 127.0.0.1 (ephemeral port).
 MakeBroker = Callable[..., Awaitable[Broker]]
+#: The ``broker_api`` fixture: a broker and a client session on its HTTP API.
+BrokerApi = tuple[Broker, aiohttp.ClientSession]
+
+
+async def call(
+    session: aiohttp.ClientSession, method: str, path: str, data: bytes = b""
+) -> tuple[int, Any]:
+    """One HTTP request: its status and its body (parsed when it is JSON)."""
+    async with session.request(method, path, data=data) as resp:
+        if resp.content_type == "application/json":
+            return resp.status, await resp.json()
+        return resp.status, await resp.text()
+
 
 #: Default patience: long enough for a loaded machine, so that it only ends a test that
 #: would otherwise hang. Tests pass ``timeout`` only where the wait is known to be longer.

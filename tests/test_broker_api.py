@@ -5,11 +5,9 @@ field; /pub's hand parsing answers as its model does; /stats has nsqd's fields i
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
-import aiohttp
 import pytest
 from pydantic import BaseModel
 
@@ -30,31 +28,9 @@ from srtm.broker.http import (
     defer_param,
     make_app,
     parse_query,
-    serve_http,
     topic_param,
 )
-
-Api = tuple[Broker, aiohttp.ClientSession]
-
-
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    broker = Broker(BrokerOptions(tcp_port=0, http_port=0, data_dir=tmp_path / "data"))
-    await broker.start()
-    runner, port = await serve_http(broker)
-    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
-        yield broker, session
-    await runner.cleanup()
-    await broker.stop()
-
-
-async def call(
-    s: aiohttp.ClientSession, method: str, path: str, data: bytes = b""
-) -> tuple[int, Any]:
-    async with s.request(method, path, data=data) as resp:
-        if resp.content_type == "application/json":
-            return resp.status, await resp.json()
-        return resp.status, await resp.text()
+from support import BrokerApi, call
 
 
 # -- the table, the app and the document ---------------------------------------------------
@@ -67,8 +43,10 @@ def app_routes(broker: Broker) -> set[tuple[str, str]]:
     return {(m, p) for m, p in routes if m != "HEAD"}
 
 
-async def test_the_app_the_table_and_the_document_have_the_same_routes(api: Api) -> None:
-    broker, s = api
+async def test_the_app_the_table_and_the_document_have_the_same_routes(
+    broker_api: BrokerApi,
+) -> None:
+    broker, s = broker_api
     table = [(r.method, r.path) for r in ROUTES]
     assert len(set(table)) == len(table), "a route is in the table twice"
     status, doc = await call(s, "GET", "/srtm/openapi.json")
@@ -144,17 +122,17 @@ def test_the_document_describes_each_query_and_resolves_every_reference() -> Non
     ],
 )  # fmt: skip
 async def test_refusals_name_the_field(
-    api: Api, path: str, body: bytes, code: str, field: str
+    broker_api: BrokerApi, path: str, body: bytes, code: str, field: str
 ) -> None:
-    broker, s = api
+    broker, s = broker_api
     status, doc = await call(s, "POST", path, body)
     assert (status, doc["message"]) == (400, code), doc
     assert doc["detail"].startswith(f"{field}: "), doc
     assert not broker.measurements and all(t.message_count == 0 for t in broker.topics.values())
 
 
-async def test_methods_a_path_does_not_take_are_405_as_in_nsqd(api: Api) -> None:
-    _, s = api
+async def test_methods_a_path_does_not_take_are_405_as_in_nsqd(broker_api: BrokerApi) -> None:
+    _, s = broker_api
     async with s.get("/pub?topic=t") as resp:
         assert resp.status == 405 and resp.headers["Allow"] == "POST"
         assert await resp.json() == {"message": "METHOD_NOT_ALLOWED"}
@@ -225,11 +203,11 @@ NSQD_CLIENT = ["client_id", "hostname", "version", "remote_address", "state", "r
                "auth_identity_url", "pub_counts"]  # fmt: skip
 
 
-async def test_stats_is_its_document_with_nsqds_fields_in_order(api: Api) -> None:
+async def test_stats_is_its_document_with_nsqds_fields_in_order(broker_api: BrokerApi) -> None:
     from nsq_raw import RawClient
     from srtm.protocol import Rdy, Sub
 
-    broker, s = api
+    broker, s = broker_api
     assert broker.tcp_address is not None
     sub = await RawClient.connect(*broker.tcp_address)
     await sub.send(Sub("st", "c"), Rdy(1))

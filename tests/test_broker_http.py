@@ -5,48 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
-from srtm.broker import Broker, BrokerOptions
-from srtm.broker.http import serve_http
 from srtm.version import NSQD_VERSION
+from support import BrokerApi, call
 
 
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[tuple[Broker, aiohttp.ClientSession]]:
-    broker = Broker(BrokerOptions(tcp_port=0, http_port=0, data_dir=tmp_path / "data"))
-    await broker.start()
-    runner, port = await serve_http(broker)
-    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session:
-        yield broker, session
-    await runner.cleanup()
-    await broker.stop()
-
-
-async def call(
-    session: aiohttp.ClientSession, method: str, path: str, data: bytes = b""
-) -> tuple[int, Any]:
-    async with session.request(method, path, data=data) as resp:
-        if resp.content_type == "application/json":
-            return resp.status, await resp.json()
-        return resp.status, await resp.text()
-
-
-async def test_ping_info(api: tuple[Broker, aiohttp.ClientSession]) -> None:
-    broker, s = api
+async def test_ping_info(broker_api: BrokerApi) -> None:
+    broker, s = broker_api
     assert await call(s, "GET", "/ping") == (200, "OK")
     status, info = await call(s, "GET", "/info")
     assert status == 200 and info["tcp_port"] == broker.tcp_address[1]  # type: ignore[index]
     assert info["version"] == NSQD_VERSION
 
 
-async def test_pub_mpub_text_and_binary(api: tuple[Broker, aiohttp.ClientSession]) -> None:
-    broker, s = api
+async def test_pub_mpub_text_and_binary(broker_api: BrokerApi) -> None:
+    broker, s = broker_api
     assert await call(s, "POST", "/channel/create?topic=h&channel=c") == (200, "OK")
     assert await call(s, "POST", "/pub?topic=h", b"one") == (200, "OK")
     assert await call(s, "POST", "/mpub?topic=h", b"two\nthree\n") == (200, "OK")
@@ -82,21 +58,21 @@ async def test_pub_mpub_text_and_binary(api: tuple[Broker, aiohttp.ClientSession
     ],
 )
 async def test_bad_requests_name_what_was_wrong(
-    api: tuple[Broker, aiohttp.ClientSession],
+    broker_api: BrokerApi,
     method: str,
     path: str,
     body: bytes,
     status: int,
     code: str,
 ) -> None:
-    broker, s = api
+    broker, s = broker_api
     got_status, doc = await call(s, method, path, body)
     assert (got_status, doc["message"]) == (status, code)
     assert "t" not in broker.topics or broker.topics["t"].message_count == 0
 
 
-async def test_topic_and_channel_actions(api: tuple[Broker, aiohttp.ClientSession]) -> None:
-    broker, s = api
+async def test_topic_and_channel_actions(broker_api: BrokerApi) -> None:
+    broker, s = broker_api
     for path in ("/topic/create?topic=a", "/channel/create?topic=a&channel=c"):
         assert await call(s, "POST", path) == (200, "OK")
     await call(s, "POST", "/pub?topic=a", b"x")
@@ -116,9 +92,9 @@ async def test_topic_and_channel_actions(api: tuple[Broker, aiohttp.ClientSessio
 
 
 async def test_stats_has_nsqd_shape_and_srtm_section(
-    api: tuple[Broker, aiohttp.ClientSession],
+    broker_api: BrokerApi,
 ) -> None:
-    _broker, s = api
+    _broker, s = broker_api
     await call(s, "POST", "/srtm/bucket?topic=st&rate=1000&burst=4")
     await call(s, "POST", "/channel/create?topic=st&channel=c")
     await call(s, "POST", "/mpub?topic=st", b"a\nb\nc\nd\ne\nf\n")
@@ -140,8 +116,8 @@ async def test_stats_has_nsqd_shape_and_srtm_section(
     assert status == 200 and "[st" in text
 
 
-async def test_metrics_are_prometheus_text(api: tuple[Broker, aiohttp.ClientSession]) -> None:
-    _broker, s = api
+async def test_metrics_are_prometheus_text(broker_api: BrokerApi) -> None:
+    _broker, s = broker_api
     await call(s, "POST", "/srtm/bucket?topic=m&rate=50&burst=2")
     await call(s, "POST", "/mpub?topic=m", b"a\nb\nc\n")
     status, text = await call(s, "GET", "/metrics")
@@ -150,8 +126,8 @@ async def test_metrics_are_prometheus_text(api: tuple[Broker, aiohttp.ClientSess
     assert 'srtm_bucket_rate{topic="m"} 50.0' in text
 
 
-async def test_bucket_get_set_delete(api: tuple[Broker, aiohttp.ClientSession]) -> None:
-    broker, s = api
+async def test_bucket_get_set_delete(broker_api: BrokerApi) -> None:
+    broker, s = broker_api
     status, doc = await call(s, "POST", "/srtm/bucket?topic=b&rate=100&burst=3")
     assert status == 200 and doc["bucket"] == {"rate": 100.0, "burst": 3.0}
     status, doc = await call(s, "GET", "/srtm/bucket?topic=b")
@@ -166,12 +142,12 @@ async def test_bucket_get_set_delete(api: tuple[Broker, aiohttp.ClientSession]) 
 
 
 async def test_measurement_rounds_estimate_e2e_for_named_publishers(
-    api: tuple[Broker, aiohttp.ClientSession],
+    broker_api: BrokerApi,
 ) -> None:
     from nsq_raw import RawClient
     from srtm.protocol import Fin, Pub, Rdy, Sub
 
-    broker, s = api
+    broker, s = broker_api
     assert broker.tcp_address is not None
     sub = await RawClient.connect(*broker.tcp_address)
     await sub.send(Sub("m", "c"), Rdy(100))
