@@ -36,7 +36,7 @@ from rich.table import Table
 from srtm.pipeline.dataset import Traces, open_traces
 from srtm.pipeline.jobs import JOBS, READS, run_job
 from srtm.pipeline.latency import compute as spark_latency
-from srtm.pipeline.session import SessionSettings, get_session, stop_session
+from srtm.pipeline.session import SparkSettings, get_session, stop_session
 from srtm.pipeline.synth import RunSpec, Sends, simulate, write
 from srtm.workload import PublisherSpec, build
 
@@ -289,7 +289,7 @@ def main(
         gen_s = time.perf_counter() - start
         traces = open_traces(traces_dir)
         start = time.perf_counter()
-        spark = get_session(master, SessionSettings(master=master, driver_memory=driver_memory))
+        spark = get_session(master, SparkSettings(master=master, driver_memory=driver_memory))
         session_s = time.perf_counter() - start
         warm_s = warm_up(spark, work)
         console.print(

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from srtm.analysis import profile_bucket
-from srtm.placement import Broker, place
+from srtm.placement import BrokerCapacity, place
 from srtm.sim.arrivals import generate, homogeneous
 from srtm.sim.engine import Background, simulate
 from srtm.sim.model import paper
@@ -43,7 +43,7 @@ def one_run(publishers: int, duration_s: float, seed: int) -> tuple[dict[str, fl
     t1 = time.perf_counter()
     topic = topic_of(specs, profile_bucket(trace.t_ns), 1.0)
     t2 = time.perf_counter()
-    brokers = [Broker(f"b{i + 1}", model.mcap) for i in range(len(PRELOADS))]
+    brokers = [BrokerCapacity(f"b{i + 1}", model.mcap) for i in range(len(PRELOADS))]
     placement = place("lb", brokers, topic)
     shares = shares_of(placement, trace)
     t3 = time.perf_counter()

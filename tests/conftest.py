@@ -73,10 +73,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def spark() -> Iterator[object]:
     """The one SparkSession of the test run (srtm.pipeline's factory, local[*]), stopped
     at the end so that no JVM outlives the tests."""
-    from srtm.pipeline.session import SessionSettings, get_session, stop_session
+    from srtm.pipeline.session import SparkSettings, get_session, stop_session
 
     # C1 only: a short-lived JVM starts and warms faster.
-    fast = SessionSettings(driver_memory="1g", jvm_options="-XX:TieredStopAtLevel=1")
+    fast = SparkSettings(driver_memory="1g", jvm_options="-XX:TieredStopAtLevel=1")
     session = get_session(settings=fast)
     try:
         yield session

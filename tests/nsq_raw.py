@@ -14,7 +14,7 @@ from srtm.protocol import (
     FrameReader,
     FrameType,
     Identify,
-    Message,
+    MessageFrame,
     decode_message,
     encode_command,
 )
@@ -67,7 +67,7 @@ class RawClient:
         assert f.kind is FrameType.ERROR, f"expected an error, got {f}"
         return f.data.decode()
 
-    async def message(self, timeout: float = 5.0) -> Message:
+    async def message(self, timeout: float = 5.0) -> MessageFrame:
         f = await self.frame(timeout)
         assert f.kind is FrameType.MESSAGE, f"expected a message, got {f}"
         return decode_message(f.data)

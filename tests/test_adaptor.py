@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from srtm.placement.adaptor import AdaptorSettings, Report, adapt
+from srtm.placement.adaptor import AdaptorSettings, WindowReport, adapt
 from srtm.ratelimit import BucketParams, split
 
 TOTAL = BucketParams(11_000, 200)
@@ -20,7 +20,7 @@ def even(brokers: list[str]) -> dict[str, BucketParams]:
 
 def test_rates_and_depths_follow_a_traffic_shift() -> None:
     current = even(["a", "b"])
-    reports = {"a": Report(9_000, 90, at_s=10), "b": Report(1_000, 10, at_s=10)}
+    reports = {"a": WindowReport(9_000, 90, at_s=10), "b": WindowReport(1_000, 10, at_s=10)}
     new = adapt(TOTAL, current, reports, now_s=10)
     assert new["a"].rate == pytest.approx(9_900) and new["b"].rate == pytest.approx(1_100)
     assert new["a"].burst == pytest.approx(180) and new["b"].burst == pytest.approx(20)
@@ -30,16 +30,16 @@ def test_rates_and_depths_follow_a_traffic_shift() -> None:
 
 def test_small_changes_are_ignored() -> None:
     current = even(["a", "b"])
-    reports = {"a": Report(5_200, 52, at_s=1), "b": Report(4_800, 48, at_s=1)}
+    reports = {"a": WindowReport(5_200, 52, at_s=1), "b": WindowReport(4_800, 48, at_s=1)}
     assert adapt(TOTAL, current, reports, now_s=1) == current
 
 
 def test_a_silent_broker_keeps_its_share_and_holds_nobody_up() -> None:
     current = even(["a", "b", "c"])
     reports = {
-        "a": Report(8_000, 80, at_s=100),
-        "b": Report(1_000, 10, at_s=100),
-        "c": Report(5_000, 50, at_s=90),  # 10 s old: stale
+        "a": WindowReport(8_000, 80, at_s=100),
+        "b": WindowReport(1_000, 10, at_s=100),
+        "c": WindowReport(5_000, 50, at_s=90),  # 10 s old: stale
     }
     new = adapt(TOTAL, current, reports, now_s=100, settings=AdaptorSettings(stale_after_s=3))
     assert new["c"] == current["c"]
@@ -51,7 +51,7 @@ def test_a_silent_broker_keeps_its_share_and_holds_nobody_up() -> None:
 
 def test_an_idle_broker_keeps_a_token_and_some_rate() -> None:
     current = even(["busy", "idle"])
-    reports = {"busy": Report(10_000, 150, at_s=0), "idle": Report(0, 0, at_s=0)}
+    reports = {"busy": WindowReport(10_000, 150, at_s=0), "idle": WindowReport(0, 0, at_s=0)}
     new = adapt(TOTAL, current, reports, now_s=0)
     assert new["idle"].burst == 1.0 and new["idle"].rate > 0
     assert new["busy"].burst == TOTAL.burst - 1
@@ -64,7 +64,7 @@ def test_any_reports_keep_the_invariants(rows: list[tuple[float, float, bool]]) 
     brokers = [f"b{i}" for i in range(len(rows))]
     current = even(brokers)
     reports = {
-        b: Report(rate, backlog, at_s=0 if fresh else -100)
+        b: WindowReport(rate, backlog, at_s=0 if fresh else -100)
         for b, (rate, backlog, fresh) in zip(brokers, rows, strict=True)
     }
     new = adapt(TOTAL, current, reports, now_s=0)

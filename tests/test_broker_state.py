@@ -9,7 +9,7 @@ import pytest
 from srtm.analysis.quantiles import REPORTED
 from srtm.broker.message import Message
 from srtm.broker.state import Channel, DeliveryError, Topic, memory_queues
-from srtm.broker.stats import Recorder, Window
+from srtm.broker.stats import RateWindow, Recorder
 from srtm.ratelimit import check_conformance
 
 MS = 1_000_000
@@ -185,7 +185,7 @@ def test_virtual_backlog_counts_tokens_owed() -> None:
 
 
 def test_window_reports_average_rate_and_max_backlog() -> None:
-    w = Window(seconds=10)
+    w = RateWindow(seconds=10)
     s = 1_000_000_000
     for sec in range(20):
         w.add(sec * s, 100 if sec < 15 else 10, float(sec))

@@ -7,12 +7,12 @@ import math
 import pytest
 
 from srtm.control import ControlError, Controller, PlanChanged, SetBucket
-from srtm.placement import Publisher, Topic
+from srtm.placement import PublisherLoad, TopicSpec
 
 
-def topic_of(n: int, name: str = "t", rate: float = 10.0) -> Topic:
-    pubs = tuple(Publisher(f"p{i}", rate, f"g{i // 10}") for i in range(n))
-    return Topic(name, pubs, 100, 1.0, 1.1 * rate * n)
+def topic_of(n: int, name: str = "t", rate: float = 10.0) -> TopicSpec:
+    pubs = tuple(PublisherLoad(f"p{i}", rate, f"g{i // 10}") for i in range(n))
+    return TopicSpec(name, pubs, 100, 1.0, 1.1 * rate * n)
 
 
 def cluster(n: int = 3, mcap: float = 1_000) -> Controller:

@@ -25,7 +25,7 @@ from srtm.control.service import ControllerOptions, ControllerService, _broker_u
 from srtm.control.state import BrokerInfo
 from srtm.control.store import Store
 from srtm.launch import ServerProcess, start_broker, start_cluster, start_controller
-from srtm.placement import Publisher, Topic, parse_topic
+from srtm.placement import PublisherLoad, TopicSpec, parse_topic
 from srtm.protocol import Fin, Pub, Rdy, Sub
 from support import eventually
 
@@ -104,9 +104,9 @@ def cluster(n: int = 3, mcap: float = 1_000) -> Controller:
     return c
 
 
-def topic_of(n: int, name: str = "t", rate: float = 10.0) -> Topic:
-    pubs = tuple(Publisher(f"p{i}", rate, f"g{i // 10}") for i in range(n))
-    return Topic(name, pubs, 100, 1.0, 1.1 * rate * n)
+def topic_of(n: int, name: str = "t", rate: float = 10.0) -> TopicSpec:
+    pubs = tuple(PublisherLoad(f"p{i}", rate, f"g{i // 10}") for i in range(n))
+    return TopicSpec(name, pubs, 100, 1.0, 1.1 * rate * n)
 
 
 # -- finding 4: one bad report killed the tick for good ---------------------------------

@@ -181,7 +181,7 @@ def test_analysis_joins_sides_and_accounts_for_every_message() -> None:
     seqs = [i // 10 for i in range(n)]
     sub_rows = pd.DataFrame({"broker": brokers, "msg_id": ids, "publisher": pubs, "seq": seqs,
                              "t_send_ns": send, "t_recv_ns": recv})  # fmt: skip
-    window = analysis.Window(int(send[100]), int(send[900]))
+    window = analysis.MeasuredWindow(int(send[100]), int(send[900]))
     s = analysis.summarize(broker_rows, sub_rows, window, slo_ms=3.0)
     e2e = (recv - send)[100:900]
     assert s["messages"] == s["joined"] == 800

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from hypothesis import given
 from hypothesis import strategies as st
 
-from srtm.placement import Broker, Predict, Publisher, Topic, search_quantum
+from srtm.placement import BrokerCapacity, Predict, PublisherLoad, TopicSpec, search_quantum
 from srtm.placement.fitting import (
     Command,
     Finished,
@@ -26,9 +26,9 @@ from srtm.placement.fitting import (
 Oracle = Callable[[str, tuple[str, ...]], RoundResult]
 
 
-def topic_of(n: int, group_size: int = 10, slo_ms: float = 1.0) -> Topic:
-    pubs = tuple(Publisher(f"p{i}", 10.0, f"g{i // group_size}") for i in range(n))
-    return Topic("t", pubs, 100, slo_ms, 11.0 * n)
+def topic_of(n: int, group_size: int = 10, slo_ms: float = 1.0) -> TopicSpec:
+    pubs = tuple(PublisherLoad(f"p{i}", 10.0, f"g{i // group_size}") for i in range(n))
+    return TopicSpec("t", pubs, 100, slo_ms, 11.0 * n)
 
 
 def capacity_oracle(capacity: dict[str, int], slo_ms: float = 1.0) -> Oracle:
@@ -64,7 +64,7 @@ def test_verdicts_use_the_accept_band() -> None:
 
 
 def test_a_topic_that_fits_takes_one_round() -> None:
-    brokers = [Broker(f"b{i}", 100_000) for i in range(3)]
+    brokers = [BrokerCapacity(f"b{i}", 100_000) for i in range(3)]
     done, log = run(
         Fitting(brokers, topic_of(100)), capacity_oracle(dict.fromkeys(["b0", "b1", "b2"], 1_000))
     )
@@ -75,7 +75,7 @@ def test_a_topic_that_fits_takes_one_round() -> None:
 
 def test_table1_shape_shedding_goes_to_the_next_iteration() -> None:
     # Capacity says one broker is enough (rcap-based k = 1), burstiness says 250 each.
-    brokers = [Broker(f"b{i}", 100_000) for i in range(6)]
+    brokers = [BrokerCapacity(f"b{i}", 100_000) for i in range(6)]
     topic = topic_of(1_000, group_size=25)
     done, log = run(Fitting(brokers, topic), capacity_oracle({b.id: 250 for b in brokers}))
     kept = [p for ps in done.assignment.values() for p in ps]
@@ -95,7 +95,7 @@ def test_table1_shape_shedding_goes_to_the_next_iteration() -> None:
 
 
 def test_kept_slices_take_from_every_group() -> None:
-    brokers = [Broker(f"b{i}", 100_000) for i in range(6)]
+    brokers = [BrokerCapacity(f"b{i}", 100_000) for i in range(6)]
     topic = topic_of(1_000, group_size=25)
     done, _ = run(Fitting(brokers, topic), capacity_oracle({b.id: 250 for b in brokers}))
     group = {p.id: p.group for p in topic.publishers}
@@ -104,7 +104,7 @@ def test_kept_slices_take_from_every_group() -> None:
 
 
 def test_out_of_brokers_leaves_the_rest_unassigned() -> None:
-    brokers = [Broker("a", 100_000), Broker("b", 100_000)]
+    brokers = [BrokerCapacity("a", 100_000), BrokerCapacity("b", 100_000)]
     done, _ = run(Fitting(brokers, topic_of(1_000)), capacity_oracle({"a": 100, "b": 100}))
     kept = [len(ps) for ps in done.assignment.values()]
     assert len(kept) == 2 and all(80 <= n <= 100 for n in kept)  # the accept band
@@ -112,7 +112,7 @@ def test_out_of_brokers_leaves_the_rest_unassigned() -> None:
 
 
 def test_too_few_samples_repeat_the_round_then_count_as_fitting() -> None:
-    brokers = [Broker("a", 100_000)]
+    brokers = [BrokerCapacity("a", 100_000)]
 
     def silent(broker: str, pubs: tuple[str, ...]) -> RoundResult:
         return RoundResult(float("nan"), 0)
@@ -122,7 +122,7 @@ def test_too_few_samples_repeat_the_round_then_count_as_fitting() -> None:
 
 
 def test_a_broker_missing_from_a_round_is_measured_again() -> None:
-    fitting = Fitting([Broker("a", 100_000)], topic_of(10))
+    fitting = Fitting([BrokerCapacity("a", 100_000)], topic_of(10))
     (_, profile) = fitting.start()
     assert isinstance(profile, Profile)
     assert fitting.on_round({}) == [profile]
@@ -147,7 +147,7 @@ def test_any_measurements_terminate_with_everyone_placed_once(
         v = script[next(turn) % len(script)]
         return RoundResult(p99[v], 0 if v is Verdict.UNKNOWN else 1_000)
 
-    brokers = [Broker(f"b{i}", 100_000) for i in range(n_brokers)]
+    brokers = [BrokerCapacity(f"b{i}", 100_000) for i in range(n_brokers)]
     fitting = Fitting(brokers, topic_of(n))
     per_search = (math.ceil(math.log2(n + 1)) + 2) * (1 + fitting.max_unknown)
     bound = (n_brokers + 1) * per_search
@@ -160,14 +160,14 @@ def test_any_measurements_terminate_with_everyone_placed_once(
 def predict_from(capacity: dict[str, int]) -> Predict:
     """A model that says each broker holds ``capacity`` publishers in all."""
 
-    def predict(broker: str, held: Sequence[Publisher], cands: Sequence[Publisher]) -> int:
+    def predict(broker: str, held: Sequence[PublisherLoad], cands: Sequence[PublisherLoad]) -> int:
         return max(0, capacity[broker] - len(held))
 
     return predict
 
 
 def test_an_exact_model_plans_everything_into_one_measured_round() -> None:
-    brokers = [Broker(f"b{i}", 100_000) for i in range(6)]
+    brokers = [BrokerCapacity(f"b{i}", 100_000) for i in range(6)]
     topic = topic_of(1_000, group_size=25)
     cap = {b.id: 230 for b in brokers}  # measured p99 0.92 × SLO at 230: in the band
     done, log = run(Fitting(brokers, topic, predict=predict_from(cap)), capacity_oracle(cap))
@@ -182,7 +182,7 @@ def test_an_exact_model_plans_everything_into_one_measured_round() -> None:
 
 
 def test_an_optimistic_model_is_corrected_by_measurement() -> None:
-    brokers = [Broker(f"b{i}", 100_000) for i in range(6)]
+    brokers = [BrokerCapacity(f"b{i}", 100_000) for i in range(6)]
     topic = topic_of(1_000, group_size=25)
     truth = {b.id: 230 for b in brokers}
     hopeful = {b.id: 280 for b in brokers}
@@ -193,7 +193,7 @@ def test_an_optimistic_model_is_corrected_by_measurement() -> None:
 
 
 def test_a_model_that_fits_nothing_still_gets_everyone_measured() -> None:
-    brokers = [Broker(f"b{i}", 100_000) for i in range(3)]
+    brokers = [BrokerCapacity(f"b{i}", 100_000) for i in range(3)]
     topic = topic_of(300)
     cap = {b.id: 150 for b in brokers}
     done, _ = run(Fitting(brokers, topic, predict=lambda b, h, c: 0), capacity_oracle(cap))
@@ -207,7 +207,7 @@ def test_searches_step_in_whole_group_slices() -> None:
     assert search_quantum(pubs) == 40
     assert search_quantum(topic_of(990, group_size=25).publishers) == 1  # last group short
     assert search_quantum(topic_of(10, group_size=1_000).publishers) == 1  # one group
-    brokers = [Broker(f"b{i}", 100_000) for i in range(6)]
+    brokers = [BrokerCapacity(f"b{i}", 100_000) for i in range(6)]
     _, log = run(
         Fitting(brokers, topic_of(1_000, group_size=25)),
         capacity_oracle({b.id: 250 for b in brokers}),
@@ -232,10 +232,10 @@ def test_any_predictions_and_measurements_terminate_with_everyone_placed_once(
         v = script[next(turn) % len(script)]
         return RoundResult(p99[v], 0 if v is Verdict.UNKNOWN else 1_000)
 
-    def predict(broker: str, held: Sequence[Publisher], cands: Sequence[Publisher]) -> int:
+    def predict(broker: str, held: Sequence[PublisherLoad], cands: Sequence[PublisherLoad]) -> int:
         return guesses[next(guess) % len(guesses)]
 
-    brokers = [Broker(f"b{i}", 100_000) for i in range(n_brokers)]
+    brokers = [BrokerCapacity(f"b{i}", 100_000) for i in range(n_brokers)]
     fitting = Fitting(brokers, topic_of(n), predict=predict)
     per_search = (math.ceil(math.log2(n + 1)) + 2) * (1 + fitting.max_unknown)
     done, _ = run(fitting, oracle, max_rounds=(n_brokers + 1) * per_search)

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from srtm.placement import (
     POLICIES,
-    Broker,
-    Publisher,
-    Topic,
+    BrokerCapacity,
+    PublisherLoad,
+    TopicSpec,
     parse_brokers,
     parse_policy,
     parse_topic,
@@ -22,23 +22,23 @@ from srtm.placement import (
 from srtm.placement.policies import equal_total_quotas, maxmin_quotas
 
 
-def fig6_brokers() -> list[Broker]:
+def fig6_brokers() -> list[BrokerCapacity]:
     """Brokers 1–6 preloaded with 10…80 kmsg/s, mcap 90 kmsg/s (the paper's Fig. 6)."""
     loads = (10, 40, 50, 60, 70, 80)
-    return [Broker(f"b{i + 1}", 90_000, load * 1_000) for i, load in enumerate(loads)]
+    return [BrokerCapacity(f"b{i + 1}", 90_000, load * 1_000) for i, load in enumerate(loads)]
 
 
 def topic_of(
     n: int, rate: float = 10.0, group_size: int | None = None, burst: float = 500
-) -> Topic:
+) -> TopicSpec:
     pubs = tuple(
-        Publisher(f"p{i}", rate, None if group_size is None else f"g{i // group_size}")
+        PublisherLoad(f"p{i}", rate, None if group_size is None else f"g{i // group_size}")
         for i in range(n)
     )
-    return Topic("t", pubs, burst, 1.0, 1.1 * n * rate)
+    return TopicSpec("t", pubs, burst, 1.0, 1.1 * n * rate)
 
 
-def shares(policy: str, brokers: list[Broker], topic: Topic) -> dict[str, float]:
+def shares(policy: str, brokers: list[BrokerCapacity], topic: TopicSpec) -> dict[str, float]:
     placement = place(policy, brokers, topic)  # type: ignore[arg-type]
     assert placement.shortfall == 0
     return {a.broker: a.rate for a in placement.assignments}
@@ -72,7 +72,11 @@ def test_lb_levels_total_load_over_all_brokers() -> None:
 
 
 def test_quota_rules_directly() -> None:
-    brokers = [Broker("a", 100, 0), Broker("b", 100, 60), Broker("c", 100, 90)]
+    brokers = [
+        BrokerCapacity("a", 100, 0),
+        BrokerCapacity("b", 100, 60),
+        BrokerCapacity("c", 100, 90),
+    ]
     # rcap 100, 40, 10: MaxMin from the smallest: 10, then min(40, 90/2), then the rest.
     assert maxmin_quotas(brokers, 100) == pytest.approx([50, 40, 10])
     # Equal total load: a and b meet at 80 (c, at 90 already, gets nothing).
@@ -92,7 +96,7 @@ def test_srtm_takes_every_group_in_proportion() -> None:
 
 
 def test_srtm_splits_bursts_maxmin_does_not() -> None:
-    brokers = [Broker(f"b{i}", 1_000, 0) for i in range(3)]
+    brokers = [BrokerCapacity(f"b{i}", 1_000, 0) for i in range(3)]
     topic = topic_of(300, rate=10, group_size=30)  # 3 kmsg/s: all three brokers needed
     for policy, spread in (("srtm", True), ("maxmin", False)):
         placement = place(policy, brokers, topic)
@@ -105,7 +109,7 @@ def test_srtm_splits_bursts_maxmin_does_not() -> None:
 
 
 def test_shortfall_is_a_result_naming_what_is_missing() -> None:
-    brokers = [Broker("a", 1_000, 900), Broker("b", 1_000, 500)]  # 600 msg/s left
+    brokers = [BrokerCapacity("a", 1_000, 900), BrokerCapacity("b", 1_000, 500)]  # 600 msg/s left
     topic = topic_of(100, rate=10)  # 1,000 msg/s
     for policy in POLICIES:
         placement = place(policy, brokers, topic)
@@ -113,7 +117,7 @@ def test_shortfall_is_a_result_naming_what_is_missing() -> None:
         assert len(placement.unassigned) == 40
         assert placement.brokers_needed == 1
         assert math.fsum(a.rate for a in placement.assignments) == pytest.approx(600)
-    none_left = place("srtm", [Broker("a", 100, 100)], topic)
+    none_left = place("srtm", [BrokerCapacity("a", 100, 100)], topic)
     assert none_left.assignments == () and len(none_left.unassigned) == 100
     assert none_left.brokers_needed == 10
 
@@ -126,15 +130,15 @@ def test_same_seed_same_placement() -> None:
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[list[Broker], Topic]:
+def scenarios(draw: st.DrawFn) -> tuple[list[BrokerCapacity], TopicSpec]:
     n_brokers = draw(st.integers(1, 6))
     brokers = [
-        Broker(f"b{i}", draw(st.floats(100, 10_000)), draw(st.floats(0, 10_000)))
+        BrokerCapacity(f"b{i}", draw(st.floats(100, 10_000)), draw(st.floats(0, 10_000)))
         for i in range(n_brokers)
     ]
     n = draw(st.integers(1, 120))
     pubs = tuple(
-        Publisher(
+        PublisherLoad(
             f"p{i}",
             draw(st.floats(0.5, 200)),
             draw(st.one_of(st.none(), st.sampled_from(["g1", "g2", "g3", "g4"]))),
@@ -142,12 +146,12 @@ def scenarios(draw: st.DrawFn) -> tuple[list[Broker], Topic]:
         for i in range(n)
     )
     load = math.fsum(p.rate for p in pubs)
-    return brokers, Topic("t", pubs, draw(st.floats(1, 5_000)), 1.0, 1.1 * load)
+    return brokers, TopicSpec("t", pubs, draw(st.floats(1, 5_000)), 1.0, 1.1 * load)
 
 
 @given(scenarios(), st.sampled_from(POLICIES), st.integers(0, 3))
 def test_every_publisher_once_capacity_kept_sums_exact(
-    scenario: tuple[list[Broker], Topic], policy: str, seed: int
+    scenario: tuple[list[BrokerCapacity], TopicSpec], policy: str, seed: int
 ) -> None:
     brokers, topic = scenario
     placement = place(policy, brokers, topic, seed)  # type: ignore[arg-type]
@@ -171,7 +175,7 @@ def test_every_publisher_once_capacity_kept_sums_exact(
 
 
 def test_a_small_share_gets_one_token_taken_from_the_others() -> None:
-    brokers = [Broker("b1", 300, 0), Broker("b2", 11, 0)]
+    brokers = [BrokerCapacity("b1", 300, 0), BrokerCapacity("b2", 11, 0)]
     placement = place("conc", brokers, topic_of(31, rate=10, burst=20))
     small = next(a for a in placement.assignments if a.broker == "b2")
     assert placement.problem is None and len(small.publishers) == 1
@@ -180,7 +184,7 @@ def test_a_small_share_gets_one_token_taken_from_the_others() -> None:
 
 
 def test_a_share_too_small_for_one_token_is_reported() -> None:
-    brokers = [Broker(f"b{i}", 100, 0) for i in range(4)]
+    brokers = [BrokerCapacity(f"b{i}", 100, 0) for i in range(4)]
     placement = place("lb", brokers, topic_of(40, rate=10, burst=2))
     assert placement.problem is not None and "burst" in placement.problem
     assert all(a.bucket is None for a in placement.assignments)

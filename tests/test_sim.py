@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from srtm.analysis import profile_bucket, token_delays
-from srtm.placement import Broker, Policy
+from srtm.placement import BrokerCapacity, Policy
 from srtm.ratelimit import BucketParams, split
 from srtm.sim.arrivals import NS_PER_S, from_schedule, generate, homogeneous
 from srtm.sim.engine import Background, Share, simulate
@@ -215,9 +215,9 @@ def test_a_policy_held_to_k_brokers_uses_them_all() -> None:
     specs = homogeneous(300, group_size=10)
     tr = generate(specs, 5.0, seed=1)
     topic = topic_of(specs, profile_bucket(tr.t_ns), 1.0)
-    idle = [Broker(f"b{i}", 110_000) for i in range(5)]
-    loaded = [Broker(f"b{i}", 110_000, 1_000.0 * i) for i in range(5)]
-    cases: list[tuple[Policy, list[Broker]]] = [
+    idle = [BrokerCapacity(f"b{i}", 110_000) for i in range(5)]
+    loaded = [BrokerCapacity(f"b{i}", 110_000, 1_000.0 * i) for i in range(5)]
+    cases: list[tuple[Policy, list[BrokerCapacity]]] = [
         ("conc", idle),
         ("maxmin", loaded),
         ("srtm", loaded),
@@ -233,7 +233,7 @@ def test_a_policy_held_to_k_brokers_uses_them_all() -> None:
 def test_validation_adds_brokers_until_the_slo_holds() -> None:
     specs = homogeneous(100)
     topic = topic_of(specs, BucketParams(1_100.0, 10.0), 1.0)
-    brokers = [Broker(f"b{i}", 110_000) for i in range(6)]
+    brokers = [BrokerCapacity(f"b{i}", 110_000) for i in range(6)]
     tried: list[int] = []
 
     def measure(p: object) -> float:

@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from srtm.experiments.calibrate import Measurements, Plan, fit, measure, measured_capacity
+from srtm.experiments.calibrate import (
+    CalibrationMeasurements,
+    CalibrationPlan,
+    fit,
+    measure,
+    measured_capacity,
+)
 from srtm.sim.model import BrokerModel, Dist, load, save
 from srtm.sim.probe import probe
 
@@ -27,8 +33,8 @@ def test_capacity_is_where_the_measured_p99_crosses_the_slo() -> None:
 @pytest.mark.slow
 def test_fit_recovers_a_known_broker() -> None:
     truth = BrokerModel("truth", 1.0, 1, 8e-6, 12e-6, 1.0, Dist("constant", 150e-6))
-    plan = Plan(step_s=2.0, fractions=(0.2, 0.5, 0.7, 0.85, 0.95))
-    m = Measurements(saturation={"pub": 60_000.0, "mpub10": 1 / (8e-6 + 1.2e-6),
+    plan = CalibrationPlan(step_s=2.0, fractions=(0.2, 0.5, 0.7, 0.85, 0.95))
+    m = CalibrationMeasurements(saturation={"pub": 60_000.0, "mpub10": 1 / (8e-6 + 1.2e-6),
                                  "pub_16conn": 55_000.0})  # fmt: skip
     rng = np.random.default_rng(0)
     m.trickle_ns = list((150e-6 + 9.2e-6 + rng.exponential(5e-6, 2_000)) * 1e9)
@@ -45,7 +51,7 @@ def test_fit_recovers_a_known_broker() -> None:
 
 @pytest.mark.slow
 def test_a_short_calibration_against_a_real_broker(tmp_path: Path) -> None:
-    plan = Plan(step_s=0.6, saturation_s=0.5, trickle_rate=400, fractions=(0.1, 0.3))
+    plan = CalibrationPlan(step_s=0.6, saturation_s=0.5, trickle_rate=400, fractions=(0.1, 0.3))
     seen: list[str] = []
     m = measure(plan, lambda what, done, total: seen.append(what))
     assert len(seen) == plan.steps() and seen[0] == "starting a broker"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from srtm.analysis import profile_bucket
-from srtm.placement import Broker, Fitting, Publisher, RoundResult, search_quantum
+from srtm.placement import BrokerCapacity, Fitting, PublisherLoad, RoundResult, search_quantum
 from srtm.placement.fitting import balanced_order
 from srtm.ratelimit import BucketParams
 from srtm.sim.arrivals import generate, homogeneous
@@ -59,7 +59,7 @@ def test_sub_buckets_follow_rate_or_the_adaptors_backlogs() -> None:
 def test_model_assisted_fitting_needs_fewer_rounds_than_measuring() -> None:
     specs, trace, topic = grouped_topic(group=20, n=400)
     model = paper()
-    brokers = [Broker(f"b{i}", model.mcap) for i in range(4)]
+    brokers = [BrokerCapacity(f"b{i}", model.mcap) for i in range(4)]
     models = {b.id: model for b in brokers}
     totals = []
     for assisted in (False, True):
@@ -102,7 +102,7 @@ async def fit_on_controller(predict: object) -> tuple[int, ...]:
     async def measure(broker: str, publishers: Sequence[str], window: float) -> RoundResult:
         return RoundResult(0.95 * len(publishers) / capacity, 10_000)
 
-    def model(broker: str, held: Sequence[Publisher], cands: Sequence[Publisher]) -> int:
+    def model(broker: str, held: Sequence[PublisherLoad], cands: Sequence[PublisherLoad]) -> int:
         return max(0, capacity - len(held))
 
     done = await fit_topic(
@@ -124,7 +124,7 @@ async def test_the_controller_fits_with_a_model_in_one_round() -> None:
 
 def test_the_controller_builds_a_simulator_predictor() -> None:
     _, _, topic = grouped_topic(group=20, n=400)
-    brokers = [Broker("a", 110_000), Broker("b", 110_000, 60_000.0)]
+    brokers = [BrokerCapacity("a", 110_000), BrokerCapacity("b", 110_000, 60_000.0)]
     predictor = predictor_for_topic(topic, brokers, "paper", duration_s=3.0)
     cands = balanced_order(topic.publishers)
     idle, busy = predictor("a", [], cands), predictor("b", [], cands)

@@ -39,7 +39,7 @@ class Measurement:
     latency: Recorder = field(default_factory=Recorder)
 
 
-class Connection(Protocol):
+class MeasuredClient(Protocol):
     """What a round needs of a client connection: its RTT, and whom it publishes for."""
 
     rtt_cache_ns: int
@@ -63,7 +63,7 @@ class Measurements:
     def __len__(self) -> int:
         return len(self.running)
 
-    def refresh_rtts(self, clients: Iterable[Connection]) -> None:
+    def refresh_rtts(self, clients: Iterable[MeasuredClient]) -> None:
         for c in list(clients):
             c.rtt_cache_ns = c.rtt_ns()
             if c.pub_counts:
@@ -91,7 +91,7 @@ class Measurements:
         topic: str,
         publishers: frozenset[str] | None,
         window_ns: int,
-        clients: Iterable[Connection],
+        clients: Iterable[MeasuredClient],
     ) -> Measurement:
         """Run a round for ``window_ns`` and return it; cancelling the call ends the round.
         At most ``limit`` run at once (MeasurementsBusy). ``clients``: the connections,

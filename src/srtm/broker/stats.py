@@ -129,7 +129,7 @@ _EMPTY_SUMMARY: dict[str, float] = {"count": 0, "mean": 0.0} | _EMPTY_QUANTILES
 
 
 @dataclass
-class Window:
+class RateWindow:
     """Arrivals per second and the largest virtual backlog seen in each second,
     over the last ``seconds`` complete seconds: the TB Adaptor's inputs."""
 
@@ -178,7 +178,7 @@ class Window:
 @dataclass
 class ChannelStats:
     #: first dispatches per second
-    window: Window = field(default_factory=Window)
+    window: RateWindow = field(default_factory=RateWindow)
     token_wait: Recorder = field(default_factory=Recorder)
     #: dispatch − arrival, first attempts only
     latency: Recorder = field(default_factory=Recorder)
@@ -186,7 +186,7 @@ class ChannelStats:
 
 @dataclass
 class TopicStats:
-    window: Window
+    window: RateWindow
     token_wait: Recorder = field(default_factory=Recorder)
     latency: Recorder = field(default_factory=Recorder)
     #: dispatch − GCRA release time, first attempts of shaped messages
@@ -248,7 +248,7 @@ class BrokerStats:
     def topic(self, name: str) -> TopicStats:
         ts = self.topics.get(name)
         if ts is None:
-            ts = self.topics[name] = TopicStats(Window(self.window_seconds))
+            ts = self.topics[name] = TopicStats(RateWindow(self.window_seconds))
         self._touched.add(name)
         return ts
 

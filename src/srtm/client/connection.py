@@ -16,7 +16,7 @@ from srtm.protocol import (
     FrameReader,
     FrameType,
     Identify,
-    Message,
+    MessageFrame,
     Nop,
     decode_message,
     encode_command,
@@ -57,7 +57,7 @@ class Connection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         address: str,
-        on_message: Callable[[Message], None] | None = None,
+        on_message: Callable[[MessageFrame], None] | None = None,
         on_order: Callable[[dict[str, Any]], None] | None = None,
         on_close: Callable[[Connection], None] | None = None,
     ) -> None:

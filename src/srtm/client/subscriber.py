@@ -18,13 +18,13 @@ from hdrh.histogram import HdrHistogram
 
 from srtm.client.connection import Connection
 from srtm.client.traces import SubscriberTraces
-from srtm.protocol import Fin, Message, Rdy, Sub, header
+from srtm.protocol import Fin, MessageFrame, Rdy, Sub, header
 
 
 @dataclass(frozen=True, slots=True)
 class Received:
     broker: str
-    message: Message
+    message: MessageFrame
     header: header.Header | None
     recv_ns: int
 
@@ -101,7 +101,7 @@ class Subscriber:
         conn.send(Rdy(self.max_in_flight))
         self._conns[address] = conn
 
-    def _message(self, address: str, msg: Message) -> None:
+    def _message(self, address: str, msg: MessageFrame) -> None:
         now = time.time_ns()
         h = header.decode(msg.body)
         if h is not None:

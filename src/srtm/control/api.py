@@ -37,14 +37,14 @@ from srtm.control.documents import (
     Registration,
     Taken,
     TopicList,
-    TopicQuery,
+    TopicParam,
     TopicStatus,
     parse,
 )
 from srtm.control.state import BrokerInfo, ControlError
 from srtm.control.validate import parse_address
 from srtm.openapi import OpenApiDoc, Route, document
-from srtm.placement import Topic, place
+from srtm.placement import TopicSpec, place
 from srtm.security import bearer_matches
 from srtm.version import NSQD_VERSION
 
@@ -135,7 +135,7 @@ class ControllerAPI:
             self.service.start_fitting(spec.name, new.fit, model)
         return web.json_response(self.ctrl.topic_doc(spec.name), status=201)
 
-    def _new_topic(self, doc: dict[str, Any]) -> tuple[NewTopic, Topic]:
+    def _new_topic(self, doc: dict[str, Any]) -> tuple[NewTopic, TopicSpec]:
         new = parse(NewTopic, doc, models_dir=self.models_dir)
         return new, new.to_topic()
 
@@ -152,7 +152,7 @@ class ControllerAPI:
 
     async def plan(self, request: web.Request) -> web.Response:
         """The whole plan of a topic, with its version."""
-        return web.json_response(self.ctrl.plan(_query(request, TopicQuery).topic))
+        return web.json_response(self.ctrl.plan(_query(request, TopicParam).topic))
 
     async def assign(self, request: web.Request) -> web.Response:
         """The broker a publisher should use."""
@@ -163,7 +163,7 @@ class ControllerAPI:
     async def lookup(self, request: web.Request) -> web.Response:
         """nsqlookupd's /lookup: the topic's live brokers, then any live broker still
         holding its messages (draining, never a publish target)."""
-        name = _query(request, TopicQuery).topic
+        name = _query(request, TopicParam).topic
         if name not in self.ctrl.topics:
             return web.json_response({"message": "TOPIC_NOT_FOUND"}, status=404)
         producers = _producers(self.ctrl.producers(name))
@@ -225,11 +225,11 @@ ROUTES: tuple[Route, ...] = (
           errors=_refusals(404)),
     Route("POST", "/topics/{name}/move", ControllerAPI.move, body=Move, answer=Plan,
           errors=_refusals(400, 404)),
-    Route("GET", "/plan", ControllerAPI.plan, query=TopicQuery, answer=Plan,
+    Route("GET", "/plan", ControllerAPI.plan, query=TopicParam, answer=Plan,
           errors=_refusals(400, 404)),
     Route("GET", "/assign", ControllerAPI.assign, query=AssignQuery, answer=PublisherAssignment,
           errors=_refusals(400, 404, 503)),
-    Route("GET", "/lookup", ControllerAPI.lookup, query=TopicQuery, answer=Lookup,
+    Route("GET", "/lookup", ControllerAPI.lookup, query=TopicParam, answer=Lookup,
           errors=_refusals(400, 404)),
     Route("GET", "/topics", ControllerAPI.topics, answer=TopicList),
     Route("GET", "/nodes", ControllerAPI.nodes, answer=Nodes),

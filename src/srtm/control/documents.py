@@ -36,7 +36,7 @@ from typing_extensions import TypedDict
 
 from srtm.analysis import profile_bucket
 from srtm.control.validate import ControlError, split_address
-from srtm.placement import Policy, Publisher, Topic
+from srtm.placement import Policy, PublisherLoad, TopicSpec
 from srtm.placement.fitting import Verdict
 from srtm.placement.model import RATE_MARGIN
 from srtm.protocol.names import MAX_NAME_LENGTH
@@ -133,7 +133,7 @@ class BrokerReport(_Request):
 
 
 @with_config(_STRICT)
-class PublisherSpec(TypedDict):
+class PublisherDoc(TypedDict):
     """A publisher of a new topic; publishers of one ``group`` fire together."""
 
     id: Annotated[str, Field(min_length=1)]
@@ -204,7 +204,7 @@ class NewTopic(_Request):
     fit: Annotated[
         FitSettings | None, BeforeValidator(_fit_shorthand), Field(json_schema_extra=_or_boolean)
     ] = None
-    publishers: list[PublisherSpec] = Field(
+    publishers: list[PublisherDoc] = Field(
         min_length=1, description="at most the controller's --max-publishers (413)"
     )
 
@@ -233,10 +233,10 @@ class NewTopic(_Request):
         self._bucket = (rate, burst)
         return self
 
-    def to_topic(self) -> Topic:
+    def to_topic(self) -> TopicSpec:
         rate, burst = self._bucket
-        pubs = tuple(Publisher(p["id"], p["rate"], p.get("group")) for p in self.publishers)
-        return Topic(self.name, pubs, burst, self.slo_p99_ms, rate)
+        pubs = tuple(PublisherLoad(p["id"], p["rate"], p.get("group")) for p in self.publishers)
+        return TopicSpec(self.name, pubs, burst, self.slo_p99_ms, rate)
 
 
 class Move(_Request):
@@ -246,13 +246,13 @@ class Move(_Request):
     to: str = Field(description="a broker id")
 
 
-class TopicQuery(_Request):
+class TopicParam(_Request):
     """``GET /plan``, ``GET /lookup``: the topic asked about."""
 
     topic: str = Field(min_length=1, description="topic name")
 
 
-class AssignQuery(TopicQuery):
+class AssignQuery(TopicParam):
     """``GET /assign``: the publisher asking which broker to use."""
 
     publisher: str = Field(min_length=1, description="its id")

@@ -14,12 +14,12 @@ from typing import Any
 from srtm.control.validate import ControlError, parse_address, topic_name
 from srtm.placement import (
     AdaptorSettings,
-    Broker,
+    BrokerCapacity,
     Placement,
     Policy,
-    Publisher,
-    Report,
-    Topic,
+    PublisherLoad,
+    TopicSpec,
+    WindowReport,
     adapt,
     place,
 )
@@ -41,7 +41,7 @@ class BrokerInfo:
     last_seen_s: float = -math.inf
     down: bool = False
     #: Per topic: the TB Adaptor's inputs from its last report.
-    reports: dict[str, Report] = field(default_factory=dict)
+    reports: dict[str, WindowReport] = field(default_factory=dict)
     #: Per topic: messages it still holds (queued, deferred, in flight), last reported.
     depths: dict[str, int] = field(default_factory=dict)
 
@@ -52,7 +52,7 @@ class BrokerInfo:
 
 @dataclass
 class TopicState:
-    spec: Topic
+    spec: TopicSpec
     policy: Policy
     version: int = 0
     #: broker id -> publisher ids
@@ -185,7 +185,7 @@ class Controller:
             self.replace_pending = True
         info.load, info.last_seen_s, info.down = load, self.awake(now), False
         for name, (rate, backlog) in topics.items():
-            info.reports[name] = Report(rate, backlog, now)
+            info.reports[name] = WindowReport(rate, backlog, now)
         if depths is not None:
             info.depths = {name: d for name, d in depths.items() if d > 0}
 
@@ -193,10 +193,10 @@ class Controller:
         return [b for b in self.brokers.values() if not b.down]
 
     # -- topics --------------------------------------------------------------------------
-    def fleet(self) -> list[Broker]:
-        return [Broker(b.id, b.mcap, b.load) for b in self.up()]
+    def fleet(self) -> list[BrokerCapacity]:
+        return [BrokerCapacity(b.id, b.mcap, b.load) for b in self.up()]
 
-    def check_new_topic(self, spec: Topic) -> list[Broker]:
+    def check_new_topic(self, spec: TopicSpec) -> list[BrokerCapacity]:
         """Refusals before placing ``spec``; the fleet to place it on."""
         topic_name(spec.name)
         if len(spec.publishers) > self.max_publishers:
@@ -211,7 +211,7 @@ class Controller:
         return fleet
 
     def create_topic(
-        self, spec: Topic, policy: Policy, now: float, placement: Placement | None = None
+        self, spec: TopicSpec, policy: Policy, now: float, placement: Placement | None = None
     ) -> list[Action]:
         """Create and place ``spec``; ``placement``, when given, was computed off the
         event loop (``place(policy, check_new_topic(spec), spec, seed)``) and is used as is."""
@@ -346,13 +346,13 @@ class Controller:
 
     def _broker_down(self, broker_id: str) -> list[Action]:
         actions: list[Action] = []
-        fleet = [Broker(b.id, b.mcap, b.load) for b in self.up()]
+        fleet = [BrokerCapacity(b.id, b.mcap, b.load) for b in self.up()]
         for topic in self.topics.values():
             orphans = topic.assignment.pop(broker_id, None)
             if not orphans:
                 continue
             by_id = {p.id: p for p in topic.spec.publishers}
-            pool: list[Publisher] = [by_id[p] for p in orphans]
+            pool: list[PublisherLoad] = [by_id[p] for p in orphans]
             placement = place(topic.policy, fleet, topic.spec.with_publishers(pool), self.seed)
             for a in placement.assignments:
                 topic.assignment.setdefault(a.broker, []).extend(a.publishers)
@@ -484,8 +484,8 @@ class Controller:
                 last_seen_s=self.awake(now),
             )  # fmt: skip
         for t in doc.get("topics", []):
-            pubs = tuple(Publisher(p["id"], p["rate"], p.get("group")) for p in t["publishers"])
-            spec = Topic(t["name"], pubs, t["burst"], t["slo_p99_ms"], t["rate"])
+            pubs = tuple(PublisherLoad(p["id"], p["rate"], p.get("group")) for p in t["publishers"])
+            spec = TopicSpec(t["name"], pubs, t["burst"], t["slo_p99_ms"], t["rate"])
             self.topics[spec.name] = TopicState(
                 spec,
                 t["policy"],

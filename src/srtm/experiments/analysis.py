@@ -24,7 +24,7 @@ ENGINE = {"engine": "in-process (pandas)"}
 
 
 @dataclass(frozen=True)
-class Window:
+class MeasuredWindow:
     """Messages sent in [start_ns, end_ns) are the measured ones."""
 
     start_ns: int
@@ -74,7 +74,7 @@ def accounting(sub: pd.DataFrame, published: Mapping[str, int]) -> dict[str, int
 
 
 def summarize(
-    broker: pd.DataFrame, sub: pd.DataFrame, window: Window, slo_ms: float
+    broker: pd.DataFrame, sub: pd.DataFrame, window: MeasuredWindow, slo_ms: float
 ) -> dict[str, Any]:
     """Latency of the measured messages, end to end and split into token wait and the
     rest; per broker; with how much of the tail the token bucket accounts for."""
@@ -128,7 +128,7 @@ def cdf(
     return x[idx], (idx + 1) / x.size
 
 
-def e2e_ms(sub: pd.DataFrame, window: Window) -> np.ndarray[Any, Any]:
+def e2e_ms(sub: pd.DataFrame, window: MeasuredWindow) -> np.ndarray[Any, Any]:
     """End-to-end latencies (ms) of the measured messages (for plots)."""
     m = sub[(sub["t_send_ns"] >= window.start_ns) & (sub["t_send_ns"] < window.end_ns)]
     m = m.drop_duplicates(["broker", "msg_id"])

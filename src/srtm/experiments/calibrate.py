@@ -64,7 +64,7 @@ OnProgress = Callable[[str, float, float], None]
 
 
 @dataclass(frozen=True)
-class Plan:
+class CalibrationPlan:
     """What to measure and for how long (the defaults take about 30 s)."""
 
     slo_p99_ms: float = 1.0
@@ -249,14 +249,16 @@ def _generator(addr: tuple[str, int]) -> Any:
 
 # == measuring and fitting ================================================================
 @dataclass
-class Measurements:
+class CalibrationMeasurements:
     saturation: dict[str, float] = field(default_factory=dict)
     trickle_ns: list[int] = field(default_factory=list)
     #: (offered rate, p50 ms, p99 ms, messages) per paced step.
     steps: list[tuple[float, float, float, int]] = field(default_factory=list)
 
 
-def measure(plan: Plan, on_progress: OnProgress | None = None) -> Measurements:
+def measure(
+    plan: CalibrationPlan, on_progress: OnProgress | None = None
+) -> CalibrationMeasurements:
     """Run the broker and the generator through ``plan`` (see the module docstring)."""
     total = plan.steps()
     done = 0
@@ -267,7 +269,7 @@ def measure(plan: Plan, on_progress: OnProgress | None = None) -> Measurements:
             on_progress(what, done, total)
         done += 1
 
-    out = Measurements()
+    out = CalibrationMeasurements()
     with tempfile.TemporaryDirectory(prefix="srtm-calibrate-") as tmp:
         tick("starting a broker")
         broker = start_broker(Path(tmp) / "data", list(plan.broker_args))
@@ -326,7 +328,7 @@ def measured_capacity(steps: Sequence[tuple[float, float, float, int]], slo_ms: 
     return pts[-1][0] if pts else 0.0
 
 
-def _score(model: BrokerModel, m: Measurements, plan: Plan) -> float:
+def _score(model: BrokerModel, m: CalibrationMeasurements, plan: CalibrationPlan) -> float:
     """Mean absolute log error of the model's p50 and p99 against the paced steps."""
     errors = []
     for rate, p50, p99, n in m.steps:
@@ -337,7 +339,7 @@ def _score(model: BrokerModel, m: Measurements, plan: Plan) -> float:
     return statistics.fmean(errors) if errors else math.inf
 
 
-def fit(m: Measurements, plan: Plan) -> BrokerModel:
+def fit(m: CalibrationMeasurements, plan: CalibrationPlan) -> BrokerModel:
     """The broker model that best explains ``m``: the cost of a message from the MPUB
     saturation rate, the base from the trickle, then the cost of a read event (one
     message arriving on its own) and the service spread by a grid search on the paced
@@ -404,6 +406,8 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def calibrate(plan: Plan | None = None, on_progress: OnProgress | None = None) -> BrokerModel:
-    plan = plan or Plan()
+def calibrate(
+    plan: CalibrationPlan | None = None, on_progress: OnProgress | None = None
+) -> BrokerModel:
+    plan = plan or CalibrationPlan()
     return fit(measure(plan, on_progress), plan)

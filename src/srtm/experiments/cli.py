@@ -449,11 +449,11 @@ def calibrate(
 ) -> None:
     """Measure the broker on this machine (service time, capacity at the SLO, overhead per
     connection) and write a model for the simulator (about 30 s)."""
-    from srtm.experiments.calibrate import Plan
+    from srtm.experiments.calibrate import CalibrationPlan
     from srtm.experiments.calibrate import calibrate as run
     from srtm.sim.model import save
 
-    plan = Plan(
+    plan = CalibrationPlan(
         slo_p99_ms=slo_ms,
         step_s=step_s,
         saturation_s=saturation_s,

@@ -58,14 +58,14 @@ DRAIN_S = 30.0
 
 
 @dataclass
-class RunInfo:
+class LiveRun:
     """What the driver learned while running (the rest comes from the traces)."""
 
     run: str
     policy: str
     rate: float = 0.0
     burst: float = 0.0
-    window: analysis.Window = field(default_factory=lambda: analysis.Window(0, 0))
+    window: analysis.MeasuredWindow = field(default_factory=lambda: analysis.MeasuredWindow(0, 0))
     fitting: dict[str, Any] | None = None
     plan: dict[str, Any] = field(default_factory=dict)
     emulator: EmulatorReport | None = None
@@ -111,7 +111,7 @@ def run(
         "--release-spin-us", "0",
     ]  # fmt: skip
     cluster = start_cluster(cluster_dir, sc.brokers, broker_args=broker_args, tie_to_parent=True)
-    info = RunInfo(name, policy)
+    info = LiveRun(name, policy)
     try:
         progress("starting brokers", 1, 1)
         _run_async(_drive(sc, policy, cluster, traces, info, duration, warmup, progress))
@@ -175,7 +175,7 @@ async def _drive(
     policy: str,
     cluster: LocalCluster,
     traces: Path,
-    info: RunInfo,
+    info: LiveRun,
     duration: float,
     warmup: float,
     progress: OnProgress,
@@ -207,7 +207,7 @@ async def _drive(
                 try:
                     start = await _warm_up(http, url, sc, "fit" in doc, warmup, t0, progress, info)
                     end = start + int(duration * 1e9)
-                    info.window = analysis.Window(start, end)
+                    info.window = analysis.MeasuredWindow(start, end)
                     emulator.stop_at(end)
                     watch = _Watch(_run_pids(cluster, sink), emulator.report.skipped_late)
                     await _measure(end, duration, progress, watch)
@@ -267,7 +267,7 @@ async def _warm_up(
     warmup: float,
     t0: int,
     progress: OnProgress,
-    info: RunInfo,
+    info: LiveRun,
 ) -> int:
     """Wait out the warm-up (and fitting); returns when the measured window starts."""
     ready_at = t0 + int(warmup * 1e9)
@@ -347,7 +347,7 @@ async def _broker_lateness(
 def _validity(
     sc: Scenario,
     emulator: Emulator,
-    window: analysis.Window,
+    window: analysis.MeasuredWindow,
     watch: _Watch,
     watched: host.HostFigures,
     broker_late_ms: float | None,
@@ -479,7 +479,7 @@ class Sink:
         return self.done if self.done is not None else self.received
 
 
-def _metadata(sc: Scenario, info: RunInfo) -> dict[str, Any]:
+def _metadata(sc: Scenario, info: LiveRun) -> dict[str, Any]:
     """``runs/<run>.json`` of the trace dataset (DESIGN.md, Data)."""
     return {
         "run": info.run,
@@ -500,7 +500,7 @@ def _metadata(sc: Scenario, info: RunInfo) -> dict[str, Any]:
     }
 
 
-def _summarize(sc: Scenario, info: RunInfo, traces: Path, duration: float) -> dict[str, Any]:
+def _summarize(sc: Scenario, info: LiveRun, traces: Path, duration: float) -> dict[str, Any]:
     broker_rows, sub_rows = analysis.load(traces, info.run)
     rep = info.emulator
     published = rep.per_publisher if rep is not None else {}

@@ -180,7 +180,7 @@ def plots(summaries: Sequence[dict[str, Any]], traces: Path, out: Path) -> list[
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for s in summaries:
         _, sub = analysis.load(traces, s["run"])
-        window = analysis.Window(s["window_start_ns"], s["window_end_ns"])
+        window = analysis.MeasuredWindow(s["window_start_ns"], s["window_end_ns"])
         x, y = analysis.cdf(analysis.e2e_ms(sub, window))
         ax.plot(x, y, label=f"{s['policy']} (p99 {s['e2e_ms']['p99']:.1f} ms)")
     ax.axvline(summaries[0]["slo_p99_ms"], color="grey", linestyle="--", label="SLO (p99)")

@@ -3,7 +3,7 @@
 Per (run, topic, broker) and second: the arrivals in that 1 s bin and, over the sliding
 window of the ``window_s`` seconds ending with it, the average rate (arrivals / window_s)
 and the largest virtual backlog, in tokens, of a meter bucket at the sub-bucket's rate —
-what the broker's ``Window`` reports each second (``srtm.broker.stats``). The backlog of a
+what the broker's ``RateWindow`` reports each second (``srtm.broker.stats``). The backlog of a
 message is the meter's unfinished work right after booking it, ``(X_n − t_n + T)·r``, from
 ``srtm.analysis.virtual_backlog``. The meter rate is the sub-bucket's rate from
 ``runs/<run>.json`` (``buckets``) when it is there, else ``margin`` × the stream's measured

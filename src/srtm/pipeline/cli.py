@@ -96,7 +96,7 @@ def _run(
 
     from srtm.pipeline.dataset import SchemaError, open_traces
     from srtm.pipeline.jobs import run_jobs
-    from srtm.pipeline.session import SessionSettings, executor_ids, get_session, stop_session
+    from srtm.pipeline.session import SparkSettings, executor_ids, get_session, stop_session
 
     console = Console(width=None if Console().is_terminal else 132)
     with Progress(
@@ -113,7 +113,7 @@ def _run(
         spark = None
         try:
             checked = open_traces(traces, opts.runs)  # before Spark: errors come at once
-            spark = get_session(master, SessionSettings(master=master, driver_memory=memory))
+            spark = get_session(master, SparkSettings(master=master, driver_memory=memory))
             executors = executor_ids(spark)
             results = run_jobs(
                 jobs,
@@ -257,14 +257,14 @@ def info(
     from pyspark import SparkContext
 
     from srtm.pipeline.session import (
-        SessionSettings,
+        SparkSettings,
         executor_ids,
         get_session,
         stop_session,
         task_processes,
     )
 
-    spark = get_session(master, SessionSettings(master=master, driver_memory=driver_memory))
+    spark = get_session(master, SparkSettings(master=master, driver_memory=driver_memory))
     ids = executor_ids(spark)
     driver_jvm = getattr(getattr(SparkContext._gateway, "proc", None), "pid", "?")
     pids = task_processes(spark)

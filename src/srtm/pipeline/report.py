@@ -35,7 +35,7 @@ SUMMARY_COLUMNS: dict[str, str] = {
 
 
 @dataclass
-class Report:
+class PipelineReport:
     """What was written."""
 
     directory: Path
@@ -224,7 +224,7 @@ def page(tables: dict[str, pd.DataFrame], summary: pd.DataFrame, pictures: list[
     return "\n".join(parts)
 
 
-def build(out: Path, runs: Sequence[str] | None = None) -> Report:
+def build(out: Path, runs: Sequence[str] | None = None) -> PipelineReport:
     """Write ``out/report/`` from the outputs under ``out``."""
     tables = load(out, runs)
     directory = out / "report"
@@ -236,4 +236,4 @@ def build(out: Path, runs: Sequence[str] | None = None) -> Report:
     summary.to_parquet(directory / "summary.parquet", index=False)
     target = directory / "index.html"
     target.write_text(page(tables, summary, pictures))
-    return Report(directory, target, pictures, summary)
+    return PipelineReport(directory, target, pictures, summary)

@@ -50,7 +50,7 @@ logger.memory.level = error
 
 
 @dataclass(frozen=True)
-class SessionSettings:
+class SparkSettings:
     """What the factory needs to know; the defaults suit one 2-core machine."""
 
     master: str = DEFAULT_MASTER
@@ -83,7 +83,7 @@ def _environment(master: str) -> None:
         os.environ["SPARK_LOCAL_IP"] = LOOPBACK
 
 
-def get_session(master: str | None = None, settings: SessionSettings | None = None) -> SparkSession:
+def get_session(master: str | None = None, settings: SparkSettings | None = None) -> SparkSession:
     """The active session if there is one on the same master, else a new one.
 
     A session on another master is stopped first, JVM and all (one SparkContext per
@@ -91,7 +91,7 @@ def get_session(master: str | None = None, settings: SessionSettings | None = No
     """
     from pyspark.sql import SparkSession
 
-    cfg = settings or SessionSettings()
+    cfg = settings or SparkSettings()
     wanted = master or cfg.master
     active = SparkSession.getActiveSession()
     if active is not None:

@@ -1,6 +1,6 @@
 """Pure load distribution: policies, online fitting, the TB Adaptor's rule."""
 
-from srtm.placement.adaptor import AdaptorSettings, Report, adapt
+from srtm.placement.adaptor import AdaptorSettings, WindowReport, adapt
 from srtm.placement.fitting import (
     Finished,
     Fitting,
@@ -13,10 +13,10 @@ from srtm.placement.fitting import (
 from srtm.placement.model import (
     RATE_MARGIN,
     Assignment,
-    Broker,
+    BrokerCapacity,
     Placement,
-    Publisher,
-    Topic,
+    PublisherLoad,
+    TopicSpec,
     parse_brokers,
     parse_topic,
 )
@@ -27,17 +27,17 @@ __all__ = [
     "RATE_MARGIN",
     "AdaptorSettings",
     "Assignment",
-    "Broker",
+    "BrokerCapacity",
     "Finished",
     "Fitting",
     "Placement",
     "Policy",
     "Predict",
-    "Publisher",
-    "Report",
+    "PublisherLoad",
     "RoundResult",
-    "Topic",
+    "TopicSpec",
     "Verdict",
+    "WindowReport",
     "adapt",
     "judge",
     "parse_brokers",

@@ -18,7 +18,7 @@ from srtm.ratelimit import BucketParams, split_amount
 
 
 @dataclass(frozen=True, slots=True)
-class Report:
+class WindowReport:
     """One broker's window for one topic, and when it was received (controller clock, s)."""
 
     rate: float
@@ -44,7 +44,7 @@ class AdaptorSettings:
 def adapt(
     total: BucketParams,
     current: Mapping[str, BucketParams],
-    reports: Mapping[str, Report],
+    reports: Mapping[str, WindowReport],
     now_s: float,
     settings: AdaptorSettings | None = None,
 ) -> dict[str, BucketParams]:

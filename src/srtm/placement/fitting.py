@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from srtm.placement.model import Broker, Publisher, Topic
+from srtm.placement.model import BrokerCapacity, PublisherLoad, TopicSpec
 from srtm.placement.policies import Policy, place
 
 #: A round's p99 between these fractions of the SLO ends a search (the paper's band).
@@ -35,7 +35,7 @@ FIRST_STEP = 0.1
 
 #: ``(broker, publishers it keeps already, candidates in search order)`` -> how many of
 #: the candidates (a prefix) it is predicted to keep within the SLO; None: no prediction.
-Predict = Callable[[str, Sequence[Publisher], Sequence[Publisher]], int | None]
+Predict = Callable[[str, Sequence[PublisherLoad], Sequence[PublisherLoad]], int | None]
 
 
 class Verdict(enum.Enum):
@@ -131,8 +131,8 @@ class _Search:
     """How many of ``candidates`` a broker keeps, on top of ``fixed``."""
 
     broker: str
-    fixed: list[Publisher]
-    candidates: list[Publisher]
+    fixed: list[PublisherLoad]
+    candidates: list[PublisherLoad]
     lo: int = 0  # most candidates known to fit
     hi: int = 0  # fewest known to violate (set on the first violation)
     trial: int = 0
@@ -150,10 +150,10 @@ class _Search:
         return tuple(p.id for p in self.fixed + self.candidates[: self.trial])
 
 
-def balanced_order(publishers: Sequence[Publisher]) -> list[Publisher]:
+def balanced_order(publishers: Sequence[PublisherLoad]) -> list[PublisherLoad]:
     """Interleave correlation groups so that every prefix takes from each group in
     proportion to its size (a search that keeps the first n keeps a slice of each)."""
-    groups: dict[str | None, list[Publisher]] = {}
+    groups: dict[str | None, list[PublisherLoad]] = {}
     for p in publishers:
         groups.setdefault(p.group, []).append(p)
     keyed = [
@@ -164,7 +164,7 @@ def balanced_order(publishers: Sequence[Publisher]) -> list[Publisher]:
     return [p for _, _, p in sorted(keyed, key=lambda k: (k[0], k[1]))]
 
 
-def search_quantum(candidates: Sequence[Publisher]) -> int:
+def search_quantum(candidates: Sequence[PublisherLoad]) -> int:
     """The step of a search over ``candidates`` in ``balanced_order``: the number of
     correlation groups when they are all the same size (every trial then keeps the same
     number of each group, so every broker's share of each burst matches its share of the
@@ -180,8 +180,8 @@ def search_quantum(candidates: Sequence[Publisher]) -> int:
 
 @dataclass
 class Fitting:
-    brokers: Sequence[Broker]
-    topic: Topic
+    brokers: Sequence[BrokerCapacity]
+    topic: TopicSpec
     policy: Policy = "srtm"
     window_s: float = 60.0
     #: Fewer samples than this in a round cannot be judged; the round is repeated.
@@ -191,20 +191,22 @@ class Fitting:
     seed: int = 0
     #: Model-assisted fitting (see the module docstring); None: measure only.
     predict: Predict | None = None
-    kept: dict[str, list[Publisher]] = field(default_factory=dict)
+    kept: dict[str, list[PublisherLoad]] = field(default_factory=dict)
     full: set[str] = field(default_factory=set)
-    unassigned: list[Publisher] = field(default_factory=list)
+    unassigned: list[PublisherLoad] = field(default_factory=list)
     rounds: list[int] = field(default_factory=list)
     history: list[Step] = field(default_factory=list)
     done: bool = False
     _searches: dict[str, _Search] = field(default_factory=dict)
-    _shed: list[Publisher] = field(default_factory=list)
+    _shed: list[PublisherLoad] = field(default_factory=list)
 
     def start(self) -> list[Command]:
         return self._iterate(list(self.topic.publishers))
 
     # -- iterations ----------------------------------------------------------------------
-    def _eligible(self, planned: Mapping[str, Sequence[Publisher]], skip: set[str]) -> list[Broker]:
+    def _eligible(
+        self, planned: Mapping[str, Sequence[PublisherLoad]], skip: set[str]
+    ) -> list[BrokerCapacity]:
         """Brokers not full (nor in ``skip``), their load counting what they keep and
         what this iteration has planned for them."""
         out = []
@@ -216,8 +218,11 @@ class Fitting:
         return out
 
     def _place(
-        self, pool: list[Publisher], planned: Mapping[str, Sequence[Publisher]], skip: set[str]
-    ) -> tuple[list[tuple[str, list[Publisher]]], list[Publisher]]:
+        self,
+        pool: list[PublisherLoad],
+        planned: Mapping[str, Sequence[PublisherLoad]],
+        skip: set[str],
+    ) -> tuple[list[tuple[str, list[PublisherLoad]]], list[PublisherLoad]]:
         """The policy's placement of ``pool``: (broker, candidates in search order) pairs
         and the publishers that fit nowhere."""
         eligible = self._eligible(planned, skip)
@@ -229,11 +234,13 @@ class Fitting:
         ]
         return pairs, [by_id[i] for i in placement.unassigned]
 
-    def _plan(self, pool: list[Publisher]) -> tuple[dict[str, list[Publisher]], list[Publisher]]:
+    def _plan(
+        self, pool: list[PublisherLoad]
+    ) -> tuple[dict[str, list[PublisherLoad]], list[PublisherLoad]]:
         """Candidates per broker for one iteration, and what fits nowhere. With a model,
         what a broker is predicted to shed is planned onto other brokers before anything
         is measured; what the model fits nowhere is placed as without it, to be measured."""
-        planned: dict[str, list[Publisher]] = {}
+        planned: dict[str, list[PublisherLoad]] = {}
         if self.predict is not None:
             predicted_full: set[str] = set()
             while pool:
@@ -259,7 +266,7 @@ class Fitting:
             planned.setdefault(broker, []).extend(candidates)
         return planned, nowhere
 
-    def _iterate(self, pool: list[Publisher]) -> list[Command]:
+    def _iterate(self, pool: list[PublisherLoad]) -> list[Command]:
         planned, nowhere = self._plan(pool)
         self.unassigned += nowhere
         planned = {b: ps for b, ps in planned.items() if ps}

@@ -18,7 +18,7 @@ RATE_MARGIN = 1.1
 
 
 @dataclass(frozen=True, slots=True)
-class Broker:
+class BrokerCapacity:
     """A broker's capacity ``mcap`` and the load it already carries."""
 
     id: str
@@ -32,7 +32,7 @@ class Broker:
 
 
 @dataclass(frozen=True, slots=True)
-class Publisher:
+class PublisherLoad:
     id: str
     rate: float
     #: Correlation key: publishers of a group fire together (None: on its own).
@@ -40,9 +40,9 @@ class Publisher:
 
 
 @dataclass(frozen=True, slots=True)
-class Topic:
+class TopicSpec:
     name: str
-    publishers: tuple[Publisher, ...]
+    publishers: tuple[PublisherLoad, ...]
     #: The topic's bucket depth b.
     burst: float
     slo_p99_ms: float
@@ -54,10 +54,10 @@ class Topic:
         """The message rate its publishers offer (what capacity must cover)."""
         return math.fsum(p.rate for p in self.publishers)
 
-    def with_publishers(self, publishers: Sequence[Publisher]) -> Topic:
+    def with_publishers(self, publishers: Sequence[PublisherLoad]) -> TopicSpec:
         """The same topic restricted to ``publishers`` (its rate and burst scaled)."""
         share = math.fsum(p.rate for p in publishers) / self.load if self.load else 0.0
-        return Topic(
+        return TopicSpec(
             self.name, tuple(publishers), self.burst * share, self.slo_p99_ms, self.rate * share
         )
 
@@ -131,7 +131,7 @@ def _text(doc: Mapping[str, Any], key: str, where: str) -> str:
     return value
 
 
-def parse_brokers(doc: Any) -> list[Broker]:
+def parse_brokers(doc: Any) -> list[BrokerCapacity]:
     """``[{"id": "b1", "mcap": 110000, "load": 10000}, …]`` (``load`` defaults to 0)."""
     if not isinstance(doc, list) or not doc:
         raise ValueError("brokers must be a non-empty JSON array of objects")
@@ -141,7 +141,7 @@ def parse_brokers(doc: Any) -> list[Broker]:
         if not isinstance(item, dict):
             raise ValueError(f"{where} must be an object, got {item!r}")
         load = _number(item, "load", where, positive=False) if "load" in item else 0.0
-        brokers.append(Broker(_text(item, "id", where), _number(item, "mcap", where), load))
+        brokers.append(BrokerCapacity(_text(item, "id", where), _number(item, "mcap", where), load))
     ids = [b.id for b in brokers]
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
@@ -149,7 +149,7 @@ def parse_brokers(doc: Any) -> list[Broker]:
     return brokers
 
 
-def parse_topic(doc: Any) -> Topic:
+def parse_topic(doc: Any) -> TopicSpec:
     """``{"name", "slo_p99_ms", "burst", "publishers": [{"id", "rate", "group"?}, …],
     "rate"?}``; extra fields are allowed."""
     if not isinstance(doc, dict):
@@ -166,7 +166,9 @@ def parse_topic(doc: Any) -> Topic:
         group = item.get("group")
         if group is not None and not isinstance(group, str):
             raise ValueError(f"{where}.group must be a string or absent, got {group!r}")
-        publishers.append(Publisher(_text(item, "id", where), _number(item, "rate", where), group))
+        publishers.append(
+            PublisherLoad(_text(item, "id", where), _number(item, "rate", where), group)
+        )
     ids = [p.id for p in publishers]
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
@@ -180,4 +182,4 @@ def parse_topic(doc: Any) -> Topic:
         check_bucket(rate, burst)
     except ValueError as exc:
         raise ValueError(f"topic: {exc}") from None
-    return Topic(name, tuple(publishers), burst, _number(doc, "slo_p99_ms", "topic"), rate)
+    return TopicSpec(name, tuple(publishers), burst, _number(doc, "slo_p99_ms", "topic"), rate)

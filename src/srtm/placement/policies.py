@@ -19,7 +19,7 @@ import random
 from collections.abc import Sequence
 from typing import Literal, get_args
 
-from srtm.placement.model import Assignment, Broker, Placement, Publisher, Topic
+from srtm.placement.model import Assignment, BrokerCapacity, Placement, PublisherLoad, TopicSpec
 from srtm.ratelimit import split_floored
 
 #: The placement policies, by the names the CLI, the controller's documents and the traces
@@ -30,15 +30,15 @@ POLICIES: tuple[Policy, ...] = get_args(Policy)
 _EPS = 1e-9
 
 
-def by_residual(brokers: Sequence[Broker]) -> list[Broker]:
+def by_residual(brokers: Sequence[BrokerCapacity]) -> list[BrokerCapacity]:
     """Largest residual capacity first; ties by id, so results are deterministic."""
     return sorted(brokers, key=lambda b: (-b.rcap, b.id))
 
 
-def fewest_brokers(brokers: Sequence[Broker], load: float) -> list[Broker]:
+def fewest_brokers(brokers: Sequence[BrokerCapacity], load: float) -> list[BrokerCapacity]:
     """The fewest brokers, largest ``rcap`` first, whose ``rcap`` covers ``load``
     (every broker with capacity left if none do)."""
-    chosen: list[Broker] = []
+    chosen: list[BrokerCapacity] = []
     total = 0.0
     for b in by_residual(brokers):
         if b.rcap <= 0:
@@ -50,7 +50,7 @@ def fewest_brokers(brokers: Sequence[Broker], load: float) -> list[Broker]:
     return chosen
 
 
-def equal_total_quotas(brokers: Sequence[Broker], load: float) -> list[float]:
+def equal_total_quotas(brokers: Sequence[BrokerCapacity], load: float) -> list[float]:
     """Quotas that bring the brokers' total loads to one level (capped at each ``rcap``)."""
     caps = [b.rcap for b in brokers]
     if math.fsum(caps) <= load:
@@ -68,7 +68,7 @@ def equal_total_quotas(brokers: Sequence[Broker], load: float) -> list[float]:
     return [q * scale for q in quotas]
 
 
-def maxmin_quotas(brokers: Sequence[Broker], load: float) -> list[float]:
+def maxmin_quotas(brokers: Sequence[BrokerCapacity], load: float) -> list[float]:
     """Water-filling from the smallest ``rcap``: each takes ``min(rcap, left / brokers_left)``."""
     order = sorted(range(len(brokers)), key=lambda i: (brokers[i].rcap, brokers[i].id))
     quotas = [0.0] * len(brokers)
@@ -80,15 +80,15 @@ def maxmin_quotas(brokers: Sequence[Broker], load: float) -> list[float]:
 
 
 def fill_in_order(
-    publishers: Sequence[Publisher], quotas: Sequence[float], caps: Sequence[float]
-) -> tuple[list[list[Publisher]], list[Publisher]]:
+    publishers: Sequence[PublisherLoad], quotas: Sequence[float], caps: Sequence[float]
+) -> tuple[list[list[PublisherLoad]], list[PublisherLoad]]:
     """Blind selection: consecutive publishers to each broker up to its quota (the one that
     crosses it goes where it lands closer); what is left goes wherever capacity remains."""
-    out: list[list[Publisher]] = [[] for _ in quotas]
+    out: list[list[PublisherLoad]] = [[] for _ in quotas]
     totals = [0.0] * len(quotas)
     i = 0
     pending = list(publishers)
-    rest: list[Publisher] = []
+    rest: list[PublisherLoad] = []
     for p in pending:
         while i < len(quotas) and (
             totals[i] + p.rate / 2 > quotas[i] + _EPS or totals[i] + p.rate > caps[i] + _EPS
@@ -111,11 +111,11 @@ def fill_in_order(
 
 
 def fill_by_group(
-    publishers: Sequence[Publisher],
+    publishers: Sequence[PublisherLoad],
     quotas: Sequence[float],
     caps: Sequence[float],
     seed: int = 0,
-) -> tuple[list[list[Publisher]], list[Publisher]]:
+) -> tuple[list[list[PublisherLoad]], list[PublisherLoad]]:
     """Correlation-aware selection: every broker takes from every group in proportion to its
     quota. Members that fit a broker's share of their group go first; the remainder of each
     group goes one per broker still short of its share, the furthest behind on its quota
@@ -124,12 +124,12 @@ def fill_by_group(
     n = len(quotas)
     total_quota = math.fsum(quotas)
     shares = [q / total_quota if total_quota else 0.0 for q in quotas]
-    out: list[list[Publisher]] = [[] for _ in range(n)]
+    out: list[list[PublisherLoad]] = [[] for _ in range(n)]
     totals = [0.0] * n
-    groups: dict[str | None, list[Publisher]] = {}
+    groups: dict[str | None, list[PublisherLoad]] = {}
     for p in publishers:
         groups.setdefault(p.group, []).append(p)
-    unassigned: list[Publisher] = []
+    unassigned: list[PublisherLoad] = []
     rng = random.Random(seed)
     for members in groups.values():
         members = list(members)
@@ -175,7 +175,9 @@ def parse_policy(name: str) -> Policy:
     raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {name!r}")
 
 
-def place(policy: Policy, brokers: Sequence[Broker], topic: Topic, seed: int = 0) -> Placement:
+def place(
+    policy: Policy, brokers: Sequence[BrokerCapacity], topic: TopicSpec, seed: int = 0
+) -> Placement:
     """Where ``topic``'s publishers go under ``policy``, and each broker's sub-bucket.
 
     Capacity short of the topic's load is a result, not an error: what fits is placed,
@@ -203,11 +205,11 @@ def place(policy: Policy, brokers: Sequence[Broker], topic: Topic, seed: int = 0
 
 def _placement(
     policy: Policy,
-    topic: Topic,
-    chosen: Sequence[Broker],
-    groups: Sequence[Sequence[Publisher]],
-    unassigned: Sequence[Publisher],
-    brokers: Sequence[Broker],
+    topic: TopicSpec,
+    chosen: Sequence[BrokerCapacity],
+    groups: Sequence[Sequence[PublisherLoad]],
+    unassigned: Sequence[PublisherLoad],
+    brokers: Sequence[BrokerCapacity],
 ) -> Placement:
     used = [(b, ps) for b, ps in zip(chosen, groups, strict=True) if ps]
     rates = [math.fsum(p.rate for p in ps) for _, ps in used]

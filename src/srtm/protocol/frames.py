@@ -57,18 +57,18 @@ class Frame:
 
 
 @dataclass(frozen=True, slots=True)
-class Message:
+class MessageFrame:
     timestamp_ns: int
     attempts: int
     id: bytes
     body: bytes
 
 
-def decode_message(data: bytes) -> Message:
+def decode_message(data: bytes) -> MessageFrame:
     if len(data) < BODY_AT:
         raise ValueError(f"message frame too short: {len(data)} bytes")
     timestamp, attempts = _MESSAGE.unpack_from(data, 0)
-    return Message(timestamp, attempts, bytes(data[ID_AT:BODY_AT]), bytes(data[BODY_AT:]))
+    return MessageFrame(timestamp, attempts, bytes(data[ID_AT:BODY_AT]), bytes(data[BODY_AT:]))
 
 
 class FrameReader:

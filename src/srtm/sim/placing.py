@@ -8,7 +8,15 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from srtm.placement import Assignment, Broker, Placement, Policy, Publisher, Topic, place
+from srtm.placement import (
+    Assignment,
+    BrokerCapacity,
+    Placement,
+    Policy,
+    PublisherLoad,
+    TopicSpec,
+    place,
+)
 from srtm.placement.policies import (
     by_residual,
     equal_total_quotas,
@@ -25,10 +33,10 @@ from srtm.workload import PublisherSpec
 
 def topic_of(
     publishers: Sequence[PublisherSpec], bucket: BucketParams, slo_p99_ms: float, name: str = "t"
-) -> Topic:
+) -> TopicSpec:
     """The placement view of a simulated topic (its profiled ``(r, b)`` and SLO)."""
-    pubs = tuple(Publisher(p.id, p.rate, p.group) for p in publishers)
-    return Topic(name, pubs, bucket.burst, slo_p99_ms, bucket.rate)
+    pubs = tuple(PublisherLoad(p.id, p.rate, p.group) for p in publishers)
+    return TopicSpec(name, pubs, bucket.burst, slo_p99_ms, bucket.rate)
 
 
 def shares_of(placement: Placement, trace: Trace) -> list[Share]:
@@ -38,7 +46,9 @@ def shares_of(placement: Placement, trace: Trace) -> list[Share]:
     ]
 
 
-def on_brokers(policy: Policy, chosen: Sequence[Broker], topic: Topic, seed: int = 0) -> Placement:
+def on_brokers(
+    policy: Policy, chosen: Sequence[BrokerCapacity], topic: TopicSpec, seed: int = 0
+) -> Placement:
     """``policy``'s quotas and selection on exactly ``chosen`` (all of them get a share):
     LB and Conc equalise total load, MaxMin and SRTM water-fill; SRTM splits groups."""
     load = topic.load
@@ -80,8 +90,8 @@ class Choice:
 
 def validated(
     policy: Policy,
-    brokers: Sequence[Broker],
-    topic: Topic,
+    brokers: Sequence[BrokerCapacity],
+    topic: TopicSpec,
     measure: Callable[[Placement], float],
     *,
     seed: int = 0,

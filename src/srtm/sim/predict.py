@@ -26,12 +26,12 @@ import numpy as np
 
 from srtm.analysis import virtual_backlog
 from srtm.placement import (
-    Broker,
+    BrokerCapacity,
     Finished,
     Fitting,
-    Publisher,
+    PublisherLoad,
     RoundResult,
-    Topic,
+    TopicSpec,
     search_quantum,
 )
 from srtm.placement.fitting import Command, Profile
@@ -48,7 +48,7 @@ TARGET_SHARE = 0.9
 ADAPTOR_WINDOW_S = 10.0
 
 
-def share_bucket(topic: Topic, rate: float) -> BucketParams:
+def share_bucket(topic: TopicSpec, rate: float) -> BucketParams:
     """The sub-bucket that goes with ``rate`` msg/s of the topic (split in proportion)."""
     share = rate / topic.load if topic.load else 0.0
     return BucketParams(topic.rate * share, max(1.0, topic.burst * share))
@@ -66,7 +66,7 @@ def max_backlog(trace: Trace, rows: np.ndarray, rate: float) -> float:
     return float(np.maximum.reduceat(backlog, starts).mean())
 
 
-def adaptor_bucket(trace: Trace, topic: Topic, mine: np.ndarray, rate: float) -> BucketParams:
+def adaptor_bucket(trace: Trace, topic: TopicSpec, mine: np.ndarray, rate: float) -> BucketParams:
     """The sub-bucket the TB Adaptor gives ``mine`` (publisher indices, ``rate`` msg/s),
     the topic's other publishers being one other broker."""
     share = rate / topic.load if topic.load else 0.0
@@ -88,7 +88,7 @@ class BrokerSim:
     """One broker's p99 for any set of the topic's publishers, on one trace."""
 
     trace: Trace
-    topic: Topic
+    topic: TopicSpec
     model: BrokerModel
     background: Background = field(default_factory=Background)
     seed: int = 0
@@ -134,7 +134,7 @@ class Predictor:
     calls: int = 0
 
     def __call__(
-        self, broker: str, held: Sequence[Publisher], candidates: Sequence[Publisher]
+        self, broker: str, held: Sequence[PublisherLoad], candidates: Sequence[PublisherLoad]
     ) -> int | None:
         sim = self.sims.get(broker)
         if sim is None:
@@ -173,7 +173,7 @@ class SimRounds:
     the trace of ``seed`` (periodic publishers keep their phases: the same pattern)."""
 
     publishers: Sequence[PublisherSpec]
-    topic: Topic
+    topic: TopicSpec
     models: Mapping[str, BrokerModel]
     background: Mapping[str, Background]
     window_s: float = 60.0
@@ -219,8 +219,8 @@ def run_fitting(fitting: Fitting, rounds: SimRounds, max_rounds: int = 1_000) ->
 
 
 def predictor_for_topic(
-    topic: Topic,
-    brokers: Sequence[Broker],
+    topic: TopicSpec,
+    brokers: Sequence[BrokerCapacity],
     model: str | BrokerModel,
     *,
     duration_s: float = 20.0,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from srtm.placement import Broker, Fitting, Placement, Policy, Topic, place
+from srtm.placement import BrokerCapacity, Fitting, Placement, Policy, TopicSpec, place
 from srtm.ratelimit import BucketParams, split_floored
 from srtm.sim.arrivals import Trace, from_schedule
 from srtm.sim.engine import Background, Share, SimResult, simulate
@@ -46,7 +46,7 @@ class LiveSetup:
     def broker_ids(self) -> list[str]:
         return [str(i + 1) for i in range(self.brokers)]
 
-    def topic(self) -> Topic:
+    def topic(self) -> TopicSpec:
         return topic_of(self.specs, self.bucket, self.slo_p99_ms, "sensors")
 
 
@@ -71,7 +71,7 @@ def trace_of(setup: LiveSetup) -> Trace:
 
 def _shares(
     trace: Trace,
-    topic: Topic,
+    topic: TopicSpec,
     assignment: Mapping[str, Sequence[str]],
     buckets: Mapping[str, BucketParams] | None,
 ) -> list[Share]:
@@ -106,7 +106,7 @@ def predict(
     background = {b: Background(setup.preload.get(b, 0.0)) for b in ids}
     rounds: tuple[int, ...] = ()
     if assignment is None:
-        fleet = [Broker(b, setup.mcap, setup.preload.get(b, 0.0)) for b in ids]
+        fleet = [BrokerCapacity(b, setup.mcap, setup.preload.get(b, 0.0)) for b in ids]
         if policy == "lb" or setup.fit_window_s is None:
             placement: Placement = place(policy, fleet, topic)
             assignment = {a.broker: a.publishers for a in placement.assignments}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from srtm.analysis import profile_bucket
-from srtm.placement import Broker, Policy
+from srtm.placement import BrokerCapacity, Policy
 from srtm.ratelimit import BucketParams
 from srtm.sim.arrivals import Trace, generate
 from srtm.sim.engine import Background, SimResult, simulate
@@ -60,8 +60,11 @@ class Setup:
     seed: int = 0
     model: BrokerModel = field(default_factory=paper)
 
-    def brokers(self) -> list[Broker]:
-        return [Broker(f"b{i + 1}", self.model.mcap, load) for i, load in enumerate(self.preload)]
+    def brokers(self) -> list[BrokerCapacity]:
+        return [
+            BrokerCapacity(f"b{i + 1}", self.model.mcap, load)
+            for i, load in enumerate(self.preload)
+        ]
 
     def background(self) -> dict[str, Background]:
         return {

@@ -17,7 +17,7 @@ from srtm.experiments.figures.common import (
     write,
 )
 from srtm.experiments.figures.groups import GROUP_BATCH, GROUP_PUBLISHERS, GROUP_SIZES
-from srtm.placement import Broker, Finished, Fitting
+from srtm.placement import BrokerCapacity, Finished, Fitting
 from srtm.sim.arrivals import generate, homogeneous
 from srtm.sim.model import BrokerModel, paper
 from srtm.sim.placing import topic_of
@@ -54,7 +54,7 @@ def fit_topic(
     specs = homogeneous(publishers, process=process, batch=GROUP_BATCH, group_size=group)
     profiled = generate(specs, profile_s, seed=seed)
     topic = topic_of(specs, profiled_bucket(profiled), SLO_MS)
-    brokers = [Broker(f"b{i + 1}", m.mcap) for i in range(BROKERS)]
+    brokers = [BrokerCapacity(f"b{i + 1}", m.mcap) for i in range(BROKERS)]
     models = {b.id: m for b in brokers}
     predictor = (
         Predictor(
