@@ -115,9 +115,7 @@ async def test_garbled_orders_do_not_break_the_connection() -> None:
     import struct
 
     from srtm.protocol import FrameType
-
-    def frame(kind: int, data: bytes) -> bytes:
-        return struct.pack(">II", len(data) + 4, kind) + data
+    from srtm.protocol.frames import frame
 
     pubs: list[bytes] = []
 
