@@ -548,10 +548,10 @@ def test_unknown_job_is_refused(spark: Any, dataset: dict[str, Any], tmp_path: P
 _CLUSTER_JOB = """
 import json, sys
 from pathlib import Path
-from srtm.pipeline.session import SessionSettings, executor_ids, get_session, stop_session
+from srtm.pipeline.session import SparkSettings, executor_ids, get_session, stop_session
 from srtm.pipeline.session import task_processes
 from srtm.pipeline.jobs import run_jobs
-fast = SessionSettings(jvm_options="-XX:TieredStopAtLevel=1")
+fast = SparkSettings(jvm_options="-XX:TieredStopAtLevel=1")
 spark = get_session("local-cluster[2,1,1024]", fast)
 run_jobs(["profile-buckets"], spark, Path(sys.argv[1]), Path(sys.argv[2]))
 jvms = sorted({j for _, j in task_processes(spark)})
