@@ -2,8 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Type-checked strictly: the pure core, and the broker built on it.
-CORE := src/srtm/ratelimit src/srtm/analysis src/srtm/protocol src/srtm/placement src/srtm/broker src/srtm/control src/srtm/client src/srtm/workload src/srtm/sim src/srtm/pipeline src/srtm/experiments src/srtm/launch.py src/srtm/security.py
+# Type-checked strictly: the whole package.
+CORE := src/srtm
 
 .PHONY: demo test lint typecheck bench clean
 
