@@ -201,8 +201,9 @@ async def _drive(
             )
             emulator.route(routes_of(plan))  # the first routes; later plans are followed
             following = asyncio.create_task(follow_plan(emulator, url, sc.topic, 0.1))
-            sending = asyncio.create_task(emulator.run())
+            # The schedule's time 0 is the driver's: the measured window is placed from it.
             t0 = time.time_ns()
+            sending = asyncio.create_task(emulator.run(start_ns=t0))
             with _favoured():
                 try:
                     start = await _warm_up(http, url, sc, "fit" in doc, warmup, t0, progress, info)
