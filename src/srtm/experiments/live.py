@@ -48,6 +48,9 @@ SETTLE_S = 2.0
 MAX_SEND_LATE_S = 0.01
 
 
+#: The emulator's schedule starts this long after the driver starts it.
+START_LEAD_S = 0.05
+
 #: Preloaded brokers count as loaded once the controller sees this share of their rate.
 PRELOAD_SEEN = 0.8
 PRELOAD_TIMEOUT_S = 30.0
@@ -201,8 +204,9 @@ async def _drive(
             )
             emulator.route(routes_of(plan))  # the first routes; later plans are followed
             following = asyncio.create_task(follow_plan(emulator, url, sc.topic, 0.1))
-            # The schedule's time 0 is the driver's: the measured window is placed from it.
-            t0 = time.time_ns()
+            # The schedule's time 0 is the driver's (the measured window is placed from it),
+            # a little ahead so that the first events are not late before the task runs.
+            t0 = time.time_ns() + int(START_LEAD_S * 1e9)
             sending = asyncio.create_task(emulator.run(start_ns=t0))
             with _favoured():
                 try:
