@@ -92,6 +92,9 @@ class ControllerAPI:
         self.ctrl = service.ctrl
         #: ``fit.model`` may name a file under this directory (None: built-in models only).
         self.models_dir = models_dir
+        #: Held from reading the ledger to committing the plan: placements are serialised,
+        #: so two concurrent ``POST /topics`` never both count on the same free capacity.
+        self.placing = asyncio.Lock()
 
     # -- brokers ---------------------------------------------------------------------------
     async def register(self, request: web.Request) -> web.Response:
@@ -128,9 +131,11 @@ class ControllerAPI:
         model = None
         if new.fit is not None and new.fit.model is not None:
             model = await asyncio.to_thread(_read_model, new.fit.model)
-        fleet = self.ctrl.check_new_topic(spec)
-        placement = await asyncio.to_thread(place, new.policy, fleet, spec, self.ctrl.seed)
-        self.service.execute(self.ctrl.create_topic(spec, new.policy, time.monotonic(), placement))
+        async with self.placing:  # read the ledger, place, commit: one at a time
+            fleet = self.ctrl.check_new_topic(spec)
+            placement = await asyncio.to_thread(place, new.policy, fleet, spec, self.ctrl.seed)
+            actions = self.ctrl.create_topic(spec, new.policy, time.monotonic(), placement)
+        self.service.execute(actions)
         if new.fit is not None:
             self.service.start_fitting(spec.name, new.fit, model)
         return web.json_response(self.ctrl.topic_doc(spec.name), status=201)
@@ -178,11 +183,13 @@ class ControllerAPI:
         return web.json_response({"producers": _producers(self.ctrl.up())})
 
     async def brokers(self, request: web.Request) -> web.Response:
-        """Every registered broker, up or down, with the load it last reported."""
+        """Every registered broker, up or down, with its capacity ledger."""
         rows = [
             {"id": b.id, "tcp_address": b.tcp_address, "http_address": b.http_address,
-             "mcap": b.mcap, "measured": b.load, "down": b.down}
-            for b in self.ctrl.brokers.values()
+             "mcap": e.mcap, "allocated": e.allocated, "measured": e.measured,
+             "rcap": e.rcap, "down": b.down}
+            for e in self.ctrl.ledger()
+            for b in (self.ctrl.brokers[e.id],)
         ]  # fmt: skip
         return web.json_response({"brokers": rows})
 

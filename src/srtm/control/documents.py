@@ -358,14 +358,18 @@ class Nodes(_Answer):
 
 
 class BrokerLoad(_Answer):
-    """A registered broker and the load it last reported."""
+    """A registered broker and its capacity ledger (msg/s)."""
 
     id: str
     tcp_address: str
     http_address: str
     mcap: float
+    #: The sum of the sub-bucket rates of every plan it carries: what is promised.
+    allocated: float
     #: Messages per second over all its topics, as its last report measured them.
     measured: float
+    #: ``mcap - max(allocated, measured)``, never negative: what placement may still use.
+    rcap: float
     down: bool
 
 

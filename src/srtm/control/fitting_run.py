@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from srtm.control.state import Action, Controller
-from srtm.placement import BrokerCapacity, Finished, Fitting, Predict, RoundResult
+from srtm.placement import Finished, Fitting, Predict, RoundResult
 from srtm.placement.fitting import Command, Profile, UseBrokers
 
 #: Carries out actions (pushes, orders) and returns when they are done.
@@ -65,7 +65,7 @@ async def fit_topic(
     """Run online fitting for ``topic`` to the end; progress goes to its ``fitting`` doc.
     With ``predict`` (model-assisted fitting) rounds confirm the model's placement."""
     state = ctrl.topics[topic]
-    fleet = [BrokerCapacity(b.id, b.mcap, b.load) for b in ctrl.up()]
+    fleet = ctrl.fleet(exclude=topic)  # the topic is placed again whole: not its own plan
     progress: dict[str, Any] = {"state": "running", "iteration": 0, "round": 0, "rounds": [],
                                 "steps": [], "full": []}  # fmt: skip
     state.fitting = progress

@@ -31,7 +31,7 @@ from srtm.control.state import (
     SetBucket,
 )
 from srtm.control.store import Store
-from srtm.placement import BrokerCapacity, RoundResult
+from srtm.placement import RoundResult
 from srtm.security import bearer_header, check_token, require_loopback_without_token
 from srtm.version import __version__
 
@@ -220,7 +220,7 @@ class ControllerService:
             if model is not None:  # model-assisted: the simulator plans, rounds confirm
                 from srtm.sim.predict import predictor_for_topic
 
-                fleet = [BrokerCapacity(b.id, b.mcap, b.load) for b in self.ctrl.up()]
+                fleet = self.ctrl.fleet(exclude=topic)
                 spec = self.ctrl.topics[topic].spec
                 predict = await asyncio.to_thread(predictor_for_topic, spec, fleet, model)
             await fit_topic(

@@ -15,12 +15,14 @@ from srtm.control.validate import ControlError, parse_address, topic_name
 from srtm.placement import (
     AdaptorSettings,
     BrokerCapacity,
+    LedgerEntry,
     Placement,
     Policy,
     PublisherLoad,
     TopicSpec,
     WindowReport,
     adapt,
+    ledger,
     place,
 )
 from srtm.ratelimit import BucketParams, merge, split_floored
@@ -193,8 +195,21 @@ class Controller:
         return [b for b in self.brokers.values() if not b.down]
 
     # -- topics --------------------------------------------------------------------------
-    def fleet(self) -> list[BrokerCapacity]:
-        return [BrokerCapacity(b.id, b.mcap, b.load) for b in self.up()]
+    def ledger(self, exclude: str | None = None) -> list[LedgerEntry]:
+        """Every registered broker's capacity ledger (``srtm.placement.ledger``):
+        ``allocated`` summed from the current plans' sub-buckets (all topics but
+        ``exclude``), ``measured`` from its last report."""
+        return ledger(
+            ((b.id, b.mcap, b.load) for b in self.brokers.values()),
+            (t.buckets for name, t in self.topics.items() if name != exclude),
+        )
+
+    def fleet(self, exclude: str | None = None) -> list[BrokerCapacity]:
+        """The brokers up, as placement sees them: what is promised counts as carried
+        (``load = max(allocated, measured)``), so ``rcap`` is the ledger's. ``exclude``:
+        a topic being placed again as a whole (its own plan is not in the way)."""
+        up = {b.id for b in self.up()}
+        return [e.capacity() for e in self.ledger(exclude) if e.id in up]
 
     def check_new_topic(self, spec: TopicSpec) -> list[BrokerCapacity]:
         """Refusals before placing ``spec``; the fleet to place it on."""
@@ -322,12 +337,12 @@ class Controller:
     def _place_unassigned(self) -> list[Action]:
         """Publishers with no broker get one now that capacity may have come back."""
         actions: list[Action] = []
-        fleet = self.fleet()
-        if not fleet:
-            return actions
         for topic in self.topics.values():
             if not topic.unassigned or topic.status == "fitting":
                 continue
+            fleet = self.fleet()  # again per topic: the previous one's plan is promised
+            if not fleet:
+                return actions
             by_id = {p.id: p for p in topic.spec.publishers}
             pool = [by_id[p] for p in topic.unassigned if p in by_id]
             placement = place(topic.policy, fleet, topic.spec.with_publishers(pool), self.seed)
@@ -346,11 +361,11 @@ class Controller:
 
     def _broker_down(self, broker_id: str) -> list[Action]:
         actions: list[Action] = []
-        fleet = [BrokerCapacity(b.id, b.mcap, b.load) for b in self.up()]
         for topic in self.topics.values():
             orphans = topic.assignment.pop(broker_id, None)
             if not orphans:
                 continue
+            fleet = self.fleet()  # per topic: what the previous topics were given counts
             by_id = {p.id: p for p in topic.spec.publishers}
             pool: list[PublisherLoad] = [by_id[p] for p in orphans]
             placement = place(topic.policy, fleet, topic.spec.with_publishers(pool), self.seed)

@@ -1,4 +1,5 @@
-"""Pure load distribution: policies, online fitting, the TB Adaptor's rule."""
+"""Pure load distribution: policies, the capacity ledger, online fitting, the TB Adaptor's
+rule."""
 
 from srtm.placement.adaptor import AdaptorSettings, WindowReport, adapt
 from srtm.placement.fitting import (
@@ -10,6 +11,7 @@ from srtm.placement.fitting import (
     judge,
     search_quantum,
 )
+from srtm.placement.ledger import LedgerEntry, allocated, ledger
 from srtm.placement.model import (
     RATE_MARGIN,
     Assignment,
@@ -30,6 +32,7 @@ __all__ = [
     "BrokerCapacity",
     "Finished",
     "Fitting",
+    "LedgerEntry",
     "Placement",
     "Policy",
     "Predict",
@@ -39,7 +42,9 @@ __all__ = [
     "Verdict",
     "WindowReport",
     "adapt",
+    "allocated",
     "judge",
+    "ledger",
     "parse_brokers",
     "parse_policy",
     "parse_topic",

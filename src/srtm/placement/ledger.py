@@ -1,0 +1,62 @@
+"""The capacity ledger: what each broker can still take, counting what is promised.
+
+Per broker: ``mcap``; ``allocated``, the sum of the sub-bucket rates of every plan it
+carries (what the controller has promised); ``measured``, the ingress it last reported;
+and ``rcap = mcap - max(allocated, measured)``, never negative. ``allocated`` is derived
+from the plans every time (never a counter kept beside them), so every plan change is in
+it by construction. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from srtm.placement.model import BrokerCapacity
+from srtm.ratelimit import BucketParams
+
+__all__ = ["LedgerEntry", "allocated", "ledger"]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One broker's line of the ledger (rates in msg/s)."""
+
+    id: str
+    mcap: float
+    allocated: float = 0.0
+    measured: float = 0.0
+
+    @property
+    def load(self) -> float:
+        """What placement counts as carried: the larger of promised and measured."""
+        return max(self.allocated, self.measured)
+
+    @property
+    def rcap(self) -> float:
+        """Residual capacity: ``mcap - max(allocated, measured)``, never negative."""
+        return max(0.0, self.mcap - self.load)
+
+    def capacity(self) -> BrokerCapacity:
+        """The broker as the policies see it: its ``rcap`` is this entry's."""
+        return BrokerCapacity(self.id, self.mcap, self.load)
+
+
+def allocated(plans: Iterable[Mapping[str, BucketParams]]) -> dict[str, float]:
+    """Per broker, the sum of the sub-bucket rates the ``plans`` give it (each plan:
+    broker id -> its sub-bucket)."""
+    parts: dict[str, list[float]] = {}
+    for plan in plans:
+        for broker, bucket in plan.items():
+            parts.setdefault(broker, []).append(bucket.rate)
+    return {b: math.fsum(rates) for b, rates in parts.items()}
+
+
+def ledger(
+    brokers: Iterable[tuple[str, float, float]], plans: Iterable[Mapping[str, BucketParams]]
+) -> list[LedgerEntry]:
+    """The ledger of ``brokers`` (id, ``mcap``, measured ingress), in their order, with
+    ``allocated`` summed from ``plans``."""
+    promised = allocated(plans)
+    return [LedgerEntry(b, mcap, promised.get(b, 0.0), measured) for b, mcap, measured in brokers]
