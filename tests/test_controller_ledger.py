@@ -16,7 +16,7 @@ import pytest
 from srtm.control import Controller
 from srtm.control.documents import Brokers, TopicStatus
 from srtm.control.service import ControllerOptions, ControllerService
-from srtm.placement import PublisherLoad, TopicSpec
+from srtm.placement import PublisherLoad, TopicSpec, place
 
 
 def topic_800(name: str) -> TopicSpec:
@@ -85,6 +85,26 @@ def test_the_ledger_follows_moves_and_failover_by_construction() -> None:
     assert brokers_of(c, "t0") == {"b2"}
     assert_ledger_is_the_plans(c)
     assert {e.id: e.allocated for e in c.ledger()}["b0"] == 0.0
+
+
+def test_a_placement_made_off_the_loop_is_redone_when_the_ledger_filled_meanwhile() -> None:
+    """The tick (failover, unassigned publishers) may commit plans while a big topic is
+    placed on a thread: the commit sees its broker is now promised and places again."""
+    c = cluster(2)
+    spec = topic_800("late")
+    read = c.check_new_topic(spec)
+    computed = place("srtm", read, spec, 0)
+    assert computed.brokers == ("b0",)
+    c.create_topic(topic_800("t0"), "srtm", now=0)  # commits on b0 first
+    c.create_topic(spec, "srtm", now=0, placement=computed, placed_on=read)
+    assert brokers_of(c, "late") == {"b1"}
+    # Still room where it was computed: used as is (no second placement).
+    c2 = cluster(2)
+    read = c2.check_new_topic(spec)
+    small = place("srtm", read, spec, 0)
+    c2.report("b0", 100.0, {}, now=0)  # measured grew, but 900 left covers 800
+    c2.create_topic(spec, "srtm", now=0, placement=small, placed_on=read)
+    assert brokers_of(c2, "late") == {"b0"}
 
 
 def test_an_empty_cluster_places_as_before() -> None:

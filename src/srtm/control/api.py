@@ -134,7 +134,9 @@ class ControllerAPI:
         async with self.placing:  # read the ledger, place, commit: one at a time
             fleet = self.ctrl.check_new_topic(spec)
             placement = await asyncio.to_thread(place, new.policy, fleet, spec, self.ctrl.seed)
-            actions = self.ctrl.create_topic(spec, new.policy, time.monotonic(), placement)
+            actions = self.ctrl.create_topic(
+                spec, new.policy, time.monotonic(), placement, placed_on=fleet
+            )
         self.service.execute(actions)
         if new.fit is not None:
             self.service.start_fitting(spec.name, new.fit, model)

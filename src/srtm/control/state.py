@@ -226,15 +226,25 @@ class Controller:
         return fleet
 
     def create_topic(
-        self, spec: TopicSpec, policy: Policy, now: float, placement: Placement | None = None
+        self,
+        spec: TopicSpec,
+        policy: Policy,
+        now: float,
+        placement: Placement | None = None,
+        placed_on: list[BrokerCapacity] | None = None,
     ) -> list[Action]:
         """Create and place ``spec``; ``placement``, when given, was computed off the
-        event loop (``place(policy, check_new_topic(spec), spec, seed)``) and is used as is."""
+        event loop (``place(policy, placed_on, spec, seed)`` with ``placed_on =
+        check_new_topic(spec)``) and is used as is, unless the ledger changed meanwhile
+        (the tick placed publishers) so that a chosen broker no longer has room for its
+        share: then it is placed again here, on the ledger as it is now."""
         fleet = self.check_new_topic(spec)
         if placement is None:
             placement = place(policy, fleet, spec, self.seed)
         elif not {a.broker for a in placement.assignments} <= {b.id for b in fleet}:
             raise ControlError(503, "a broker went down while the topic was being placed")
+        elif placed_on is not None and _overtaken(placement, placed_on, fleet):
+            placement = place(policy, fleet, spec, self.seed)
         topic = self.topics[spec.name] = TopicState(spec, policy)
         for a in placement.assignments:
             topic.assignment[a.broker] = list(a.publishers)
@@ -513,6 +523,17 @@ class Controller:
             )
             if t["unassigned"]:
                 self.replace_pending = True
+
+
+def _overtaken(placement: Placement, then: list[BrokerCapacity], now: list[BrokerCapacity]) -> bool:
+    """Did a chosen broker's ``rcap`` shrink, since ``placement`` was computed on
+    ``then``, below the rate the placement gives it?"""
+    before = {b.id: b.rcap for b in then}
+    after = {b.id: b.rcap for b in now}
+    return any(
+        after[a.broker] < before.get(a.broker, math.inf) and a.rate > after[a.broker] * (1 + 1e-9)
+        for a in placement.assignments
+    )
 
 
 def _interrupted(fitting: dict[str, Any] | None) -> dict[str, Any] | None:
