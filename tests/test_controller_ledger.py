@@ -107,6 +107,17 @@ def test_a_placement_made_off_the_loop_is_redone_when_the_ledger_filled_meanwhil
     assert brokers_of(c2, "late") == {"b0"}
 
 
+def test_a_restarted_controller_has_the_same_ledger() -> None:
+    """Nothing to persist beside the plans: the ledger is rebuilt from them."""
+    c = cluster(2)
+    c.create_topic(topic_800("t0"), "srtm", now=0)
+    again = Controller()
+    again.restore(c.to_json(), now=0)
+    assert again.ledger() == c.ledger()
+    again.create_topic(topic_800("t1"), "srtm", now=0)
+    assert brokers_of(again, "t1") == {"b1"}
+
+
 def test_an_empty_cluster_places_as_before() -> None:
     """Nothing promised: the fleet is the brokers' measured load, as it always was."""
     c = cluster(3)
