@@ -155,3 +155,28 @@ def test_place_reports_a_shortfall_and_bad_input(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "slo_p99_ms" in result.output
     result = runner.invoke(app, ["place", "--policy", "random", "--topic", str(topic)])
     assert result.exit_code == 2 and "--policy" in result.output
+
+
+def test_place_several_topics_counts_what_each_was_promised(tmp_path: Path) -> None:
+    """The ledger case: two topics of 800 msg/s on brokers of mcap 1000 land on two brokers
+    (each placed on what the one before left), and the ledger after each is printed."""
+    brokers = tmp_path / "brokers.json"
+    brokers.write_text(json.dumps([{"id": "b0", "mcap": 1000}, {"id": "b1", "mcap": 1000}]))
+    pubs = [{"id": f"p{i}", "rate": 80} for i in range(10)]
+    one = {"name": "one", "slo_p99_ms": 20, "burst": 50, "publishers": pubs}
+    two = {**one, "name": "two"}
+    first, second = tmp_path / "one.json", tmp_path / "both.json"
+    first.write_text(json.dumps(one))
+    second.write_text(json.dumps([two]))
+    args = ["place", "--brokers", str(brokers), "--topic", str(first), "--topic", str(second)]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    docs = json.loads(result.output)
+    assert [d["topic"] for d in docs] == ["one", "two"]
+    assert [[b["id"] for b in d["brokers"]] for d in docs] == [["b0"], ["b1"]]
+    ledger = {e["id"]: e for e in docs[1]["ledger"]}
+    assert ledger["b0"]["allocated"] == pytest.approx(880) and ledger["b1"]["rcap"] == (
+        pytest.approx(120)
+    )
+    table = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and table.output.count("ledger after") == 2

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -24,6 +24,10 @@ from srtm.config import Address, Setting, SettingError, read_table, resolve, set
 from srtm.control.options import ENV_PREFIX as CONTROLLER_ENV
 from srtm.control.options import ControllerOptions
 from srtm.version import package_version
+
+if TYPE_CHECKING:
+    from srtm.placement import LedgerEntry, Placement, TopicSpec
+    from srtm.ratelimit import BucketParams
 
 T = TypeVar("T")
 
@@ -295,24 +299,33 @@ def place_command(
         ),
     ] = Path("brokers.json"),
     topic: Annotated[
-        Path,
+        list[Path],
         typer.Option(
             help='JSON topic: {"name": "t", "slo_p99_ms": 1.0, "burst": 200, "publishers": '
             '[{"id": "p1", "rate": 10, "group": "g1"}, ...]} ("group" and "rate" optional; '
-            "the topic rate defaults to 1.1 × the publishers' total)."
+            "the topic rate defaults to 1.1 × the publishers' total), or a JSON array of "
+            "topics. Repeat --topic for more: topics are placed in order, each on what the "
+            "ones before it left (the capacity ledger)."
         ),
-    ] = Path("topic.json"),
+    ] = [Path("topic.json")],  # noqa: B006 (typer reads the default, never mutates it)
     seed: Annotated[int, typer.Option(help="Seed for srtm's choice among a group's members.")] = 0,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print the placement as one JSON document.")
+        bool,
+        typer.Option(
+            "--json",
+            help="Print JSON: per topic its placement and the ledger after it (one object "
+            "for one topic, an array for several).",
+        ),
     ] = False,
 ) -> None:
-    """Place a topic's publishers on brokers under a policy, without a cluster (what-if).
+    """Place topics' publishers on brokers under a policy, without a cluster (what-if).
 
-    Prints each broker used with its publishers, their rate and its sub-bucket, or the
-    shortfall when the brokers' residual capacity cannot carry the topic.
+    For each topic, in order, prints each broker used with its publishers, their rate and
+    its sub-bucket (or the shortfall when the brokers' residual capacity cannot carry it),
+    then the capacity ledger: per broker mcap, allocated (the sub-bucket rates promised so
+    far), measured (the brokers file's load) and rcap = mcap - max(allocated, measured).
     """
-    from srtm.placement import parse_brokers, parse_policy, parse_topic, place
+    from srtm.placement import ledger, parse_brokers, parse_policy, parse_topic, place
 
     try:
         chosen = parse_policy(policy)
@@ -320,22 +333,50 @@ def place_command(
         raise typer.BadParameter(str(exc), param_hint="--policy") from None
     try:
         fleet = parse_brokers(_read_json(brokers, "--brokers"))
-        spec = parse_topic(_read_json(topic, "--topic"))
+        specs = [parse_topic(doc) for path in topic for doc in _topic_docs(path)]
     except ValueError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    result = place(chosen, fleet, spec, seed)
-    if as_json:
-        print(json.dumps(result.to_json(), indent=2))
-        return
+    measured = [(b.id, b.mcap, b.load) for b in fleet]
+    plans: list[dict[str, BucketParams]] = []
+    docs = []
     console = Console(width=None if Console().is_terminal else 120)
+    for spec in specs:
+        before = ledger(measured, plans)
+        result = place(chosen, [e.capacity() for e in before], spec, seed)
+        plans.append({a.broker: a.bucket for a in result.assignments if a.bucket is not None})
+        after = ledger(measured, plans)
+        docs.append(result.to_json() | {"topic": spec.name, "ledger": _ledger_doc(after)})
+        if not as_json:
+            _print_placement(console, spec, policy, result, before)
+            _print_ledger(console, spec.name, after)
+    if as_json:
+        print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+
+
+def _topic_docs(path: Path) -> list[Any]:
+    doc = _read_json(path, "--topic")
+    return doc if isinstance(doc, list) else [doc]
+
+
+def _ledger_doc(entries: list[LedgerEntry]) -> list[dict[str, Any]]:
+    return [
+        {"id": e.id, "mcap": e.mcap, "allocated": e.allocated, "measured": e.measured,
+         "rcap": e.rcap}
+        for e in entries
+    ]  # fmt: skip
+
+
+def _print_placement(
+    console: Console, spec: TopicSpec, policy: str, result: Placement, before: list[LedgerEntry]
+) -> None:
     table = Table(
         title=f"{spec.name}: {len(spec.publishers)} publishers, {spec.load:,.6g} msg/s, "
         f"bucket ({spec.rate:,.6g}/s, {spec.burst:,.6g}) — policy {policy}"
     )
     for name in ("broker", "mcap", "load before", "publishers", "rate msg/s", "r_l", "b_l"):
         table.add_column(name, justify="left" if name == "broker" else "right")
-    by_id = {b.id: b for b in fleet}
+    by_id = {b.id: b for b in before}
     for a in result.assignments:
         b = by_id[a.broker]
         table.add_row(
@@ -356,6 +397,17 @@ def place_command(
             f"publishers unassigned; {result.brokers_needed} more broker(s) of the largest "
             "mcap here would cover it"
         )
+
+
+def _print_ledger(console: Console, name: str, entries: list[LedgerEntry]) -> None:
+    table = Table(title=f"ledger after {name} (msg/s)")
+    for column in ("broker", "mcap", "allocated", "measured", "rcap"):
+        table.add_column(column, justify="left" if column == "broker" else "right")
+    for e in entries:
+        table.add_row(
+            e.id, f"{e.mcap:,.6g}", f"{e.allocated:,.6g}", f"{e.measured:,.6g}", f"{e.rcap:,.6g}"
+        )
+    console.print(table)
 
 
 def _serve_controller(options: ControllerOptions) -> None:
