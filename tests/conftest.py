@@ -11,8 +11,10 @@ from hypothesis import HealthCheck, settings
 
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.http import serve_http
+from srtm.control.options import ControllerOptions
+from srtm.control.service import ControllerService
 from srtm.launch import BrokerProcess, start_broker
-from support import BrokerApi, MakeBroker
+from support import BrokerApi, ControllerClient, MakeBroker
 
 settings.register_profile(
     "default", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow]
@@ -82,3 +84,18 @@ def spark() -> Iterator[object]:
         yield session
     finally:
         stop_session(session)
+
+
+@pytest.fixture
+async def controller_api(tmp_path: Path) -> AsyncIterator[ControllerClient]:
+    """An in-process controller on an ephemeral port, and a client of its HTTP API."""
+    # Ticks far apart: brokers the test registers by hand are never marked down.
+    opts = ControllerOptions(db=tmp_path / "c.db", http_port=0, tick_s=60)
+    service = ControllerService(opts)
+    await service.start()
+    assert service.http_address is not None
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            yield ControllerClient(http, "http://{}:{}".format(*service.http_address))
+    finally:
+        await service.stop()

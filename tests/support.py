@@ -1,11 +1,12 @@
 """Shared test helpers: ``eventually`` (wait on a condition, never a fixed sleep), ``call``
-(one HTTP request), and the types of the ``make_broker`` and ``broker_api`` fixtures (the
-fixtures are in conftest.py)."""
+(one HTTP request), and the types of the ``make_broker``, ``broker_api`` and
+``controller_api`` fixtures (the fixtures are in conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,18 @@ T = TypeVar("T")
 MakeBroker = Callable[..., Awaitable[Broker]]
 #: The ``broker_api`` fixture: a broker and a client session on its HTTP API.
 BrokerApi = tuple[Broker, aiohttp.ClientSession]
+
+
+class ControllerClient:
+    """HTTP calls to an in-process controller (the ``controller_api`` fixture): each gives
+    (status, decoded JSON)."""
+
+    def __init__(self, http: aiohttp.ClientSession, base: str) -> None:
+        self.http, self.base = http, base
+
+    async def call(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
+        async with self.http.request(method, self.base + path, json=doc) as resp:
+            return resp.status, json.loads(await resp.read())
 
 
 async def call(

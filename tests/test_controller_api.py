@@ -4,13 +4,10 @@ have the declared shapes."""
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from srtm.control.api import ROUTES
@@ -31,6 +28,7 @@ from srtm.control.documents import (
 from srtm.control.service import ControllerOptions, ControllerService
 from srtm.control.validate import ControlError
 from srtm.protocol import is_valid_name
+from support import ControllerClient
 
 REGISTRATION = {"id": "a", "tcp_address": "127.0.0.1:9", "http_address": "127.0.0.1:9",
                 "mcap": 1e6}  # fmt: skip
@@ -41,38 +39,13 @@ def topic_doc(name: str, n: int = 4) -> dict[str, Any]:
     return {"name": name, "slo_p99_ms": 5.0, "burst": 20, "publishers": pubs}
 
 
-class Client:
-    """HTTP calls to an in-process controller: (status, decoded JSON)."""
-
-    def __init__(self, http: aiohttp.ClientSession, base: str) -> None:
-        self.http, self.base = http, base
-
-    async def call(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
-        async with self.http.request(method, self.base + path, json=doc) as resp:
-            return resp.status, json.loads(await resp.read())
-
-
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[Client]:
-    # Ticks far apart: the fake broker must not be marked down during a test.
-    opts = ControllerOptions(db=tmp_path / "c.db", http_port=0, tick_s=60)
-    service = ControllerService(opts)
-    await service.start()
-    assert service.http_address is not None
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-            yield Client(http, "http://{}:{}".format(*service.http_address))
-    finally:
-        await service.stop()
-
-
 # -- the route table and the OpenAPI document ----------------------------------------------
 
 
 async def test_the_openapi_document_lists_every_route_of_the_app_and_no_other(
-    api: Client, tmp_path: Path
+    controller_api: ControllerClient, tmp_path: Path
 ) -> None:
-    status, doc = await api.call("GET", "/openapi.json")
+    status, doc = await controller_api.call("GET", "/openapi.json")
     assert status == 200
     documented = {(m.upper(), path) for path, ops in doc["paths"].items() for m in ops}
     app = ControllerService(ControllerOptions(db=tmp_path / "other.db")).app()
@@ -86,8 +59,8 @@ async def test_the_openapi_document_lists_every_route_of_the_app_and_no_other(
     assert ("GET", "/openapi.json") in documented
 
 
-async def test_move_and_the_fitting_status_are_documented(api: Client) -> None:
-    _, doc = await api.call("GET", "/openapi.json")
+async def test_move_and_the_fitting_status_are_documented(controller_api: ControllerClient) -> None:
+    _, doc = await controller_api.call("GET", "/openapi.json")
     schemas = doc["components"]["schemas"]
     move = doc["paths"]["/topics/{name}/move"]["post"]
     assert move["requestBody"]["content"]["application/json"]["schema"] == {
@@ -146,17 +119,21 @@ def test_the_documented_topic_name_pattern_is_the_brokers_rule() -> None:
     ],
 )  # fmt: skip
 async def test_a_bad_document_is_refused_naming_the_field(
-    api: Client, path: str, doc: dict[str, Any], where: str
+    controller_api: ControllerClient, path: str, doc: dict[str, Any], where: str
 ) -> None:
-    assert (await api.call("POST", "/brokers", REGISTRATION))[0] == 200
-    status, body = await api.call("POST", path, doc)
+    assert (await controller_api.call("POST", "/brokers", REGISTRATION))[0] == 200
+    status, body = await controller_api.call("POST", path, doc)
     assert status == 400 and body["message"].startswith(where), body
     Error.model_validate(body)
 
 
-async def test_the_first_failing_field_is_named_and_the_rest_counted(api: Client) -> None:
+async def test_the_first_failing_field_is_named_and_the_rest_counted(
+    controller_api: ControllerClient,
+) -> None:
     bad = [{"id": f"p{i}", "rate": -1} for i in range(3)]
-    status, body = await api.call("POST", "/topics", {**topic_doc("t"), "publishers": bad})
+    status, body = await controller_api.call(
+        "POST", "/topics", {**topic_doc("t"), "publishers": bad}
+    )
     assert status == 400 and body["message"].startswith("publishers[0].rate: ")
     assert body["message"].endswith("(and 2 more)")
 
@@ -176,17 +153,19 @@ def test_fit_settings_take_a_model_and_refuse_a_bad_one(tmp_path: Path) -> None:
 # -- answers have the declared shapes ------------------------------------------------------
 
 
-async def test_answers_have_their_documented_shapes(api: Client) -> None:
-    status, body = await api.call("POST", "/brokers", REGISTRATION)
+async def test_answers_have_their_documented_shapes(controller_api: ControllerClient) -> None:
+    status, body = await controller_api.call("POST", "/brokers", REGISTRATION)
     assert status == 200 and Registered.model_validate(body).registered
-    status, body = await api.call("POST", "/brokers/a/report", {"load": 1, "topics": {}})
+    status, body = await controller_api.call("POST", "/brokers/a/report", {"load": 1, "topics": {}})
     assert status == 200 and Taken.model_validate(body).ok
-    status, body = await api.call("POST", "/topics", topic_doc("t"))
+    status, body = await controller_api.call("POST", "/topics", topic_doc("t"))
     assert status == 201 and TopicStatus.model_validate(body).publishers == 4
-    status, body = await api.call("POST", "/topics", topic_doc("f") | {"fit": True})
+    status, body = await controller_api.call("POST", "/topics", topic_doc("f") | {"fit": True})
     fitting = TopicStatus.model_validate(body).fitting
     assert status == 201 and fitting is not None and fitting.state == "running"
-    status, body = await api.call("POST", "/topics/t/move", {"publishers": ["p0"], "to": "a"})
+    status, body = await controller_api.call(
+        "POST", "/topics/t/move", {"publishers": ["p0"], "to": "a"}
+    )
     assert status == 200 and Plan.model_validate(body).topic == "t"
     queries = {"/plan": "?topic=t", "/assign": "?topic=t&publisher=p0", "/lookup": "?topic=t",
                "/topics/{name}": ""}  # fmt: skip
@@ -194,19 +173,21 @@ async def test_answers_have_their_documented_shapes(api: Client) -> None:
         if route.method != "GET" or route.answer is None:
             continue
         path = route.path.replace("{name}", "t") + queries.get(route.path, "")
-        status, body = await api.call("GET", path)
+        status, body = await controller_api.call("GET", path)
         assert status == route.status, (path, body)
         route.answer.model_validate(body)
-    _, body = await api.call("GET", "/assign?topic=t&publisher=p0")
+    _, body = await controller_api.call("GET", "/assign?topic=t&publisher=p0")
     assert PublisherAssignment.model_validate(body).broker == "a"
-    (producer,) = Nodes.model_validate((await api.call("GET", "/nodes"))[1]).producers
+    (producer,) = Nodes.model_validate((await controller_api.call("GET", "/nodes"))[1]).producers
     assert producer.tcp_port == 9
-    (broker,) = Brokers.model_validate((await api.call("GET", "/brokers"))[1]).brokers
+    (broker,) = Brokers.model_validate((await controller_api.call("GET", "/brokers"))[1]).brokers
     assert (broker.id, broker.measured, broker.down) == ("a", 1.0, False)
-    assert Lookup.model_validate((await api.call("GET", "/lookup?topic=t"))[1]).producers
+    assert Lookup.model_validate((await controller_api.call("GET", "/lookup?topic=t"))[1]).producers
 
 
-async def test_refusals_outside_validation_keep_their_status_and_shape(api: Client) -> None:
+async def test_refusals_outside_validation_keep_their_status_and_shape(
+    controller_api: ControllerClient,
+) -> None:
     for method, path, doc, status in [
         ("GET", "/lookup?topic=none", None, 404),
         ("GET", "/plan", None, 400),
@@ -214,7 +195,9 @@ async def test_refusals_outside_validation_keep_their_status_and_shape(api: Clie
         ("POST", "/topics", topic_doc("t"), 503),  # no broker yet
         ("POST", "/brokers/x/report", {}, 404),
     ]:
-        got, body = await api.call(method, path, doc)
+        got, body = await controller_api.call(method, path, doc)
         assert got == status, (path, body)
         Error.model_validate(body)
-    assert (await api.call("GET", "/lookup?topic=none"))[1] == {"message": "TOPIC_NOT_FOUND"}
+    assert (await controller_api.call("GET", "/lookup?topic=none"))[1] == {
+        "message": "TOPIC_NOT_FOUND"
+    }

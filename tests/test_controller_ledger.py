@@ -4,19 +4,15 @@ what brokers measured; placements are serialised; GET /brokers shows the ledger.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from srtm.control import Controller
 from srtm.control.documents import Brokers, TopicStatus
-from srtm.control.service import ControllerOptions, ControllerService
 from srtm.placement import PublisherLoad, TopicSpec, place
+from support import ControllerClient
 
 
 def topic_800(name: str) -> TopicSpec:
@@ -130,31 +126,14 @@ def test_an_empty_cluster_places_as_before() -> None:
 # -- over HTTP ----------------------------------------------------------------------------
 
 
-class Client:
-    def __init__(self, http: aiohttp.ClientSession, base: str) -> None:
-        self.http, self.base = http, base
-
-    async def call(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
-        async with self.http.request(method, self.base + path, json=doc) as resp:
-            return resp.status, json.loads(await resp.read())
-
-
 @pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[Client]:
-    opts = ControllerOptions(db=tmp_path / "c.db", http_port=0, tick_s=60)
-    service = ControllerService(opts)
-    await service.start()
-    assert service.http_address is not None
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-            client = Client(http, "http://{}:{}".format(*service.http_address))
-            for i, port in enumerate((9, 19)):  # nothing listens: pushes fail, logged
-                addr = f"127.0.0.1:{port}"
-                doc = {"id": f"b{i}", "tcp_address": addr, "http_address": addr, "mcap": 1000}
-                assert (await client.call("POST", "/brokers", doc))[0] == 200
-            yield client
-    finally:
-        await service.stop()
+async def api(controller_api: ControllerClient) -> ControllerClient:
+    """The controller with brokers b0 and b1 (mcap 1000) registered."""
+    for i, port in enumerate((9, 19)):  # nothing listens: pushes fail, logged
+        addr = f"127.0.0.1:{port}"
+        doc = {"id": f"b{i}", "tcp_address": addr, "http_address": addr, "mcap": 1000}
+        assert (await controller_api.call("POST", "/brokers", doc))[0] == 200
+    return controller_api
 
 
 def topic_doc(name: str) -> dict[str, Any]:
@@ -166,7 +145,9 @@ def placed_on(body: Any) -> set[str]:
     return {b.id for b in TopicStatus.model_validate(body).brokers}
 
 
-async def test_two_topics_created_one_after_the_other_land_on_two_brokers(api: Client) -> None:
+async def test_two_topics_created_one_after_the_other_land_on_two_brokers(
+    api: ControllerClient,
+) -> None:
     status, first = await api.call("POST", "/topics", topic_doc("t0"))
     assert status == 201
     status, second = await api.call("POST", "/topics", topic_doc("t1"))
@@ -182,7 +163,7 @@ async def test_two_topics_created_one_after_the_other_land_on_two_brokers(api: C
 
 
 async def test_concurrent_creations_do_not_double_book_a_broker(
-    api: Client, monkeypatch: pytest.MonkeyPatch
+    api: ControllerClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Placement runs on a thread; made slow here, both requests are in flight together.
     Without the lock both read the same empty ledger and pick b0."""
