@@ -44,10 +44,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from srtm.analysis.quantiles import quantiles
 from srtm.launch import BrokerProcess, start_broker
 from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Mpub, Pub, encode_command, response
 from srtm.protocol.frames import ATTEMPTS_AT, BODY_AT, HEARTBEAT, ID_AT
+from srtm.quantiles import quantiles
 
 NS_PER_S = 1_000_000_000
 BODY_SIZE = 100

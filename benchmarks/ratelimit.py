@@ -30,7 +30,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from srtm.analysis import required_burst, token_delays
-from srtm.analysis.quantiles import quantiles
+from srtm.quantiles import quantiles
 from srtm.ratelimit import NS_PER_S, OK, Rtlim, RtlimMode, TokenBucket
 
 TryFn = Callable[[], object]

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from srtm.analysis.quantiles import REPORTED
 from srtm.broker.message import Message
 from srtm.broker.state import Channel, DeliveryError, Topic, memory_queues
 from srtm.broker.stats import RateWindow, Recorder
+from srtm.quantiles import REPORTED
 from srtm.ratelimit import check_conformance
 
 MS = 1_000_000

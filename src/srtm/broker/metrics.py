@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from srtm.analysis.quantiles import REPORTED
 from srtm.broker.stats import Recorder
+from srtm.quantiles import REPORTED
 
 if TYPE_CHECKING:
     from srtm.broker.broker import Broker

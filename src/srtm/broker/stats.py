@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from srtm.analysis.quantiles import REPORTED
 from srtm.broker.message import Message
+from srtm.quantiles import REPORTED
 
 NS_PER_S = 1_000_000_000
 _MAX_NS = 3_600 * NS_PER_S

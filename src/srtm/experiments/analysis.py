@@ -2,7 +2,7 @@
 rows on (broker, msg_id), latency percentiles, the DRL penalty's share, and the
 published = delivered accounting.
 
-Quantiles are ``srtm.analysis.quantiles``' (numpy's default: linear interpolation between
+Quantiles are ``srtm.quantiles``' (numpy's default: linear interpolation between
 the closest ranks).
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from srtm.analysis.quantiles import quantiles
+from srtm.quantiles import quantiles
 
 #: How a summary says its figures were computed here (``spark_analysis`` says otherwise).
 ENGINE = {"engine": "in-process (pandas)"}

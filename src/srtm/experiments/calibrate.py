@@ -40,10 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from srtm.analysis.quantiles import quantiles
 from srtm.launch import start_broker
 from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Mpub, Pub, encode_command
 from srtm.protocol.frames import BODY_AT, HEARTBEAT, ID_AT
+from srtm.quantiles import quantiles
 from srtm.sim.model import BrokerModel, Dist
 from srtm.sim.probe import capacity_at_slo, probe
 

@@ -28,12 +28,12 @@ import aiohttp
 import numpy as np
 
 from srtm.analysis import profile_bucket
-from srtm.analysis.quantiles import quantiles
 from srtm.experiments import analysis, host
 from srtm.experiments.scenarios import Scenario
 from srtm.experiments.validity import RunFigures, Validity, check
 from srtm.launch import LocalCluster, die_with_parent, start_cluster
 from srtm.placement import Policy, parse_policy
+from srtm.quantiles import quantiles
 from srtm.workload import PublisherSpec, build
 from srtm.workload.emulator import Emulator, EmulatorReport, follow_plan, routes_of
 

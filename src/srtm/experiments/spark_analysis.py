@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from srtm.analysis.quantiles import REPORTED
+from srtm.quantiles import REPORTED
 
 _HEADLINE = ("e2e_ms", "per_broker", "brokers_used", "slo_violations", "token_share_tail")
 

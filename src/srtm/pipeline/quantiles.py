@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from srtm.analysis.quantiles import REPORTED
+from srtm.quantiles import REPORTED
 
 if TYPE_CHECKING:
     from pyspark.sql import Column

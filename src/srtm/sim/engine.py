@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from srtm.analysis import token_delays
-from srtm.analysis.quantiles import quantiles
+from srtm.quantiles import quantiles
 from srtm.ratelimit import BucketParams
 from srtm.sim.arrivals import NS_PER_S, IntArray, Trace
 from srtm.sim.model import BrokerModel

@@ -26,9 +26,9 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from srtm.analysis.quantiles import quantiles
 from srtm.client.connection import BrokerError, Connection
 from srtm.protocol import Mpub, header
+from srtm.quantiles import quantiles
 from srtm.version import __version__
 from srtm.workload.schedule import Schedule
 
