@@ -26,6 +26,7 @@ from aiohttp import web
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.auth import AuthError, auth_url, parse_reply
+from srtm.broker.documents import ClientDoc
 from srtm.broker.http import serve_http
 from srtm.broker.report import client_doc
 from srtm.launch import start_broker
@@ -422,7 +423,8 @@ async def test_auth_over_tls_reports_tls_and_the_certificate_name(
     json.loads(await c.response())
     assert auth_server.queries[0]["tls"] == "true"
     assert auth_server.queries[0]["common_name"] == "alice"
-    doc = client_doc(next(iter(broker.clients)))  # nsqd's client stats fields
+    # nsqd's client stats fields, as the document declares them
+    doc = ClientDoc.model_validate(client_doc(next(iter(broker.clients))))
     assert doc.tls is True and doc.tls_version.startswith("TLSv1") and doc.tls_cipher_suite
     assert (doc.authed, doc.auth_identity) == (True, "alice")
     await c.close()

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from srtm.analysis.quantiles import REPORTED, key, label, quantiles
+from srtm.quantiles import REPORTED, key, label, quantiles
 from support import MakeBroker
 
 
@@ -44,6 +44,7 @@ def test_no_values_give_the_empty_value() -> None:
 
 async def test_the_broker_shows_the_reported_quantiles(make_broker: MakeBroker) -> None:
     """/stats (nsqd's quantiles), its srtm section (keys) and /metrics (labels)."""
+    from srtm.broker.documents import StatsDoc
     from srtm.broker.metrics import BrokerCollector
     from srtm.broker.report import stats_document
 
@@ -53,7 +54,7 @@ async def test_the_broker_shows_the_reported_quantiles(make_broker: MakeBroker) 
     for v in range(1, 2_001):
         stats.token_wait.add(v * 1_000)
         stats.latency.add(v * 1_000)
-    doc = stats_document(broker, "q").model_dump(mode="json")
+    doc = StatsDoc.model_validate(stats_document(broker, "q")).model_dump(mode="json")
     nsqd = doc["topics"][0]["e2e_processing_latency"]["percentiles"]
     assert [p["quantile"] for p in nsqd] == [0.5, 0.95, 0.99, 0.999]
     assert nsqd[-1]["value"] == pytest.approx(1_998_000, rel=1e-3)

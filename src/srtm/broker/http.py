@@ -18,7 +18,7 @@ import functools
 import struct
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -29,6 +29,7 @@ from srtm.broker.documents import (
     NAME_RULE,
     BucketAnswer,
     BucketDoc,
+    BucketNowDoc,
     BucketQuery,
     BucketReading,
     ChannelQuery,
@@ -326,7 +327,7 @@ class BrokerHttp:
         q = parse_query(StatsQuery, request.query)
         doc = stats_document(self.broker, q.topic, q.channel, q.include_clients)
         if q.format == "json":
-            return _json(doc)
+            return web.json_response(doc)
         return web.Response(text=_stats_text(doc))
 
     async def topic_create(self, request: web.Request) -> web.Response:
@@ -391,7 +392,9 @@ class BrokerHttp:
     async def bucket_get(self, request: web.Request) -> web.Response:
         """The topic's sub-bucket and its tokens now (null: none)."""
         name = self._known_topic(request)
-        return _json(BucketReading(topic=name, bucket=bucket_now(self.broker.topics[name].bucket)))
+        now = bucket_now(self.broker.topics[name].bucket)
+        bucket = None if now is None else BucketNowDoc(**now)
+        return _json(BucketReading(topic=name, bucket=bucket))
 
     async def bucket_set(self, request: web.Request) -> web.Response:
         """Give the topic a sub-bucket, or retune it keeping its state.
@@ -539,19 +542,19 @@ def make_app(broker: Broker) -> web.Application:
     return app
 
 
-def _stats_text(doc: StatsDoc) -> str:
-    lines = [f"nsqd v{doc.version} (srtm)", f"start_time {doc.start_time}", ""]
-    for t in doc.topics:
+def _stats_text(doc: dict[str, Any]) -> str:
+    lines = [f"nsqd v{doc['version']} (srtm)", f"start_time {doc['start_time']}", ""]
+    for t in doc["topics"]:
         lines.append(
-            f"[{t.topic_name:<24}] depth: {t.depth:<5} be-depth: {t.backend_depth:<5} "
-            f"msgs: {t.message_count:<8}"
+            f"[{t['topic_name']:<24}] depth: {t['depth']:<5} be-depth: {t['backend_depth']:<5} "
+            f"msgs: {t['message_count']:<8}"
         )
-        for c in t.channels:
+        for c in t["channels"]:
             lines.append(
-                f"    [{c.channel_name:<20}] depth: {c.depth:<5} "
-                f"be-depth: {c.backend_depth:<5} inflt: {c.in_flight_count:<4} "
-                f"def: {c.deferred_count:<4} re-q: {c.requeue_count:<5} "
-                f"timeout: {c.timeout_count:<5} msgs: {c.message_count:<8}"
+                f"    [{c['channel_name']:<20}] depth: {c['depth']:<5} "
+                f"be-depth: {c['backend_depth']:<5} inflt: {c['in_flight_count']:<4} "
+                f"def: {c['deferred_count']:<4} re-q: {c['requeue_count']:<5} "
+                f"timeout: {c['timeout_count']:<5} msgs: {c['message_count']:<8}"
             )
     return "\n".join(lines) + "\n"
 
