@@ -39,6 +39,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/sim.py
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/loop_lag.py
+	$(BIN)/python benchmarks/stats_doc.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis out
