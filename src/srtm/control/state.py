@@ -433,8 +433,9 @@ class Controller:
             raise ControlError(503, "no broker is registered and up")
         by_id = {p.id: p for p in topic.spec.publishers}
         current = {b: [by_id[p] for p in ps] for b, ps in topic.assignment.items()}
-        joined = join(topic.policy, fleet, current, publishers)
         self._set_publishers(topic, [*topic.spec.publishers, *publishers])
+        scale = topic.spec.rate / topic.spec.load  # what the ledger counts per msg/s
+        joined = join(topic.policy, fleet, current, publishers, scale)
         for b, ps in joined.placed.items():
             topic.assignment.setdefault(b, []).extend(ps)
         topic.unassigned += joined.unassigned

@@ -3,7 +3,8 @@
 ``join`` takes the topic's current placement (broker -> its publishers) and the fleet
 as placement sees it *without this topic's own plan* (``Controller.fleet(exclude=...)``),
 so a broker's room for the topic is its ``rcap`` less what the topic already sends there
-(publisher rates, as ``place`` counts them). Publishers already placed never move; each
+(publisher rates times ``scale``, the topic's rate per msg/s of load: what the ledger
+will count once the bucket is re-split). Publishers already placed never move; each
 newcomer, largest rate first, goes where its policy would have put it:
 
 - **SRTM**: to the broker furthest below its quota *for the newcomer's group* (the group's
@@ -46,9 +47,12 @@ def join(
     fleet: Sequence[BrokerCapacity],
     current: Mapping[str, Sequence[PublisherLoad]],
     new: Sequence[PublisherLoad],
+    scale: float = 1.0,
 ) -> Joined:
     """Place ``new`` beside ``current`` under ``policy`` (see the module's rules).
-    Brokers of ``current`` missing from ``fleet`` (down) take nobody."""
+    Brokers of ``current`` missing from ``fleet`` (down) take nobody. ``scale``: what the
+    ledger counts per msg/s of publisher rate (the topic's ``rate / load``, e.g. 1.1), so
+    that a join never promises a broker more than its ``rcap``."""
     policy = parse_policy(policy)
     by_id = {b.id: b for b in fleet}
     load = {b.id: 0.0 for b in fleet}
@@ -66,7 +70,7 @@ def join(
     for p in sorted(new, key=lambda p: -p.rate):  # stable: equal rates keep their order
 
         def fits(b: str, p: PublisherLoad = p) -> bool:
-            return load[b] + p.rate <= by_id[b].rcap * (1 + _EPS) + _EPS
+            return (load[b] + p.rate) * scale <= by_id[b].rcap * (1 + _EPS) + _EPS
 
         pool = list(by_id) if policy == "lb" else used
         candidates = [b for b in pool if fits(b)]
