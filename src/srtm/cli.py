@@ -325,7 +325,7 @@ def place_command(
     then the capacity ledger: per broker mcap, allocated (the sub-bucket rates promised so
     far), measured (the brokers file's load) and rcap = mcap - max(allocated, measured).
     """
-    from srtm.placement import ledger, parse_brokers, parse_policy, parse_topic, place
+    from srtm.placement import for_topic, ledger, parse_brokers, parse_policy, parse_topic, place
 
     try:
         chosen = parse_policy(policy)
@@ -343,7 +343,7 @@ def place_command(
     console = Console(width=None if Console().is_terminal else 120)
     for spec in specs:
         before = ledger(measured, plans)
-        result = place(chosen, [e.capacity() for e in before], spec, seed)
+        result = place(chosen, for_topic(spec, [e.capacity() for e in before]), spec, seed)
         plans.append({a.broker: a.bucket for a in result.assignments if a.bucket is not None})
         after = ledger(measured, plans)
         docs.append(result.to_json() | {"topic": spec.name, "ledger": _ledger_doc(after)})

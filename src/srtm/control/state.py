@@ -24,6 +24,7 @@ from srtm.placement import (
     TopicSpec,
     WindowReport,
     adapt,
+    for_topic,
     join,
     ledger,
     place,
@@ -247,7 +248,7 @@ class Controller:
         fleet = self.fleet()
         if not fleet:
             raise ControlError(503, "no broker is registered and up")
-        return fleet
+        return for_topic(spec, fleet)
 
     def create_topic(
         self,
@@ -400,7 +401,7 @@ class Controller:
             fleet = self.fleet(exclude=name)
             if not fleet:
                 raise ControlError(503, "no broker is registered and up")
-            placement = place(policy, fleet, topic.spec, self.seed)
+            placement = place(policy, for_topic(topic.spec, fleet), topic.spec, self.seed)
             topic.policy = policy
             assignment = {a.broker: list(a.publishers) for a in placement.assignments}
             note = f"changed {', '.join([*changed, f'policy {policy}'])}: placed again"
@@ -536,6 +537,7 @@ class Controller:
                 return actions
             by_id = {p.id: p for p in topic.spec.publishers}
             pool = [by_id[p] for p in topic.unassigned if p in by_id]
+            fleet = for_topic(topic.spec, fleet)
             placement = place(topic.policy, fleet, topic.spec.with_publishers(pool), self.seed)
             placed = sum(len(a.publishers) for a in placement.assignments)
             if not placed:
@@ -559,6 +561,7 @@ class Controller:
             fleet = self.fleet()  # per topic: what the previous topics were given counts
             by_id = {p.id: p for p in topic.spec.publishers}
             pool: list[PublisherLoad] = [by_id[p] for p in orphans]
+            fleet = for_topic(topic.spec, fleet)
             placement = place(topic.policy, fleet, topic.spec.with_publishers(pool), self.seed)
             for a in placement.assignments:
                 topic.assignment.setdefault(a.broker, []).extend(a.publishers)

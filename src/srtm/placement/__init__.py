@@ -12,7 +12,7 @@ from srtm.placement.fitting import (
     search_quantum,
 )
 from srtm.placement.joining import Joined, join
-from srtm.placement.ledger import LedgerEntry, allocated, ledger
+from srtm.placement.ledger import LedgerEntry, allocated, for_topic, ledger
 from srtm.placement.model import (
     RATE_MARGIN,
     Assignment,
@@ -45,6 +45,7 @@ __all__ = [
     "WindowReport",
     "adapt",
     "allocated",
+    "for_topic",
     "join",
     "judge",
     "ledger",

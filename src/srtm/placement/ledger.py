@@ -5,6 +5,11 @@ carries (what the controller has promised); ``measured``, the ingress it last re
 and ``rcap = mcap - max(allocated, measured)``, never negative. ``allocated`` is derived
 from the plans every time (never a counter kept beside them), so every plan change is in
 it by construction. Pure: no I/O, no clock.
+
+The ledger counts sub-bucket rates, and a topic's bucket rate is its publishers' load times
+``rate / load`` (1.1 for the paper's topics): ``for_topic`` shows the fleet to a policy in
+the units it places (publisher msg/s), so a placement never promises a broker more than
+its ``rcap``.
 """
 
 from __future__ import annotations
@@ -13,10 +18,10 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from srtm.placement.model import BrokerCapacity
+from srtm.placement.model import BrokerCapacity, TopicSpec
 from srtm.ratelimit import BucketParams
 
-__all__ = ["LedgerEntry", "allocated", "ledger"]
+__all__ = ["LedgerEntry", "allocated", "for_topic", "ledger"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +65,12 @@ def ledger(
     ``allocated`` summed from ``plans``."""
     promised = allocated(plans)
     return [LedgerEntry(b, mcap, promised.get(b, 0.0), measured) for b, mcap, measured in brokers]
+
+
+def for_topic(spec: TopicSpec, fleet: Iterable[BrokerCapacity]) -> list[BrokerCapacity]:
+    """``fleet`` in ``spec``'s publisher msg/s: each broker's ``mcap`` and load divided by
+    what the ledger will count per msg/s placed (``spec.rate / spec.load``)."""
+    k = spec.rate / spec.load if spec.load > 0 else 1.0
+    if k == 1.0:
+        return list(fleet)
+    return [BrokerCapacity(b.id, b.mcap / k, b.load / k) for b in fleet]
