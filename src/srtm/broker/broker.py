@@ -27,7 +27,7 @@ from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.persistence import Persistence, SavedTopic
 from srtm.broker.release import Releaser
-from srtm.broker.state import Channel, LimitReached, Topic
+from srtm.broker.state import Channel, LeaseExpired, LimitReached, Topic
 from srtm.broker.stats import BrokerStats
 from srtm.broker.tcp import Client, enable_kernel_timestamps
 from srtm.broker.tls import server_context
@@ -75,11 +75,16 @@ class Broker:
         #: Connections closed at once because ``max_connections`` were open.
         self.refused_connections = 0
         self.stopped = asyncio.Event()
+        #: With a controller: the monotonic time (s) until which its last word lets this
+        #: broker shape by the sub-buckets it was given (``lease_ok``); None: no lease
+        #: yet, or it lapsed and the broker has not registered again.
+        self.lease_until: float | None = None
         # The parts (see the module's docstring), each handed what it needs.
         self.persistence = Persistence(self.options, self, self._disk_readable)
         self.releaser = Releaser(
-            self.options, self.topics, self.stats, self.mark_ready, self._dispatch
-        )
+            self.options, self.topics, self.stats, self.mark_ready, self._dispatch,
+            self.lease_ok,
+        )  # fmt: skip
         self.measurements = Measurements()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -166,7 +171,13 @@ class Broker:
         # run: a restart must not burst.
         topic.book_not_before_ns = now
         bucket = saved.bucket
-        if bucket:
+        if (bucket or saved.held) and self.options.controller:
+            # Its saved share may have been given away meanwhile: held until the
+            # controller, at registration, gives it its shares again.
+            topic.hold()
+        elif saved.held:
+            topic.hold()
+        elif bucket:
             try:
                 topic.shape(bucket["rate"], bucket["burst"], time.time_ns)
                 self.releaser.shaped[topic.name] = topic
@@ -254,6 +265,7 @@ class Broker:
         rolled = time.monotonic()
         while True:
             await asyncio.sleep(0.1)
+            self.lease_ok()  # a lapsed lease holds shaped topics even with nothing to release
             recorders = self.stats.pending_recorders()
             for rec in recorders:
                 rec.flush()
@@ -389,10 +401,15 @@ class Broker:
         if not topic.ephemeral:
             self.persistence.save_meta()
 
-    def set_bucket(self, topic_name: str, rate: float, burst: float) -> TokenBucket:
+    def set_bucket(
+        self, topic_name: str, rate: float, burst: float, leased: bool = False
+    ) -> TokenBucket:
         """Give a topic its sub-bucket, or retune it keeping its state; what already waits
-        is paced by the new parameters from now on."""
+        is paced by the new parameters from now on. Refused (LeaseExpired) while this
+        broker's lease has lapsed, unless ``leased`` (it comes with a new lease)."""
         check_bucket(rate, burst)  # a bad pair creates no topic
+        if not leased and not self.lease_ok():
+            raise LeaseExpired("this broker's lease lapsed: it takes shares again once registered")
         topic = self.topic(topic_name)
         bucket = topic.shape(rate, burst, time.time_ns)
         self.releaser.shaped[topic_name] = topic
@@ -400,9 +417,66 @@ class Broker:
         self.releaser.kick(topic)
         return bucket
 
-    def clear_bucket(self, topic_name: str) -> None:
-        """Stop shaping: what waits for tokens is released at once."""
+    # -- the controller's lease (see docs/broker.md, "No holes in (r, b)") -------------------
+    @property
+    def leased(self) -> bool:
+        """Whether this broker's shares come with a lease (it runs with a controller)."""
+        return bool(self.options.controller)
+
+    def lease_ok(self) -> bool:
+        """May this broker shape by its sub-buckets now? Always without a controller.
+        With one, only while the lease its controller granted runs: past it, the
+        controller may have marked this broker down and given its shares to others, so
+        every shaped topic is held until the broker registers again (checked where it
+        matters, before releasing and answering /stats, so a broker resumed after
+        SIGSTOP never uses or shows a stale bucket)."""
+        if not self.leased:
+            return True
+        until = self.lease_until
+        if until is not None and time.monotonic() < until:
+            return True
+        if until is not None:
+            self.lease_until = None
+            shaped = [t for t in self.topics.values() if t.bucket is not None]
+            log.warning(
+                "no word from the controller for the lease: %d shaped topics held until "
+                "this broker registers again",
+                len(shaped),
+            )
+            for topic in shaped:
+                self.hold_topic(topic.name)
+        return False
+
+    def renew_lease(self, since: float, lease_s: float) -> None:
+        """The controller answered a request sent at ``since`` (monotonic s): shares may
+        be used until ``since + lease_s``."""
+        self.lease_until = since + lease_s
+
+    def apply_shares(self, buckets: dict[str, tuple[float, float]], held: list[str]) -> None:
+        """What a registration answer says this broker carries: these sub-buckets, and a
+        hold on these other managed topics. Any other topic keeps its state."""
+        for name in held:
+            if is_valid_name(name):
+                self.hold_topic(name)
+        for name, (rate, burst) in buckets.items():
+            try:
+                self.set_bucket(name, rate, burst, leased=True)
+            except (ValueError, OverflowError, ProtocolError) as exc:
+                log.error("topic %s: bucket %r from the controller refused: %s",
+                          name, (rate, burst), exc)  # fmt: skip
+
+    def hold_topic(self, topic_name: str) -> None:
+        """The topic is managed but this broker has no share of it: what comes is kept
+        (acknowledged, queued, spilled to disk like any message) and released by the
+        sub-bucket that comes next, or at once if the topic is unmanaged. Creates it."""
         topic = self.topic(topic_name)
+        topic.hold()
+        self.releaser.shaped.pop(topic_name, None)
+        self.persistence.save_meta()
+
+    def clear_bucket(self, topic_name: str) -> None:
+        """Unmanage the topic (no share, no hold): what waits is released at once."""
+        topic = self.topics[topic_name]
         topic.unshape()
         self.releaser.shaped.pop(topic_name, None)
         self.persistence.save_meta()

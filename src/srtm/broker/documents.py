@@ -245,10 +245,11 @@ class BucketNowDoc(BucketDoc):
 
 
 class BucketAnswer(Doc):
-    """The bucket a POST or DELETE left (null: none)."""
+    """The bucket a POST or DELETE left (null: none), and whether the topic is held."""
 
     topic: str
     bucket: BucketDoc | None
+    held: bool = Field(default=False, description="Managed with no share here: nothing is released")
 
 
 class BucketReading(Doc):
@@ -376,6 +377,10 @@ class SrtmChannelDoc(Doc):
 class SrtmTopicDoc(Doc):
     topic: str
     bucket: BucketNowDoc | None
+    held: bool = Field(
+        description="Managed by the controller with no share on this broker: what arrives "
+        "waits (shaping_depth) until a sub-bucket or unmanaging releases it"
+    )
     shaping_depth: int
     rate_1s: float
     window: WindowDoc

@@ -56,7 +56,7 @@ from srtm.broker.documents import (
 from srtm.broker.measurement import MeasurementsBusy
 from srtm.broker.metrics import BrokerCollector
 from srtm.broker.report import bucket_now, stats_document
-from srtm.broker.state import LimitReached
+from srtm.broker.state import LeaseExpired, LimitReached
 from srtm.broker.tls import http_requires_tls
 from srtm.openapi import OpenApiDoc, Route, document
 from srtm.protocol import ProtocolError, errors, is_valid_name
@@ -392,6 +392,7 @@ class BrokerHttp:
     async def bucket_get(self, request: web.Request) -> web.Response:
         """The topic's sub-bucket and its tokens now (null: none)."""
         name = self._known_topic(request)
+        self.broker.lease_ok()  # never a stale bucket past the lease
         now = bucket_now(self.broker.topics[name].bucket)
         bucket = None if now is None else BucketNowDoc(**now)
         return _json(BucketReading(topic=name, bucket=bucket))
@@ -405,10 +406,21 @@ class BrokerHttp:
             b = self.broker.set_bucket(q.topic, q.rate, q.burst)
         except (ValueError, OverflowError, ProtocolError) as exc:
             raise HttpError(400, "INVALID_BUCKET", str(exc)) from None
+        except LeaseExpired:
+            raise HttpError(409, "LEASE_EXPIRED") from None
         return _json(BucketAnswer(topic=q.topic, bucket=BucketDoc(rate=b.rate, burst=b.burst)))
 
+    async def bucket_hold(self, request: web.Request) -> web.Response:
+        """Hold the topic: the controller manages it but gives this broker no share. What
+        arrives is accepted and kept until a sub-bucket comes (then released at its pace)
+        or the topic is unmanaged (then at once); a sub-bucket it had goes. Creates it."""
+        name = parse_query(TopicQuery, request.query).topic
+        self.broker.hold_topic(name)
+        return _json(BucketAnswer(topic=name, bucket=None, held=True))
+
     async def bucket_delete(self, request: web.Request) -> web.Response:
-        """Remove the topic's sub-bucket: what waits for tokens is released at once."""
+        """Unmanage the topic (no sub-bucket, no hold): what waits is released at once.
+        A topic this broker does not have is not created (404)."""
         name = self._known_topic(request)
         self.broker.clear_bucket(name)
         return _json(BucketAnswer(topic=name, bucket=None))
@@ -498,7 +510,10 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/srtm/bucket", _H.bucket_get,
           query=TopicQuery, answer=BucketReading, errors=_NO_TOPIC),
     Route("POST", "/srtm/bucket", _H.bucket_set,
-          query=BucketQuery, answer=BucketAnswer, errors={400: "INVALID_BUCKET"}),
+          query=BucketQuery, answer=BucketAnswer,
+          errors={400: "INVALID_BUCKET", 409: "LEASE_EXPIRED"}),
+    Route("POST", "/srtm/bucket/hold", _H.bucket_hold,
+          query=TopicQuery, answer=BucketAnswer, errors=_FULL),
     Route("DELETE", "/srtm/bucket", _H.bucket_delete,
           query=TopicQuery, answer=BucketAnswer, errors=_NO_TOPIC),
     Route("POST", "/srtm/migrate", _H.migrate,

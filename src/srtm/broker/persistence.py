@@ -56,6 +56,7 @@ def _meta_doc(topics: list[Topic], ids: MessageIds) -> dict[str, Any]:
                 "name": topic.name,
                 "paused": topic.paused,
                 "bucket": None if bucket is None else {"rate": bucket.rate, "burst": bucket.burst},
+                "held": topic.on_hold,
                 "channels": [
                     {"name": ch.name, "paused": ch.paused} for ch in channels if not ch.ephemeral
                 ],
@@ -212,6 +213,8 @@ class SavedTopic:
     #: As saved ({"rate", "burst"}), unchecked: a bad one is logged when applied.
     bucket: Any = None
     channels: list[SavedChannel] = field(default_factory=list)
+    #: Managed with no share here (``Topic.on_hold``).
+    held: bool = False
 
 
 @dataclass(frozen=True)
@@ -542,6 +545,7 @@ def _saved_topic(t: dict[str, Any], on_disk: list[str]) -> SavedTopic:
             for c in channels
             if _valid(c.get("name")) and not is_ephemeral(c["name"])
         ],
+        bool(t.get("held")),
     )
 
 

@@ -42,9 +42,12 @@ class Releaser:
         stats: BrokerStats,
         mark_ready: Callable[[Channel], None],
         dispatch: Callable[[Channel, bool], None],
+        lease_ok: Callable[[], bool] = lambda: True,
     ) -> None:
         self._topics, self._stats = topics, stats
         self._mark_ready, self._dispatch = mark_ready, dispatch
+        #: Checked before every release of shaped topics: past the lease it holds them.
+        self._lease_ok = lease_ok
         self._timer_kind = options.release_timer
         self._spin_ns = options.release_spin_ns
         #: The topics with a sub-bucket: the only ones the release loop looks at.
@@ -164,6 +167,7 @@ class Releaser:
     def release_shaped(self, now: int) -> int | None:
         """Release every shaped message due by ``now``, and what the emulated server has
         processed; returns the next time something is due."""
+        self._lease_ok()  # a lapsed lease holds the shaped topics (they leave ``shaped``)
         due = None
         for topic in list(self.shaped.values()):
             nxt = topic.next_release_ns()

@@ -107,6 +107,7 @@ def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
     return dict(
         topic=t.name,
         bucket=bucket_now(t.bucket),
+        held=t.on_hold,
         shaping_depth=len(t.shaping),
         rate_1s=ts.window.rate_1s(now),
         window=dict(
@@ -136,6 +137,7 @@ def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
 def stats_document(
     broker: Broker, topic: str | None = None, channel: str | None = None, clients: bool = True
 ) -> Doc:
+    broker.lease_ok()  # a lapsed lease shows as held, never as a stale bucket
     now = time.time_ns()
     topics = []
     srtm_topics = []

@@ -1,5 +1,10 @@
 """Registers the broker with a controller and reports its load and per-topic TB Adaptor
-window every second (registering again whenever the controller does not know it)."""
+window every second (registering again whenever the controller does not know it, or the
+broker's lease lapsed).
+
+Each answer of the controller renews the broker's lease from when the request was sent;
+a registration answer also carries the broker's shares and holds, applied on receipt
+with the new lease (see ``Broker.lease_ok``)."""
 
 from __future__ import annotations
 
@@ -51,21 +56,30 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
     }
     base = controller.rstrip("/")
     registered = False
+    lease_s: float | None = None  # told at registration (an older controller tells none)
     refused = 0  # the last refusal's status, logged once rather than every second
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=5), headers=headers
     ) as session:
         while True:
             try:
+                if registered and broker.lease_until is None and lease_s is not None:
+                    registered = False  # lapsed: the shares come back with a registration
                 if not registered:
+                    sent = time.monotonic()
                     async with session.post(f"{base}/brokers", json=me) as resp:
                         registered = resp.status == 200
                         if not registered:
                             log.warning("controller refused registration: %s", await resp.text())
+                        else:
+                            lease_s = apply_registration(broker, sent, await resp.json())
                 if registered:
                     url = f"{base}/brokers/{me['id']}/report"
+                    sent = time.monotonic()
                     async with session.post(url, json=report_document(broker)) as resp:
                         registered = resp.status != 404  # the controller forgot us
+                        if resp.status == 200 and lease_s is not None:
+                            broker.renew_lease(sent, lease_s)
                         if resp.status not in (200, 404) and resp.status != refused:
                             log.warning("controller refused a report: %s", await resp.text())
                         refused = 0 if resp.status == 200 else resp.status
@@ -74,6 +88,26 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
             except Exception:  # never let one bad report end reporting for good
                 log.exception("reporting to the controller failed")
             await asyncio.sleep(interval_s)
+
+
+def apply_registration(broker: Broker, sent: float, answer: Any) -> float | None:
+    """Apply a registration answer (the request sent at ``sent``, monotonic s): the lease,
+    then the shares and holds it lists. Returns the lease (None: the controller gives
+    none, and the broker shapes by what it is pushed, as before leases)."""
+    lease = answer.get("lease_s") if isinstance(answer, dict) else None
+    if not isinstance(lease, int | float) or isinstance(lease, bool) or not lease > 0:
+        broker.renew_lease(sent, float("inf"))
+        return None
+    broker.renew_lease(sent, float(lease))
+    buckets = answer.get("buckets") or {}
+    shares = {
+        name: (float(b["rate"]), float(b["burst"]))
+        for name, b in buckets.items()
+        if isinstance(b, dict) and "rate" in b and "burst" in b
+    }
+    held = [n for n in answer.get("held") or [] if isinstance(n, str)]
+    broker.apply_shares(shares, held)
+    return float(lease)
 
 
 def _host_port(host: str, port: int) -> str:

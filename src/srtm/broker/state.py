@@ -51,6 +51,11 @@ class LimitReached(ProtocolError):
         self.http_code = http_code
 
 
+class LeaseExpired(Exception):
+    """A sub-bucket pushed while the broker's lease has lapsed: it may be stale (sent
+    before the controller gave this broker's shares away), so it is not applied."""
+
+
 class DeliveryError(Exception):
     """FIN/REQ/TOUCH of a message that is not in flight for this client."""
 
@@ -243,6 +248,11 @@ UNBOOKED = -1
 class Topic:
     """A topic: an optional sub-bucket that shapes, then a copy to every channel.
 
+    Three states: unmanaged (no bucket, not on hold: released at once, as nsqd does),
+    shaped (``bucket``) and on hold (``on_hold``): the controller manages it but gave
+    this broker no share, so what arrives is accepted and waits in ``shaping`` until a
+    sub-bucket comes (released at its pace) or the topic is unmanaged (released at once).
+
     A shaped message is booked on the bucket when it reaches the head of the topic's
     queue, at its arrival time: the same GCRA schedule as booking on arrival (the queue
     is FIFO), but a retuned bucket paces what already waits, not only what comes next.
@@ -260,6 +270,8 @@ class Topic:
     #: The head's booking, while it waits (it is the bucket's most recent one).
     _head_booking: Reservation | None = None
     paused: bool = False
+    #: Managed with no share here: nothing is released (see the class's docstring).
+    on_hold: bool = False
     message_count: int = 0
     message_bytes: int = 0
     #: Waiting for the sub-bucket to release them (FIFO).
@@ -300,8 +312,10 @@ class Topic:
 
     def shape(self, rate: float, burst: float, clock: Callable[[], int]) -> TokenBucket:
         """Give the topic its sub-bucket, or retune it keeping its state (both checked
-        before either changes, so a bad pair changes nothing)."""
+        before either changes, so a bad pair changes nothing); a hold ends."""
         if self.bucket is None or self.meter is None:
+            TokenBucket(rate, burst)
+            self.on_hold = False
             self.bucket = TokenBucket(rate, burst, clock=clock)
             self.meter = TokenBucket(rate, burst, clock=clock)
         else:
@@ -316,7 +330,20 @@ class Topic:
         return self.bucket
 
     def unshape(self) -> None:
-        """No more shaping: what waits is due at once."""
+        """No more shaping, no hold (unmanaged): what waits is due at once."""
+        self._drop_bucket()
+        self.on_hold = False
+
+    def hold(self) -> None:
+        """Managed with no share here: keep what comes, release nothing (the sub-bucket
+        it had, if any, goes; its head's booking is given back so that the next bucket
+        books it afresh)."""
+        self._drop_bucket()
+        self.on_hold = True
+
+    def _drop_bucket(self) -> None:
+        if self._head_booking is not None:
+            self.shaping.set_head_release(UNBOOKED)
         self.bucket = self.meter = self._head_booking = None
 
     def put(self, msg: Message) -> float:
@@ -327,7 +354,9 @@ class Topic:
         self.message_count += 1
         self.message_bytes += len(msg.body)
         backlog = 0.0
-        if self.meter is None:
+        if self.on_hold:
+            msg.release_ns = UNBOOKED  # booked by the bucket that releases it
+        elif self.meter is None:
             msg.release_ns = msg.arrival_ns
         else:
             msg.release_ns = UNBOOKED
@@ -346,8 +375,9 @@ class Topic:
             ch.put_deferred(msg.copy(), due_ns)
 
     def next_release_ns(self) -> int | None:
-        """When the head of the queue is due (booking it on the bucket if need be)."""
-        if self.paused:
+        """When the head of the queue is due (booking it on the bucket if need be); None
+        while paused or on hold."""
+        if self.paused or self.on_hold:
             return None
         due = self.shaping.peek_release_ns()
         if due == UNBOOKED and self.bucket is not None:

@@ -1,5 +1,5 @@
 """The controller: broker registry, topics with SLOs, plans, the TB Adaptor, persistence."""
 
-from srtm.control.state import ControlError, Controller, PlanChanged, SetBucket
+from srtm.control.state import ControlError, Controller, Hold, PlanChanged, SetBucket
 
-__all__ = ["ControlError", "Controller", "Migrate", "PlanChanged", "SetBucket"]
+__all__ = ["ControlError", "Controller", "Hold", "Migrate", "PlanChanged", "SetBucket"]

@@ -112,7 +112,14 @@ class ControllerAPI:
         )
         self.service.save_state()
         self.service.execute(actions)
-        return web.json_response({"id": doc.id, "registered": True})
+        # The answer carries the lease and the broker's shares: it applies them on receipt
+        # (the pushes may reach it first, while its lease has lapsed, and be refused).
+        buckets, held = self.ctrl.shares(doc.id)
+        return web.json_response({
+            "id": doc.id, "registered": True, "lease_s": self.ctrl.lease_s,
+            "buckets": {n: {"rate": p.rate, "burst": p.burst} for n, p in buckets.items()},
+            "held": held,
+        })  # fmt: skip
 
     async def report(self, request: web.Request) -> web.Response:
         """A broker's report (every second): its load and each topic's window."""

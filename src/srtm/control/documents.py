@@ -314,11 +314,6 @@ class AssignQuery(TopicParam):
 
 
 # -- answers ---------------------------------------------------------------------------------
-class Registered(_Answer):
-    id: str
-    registered: bool
-
-
 class Taken(_Answer):
     ok: bool
 
@@ -326,6 +321,17 @@ class Taken(_Answer):
 class Bucket(_Answer):
     rate: float
     burst: float = Field(ge=1)
+
+
+class Registered(_Answer):
+    """The broker's lease (s) and what it carries: its sub-bucket per topic, and the
+    other managed topics, which it holds (docs/controller.md, "No holes in (r, b)")."""
+
+    id: str
+    registered: bool
+    lease_s: float
+    buckets: dict[str, Bucket]
+    held: list[str]
 
 
 class PlanBroker(_Answer):

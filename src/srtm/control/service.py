@@ -26,10 +26,12 @@ from srtm.control.state import (
     Action,
     BrokerInfo,
     Controller,
+    Hold,
     Migrate,
     PlanChanged,
     SetBucket,
     Unmanage,
+    phases,
 )
 from srtm.control.store import Store
 from srtm.placement import RoundResult
@@ -67,6 +69,14 @@ class ControllerService:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._tick: asyncio.Task[None] | None = None
+        #: Per topic: held while its share changes are carried out, so that changes of
+        #: two plans never interleave (one plan's increase after the next one's decrease).
+        self._shares: dict[str, asyncio.Lock] = {}
+        #: How soon a decrease a broker did not take is tried again (s).
+        self.retry_s = min(0.5, opts.tick_s)
+        #: Off only to show what the order prevents (tests/test_no_holes.py): every share
+        #: change pushed at once, as before.
+        self.ordered = True
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -144,8 +154,10 @@ class ControllerService:
         last = None
         if any(isinstance(a, PlanChanged | Unmanage) for a in actions):
             last = self.save_state()
-        for name in {a.topic for a in actions if isinstance(a, SetBucket)}:
-            topic = self.ctrl.topics[name]
+        for name in {a.topic for a in actions if isinstance(a, SetBucket | Hold)}:
+            topic = self.ctrl.topics.get(name)
+            if topic is None:
+                continue
             buckets = {b: {"rate": p.rate, "burst": p.burst} for b, p in topic.buckets.items()}
             last = self._save(f"buckets:{name}", buckets)
         return last
@@ -191,14 +203,52 @@ class ControllerService:
             # written (logged), the controller still runs on the plan it holds.
             with contextlib.suppress(Exception):
                 await written
-        pushes = [self._push_bucket(a) for a in actions if isinstance(a, SetBucket)]
-        pushes += [self._unmanage(a) for a in actions if isinstance(a, Unmanage)]
-        await asyncio.gather(*pushes)
+        by_topic: dict[str, list[Action]] = {}
+        for a in actions:
+            if isinstance(a, SetBucket | Hold):
+                by_topic.setdefault(a.topic, []).append(a)
+        await asyncio.gather(*(self._change_shares(t, acts) for t, acts in by_topic.items()))
+        await asyncio.gather(*(self._unmanage(a) for a in actions if isinstance(a, Unmanage)))
         for a in actions:
             if isinstance(a, Migrate):
                 await self._order_migration(a)
             elif isinstance(a, PlanChanged):
                 log.info("plan of %s is now version %d", a.topic, a.version)
+
+    async def _change_shares(self, topic: str, actions: list[Action]) -> None:
+        """Carry out one topic's share changes without a hole in its ``(r, b)``: every
+        decrease first, each retried until its broker took it or is down (its lease then
+        lapsed: it holds everything); only then the increases still in the plan."""
+        if not self.ordered:
+            await asyncio.gather(*(self._push_share(a) for a in actions))  # type: ignore[arg-type]
+            return
+        lock = self._shares.setdefault(topic, asyncio.Lock())
+        async with lock:
+            down, up = phases(actions)
+            await asyncio.gather(*(self._decrease(a) for a in down))
+            await asyncio.gather(*(self._push_share(a) for a in up if self._current(a)))
+
+    def _current(self, action: SetBucket) -> bool:
+        """Is this increase still what the topic's plan gives the broker? (A later plan
+        or adaptation replaced it: that one's own changes carry it out.)"""
+        topic = self.ctrl.topics.get(action.topic)
+        return topic is not None and topic.buckets.get(action.broker) == action.bucket
+
+    async def _decrease(self, action: SetBucket | Hold) -> None:
+        while not await self._push_share(action):
+            info = self.ctrl.brokers.get(action.broker)
+            if info is None or info.down or action.topic not in self.ctrl.topics:
+                return  # down: its lease lapsed, it holds every topic
+            await asyncio.sleep(self.retry_s)
+
+    async def _push_share(self, action: SetBucket | Hold) -> bool:
+        """Push one share change; True once the broker has it (or holds the topic)."""
+        if isinstance(action, Hold):
+            params = {"topic": action.topic}
+            return await self._post_to_broker(
+                action.broker, "/srtm/bucket/hold", params, action.topic
+            )
+        return await self._push_bucket(action)
 
     def start_fitting(self, topic: str, fit: FitSettings, model: BrokerModel | None) -> None:
         """Online fitting of ``topic`` in the background; its progress is the topic's
@@ -247,10 +297,12 @@ class ControllerService:
                   "version": str(action.version)}  # fmt: skip
         await self._post_to_broker(action.broker, "/srtm/migrate", params, "a migration")
 
-    async def _push_bucket(self, action: SetBucket) -> None:
+    async def _push_bucket(self, action: SetBucket) -> bool:
         params = {"topic": action.topic, "rate": repr(action.bucket.rate),
                   "burst": repr(action.bucket.burst)}  # fmt: skip
-        await self._post_to_broker(action.broker, "/srtm/bucket", params, action.topic)
+        return await self._post_to_broker(
+            action.broker, "/srtm/bucket", params, action.topic, taken=(200, 400, 409)
+        )
 
     async def _unmanage(self, action: Unmanage) -> None:
         """The broker drops the topic's sub-bucket and releases what it holds of it (404:
@@ -268,20 +320,25 @@ class ControllerService:
         what: str,
         method: str = "POST",
         fine: tuple[int, ...] = (200,),
-    ) -> None:
-        """POST an order to a broker; a refusal or an unreachable broker is logged, not
-        raised (a re-registering broker gets its sub-buckets again)."""
+        taken: tuple[int, ...] = (200,),
+    ) -> bool:
+        """Send an order to a broker (``fine``: statuses not worth a warning); a refusal or an unreachable broker is logged, not
+        raised (a re-registering broker gets its sub-buckets again). True when the
+        answer's status is in ``taken``: nothing to try again (a bucket refused as
+        invalid (400) never will be; a broker whose lease lapsed (409) holds the topic)."""
         info = self.ctrl.brokers.get(broker)
         if info is None or self._session is None:
-            return
+            return True
         try:
             url = _broker_url(info, path)
             request = self._session.request(method, url, params=params, headers=self._headers())
             async with request as r:
                 if r.status not in fine:
                     log.warning("broker %s refused %s: %s", broker, params, await r.text())
+                return r.status in taken
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning("broker %s unreachable for %s: %s", broker, what, exc)
+            return False
 
     # -- HTTP ----------------------------------------------------------------------------
     def app(self) -> web.Application:

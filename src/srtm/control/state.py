@@ -32,14 +32,9 @@ from srtm.placement import (
 from srtm.ratelimit import BucketParams, check_bucket, merge, split_floored
 
 __all__ = [
-    "Action",
-    "ControlError",
-    "Controller",
-    "Migrate",
-    "PlanChanged",
-    "SetBucket",
-    "Unmanage",
-]
+    "Action", "ControlError", "Controller", "Hold", "Migrate", "PlanChanged", "SetBucket",
+    "Unmanage", "phases",
+]  # fmt: skip
 
 
 @dataclass
@@ -93,9 +88,22 @@ class TopicState:
 
 @dataclass(frozen=True, slots=True)
 class SetBucket:
+    """Give ``broker`` this sub-bucket of ``topic``; ``was``: the one the plan gave it
+    before (None: none, it held the topic or did not have it)."""
+
     broker: str
     topic: str
     bucket: BucketParams
+    was: BucketParams | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """``broker`` has no share of the managed ``topic``: it keeps what arrives for it and
+    releases nothing (its sub-bucket, if any, goes)."""
+
+    broker: str
+    topic: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +132,35 @@ class Unmanage:
     topic: str
 
 
-Action = SetBucket | PlanChanged | Migrate | Unmanage
+Action = SetBucket | Hold | PlanChanged | Migrate | Unmanage
+
+#: The lease a broker gets, as a fraction of ``broker_timeout_s``: a broker cut off from
+#: the controller holds its topics before the controller marks it down and gives its
+#: shares away, with room for the time a request takes on the way.
+LEASE_FRACTION = 0.6
+
+
+def phases(actions: list[Action]) -> tuple[list[SetBucket | Hold], list[SetBucket]]:
+    """The share changes among ``actions``, in the order that keeps every topic's live
+    sub-buckets within its ``(r, b)``: first every decrease (holds, smaller buckets),
+    then, once all are applied, every increase. A change that lowers one of rate and
+    burst and raises the other is both: first down to the smaller of each, then up."""
+    down: list[SetBucket | Hold] = []
+    up: list[SetBucket] = []
+    for a in actions:
+        if isinstance(a, Hold):
+            down.append(a)
+        elif isinstance(a, SetBucket):
+            new, was = a.bucket, a.was
+            if was is None or (new.rate >= was.rate and new.burst >= was.burst):
+                up.append(a)
+            elif new.rate <= was.rate and new.burst <= was.burst:
+                down.append(a)
+            else:
+                low = BucketParams(min(new.rate, was.rate), min(new.burst, was.burst))
+                down.append(SetBucket(a.broker, a.topic, low, was))
+                up.append(SetBucket(a.broker, a.topic, new, low))
+    return down, up
 
 
 #: Publishers one topic may have (a bigger topic is refused with 413): placement and
@@ -151,6 +187,11 @@ class Controller:
     last_tick_s: float | None = None
     #: A broker came (back) up: try to place unassigned publishers at the next tick.
     replace_pending: bool = False
+
+    @property
+    def lease_s(self) -> float:
+        """How long a broker may shape by its shares without word from the controller."""
+        return self.broker_timeout_s * LEASE_FRACTION
 
     def awake(self, now: float) -> float:
         """The controller's own clock: ``now`` less the time it was stalled."""
@@ -185,12 +226,22 @@ class Controller:
         info.tcp_address, info.http_address, info.mcap = tcp, http, float(mcap)
         info.last_seen_s, info.down = self.awake(now), False
         info.reports, info.depths = {}, {}
-        # A broker that (re)starts has lost its sub-buckets: send it its shares again.
+        # A broker that (re)starts, or whose lease lapsed, holds every managed topic:
+        # its shares again, and a hold on every other managed topic.
         return [
             SetBucket(broker_id, name, t.buckets[broker_id])
-            for name, t in self.topics.items()
             if broker_id in t.buckets
+            else Hold(broker_id, name)
+            for name, t in self.topics.items()
         ]
+
+    def shares(self, broker_id: str) -> tuple[dict[str, BucketParams], list[str]]:
+        """What ``broker_id`` carries: its sub-bucket per topic, and the managed topics it
+        holds (what its registration answer tells it)."""
+        buckets = {
+            n: t.buckets[broker_id] for n, t in self.topics.items() if broker_id in t.buckets
+        }
+        return buckets, [n for n in self.topics if n not in buckets]
 
     def report(
         self,
@@ -289,7 +340,7 @@ class Controller:
         rates = {b: math.fsum(rate_of[p] for p in ps) for b, ps in topic.assignment.items() if ps}
         topic.assignment = {b: topic.assignment[b] for b in rates}
         topic.version += 1
-        topic.buckets = {}
+        old, topic.buckets = topic.buckets, {}
         if rates:
             spec = topic.spec
             placed = 1.0 if not topic.unassigned else math.fsum(rates.values()) / spec.load
@@ -301,10 +352,12 @@ class Controller:
                 topic.events.append(f"no sub-buckets: {exc}")
                 parts = []
             topic.buckets = dict(zip(rates, parts, strict=False))
-        actions: list[Action] = [
-            SetBucket(b, topic.spec.name, bucket) for b, bucket in topic.buckets.items()
-        ]
-        return [*actions, PlanChanged(topic.spec.name, topic.version)]
+        name = topic.spec.name
+        # Every broker up and out of the plan holds the topic: one dropped from it stops
+        # shaping by its old share, one that never had it never passes it unshaped.
+        actions: list[Action] = [Hold(b.id, name) for b in self.up() if b.id not in topic.buckets]
+        actions += [SetBucket(b, name, p, old.get(b)) for b, p in topic.buckets.items()]
+        return [*actions, PlanChanged(name, topic.version)]
 
     def move(self, name: str, publishers: list[str], to: str) -> list[Action]:
         """Move publishers to broker ``to``."""
@@ -585,10 +638,11 @@ class Controller:
             if b in self.brokers and topic.spec.name in self.brokers[b].reports
         }
         total = merge(topic.buckets.values())
+        total_was = dict(topic.buckets)
         new = adapt(total, topic.buckets, reports, now, self.adaptor)
         changed = [b for b in new if new[b] != topic.buckets[b]]
         topic.buckets = new
-        return [SetBucket(b, topic.spec.name, new[b]) for b in changed]
+        return [SetBucket(b, topic.spec.name, new[b], total_was.get(b)) for b in changed]
 
     # -- read-outs -----------------------------------------------------------------------
     def _topic(self, name: str) -> TopicState:

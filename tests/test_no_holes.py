@@ -1,0 +1,186 @@
+"""No holes in (r, b), end to end: a controller (in process) and three broker processes
+with traffic; a task polls every broker's /stats as fast as it can and records, per poll,
+the sum of the live sub-buckets' rates and bursts, through moves, TB Adaptor re-splits, a
+broker stopped (failover) and restarted. Every sum stays within the topic's (r, b), and
+every message published is delivered or still held by a broker (nothing lost)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from srtm.client import Publisher, Received, Subscriber
+from srtm.control.options import ControllerOptions
+from srtm.control.service import ControllerService
+from srtm.launch import BrokerProcess, new_token, start_broker
+from support import eventually
+
+RATE, BURST = 1_000.0, 40.0
+N_PUBLISHERS = 6
+
+
+async def poll_sums(
+    brokers: list[BrokerProcess], topic: str, sums: list[tuple[float, float]], stop: asyncio.Event
+) -> None:
+    """Every broker's /stats, over and over: the sum of the live sub-buckets of ``topic``
+    per round (a broker that does not answer counts as holding nothing)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+
+        async def one(b: BrokerProcess) -> tuple[float, float]:
+            try:
+                async with s.get(b.url(f"/stats?format=json&topic={topic}")) as r:
+                    doc = await r.json()
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                return 0.0, 0.0
+            rate = burst = 0.0
+            for t in doc["srtm"]["topics"]:
+                if t["topic"] == topic and t["bucket"] is not None:
+                    rate, burst = t["bucket"]["rate"], t["bucket"]["burst"]
+            return rate, burst
+
+        while not stop.is_set():
+            parts = await asyncio.gather(*(one(b) for b in list(brokers)))
+            sums.append((math.fsum(p[0] for p in parts), math.fsum(p[1] for p in parts)))
+
+
+def joins_go_here() -> None:
+    """Publishers joining (POST /topics/NAME/publishers) belong in the sequence below;
+    the lifecycle endpoints come with another branch: the lead adds them here after
+    merging. Nothing is faked meanwhile."""
+
+
+@pytest.mark.slow
+async def test_live_sub_buckets_never_exceed_the_topic_bucket(tmp_path: Path) -> None:
+    await run_scenario(tmp_path, ordered=True)
+
+
+async def run_scenario(tmp_path: Path, ordered: bool) -> dict[str, Any]:
+    token = new_token()
+    service = ControllerService(
+        ControllerOptions(
+            http_port=0, db=tmp_path / "c.db", token=token, broker_timeout_s=2.0,
+            tick_s=0.2, adapt_settle_s=0.5, hysteresis=0.01,
+        )
+    )  # fmt: skip
+    service.ordered = ordered
+    await service.start()
+    assert service.http_address is not None
+    url = f"http://127.0.0.1:{service.http_address[1]}"
+    headers = {"Authorization": f"Bearer {token}"}
+
+    def broker(i: int) -> BrokerProcess:
+        args = ["--broker-id", str(i), "--controller", url, "--mcap", "5000",
+                "--report-interval-s", "0.2"]  # fmt: skip
+        return start_broker(tmp_path / f"b{i}", args, token=token)
+
+    brokers = [await asyncio.to_thread(broker, i) for i in (1, 2, 3)]
+    sums: list[tuple[float, float]] = []
+    stop = asyncio.Event()
+    got: Counter[tuple[str, int]] = Counter()
+    try:
+        await eventually(lambda: len(service.ctrl.up()), "3 brokers up", until=lambda n: n == 3)
+        http = aiohttp.ClientSession(headers=headers)
+        doc = {
+            "name": "nh",
+            "slo_p99_ms": 50.0,
+            "burst": BURST,
+            "rate": RATE,
+            "policy": "lb",
+            "publishers": [{"id": f"p{i}", "rate": 100 + 30 * i} for i in range(N_PUBLISHERS)],
+        }
+        async with http.post(f"{url}/topics", json=doc) as r:
+            assert r.status == 201, await r.text()
+
+        def record(m: Received) -> None:
+            assert m.header is not None
+            got[(m.header.publisher, m.header.seq)] += 1
+
+        sub = Subscriber("nh", "all", controller=url, on_message=record, refresh_s=0.2)
+        await sub.start()
+        pubs = [Publisher("nh", f"p{i}", controller=url, max_pending=100)
+                for i in range(N_PUBLISHERS)]  # fmt: skip
+        for p in pubs:
+            await p.start()
+        poller = asyncio.create_task(poll_sums(brokers, "nh", sums, stop))
+        running = asyncio.Event()
+
+        async def traffic() -> None:
+            while not running.is_set():
+                for p in pubs:
+                    await p.publish()
+                await asyncio.sleep(0.01)  # the load's pace, not a wait for an event
+
+        load = asyncio.create_task(traffic())
+
+        async def move(publishers: list[str], to: str) -> None:
+            body = {"publishers": publishers, "to": to}
+            async with http.post(f"{url}/topics/nh/move", json=body) as r:
+                assert r.status == 200, await r.text()
+            await asyncio.sleep(0.7)  # traffic under the new plan, adaptor re-splits
+
+        def placed() -> dict[str, list[str]]:
+            return {b: list(ps) for b, ps in service.ctrl.topics["nh"].assignment.items()}
+
+        for step in range(4):
+            plan = placed()
+            src = sorted(plan)[0]
+            dst = next(b for b in (*("3", "2", "1")[step % 3 :], "3", "2", "1") if b != src)
+            await move(plan[src][: 1 + step % 2], dst)
+        joins_go_here()
+        victim = brokers[0]
+        await asyncio.to_thread(victim.stop)  # graceful: what it holds is on disk
+        await eventually(lambda: "1" in placed(), "failover", until=lambda x: not x, timeout=20)
+        brokers[0] = await asyncio.to_thread(broker, 1)
+        await eventually(lambda: service.ctrl.brokers["1"].down, "back", until=lambda d: not d)
+        await move([f"p{i}" for i in range(N_PUBLISHERS // 2)], "1")  # it gets a share again
+        running.set()
+        await load
+        for p in pubs:
+            await p.close()
+        published = {(p.id, s) for p in pubs for s in range(p.seq)}
+
+        async def held() -> int:
+            n = 0
+            for b in brokers:
+                stats = await asyncio.to_thread(b.stats, "nh")
+                n += sum(t["shaping_depth"] for t in stats["srtm"]["topics"] if t["held"])
+            return n
+
+        with contextlib.suppress(AssertionError):  # told below, with what is still held
+            await eventually(lambda: set(got) >= published, "all delivered", timeout=15)
+        stop.set()
+        await poller
+        await sub.close()
+        await http.close()
+        over = [(r, b) for r, b in sums if r > RATE * (1 + 1e-9) or b > BURST * (1 + 1e-9)]
+        result = {
+            "polls": len(sums),
+            "over": len(over),
+            "worst": max(sums, default=None),
+            "published": len(published),
+            "delivered": len(set(got) & published),
+            "held": await held(),
+        }
+        print(json.dumps(result))
+        if ordered:
+            assert len(sums) > 200, result
+            assert not over, result
+            # Nothing lost: delivered, or still held by a broker dropped from the plan
+            # while they waited for tokens (released when it gets a share again or the
+            # topic is unmanaged; issue 18 forwards them).
+            assert result["delivered"] + result["held"] == len(published), result
+        return result
+    finally:
+        stop.set()
+        await service.stop()
+        for b in brokers:
+            if b.alive():
+                await asyncio.to_thread(b.stop)
