@@ -324,8 +324,9 @@ class ControllerService:
     ) -> bool:
         """Send an order to a broker (``fine``: statuses not worth a warning); a refusal
         or an unreachable broker is logged, not raised (a re-registering broker gets its
-        sub-buckets again). True when the answer's status is in ``taken``: nothing to try again (a bucket refused as
-        invalid (400) never will be; a broker whose lease lapsed (409) holds the topic)."""
+        sub-buckets again). True when the answer's status is in ``taken``: nothing to try
+        again (a bucket refused as invalid (400) never will be; a broker whose lease
+        lapsed (409) holds the topic)."""
         info = self.ctrl.brokers.get(broker)
         if info is None or self._session is None:
             return True
