@@ -89,6 +89,10 @@ _I32 = struct.Struct(">I")
 _Q = struct.Struct(">q")
 _STAMP = struct.Struct(">qq")  # send time (ns, CLOCK_REALTIME), sequence number
 OK_FRAME = response()
+#: What our consumers IDENTIFY with: no output buffer, so nsqd writes each message as it
+#: goes (by default it holds them until 16 KiB or 250 ms have gathered, which would be its
+#: latency at these rates); srtm ignores it and sends at the end of each loop turn.
+IDENTIFY = json.dumps({"output_buffer_size": -1}).encode()
 
 
 class BrokerError(RuntimeError):
@@ -178,12 +182,15 @@ def consume(
 
 def subscribe(addr: tuple[str, int], topic: str, channel: str) -> socket.socket:
     sock = connect(addr)
+    sock.sendall(b"IDENTIFY\n" + _I32.pack(len(IDENTIFY)) + IDENTIFY)
     sock.sendall(f"SUB {topic} {channel}\n".encode())
     frames = FrameReader()
     deadline = time.monotonic() + IO_TIMEOUT_S
-    while not take_responses(frames, recv(sock), sock):
+    oks = 0
+    while oks < 2:
+        oks += take_responses(frames, recv(sock), sock)
         if time.monotonic() > deadline:
-            raise BrokerError("no OK to SUB")
+            raise BrokerError("no OK to IDENTIFY and SUB")
     sock.sendall(f"RDY {RDY}\n".encode())
     return sock
 
