@@ -548,7 +548,9 @@ class Broker:
         return doc
 
     def topic(self, topic: str) -> dict[str, Any]:
-        found = [t for t in self.stats(topic)["topics"] if t["topic_name"] == topic]
+        found: list[dict[str, Any]] = [
+            t for t in self.stats(topic)["topics"] if t["topic_name"] == topic
+        ]
         if not found:
             raise BrokerError(f"{self.name}: topic {topic} missing from /stats")
         return found[0]
