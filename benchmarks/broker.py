@@ -641,7 +641,14 @@ def start_srtm(workdir: Path, mem_queue_size: int) -> Broker:
     return Broker("srtm", bp.proc, bp.tcp, bp.http, log, bp.headers, bp)
 
 
-_TOOL_RESULT = re.compile(r"duration: ([\d.]+)s - [\d.]+mb/s - ([\d.]+)ops/s")
+_TOOL_RESULT = re.compile(r"duration: (\S+) - [\d.]+mb/s - ([\d.]+)ops/s")
+_GO_DURATION_PART = re.compile(r"([\d.]+)(h|ms|µs|us|ns|m|s)")
+_GO_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "ns": 1e-9}
+
+
+def go_duration_s(text: str) -> float:
+    """Seconds in a Go duration as the tools print it: ``5.0004s``, ``500.2ms``, ``1m0.5s``."""
+    return sum(float(n) * _GO_UNIT_S[unit] for n, unit in _GO_DURATION_PART.findall(text))
 
 
 def tool_cmd(
@@ -683,7 +690,7 @@ def run_tools(cmds: list[list[str]], timeout_s: float) -> list[dict[str, float]]
             m = _TOOL_RESULT.search(text)
             if proc.returncode != 0 or m is None:
                 raise BrokerError(f"{name} exited with {proc.returncode}:\n{text[-600:]}")
-            seconds, rate = float(m[1]), float(m[2])
+            seconds, rate = go_duration_s(m[1]), float(m[2])
             results.append({"rate": rate, "seconds": seconds, "msgs": round(rate * seconds)})
         return results
     finally:
