@@ -1,12 +1,17 @@
-"""The broker under load: publish throughput, drain, end-to-end latency, shaped release lateness.
+"""The srtm broker beside nsqd 1.3.0: one run, the same load tools, one table of ratios.
 
-Run with ``.venv/bin/python benchmarks/broker.py`` (``--help`` for options). Starts ``srtm
-broker`` as a subprocess on 127.0.0.1 (ephemeral ports, a temporary ``--data-dir``, stopped
-by SIGTERM), drives it from a load generator in its own process, and prints one table: each
-figure the median of ``--runs`` runs with min–max beside it. Rows 1–3 are also measured, in
-the same run, against an anchor: a minimal uvloop server in a third process that answers
-every PUB/MPUB with OK and keeps nothing, the ceiling for a Python server on this machine.
-``--json PATH`` also writes the raw numbers.
+Run with ``.venv/bin/python benchmarks/broker.py`` (``--help`` for options). Each run starts
+nsqd (from ``../shared/anchors/nsq-1.3.0/``, or ``--nsqd PATH``) and ``srtm broker`` fresh,
+both on 127.0.0.1 with ephemeral ports, temporary data directories and the same
+``--mem-queue-size``, and measures them alternately (which goes first swaps every run) with
+the same load: NSQ's own ``bench_writer`` / ``bench_reader`` (100-byte messages) for
+throughput, and our generator (a process of its own) for end-to-end latency, memory per
+queued message and the shaped topic's release lateness (srtm only). The table gives, per
+row, each broker's median of ``--runs`` runs with min–max, and srtm / nsqd as the median
+of the per-run ratios with their range. A minimal uvloop server that answers every
+PUB/MPUB with OK and keeps nothing is measured with bench_writer too: the ceiling for a
+Python server on this machine. ``--json PATH`` also writes the raw numbers. Every process
+started here is stopped at the end, on Ctrl-C and on errors too.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import multiprocessing
 import os
 import platform
+import re
 import select
 import shutil
 import signal
@@ -44,19 +50,23 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from srtm.launch import BrokerProcess, start_broker
+from srtm.launch import BrokerProcess, die_with_parent, start_broker
 from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Mpub, Pub, encode_command, response
 from srtm.protocol.frames import ATTEMPTS_AT, BODY_AT, HEARTBEAT, ID_AT
 from srtm.quantiles import quantiles
 
+REPO = Path(__file__).resolve().parent.parent
 NS_PER_S = 1_000_000_000
 BODY_SIZE = 100
 MPUB_BATCH = 200
-#: MPUBs in flight on the one connection: bench_writer keeps one per connection and opens
-#: one connection per core (GOMAXPROCS), so two on this 2-core machine.
+#: MPUBs in flight on our generator's one connection (the memory fill).
 MPUB_OUTSTANDING = 2
 PUB_WINDOW = 100
-LATENCY_RATES = (2_000, 10_000, 20_000)
+#: End-to-end latency is measured at half the srtm broker's publish-and-consume capacity
+#: of the same run, on both brokers, but never above this: our Python generator stamps
+#: and reads every message itself, and past this its own delays would be measured.
+E2E_MAX_RATE = 40_000
+E2E_FALLBACK_RATE = 10_000
 SHAPED_RATE = 10_000
 SHAPED_BURST = 10
 #: Offered to the shaped topic: 2 % above its rate, so the bucket never idles.
@@ -64,28 +74,25 @@ SHAPED_OFFER = 10_200
 #: nsqd's (and the broker's) max_rdy_count.
 RDY = 2_500
 CHANNEL = "bench"
-#: Like nsq's bench.sh (--mem-queue-size=1000000): what is published stays in memory.
+#: As nsq's bench.sh (--mem-queue-size=1000000), on both brokers.
 MEM_QUEUE_SIZE = 1_000_000
+#: Messages queued (MPUB, one channel) for the memory row.
+MEM_MSGS = 200_000
 #: No recv or send of the generator waits longer than this for the broker.
 IO_TIMEOUT_S = 10.0
-DRAIN_MIN, DRAIN_MAX = 20_000, 1_000_000
-#: A full run's measurements are bounded by these many seconds each, whatever happens.
+#: A measurement is bounded by its duration and these many seconds, whatever happens.
 TASK_SLACK_S = 60.0
-
-#: Issue figures for nsqd 1.3.0 on this kind of machine: (low, high) msg/s.
-NSQD: dict[str, tuple[float, float]] = {
-    "mpub": (300_000, 560_000),
-    "drain": (180_000, 260_000),
-    "pub_pipelined": (57_000, 57_000),
-    "pub_sync": (14_500, 14_500),
-}
-GOAL_VS_NSQD = 0.5
 TARGET_LATENESS_P99_US = 100.0
+TARGET_E2E_P99_US = 1_000.0
 
 _I32 = struct.Struct(">I")
 _Q = struct.Struct(">q")
 _STAMP = struct.Struct(">qq")  # send time (ns, CLOCK_REALTIME), sequence number
 OK_FRAME = response()
+#: What our consumers IDENTIFY with: no output buffer, so nsqd writes each message as it
+#: goes (by default it holds them until 16 KiB or 250 ms have gathered, which would be its
+#: latency at these rates); srtm ignores it and sends at the end of each loop turn.
+IDENTIFY = json.dumps({"output_buffer_size": -1}).encode()
 
 
 class BrokerError(RuntimeError):
@@ -175,12 +182,15 @@ def consume(
 
 def subscribe(addr: tuple[str, int], topic: str, channel: str) -> socket.socket:
     sock = connect(addr)
+    sock.sendall(b"IDENTIFY\n" + _I32.pack(len(IDENTIFY)) + IDENTIFY)
     sock.sendall(f"SUB {topic} {channel}\n".encode())
     frames = FrameReader()
     deadline = time.monotonic() + IO_TIMEOUT_S
-    while not take_responses(frames, recv(sock), sock):
+    oks = 0
+    while oks < 2:
+        oks += take_responses(frames, recv(sock), sock)
         if time.monotonic() > deadline:
-            raise BrokerError("no OK to SUB")
+            raise BrokerError("no OK to IDENTIFY and SUB")
     sock.sendall(f"RDY {RDY}\n".encode())
     return sock
 
@@ -226,52 +236,6 @@ def task_publish(
     cmd = encode_command(Pub(topic, body))
     window = PUB_WINDOW if mode == "pub_pipelined" else 1
     return publish_loop(addr, cmd, 1, window, duration_s, max_msgs)
-
-
-def task_drain(
-    addr: tuple[str, int], topic: str, n: int, max_s: float, linger_s: float = 0.3
-) -> dict[str, float]:
-    """Publish ``n`` with MPUB-200 (channel already there), then SUB, RDY and FIN them all;
-    rate = n / (RDY sent .. last message read)."""
-    pub = task_publish(addr, topic, "mpub", max_s, n)
-    if pub["msgs"] != n:
-        raise BrokerError(f"drain: published only {pub['msgs']:,.0f} of {n:,} in {max_s:g} s")
-    sock = subscribe(addr, topic, CHANNEL)
-    try:
-        frames = FrameReader()
-        clock = time.perf_counter
-        start = clock()
-        deadline = start + max_s
-        got = again = 0
-        seen = bytearray()
-        while got < n:
-            if clock() > deadline:
-                raise BrokerError(f"drain: {got:,} of {n:,} messages in {max_s:g} s")
-            g, a = consume(frames, recv(sock), sock, 0, None, seen)
-            got += g
-            again += a
-        elapsed = clock() - start
-        # Anything more would be a duplicate; the FINs above also get time to land.
-        sock.settimeout(linger_s)
-        with contextlib.suppress(TimeoutError):
-            end = clock() + linger_s
-            while clock() < end:
-                data = sock.recv(1 << 20)
-                if not data:
-                    break
-                g, a = consume(frames, data, sock, 0, None, seen)
-                got += g
-                again += a
-    finally:
-        sock.close()
-    return {
-        "msgs": n,
-        "received": got,
-        "redelivered": again,
-        "seconds": elapsed,
-        "rate": n / elapsed,
-        "publish_rate": pub["rate"],
-    }
 
 
 def task_paced(
@@ -356,7 +320,6 @@ def _paced(
 
 TASKS: dict[str, Callable[..., dict[str, float]]] = {
     "publish": task_publish,
-    "drain": task_drain,
     "paced": task_paced,
 }
 
@@ -516,7 +479,232 @@ def anchor_server(cpu: int | None) -> Iterator[tuple[tuple[str, int], str]]:
         conn.close()
 
 
+# == the brokers: nsqd and srtm, and NSQ's load tools =====================================
+
+
+def child_setup() -> None:
+    """For ``preexec_fn``: the child dies with this process (Linux), so nothing is left
+    behind even if we are killed."""
+    die_with_parent()
+
+
+def nsq_dirs() -> list[Path]:
+    """``../shared/anchors/nsq-1.3.0`` beside this checkout, and beside the main checkout
+    when this is a git worktree."""
+    dirs = [REPO.parent / "shared" / "anchors" / "nsq-1.3.0"]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        common = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+        if common:
+            dirs.append(Path(common).parent.parent / "shared" / "anchors" / "nsq-1.3.0")
+    return dirs
+
+
+def find_nsqd(path: Path | None) -> Path:
+    """The nsqd binary, with ``bench_writer`` and ``bench_reader`` beside it."""
+    candidates = [path] if path is not None else [d / "nsqd" for d in nsq_dirs()]
+    for nsqd in candidates:
+        tools = [nsqd.parent / t for t in ("bench_writer", "bench_reader")]
+        if all(p.is_file() and os.access(p, os.X_OK) for p in (nsqd, *tools)):
+            return nsqd.resolve()
+    where = ", ".join(str(c) for c in candidates)
+    raise typer.BadParameter(f"no nsqd with bench_writer and bench_reader beside it: {where}")
+
+
+@dataclass
+class Broker:
+    """nsqd or srtm broker, as a child process on 127.0.0.1; the same HTTP calls reach both."""
+
+    name: str
+    proc: subprocess.Popen[Any]
+    tcp: tuple[str, int]
+    http: tuple[str, int]
+    log: Path
+    headers: dict[str, str] = field(default_factory=dict)
+    srtm: BrokerProcess | None = None
+
+    def request(self, path: str, method: str = "GET") -> bytes:
+        url = f"http://{self.http[0]}:{self.http[1]}{path}"
+        body = b"" if method == "POST" else None
+        req = urllib.request.Request(url, data=body, method=method, headers=self.headers)
+        with urllib.request.urlopen(req, timeout=IO_TIMEOUT_S) as resp:
+            data: bytes = resp.read()
+            return data
+
+    def post(self, path: str) -> bytes:
+        return self.request(path, "POST")
+
+    def create_channel(self, topic: str) -> None:
+        """The topic, then the channel ``CHANNEL`` on it (nsqd wants the topic first)."""
+        self.post(f"/topic/create?topic={topic}")
+        self.post(f"/channel/create?topic={topic}&channel={CHANNEL}")
+
+    def stats(self, topic: str) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.request(f"/stats?format=json&topic={topic}"))
+        return doc
+
+    def topic(self, topic: str) -> dict[str, Any]:
+        found: list[dict[str, Any]] = [
+            t for t in self.stats(topic)["topics"] if t["topic_name"] == topic
+        ]
+        if not found:
+            raise BrokerError(f"{self.name}: topic {topic} missing from /stats")
+        return found[0]
+
+    def channel_depth(self, topic: str) -> int:
+        chans = [c for c in self.topic(topic)["channels"] if c["channel_name"] == CHANNEL]
+        if not chans:
+            raise BrokerError(f"{self.name}: channel {CHANNEL} missing from /stats")
+        return int(chans[0]["depth"])
+
+    def rss(self) -> int:
+        """Resident set size in bytes (Linux)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise BrokerError(f"{self.name}: no VmRSS")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then the exit code; killed (and TimeoutExpired) if it hangs."""
+        if self.srtm is not None:
+            return self.srtm.stop(timeout)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            text = []
+        extra = list(self.srtm.stdout_tail) if self.srtm is not None else []
+        return "\n".join([*extra, *text])
+
+
+def start_nsqd(binary: Path, workdir: Path, mem_queue_size: int) -> Broker:
+    data = workdir / "nsqd-data"
+    data.mkdir(parents=True)
+    log = workdir / "nsqd.log"
+    cmd = [
+        str(binary), "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+        "--https-address=", "--broadcast-address=127.0.0.1", f"--data-path={data}",
+        f"--mem-queue-size={mem_queue_size}",
+    ]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C on the terminal reaches only us; we stop it
+            preexec_fn=child_setup,
+        )
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            text = log.read_text(errors="replace")
+            tcp = re.search(r"TCP: listening on ([\d.]+):(\d+)", text)
+            http = re.search(r"HTTP: listening on ([\d.]+):(\d+)", text)
+            if tcp and http:
+                return Broker("nsqd", proc, (tcp[1], int(tcp[2])), (http[1], int(http[2])), log)
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"nsqd did not start (exit code {proc.poll()}):\n{text[-800:]}")
+            time.sleep(0.02)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def start_srtm(workdir: Path, mem_queue_size: int) -> Broker:
+    log = workdir / "srtm.log"
+    with log.open("w") as out:
+        bp = start_broker(
+            workdir / "srtm-data",
+            ["--mem-queue-size", str(mem_queue_size)],
+            stderr=out,
+            new_session=True,
+            preexec_fn=child_setup,
+        )
+    return Broker("srtm", bp.proc, bp.tcp, bp.http, log, bp.headers, bp)
+
+
+_TOOL_RESULT = re.compile(r"duration: (\S+) - [\d.]+mb/s - ([\d.]+)ops/s")
+_GO_DURATION_PART = re.compile(r"([\d.]+)(h|ms|µs|us|ns|m|s)")
+_GO_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "ns": 1e-9}
+
+
+def go_duration_s(text: str) -> float:
+    """Seconds in a Go duration as the tools print it: ``5.0004s``, ``500.2ms``, ``1m0.5s``."""
+    return sum(float(n) * _GO_UNIT_S[unit] for n, unit in _GO_DURATION_PART.findall(text))
+
+
+def tool_cmd(
+    binary: Path, tcp: tuple[str, int], topic: str, duration_s: float, **flags: object
+) -> list[str]:
+    """A bench_writer or bench_reader command line (100-byte messages)."""
+    cmd = [
+        str(binary), f"--nsqd-tcp-address={tcp[0]}:{tcp[1]}", f"--topic={topic}",
+        f"--size={BODY_SIZE}", f"--runfor={duration_s:g}s",
+    ]  # fmt: skip
+    return cmd + [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
+
+
+def run_tools(cmds: list[list[str]], timeout_s: float) -> list[dict[str, float]]:
+    """Run NSQ load tools at once; each one's ops/s, seconds and messages. Whatever
+    happens, none is left running."""
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for cmd in cmds:
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                    preexec_fn=child_setup,
+                )
+            )
+        deadline = time.monotonic() + timeout_s
+        results = []
+        for proc, cmd in zip(procs, cmds, strict=True):
+            name = Path(cmd[0]).name
+            try:
+                text, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise BrokerError(f"{name}: no result in {timeout_s:g} s") from None
+            m = _TOOL_RESULT.search(text)
+            if proc.returncode != 0 or m is None:
+                raise BrokerError(f"{name} exited with {proc.returncode}:\n{text[-600:]}")
+            seconds, rate = go_duration_s(m[1]), float(m[2])
+            results.append({"rate": rate, "seconds": seconds, "msgs": round(rate * seconds)})
+        return results
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
 # == measurements =========================================================================
+
+BROKERS = ("nsqd", "srtm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -525,8 +713,8 @@ class Config:
     runs: int
     mem_queue_size: int
     settle_s: float
-    #: (broker and anchor, generator) CPUs, or None: the scheduler's choice.
-    cpus: tuple[int, int] | None
+    e2e_max_rate: int
+    nsqd: str
 
 
 @dataclass(slots=True)
@@ -534,47 +722,52 @@ class Row:
     key: str
     label: str
     unit: str
-    samples: list[float] = field(default_factory=list)
-    anchor: list[float] = field(default_factory=list)
+    #: srtm / nsqd at least this (throughput rows).
+    ratio_goal: float | None = None
+    #: srtm's median at most this (latency rows).
+    srtm_max: float | None = None
+    goal_note: str = ""
+    #: broker (or "anchor") -> run -> value.
+    values: dict[str, dict[int, float]] = field(default_factory=dict)
     raw: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    nsqd: tuple[float, float] | None = None
+    notes: list[str] = field(default_factory=list)
     section_end: bool = False
 
-    @property
-    def median(self) -> float | None:
-        return statistics.median(self.samples) if self.samples else None
+    def add(self, who: str, run: int, value: float) -> None:
+        self.values.setdefault(who, {})[run] = value
 
-    @property
-    def anchor_median(self) -> float | None:
-        return statistics.median(self.anchor) if self.anchor else None
+    def samples(self, who: str) -> list[float]:
+        return list(self.values.get(who, {}).values())
 
+    def median(self, who: str) -> float | None:
+        s = self.samples(who)
+        return statistics.median(s) if s else None
 
-THROUGHPUT = {
-    "mpub": f"MPUB-{MPUB_BATCH}, {MPUB_OUTSTANDING} in flight ¹",
-    "pub_pipelined": f"PUB, {PUB_WINDOW} in flight",
-    "pub_sync": "PUB, synchronous",
-}
+    def ratios(self) -> list[float]:
+        """srtm / nsqd per run, for the runs that have both."""
+        nsqd, srtm = self.values.get("nsqd", {}), self.values.get("srtm", {})
+        return [srtm[r] / nsqd[r] for r in sorted(srtm.keys() & nsqd.keys()) if nsqd[r]]
 
 
 def make_rows() -> dict[str, Row]:
-    rows = [Row(k, label, "msg/s", nsqd=NSQD[k]) for k, label in THROUGHPUT.items()]
-    rows.append(Row("drain", "drain after MPUB-200 publish ²", "msg/s", nsqd=NSQD["drain"]))
-    rows[-1].section_end = True
-    for rate in LATENCY_RATES:
-        k = f"{rate // 1000}k"
-        rows += [
-            Row(f"e2e_{k}_p50", f"e2e latency at {rate:,}/s ³: p50", "µs"),
-            Row(f"e2e_{k}_p99", "    p99", "µs"),
-            Row(f"e2e_{k}_rate", "    achieved (consumer)", "msg/s", section_end=True),
-        ]
-    rows += [
-        Row("late_p50", f"shaped {SHAPED_RATE:,}/s b={SHAPED_BURST} ⁴: release lateness p50", "µs"),
-        Row("late_p99", "    release lateness p99", "µs"),
+    rows = [
+        Row("mpub", f"batched publish: bench_writer, MPUB-{MPUB_BATCH} ¹", "msg/s", 1.0),
+        Row("pub", "single PUB: bench_writer --batch-size=1 ¹", "msg/s", 0.8),
+        Row("consume", "consume: bench_reader on the batched backlog ²", "msg/s", 1.0),
+        Row("both_pub", "publish and consume at once ³: bench_writer", "msg/s", 1.0),
+        Row("both_sub", "    bench_reader", "msg/s", 1.0, section_end=True),
+        Row("e2e_p50", "end-to-end latency at half srtm's capacity ⁴: p50", "µs"),
+        Row("e2e_p99", "    p99", "µs", srtm_max=TARGET_E2E_P99_US),
+        Row("e2e_rate", "    achieved (consumer)", "msg/s", section_end=True),
+        Row("late_p50", f"shaped {SHAPED_RATE:,}/s b={SHAPED_BURST} ⁵: release lateness p50", "µs"),
+        Row("late_p99", "    release lateness p99", "µs", srtm_max=TARGET_LATENESS_P99_US),
         Row("wait_p50", "    token wait p50", "ms"),
         Row("wait_p99", "    token wait p99", "ms"),
-        Row("shaped_rate", "    achieved (consumer)", "msg/s"),
+        Row("shaped_rate", "    achieved (consumer)", "msg/s", section_end=True),
+        Row("mem", f"memory per queued message ⁶ ({MEM_MSGS:,} queued)", "bytes"),
     ]
+    rows[-1].goal_note = "no worse than before"
     return {r.key: r for r in rows}
 
 
@@ -582,204 +775,228 @@ class Bench:
     def __init__(
         self,
         cfg: Config,
+        nsqd: Path,
         workdir: Path,
         gen: Generator,
         anchor: tuple[str, int],
         log: Console,
     ) -> None:
         self.cfg = cfg
+        self.nsqd_binary = nsqd
+        self.writer = nsqd.parent / "bench_writer"
+        self.reader = nsqd.parent / "bench_reader"
         self.workdir = workdir
         self.gen = gen
         self.anchor = anchor
         self.log = log
         self.rows = make_rows()
         self.problems: list[str] = []
-        self.broker_starts = 0
-        #: How long /ping took right after each topic deletion (s).
-        self.settle_s: list[float] = []
-        self.broker = self._start_broker()
+        self.brokers: dict[str, Broker] = {}
+        #: How long /ping took right after each topic deletion (s), per broker.
+        self.settle_s: dict[str, list[float]] = {b: [] for b in BROKERS}
 
-    def _start_broker(self) -> BrokerProcess:
-        self.broker_starts += 1
-        data = self.workdir / f"data-{self.broker_starts}"
-        self.broker_log = self.workdir / f"broker-{self.broker_starts}.log"
-        cpu = self.cfg.cpus[0] if self.cfg.cpus else None
-        with self.broker_log.open("a") as log:
-            broker = start_broker(
-                data,
-                ["--mem-queue-size", str(self.cfg.mem_queue_size)],
-                stderr=log,
-                # Its own session: a Ctrl-C on the terminal reaches only us; we stop it.
-                new_session=True,
-                preexec_fn=None if cpu is None else partial(pin, cpu),
-            )
-        return broker
-
-    def log_tail(self, lines: int = 15) -> str:
+    @contextlib.contextmanager
+    def started(self, run: int) -> Iterator[None]:
+        """nsqd and srtm broker, fresh for this run; both stopped on the way out."""
         try:
-            text = self.broker_log.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            text = []
-        return "\n".join([*self.broker.stdout_tail, *text])
+            for name in BROKERS:
+                where = self.workdir / f"run-{run + 1}-{name}"
+                where.mkdir()
+                if name == "nsqd":
+                    broker = start_nsqd(self.nsqd_binary, where, self.cfg.mem_queue_size)
+                else:
+                    broker = start_srtm(where, self.cfg.mem_queue_size)
+                self.brokers[name] = broker
+            yield
+        finally:
+            self.stop()
 
     def stop(self) -> None:
-        if not self.broker.alive():
-            problem: str | None = f"broker had already exited with {self.broker.proc.returncode}"
-        else:
-            try:
-                code = self.broker.stop(30)
-                problem = None if code == 0 else f"broker exited with {code} after SIGTERM"
-            except subprocess.TimeoutExpired:
-                problem = "broker still running 30 s after SIGTERM: killed"
-        if problem:
-            self.problems.append(problem + "\n" + self.log_tail())
+        for name, broker in list(self.brokers.items()):
+            if not broker.alive():
+                problem = f"{name} had already exited with {broker.proc.returncode}"
+            else:
+                try:
+                    code = broker.stop(30)
+                    problem = f"{name} exited with {code} after SIGTERM" if code else ""
+                except subprocess.TimeoutExpired:
+                    problem = f"{name} still running 30 s after SIGTERM: killed"
+            if problem:
+                self.problems.append(problem + "\n" + broker.log_tail())
+            del self.brokers[name]
 
     def task(self, name: str, budget_s: float, **kwargs: Any) -> dict[str, float]:
         return self.gen.run(name, budget_s + TASK_SLACK_S, **kwargs)
 
     def guarded(self, keys: list[str], what: str, fn: Callable[[], None]) -> None:
-        """Run one measurement; a failure is recorded on its rows, and a dead broker is
-        restarted so the other measurements still run."""
+        """Run one measurement; a failure is recorded on its rows and the others still run."""
         try:
             fn()
-        except (BrokerError, OSError, KeyError, ValueError) as exc:
+        except (BrokerError, OSError, KeyError, ValueError, RuntimeError) as exc:
             msg = f"{what}: {exc}".strip()
             for k in keys:
                 self.rows[k].errors.append(msg)
             self.problems.append(msg)
             self.log.log(f"[red]{msg}[/]")
-        if not self.broker.alive():
-            self.problems.append(
-                f"broker exited ({self.broker.proc.returncode}) during {what}:\n" + self.log_tail()
-            )
-            self.log.log(f"[red]broker died during {what}; restarting it[/]")
-            self.broker = self._start_broker()
 
-    def delete_topic(self, topic: str) -> None:
+    def delete_topic(self, broker: Broker, topic: str) -> None:
         """Delete and wait until the broker answers again, so that freeing the topic's
-        messages belongs to no measurement (the wait is reported under the table)."""
+        messages belongs to no measurement."""
         with contextlib.suppress(OSError):
-            self.broker.post(f"/topic/delete?topic={topic}")
+            broker.post(f"/topic/delete?topic={topic}")
             time.sleep(0.05)  # a scan-loop tick (10 ms) or more
             t0 = time.perf_counter()
-            self.broker.get("/ping")
-            self.settle_s.append(time.perf_counter() - t0)
+            broker.request("/ping")
+            self.settle_s[broker.name].append(time.perf_counter() - t0)
 
-    def topic_doc(self, topic: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        doc = self.broker.stats(topic)
-        nsq = next((t for t in doc["topics"] if t["topic_name"] == topic), None)
-        srtm = next((t for t in doc["srtm"]["topics"] if t["topic"] == topic), None)
-        if nsq is None or srtm is None:
-            raise BrokerError(f"topic {topic} missing from /stats")
-        return nsq, srtm
+    def order(self, run: int) -> tuple[str, ...]:
+        """Which broker goes first swaps every run."""
+        return BROKERS if run % 2 == 0 else BROKERS[::-1]
+
+    def timeout(self) -> float:
+        return self.cfg.duration_s + TASK_SLACK_S
 
     # -- the measurements ----------------------------------------------------------------
-    def warm_up(self) -> None:
-        topic = "bench_warmup"
-
-        def warm() -> None:
-            for addr in (self.broker.tcp, self.anchor):
-                self.task("publish", 1, addr=addr, topic=topic, mode="mpub", duration_s=0.3)
-                self.task(
-                    "publish", 1, addr=addr, topic=topic, mode="pub_pipelined", duration_s=0.2
-                )
-            self.delete_topic(topic)
-
-        self.guarded([], "warm-up", warm)
-
-    def throughput(self, run: int, mode: str) -> None:
-        row = self.rows[mode]
-        d = self.cfg.duration_s
-        topic = f"bench_{mode}_{run}"
-
-        def on_broker() -> None:
-            res = self.task(
-                "publish", d, addr=self.broker.tcp, topic=topic, mode=mode, duration_s=d
-            )
-            try:
-                count = self.topic_doc(topic)[0]["message_count"]
-            finally:
-                self.delete_topic(topic)
-            res["broker_message_count"] = count
-            row.raw.append(res)
-            if count != res["msgs"]:
-                raise BrokerError(
-                    f"{res['msgs']:,.0f} messages acknowledged, topic message_count {count:,}"
-                )
-            row.samples.append(res["rate"])
-
-        def on_anchor() -> None:
-            res = self.task("publish", d, addr=self.anchor, topic=topic, mode=mode, duration_s=d)
-            row.anchor.append(res["rate"])
-
-        self.guarded([mode], f"{mode} run {run + 1}", on_broker)
-        self.guarded([mode], f"{mode} on the anchor, run {run + 1}", on_anchor)
-
-    def drain(self, run: int) -> None:
-        row = self.rows["drain"]
-        topic = f"bench_drain_{run}"
-        mpub = self.rows["mpub"].samples
-        guess = (mpub[-1] if mpub else 100_000) * self.cfg.duration_s
-        n = int(min(max(guess, DRAIN_MIN), DRAIN_MAX)) // MPUB_BATCH * MPUB_BATCH
-        budget = max(30.0, 20 * self.cfg.duration_s)
+    def memory(self, run: int, name: str) -> None:
+        broker = self.brokers[name]
+        topic = f"bench_mem_{run}"
 
         def measure() -> None:
-            self.broker.post(f"/channel/create?topic={topic}&channel={CHANNEL}")
+            broker.create_channel(topic)
             try:
+                before = broker.rss()
                 res = self.task(
-                    "drain", 2 * budget, addr=self.broker.tcp, topic=topic, n=n, max_s=budget
-                )
-                nsq, _ = self.topic_doc(topic)
+                    "publish", 30, addr=broker.tcp, topic=topic, mode="mpub",
+                    duration_s=30, max_msgs=MEM_MSGS,
+                )  # fmt: skip
+                if res["msgs"] != MEM_MSGS:
+                    raise BrokerError(f"published only {res['msgs']:,.0f} of {MEM_MSGS:,}")
+                deadline = time.monotonic() + 30
+                while (depth := broker.channel_depth(topic)) < MEM_MSGS:
+                    if time.monotonic() > deadline:
+                        raise BrokerError(f"channel depth {depth:,} of {MEM_MSGS:,} after 30 s")
+                    time.sleep(0.05)
+                after = broker.rss()
             finally:
-                self.delete_topic(topic)
-            ch = next((c for c in nsq["channels"] if c["channel_name"] == CHANNEL), None)
-            if ch is None:
-                raise BrokerError(f"channel {CHANNEL} missing from /stats")
-            res.update(
-                depth=ch["depth"],
-                in_flight=ch["in_flight_count"],
-                channel_message_count=ch["message_count"],
-                requeue_count=ch["requeue_count"],
-            )
-            row.raw.append(res)
-            extra = res["received"] - n
-            if extra or res["redelivered"] or ch["depth"] or ch["in_flight_count"]:
-                raise BrokerError(
-                    f"{n:,} published: {res['received']:,.0f} delivered "
-                    f"({res['redelivered']:,.0f} redelivered), then depth {ch['depth']}, "
-                    f"in flight {ch['in_flight_count']}"
-                )
-            row.samples.append(res["rate"])
+                self.delete_topic(broker, topic)
+            row = self.rows["mem"]
+            row.raw.append({"broker": name, "run": run, "rss_before": before, "rss_after": after})
+            row.add(name, run, (after - before) / MEM_MSGS)
 
-        self.guarded(["drain"], f"drain of {n:,} run {run + 1}", measure)
+        self.guarded(["mem"], f"{name}: memory, run {run + 1}", measure)
 
-    def latency(self, run: int, rate: int) -> None:
-        k = f"{rate // 1000}k"
-        keys = [f"e2e_{k}_p50", f"e2e_{k}_p99", f"e2e_{k}_rate"]
-        topic = f"bench_e2e_{k}_{run}"
+    def batched(self, run: int, name: str) -> None:
+        """bench_writer MPUB-200 into a topic with one channel, then bench_reader on that
+        backlog."""
+        broker = self.brokers[name]
+        topic = f"bench_mpub_{run}"
         d = self.cfg.duration_s
 
         def measure() -> None:
+            broker.create_channel(topic)
+            try:
+                cmd = tool_cmd(self.writer, broker.tcp, topic, d, batch_size=MPUB_BATCH)
+                (w,) = run_tools([cmd], self.timeout())
+                count = broker.topic(topic)["message_count"]
+                w["broker_message_count"] = count
+                self.rows["mpub"].raw.append({"broker": name, "run": run, **w})
+                if count < w["msgs"]:
+                    raise BrokerError(f"bench_writer counted {w['msgs']:,.0f}, topic {count:,}")
+                self.rows["mpub"].add(name, run, w["rate"])
+                cmd = tool_cmd(self.reader, broker.tcp, topic, d, channel=CHANNEL, rdy=RDY)
+                (r,) = run_tools([cmd], self.timeout())
+                self.rows["consume"].raw.append({"broker": name, "run": run, **r})
+                if r["msgs"] >= 0.99 * count:
+                    self.rows["consume"].notes.append(
+                        f"{name} run {run + 1}: the backlog ({count:,}) ran out; a lower bound"
+                    )
+                self.rows["consume"].add(name, run, r["rate"])
+            finally:
+                self.delete_topic(broker, topic)
+
+        self.guarded(["mpub", "consume"], f"{name}: batched publish, run {run + 1}", measure)
+
+    def single(self, run: int, name: str) -> None:
+        broker = self.brokers[name]
+        topic = f"bench_pub_{run}"
+
+        def measure() -> None:
+            try:
+                cmd = tool_cmd(self.writer, broker.tcp, topic, self.cfg.duration_s, batch_size=1)
+                (w,) = run_tools([cmd], self.timeout())
+                self.rows["pub"].raw.append({"broker": name, "run": run, **w})
+                self.rows["pub"].add(name, run, w["rate"])
+            finally:
+                self.delete_topic(broker, topic)
+
+        self.guarded(["pub"], f"{name}: single PUB, run {run + 1}", measure)
+
+    def on_anchor(self, run: int) -> None:
+        """bench_writer against the minimal uvloop server, batched and single."""
+        d = self.cfg.duration_s
+        for key, batch in (("mpub", MPUB_BATCH), ("pub", 1)):
+
+            def measure(key: str = key, batch: int = batch) -> None:
+                cmd = tool_cmd(self.writer, self.anchor, "anchor", d, batch_size=batch)
+                (w,) = run_tools([cmd], self.timeout())
+                self.rows[key].add("anchor", run, w["rate"])
+
+            self.guarded([], f"anchor: {key}, run {run + 1}", measure)
+
+    def at_once(self, run: int, name: str) -> None:
+        broker = self.brokers[name]
+        topic = f"bench_both_{run}"
+        d = self.cfg.duration_s
+
+        def measure() -> None:
+            broker.create_channel(topic)
+            try:
+                cmds = [
+                    tool_cmd(self.writer, broker.tcp, topic, d, batch_size=MPUB_BATCH),
+                    tool_cmd(self.reader, broker.tcp, topic, d, channel=CHANNEL, rdy=RDY),
+                ]
+                w, r = run_tools(cmds, self.timeout())
+            finally:
+                self.delete_topic(broker, topic)
+            for key, res in (("both_pub", w), ("both_sub", r)):
+                self.rows[key].raw.append({"broker": name, "run": run, **res})
+                self.rows[key].add(name, run, res["rate"])
+
+        self.guarded(["both_pub", "both_sub"], f"{name}: at once, run {run + 1}", measure)
+
+    def e2e_rate(self, run: int) -> int:
+        """Half what srtm carried in and out at once in this run, within what our
+        generator can pace."""
+        w = self.rows["both_pub"].values.get("srtm", {}).get(run)
+        r = self.rows["both_sub"].values.get("srtm", {}).get(run)
+        if w is None or r is None:
+            return E2E_FALLBACK_RATE
+        return int(min(min(w, r) / 2, self.cfg.e2e_max_rate))
+
+    def latency(self, run: int, name: str) -> None:
+        broker = self.brokers[name]
+        keys = ["e2e_p50", "e2e_p99", "e2e_rate"]
+        topic = f"bench_e2e_{run}"
+        d = self.cfg.duration_s
+        rate = self.e2e_rate(run)
+
+        def measure() -> None:
             try:
                 res = self.task(
-                    "paced",
-                    d + self.cfg.settle_s,
-                    addr=self.broker.tcp,
-                    topic=topic,
-                    rate=rate,
-                    duration_s=d,
-                    settle_s=self.cfg.settle_s,
-                )
+                    "paced", d + self.cfg.settle_s, addr=broker.tcp, topic=topic, rate=rate,
+                    duration_s=d, settle_s=self.cfg.settle_s,
+                )  # fmt: skip
             finally:
-                self.delete_topic(topic)
-            self.rows[keys[0]].raw.append(res)
+                self.delete_topic(broker, topic)
+            self.rows["e2e_p50"].raw.append({"broker": name, "run": run, "rate": rate, **res})
             check_paced(res)
             for key, value in zip(keys, ("p50_us", "p99_us", "rate"), strict=True):
-                self.rows[key].samples.append(res[value])
+                self.rows[key].add(name, run, res[value])
 
-        self.guarded(keys, f"latency at {rate:,}/s run {run + 1}", measure)
+        self.guarded(keys, f"{name}: latency at {rate:,}/s, run {run + 1}", measure)
 
     def shaped(self, run: int) -> None:
+        broker = self.brokers["srtm"]
         keys = ["late_p50", "late_p99", "wait_p50", "wait_p99", "shaped_rate"]
         topic = f"bench_shaped_{run}"
         d = self.cfg.duration_s
@@ -788,23 +1005,21 @@ class Bench:
 
         def measure() -> None:
             q = urllib.parse.urlencode({"topic": topic, "rate": SHAPED_RATE, "burst": SHAPED_BURST})
-            self.broker.post(f"/srtm/bucket?{q}")
+            broker.post(f"/srtm/bucket?{q}")
             try:
                 res = self.task(
-                    "paced",
-                    d + settle,
-                    addr=self.broker.tcp,
-                    topic=topic,
-                    rate=SHAPED_OFFER,
-                    duration_s=d,
-                    settle_s=settle,
-                )
-                _, srtm = self.topic_doc(topic)
+                    "paced", d + settle, addr=broker.tcp, topic=topic, rate=SHAPED_OFFER,
+                    duration_s=d, settle_s=settle,
+                )  # fmt: skip
+                doc = broker.stats(topic)
             finally:
-                self.delete_topic(topic)
+                self.delete_topic(broker, topic)
+            srtm = next((t for t in doc["srtm"]["topics"] if t["topic"] == topic), None)
+            if srtm is None:
+                raise BrokerError(f"topic {topic} missing from /stats' srtm section")
             late, wait = srtm["release_lateness_ns"], srtm["token_wait_ns"]
             res.update(release_lateness_ns=late, token_wait_ns=wait, latency_ns=srtm["latency_ns"])
-            self.rows["late_p50"].raw.append(res)
+            self.rows["late_p50"].raw.append({"broker": "srtm", "run": run, **res})
             check_paced(res)
             if late["count"] != res["received"]:
                 raise BrokerError(
@@ -813,20 +1028,29 @@ class Bench:
                 )
             values = (late["p50"] / 1e3, late["p99"] / 1e3, wait["p50"] / 1e6, wait["p99"] / 1e6)
             for key, value in zip(keys, (*values, res["rate"]), strict=True):
-                self.rows[key].samples.append(value)
+                self.rows[key].add("srtm", run, value)
 
-        self.guarded(keys, f"shaped topic run {run + 1}", measure)
+        self.guarded(keys, f"srtm: shaped topic, run {run + 1}", measure)
 
     def steps(self, run: int) -> Iterator[tuple[str, Callable[[], None]]]:
-        for mode in THROUGHPUT:
-            yield mode, partial(self.throughput, run, mode)
-        yield "drain", partial(self.drain, run)
-        for rate in LATENCY_RATES:
-            yield f"e2e {rate:,}/s", partial(self.latency, run, rate)
-        yield "shaped", partial(self.shaped, run)
+        """One run: each measurement on both brokers back to back (memory first, on fresh
+        processes); the anchor between; the shaped topic last (srtm only)."""
+        both: list[tuple[str, Callable[[int, str], None]]] = [
+            ("memory", self.memory),
+            ("batched publish, consume", self.batched),
+            ("single PUB", self.single),
+            ("publish and consume at once", self.at_once),
+            ("end-to-end latency", self.latency),
+        ]
+        for what, fn in both:
+            for name in self.order(run):
+                yield f"{name}: {what}", partial(fn, run, name)
+            if fn == self.batched:
+                yield "anchor: bench_writer", partial(self.on_anchor, run)
+        yield "srtm: shaped topic", partial(self.shaped, run)
 
 
-STEPS_PER_RUN = len(THROUGHPUT) + 1 + len(LATENCY_RATES) + 1
+STEPS_PER_RUN = 5 * len(BROKERS) + 2
 
 
 def check_paced(res: dict[str, float]) -> None:
@@ -846,113 +1070,119 @@ DASH = "—"
 def fmt(value: float | None, unit: str) -> str:
     if value is None or value != value:
         return DASH
-    if unit == "msg/s":
+    if unit == "msg/s" or unit == "bytes":
         return f"{value:,.0f}"
     return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def spread(values: list[float], unit: str) -> str:
+    if len(values) < 2:
+        return DASH
+    return f"{fmt(min(values), unit)}–{fmt(max(values), unit)}"
 
 
 def verdict(ok: bool) -> str:
     return "[green]PASS[/]" if ok else "[red]FAIL[/]"
 
 
-def build_table(rows: dict[str, Row], cfg: Config, anchor_kind: str) -> Table:
+def goal_cell(row: Row) -> str:
+    ratios = row.ratios()
+    if row.ratio_goal is not None:
+        text = f"≥ {row.ratio_goal:g}×"
+        return f"{text} {verdict(statistics.median(ratios) >= row.ratio_goal)}" if ratios else text
+    if row.srtm_max is not None:
+        text = f"srtm ≤ {row.srtm_max:,.0f} {row.unit}"
+        med = row.median("srtm")
+        return f"{text} {verdict(med <= row.srtm_max)}" if med is not None else text
+    return row.goal_note
+
+
+def build_table(rows: dict[str, Row], cfg: Config) -> Table:
     table = Table(
-        title=f"srtm broker, median of {cfg.runs} run{'s' * (cfg.runs > 1)} "
+        title=f"srtm broker beside nsqd 1.3.0, median of {cfg.runs} run{'s' * (cfg.runs > 1)} "
         f"({platform.python_implementation()} {platform.python_version()}, "
-        f"{os.cpu_count()} cores{', pinned' if cfg.cpus else ''}, "
-        f"{cfg.duration_s:g} s per measurement)"
+        f"{os.cpu_count()} cores, {cfg.duration_s:g} s per measurement, "
+        f"--mem-queue-size {cfg.mem_queue_size:,} on both)"
     )
     table.add_column("measurement", no_wrap=True)
     table.add_column("unit", no_wrap=True)
-    table.add_column("broker", justify="right")
+    table.add_column("nsqd", justify="right")
     table.add_column("min–max", justify="right")
-    table.add_column("anchor ⁵", justify="right")
-    table.add_column("broker / anchor", justify="right")
-    table.add_column("nsqd 1.3.0 ⁶", justify="right")
-    table.add_column("broker / nsqd", justify="right")
+    table.add_column("srtm", justify="right")
+    table.add_column("min–max", justify="right")
+    table.add_column("srtm / nsqd", justify="right")
+    table.add_column("min–max", justify="right")
+    table.add_column("uvloop anchor ⁷", justify="right")
     table.add_column("goal", justify="right")
     for row in rows.values():
-        med = row.median
-        spread = (
-            f"{fmt(min(row.samples), row.unit)}–{fmt(max(row.samples), row.unit)}"
-            if len(row.samples) > 1
-            else DASH
-        )
-        anchor = row.anchor_median
-        vs_anchor = f"{med / anchor:.2f}×" if med is not None and anchor else DASH
-        nsqd = vs_nsqd = goal = DASH
-        if row.nsqd is not None:
-            lo, hi = row.nsqd
-            mid = (lo + hi) / 2
-            nsqd = f"{lo:,.0f}" if lo == hi else f"{lo:,.0f}–{hi:,.0f}"
-            if med is not None:
-                vs_nsqd = f"{med / mid:.2f}×"
-                goal = f"≥ {GOAL_VS_NSQD:g}× {verdict(med / mid >= GOAL_VS_NSQD)}"
-        if row.key == "late_p99" and med is not None:
-            goal = f"≤ {TARGET_LATENESS_P99_US:g} µs {verdict(med <= TARGET_LATENESS_P99_US)}"
-        value = fmt(med, row.unit)
-        if row.errors:
-            value = (
-                f"[red]{value} ({len(row.errors)} failed)[/]" if med is not None else "[red]failed"
-            )
+        cells = []
+        for who in BROKERS:
+            value = fmt(row.median(who), row.unit)
+            failed = sum(1 for e in row.errors if e.startswith(f"{who}:"))
+            if failed:
+                value = f"[red]{value} ({failed} failed)[/]"
+            cells += [value, spread(row.samples(who), row.unit)]
+        ratios = row.ratios()
+        ratio = f"{statistics.median(ratios):.2f}×" if ratios else DASH
+        ratio_spread = f"{min(ratios):.2f}–{max(ratios):.2f}" if len(ratios) > 1 else DASH
         table.add_row(
             row.label,
             row.unit,
-            value,
-            spread,
-            fmt(anchor, row.unit),
-            vs_anchor,
-            nsqd,
-            vs_nsqd,
-            goal,
+            *cells,
+            ratio,
+            ratio_spread,
+            fmt(row.median("anchor"), row.unit),
+            goal_cell(row),
             end_section=row.section_end,
         )
     return table
 
 
-def footnotes(cfg: Config, anchor_kind: str) -> list[str]:
+def footnotes(cfg: Config) -> list[str]:
+    d = f"{cfg.duration_s:g} s"
     return [
-        f"Messages of {BODY_SIZE} bytes; broker started with --mem-queue-size "
-        f"{cfg.mem_queue_size:,} (as nsq's bench.sh) and otherwise defaults; the generator "
-        "is a separate process (blocking sockets, one task at a time), the broker another: "
-        "on 2 cores each has one. Rows 1–3 publish to a topic without channels for "
-        f"{cfg.duration_s:g} s; rate = messages acknowledged / (first send .. last OK); the "
-        "topic's message_count is checked against the OKs, then the topic deleted.",
-        f"¹ one connection keeping {MPUB_OUTSTANDING} MPUBs of {MPUB_BATCH} unanswered: "
-        "bench_writer waits for each OK but opens one connection per core (2 here).",
-        f"² channel created first, N messages (≈ MPUB rate × {cfg.duration_s:g} s, "
-        f"{DRAIN_MIN:,}–{DRAIN_MAX:,}) published with MPUB-{MPUB_BATCH}, then one consumer: "
-        f"SUB, RDY {RDY}, a FIN for each message (one send per read); rate = N / (RDY .. "
-        "last message). Then checked: nothing more arrives, depth and in-flight are 0.",
-        "³ one generator process: a publisher sending PUBs on an absolute schedule (all due "
-        "messages in one send, nothing awaits the OKs) with time.time_ns() at send in the "
-        "body, and a consumer (RDY 2500, FIN each) on the same loop; latency = read time − "
-        f"send stamp, every message of a {cfg.duration_s:g} s run. Achieved = what the "
-        "consumer received per second. Includes the generator's own delays.",
-        f"⁴ POST /srtm/bucket rate={SHAPED_RATE} burst={SHAPED_BURST}; paced as ³ at "
-        f"{SHAPED_OFFER:,}/s (2 % over the rate, so the bucket stays busy); lateness "
-        "(dispatch − GCRA release time) and token wait (release − arrival) are the broker's "
-        "/stats for that topic after the backlog drained.",
-        f"⁵ a minimal {anchor_kind} server in its own process: reads the magic, then each "
-        "command line and its 4-byte size, skips the body, answers OK; keeps nothing: the "
-        "ceiling for a Python server on this machine, measured in the same run with the same "
-        "generator (for MPUB the generator, not the anchor, is then the bound).",
-        "⁶ the issue's figures for nsqd 1.3.0 on this kind of machine; broker / nsqd uses the "
-        "midpoint of a range (MPUB 430,000, drain 220,000).",
+        f"Messages of {BODY_SIZE} bytes. Each run starts both brokers fresh on 127.0.0.1 with "
+        f"--mem-queue-size {cfg.mem_queue_size:,} (as nsq's bench.sh) and otherwise defaults, "
+        "and measures each row on both back to back (which goes first swaps every run); "
+        "srtm / nsqd is the median of the per-run ratios. Load tools and brokers share the "
+        f"machine's cores. nsqd: {cfg.nsqd}.",
+        f"¹ NSQ's bench_writer --size={BODY_SIZE} --runfor={d} (one connection per core, each "
+        f"waiting for its OK), --batch-size={MPUB_BATCH} (MPUB) or 1 (PUB); its ops/s.",
+        f"² bench_writer's backlog (the topic has one channel, created first), then "
+        f"bench_reader --rdy={RDY} --runfor={d} on that channel; its ops/s (if the backlog "
+        "ran out, a lower bound: noted under the table).",
+        f"³ bench_writer (MPUB-{MPUB_BATCH}) and bench_reader on a fresh topic at once for {d}.",
+        f"⁴ our generator, one process: a publisher sending PUBs on an absolute schedule with "
+        "time.time_ns() in the body, and a consumer (RDY 2500, FIN each) on the same loop; "
+        "latency = read time − send stamp, every message. The rate is half of what srtm "
+        f"carried in and out at once (³, min of the two) in the same run, at most "
+        f"{cfg.e2e_max_rate:,}/s (past that the generator's own delays dominate); nsqd gets "
+        "the same rate.",
+        f"⁵ srtm only (nsqd has no shaping): POST /srtm/bucket rate={SHAPED_RATE} "
+        f"burst={SHAPED_BURST}; paced as ⁴ at {SHAPED_OFFER:,}/s (2 % over the rate, so the "
+        "bucket stays busy); lateness (dispatch − GCRA release time) and token wait (release "
+        "− arrival) from srtm's /stats after the backlog drained.",
+        f"⁶ the first measurement on each fresh broker: growth of its resident set (VmRSS) "
+        f"while {MEM_MSGS:,} messages are published (our generator, MPUB-{MPUB_BATCH}) into a "
+        "topic with one channel until the channel's depth reaches them, divided by their "
+        "number. Includes what the runtime holds beyond live data (Go's GC headroom, "
+        "Python's allocator).",
+        "⁷ a minimal uvloop server in its own process that reads each command and answers "
+        "OK, keeping nothing, under the same bench_writer: the ceiling for a Python server "
+        "on this machine.",
     ]
 
 
 def git_revision() -> str:
-    here = Path(__file__).resolve().parent.parent
     try:
         rev = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             timeout=5,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "-C", str(here), "status", "--porcelain", "src"],
+            ["git", "-C", str(REPO), "status", "--porcelain", "src"],
             capture_output=True,
             text=True,
             timeout=5,
@@ -962,24 +1192,24 @@ def git_revision() -> str:
     return rev + ("+dirty src" if dirty else "")
 
 
-def write_json(path: Path, bench: Bench, cfg: Config, anchor_kind: str) -> None:
+def write_json(path: Path, bench: Bench, cfg: Config) -> None:
     doc = {
         "python": sys.version,
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "loadavg": os.getloadavg(),
         "revision": git_revision(),
         "config": asdict(cfg),
-        "anchor": anchor_kind,
-        "nsqd_reference": NSQD,
         "rows": {
             k: {
                 "label": r.label.strip(),
                 "unit": r.unit,
-                "median": r.median,
-                "samples": r.samples,
-                "anchor_samples": r.anchor,
+                "median": {who: r.median(who) for who in (*BROKERS, "anchor")},
+                "values": r.values,
+                "ratios": r.ratios(),
                 "raw": r.raw,
                 "errors": r.errors,
+                "notes": r.notes,
             }
             for k, r in bench.rows.items()
         },
@@ -998,85 +1228,87 @@ app = typer.Typer(add_completion=False)
 def main(
     duration: Annotated[
         float | None,
-        typer.Option(help="Seconds per measurement (default 3; 0.5 with --quick)."),
+        typer.Option(help="Seconds per measurement (default 5; 1 with --quick)."),
     ] = None,
     runs: Annotated[
         int | None, typer.Option(min=1, help="Runs; medians over them (default 3; 1 --quick).")
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Smoke run of a few seconds.")] = False,
-    pin_cpus: Annotated[
-        bool,
+    nsqd: Annotated[
+        Path | None,
         typer.Option(
-            "--pin", help="Broker and anchor on CPU 0, generator on CPU 1 (default: unpinned)."
+            help="nsqd binary, bench_writer and bench_reader beside it "
+            "(default: ../shared/anchors/nsq-1.3.0/nsqd)."
         ),
-    ] = False,
+    ] = None,
     mem_queue_size: Annotated[
-        int, typer.Option(min=0, help="The broker's --mem-queue-size.")
+        int, typer.Option(min=0, help="--mem-queue-size of both brokers.")
     ] = MEM_QUEUE_SIZE,
+    e2e_max_rate: Annotated[
+        int, typer.Option(min=100, help="Highest rate for the end-to-end latency row.")
+    ] = E2E_MAX_RATE,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the raw numbers to this file.")
     ] = None,
 ) -> None:
-    """Load the srtm broker over NSQ's TCP protocol: MPUB, pipelined and synchronous PUB,
-    drain, end-to-end latency under paced load, release lateness of a shaped topic."""
+    """nsqd 1.3.0 and the srtm broker side by side: bench_writer (MPUB, PUB), bench_reader,
+    both at once, end-to-end latency, memory per queued message, and the shaped topic's
+    release lateness (srtm only)."""
+    nsqd_binary = find_nsqd(nsqd)
     cfg = Config(
-        duration_s=duration if duration is not None else (0.5 if quick else 3.0),
+        duration_s=duration if duration is not None else (1.0 if quick else 5.0),
         runs=runs if runs is not None else (1 if quick else 3),
         mem_queue_size=mem_queue_size,
         settle_s=1.0 if quick else 2.0,
-        cpus=(0, 1) if pin_cpus else None,
+        e2e_max_rate=e2e_max_rate,
+        nsqd=str(nsqd_binary),
     )
-    console = Console(width=max(Console().width, 170))
+    console = Console(width=max(Console().width, 200))
     log = Console(stderr=True, log_path=False)
     # SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process we started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = Path(tempfile.mkdtemp(prefix="srtm-bench-"))
-    bench: Bench | None = None
     gen: Generator | None = None
     try:
-        gen = Generator(cfg.cpus[1] if cfg.cpus else None)
-        with anchor_server(cfg.cpus[0] if cfg.cpus else None) as (anchor, anchor_kind):
-            bench = Bench(cfg, workdir, gen, anchor, log)
-            try:
-                columns = (
-                    TextColumn("{task.description}"),
-                    BarColumn(),
-                    TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(),
-                )
-                with Progress(*columns, console=log, transient=True) as progress:
-                    task = progress.add_task("warm-up", total=cfg.runs * STEPS_PER_RUN)
-                    bench.warm_up()
-                    for run in range(cfg.runs):
+        gen = Generator(None)
+        with anchor_server(None) as (anchor, _kind):
+            bench = Bench(cfg, nsqd_binary, workdir, gen, anchor, log)
+            columns = (
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(),
+            )
+            with Progress(*columns, console=log, transient=True) as progress:
+                task = progress.add_task("starting", total=cfg.runs * STEPS_PER_RUN)
+                for run in range(cfg.runs):
+                    progress.update(task, description=f"run {run + 1}: starting the brokers")
+                    with bench.started(run):
                         for name, step in bench.steps(run):
                             progress.update(task, description=f"run {run + 1}: {name}")
                             step()
                             progress.advance(task)
-            finally:
-                bench.stop()
     finally:
         if gen is not None:
             gen.close()
         shutil.rmtree(workdir, ignore_errors=True)
     if json_path is not None:  # first: a closed stdout must not cost the numbers
-        write_json(json_path, bench, cfg, anchor_kind)
-    console.print(build_table(bench.rows, cfg, anchor_kind))
-    lines = []
-    for key in THROUGHPUT:
-        row = bench.rows[key]
-        if row.median is not None and row.anchor_median:
-            lines.append(f"{key} {row.median / row.anchor_median:.2f}×")
-    console.print(f"broker / anchor: {', '.join(lines)}", highlight=False)
-    if bench.settle_s:
-        worst, typical = max(bench.settle_s) * 1e3, statistics.median(bench.settle_s) * 1e3
-        console.print(
-            f"after each topic deletion (+50 ms), /ping answered in at most {worst:,.1f} ms "
-            f"(median {typical:,.1f} ms): the broker freeing what the topic held, kept out of "
-            "the measurements",
-            highlight=False,
-        )
-    console.print(f"revision {git_revision()}", highlight=False)
-    for note in footnotes(cfg, anchor_kind):
+        write_json(json_path, bench, cfg)
+    console.print(build_table(bench.rows, cfg))
+    for row in bench.rows.values():
+        for note in row.notes:
+            console.print(f"{row.key}: {note}", highlight=False)
+    for name, times in bench.settle_s.items():
+        if times:
+            console.print(
+                f"{name}: after each topic deletion (+50 ms), /ping answered in at most "
+                f"{max(times) * 1e3:,.1f} ms (median {statistics.median(times) * 1e3:,.1f} ms), "
+                "kept out of the measurements",
+                highlight=False,
+            )
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    console.print(f"revision {git_revision()}; load average at the end {load}", highlight=False)
+    for note in footnotes(cfg):
         console.print(note, highlight=False)
     for problem in bench.problems:
         console.print(f"[red]problem:[/] {problem}", highlight=False)
