@@ -1,0 +1,327 @@
+"""The multi-tenant scenario: topics with different SLOs, rates and correlation arriving
+over time on capacity-limited brokers, one deleted midway, one whose sensors join one by
+one; and the replay of its placement decisions on the capacity ledger.
+
+``paper_scale()`` is the simulated scenario (the paper's brokers: 20 of 110 kmsg/s),
+``live_scale()`` the one run on local brokers. ``replay`` takes a scenario's events in
+order and places each on the ledger the previous ones left (``srtm.placement``): a topic
+as a whole when created, a joining sensor incrementally, a deletion freeing its share.
+It records every broker's ledger after every event. Pure: no I/O, no clock.
+
+Placement sees capacity in the topic's own *rate* units: ``allocated`` sums sub-bucket
+rates (1.1 × the publishers' rate), while the policies compare publisher load with
+``rcap``; a broker filled to ``rcap`` with load would be promised 10 % more than its
+``mcap``. Scaling each broker's line by the topic's ``load / rate`` keeps every promise
+within ``mcap``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from srtm.placement import (
+    BrokerCapacity,
+    LedgerEntry,
+    Policy,
+    PublisherLoad,
+    TopicSpec,
+    ledger,
+    place,
+)
+from srtm.ratelimit import BucketParams, split_floored
+from srtm.workload import PublisherSpec
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One topic of the scenario: its sensors (``publishers`` of ``rate`` msg/s each, in
+    correlation groups of ``group`` firing together; 0: independent) and its lifetime."""
+
+    name: str
+    slo_p99_ms: float
+    publishers: int
+    rate: float
+    process: Literal["poisson", "periodic"]
+    batch: int
+    group: int
+    arrive_s: float
+    delete_s: float | None = None
+    #: Sensors join one by one this far apart, the first at ``arrive_s`` (None: all at once).
+    join_every_s: float | None = None
+
+    def specs(self) -> list[PublisherSpec]:
+        return [
+            PublisherSpec(
+                f"{self.name}-s{i}",
+                self.rate,
+                self.process,
+                self.batch,
+                f"g{i // self.group}" if self.group else None,
+            )
+            for i in range(self.publishers)
+        ]
+
+    @property
+    def load(self) -> float:
+        return self.publishers * self.rate
+
+    @property
+    def kind(self) -> str:
+        corr = f"groups of {self.group}" if self.group else "independent"
+        return f"{self.process} ×{self.batch}, {corr}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    brokers: int
+    mcap: float
+    tenants: tuple[Tenant, ...]
+    #: Per-broker processing capacity of the live brokers (``--capacity``); 0 in the sim.
+    capacity: float = 0.0
+
+    def broker_ids(self) -> list[str]:
+        return [f"b{i + 1}" for i in range(self.brokers)]
+
+    @property
+    def deleted(self) -> Tenant:
+        return next(t for t in self.tenants if t.delete_s is not None)
+
+    @property
+    def joining(self) -> Tenant:
+        return next(t for t in self.tenants if t.join_every_s is not None)
+
+
+# -- the two scales ------------------------------------------------------------------------
+#: (process, batch, group size, SLO ms): the kinds of tenant, from smooth to bursty.
+KINDS: tuple[tuple[Literal["poisson", "periodic"], int, int, float], ...] = (
+    ("poisson", 10, 0, 5.0),  # meters: independent readings
+    ("periodic", 10, 10, 10.0),  # alarms: groups of 10 in lockstep
+    ("poisson", 10, 5, 3.0),  # telemetry: small correlated groups
+    ("periodic", 10, 0, 2.0),  # tracking: periodic, independent, the tightest SLO
+    ("poisson", 10, 20, 20.0),  # events: large bursts, loose SLO
+    ("periodic", 10, 5, 3.0),  # control: small lockstep groups
+)
+#: Sensors per tenant (10 msg/s each), cycled: 2–50 kmsg/s per topic.
+SIZES = (600, 2_400, 1_200, 4_000, 300, 1_800, 3_000, 900, 5_000, 1_500, 2_000)
+
+
+def paper_scale(topics: int = 54) -> Scenario:
+    """The paper's brokers (20 of 110 kmsg/s, 10 msg/s sensors): ``topics`` tenants, one
+    a second; the 11th deleted midway; the 6th's 1,000 sensors join one by one."""
+    if topics < 12:
+        raise ValueError(f"the scenario needs at least 12 topics, got {topics}")
+    tenants = []
+    for i in range(topics):
+        process, batch, group, slo = KINDS[i % len(KINDS)]
+        t = Tenant(
+            f"t{i:02d}", slo, SIZES[i % len(SIZES)], 10.0, process, batch, group, float(i)
+        )
+        if i == 5:
+            t = replace(t, publishers=1_000, join_every_s=(topics - 10) / 1_000)
+        if i == 10:
+            t = replace(t, delete_s=topics / 2)
+        tenants.append(t)
+    return Scenario("multi-tenant", 20, 110_000.0, tuple(tenants))
+
+
+def live_scale() -> Scenario:
+    """Four brokers of 2,000 msg/s (``mcap`` 1,200) on this machine; six tenants of
+    10 msg/s sensors arriving over 25 s, the 3rd deleted at 30 s, the 4th's 20 sensors
+    joining one a second."""
+    tenants = (
+        Tenant("meters", 40.0, 40, 10.0, "poisson", 1, 0, 0.0),
+        Tenant("alarms", 60.0, 60, 10.0, "periodic", 1, 10, 5.0),
+        Tenant("telemetry", 30.0, 30, 10.0, "poisson", 1, 5, 10.0, delete_s=30.0),
+        Tenant("sensors", 50.0, 20, 10.0, "poisson", 1, 0, 15.0, join_every_s=1.0),
+        Tenant("tracking", 25.0, 50, 10.0, "periodic", 1, 0, 20.0),
+        Tenant("events", 80.0, 40, 10.0, "poisson", 1, 20, 25.0),
+    )
+    return Scenario("multi-tenant", 4, 1_200.0, tenants, capacity=2_000.0)
+
+
+# -- events --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Event:
+    t_s: float
+    what: Literal["create", "join", "delete"]
+    topic: str
+    #: The sensors the event brings (create: those present at once; join: the one).
+    publishers: tuple[PublisherSpec, ...] = ()
+
+
+def events(sc: Scenario) -> list[Event]:
+    """The scenario's events in time order (creations before joins at the same time)."""
+    out: list[Event] = []
+    for t in sc.tenants:
+        specs = t.specs()
+        if t.join_every_s is None:
+            out.append(Event(t.arrive_s, "create", t.name, tuple(specs)))
+        else:
+            out.append(Event(t.arrive_s, "create", t.name, tuple(specs[:1])))
+            out += [
+                Event(t.arrive_s + i * t.join_every_s, "join", t.name, (s,))
+                for i, s in enumerate(specs[1:], 1)
+            ]
+        if t.delete_s is not None:
+            out.append(Event(t.delete_s, "delete", t.name))
+    order = {"create": 0, "join": 1, "delete": 2}
+    return sorted(out, key=lambda e: (e.t_s, order[e.what]))
+
+
+# -- the replay ----------------------------------------------------------------------------
+@dataclass
+class Plan:
+    """One topic's plan in the replay: the envelope declared for all its sensors, those
+    joined, where each went and the sub-buckets."""
+
+    declared: TopicSpec
+    joined: list[PublisherLoad] = field(default_factory=list)
+    assignment: dict[str, list[PublisherLoad]] = field(default_factory=dict)
+    buckets: dict[str, BucketParams] = field(default_factory=dict)
+    unassigned: list[PublisherLoad] = field(default_factory=list)
+    problem: str | None = None
+
+    def current(self) -> TopicSpec:
+        """The declared rate in proportion to the sensors joined so far (what capacity
+        must cover), the declared burst whole: a group's burst is as large with one group
+        joined as with all of them."""
+        part = self.declared.with_publishers(self.joined)
+        return replace(part, burst=self.declared.burst)
+
+    def resplit(self) -> None:
+        """Sub-buckets by assigned rate, as the controller splits (``_new_plan``)."""
+        self.assignment = {b: ps for b, ps in self.assignment.items() if ps}
+        rates = [math.fsum(p.rate for p in ps) for ps in self.assignment.values()]
+        spec = self.current()
+        placed = math.fsum(rates) / spec.load if spec.load else 0.0
+        self.buckets, self.problem = {}, None
+        if not rates:
+            return
+        try:
+            parts = split_floored(spec.rate * placed, max(1.0, spec.burst * placed), rates)
+        except ValueError as exc:
+            self.problem = f"no sub-buckets: {exc}"
+            return
+        self.buckets = dict(zip(self.assignment, parts, strict=True))
+
+
+@dataclass(frozen=True)
+class LedgerSample:
+    t_s: float
+    event: str
+    allocated: dict[str, float]
+
+
+@dataclass
+class Replay:
+    policy: Policy
+    plans: dict[str, Plan] = field(default_factory=dict)
+    samples: list[LedgerSample] = field(default_factory=list)
+    #: Every broker a topic's plan used at any time, per topic.
+    used: dict[str, set[str]] = field(default_factory=dict)
+
+
+def fleet(entries: Sequence[LedgerEntry], spec: TopicSpec) -> list[BrokerCapacity]:
+    """The brokers as a policy placing ``spec`` should see them: each line of the ledger
+    in the topic's load units (see the module docstring)."""
+    f = spec.load / spec.rate if spec.rate > 0 else 1.0
+    return [BrokerCapacity(e.id, e.mcap * f, e.load * f) for e in entries]
+
+
+def book(sc: Scenario, plans: dict[str, Plan]) -> list[LedgerEntry]:
+    """The ledger of ``sc``'s brokers with ``plans`` (nothing measured: the sim's traffic
+    is what was promised)."""
+    return ledger(((b, sc.mcap, 0.0) for b in sc.broker_ids()), (p.buckets for p in plans.values()))
+
+
+def replay(
+    sc: Scenario,
+    policy: Policy,
+    declared: dict[str, TopicSpec],
+    *,
+    seed: int = 0,
+    until_s: float = math.inf,
+) -> Replay:
+    """``sc``'s events up to ``until_s`` under ``policy``; ``declared``: each topic's
+    envelope for all its sensors (``(r, b)``, SLO)."""
+    rep = Replay(policy)
+    for ev in events(sc):
+        if ev.t_s > until_s:
+            break
+        apply(sc, rep, ev, declared[ev.topic], seed)
+        entries = book(sc, rep.plans)
+        rep.samples.append(
+            LedgerSample(ev.t_s, f"{ev.what} {ev.topic}", {e.id: e.allocated for e in entries})
+        )
+        if ev.topic in rep.plans:
+            rep.used.setdefault(ev.topic, set()).update(rep.plans[ev.topic].assignment)
+    return rep
+
+
+def apply(sc: Scenario, rep: Replay, ev: Event, declared: TopicSpec, seed: int) -> None:
+    """One event on the replay's plans."""
+    loads = [PublisherLoad(p.id, p.rate, p.group) for p in ev.publishers]
+    if ev.what == "delete":
+        rep.plans.pop(ev.topic, None)
+        return
+    if ev.what == "create":
+        plan = rep.plans[ev.topic] = Plan(declared, list(loads))
+        placed = place(rep.policy, fleet(book(sc, rep.plans), plan.current()), plan.current(), seed)
+        by_id = {p.id: p for p in loads}
+        plan.assignment = {a.broker: [by_id[p] for p in a.publishers] for a in placed.assignments}
+        plan.unassigned = [by_id[p] for p in placed.unassigned]
+        plan.resplit()
+        return
+    plan = rep.plans[ev.topic]
+    others = {n: p for n, p in rep.plans.items() if n != ev.topic}
+    for pub in loads:
+        plan.joined.append(pub)
+        where = join_broker(rep.policy, plan, pub, book(sc, others | {ev.topic: plan}))
+        if where is None:
+            plan.unassigned.append(pub)
+        else:
+            plan.assignment.setdefault(where, []).append(pub)
+        plan.resplit()
+
+
+def join_broker(
+    policy: Policy, plan: Plan, pub: PublisherLoad, entries: Sequence[LedgerEntry]
+) -> str | None:
+    """Where a joining sensor goes, without moving anyone already placed (a stand-in for
+    the controller's incremental placement). SRTM: of the topic's brokers with room, the
+    one furthest below its share of the sensor's group; a new broker (the most ``rcap``)
+    only when none has room. LB: the broker with the least load that has room."""
+    spec = plan.current()
+    f = spec.load / spec.rate if spec.rate > 0 else 1.0
+    room = {e.id: e.rcap * f for e in entries}
+    fits = [e for e in entries if room[e.id] + 1e-9 >= pub.rate]
+    if policy == "lb" or not plan.assignment:
+        pick = min(fits, key=lambda e: (e.load, e.id), default=None) if policy == "lb" else None
+        if pick is None and policy != "lb":
+            pick = max(fits, key=lambda e: (room[e.id], e.id), default=None)
+        return None if pick is None else pick.id
+    mine = [b for b in plan.assignment if room.get(b, 0.0) + 1e-9 >= pub.rate]
+    if not mine:
+        new = [e for e in fits if e.id not in plan.assignment]
+        return max(new, key=lambda e: (room[e.id], e.id)).id if new else None
+    carried = {b: math.fsum(p.rate for p in ps) for b, ps in plan.assignment.items()}
+    total = math.fsum(carried.values())
+    members = [p for p in plan.joined if p.group == pub.group]
+    group_rate = math.fsum(p.rate for p in members)
+
+    def behind(b: str) -> float:
+        got = math.fsum(p.rate for p in plan.assignment[b] if p.group == pub.group)
+        return carried[b] / total * group_rate - got
+
+    return max(mine, key=lambda b: (behind(b), b))
+
+
+def active_at(sc: Scenario, t_s: float) -> Iterator[Tenant]:
+    """The tenants that exist at ``t_s``."""
+    for t in sc.tenants:
+        if t.arrive_s <= t_s and (t.delete_s is None or t_s < t.delete_s):
+            yield t
