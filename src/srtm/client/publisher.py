@@ -106,7 +106,13 @@ class Publisher:
             return self.address
         assert self._session is not None
         url = f"{self.controller}/assign"
-        async with self._session.get(url, params={"topic": self.topic, "publisher": self.id}) as r:
+        # Its rate and group too: an open topic places a publisher it does not know yet.
+        params = {"topic": self.topic, "publisher": self.id}
+        if self.rate:
+            params["rate"] = repr(float(self.rate))
+        if self.group:
+            params["group"] = self.group
+        async with self._session.get(url, params=params) as r:
             doc: dict[str, Any] = await r.json()
             if r.status != 200:
                 raise ConnectionError(f"controller: {doc.get('message')}")

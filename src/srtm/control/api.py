@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import os
 import stat
 import time
@@ -19,16 +20,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from srtm.control.documents import (
     AssignQuery,
     BrokerReport,
     Brokers,
+    Deleted,
     Error,
     Info,
     Lookup,
     Move,
+    NewPublishers,
     NewTopic,
     Nodes,
     Plan,
@@ -36,9 +39,11 @@ from srtm.control.documents import (
     Registered,
     Registration,
     Taken,
+    TopicChange,
     TopicList,
     TopicParam,
     TopicStatus,
+    describe,
     parse,
 )
 from srtm.control.state import BrokerInfo, ControlError
@@ -47,6 +52,8 @@ from srtm.openapi import OpenApiDoc, Route, document
 from srtm.placement import TopicSpec, place
 from srtm.security import bearer_matches
 from srtm.version import NSQD_VERSION
+
+log = logging.getLogger("srtm.control")
 
 if TYPE_CHECKING:
     from srtm.control.documents import FitSettings
@@ -135,12 +142,62 @@ class ControllerAPI:
             fleet = self.ctrl.check_new_topic(spec)
             placement = await asyncio.to_thread(place, new.policy, fleet, spec, self.ctrl.seed)
             actions = self.ctrl.create_topic(
-                spec, new.policy, time.monotonic(), placement, placed_on=fleet
-            )
+                spec, new.policy, time.monotonic(), placement, placed_on=fleet,
+                open=new.open, rate_auto=new.rate_auto,
+            )  # fmt: skip
         self.service.execute(actions)
         if new.fit is not None:
             self.service.start_fitting(spec.name, new.fit, model)
         return web.json_response(self.ctrl.topic_doc(spec.name), status=201)
+
+    async def delete_topic(self, request: web.Request) -> web.Response:
+        """Stop managing a topic: brokers drop its sub-buckets, the ledger frees its
+        share; messages already accepted are still delivered (/lookup lists the brokers
+        holding them until they are empty)."""
+        name = request.match_info["name"]
+        async with self.placing:
+            actions = self.ctrl.delete_topic(name)
+        log.info("topic %s deleted", name)
+        self.service.execute(actions)
+        return web.json_response({"topic": name, "deleted": True})
+
+    async def change_topic(self, request: web.Request) -> web.Response:
+        """Change a topic's SLO, rate, burst or policy: a rate or burst re-splits its
+        bucket, a policy places it again."""
+        doc = parse(TopicChange, await _json(request))
+        name = request.match_info["name"]
+        async with self.placing:
+            actions = self.ctrl.change_topic(
+                name, slo_p99_ms=doc.slo_p99_ms, rate=doc.rate, burst=doc.burst,
+                policy=doc.policy,
+            )  # fmt: skip
+        return self._changed(name, actions)
+
+    async def add_publishers(self, request: web.Request) -> web.Response:
+        """Publishers join: placed by the policy's incremental rule, nobody already placed
+        moves; the bucket is re-split."""
+        doc = parse(NewPublishers, await _json(request))
+        name = request.match_info["name"]
+        async with self.placing:
+            actions = self.ctrl.add_publishers(name, doc.loads())
+        return self._changed(name, actions)
+
+    async def remove_publisher(self, request: web.Request) -> web.Response:
+        """A publisher leaves; the bucket is re-split over those left."""
+        name = request.match_info["name"]
+        async with self.placing:
+            actions = self.ctrl.remove_publisher(name, request.match_info["id"])
+        return self._changed(name, actions)
+
+    def _changed(self, name: str, actions: list[Action]) -> web.Response:
+        """Carry a lifecycle change out (or only save it), warn of brokers over mcap."""
+        for note in self.ctrl.note_over(name):
+            log.warning("topic %s: %s", name, note)
+        if actions:
+            self.service.execute(actions)
+        else:
+            self.service.save_state()
+        return web.json_response(self.ctrl.topic_doc(name))
 
     def _new_topic(self, doc: dict[str, Any]) -> tuple[NewTopic, TopicSpec]:
         new = parse(NewTopic, doc, models_dir=self.models_dir)
@@ -162,8 +219,17 @@ class ControllerAPI:
         return web.json_response(self.ctrl.plan(_query(request, TopicParam).topic))
 
     async def assign(self, request: web.Request) -> web.Response:
-        """The broker a publisher should use."""
+        """The broker a publisher should use; an unknown one of an open topic joins first,
+        with the rate (required) and group it tells."""
         q = _query(request, AssignQuery)
+        topic = self.ctrl.topics.get(q.topic)
+        if topic is not None and topic.open:
+            async with self.placing:
+                actions = self.ctrl.join_open(q.topic, q.publisher, q.rate, q.group)
+            if actions:
+                for note in self.ctrl.note_over(q.topic):
+                    log.warning("topic %s: %s", q.topic, note)
+                self.service.execute(actions)
         return web.json_response(self.ctrl.assign(q.topic, q.publisher))
 
     # -- nsqlookupd's ----------------------------------------------------------------------
@@ -171,9 +237,10 @@ class ControllerAPI:
         """nsqlookupd's /lookup: the topic's live brokers, then any live broker still
         holding its messages (draining, never a publish target)."""
         name = _query(request, TopicParam).topic
-        if name not in self.ctrl.topics:
+        holding = self.ctrl.producers(name)  # a deleted topic: while brokers hold it
+        if name not in self.ctrl.topics and not holding:
             return web.json_response({"message": "TOPIC_NOT_FOUND"}, status=404)
-        producers = _producers(self.ctrl.producers(name))
+        producers = _producers(holding)
         return web.json_response({"channels": [], "producers": producers})
 
     async def topics(self, request: web.Request) -> web.Response:
@@ -189,7 +256,7 @@ class ControllerAPI:
         rows = [
             {"id": b.id, "tcp_address": b.tcp_address, "http_address": b.http_address,
              "mcap": e.mcap, "allocated": e.allocated, "measured": e.measured,
-             "rcap": e.rcap, "down": b.down}
+             "rcap": e.rcap, "down": b.down, "over": e.allocated > e.mcap * (1 + 1e-9)}
             for e in self.ctrl.ledger()
             for b in (self.ctrl.brokers[e.id],)
         ]  # fmt: skip
@@ -213,7 +280,8 @@ class ControllerAPI:
 _REFUSALS = {
     400: "A malformed request: the message names the field",
     404: "No such topic, broker or publisher",
-    409: "The topic exists, or the broker id is registered at another address and up",
+    409: "The topic or publisher id exists, the topic is being fitted, or the broker id is "
+    "registered at another address and up",
     413: "More publishers than the controller's --max-publishers",
     503: "No broker up, or the publisher is unassigned (capacity is short)",
 }
@@ -232,12 +300,20 @@ ROUTES: tuple[Route, ...] = (
           status=201, errors=_refusals(400, 409, 413, 503)),
     Route("GET", "/topics/{name}", ControllerAPI.get_topic, answer=TopicStatus,
           errors=_refusals(404)),
+    Route("DELETE", "/topics/{name}", ControllerAPI.delete_topic, answer=Deleted,
+          errors=_refusals(404, 409)),
+    Route("PATCH", "/topics/{name}", ControllerAPI.change_topic, body=TopicChange,
+          answer=TopicStatus, errors=_refusals(400, 404, 409, 503)),
+    Route("POST", "/topics/{name}/publishers", ControllerAPI.add_publishers, body=NewPublishers,
+          answer=TopicStatus, errors=_refusals(400, 404, 409, 413, 503)),
+    Route("DELETE", "/topics/{name}/publishers/{id}", ControllerAPI.remove_publisher,
+          answer=TopicStatus, errors=_refusals(404, 409)),
     Route("POST", "/topics/{name}/move", ControllerAPI.move, body=Move, answer=Plan,
           errors=_refusals(400, 404)),
     Route("GET", "/plan", ControllerAPI.plan, query=TopicParam, answer=Plan,
           errors=_refusals(400, 404)),
     Route("GET", "/assign", ControllerAPI.assign, query=AssignQuery, answer=PublisherAssignment,
-          errors=_refusals(400, 404, 503)),
+          errors=_refusals(400, 404, 409, 413, 503)),
     Route("GET", "/lookup", ControllerAPI.lookup, query=TopicParam, answer=Lookup,
           errors=_refusals(400, 404)),
     Route("GET", "/topics", ControllerAPI.topics, answer=TopicList),
@@ -313,14 +389,20 @@ async def _json(request: web.Request) -> dict[str, Any]:
 
 
 def _query(request: web.Request, model: type[Q]) -> Q:
-    """The query as ``model``: each of its parameters given and not empty."""
+    """The query as ``model``: each required parameter given and not empty; numbers
+    parsed from their text (finite only)."""
     values = {}
-    for key in model.model_fields:
+    for key, info in model.model_fields.items():
         value = request.query.get(key)
         if not value:
+            if not info.is_required():
+                continue
             raise ControlError(400, f"missing query parameter {key!r}")
         values[key] = value
-    return model.model_validate(values)
+    try:
+        return model.model_validate(values, strict=False)
+    except ValidationError as exc:
+        raise ControlError(400, describe(exc)) from None
 
 
 def _producers(brokers: Sequence[BrokerInfo]) -> list[dict[str, Any]]:

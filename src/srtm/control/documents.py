@@ -205,7 +205,11 @@ class NewTopic(_Request):
         FitSettings | None, BeforeValidator(_fit_shorthand), Field(json_schema_extra=_or_boolean)
     ] = None
     publishers: list[PublisherDoc] = Field(
-        min_length=1, description="at most the controller's --max-publishers (413)"
+        default_factory=list,
+        description="at least one unless open; at most the controller's --max-publishers (413)",
+    )
+    open: bool = Field(
+        False, description="unknown publishers may join by GET /assign with their rate"
     )
 
     _bucket: tuple[float, float] = PrivateAttr()
@@ -218,6 +222,8 @@ class NewTopic(_Request):
         dup = sorted(i for i, n in ids.items() if n > 1)[:5]
         if dup:
             raise ValueError(f"publishers: duplicate ids {dup}")
+        if not self.publishers and not self.open:
+            raise ValueError('publishers: at least one (or "open": true)')
         if self.burst == "profile":
             if self.arrivals_ns is None or len(self.arrivals_ns) < 2:
                 raise ValueError('arrivals_ns: burst "profile" needs a list of >= 2 timestamps')
@@ -226,12 +232,20 @@ class NewTopic(_Request):
         else:
             load = math.fsum(p["rate"] for p in self.publishers)
             rate, burst = (RATE_MARGIN * load if self.rate is None else self.rate), self.burst
+        if rate == 0:  # open, no publishers yet, rate following them: no bucket to check
+            self._bucket = (0.0, burst)
+            return self
         try:  # a bucket that no broker could schedule is refused here, not by every broker
             check_bucket(rate, burst)
         except ValueError as exc:
             raise ValueError(f"topic: {exc}") from None
         self._bucket = (rate, burst)
         return self
+
+    @property
+    def rate_auto(self) -> bool:
+        """No rate given (nor profiled): it follows the publishers as they join and leave."""
+        return self.rate is None and self.burst != "profile"
 
     def to_topic(self) -> TopicSpec:
         rate, burst = self._bucket
@@ -246,6 +260,41 @@ class Move(_Request):
     to: str = Field(description="a broker id")
 
 
+class NewPublishers(_Request):
+    """``POST /topics/{name}/publishers``: publishers joining a topic."""
+
+    publishers: list[PublisherDoc] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> NewPublishers:
+        ids = collections.Counter(p["id"] for p in self.publishers)
+        dup = sorted(i for i, n in ids.items() if n > 1)[:5]
+        if dup:
+            raise ValueError(f"publishers: duplicate ids {dup}")
+        return self
+
+    def loads(self) -> list[PublisherLoad]:
+        return [PublisherLoad(p["id"], p["rate"], p.get("group")) for p in self.publishers]
+
+
+class TopicChange(_Request):
+    """``PATCH /topics/{name}``: any of these, at least one. A rate or burst re-splits the
+    bucket; a policy places the topic again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    slo_p99_ms: float | None = Field(None, gt=0)
+    rate: float | None = Field(None, gt=0)
+    burst: float | None = Field(None, ge=1)
+    policy: Policy | None = None
+
+    @model_validator(mode="after")
+    def _some(self) -> TopicChange:
+        if not self.model_fields_set:
+            raise ValueError("give at least one of slo_p99_ms, rate, burst, policy")
+        return self
+
+
 class TopicParam(_Request):
     """``GET /plan``, ``GET /lookup``: the topic asked about."""
 
@@ -256,6 +305,12 @@ class AssignQuery(TopicParam):
     """``GET /assign``: the publisher asking which broker to use."""
 
     publisher: str = Field(min_length=1, description="its id")
+    rate: float | None = Field(
+        None, gt=0, description="msg/s it sends: needed to join an open topic"
+    )
+    group: str | None = Field(
+        None, min_length=1, max_length=256, description="its correlation group, if any"
+    )
 
 
 # -- answers ---------------------------------------------------------------------------------
@@ -325,6 +380,7 @@ class TopicStatus(Plan):
     publishers: int = Field(description="how many publishers it has")
     events: list[str]
     fitting: FittingStatus | None
+    open: bool = Field(description="unknown publishers may join by GET /assign")
 
 
 class PublisherAssignment(_Answer):
@@ -371,10 +427,20 @@ class BrokerLoad(_Answer):
     #: ``mcap - max(allocated, measured)``, never negative: what placement may still use.
     rcap: float
     down: bool
+    #: ``allocated > mcap``: promised more than it can take (a warning; a PATCH raised a
+    #: rate, say).
+    over: bool
 
 
 class Brokers(_Answer):
     brokers: list[BrokerLoad]
+
+
+class Deleted(_Answer):
+    """``DELETE /topics/{name}``: no longer managed; its accepted messages drain."""
+
+    topic: str
+    deleted: bool
 
 
 class TopicList(_Answer):

@@ -29,6 +29,7 @@ from srtm.control.state import (
     Migrate,
     PlanChanged,
     SetBucket,
+    Unmanage,
 )
 from srtm.control.store import Store
 from srtm.placement import RoundResult
@@ -141,7 +142,7 @@ class ControllerService:
     def _persist(self, actions: list[Action]) -> asyncio.Future[None] | None:
         """Have what ``actions`` changed written; the last write's future (None: none)."""
         last = None
-        if any(isinstance(a, PlanChanged) for a in actions):
+        if any(isinstance(a, PlanChanged | Unmanage) for a in actions):
             last = self.save_state()
         for name in {a.topic for a in actions if isinstance(a, SetBucket)}:
             topic = self.ctrl.topics[name]
@@ -191,6 +192,7 @@ class ControllerService:
             with contextlib.suppress(Exception):
                 await written
         pushes = [self._push_bucket(a) for a in actions if isinstance(a, SetBucket)]
+        pushes += [self._unmanage(a) for a in actions if isinstance(a, Unmanage)]
         await asyncio.gather(*pushes)
         for a in actions:
             if isinstance(a, Migrate):
@@ -250,8 +252,22 @@ class ControllerService:
                   "burst": repr(action.bucket.burst)}  # fmt: skip
         await self._post_to_broker(action.broker, "/srtm/bucket", params, action.topic)
 
+    async def _unmanage(self, action: Unmanage) -> None:
+        """The broker drops the topic's sub-bucket and releases what it holds of it (404:
+        it never had the topic, nothing to drop)."""
+        params = {"topic": action.topic}
+        await self._post_to_broker(
+            action.broker, "/srtm/bucket", params, action.topic, "DELETE", fine=(200, 404)
+        )
+
     async def _post_to_broker(
-        self, broker: str, path: str, params: dict[str, str], what: str
+        self,
+        broker: str,
+        path: str,
+        params: dict[str, str],
+        what: str,
+        method: str = "POST",
+        fine: tuple[int, ...] = (200,),
     ) -> None:
         """POST an order to a broker; a refusal or an unreachable broker is logged, not
         raised (a re-registering broker gets its sub-buckets again)."""
@@ -260,8 +276,9 @@ class ControllerService:
             return
         try:
             url = _broker_url(info, path)
-            async with self._session.post(url, params=params, headers=self._headers()) as r:
-                if r.status != 200:
+            request = self._session.request(method, url, params=params, headers=self._headers())
+            async with request as r:
+                if r.status not in fine:
                     log.warning("broker %s refused %s: %s", broker, params, await r.text())
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning("broker %s unreachable for %s: %s", broker, what, exc)

@@ -7,12 +7,14 @@ persists ``to_json()`` after each change and rebuilds with ``from_json`` on rest
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from srtm.control.validate import ControlError, parse_address, topic_name
 from srtm.placement import (
+    RATE_MARGIN,
     AdaptorSettings,
     BrokerCapacity,
     LedgerEntry,
@@ -22,12 +24,21 @@ from srtm.placement import (
     TopicSpec,
     WindowReport,
     adapt,
+    join,
     ledger,
     place,
 )
-from srtm.ratelimit import BucketParams, merge, split_floored
+from srtm.ratelimit import BucketParams, check_bucket, merge, split_floored
 
-__all__ = ["Action", "ControlError", "Controller", "Migrate", "PlanChanged", "SetBucket"]
+__all__ = [
+    "Action",
+    "ControlError",
+    "Controller",
+    "Migrate",
+    "PlanChanged",
+    "SetBucket",
+    "Unmanage",
+]
 
 
 @dataclass
@@ -67,6 +78,10 @@ class TopicState:
     #: The plan version the TB Adaptor last saw, and until when it leaves it alone.
     adapted_version: int = 0
     adapt_after_s: float = 0.0
+    #: Unknown publishers may join by ``/assign`` (self-registration).
+    open: bool = False
+    #: The rate was not given: it follows the publishers (RATE_MARGIN × their total).
+    rate_auto: bool = False
 
     @property
     def status(self) -> str:
@@ -99,7 +114,16 @@ class Migrate:
     version: int
 
 
-Action = SetBucket | PlanChanged | Migrate
+@dataclass(frozen=True, slots=True)
+class Unmanage:
+    """``topic`` is no longer managed: ``broker`` drops its sub-bucket and releases what
+    it holds of it (messages already accepted are still delivered)."""
+
+    broker: str
+    topic: str
+
+
+Action = SetBucket | PlanChanged | Migrate | Unmanage
 
 
 #: Publishers one topic may have (a bigger topic is refused with 413): placement and
@@ -232,6 +256,9 @@ class Controller:
         now: float,
         placement: Placement | None = None,
         placed_on: list[BrokerCapacity] | None = None,
+        *,
+        open: bool = False,
+        rate_auto: bool = False,
     ) -> list[Action]:
         """Create and place ``spec``; ``placement``, when given, was computed off the
         event loop (``place(policy, placed_on, spec, seed)`` with ``placed_on =
@@ -245,7 +272,7 @@ class Controller:
             raise ControlError(503, "a broker went down while the topic was being placed")
         elif placed_on is not None and _overtaken(placement, placed_on, fleet):
             placement = place(policy, fleet, spec, self.seed)
-        topic = self.topics[spec.name] = TopicState(spec, policy)
+        topic = self.topics[spec.name] = TopicState(spec, policy, open=open, rate_auto=rate_auto)
         for a in placement.assignments:
             topic.assignment[a.broker] = list(a.publishers)
         topic.unassigned = list(placement.unassigned)
@@ -316,6 +343,160 @@ class Controller:
             if p in before and before[p] != b and before[p] in self.brokers
         ]
         return [*actions[:-1], *orders, actions[-1]]
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def _changeable(self, name: str) -> TopicState:
+        """The topic, if a lifecycle change may touch it now (404; 409 while fitting:
+        fitting owns the plan until it is done)."""
+        topic = self._topic(name)
+        if topic.status == "fitting":
+            raise ControlError(409, f"topic {name!r} is being fitted; try again when done")
+        return topic
+
+    def delete_topic(self, name: str) -> list[Action]:
+        """Stop managing ``name``: its plan is gone (the ledger frees its share) and every
+        broker up is told to drop its sub-bucket and release what it holds, so messages
+        already accepted are still delivered (/lookup lists brokers holding them)."""
+        self._changeable(name)
+        del self.topics[name]
+        self.replace_pending = True  # capacity freed: place others' unassigned publishers
+        return [Unmanage(b.id, name) for b in self.up()]
+
+    def change_topic(
+        self,
+        name: str,
+        *,
+        slo_p99_ms: float | None = None,
+        rate: float | None = None,
+        burst: float | None = None,
+        policy: Policy | None = None,
+    ) -> list[Action]:
+        """PATCH: a new SLO is recorded; a new rate or burst re-splits the bucket over the
+        same brokers; a new policy places the topic again as a whole (migration orders
+        for the publishers that move). No actions: nothing to push (save the state)."""
+        topic = self._changeable(name)
+        spec = topic.spec
+        new_rate = spec.rate if rate is None else rate
+        new_burst = spec.burst if burst is None else burst
+        if rate is not None or burst is not None:
+            try:
+                check_bucket(new_rate, new_burst)
+            except ValueError as exc:
+                raise ControlError(400, f"topic: {exc}") from None
+        changed = [
+            f"{k} {v:g}"
+            for k, v in (("slo_p99_ms", slo_p99_ms), ("rate", rate), ("burst", burst))
+            if v is not None
+        ]
+        topic.spec = dataclasses.replace(
+            spec,
+            slo_p99_ms=spec.slo_p99_ms if slo_p99_ms is None else slo_p99_ms,
+            rate=new_rate,
+            burst=new_burst,
+        )
+        if rate is not None:
+            topic.rate_auto = False
+        if policy is not None and policy != topic.policy:
+            fleet = self.fleet(exclude=name)
+            if not fleet:
+                raise ControlError(503, "no broker is registered and up")
+            placement = place(policy, fleet, topic.spec, self.seed)
+            topic.policy = policy
+            assignment = {a.broker: list(a.publishers) for a in placement.assignments}
+            note = f"changed {', '.join([*changed, f'policy {policy}'])}: placed again"
+            return self.set_assignment(name, assignment, list(placement.unassigned), note)
+        if not changed:
+            return []
+        topic.events.append(f"changed {', '.join(changed)}")
+        if rate is None and burst is None:
+            return []
+        return self._new_plan(topic)
+
+    def add_publishers(self, name: str, publishers: list[PublisherLoad]) -> list[Action]:
+        """Join ``publishers`` to the topic by its policy's incremental rule
+        (``srtm.placement.joining``): nobody already placed moves; who fits nowhere is
+        unassigned (status ``short``). Then the bucket is re-split."""
+        topic = self._changeable(name)
+        if not publishers:
+            raise ControlError(400, "publishers: at least one")
+        known = {p.id for p in topic.spec.publishers}
+        ids = [p.id for p in publishers]
+        taken = sorted({i for i in ids if i in known or ids.count(i) > 1})[:5]
+        if taken:
+            raise ControlError(409, f"publishers: ids already in topic {name!r}: {taken}")
+        if len(known) + len(publishers) > self.max_publishers:
+            raise ControlError(
+                413, f"publishers: {len(known) + len(publishers)} > {self.max_publishers} per topic"
+            )
+        fleet = self.fleet(exclude=name)
+        if not fleet:
+            raise ControlError(503, "no broker is registered and up")
+        by_id = {p.id: p for p in topic.spec.publishers}
+        current = {b: [by_id[p] for p in ps] for b, ps in topic.assignment.items()}
+        self._set_publishers(topic, [*topic.spec.publishers, *publishers])
+        scale = topic.spec.rate / topic.spec.load  # what the ledger counts per msg/s
+        joined = join(topic.policy, fleet, current, publishers, scale)
+        for b, ps in joined.placed.items():
+            topic.assignment.setdefault(b, []).extend(ps)
+        topic.unassigned += joined.unassigned
+        where = ", ".join(f"{len(ps)} on {b}" for b, ps in joined.placed.items())
+        topic.events.append(
+            f"{len(publishers)} publishers joined: {where or 'none placed'}"
+            + (f"; {len(joined.unassigned)} unassigned" if joined.unassigned else "")
+        )
+        return self._new_plan(topic)
+
+    def remove_publisher(self, name: str, publisher: str) -> list[Action]:
+        """The publisher leaves: out of the topic and its plan, the bucket re-split over
+        who is left; nobody else moves."""
+        topic = self._changeable(name)
+        if publisher not in {p.id for p in topic.spec.publishers}:
+            raise ControlError(404, f"publisher {publisher!r} is not in topic {name!r}")
+        self._set_publishers(topic, [p for p in topic.spec.publishers if p.id != publisher])
+        topic.assignment = {
+            b: [p for p in ps if p != publisher] for b, ps in topic.assignment.items()
+        }
+        topic.unassigned = [p for p in topic.unassigned if p != publisher]
+        topic.events.append(f"publisher {publisher} left")
+        self.replace_pending = True  # capacity freed
+        return self._new_plan(topic)
+
+    def join_open(
+        self, name: str, publisher: str, rate: float | None, group: str | None
+    ) -> list[Action]:
+        """Self-registration on ``/assign``: an unknown publisher of an ``open`` topic
+        joins with the rate and group it tells (no rate: 400). A known one: nothing."""
+        topic = self._topic(name)
+        if any(p.id == publisher for p in topic.spec.publishers):
+            return []
+        if not topic.open:
+            raise ControlError(404, f"publisher {publisher!r} is not in topic {name!r}")
+        if rate is None:
+            raise ControlError(400, f"rate: required to join open topic {name!r}")
+        return self.add_publishers(name, [PublisherLoad(publisher, rate, group)])
+
+    def _set_publishers(self, topic: TopicState, publishers: list[PublisherLoad]) -> None:
+        spec = topic.spec
+        rate = RATE_MARGIN * math.fsum(p.rate for p in publishers) if topic.rate_auto else spec.rate
+        topic.spec = dataclasses.replace(spec, publishers=tuple(publishers), rate=rate)
+
+    def over(self) -> list[LedgerEntry]:
+        """Brokers promised more than their ``mcap`` (an operator's warning: a PATCH
+        raised a rate, or a fleet shrank)."""
+        return [e for e in self.ledger() if e.allocated > e.mcap * (1 + 1e-9)]
+
+    def note_over(self, name: str) -> list[str]:
+        """Warnings for the brokers over ``mcap`` that carry ``name``, kept as its events."""
+        topic = self.topics.get(name)
+        if topic is None:
+            return []
+        notes = [
+            f"warning: broker {e.id} is promised {e.allocated:.6g} msg/s > mcap {e.mcap:.6g}"
+            for e in self.over()
+            if e.id in topic.buckets
+        ]
+        topic.events += notes
+        return notes
 
     # -- time ----------------------------------------------------------------------------
     def tick(self, now: float) -> list[Action]:
@@ -458,6 +639,7 @@ class Controller:
             "publishers": len(topic.spec.publishers),
             "events": topic.events,
             "fitting": topic.fitting,
+            "open": topic.open,
         }
 
     def topic_brokers(self, name: str) -> list[BrokerInfo]:
@@ -496,6 +678,8 @@ class Controller:
                     "unassigned": t.unassigned,
                     "events": t.events,
                     "fitting": t.fitting,
+                    "open": t.open,
+                    "rate_auto": t.rate_auto,
                 }
                 for t in self.topics.values()
             ],
@@ -520,6 +704,8 @@ class Controller:
                 list(t["unassigned"]),
                 list(t.get("events", [])),
                 _interrupted(t.get("fitting")),
+                open=bool(t.get("open", False)),
+                rate_auto=bool(t.get("rate_auto", False)),
             )
             if t["unassigned"]:
                 self.replace_pending = True

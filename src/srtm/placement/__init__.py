@@ -1,5 +1,5 @@
-"""Pure load distribution: policies, the capacity ledger, online fitting, the TB Adaptor's
-rule."""
+"""Pure load distribution: policies, the capacity ledger, incremental joins, online
+fitting, the TB Adaptor's rule."""
 
 from srtm.placement.adaptor import AdaptorSettings, WindowReport, adapt
 from srtm.placement.fitting import (
@@ -11,6 +11,7 @@ from srtm.placement.fitting import (
     judge,
     search_quantum,
 )
+from srtm.placement.joining import Joined, join
 from srtm.placement.ledger import LedgerEntry, allocated, ledger
 from srtm.placement.model import (
     RATE_MARGIN,
@@ -32,6 +33,7 @@ __all__ = [
     "BrokerCapacity",
     "Finished",
     "Fitting",
+    "Joined",
     "LedgerEntry",
     "Placement",
     "Policy",
@@ -43,6 +45,7 @@ __all__ = [
     "WindowReport",
     "adapt",
     "allocated",
+    "join",
     "judge",
     "ledger",
     "parse_brokers",
