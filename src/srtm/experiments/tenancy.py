@@ -7,27 +7,21 @@ one; and the replay of its placement decisions on the capacity ledger.
 order and places each on the ledger the previous ones left (``srtm.placement``): a topic
 as a whole when created, a joining sensor incrementally, a deletion freeing its share.
 It records every broker's ledger after every event. Pure: no I/O, no clock.
-
-Placement sees capacity in the topic's own *rate* units: ``allocated`` sums sub-bucket
-rates (1.1 × the publishers' rate), while the policies compare publisher load with
-``rcap``; a broker filled to ``rcap`` with load would be promised 10 % more than its
-``mcap``. Scaling each broker's line by the topic's ``load / rate`` keeps every promise
-within ``mcap``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from srtm.placement import (
-    BrokerCapacity,
     LedgerEntry,
     Policy,
     PublisherLoad,
     TopicSpec,
+    join,
     ledger,
     place,
 )
@@ -117,9 +111,7 @@ def paper_scale(topics: int = 54) -> Scenario:
     tenants = []
     for i in range(topics):
         process, batch, group, slo = KINDS[i % len(KINDS)]
-        t = Tenant(
-            f"t{i:02d}", slo, SIZES[i % len(SIZES)], 10.0, process, batch, group, float(i)
-        )
+        t = Tenant(f"t{i:02d}", slo, SIZES[i % len(SIZES)], 10.0, process, batch, group, float(i))
         if i == 5:
             t = replace(t, publishers=1_000, join_every_s=(topics - 10) / 1_000)
         if i == 10:
@@ -225,13 +217,6 @@ class Replay:
     used: dict[str, set[str]] = field(default_factory=dict)
 
 
-def fleet(entries: Sequence[LedgerEntry], spec: TopicSpec) -> list[BrokerCapacity]:
-    """The brokers as a policy placing ``spec`` should see them: each line of the ledger
-    in the topic's load units (see the module docstring)."""
-    f = spec.load / spec.rate if spec.rate > 0 else 1.0
-    return [BrokerCapacity(e.id, e.mcap * f, e.load * f) for e in entries]
-
-
 def book(sc: Scenario, plans: dict[str, Plan]) -> list[LedgerEntry]:
     """The ledger of ``sc``'s brokers with ``plans`` (nothing measured: the sim's traffic
     is what was promised)."""
@@ -263,61 +248,32 @@ def replay(
 
 
 def apply(sc: Scenario, rep: Replay, ev: Event, declared: TopicSpec, seed: int) -> None:
-    """One event on the replay's plans."""
+    """One event on the replay's plans, decided as the controller decides it: a new topic
+    placed whole by ``place`` on the ledger, a joining sensor by ``join`` beside the
+    topic's sensors already placed (nobody moves), a deletion freeing its share."""
     loads = [PublisherLoad(p.id, p.rate, p.group) for p in ev.publishers]
     if ev.what == "delete":
         rep.plans.pop(ev.topic, None)
         return
+    others = book(sc, {n: p for n, p in rep.plans.items() if n != ev.topic})
+    fleet = [e.capacity() for e in others]
     if ev.what == "create":
         plan = rep.plans[ev.topic] = Plan(declared, list(loads))
-        placed = place(rep.policy, fleet(book(sc, rep.plans), plan.current()), plan.current(), seed)
+        placed = place(rep.policy, fleet, plan.current(), seed)
         by_id = {p.id: p for p in loads}
         plan.assignment = {a.broker: [by_id[p] for p in a.publishers] for a in placed.assignments}
         plan.unassigned = [by_id[p] for p in placed.unassigned]
         plan.resplit()
         return
     plan = rep.plans[ev.topic]
-    others = {n: p for n, p in rep.plans.items() if n != ev.topic}
-    for pub in loads:
-        plan.joined.append(pub)
-        where = join_broker(rep.policy, plan, pub, book(sc, others | {ev.topic: plan}))
-        if where is None:
-            plan.unassigned.append(pub)
-        else:
-            plan.assignment.setdefault(where, []).append(pub)
-        plan.resplit()
-
-
-def join_broker(
-    policy: Policy, plan: Plan, pub: PublisherLoad, entries: Sequence[LedgerEntry]
-) -> str | None:
-    """Where a joining sensor goes, without moving anyone already placed (a stand-in for
-    the controller's incremental placement). SRTM: of the topic's brokers with room, the
-    one furthest below its share of the sensor's group; a new broker (the most ``rcap``)
-    only when none has room. LB: the broker with the least load that has room."""
+    plan.joined += loads
     spec = plan.current()
-    f = spec.load / spec.rate if spec.rate > 0 else 1.0
-    room = {e.id: e.rcap * f for e in entries}
-    fits = [e for e in entries if room[e.id] + 1e-9 >= pub.rate]
-    if policy == "lb" or not plan.assignment:
-        pick = min(fits, key=lambda e: (e.load, e.id), default=None) if policy == "lb" else None
-        if pick is None and policy != "lb":
-            pick = max(fits, key=lambda e: (room[e.id], e.id), default=None)
-        return None if pick is None else pick.id
-    mine = [b for b in plan.assignment if room.get(b, 0.0) + 1e-9 >= pub.rate]
-    if not mine:
-        new = [e for e in fits if e.id not in plan.assignment]
-        return max(new, key=lambda e: (room[e.id], e.id)).id if new else None
-    carried = {b: math.fsum(p.rate for p in ps) for b, ps in plan.assignment.items()}
-    total = math.fsum(carried.values())
-    members = [p for p in plan.joined if p.group == pub.group]
-    group_rate = math.fsum(p.rate for p in members)
-
-    def behind(b: str) -> float:
-        got = math.fsum(p.rate for p in plan.assignment[b] if p.group == pub.group)
-        return carried[b] / total * group_rate - got
-
-    return max(mine, key=lambda b: (behind(b), b))
+    joined = join(rep.policy, fleet, plan.assignment, loads, spec.rate / spec.load)
+    by_id = {p.id: p for p in loads}
+    for b, ids in joined.placed.items():
+        plan.assignment.setdefault(b, []).extend(by_id[i] for i in ids)
+    plan.unassigned += [by_id[i] for i in joined.unassigned]
+    plan.resplit()
 
 
 def active_at(sc: Scenario, t_s: float) -> Iterator[Tenant]:

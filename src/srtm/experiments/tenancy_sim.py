@@ -14,6 +14,7 @@ placed.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,9 @@ def states(sc: Scenario) -> list[State]:
     return [State("before the deletion", sc.deleted.delete_s - 1e-6), State("end", end)]  # type: ignore[operator]
 
 
-def declare(sc: Scenario, window_s: float, seed: int) -> tuple[dict[str, Trace], dict[str, TopicSpec]]:
+def declare(
+    sc: Scenario, window_s: float, seed: int
+) -> tuple[dict[str, Trace], dict[str, TopicSpec]]:
     """Each topic's trace (all its sensors) and the envelope profiled on it."""
     from srtm.experiments.figures.common import profiled_bucket
 
@@ -136,14 +139,25 @@ def ledger_of(sc: Scenario, rep: Replay) -> dict[str, Any]:
 
 
 def multi_tenant_sim(
-    out_dir: Path, *, seed: int = 0, topics: int = 54, window_s: float = WINDOW_S
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    topics: int = 54,
+    window_s: float = WINDOW_S,
+    on_progress: Callable[[str, float, float], None] | None = None,
 ) -> FigureResult:
     """The scenario under SRTM and LB; writes ``multi-tenant.{png,md,json}``."""
     t0 = time.perf_counter()
+    progress = on_progress or (lambda *_: None)
     sc = paper_scale(topics)
     model = paper()
+    progress("profiling the topics", 0, len(POLICIES) + 1)
     traces, specs = declare(sc, window_s, seed)
-    runs = {p: run_policy(sc, p, traces, specs, model, seed) for p in POLICIES}
+    runs = {}
+    for i, p in enumerate(POLICIES, 1):
+        progress(f"replaying and simulating {p}", i, len(POLICIES) + 1)
+        runs[p] = run_policy(sc, p, traces, specs, model, seed)
+    progress("writing", len(POLICIES) + 1, len(POLICIES) + 1)
     summary = {
         p: {
             "topics": len(r["topics"]),

@@ -72,9 +72,7 @@ def simulate_fleet(
             lat[topic].append((base[at:end] + token + sojourn[at:end])[keep])
             tok[topic].append(token[keep])
             at = end
-    stats = {
-        t: Stats.of(_joined(lat[t]), _joined(tok[t])) for t in shares
-    }
+    stats = {t: Stats.of(_joined(lat[t]), _joined(tok[t])) for t in shares}
     return FleetResult(stats, util)
 
 
