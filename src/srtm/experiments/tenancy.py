@@ -115,7 +115,7 @@ def paper_scale(topics: int = 54) -> Scenario:
         if i == 5:
             t = replace(t, publishers=1_000, join_every_s=(topics - 10) / 1_000)
         if i == 10:
-            t = replace(t, delete_s=topics / 2)
+            t = replace(t, delete_s=(10 + topics) / 2)
         tenants.append(t)
     return Scenario("multi-tenant", 20, 110_000.0, tuple(tenants))
 

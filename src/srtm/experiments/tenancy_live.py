@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ TAIL_S = 5.0
 JOIN_LEAD_S = 0.5
 DRAIN_S = 30.0
 MAX_LATE_S = 0.01
+#: A run that had to skip more than this share of its events measured a busy machine.
+MAX_SKIPPED = 0.001
 
 
 @dataclass
@@ -134,9 +137,9 @@ async def _drive(
     url, headers = cluster.url, cluster.headers
     evs = events(sc)
     info.end_s = evs[-1].t_s + TAIL_S
-    for i, t in enumerate(sc.tenants):
-        rate, burst = profile(t, seed + i)
-        info.topics[t.name] = TopicRun(t, rate, burst, seed + i)
+    for i, tenant in enumerate(sc.tenants):
+        rate, burst = profile(tenant, seed + i)
+        info.topics[tenant.name] = TopicRun(tenant, rate, burst, seed + i)
     tasks: list[asyncio.Task[Any]] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         info.t0_ns = time.time_ns() + int(0.5e9)
@@ -160,10 +163,10 @@ async def _drive(
             while (left := end_ns - time.time_ns()) > 0:
                 progress("running", info.end_s - left / 1e9, info.end_s)
                 await asyncio.sleep(min(0.5, left / 1e9))  # the scenario's tail is a span
-            for t in info.topics.values():
-                if t.emulator is not None:
-                    t.report = t.emulator.report
-            await asyncio.gather(*(t for t in tasks if t.get_name() == "send"),
+            for topic_run in info.topics.values():
+                if topic_run.emulator is not None:
+                    topic_run.report = topic_run.emulator.report
+            await asyncio.gather(*(task for task in tasks if task.get_name() == "send"),
                                  return_exceptions=True)  # fmt: skip
             progress("draining", 0, 1)
             await _drain(info)
@@ -175,9 +178,9 @@ async def _drive(
             for task in [sampler, *tasks]:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            for t in info.topics.values():
-                if t.emulator is not None:
-                    await t.emulator.close()
+            for topic_run in info.topics.values():
+                if topic_run.emulator is not None:
+                    await topic_run.emulator.close()
 
 
 async def _create(
@@ -203,8 +206,9 @@ async def _start_topic(
     until = t.delete_s if t.delete_s is not None else info.end_s
     sink = topic.sink = Sink(url, t.name, traces, info.run)
     await sink.wait_brokers(1)
+    schedule = schedule_of(t, until, topic.seed)
     emulator = topic.emulator = Emulator(
-        schedule_of(t, until, topic.seed), t.name, {}, name=f"tenant-{t.name}", max_late_s=MAX_LATE_S
+        schedule, t.name, {}, name=f"tenant-{t.name}", max_late_s=MAX_LATE_S
     )
     start = info.t0_ns + int(t.arrive_s * 1e9)
     emulator.stop_at(info.t0_ns + int(until * 1e9))
@@ -230,7 +234,8 @@ async def _sample(http: aiohttp.ClientSession, url: str, info: LiveTenancy) -> N
             async with http.get(f"{url}/brokers") as r:
                 doc = await r.json()
             t_s = (time.time_ns() - info.t0_ns) / 1e9
-            info.ledger.append({"t_s": t_s, "brokers": doc["brokers"]})
+            load1 = os.getloadavg()[0] / (os.cpu_count() or 1)
+            info.ledger.append({"t_s": t_s, "brokers": doc["brokers"], "load_per_cpu": load1})
         await asyncio.sleep(1.0)  # the sampling period
 
 
@@ -282,8 +287,25 @@ def summarize(sc: Scenario, info: LiveTenancy, traces: Path) -> dict[str, Any]:
         "mcap": sc.mcap, "capacity": sc.capacity, "end_s": info.end_s, "topics": topics,
         "ledger": info.ledger, "refused": info.refused,
     }  # fmt: skip
+    summary["disturbed"] = disturbed(topics, info.ledger)
     summary["checks"] = checks(topics, over, info.refused)
     return summary
+
+
+def disturbed(topics: list[dict[str, Any]], ledger: list[dict[str, Any]]) -> str | None:
+    """Why the run measured the machine rather than the brokers, if it did: send events
+    skipped as too late, or a load average above the machine's CPUs
+    (``measurement-validity.md``'s thresholds in spirit, on this run's own figures)."""
+    skipped = sum(t["skipped_late"] for t in topics)
+    sent = sum(t["accounting"]["published"] for t in topics) or 1
+    load = max((s.get("load_per_cpu", 0.0) for s in ledger), default=0.0)
+    why = []
+    if skipped > MAX_SKIPPED * sent:
+        why.append(f"{skipped:,} send events skipped as over {MAX_LATE_S * 1e3:g} ms late "
+                   f"({skipped / sent:.1%} of the messages sent)")  # fmt: skip
+    if load > 1.0:
+        why.append(f"load average {load:.2f} per CPU")
+    return "; ".join(why) or None
 
 
 def checks(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from srtm.analysis import token_delays
-from srtm.sim.arrivals import NS_PER_S, IntArray, Trace
+from srtm.sim.arrivals import NS_PER_S, BoolArray, IntArray, Trace
 from srtm.sim.engine import Share, Stats, _service_ns
 from srtm.sim.model import BrokerModel
 from srtm.sim.queue import pooled
@@ -76,7 +76,7 @@ def simulate_fleet(
     return FleetResult(stats, util)
 
 
-def _released(trace: Trace, share: Share) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+def _released(trace: Trace, share: Share) -> tuple[IntArray, IntArray, BoolArray, IntArray]:
     """(arrival, release, first-of-event, token wait) of ``share``'s messages."""
     rows = trace.rows_of(share.publishers)
     arrive = trace.t_ns[rows]
