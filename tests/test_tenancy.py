@@ -42,7 +42,7 @@ def test_events_create_before_joins_and_delete_after() -> None:
     assert [e.what for e in evs if e.topic == sc.deleted.name] == ["create", "delete"]
 
 
-def _specs(sc: tenancy.Scenario) -> dict[str, TopicSpec]:
+def _specs(sc: tenancy.TenancyScenario) -> dict[str, TopicSpec]:
     _, specs = declare(sc, 1.0, 0)
     return specs
 

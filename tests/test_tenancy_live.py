@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from srtm.experiments import tenancy_live, tenancy_report
-from srtm.experiments.tenancy import Scenario, Tenant
+from srtm.experiments.tenancy import TenancyScenario, Tenant
 
 
 @pytest.mark.slow
 def test_a_small_multi_tenant_run_accounts_for_every_message(tmp_path: Path) -> None:
-    sc = Scenario(
+    sc = TenancyScenario(
         "multi-tenant",
         2,
         600.0,

@@ -69,7 +69,7 @@ class Tenant:
 
 
 @dataclass(frozen=True)
-class Scenario:
+class TenancyScenario:
     name: str
     brokers: int
     mcap: float
@@ -103,7 +103,7 @@ KINDS: tuple[tuple[Literal["poisson", "periodic"], int, int, float], ...] = (
 SIZES = (600, 2_400, 1_200, 4_000, 300, 1_800, 3_000, 900, 5_000, 1_500, 2_000)
 
 
-def paper_scale(topics: int = 54) -> Scenario:
+def paper_scale(topics: int = 54) -> TenancyScenario:
     """The paper's brokers (20 of 110 kmsg/s, 10 msg/s sensors): ``topics`` tenants, one
     a second; the 11th deleted midway; the 6th's 1,000 sensors join one by one."""
     if topics < 12:
@@ -117,10 +117,10 @@ def paper_scale(topics: int = 54) -> Scenario:
         if i == 10:
             t = replace(t, delete_s=(10 + topics) / 2)
         tenants.append(t)
-    return Scenario("multi-tenant", 20, 110_000.0, tuple(tenants))
+    return TenancyScenario("multi-tenant", 20, 110_000.0, tuple(tenants))
 
 
-def live_scale() -> Scenario:
+def live_scale() -> TenancyScenario:
     """Four brokers of 2,000 msg/s (``mcap`` 1,200) on this machine; six tenants of
     10 msg/s sensors arriving over 25 s, the 3rd deleted at 30 s, the 4th's 20 sensors
     joining one a second."""
@@ -132,7 +132,7 @@ def live_scale() -> Scenario:
         Tenant("tracking", 25.0, 50, 10.0, "periodic", 1, 0, 20.0),
         Tenant("events", 80.0, 40, 10.0, "poisson", 1, 20, 25.0),
     )
-    return Scenario("multi-tenant", 4, 1_200.0, tenants, capacity=2_000.0)
+    return TenancyScenario("multi-tenant", 4, 1_200.0, tenants, capacity=2_000.0)
 
 
 # -- events --------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ class Event:
     publishers: tuple[PublisherSpec, ...] = ()
 
 
-def events(sc: Scenario) -> list[Event]:
+def events(sc: TenancyScenario) -> list[Event]:
     """The scenario's events in time order (creations before joins at the same time)."""
     out: list[Event] = []
     for t in sc.tenants:
@@ -166,7 +166,7 @@ def events(sc: Scenario) -> list[Event]:
 
 # -- the replay ----------------------------------------------------------------------------
 @dataclass
-class Plan:
+class TenantPlan:
     """One topic's plan in the replay: the envelope declared for all its sensors, those
     joined, where each went and the sub-buckets."""
 
@@ -211,20 +211,20 @@ class LedgerSample:
 @dataclass
 class Replay:
     policy: Policy
-    plans: dict[str, Plan] = field(default_factory=dict)
+    plans: dict[str, TenantPlan] = field(default_factory=dict)
     samples: list[LedgerSample] = field(default_factory=list)
     #: Every broker a topic's plan used at any time, per topic.
     used: dict[str, set[str]] = field(default_factory=dict)
 
 
-def book(sc: Scenario, plans: dict[str, Plan]) -> list[LedgerEntry]:
+def book(sc: TenancyScenario, plans: dict[str, TenantPlan]) -> list[LedgerEntry]:
     """The ledger of ``sc``'s brokers with ``plans`` (nothing measured: the sim's traffic
     is what was promised)."""
     return ledger(((b, sc.mcap, 0.0) for b in sc.broker_ids()), (p.buckets for p in plans.values()))
 
 
 def replay(
-    sc: Scenario,
+    sc: TenancyScenario,
     policy: Policy,
     declared: dict[str, TopicSpec],
     *,
@@ -247,7 +247,7 @@ def replay(
     return rep
 
 
-def apply(sc: Scenario, rep: Replay, ev: Event, declared: TopicSpec, seed: int) -> None:
+def apply(sc: TenancyScenario, rep: Replay, ev: Event, declared: TopicSpec, seed: int) -> None:
     """One event on the replay's plans, decided as the controller decides it: a new topic
     placed whole by ``place`` on the ledger, a joining sensor by ``join`` beside the
     topic's sensors already placed (nobody moves), a deletion freeing its share."""
@@ -258,7 +258,7 @@ def apply(sc: Scenario, rep: Replay, ev: Event, declared: TopicSpec, seed: int) 
     others = book(sc, {n: p for n, p in rep.plans.items() if n != ev.topic})
     fleet = [e.capacity() for e in others]
     if ev.what == "create":
-        plan = rep.plans[ev.topic] = Plan(declared, list(loads))
+        plan = rep.plans[ev.topic] = TenantPlan(declared, list(loads))
         placed = place(rep.policy, fleet, plan.current(), seed)
         by_id = {p.id: p for p in loads}
         plan.assignment = {a.broker: [by_id[p] for p in a.publishers] for a in placed.assignments}
@@ -276,7 +276,7 @@ def apply(sc: Scenario, rep: Replay, ev: Event, declared: TopicSpec, seed: int) 
     plan.resplit()
 
 
-def active_at(sc: Scenario, t_s: float) -> Iterator[Tenant]:
+def active_at(sc: TenancyScenario, t_s: float) -> Iterator[Tenant]:
     """The tenants that exist at ``t_s``."""
     for t in sc.tenants:
         if t.arrive_s <= t_s and (t.delete_s is None or t_s < t.delete_s):

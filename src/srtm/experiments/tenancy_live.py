@@ -29,7 +29,7 @@ from srtm.analysis import profile_bucket
 from srtm.experiments import analysis
 from srtm.experiments.figures.common import BURST_MARGIN
 from srtm.experiments.live import OnProgress, Sink, _run_async
-from srtm.experiments.tenancy import Scenario, Tenant, events, live_scale
+from srtm.experiments.tenancy import TenancyScenario, Tenant, events, live_scale
 from srtm.launch import LocalCluster, start_cluster
 from srtm.placement import Policy
 from srtm.workload import Schedule, build
@@ -96,7 +96,7 @@ def schedule_of(t: Tenant, end_s: float, seed: int) -> Schedule:
 
 
 def run(
-    out: Path, policy: Policy = "srtm", *, sc: Scenario | None = None,
+    out: Path, policy: Policy = "srtm", *, sc: TenancyScenario | None = None,
     seed: int = 0, on_progress: OnProgress | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the live scenario under ``policy``; traces under ``out/traces``; the summary
@@ -131,7 +131,7 @@ def run(
 
 
 async def _drive(
-    sc: Scenario, policy: str, cluster: LocalCluster, traces: Path, info: LiveTenancy,
+    sc: TenancyScenario, policy: str, cluster: LocalCluster, traces: Path, info: LiveTenancy,
     seed: int, progress: OnProgress,
 ) -> None:  # fmt: skip
     url, headers = cluster.url, cluster.headers
@@ -251,7 +251,7 @@ async def _drain(info: LiveTenancy) -> None:
             t.received = await t.sink.until(t.report.acknowledged, DRAIN_S)
 
 
-def summarize(sc: Scenario, info: LiveTenancy, traces: Path) -> dict[str, Any]:
+def summarize(sc: TenancyScenario, info: LiveTenancy, traces: Path) -> dict[str, Any]:
     """Per topic p99 against its SLO and the accounting; the ledger samples; the checks."""
     broker_rows, sub_rows = analysis.load(traces, info.run)
     topics = []

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from srtm.experiments.figures.common import FigureResult, claim, pyplot, write
-from srtm.experiments.tenancy import Replay, Scenario, active_at, paper_scale, replay
+from srtm.experiments.tenancy import Replay, TenancyScenario, active_at, paper_scale, replay
 from srtm.placement import Policy, PublisherLoad, TopicSpec
 from srtm.sim.arrivals import Trace, generate
 from srtm.sim.engine import Share
@@ -41,13 +41,13 @@ class State:
     t_s: float
 
 
-def states(sc: Scenario) -> list[State]:
+def states(sc: TenancyScenario) -> list[State]:
     end = max(t.arrive_s + (t.join_every_s or 0.0) * t.publishers for t in sc.tenants)
     return [State("before the deletion", sc.deleted.delete_s - 1e-6), State("end", end)]  # type: ignore[operator]
 
 
 def declare(
-    sc: Scenario, window_s: float, seed: int
+    sc: TenancyScenario, window_s: float, seed: int
 ) -> tuple[dict[str, Trace], dict[str, TopicSpec]]:
     """Each topic's trace (all its sensors) and the envelope profiled on it."""
     from srtm.experiments.figures.common import profiled_bucket
@@ -64,7 +64,7 @@ def declare(
 
 
 def evaluate(
-    sc: Scenario,
+    sc: TenancyScenario,
     rep: Replay,
     state: State,
     traces: dict[str, Trace],
@@ -86,7 +86,7 @@ def evaluate(
 
 
 def run_policy(
-    sc: Scenario,
+    sc: TenancyScenario,
     policy: Policy,
     traces: dict[str, Trace],
     specs: dict[str, TopicSpec],
@@ -119,7 +119,7 @@ def run_policy(
     return {"topics": topics, "ledger": ledger_of(sc, full)}
 
 
-def ledger_of(sc: Scenario, rep: Replay) -> dict[str, Any]:
+def ledger_of(sc: TenancyScenario, rep: Replay) -> dict[str, Any]:
     """The ledger over the replay's events: per broker allocated after each, its peak,
     and the brokers ever used."""
     ids = sc.broker_ids()
