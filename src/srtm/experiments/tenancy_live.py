@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -26,7 +27,7 @@ import aiohttp
 import numpy as np
 
 from srtm.analysis import profile_bucket
-from srtm.experiments import analysis
+from srtm.experiments import analysis, host, validity
 from srtm.experiments.figures.common import BURST_MARGIN
 from srtm.experiments.live import OnProgress, Sink, _run_async
 from srtm.experiments.tenancy import TenancyScenario, Tenant, events, live_scale
@@ -44,8 +45,6 @@ TAIL_S = 5.0
 JOIN_LEAD_S = 0.5
 DRAIN_S = 30.0
 MAX_LATE_S = 0.01
-#: A run that had to skip more than this share of its events measured a busy machine.
-MAX_SKIPPED = 0.001
 
 
 @dataclass
@@ -67,6 +66,8 @@ class LiveTenancy:
     topics: dict[str, TopicRun] = field(default_factory=dict)
     ledger: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    #: The machine over the scenario (the run's own processes: driver, controller, brokers).
+    host: host.HostFigures | None = None
     t0_ns: int = 0
     end_s: float = 0.0
 
@@ -143,6 +144,8 @@ async def _drive(
     tasks: list[asyncio.Task[Any]] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         info.t0_ns = time.time_ns() + int(0.5e9)
+        pids = [os.getpid(), cluster.controller.proc.pid, *(b.proc.pid for b in cluster.brokers)]
+        watch = host.take(pids)
         sampler = asyncio.create_task(_sample(http, url, info))
         try:
             for ev in evs:
@@ -163,6 +166,7 @@ async def _drive(
             while (left := end_ns - time.time_ns()) > 0:
                 progress("running", info.end_s - left / 1e9, info.end_s)
                 await asyncio.sleep(min(0.5, left / 1e9))  # the scenario's tail is a span
+            info.host = host.between(watch, host.take(pids), os.cpu_count() or 1)
             for topic_run in info.topics.values():
                 if topic_run.emulator is not None:
                     topic_run.report = topic_run.emulator.report
@@ -234,8 +238,7 @@ async def _sample(http: aiohttp.ClientSession, url: str, info: LiveTenancy) -> N
             async with http.get(f"{url}/brokers") as r:
                 doc = await r.json()
             t_s = (time.time_ns() - info.t0_ns) / 1e9
-            load1 = os.getloadavg()[0] / (os.cpu_count() or 1)
-            info.ledger.append({"t_s": t_s, "brokers": doc["brokers"], "load_per_cpu": load1})
+            info.ledger.append({"t_s": t_s, "brokers": doc["brokers"]})
         await asyncio.sleep(1.0)  # the sampling period
 
 
@@ -287,24 +290,32 @@ def summarize(sc: TenancyScenario, info: LiveTenancy, traces: Path) -> dict[str,
         "mcap": sc.mcap, "capacity": sc.capacity, "end_s": info.end_s, "topics": topics,
         "ledger": info.ledger, "refused": info.refused,
     }  # fmt: skip
-    summary["disturbed"] = disturbed(topics, info.ledger)
+    summary["disturbed"] = disturbed(topics, info.host)
+    if info.host is not None:
+        summary["host"] = dataclasses.asdict(info.host)
     summary["checks"] = checks(topics, over, info.refused)
     return summary
 
 
-def disturbed(topics: list[dict[str, Any]], ledger: list[dict[str, Any]]) -> str | None:
-    """Why the run measured the machine rather than the brokers, if it did: send events
-    skipped as too late, or a load average above the machine's CPUs
-    (``measurement-validity.md``'s thresholds in spirit, on this run's own figures)."""
+def disturbed(topics: list[dict[str, Any]], figures: host.HostFigures | None) -> str | None:
+    """Why the run measured the machine rather than the brokers, if it did, by the
+    thresholds of ``srtm.experiments.validity``: send events skipped as too late, a run
+    process (driver, controller, broker) waiting for a CPU, stolen CPU time."""
     skipped = sum(t["skipped_late"] for t in topics)
     sent = sum(t["accounting"]["published"] for t in topics) or 1
-    load = max((s.get("load_per_cpu", 0.0) for s in ledger), default=0.0)
     why = []
-    if skipped > MAX_SKIPPED * sent:
+    if skipped > validity.SKIPPED_SHARE * sent:
         why.append(f"{skipped:,} send events skipped as over {MAX_LATE_S * 1e3:g} ms late "
                    f"({skipped / sent:.1%} of the messages sent)")  # fmt: skip
-    if load > 1.0:
-        why.append(f"load average {load:.2f} per CPU")
+    if figures is not None:
+        wait = figures.run_queue_wait
+        if wait is not None and wait > validity.RUN_QUEUE_WAIT_SHARE:
+            why.append(f"a run process waited for a CPU {wait:.0%} of the run")
+        if figures.steal is not None and figures.steal > validity.STEAL_SHARE:
+            why.append(f"{figures.steal:.0%} of the CPU time stolen")
+    if why and figures is not None and figures.foreign_cpu is not None:
+        why.append(f"other processes used {figures.foreign_cpu:.0%} of the "
+                   f"{figures.cpus} CPUs")  # fmt: skip
     return "; ".join(why) or None
 
 
