@@ -180,7 +180,7 @@ def multi_tenant_sim(
     }  # fmt: skip
     data["claims"] = claims(data)
     rows = [
-        [p, t["topic"], t["kind"], t["load"], t["slo_p99_ms"], t["p99_ms"], t["token_p99_ms"],
+        [p, t["topic"], t["kind"], int(t["load"]), t["slo_p99_ms"], t["p99_ms"], t["token_p99_ms"],
          t["brokers"], "yes" if t["met"] else ("no (short)" if t["short"] else "no")]
         for p, r in runs.items()
         for t in r["topics"]
