@@ -137,3 +137,15 @@ def test_a_tenant_names_its_sensors_and_groups() -> None:
     assert t.load == 120.0 and "groups of 5" in t.kind
     loads = [PublisherLoad(s.id, s.rate, s.group) for s in specs]
     assert sum(p.rate for p in loads) == t.load
+
+
+def test_the_command_line_lists_and_explains_multi_tenant() -> None:
+    from typer.testing import CliRunner
+
+    from srtm.cli import app
+
+    runner = CliRunner()
+    listed = runner.invoke(app, ["experiment", "list"], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0 and "multi-tenant" in listed.output
+    helped = runner.invoke(app, ["experiment", "run", "--help"], env={"COLUMNS": "200"})
+    assert helped.exit_code == 0 and "multi-tenant" in helped.output
