@@ -36,7 +36,9 @@ ScenarioArg = Annotated[
     str,
     typer.Argument(
         help="A shipped scenario (see `srtm experiment list`), a TOML file, or with --sim "
-        "one of the paper's figures (fig4 … fig9, table1)."
+        "one of the paper's figures (fig4 … fig9, table1). `multi-tenant`: many topics "
+        "arriving, one deleted, sensors joining, on capacity-limited brokers (live, or with "
+        "--sim at the paper's scale, SRTM against LB)."
     ),
 ]
 OutOpt = Annotated[
@@ -243,6 +245,15 @@ def list_scenarios() -> None:
             name, str(sc.brokers), f"{sc.capacity:,.0f}", f"{sc.rate:,.0f}",
             f"{sc.slo_p99_ms:g}", sc.description,
         )  # fmt: skip
+    from srtm.experiments import tenancy, tenancy_cli
+
+    mt = tenancy.live_scale()
+    table.add_row(
+        tenancy_cli.NAME, str(mt.brokers), f"{mt.capacity:,.0f}",
+        f"{sum(t.load for t in mt.tenants):,.0f}",
+        "/".join(f"{s:g}" for s in sorted({t.slo_p99_ms for t in mt.tenants})),
+        tenancy_cli.DESCRIPTION,
+    )  # fmt: skip
     out_console.print(table)
 
 
@@ -266,6 +277,9 @@ def run_cmd(
 ) -> None:
     """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
     the workload, collect traces, stop everything, and print the summary."""
+    if scenario == "multi-tenant":
+        _run_tenancy(out, sim, _policies(policy), as_json, strict)
+        return
     if sim:
         _run_sim(scenario, out, as_json)
         return
@@ -315,6 +329,24 @@ def _finish(
     console.print(f"report: {page}")
     if as_json:
         print(json.dumps(report.compact(summaries)))
+
+
+def _run_tenancy(
+    out: Path, sim: bool, policies: Sequence[Policy], as_json: bool, strict: bool
+) -> None:
+    """``multi-tenant``: simulated (SRTM against LB), or live under each policy; exit 1
+    when a live run fails a check."""
+    from srtm.experiments import tenancy_cli
+
+    if sim:
+        tenancy_cli.run_sim(out, as_json, console, out_console)
+        return
+    failed = False
+    for policy in policies:
+        summary = tenancy_cli.run_live(out, policy, as_json, console, out_console)
+        failed |= not all(c["ok"] for c in summary["checks"])
+    if failed and strict:
+        raise typer.Exit(1)
 
 
 def _run_sim(name: str, out: Path, as_json: bool) -> None:
