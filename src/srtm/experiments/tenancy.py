@@ -21,6 +21,7 @@ from srtm.placement import (
     Policy,
     PublisherLoad,
     TopicSpec,
+    for_topic,
     join,
     ledger,
     place,
@@ -260,7 +261,8 @@ def apply(sc: TenancyScenario, rep: Replay, ev: Event, declared: TopicSpec, seed
     fleet = [e.capacity() for e in others]
     if ev.what == "create":
         plan = rep.plans[ev.topic] = TenantPlan(declared, list(loads))
-        placed = place(rep.policy, fleet, plan.current(), seed)
+        spec = plan.current()
+        placed = place(rep.policy, for_topic(spec, fleet), spec, seed)
         by_id = {p.id: p for p in loads}
         plan.assignment = {a.broker: [by_id[p] for p in a.publishers] for a in placed.assignments}
         plan.unassigned = [by_id[p] for p in placed.unassigned]
