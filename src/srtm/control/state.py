@@ -303,21 +303,29 @@ class Controller:
         return [b for b in self.brokers.values() if not b.down]
 
     # -- topics --------------------------------------------------------------------------
-    def ledger(self, exclude: str | None = None) -> list[LedgerEntry]:
+    def ledger(self, exclude: str | None = None, placing: str | None = None) -> list[LedgerEntry]:
         """Every registered broker's capacity ledger (``srtm.placement.ledger``):
-        ``allocated`` summed from the current plans' sub-buckets (all topics but
-        ``exclude``), ``measured`` from its last report."""
+        ``allocated`` summed from the current plans' sub-buckets, draining members' too
+        (all topics but ``exclude``; ``placing``: that topic's draining shares left out,
+        a member's share replaces them), ``measured`` from its last report."""
         return ledger(
             ((b.id, b.mcap, b.load) for b in self.brokers.values()),
-            (t.buckets for name, t in self.topics.items() if name != exclude),
+            (
+                {b: p for b, p in t.buckets.items() if b not in t.draining}
+                if name == placing
+                else t.buckets
+                for name, t in self.topics.items()
+                if name != exclude
+            ),
         )
 
-    def fleet(self, exclude: str | None = None) -> list[BrokerCapacity]:
+    def fleet(self, exclude: str | None = None, placing: str | None = None) -> list[BrokerCapacity]:
         """The brokers up, as placement sees them: what is promised counts as carried
         (``load = max(allocated, measured)``), so ``rcap`` is the ledger's. ``exclude``:
-        a topic being placed again as a whole (its own plan is not in the way)."""
+        a topic being placed again as a whole (its own plan is not in the way);
+        ``placing``: a topic whose publishers are placed (its draining shares are not)."""
         up = {b.id for b in self.up()}
-        return [e.capacity() for e in self.ledger(exclude) if e.id in up]
+        return [e.capacity() for e in self.ledger(exclude, placing) if e.id in up]
 
     def check_new_topic(self, spec: TopicSpec) -> list[BrokerCapacity]:
         """Refusals before placing ``spec``; the fleet to place it on."""
@@ -677,7 +685,8 @@ class Controller:
         for topic in self.topics.values():
             if not topic.unassigned or topic.status == "fitting":
                 continue
-            fleet = self.fleet()  # again per topic: the previous one's plan is promised
+            # again per topic: the previous one's plan is promised
+            fleet = self.fleet(placing=topic.spec.name)
             if not fleet:
                 return actions
             by_id = {p.id: p for p in topic.spec.publishers}
@@ -706,7 +715,8 @@ class Controller:
                     topic.events.append(f"broker {broker_id} down: no longer draining")
                     actions += self._new_plan(topic)
                 continue
-            fleet = self.fleet()  # per topic: what the previous topics were given counts
+            # per topic: what the previous topics were given counts
+            fleet = self.fleet(placing=topic.spec.name)
             by_id = {p.id: p for p in topic.spec.publishers}
             pool: list[PublisherLoad] = [by_id[p] for p in orphans]
             fleet = for_topic(topic.spec, fleet)
