@@ -55,14 +55,18 @@ def test_a_broker_that_registers_gets_its_shares_and_holds_for_every_other_topic
     assert c.shares("b9") == ({}, ["a", "b"])
 
 
-def test_a_broker_dropped_from_the_plan_by_a_move_gets_a_hold() -> None:
+def test_a_broker_dropped_from_the_plan_by_a_move_drains_then_gets_a_hold() -> None:
     c = cluster()
     c.create_topic(topic_of(50), "srtm", now=0)
     (first,) = c.topics["t"].buckets
     to = next(b for b in ("b0", "b1", "b2") if b != first)
     actions = c.move("t", [f"p{i}" for i in range(50)], to)
-    assert Hold(first, "t") in actions
+    assert first not in holds(actions) and first in c.topics["t"].draining
     assert sets(actions)[to].was is None  # it held the topic: a new bucket is an increase
+    for now in (0.1, 0.2):  # the second report was sent after the drop: nothing waits
+        c.report(first, 0.0, {}, now, {}, {}, {})
+    assert Hold(first, "t") in c.tick(0.3)
+    assert set(c.topics["t"].buckets) == {to}
 
 
 def test_a_broker_dropped_by_failover_gets_a_hold_when_it_comes_back() -> None:

@@ -41,7 +41,14 @@ def report_document(broker: Broker) -> dict[str, Any]:
         w = broker.stats.topic(name).window
         rate = w.average_rate(now)
         load += w.rate_1s(now)
-        topics[name] = {"rate": rate, "backlog": w.max_backlog(now), "depth": topic_depth(topic)}
+        topics[name] = {
+            "rate": rate,
+            "backlog": w.max_backlog(now),
+            "depth": topic_depth(topic),
+            # A draining broker leaves its topic's split once none wait and none arrive.
+            "waiting": len(topic.shaping),
+            "arrived": topic.message_count,
+        }
     return {"load": load, "topics": topics}
 
 

@@ -125,8 +125,9 @@ class ControllerAPI:
         """A broker's report (every second): its load and each topic's window."""
         doc = parse(BrokerReport, await _json(request))  # refused whole, never half stored
         self.ctrl.report(
-            request.match_info["id"], doc.load, doc.windows(), time.monotonic(), doc.depths()
-        )
+            request.match_info["id"], doc.load, doc.windows(), time.monotonic(), doc.depths(),
+            doc.waiting(), doc.arrived(),
+        )  # fmt: skip
         return web.json_response({"ok": True})
 
     # -- topics ----------------------------------------------------------------------------

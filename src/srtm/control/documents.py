@@ -110,11 +110,15 @@ class Registration(_Request):
 class TopicWindow(TypedDict):
     """One topic's TB Adaptor window in a broker's report (each field defaults to 0);
     ``depth``: messages it still holds (queued, deferred, in flight), listed by /lookup
-    while > 0."""
+    while > 0; ``waiting``: those waiting for tokens (its shaping queue); ``arrived``:
+    messages accepted since the broker started (none new between two reports, and none
+    waiting: a draining broker has settled)."""
 
     rate: NotRequired[Annotated[float, Field(ge=0)]]
     backlog: NotRequired[Annotated[float, Field(ge=0)]]
     depth: NotRequired[Annotated[int, Field(ge=0)]]
+    waiting: NotRequired[Annotated[int, Field(ge=0)]]
+    arrived: NotRequired[Annotated[int, Field(ge=0)]]
 
 
 class BrokerReport(_Request):
@@ -130,6 +134,13 @@ class BrokerReport(_Request):
 
     def depths(self) -> dict[str, int]:
         return {name: w.get("depth", 0) for name, w in self.topics.items()}
+
+    def waiting(self) -> dict[str, int]:
+        return {name: w.get("waiting", 0) for name, w in self.topics.items()}
+
+    def arrived(self) -> dict[str, int]:
+        """Only the topics that tell it (an older broker's report: none)."""
+        return {name: w["arrived"] for name, w in self.topics.items() if "arrived" in w}
 
 
 @with_config(_STRICT)

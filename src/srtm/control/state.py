@@ -53,6 +53,22 @@ class BrokerInfo:
     reports: dict[str, WindowReport] = field(default_factory=dict)
     #: Per topic: messages it still holds (queued, deferred, in flight), last reported.
     depths: dict[str, int] = field(default_factory=dict)
+    #: Reports received (counted by the controller, never reset): a topic's draining
+    #: member leaves by a report numbered at least 2 after its drop (``TopicState``).
+    reports_seen: int = 0
+    #: Per topic: messages waiting for tokens (its shaping queue), last reported.
+    waiting: dict[str, int] = field(default_factory=dict)
+    #: Per topic: messages accepted since the broker started, in its last report and in
+    #: the one before (unchanged: none arrived in between).
+    arrived: dict[str, int] = field(default_factory=dict)
+    arrived_before: dict[str, int] = field(default_factory=dict)
+
+    def settled(self, topic: str) -> bool:
+        """By its last report: nothing of ``topic`` waits for tokens and nothing arrived
+        since the report before (a topic it does not report has neither)."""
+        return self.waiting.get(topic, 0) == 0 and self.arrived.get(
+            topic
+        ) == self.arrived_before.get(topic)
 
     def http_endpoint(self) -> tuple[str, int]:
         """Host and port of its HTTP API, parsed (URLs are built from these parts)."""
@@ -78,6 +94,14 @@ class TopicState:
     open: bool = False
     #: The rate was not given: it follows the publishers (RATE_MARGIN × their total).
     rate_auto: bool = False
+    #: Draining members: brokers out of the plan that may still hold messages waiting
+    #: for tokens. They keep a share of the split (weight, in msg/s like the assigned
+    #: rates) and are never a publish target, until a report sent after the drop shows
+    #: the topic settled there (``BrokerInfo.settled``); then they hold it.
+    draining: dict[str, float] = field(default_factory=dict)
+    #: Per draining member: its ``reports_seen`` when it started draining (not saved: a
+    #: restarted controller counts from 0, every report it gets is after the drop).
+    drain_since: dict[str, int] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -225,7 +249,8 @@ class Controller:
             self.replace_pending = True
         info.tcp_address, info.http_address, info.mcap = tcp, http, float(mcap)
         info.last_seen_s, info.down = self.awake(now), False
-        info.reports, info.depths = {}, {}
+        info.reports, info.depths, info.waiting = {}, {}, {}
+        info.arrived, info.arrived_before = {}, {}
         # A broker that (re)starts, or whose lease lapsed, holds every managed topic:
         # its shares again, and a hold on every other managed topic.
         return [
@@ -250,9 +275,13 @@ class Controller:
         topics: dict[str, tuple[float, float]],
         now: float,
         depths: dict[str, int] | None = None,
+        waiting: dict[str, int] | None = None,
+        arrived: dict[str, int] | None = None,
     ) -> None:
-        """A broker's report: its load, each topic's TB Adaptor window and (``depths``)
-        what it still holds per topic. Non-finite or negative numbers are refused whole."""
+        """A broker's report: its load, each topic's TB Adaptor window, (``depths``) what
+        it still holds per topic, (``waiting``) what waits for tokens and (``arrived``)
+        messages accepted since it started, per topic (``BrokerInfo.settled``; the tick
+        acts on them). Non-finite or negative numbers are refused whole."""
         info = self.brokers.get(broker_id)
         if info is None:
             raise ControlError(404, f"broker {broker_id!r} is not registered")
@@ -266,26 +295,37 @@ class Controller:
             info.reports[name] = WindowReport(rate, backlog, now)
         if depths is not None:
             info.depths = {name: d for name, d in depths.items() if d > 0}
+        info.reports_seen += 1
+        info.waiting = {name: w for name, w in (waiting or {}).items() if w > 0}
+        info.arrived_before, info.arrived = info.arrived, dict(arrived or {})
 
     def up(self) -> list[BrokerInfo]:
         return [b for b in self.brokers.values() if not b.down]
 
     # -- topics --------------------------------------------------------------------------
-    def ledger(self, exclude: str | None = None) -> list[LedgerEntry]:
+    def ledger(self, exclude: str | None = None, placing: str | None = None) -> list[LedgerEntry]:
         """Every registered broker's capacity ledger (``srtm.placement.ledger``):
-        ``allocated`` summed from the current plans' sub-buckets (all topics but
-        ``exclude``), ``measured`` from its last report."""
+        ``allocated`` summed from the current plans' sub-buckets, draining members' too
+        (all topics but ``exclude``; ``placing``: that topic's draining shares left out,
+        a member's share replaces them), ``measured`` from its last report."""
         return ledger(
             ((b.id, b.mcap, b.load) for b in self.brokers.values()),
-            (t.buckets for name, t in self.topics.items() if name != exclude),
+            (
+                {b: p for b, p in t.buckets.items() if b not in t.draining}
+                if name == placing
+                else t.buckets
+                for name, t in self.topics.items()
+                if name != exclude
+            ),
         )
 
-    def fleet(self, exclude: str | None = None) -> list[BrokerCapacity]:
+    def fleet(self, exclude: str | None = None, placing: str | None = None) -> list[BrokerCapacity]:
         """The brokers up, as placement sees them: what is promised counts as carried
         (``load = max(allocated, measured)``), so ``rcap`` is the ledger's. ``exclude``:
-        a topic being placed again as a whole (its own plan is not in the way)."""
+        a topic being placed again as a whole (its own plan is not in the way);
+        ``placing``: a topic whose publishers are placed (its draining shares are not)."""
         up = {b.id for b in self.up()}
-        return [e.capacity() for e in self.ledger(exclude) if e.id in up]
+        return [e.capacity() for e in self.ledger(exclude, placing) if e.id in up]
 
     def check_new_topic(self, spec: TopicSpec) -> list[BrokerCapacity]:
         """Refusals before placing ``spec``; the fleet to place it on."""
@@ -334,16 +374,22 @@ class Controller:
         )
         return self._new_plan(topic)
 
-    def _new_plan(self, topic: TopicState) -> list[Action]:
-        """Re-split the topic's bucket over its brokers by assigned rate; a new version."""
+    def _new_plan(self, topic: TopicState, released: frozenset[str] = frozenset()) -> list[Action]:
+        """Re-split the topic's bucket over its brokers by assigned rate, and over its
+        draining members by their weight; a new version. A broker up dropped from the
+        plan drains (unless ``released``: it settled, it holds the topic now)."""
         rate_of = {p.id: p.rate for p in topic.spec.publishers}
-        rates = {b: math.fsum(rate_of[p] for p in ps) for b, ps in topic.assignment.items() if ps}
-        topic.assignment = {b: topic.assignment[b] for b in rates}
+        members = {b: math.fsum(rate_of[p] for p in ps) for b, ps in topic.assignment.items() if ps}
+        topic.assignment = {b: topic.assignment[b] for b in members}
+        self._update_draining(topic, members, released)
+        rates = members | topic.draining
         topic.version += 1
         old, topic.buckets = topic.buckets, {}
         if rates:
             spec = topic.spec
-            placed = 1.0 if not topic.unassigned else math.fsum(rates.values()) / spec.load
+            placed = 1.0
+            if topic.unassigned:  # a draining member's weight counts as placed load
+                placed = min(1.0, math.fsum(rates.values()) / spec.load)
             try:
                 parts = split_floored(
                     spec.rate * placed, max(1.0, spec.burst * placed), list(rates.values())
@@ -358,6 +404,58 @@ class Controller:
         actions: list[Action] = [Hold(b.id, name) for b in self.up() if b.id not in topic.buckets]
         actions += [SetBucket(b, name, p, old.get(b)) for b, p in topic.buckets.items()]
         return [*actions, PlanChanged(name, topic.version)]
+
+    def _update_draining(
+        self, topic: TopicState, members: dict[str, float], released: frozenset[str]
+    ) -> None:
+        """Brokers up that had a share and are not members any more drain, weighted by
+        the share they had (in msg/s: ``rate x load / r``); a member again, a broker
+        down or ``released`` stops draining."""
+        spec, up = topic.spec, {b.id for b in self.up()}
+        scale = spec.load / spec.rate if spec.rate > 0 else 1.0
+        for b, p in topic.buckets.items():
+            if b not in topic.draining and b not in members and b in up and b not in released:
+                topic.draining[b] = max(p.rate * scale, 1e-9)
+                topic.drain_since[b] = self.brokers[b].reports_seen
+        for b in list(topic.draining):
+            if b in members or b not in up or b in released:
+                del topic.draining[b]
+                topic.drain_since.pop(b, None)
+
+    def _drain(self, topic: TopicState) -> list[Action]:
+        """The tick's draining step for ``topic``: a broker up, out of the plan, that
+        reports messages waiting for tokens starts draining (a broker restarted with
+        restored messages, or one a message reached after its hold); a draining member
+        whose report sent after its drop shows the topic settled leaves the split."""
+        name, actions = topic.spec.name, []
+        members = {b for b, ps in topic.assignment.items() if ps}
+        rate_of = {p.id: p.rate for p in topic.spec.publishers}
+        new = {
+            b.id
+            for b in self.up()
+            if b.waiting.get(name, 0) > 0 and b.id not in members and b.id not in topic.draining
+        }
+        for b in new:
+            report = self.brokers[b].reports.get(name)
+            weights = [math.fsum(rate_of[p] for p in ps) for ps in topic.assignment.values()]
+            floor = min(weights, default=1.0)
+            topic.draining[b] = max(report.rate if report else 0.0, floor, 1e-9)
+            topic.drain_since[b] = self.brokers[b].reports_seen - 2  # its report is news
+        released = frozenset(
+            b
+            for b in topic.draining
+            if b not in new
+            and (
+                (info := self.brokers.get(b)) is None
+                or info.down
+                or (info.reports_seen >= topic.drain_since.get(b, 0) + 2 and info.settled(name))
+            )
+        )
+        if new or released:
+            left = f"; {', '.join(sorted(released))} settled" if released else ""
+            topic.events.append(f"draining: {', '.join(sorted(new)) or 'none new'}{left}")
+            actions = self._new_plan(topic, released)
+        return actions
 
     def move(self, name: str, publishers: list[str], to: str) -> list[Action]:
         """Move publishers to broker ``to``."""
@@ -576,6 +674,8 @@ class Controller:
             self.replace_pending = False
             actions += self._place_unassigned()
         for topic in self.topics.values():
+            if topic.status != "fitting":  # fitting owns the plan until it is done
+                actions += self._drain(topic)
             actions += self._adapt(topic, now)
         return actions
 
@@ -585,7 +685,8 @@ class Controller:
         for topic in self.topics.values():
             if not topic.unassigned or topic.status == "fitting":
                 continue
-            fleet = self.fleet()  # again per topic: the previous one's plan is promised
+            # again per topic: the previous one's plan is promised
+            fleet = self.fleet(placing=topic.spec.name)
             if not fleet:
                 return actions
             by_id = {p.id: p for p in topic.spec.publishers}
@@ -610,8 +711,12 @@ class Controller:
         for topic in self.topics.values():
             orphans = topic.assignment.pop(broker_id, None)
             if not orphans:
+                if broker_id in topic.draining:  # its share is freed, as at failover
+                    topic.events.append(f"broker {broker_id} down: no longer draining")
+                    actions += self._new_plan(topic)
                 continue
-            fleet = self.fleet()  # per topic: what the previous topics were given counts
+            # per topic: what the previous topics were given counts
+            fleet = self.fleet(placing=topic.spec.name)
             by_id = {p.id: p for p in topic.spec.publishers}
             pool: list[PublisherLoad] = [by_id[p] for p in orphans]
             fleet = for_topic(topic.spec, fleet)
@@ -705,11 +810,17 @@ class Controller:
 
     def producers(self, name: str) -> list[BrokerInfo]:
         """Where subscribers of ``name`` read: its live brokers, then any other live broker
-        still holding messages of it (a broker back after failover drains its backlog
-        there; it is never a publish target, /assign does not name it)."""
+        still holding messages of it or draining it (a broker back after failover drains
+        its backlog there; it is never a publish target, /assign does not name it)."""
         live = [b for b in self.topic_brokers(name) if not b.down]
         ids = {b.id for b in live}
-        return live + [b for b in self.up() if b.id not in ids and b.depths.get(name, 0) > 0]
+        topic = self.topics.get(name)
+        draining = set() if topic is None else set(topic.draining)
+        return live + [
+            b
+            for b in self.up()
+            if b.id not in ids and (b.depths.get(name, 0) > 0 or b.id in draining)
+        ]
 
     # -- persistence ---------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -737,6 +848,7 @@ class Controller:
                     "fitting": t.fitting,
                     "open": t.open,
                     "rate_auto": t.rate_auto,
+                    "draining": t.draining,
                 }
                 for t in self.topics.values()
             ],
@@ -763,6 +875,7 @@ class Controller:
                 _interrupted(t.get("fitting")),
                 open=bool(t.get("open", False)),
                 rate_auto=bool(t.get("rate_auto", False)),
+                draining={b: float(w) for b, w in t.get("draining", {}).items()},
             )
             if t["unassigned"]:
                 self.replace_pending = True
