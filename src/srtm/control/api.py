@@ -215,7 +215,8 @@ class ControllerAPI:
         """Move publishers to a broker: a new plan, and migration orders."""
         doc = parse(Move, await _json(request))
         name = request.match_info["name"]
-        self.service.execute(self.ctrl.move(name, doc.publishers, doc.to))
+        async with self.placing:  # like every plan change: never between a read and a commit
+            self.service.execute(self.ctrl.move(name, doc.publishers, doc.to))
         return web.json_response(self.ctrl.plan(name))
 
     async def get_topic(self, request: web.Request) -> web.Response:
