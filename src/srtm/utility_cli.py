@@ -29,19 +29,27 @@ def _console() -> Console:
     return Console(width=None if Console().is_terminal else 120)
 
 
+_H_CLIENTS = "N: request senders (the closed network's customers)."
+_H_THINK = "T_think: mean think time between a response and the next request, ms."
+_H_EXEC = "T_exec: mean time from admitting a request to its response, ms."
+_H_DEADLINE = "D: the latency threshold; utility C·(1 − T_rt/D) is 0 there (r_min)."
+_H_SERVERS = (
+    "Also list MVA at 1..SERVERS 'servers' (rate m / T_exec); default: up to the first "
+    "at or above r_max."
+)
+_H_RR_JSON = 'Print {"r_min", "r_max", "points": [{"rate", "t_rt_ms", "utility"}], "mva": [...]}.'
+
+
 @app.command("rr")
 def rr_command(
-    clients: Annotated[int, typer.Option(help="N: request senders (the closed network's customers).")] = 20,
-    think_ms: Annotated[float, typer.Option(help="T_think: mean think time between a response and the next request, ms.")] = 100.0,
-    exec_ms: Annotated[float, typer.Option(help="T_exec: mean time from admitting a request to its response, ms.")] = 8.0,
-    deadline_ms: Annotated[float, typer.Option(help="D: the latency threshold; utility C·(1 − T_rt/D) is 0 there (r_min).")] = 500.0,
+    clients: Annotated[int, typer.Option(help=_H_CLIENTS)] = 20,
+    think_ms: Annotated[float, typer.Option(help=_H_THINK)] = 100.0,
+    exec_ms: Annotated[float, typer.Option(help=_H_EXEC)] = 8.0,
+    deadline_ms: Annotated[float, typer.Option(help=_H_DEADLINE)] = 500.0,
     c: Annotated[float, typer.Option("--c", help="C: the utility at zero latency.")] = 6000.0,
-    servers: Annotated[
-        int | None,
-        typer.Option(help="Also list MVA at 1..SERVERS 'servers' (rate m / T_exec); default: up to the first at or above r_max."),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help='Print {"r_min", "r_max", "points": [{"rate", "t_rt_ms", "utility"}], "mva": [...]}.')] = False,
-) -> None:  # fmt: skip
+    servers: Annotated[int | None, typer.Option(help=_H_SERVERS)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help=_H_RR_JSON)] = False,
+) -> None:
     """A request-response flow's utility as a function of its admitted rate.
 
     T_rt comes from exact MVA of the paper's closed network (N clients, a think station,
@@ -58,13 +66,13 @@ def rr_command(
     try:
         rr = RequestResponse(clients, think_ms / 1e3, exec_ms / 1e3, deadline_ms / 1e3, c)
     except ValueError as exc:
-        flag = next((f for f in ("think", "execution", "deadline", "c ") if f in str(exc)), "")
-        hint = {"think": "--think-ms", "execution": "--exec-ms", "deadline": "--deadline-ms",
-                "c ": "--c"}.get(flag, "input")  # fmt: skip
+        starts = {"think": "--think-ms", "execution": "--exec-ms", "deadline": "--deadline-ms",
+                  "c ": "--c"}  # fmt: skip
+        hint = next((f for w, f in starts.items() if str(exc).startswith(w)), "input")
         raise _fail(f"{hint}: {exc}") from None
     count = servers or max(1, -int(-rr.r_max * rr.exec_s // 1))
     mva = [rr.mva(m) for m in range(1, count + 1)]
-    doc = {
+    doc: dict[str, Any] = {
         "r_min": rr.r_min,
         "r_max": rr.r_max,
         "points": [
@@ -105,20 +113,19 @@ FLOWS_HELP = (
     "See docs/utility.md and examples/utility-trading-day.json."
 )
 
+_H_RATE_STEP = (
+    "Raise a rate by at most this much per step (msg/s); default: to the next utility breakpoint."
+)
+_H_CONSUMER_STEP = "Admit at most this many consumers of a class per step; default: as many as fit."
+
 
 @app.command("optimize")
 def optimize_command(
     flows: Annotated[Path, typer.Option(help=FLOWS_HELP)] = Path("flows.json"),
-    rate_step: Annotated[
-        float | None,
-        typer.Option(help="Raise a rate by at most this much per step (msg/s); default: to the next utility breakpoint."),
-    ] = None,
-    consumer_step: Annotated[
-        int | None,
-        typer.Option(help="Admit at most this many consumers of a class per step; default: as many as fit."),
-    ] = None,
+    rate_step: Annotated[float | None, typer.Option(help=_H_RATE_STEP)] = None,
+    consumer_step: Annotated[int | None, typer.Option(help=_H_CONSUMER_STEP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the allocation as JSON.")] = False,
-) -> None:  # fmt: skip
+) -> None:
     """Run the greedy benefit/cost optimizer once on FLOWS (what-if, no cluster).
 
     Starts at every flow's r_min with no consumers, raises the variable with the best
@@ -156,8 +163,7 @@ def optimize_command(
 def _print_allocation(doc: dict[str, Any]) -> None:
     console = _console()
     table = Table(
-        title=f"allocation — total utility {doc['total_utility']:,.6g} "
-        f"(primary {doc['primary']})"
+        title=f"allocation — total utility {doc['total_utility']:,.6g} (primary {doc['primary']})"
     )
     for name in ("flow", "kind", "class", "rate msg/s", "r_min", "r_max", "admitted", "utility"):
         table.add_column(name, justify="left" if name in ("flow", "kind", "class") else "right")

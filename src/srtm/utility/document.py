@@ -44,7 +44,7 @@ def _utility(doc: Any, where: str, r_min: float | None, r_max: float | None) -> 
         return Utility.linear(_num(spec, "slope", where), r_min, r_max)
     points = spec.get("points")
     if not isinstance(points, list) or not points:
-        raise ValueError(f"{where} needs \"slope\" or \"points\": [[rate, utility], ...]")
+        raise ValueError(f'{where} needs "slope" or "points": [[rate, utility], ...]')
     pairs = []
     for i, p in enumerate(points):
         if not (isinstance(p, list) and len(p) == 2):
@@ -100,7 +100,7 @@ def _flow(doc: Any, where: str, brokers: list[str], known: set[str]) -> FlowSpec
     if not isinstance(name, str) or not name:
         raise ValueError(f"{where}.name must be a non-empty string, got {name!r}")
     try:
-        kind = FlowKind(spec.get("kind"))
+        kind = FlowKind(str(spec.get("kind")))
     except ValueError:
         kinds = ", ".join(k.value for k in FlowKind)
         raise ValueError(f"{where}.kind must be one of {kinds}, got {spec.get('kind')!r}") from None

@@ -7,6 +7,7 @@ Pure: numbers in, numbers out.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -182,7 +183,7 @@ class RequestResponse:
         pts = self.points()
         if rate <= pts[0].rate:
             return pts[0].t_rt_s
-        for a, b in zip(pts, pts[1:], strict=False):
+        for a, b in itertools.pairwise(pts):
             if rate <= b.rate:
                 return a.t_rt_s + (b.t_rt_s - a.t_rt_s) * (rate - a.rate) / (b.rate - a.rate)
         return pts[-1].t_rt_s

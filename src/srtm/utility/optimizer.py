@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from srtm.utility.model import Utility
 
@@ -31,7 +31,7 @@ _TIE = 1e-9
 _SLACK = 1e-9  # relative tolerance of a constraint
 
 
-class FlowKind(str, Enum):
+class FlowKind(StrEnum):
     ONE_TO_ONE = "one-to-one"
     ONE_TO_MANY = "one-to-many"
     REQUEST_RESPONSE = "request-response"
@@ -152,9 +152,7 @@ class _Run:
         self.used = usage(problem, self.rates, self.admitted)
         self.steps = 0
         self.vars = [
-            _Var(i, j)
-            for i, f in enumerate(problem.flows)
-            for j in [None, *range(len(f.classes))]
+            _Var(i, j) for i, f in enumerate(problem.flows) for j in [None, *range(len(f.classes))]
         ]
 
     # The increase of the use of each constrained resource per unit of the variable.
@@ -255,14 +253,18 @@ class _Run:
             if not scored:
                 return
             best = max(s for s, _ in scored)
-            tied = [v for s, v in scored if s == best or (0 < best < math.inf and s >= best * (1 - _TIE))]
+            tied = [
+                v
+                for s, v in scored
+                if s == best or (0 < best < math.inf and s >= best * (1 - _TIE))
+            ]
             # Each tied variable may take its share of the slack as the round starts, so
             # equal flows grow equally (the paper's fairness among identical ratios).
             share = {k: s / len(tied) for k, s in self._slack().items()}
             moved = [self._step(v, share) for v in tied]
-            if not any(moved):  # a share too small for a whole consumer: one at a time
-                if not any(self._step(v, {}) for v in tied):
-                    return
+            # A share too small for a whole consumer: one at a time, in order.
+            if not any(moved) and not any(self._step(v, {}) for v in tied):
+                return
 
 
 def primaries(problem: Problem) -> list[tuple[str, dict[tuple[str, str], float]]]:
@@ -295,9 +297,7 @@ def optimize(
     best_name = ""
     runs = []
     start = _Run(problem, {}, rate_step, consumer_step)
-    feasible = all(
-        start.used[k] <= problem.capacity[k[0]][k[1]] * (1 + _SLACK) for k in start.used
-    )
+    feasible = all(start.used[k] <= problem.capacity[k[0]][k[1]] * (1 + _SLACK) for k in start.used)
     for name, weights in primaries(problem):
         run = _Run(problem, weights, rate_step, consumer_step)
         if feasible:
