@@ -449,3 +449,7 @@ app.command("calibrate")(calibrate)
 from srtm.pipeline.cli import app as pipeline_app  # noqa: E402
 
 app.add_typer(pipeline_app, name="pipeline")
+
+from srtm.utility_cli import app as utility_app  # noqa: E402
+
+app.add_typer(utility_app, name="utility")
