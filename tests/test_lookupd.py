@@ -220,6 +220,7 @@ def test_what_brokers_carry_is_registered(lookupd: Lookupd) -> None:
     def found() -> Any:
         doc = lookupd.get("/lookup?topic=t3")
         return doc.status == 200 and doc.json()["channels"] == ["ch"] and doc.json()
+
     doc = eventually(found)
     assert len(doc["producers"]) == 1 and _has(doc["producers"][0], _peer(lookupd))
     assert set(doc["producers"][0]) == {"remote_address", "hostname", "broadcast_address",
@@ -229,7 +230,9 @@ def test_what_brokers_carry_is_registered(lookupd: Lookupd) -> None:
     assert "topic:t3:" in lookupd.get("/debug").json()
 
     # A tombstone hides the node for the topic in /lookup, and /nodes shows it.
-    assert lookupd.post(f"/topic/tombstone?topic=t3&node=127.0.0.1:{lookupd.http_port}").status == 200
+    assert (
+        lookupd.post(f"/topic/tombstone?topic=t3&node=127.0.0.1:{lookupd.http_port}").status == 200
+    )
     assert lookupd.get("/lookup?topic=t3").json()["producers"] == []
     assert lookupd.get("/nodes").json()["producers"][0]["tombstones"] == [True]
 
