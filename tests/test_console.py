@@ -21,7 +21,7 @@ from srtm.control.console import ConsoleState, Latency, console_state, drl_penal
 from srtm.launch import start_cluster
 from srtm.placement import PublisherLoad, TopicSpec
 from srtm.ratelimit import BucketParams
-from support import eventually
+from support import ControllerClient, eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "out" / "artifacts"
@@ -113,6 +113,21 @@ def test_latencies_read_the_p99_of_each_topic_of_a_stats_document() -> None:
         {"topic_name": "b", "e2e_processing_latency": {"count": 0, "percentiles": None}},
     ]}  # fmt: skip
     assert latencies(stats) == {"a": Latency(2.5, 3), "b": Latency(None, 0)}
+
+
+async def test_the_page_and_its_files_are_served(controller_api: ControllerClient) -> None:
+    http, base = controller_api.http, controller_api.base
+    for path, kind in [("/ui", "text/html"), ("/ui/console.js", "text/javascript"),
+                       ("/ui/console.css", "text/css")]:  # fmt: skip
+        async with http.get(base + path) as resp:
+            assert (resp.status, resp.content_type) == (200, kind), path
+            assert len(await resp.read()) > 500
+    async with http.get(base + "/ui/../api.py") as resp:
+        assert resp.status == 404
+    status, doc = await controller_api.call("GET", "/ui/nope.js")
+    assert status == 404 and "nope.js" in doc["message"]
+    status, doc = await controller_api.call("GET", "/ui/state")
+    assert status == 200 and ConsoleState.model_validate(doc).topics == []
 
 
 # -- the page in a real browser ----------------------------------------------------------------

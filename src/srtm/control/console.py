@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from yarl import URL
 
 from srtm.analysis.md1 import prob_delayed
+from srtm.control.validate import ControlError
 
 if TYPE_CHECKING:
     from srtm.control.state import BrokerInfo, Controller, TopicState
@@ -268,7 +269,10 @@ class LatencyReader:
                 self._session = aiohttp.ClientSession(timeout=timeout)
             ids, reads = [], []
             for b in brokers:
-                host, port = b.http_endpoint()
+                try:
+                    host, port = b.http_endpoint()
+                except ControlError:  # an address from an old state file: no reading
+                    continue
                 url = URL.build(scheme="http", host=host, port=port, path="/stats")
                 ids.append(b.id)
                 reads.append(self._stats(url))
