@@ -393,7 +393,8 @@ class ControllerAPI:
         measured p99 (from the brokers' /stats), plan, sub-buckets, DRL penalty, fitting
         and events."""
         readings = await self.latency.read(self.ctrl.up())
-        doc = console.console_state(self.ctrl, readings, self.service.info(), time.monotonic())
+        drl = await asyncio.to_thread(console.drl_penalties, console.drl_inputs(self.ctrl))
+        doc = console.console_state(self.ctrl, readings, self.service.info(), time.monotonic(), drl)
         return web.json_response(doc)
 
 

@@ -22,10 +22,10 @@ from yarl import URL
 
 from srtm.analysis.md1 import prob_delayed
 from srtm.control.validate import ControlError
+from srtm.ratelimit import BucketParams
 
 if TYPE_CHECKING:
     from srtm.control.state import BrokerInfo, Controller, TopicState
-    from srtm.ratelimit import BucketParams
 
 #: The page's files (package data), by the name ``GET /ui/{asset}`` serves them under.
 ASSETS = {"console.js": "text/javascript", "console.css": "text/css"}
@@ -127,10 +127,14 @@ def console_state(
     latency: Mapping[str, Mapping[str, Latency]],
     info: Mapping[str, Any],
     now: float,
+    drl: Mapping[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The console's document (``ConsoleState``) from the controller's state,
     ``latency[broker][topic]`` and ``info`` (what ``/info`` answers); ``now`` on the
-    controller's clock (``time.monotonic``)."""
+    controller's clock (``time.monotonic``). ``drl``: each topic's DRL penalty, computed
+    beforehand from ``drl_inputs`` (off the event loop); None: computed here."""
+    if drl is None:
+        drl = drl_penalties(drl_inputs(ctrl))
     carried: dict[str, int] = {}
     for t in ctrl.topics.values():
         for b in t.buckets:
@@ -143,12 +147,33 @@ def console_state(
         for e in ctrl.ledger()
         for b in (ctrl.brokers[e.id],)
     ]  # fmt: skip
-    topics = [_topic(ctrl, t, latency, now) for _, t in sorted(ctrl.topics.items())]
+    topics = [_topic(ctrl, t, latency, now, drl) for _, t in sorted(ctrl.topics.items())]
     return {"info": dict(info), "brokers": brokers, "topics": topics}
 
 
+def drl_inputs(ctrl: Controller) -> dict[str, DrlInput]:
+    """Per topic what its DRL penalty is computed from: plain values, a snapshot."""
+    return {name: (t.spec.rate, t.spec.burst, _fed(ctrl, t)) for name, t in ctrl.topics.items()}
+
+
+def drl_penalties(inputs: Mapping[str, DrlInput]) -> dict[str, dict[str, Any]]:
+    """``drl_penalty`` of every topic (the model costs up to milliseconds per topic on a
+    cache miss: the controller runs this on a thread)."""
+    return {name: drl_penalty(*args) for name, args in inputs.items()}
+
+
+#: A topic's rate, burst and each sub-bucket with the rate its broker last reported.
+DrlInput = tuple[float, float, list[tuple[BucketParams, float]]]
+#: A topic created after the DRL snapshot was taken: its penalty comes with the next poll.
+_NOT_YET = {"split_ms": None, "whole_ms": None, "penalty_ms": None, "note": "computing"}
+
+
 def _topic(
-    ctrl: Controller, t: TopicState, latency: Mapping[str, Mapping[str, Latency]], now: float
+    ctrl: Controller,
+    t: TopicState,
+    latency: Mapping[str, Mapping[str, Latency]],
+    now: float,
+    drl: Mapping[str, dict[str, Any]],
 ) -> dict[str, Any]:
     name = t.spec.name
     ids = list(t.assignment) + [b for b in t.buckets if b not in t.assignment]
@@ -163,7 +188,7 @@ def _topic(
         "samples": sum(s["samples"] for s in readings),
         "slo_met": None if p99 is None else p99 <= t.spec.slo_p99_ms,
         "brokers": shares,
-        "drl": drl_penalty(t.spec.rate, t.spec.burst, _fed(ctrl, t)),
+        "drl": drl.get(name, _NOT_YET),
         "adaptor": _adaptor(t, now),
         "fitting": t.fitting,
         "events": t.events[-EVENTS_PER_TOPIC:],
