@@ -347,6 +347,8 @@ def _room(run: _Run, dest: _Load, topic: TopicLoad, source: _Load) -> float:
     ledger_load = max(dest.allocated, dest.ingress)
     ingress = for_topic(topic.spec, [BrokerCapacity(dest.window.id, t * dest.window.mcap,
                                                     ledger_load)])[0].rcap  # fmt: skip
+    # for_topic counts the ledger's units; the measured ingress must fit too (rate < load)
+    ingress = min(ingress, t * dest.window.mcap - dest.ingress)
     per_msg_out = topic.subscribers * topic.message_bytes
     egress = (t * dest.egress_max - dest.egress) / per_msg_out if per_msg_out else math.inf
     cpu = (t - dest.cpu) / source.cpu_per_msg if source.cpu_per_msg > 0 else math.inf
@@ -410,11 +412,10 @@ def _move_part(run: _Run, source: _Load, topic: TopicLoad) -> bool:
     if whole is not None:  # the part keeps its size: no new sliver
         _commit(run, topic, source, whole, mine)
         return True
+    run.short = True  # no broker can take the whole part: a slice, or a spawn
     if not rooms:
         return False
     room, dest = max(rooms, key=lambda rd: (rd[0], -dests.index(rd[1])))
-    if room < part:
-        run.short = True
     want = min(room, part)
     if want <= 0:
         return False
@@ -484,8 +485,11 @@ def _replication(run: _Run) -> None:
 
 
 def _add_replicas(run: _Run, topic: TopicLoad, n: int) -> None:
-    """The least-loaded brokers that can take the whole stream in and stay under target."""
+    """The least-loaded brokers that can take the whole stream in, their share of the
+    subscribers out, and stay under target."""
     t = run.settings.target
+    whole = topic.spec.load * topic.subscribers * topic.message_bytes
+    egress_each = whole / (len(topic.carriers()) + n)
     added: list[str] = []
     for cand in run.by_ratio():
         if len(added) == n:
@@ -494,7 +498,9 @@ def _add_replicas(run: _Run, topic: TopicLoad, n: int) -> None:
         if b in topic.carriers():
             continue
         ledger_in = max(cand.allocated + topic.spec.rate, cand.ingress + topic.spec.load)
-        if ledger_in > t * cand.window.mcap:
+        out = cand.egress + egress_each
+        cpu = cand.cpu + topic.spec.load * _cpu_per_msg(run, cand)
+        if ledger_in > t * cand.window.mcap or out > t * cand.egress_max or cpu > t:
             continue
         added.append(b)
     if len(added) < n:
@@ -515,10 +521,14 @@ def _set_replicas(run: _Run, topic: TopicLoad, replicas: tuple[str, ...]) -> Non
         load.allocated = max(0.0, load.allocated + _allocated_of(new, b) - _allocated_of(topic, b))
         load.ingress = max(0.0, load.ingress + d_in)
         load.egress = max(0.0, load.egress + _egress_of(new, b) - _egress_of(topic, b))
-        per_msg = load.cpu_per_msg or max((x.cpu_per_msg for x in run.loads.values()), default=0)
-        load.cpu = max(0.0, load.cpu + d_in * per_msg)
+        load.cpu = max(0.0, load.cpu + d_in * _cpu_per_msg(run, load))
     run.topics[topic.name] = new
     run.changed.add(topic.name)
+
+
+def _cpu_per_msg(run: _Run, load: _Load) -> float:
+    """A broker's CPU per msg/s; one with no traffic yet costs what the dearest costs."""
+    return load.cpu_per_msg or max((x.cpu_per_msg for x in run.loads.values()), default=0.0)
 
 
 def _despawn(run: _Run) -> None:
