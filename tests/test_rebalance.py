@@ -20,9 +20,9 @@ from srtm.placement.rebalance import (
     Decision,
     Despawn,
     LoadAverager,
-    Move,
     RebalanceSettings,
     RebalanceState,
+    Relocate,
     Replicate,
     Spawn,
     Unreplicate,
@@ -91,15 +91,15 @@ def test_decisions_respect_the_target_slivers_and_the_interval(state: RebalanceS
         if t.last_change_s is not None and NOW - t.last_change_s < SETTINGS.min_plan_interval_s
     }
     for d in decisions:
-        assert not isinstance(d, Move | Replicate | Unreplicate) or d.topic not in locked
+        assert not isinstance(d, Relocate | Replicate | Unreplicate) or d.topic not in locked
     after = load_ratios(apply(state, decisions, SETTINGS, NOW), SETTINGS)
     for d in decisions:
-        if isinstance(d, Move | Replicate):
+        if isinstance(d, Relocate | Replicate):
             assert after[d.to] <= SETTINGS.target + 1e-9, (d, after)
     # no move leaves a new part below the minimum share on either side
     current = state
     for d in decisions:
-        if not isinstance(d, Move):
+        if not isinstance(d, Relocate):
             continue
         topic = next(t for t in current.topics if t.name == d.topic)
         floor = SETTINGS.min_slice_share * topic.spec.load
@@ -148,7 +148,7 @@ def test_an_overloaded_broker_sheds_its_busiest_topic_whole_to_the_least_loaded(
         ],
     )
     decisions = rebalance(heavier, SETTINGS, NOW)
-    assert decisions == [Move("hot", tuple(_ids(hot)), "b1", "b3")]
+    assert decisions == [Relocate("hot", tuple(_ids(hot)), "b1", "b3")]
     after = load_ratios(apply(heavier, decisions, SETTINGS, NOW), SETTINGS)
     assert after["b1"] < SETTINGS.target and after["b3"] == pytest.approx(0.4)
 
@@ -166,7 +166,7 @@ def test_a_part_goes_first_to_a_broker_already_carrying_the_topic() -> None:
     # under the target; t's part goes to b2, already in t's plan, not to the idler b3
     # (the topic gains no broker); b1 stays overloaded, so a broker is asked for.
     decisions = rebalance(state, SETTINGS, NOW)
-    assert decisions == [Move("t", ("p0", "p1"), "b1", "b2"), Spawn(1)]
+    assert decisions == [Relocate("t", ("p0", "p1"), "b1", "b2"), Spawn(1)]
 
 
 def test_a_slice_takes_every_group_in_proportion() -> None:
@@ -176,7 +176,7 @@ def test_a_slice_takes_every_group_in_proportion() -> None:
         [{"name": "t", "rate": 1200, "publishers": pubs, "plan": {"b1": _ids(pubs)}}],
     )
     decisions = rebalance(state, SETTINGS, NOW)
-    (move,) = [d for d in decisions if isinstance(d, Move)]
+    (move,) = [d for d in decisions if isinstance(d, Relocate)]
     groups = [int(p[1:]) % 3 for p in move.publishers]
     assert len(move.publishers) == 6 and sorted(groups) == [0, 0, 1, 1, 2, 2]
 
@@ -190,7 +190,7 @@ def test_no_sliver_is_moved_and_a_spawn_is_asked_instead() -> None:
     decisions = rebalance(state, SETTINGS, NOW)
     assert decisions == [Spawn(1)]  # 100 msg/s would be a tenth of the topic: a sliver
     loose = RebalanceSettings(min_slice_share=0.05)
-    moves = [d for d in rebalance(state, loose, NOW) if isinstance(d, Move)]
+    moves = [d for d in rebalance(state, loose, NOW) if isinstance(d, Relocate)]
     assert moves and sum(50 for d in moves for _ in d.publishers) == 100
 
 
@@ -205,7 +205,7 @@ def test_an_slo_violation_two_windows_running_is_an_overload() -> None:
 
     two = RebalanceSettings(min_brokers=2)  # no despawn: b2 is idle
     assert rebalance(state(1), two, NOW) == []  # LR 0.4, one window: nothing
-    assert rebalance(state(2), two, NOW) == [Move("t", tuple(_ids(pubs)), "b1", "b2")]
+    assert rebalance(state(2), two, NOW) == [Relocate("t", tuple(_ids(pubs)), "b1", "b2")]
     assert rebalance(state(2), replace(two, slo_windows=3), NOW) == []
 
 
@@ -231,7 +231,7 @@ def test_despawn_only_when_the_average_stays_under_the_threshold() -> None:
     # its part moved whole to a broker with room under the target
     low = state(250)
     decisions = rebalance(low, SETTINGS, NOW)
-    assert decisions[-1] == Despawn("b0") and isinstance(decisions[0], Move)
+    assert decisions[-1] == Despawn("b0") and isinstance(decisions[0], Relocate)
     after = load_ratios(apply(low, decisions, SETTINGS, NOW), SETTINGS)
     assert "b0" not in after and max(after.values()) <= SETTINGS.target
     assert rebalance(state(400), SETTINGS, NOW) == []  # 0.4 × 3/2 = 0.6: stays
@@ -383,7 +383,7 @@ def test_rebalance_command_refuses_bad_input(tmp_path: Path) -> None:
 
 def test_decisions_print_as_documented() -> None:
     decisions: list[Decision] = [
-        Move("t", ("p",), "a", "b"), Replicate("t", "c"), Unreplicate("t", "c"), Spawn(1),
+        Relocate("t", ("p",), "a", "b"), Replicate("t", "c"), Unreplicate("t", "c"), Spawn(1),
         Despawn("a"),
     ]  # fmt: skip
     assert [d.to_json() for d in decisions] == [

@@ -1,6 +1,6 @@
 """The rebalancer: Dynamoth's load-balancing loop as a pure function of loads and plans.
 
-``rebalance(state, settings, now)`` returns decisions (``Move``, ``Replicate``,
+``rebalance(state, settings, now)`` returns decisions (``Relocate``, ``Replicate``,
 ``Unreplicate``, ``Spawn``, ``Despawn``); it performs none. Pure: no I/O, time injected.
 
 - **Load ratio** (LR) of a broker: the worst of ingress (the ledger's ``max(allocated,
@@ -10,7 +10,7 @@
 - **Channel level first** (Dynamoth's Algorithm 1, ALL_PUBLISHERS only): a topic on one
   broker whose egress no broker can carry under ``target`` gets replicas that each receive
   the whole stream and serve a share of the subscribers; one no longer needed is removed.
-  ALL_SUBSCRIBERS is SRTM's split itself: a slice ``Move`` to a broker outside the plan.
+  ALL_SUBSCRIBERS is SRTM's split itself: a slice ``Relocate`` to a broker outside the plan.
 - **Overload** (Algorithm 2): a broker with ``LR > overload``, or an SLO violated for
   ``slo_windows`` consecutive windows, sheds its busiest topic parts until ``LR < target``.
   A part goes whole to one broker when one has room (brokers already carrying the topic
@@ -41,9 +41,9 @@ __all__ = [
     "Decision",
     "Despawn",
     "LoadAverager",
-    "Move",
     "RebalanceSettings",
     "RebalanceState",
+    "Relocate",
     "Replicate",
     "Spawn",
     "TopicLoad",
@@ -155,8 +155,8 @@ class RebalanceSettings:
 
 # -- decisions ------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Move:
-    """Move ``publishers`` of ``topic`` from broker ``source`` to broker ``to``."""
+class Relocate:
+    """Relocate ``publishers`` of ``topic`` from broker ``source`` to broker ``to``."""
 
     topic: str
     publishers: tuple[str, ...]
@@ -209,7 +209,7 @@ class Despawn:
         return {"action": "despawn", "broker": self.broker}
 
 
-Decision = Move | Replicate | Unreplicate | Spawn | Despawn
+Decision = Relocate | Replicate | Unreplicate | Spawn | Despawn
 
 
 # -- the load model -------------------------------------------------------------------------
@@ -399,7 +399,7 @@ def _destinations(run: _Run, topic: TopicLoad, source: str) -> list[_Load]:
 
 
 def _move_part(run: _Run, source: _Load, topic: TopicLoad) -> bool:
-    """Move ``topic``'s part on ``source`` whole to one broker, or a proportional slice to
+    """Relocate ``topic``'s part on ``source`` whole to one broker, or a proportional slice to
     the broker with the most room; False when neither is possible without a sliver or an
     overloaded destination."""
     b = source.window.id
@@ -450,14 +450,14 @@ def _commit(
     source.add(topic, -rate, per_msg)
     dest.add(topic, rate, per_msg)
     ids = tuple(p.id for p in pubs)
-    move = Move(topic.name, ids, source.window.id, dest.window.id)
+    move = Relocate(topic.name, ids, source.window.id, dest.window.id)
     new = _apply_move(topic, move)
     run.topics[topic.name] = replace(new, last_change_s=topic.last_change_s)
     run.changed.add(topic.name)
     run.decisions.append(move)
 
 
-def _apply_move(topic: TopicLoad, move: Move) -> TopicLoad:
+def _apply_move(topic: TopicLoad, move: Relocate) -> TopicLoad:
     gone = set(move.publishers)
     plan = {b: tuple(p for p in ps if p not in gone) for b, ps in topic.plan.items()}
     plan[move.to] = (*plan.get(move.to, ()), *move.publishers)
@@ -579,7 +579,7 @@ def apply(
     run = _Run(state, settings, now, _model(state, settings), {t.name: t for t in state.topics})
     gone: set[str] = set()
     for d in decisions:
-        if isinstance(d, Move):
+        if isinstance(d, Relocate):
             topic = run.topics[d.topic]
             pubs = [p for p in topic.spec.publishers if p.id in set(d.publishers)]
             _commit(run, topic, run.loads[d.source], run.loads[d.to], pubs)
