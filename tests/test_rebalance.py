@@ -55,21 +55,33 @@ def _ids(pubs: list[dict[str, Any]]) -> list[str]:
 
 # -- properties ------------------------------------------------------------------------------
 @st.composite
-def clusters(draw: st.DrawFn, locks: bool = True) -> RebalanceState:
+def clusters(draw: st.DrawFn, locks: bool = True, cpu: bool = True) -> RebalanceState:
     n_brokers = draw(st.integers(2, 5))
-    brokers = [{"id": f"b{i}", "mcap": 1000} for i in range(n_brokers)]
+    brokers: list[dict[str, Any]] = []
+    for i in range(n_brokers):
+        b: dict[str, Any] = {"id": f"b{i}", "mcap": 1000}
+        b["slo_streak"] = draw(st.sampled_from([0, 0, 0, 1, 2]))
+        if draw(st.booleans()):
+            b["egress_max"] = 1e6  # 1 MB/s: egress decides, replicas appear
+        if cpu and draw(st.booleans()):
+            b["cpu"] = draw(st.floats(0, 0.95))
+        brokers.append(b)
     topics = []
     for t in range(draw(st.integers(1, 4))):
         n = draw(st.integers(1, 12))
         rate = draw(st.sampled_from([10, 25, 40, 80, 150]))
         groups = draw(st.integers(1, 3))
         pubs = _pubs(f"t{t}p", n, rate, groups)
-        homes = draw(st.lists(st.integers(0, n_brokers - 1), min_size=n, max_size=n))
+        if draw(st.booleans()):  # on one broker, as placement leaves a small topic
+            homes = [draw(st.integers(0, n_brokers - 1))] * n
+        else:
+            homes = draw(st.lists(st.integers(0, n_brokers - 1), min_size=n, max_size=n))
         plan: dict[str, list[str]] = {}
         for p, h in zip(pubs, homes, strict=True):
             plan.setdefault(f"b{h}", []).append(p["id"])
         doc: dict[str, Any] = {"name": f"t{t}", "publishers": pubs, "plan": plan}
-        doc["subscribers"] = draw(st.integers(1, 4))
+        doc["subscribers"] = draw(st.sampled_from([1, 2, 4, 20]))
+        doc["message_bytes"] = draw(st.sampled_from([100, 500]))
         if locks and draw(st.booleans()):
             doc["last_change_s"] = draw(st.floats(0, NOW))
         topics.append(doc)
@@ -111,7 +123,7 @@ def test_decisions_respect_the_target_slivers_and_the_interval(state: RebalanceS
         # a whole part moved keeps its size (merged at the destination, it only grows)
 
 
-@given(clusters(locks=False))
+@given(clusters(locks=False, cpu=False))
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_after_the_moves_nobody_is_overloaded_or_a_spawn_is_asked(state: RebalanceState) -> None:
     decisions = rebalance(state, SETTINGS, NOW)
@@ -393,3 +405,25 @@ def test_decisions_print_as_documented() -> None:
         {"action": "spawn", "n": 1},
         {"action": "despawn", "broker": "a"},
     ]
+
+
+def test_brokers_being_started_count_and_an_slo_violator_takes_nothing() -> None:
+    pubs = _pubs("p", 10, 100)
+    doc = {"name": "t", "rate": 1000, "publishers": pubs, "plan": {"b1": _ids(pubs)}}
+    full = _state([{"id": "b1", "mcap": 1000}], [doc])
+    needs_three = _state([{"id": "b1", "mcap": 500}], [doc])  # LR 2.0: (2.0 - 0.6) / 0.6
+    assert rebalance(needs_three, SETTINGS, NOW) == [Spawn(3)]
+    started = RebalanceState(needs_three.brokers, needs_three.topics, spawning=2)
+    assert rebalance(started, SETTINGS, NOW) == [Spawn(1)]
+    assert rebalance(RebalanceState(full.brokers, full.topics, spawning=1), SETTINGS, NOW) == []
+    # the only other broker violates its SLO: it gets nothing, so a broker is asked for
+    sick = _state([{"id": "b1", "mcap": 1000}, {"id": "b2", "mcap": 1000, "slo_streak": 2}],
+                  [doc])  # fmt: skip
+    assert rebalance(sick, SETTINGS, NOW) == [Spawn(1)]
+
+
+def test_a_destination_over_the_target_on_cpu_takes_nothing() -> None:
+    pubs = _pubs("p", 9, 100)
+    doc = {"name": "t", "rate": 900, "publishers": pubs, "plan": {"b1": _ids(pubs)}}
+    busy = _state([{"id": "b1", "mcap": 1000}, {"id": "b2", "mcap": 1000, "cpu": 0.7}], [doc])
+    assert rebalance(busy, SETTINGS, NOW) == [Spawn(1)]

@@ -322,7 +322,8 @@ def rebalance(
     if still and run.short:
         room = settings.max_brokers - brokers
         excess = math.fsum(x.ratio() - settings.target for x in still)
-        n = min(room, max(1, math.ceil(excess / settings.target - _EPS)))
+        needed = max(1, math.ceil(excess / settings.target - _EPS))
+        n = min(room, needed - state.spawning)  # those being started count
         if n > 0:
             run.decisions.append(Spawn(n))
     if not overloaded and not run.decisions and brokers > settings.min_brokers:
@@ -330,13 +331,12 @@ def rebalance(
     return run.decisions
 
 
+def _slo_hot(run: _Run, load: _Load) -> bool:
+    return load.window.slo_streak >= run.settings.slo_windows
+
+
 def _overloaded(run: _Run) -> list[_Load]:
-    s = run.settings
-    hot = [
-        x
-        for x in run.loads.values()
-        if x.ratio() > s.overload or x.window.slo_streak >= s.slo_windows
-    ]
+    hot = [x for x in run.loads.values() if x.ratio() > run.settings.overload or _slo_hot(run, x)]
     return sorted(hot, key=lambda x: (-x.ratio(), x.window.id))
 
 
@@ -344,6 +344,8 @@ def _room(run: _Run, dest: _Load, topic: TopicLoad, source: _Load) -> float:
     """Publisher msg/s of ``topic`` that ``dest`` can take and stay at ``target`` or below
     on ingress (in the topic's units, as placement counts: ``for_topic``), egress and CPU."""
     t = run.settings.target
+    if dest.ratio() >= t:  # e.g. its CPU, which a move from a cheaper broker may not raise
+        return 0.0
     ledger_load = max(dest.allocated, dest.ingress)
     ingress = for_topic(topic.spec, [BrokerCapacity(dest.window.id, t * dest.window.mcap,
                                                     ledger_load)])[0].rcap  # fmt: skip
@@ -372,8 +374,7 @@ def _shed(run: _Run, source: _Load) -> None:
     b = source.window.id
     tried: set[str] = set()
     moved = False
-    while source.ratio() >= s.target - _EPS or (source.window.slo_streak >= s.slo_windows
-                                                 and not moved):  # fmt: skip
+    while source.ratio() >= s.target - _EPS or (_slo_hot(run, source) and not moved):
         movable = [
             t
             for t in run.topics.values()
@@ -390,10 +391,11 @@ def _shed(run: _Run, source: _Load) -> None:
 
 def _destinations(run: _Run, topic: TopicLoad, source: str) -> list[_Load]:
     """Brokers already carrying the topic first (the topic gains no broker), then the
-    least loaded; never the source nor a broker over target."""
+    least loaded; never the source nor a broker violating an SLO (one over the target
+    has no room)."""
     held = set(topic.plan)
     return sorted(
-        (x for x in run.loads.values() if x.window.id != source),
+        (x for x in run.loads.values() if x.window.id != source and not _slo_hot(run, x)),
         key=lambda x: (x.window.id not in held, x.ratio(), x.window.id),
     )
 
@@ -472,42 +474,64 @@ def _replication(run: _Run) -> None:
         if len(topic.plan) != 1 or run.locked(topic):
             continue
         egress = topic.spec.load * topic.subscribers * topic.message_bytes
-        per_replica = s.target * s.egress_max
-        need = min(len(run.loads), max(1, math.ceil(egress / per_replica - _EPS)))
+        home = run.loads.get(next(iter(topic.plan)))
+        per_replica = s.target * (home.egress_max if home else s.egress_max)
+        need = max(1, math.ceil(egress / per_replica - _EPS))
         have = topic.carriers()
         if need > len(have):
             _add_replicas(run, topic, need - len(have))
         elif topic.replicas and egress / (len(have) - 1) <= per_replica * (1 - _EPS):
-            drop = max(topic.replicas, key=lambda r: (run.loads[r].ratio(), r)
-                       if r in run.loads else (math.inf, r))  # fmt: skip
-            _set_replicas(run, topic, tuple(r for r in topic.replicas if r != drop))
-            run.decisions.append(Unreplicate(topic.name, drop))
+            _drop_replica(run, topic, egress)
+
+
+def _drop_replica(run: _Run, topic: TopicLoad, egress: float) -> None:
+    """Remove the most loaded replica if every carrier left can take its share of the
+    subscribers and stay at or under target."""
+    have = topic.carriers()
+    drop = max(topic.replicas, key=lambda r: (run.loads[r].ratio(), r) if r in run.loads
+               else (math.inf, r))  # fmt: skip
+    more = egress / (len(have) - 1) - egress / len(have)
+    for c in have:
+        load = run.loads.get(c)
+        if c != drop and load and load.egress + more > run.settings.target * load.egress_max:
+            return
+    _set_replicas(run, topic, tuple(r for r in topic.replicas if r != drop))
+    run.decisions.append(Unreplicate(topic.name, drop))
 
 
 def _add_replicas(run: _Run, topic: TopicLoad, n: int) -> None:
-    """The least-loaded brokers that can take the whole stream in, their share of the
-    subscribers out, and stay under target."""
-    t = run.settings.target
-    whole = topic.spec.load * topic.subscribers * topic.message_bytes
-    egress_each = whole / (len(topic.carriers()) + n)
-    added: list[str] = []
-    for cand in run.by_ratio():
-        if len(added) == n:
+    """Up to ``n`` of the least-loaded brokers that can take the whole stream in and their
+    share of the subscribers out (the share with the replicas actually found) and stay
+    under target; fewer found counts toward a spawn."""
+    for k in range(n, 0, -1):
+        added = _replica_candidates(run, topic, k)
+        if len(added) == k:
             break
-        b = cand.window.id
-        if b in topic.carriers():
-            continue
-        ledger_in = max(cand.allocated + topic.spec.rate, cand.ingress + topic.spec.load)
-        out = cand.egress + egress_each
-        cpu = cand.cpu + topic.spec.load * _cpu_per_msg(run, cand)
-        if ledger_in > t * cand.window.mcap or out > t * cand.egress_max or cpu > t:
-            continue
-        added.append(b)
+    else:
+        added = []
     if len(added) < n:
         run.short = True
     if added:
         _set_replicas(run, topic, (*topic.replicas, *added))
         run.decisions.extend(Replicate(topic.name, b, "all_publishers") for b in added)
+
+
+def _replica_candidates(run: _Run, topic: TopicLoad, k: int) -> list[str]:
+    """The ``k`` least-loaded brokers (or fewer) that can be replicas with ``k`` added."""
+    t = run.settings.target
+    whole = topic.spec.load * topic.subscribers * topic.message_bytes
+    egress_each = whole / (len(topic.carriers()) + k)
+    added: list[str] = []
+    for cand in run.by_ratio():
+        b = cand.window.id
+        if len(added) == k or b in topic.carriers() or _slo_hot(run, cand):
+            continue
+        ledger_in = max(cand.allocated + topic.spec.rate, cand.ingress + topic.spec.load)
+        out = cand.egress + egress_each
+        cpu = cand.cpu + topic.spec.load * _cpu_per_msg(run, cand)
+        if ledger_in <= t * cand.window.mcap and out <= t * cand.egress_max and cpu <= t:
+            added.append(b)
+    return added
 
 
 def _set_replicas(run: _Run, topic: TopicLoad, replicas: tuple[str, ...]) -> None:
