@@ -8,8 +8,9 @@
   ``egress_max``) and CPU (a fraction). Inputs are averages over ``window_s``
   (``LoadAverager`` makes them from reports).
 - **Channel level first** (Dynamoth's Algorithm 1, ALL_PUBLISHERS only): a topic on one
-  broker whose egress no broker can carry under ``target`` gets replicas that each receive
-  the whole stream and serve a share of the subscribers; one no longer needed is removed.
+  broker whose egress is more than ``target`` × that broker's ``egress_max`` gets replicas
+  that each receive the whole stream and serve a share of the subscribers; one no longer
+  needed is removed.
   ALL_SUBSCRIBERS is SRTM's split itself: a slice ``Relocate`` to a broker outside the plan.
 - **Overload** (Algorithm 2): a broker with ``LR > overload``, or an SLO violated for
   ``slo_windows`` consecutive windows, sheds its busiest topic parts until ``LR < target``.
@@ -17,11 +18,13 @@
   first, then the least loaded: concentration); else a slice sized to the roomiest
   broker's room, taking every correlation group in proportion (``fill_by_group``), never
   leaving a part below ``min_slice_share`` of the topic on either side (a sliver would pay
-  a large DRL penalty). No destination is ever filled past ``target``.
+  a large DRL penalty). No destination is ever filled past ``target``, and none whose SLO
+  is being violated gets anything.
 - **Spawn** when overload remains because no broker could take a part and stay under
-  ``target`` (Dynamoth's code: no server under 0.60 can take the load); **despawn** the least-loaded
-  broker (moving all its parts away) when no broker is overloaded and the average LR
-  would stay under ``despawn_below`` without it. ``min_brokers``/``max_brokers`` bound both.
+  ``target`` (Dynamoth's code: no server under 0.60 can take the load); **despawn** the
+  least-loaded broker (moving all its parts away) when no broker is overloaded and the
+  average LR would stay under ``despawn_below`` without it. ``min_brokers`` and
+  ``max_brokers`` bound both.
 - A topic changed less than ``min_plan_interval_s`` ago is not touched.
 """
 
