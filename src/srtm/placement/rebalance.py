@@ -92,21 +92,33 @@ class TopicLoad:
     replicas: tuple[str, ...] = ()
     #: When its plan last changed (s, the caller's clock); None: long ago.
     last_change_s: float | None = None
+    # Derived once (the rebalancer reads them in its inner loops): the load, per broker.
+    _load: float = field(init=False, repr=False, compare=False)
+    _parts: dict[str, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        rates = {p.id: p.rate for p in self.spec.publishers}
+        parts = {b: math.fsum(rates.get(p, 0.0) for p in ps) for b, ps in self.plan.items()}
+        object.__setattr__(self, "_load", self.spec.load)
+        object.__setattr__(self, "_parts", parts)
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     @property
+    def load(self) -> float:
+        """Its publishers' total rate (msg/s)."""
+        return self._load
+
+    @property
     def scale(self) -> float:
         """What the ledger counts per msg/s of publisher rate (``r / load``)."""
-        load = self.spec.load
-        return self.spec.rate / load if load > 0 else 1.0
+        return self.spec.rate / self._load if self._load > 0 else 1.0
 
     def part(self, broker: str) -> float:
         """Publisher msg/s the plan sends to ``broker``."""
-        ids = set(self.plan.get(broker, ()))
-        return math.fsum(p.rate for p in self.spec.publishers if p.id in ids)
+        return self._parts.get(broker, 0.0)
 
     def carriers(self) -> tuple[str, ...]:
         """Brokers carrying the topic: the plan's, then the replicas."""
@@ -246,7 +258,7 @@ def _egress_of(topic: TopicLoad, broker: str) -> float:
     """Bytes/s ``topic`` sends out of ``broker`` under its plan and replicas."""
     if topic.replicas:
         n = len(topic.carriers())
-        share = topic.spec.load if broker in topic.carriers() else 0.0
+        share = topic.load if broker in topic.carriers() else 0.0
         return share * topic.subscribers / n * topic.message_bytes
     return topic.part(broker) * topic.subscribers * topic.message_bytes
 
@@ -261,7 +273,7 @@ def _allocated_of(topic: TopicLoad, broker: str) -> float:
 
 def _ingress_of(topic: TopicLoad, broker: str) -> float:
     if topic.replicas:
-        return topic.spec.load if broker in topic.carriers() else 0.0
+        return topic.load if broker in topic.carriers() else 0.0
     return topic.part(broker)
 
 
@@ -409,7 +421,7 @@ def _move_part(run: _Run, source: _Load, topic: TopicLoad) -> bool:
     overloaded destination."""
     b = source.window.id
     part = topic.part(b)
-    total = topic.spec.load
+    total = topic.load
     dests = _destinations(run, topic, b)
     rooms = [(_room(run, d, topic, source), d) for d in dests]
     whole = next((d for r, d in rooms if r >= part * (1 - _EPS)), None)
@@ -476,7 +488,7 @@ def _replication(run: _Run) -> None:
     for topic in sorted(run.topics.values(), key=lambda t: t.name):
         if len(topic.plan) != 1 or run.locked(topic):
             continue
-        egress = topic.spec.load * topic.subscribers * topic.message_bytes
+        egress = topic.load * topic.subscribers * topic.message_bytes
         home = run.loads.get(next(iter(topic.plan)))
         per_replica = s.target * (home.egress_max if home else s.egress_max)
         need = max(1, math.ceil(egress / per_replica - _EPS))
@@ -522,16 +534,16 @@ def _add_replicas(run: _Run, topic: TopicLoad, n: int) -> None:
 def _replica_candidates(run: _Run, topic: TopicLoad, k: int) -> list[str]:
     """The ``k`` least-loaded brokers (or fewer) that can be replicas with ``k`` added."""
     t = run.settings.target
-    whole = topic.spec.load * topic.subscribers * topic.message_bytes
+    whole = topic.load * topic.subscribers * topic.message_bytes
     egress_each = whole / (len(topic.carriers()) + k)
     added: list[str] = []
     for cand in run.by_ratio():
         b = cand.window.id
         if len(added) == k or b in topic.carriers() or _slo_hot(run, cand):
             continue
-        ledger_in = max(cand.allocated + topic.spec.rate, cand.ingress + topic.spec.load)
+        ledger_in = max(cand.allocated + topic.spec.rate, cand.ingress + topic.load)
         out = cand.egress + egress_each
-        cpu = cand.cpu + topic.spec.load * _cpu_per_msg(run, cand)
+        cpu = cand.cpu + topic.load * _cpu_per_msg(run, cand)
         if ledger_in <= t * cand.window.mcap and out <= t * cand.egress_max and cpu <= t:
             added.append(b)
     return added
