@@ -297,7 +297,7 @@ def load_ratios(state: RebalanceState, settings: RebalanceSettings) -> dict[str,
 
 # -- the rebalancer -------------------------------------------------------------------------
 @dataclass(slots=True)
-class _Run:
+class _Pass:
     state: RebalanceState
     settings: RebalanceSettings
     now: float
@@ -325,7 +325,7 @@ def rebalance(
     replication first, then overloads (and a spawn if they cannot be relieved), else at
     most one despawn. Deterministic: ties go by id."""
     settings = settings or RebalanceSettings()
-    run = _Run(state, settings, now, _model(state, settings), {t.name: t for t in state.topics})
+    run = _Pass(state, settings, now, _model(state, settings), {t.name: t for t in state.topics})
     brokers = len(state.brokers) + state.spawning
     if brokers < settings.min_brokers:
         return [Spawn(settings.min_brokers - brokers)]
@@ -346,16 +346,16 @@ def rebalance(
     return run.decisions
 
 
-def _slo_hot(run: _Run, load: _Load) -> bool:
+def _slo_hot(run: _Pass, load: _Load) -> bool:
     return load.window.slo_streak >= run.settings.slo_windows
 
 
-def _overloaded(run: _Run) -> list[_Load]:
+def _overloaded(run: _Pass) -> list[_Load]:
     hot = [x for x in run.loads.values() if x.ratio() > run.settings.overload or _slo_hot(run, x)]
     return sorted(hot, key=lambda x: (-x.ratio(), x.window.id))
 
 
-def _room(run: _Run, dest: _Load, topic: TopicLoad, source: _Load) -> float:
+def _room(run: _Pass, dest: _Load, topic: TopicLoad, source: _Load) -> float:
     """Publisher msg/s of ``topic`` that ``dest`` can take and stay at ``target`` or below
     on ingress (in the topic's units, as placement counts: ``for_topic``), egress and CPU."""
     t = run.settings.target
@@ -382,7 +382,7 @@ def _contribution(load: _Load, topic: TopicLoad) -> float:
     )
 
 
-def _shed(run: _Run, source: _Load) -> None:
+def _shed(run: _Pass, source: _Load) -> None:
     """Algorithm 2 for one broker: move its busiest movable parts until LR < target (an
     SLO-overloaded broker sheds at least one part)."""
     s = run.settings
@@ -404,7 +404,7 @@ def _shed(run: _Run, source: _Load) -> None:
             tried.add(topic.name)
 
 
-def _destinations(run: _Run, topic: TopicLoad, source: str) -> list[_Load]:
+def _destinations(run: _Pass, topic: TopicLoad, source: str) -> list[_Load]:
     """Brokers already carrying the topic first (the topic gains no broker), then the
     least loaded; never the source nor a broker violating an SLO (one over the target
     has no room)."""
@@ -415,7 +415,7 @@ def _destinations(run: _Run, topic: TopicLoad, source: str) -> list[_Load]:
     )
 
 
-def _move_part(run: _Run, source: _Load, topic: TopicLoad) -> bool:
+def _move_part(run: _Pass, source: _Load, topic: TopicLoad) -> bool:
     """Relocate ``topic``'s part on ``source`` whole to one broker, or a proportional slice to
     the broker with the most room; False when neither is possible without a sliver or an
     overloaded destination."""
@@ -447,7 +447,7 @@ def _move_part(run: _Run, source: _Load, topic: TopicLoad) -> bool:
 
 
 def _no_sliver(
-    topic: TopicLoad, dest: str, moved: float, total: float, left: float, run: _Run
+    topic: TopicLoad, dest: str, moved: float, total: float, left: float, run: _Pass
 ) -> bool:
     """Neither the part left on the source nor the part at ``dest`` is a sliver: a share of
     the topic's load in (0, ``min_slice_share``), or a sub-bucket below one token."""
@@ -460,7 +460,7 @@ def _no_sliver(
 
 
 def _commit(
-    run: _Run, topic: TopicLoad, source: _Load, dest: _Load, pubs: Sequence[PublisherLoad]
+    run: _Pass, topic: TopicLoad, source: _Load, dest: _Load, pubs: Sequence[PublisherLoad]
 ) -> None:
     rate = math.fsum(p.rate for p in pubs)
     per_msg = source.cpu_per_msg
@@ -481,7 +481,7 @@ def _apply_move(topic: TopicLoad, move: Relocate) -> TopicLoad:
     return replace(topic, plan={b: ps for b, ps in plan.items() if ps})
 
 
-def _replication(run: _Run) -> None:
+def _replication(run: _Pass) -> None:
     """ALL_PUBLISHERS for a topic on one broker whose egress no broker can carry under
     ``target``: replicas = ceil(egress / (target × egress_max)); one fewer when that suffices."""
     s = run.settings
@@ -499,7 +499,7 @@ def _replication(run: _Run) -> None:
             _drop_replica(run, topic, egress)
 
 
-def _drop_replica(run: _Run, topic: TopicLoad, egress: float) -> None:
+def _drop_replica(run: _Pass, topic: TopicLoad, egress: float) -> None:
     """Remove the most loaded replica if every carrier left can take its share of the
     subscribers and stay at or under target."""
     have = topic.carriers()
@@ -514,7 +514,7 @@ def _drop_replica(run: _Run, topic: TopicLoad, egress: float) -> None:
     run.decisions.append(Unreplicate(topic.name, drop))
 
 
-def _add_replicas(run: _Run, topic: TopicLoad, n: int) -> None:
+def _add_replicas(run: _Pass, topic: TopicLoad, n: int) -> None:
     """Up to ``n`` of the least-loaded brokers that can take the whole stream in and their
     share of the subscribers out (the share with the replicas actually found) and stay
     under target; fewer found counts toward a spawn."""
@@ -531,7 +531,7 @@ def _add_replicas(run: _Run, topic: TopicLoad, n: int) -> None:
         run.decisions.extend(Replicate(topic.name, b, "all_publishers") for b in added)
 
 
-def _replica_candidates(run: _Run, topic: TopicLoad, k: int) -> list[str]:
+def _replica_candidates(run: _Pass, topic: TopicLoad, k: int) -> list[str]:
     """The ``k`` least-loaded brokers (or fewer) that can be replicas with ``k`` added."""
     t = run.settings.target
     whole = topic.load * topic.subscribers * topic.message_bytes
@@ -549,7 +549,7 @@ def _replica_candidates(run: _Run, topic: TopicLoad, k: int) -> list[str]:
     return added
 
 
-def _set_replicas(run: _Run, topic: TopicLoad, replicas: tuple[str, ...]) -> None:
+def _set_replicas(run: _Pass, topic: TopicLoad, replicas: tuple[str, ...]) -> None:
     """Re-estimate every carrier's loads for ``topic`` with ``replicas``."""
     new = replace(topic, replicas=replicas)
     for b in set(topic.carriers()) | set(new.carriers()):
@@ -565,12 +565,12 @@ def _set_replicas(run: _Run, topic: TopicLoad, replicas: tuple[str, ...]) -> Non
     run.changed.add(topic.name)
 
 
-def _cpu_per_msg(run: _Run, load: _Load) -> float:
+def _cpu_per_msg(run: _Pass, load: _Load) -> float:
     """A broker's CPU per msg/s; one with no traffic yet costs what the dearest costs."""
     return load.cpu_per_msg or max((x.cpu_per_msg for x in run.loads.values()), default=0.0)
 
 
-def _despawn(run: _Run) -> None:
+def _despawn(run: _Pass) -> None:
     """Dynamoth's low-load plan: if the average LR without the least-loaded broker stays
     under ``despawn_below``, move all its parts away (whole, each to a broker with room)
     and give it back; nothing when any part cannot move."""
@@ -597,7 +597,7 @@ def _despawn(run: _Run) -> None:
     run.decisions.append(Despawn(b))
 
 
-def _drain(run: _Run, victim: _Load, topic: TopicLoad) -> bool:
+def _drain(run: _Pass, victim: _Load, topic: TopicLoad) -> bool:
     part = topic.part(victim.window.id)
     mine = [p for p in topic.spec.publishers if p.id in set(topic.plan[victim.window.id])]
     for dest in _destinations(run, topic, victim.window.id):
@@ -615,7 +615,7 @@ def apply(
     """``state`` with ``decisions`` made: plans and replicas changed, broker loads moved as
     the rebalancer estimates them, despawned brokers gone, changed topics stamped ``now``.
     Spawns add no broker (a new broker comes with its own registration)."""
-    run = _Run(state, settings, now, _model(state, settings), {t.name: t for t in state.topics})
+    run = _Pass(state, settings, now, _model(state, settings), {t.name: t for t in state.topics})
     gone: set[str] = set()
     for d in decisions:
         if isinstance(d, Relocate):

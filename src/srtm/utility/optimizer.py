@@ -133,7 +133,7 @@ class _Var:
     cls: int | None  # None: the flow's rate
 
 
-class _Run:
+class _GreedyRun:
     """One greedy run with one primary: weights per (broker, resource)."""
 
     def __init__(
@@ -293,13 +293,13 @@ def optimize(
         raise ValueError(f"rate_step must be > 0, got {rate_step}")
     if consumer_step is not None and consumer_step < 1:
         raise ValueError(f"consumer_step must be >= 1, got {consumer_step}")
-    best: _Run | None = None
+    best: _GreedyRun | None = None
     best_name = ""
     runs = []
-    start = _Run(problem, {}, rate_step, consumer_step)
+    start = _GreedyRun(problem, {}, rate_step, consumer_step)
     feasible = all(start.used[k] <= problem.capacity[k[0]][k[1]] * (1 + _SLACK) for k in start.used)
     for name, weights in primaries(problem):
-        run = _Run(problem, weights, rate_step, consumer_step)
+        run = _GreedyRun(problem, weights, rate_step, consumer_step)
         if feasible:
             run.run(max_steps)
         value = total_utility(problem, run.rates, run.admitted)
