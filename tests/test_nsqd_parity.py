@@ -254,6 +254,16 @@ class SnappyClient(DeflateClient):
         self.pending = self.frames.feed(self.reader.feed(data[size:]))
         return reply
 
+    async def read_stream_start(self, n: int) -> bytes:
+        """The first ``n`` bytes after the IDENTIFY reply (they may come in a later read)."""
+        while len(self.snappy_bytes) < n:
+            data = await self.raw.reader.read(1 << 16)
+            if not data:
+                raise EOFError("closed")
+            self.snappy_bytes += data
+            self.pending += self.frames.feed(self.reader.feed(data))
+        return self.snappy_bytes[:n]
+
     async def send(self, *cmds: Any) -> None:
         from srtm.protocol import encode_command
 
@@ -291,7 +301,7 @@ async def test_snappy_stream_after_the_identify_reply(target: Target) -> None:
         reply = await c.identify_snappy()
         assert (reply["snappy"], reply["deflate"]) == (True, False)
         # nsqd: the stream identifier and the OK in one uncompressed chunk (CRC-32C masked).
-        assert c.snappy_bytes[:10] == b"\xff\x06\x00\x00sNaPpY"
+        assert await c.read_stream_start(10) == b"\xff\x06\x00\x00sNaPpY"
         ok = await c.frame()  # through the framed stream
         assert (ok.kind, ok.data) == (FrameType.RESPONSE, b"OK")
         big = b"squeeze me " * 10_000  # over 64 KiB: several chunks each way
