@@ -1,0 +1,468 @@
+"""NSQ 1.3.0's own tools against SRTM and against nsqd + nsqlookupd, with the same assertions.
+
+Every test runs twice: on the ``nsq`` stack (the real ``nsqlookupd`` and two ``nsqd``) and on
+the ``srtm`` stack (``srtm controller`` and two ``srtm broker`` registered with it). The
+tools find the brokers through the lookupd address, which is the controller's on SRTM.
+What one stack answers and the other does not is a difference from NSQ (docs/nsq-tools.md).
+
+The binaries come from ``$SRTM_NSQ_BIN`` or ``../shared/anchors/nsq-1.3.0`` beside the
+repository (or beside the main checkout of a git worktree); a missing directory fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from srtm.launch import LocalCluster, start_cluster
+from support import eventually
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = ("nsqd", "nsqlookupd", "nsqadmin", "nsq_tail", "nsq_to_file", "nsq_stat", "to_nsq")
+#: Patience for a tool that must finish by itself (it is killed after this).
+TOOL_TIMEOUT_S = 30.0
+
+pytestmark = pytest.mark.slow
+
+
+def anchor_dirs(name: str) -> list[Path]:
+    """``../shared/anchors/NAME`` beside this checkout, and beside the main checkout when
+    this is a git worktree (as benchmarks/broker.py resolves it)."""
+    dirs = [REPO.parent / "shared" / "anchors" / name]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        common = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+        if common:
+            dirs.append(Path(common).parent.parent / "shared" / "anchors" / name)
+    return dirs
+
+
+def nsq_bin() -> Path:
+    """The directory of NSQ 1.3.0's binaries; the test fails (not skips) without it."""
+    env = os.environ.get("SRTM_NSQ_BIN")
+    candidates = [Path(env)] if env else anchor_dirs("nsq-1.3.0")
+    for d in candidates:
+        if all(os.access(d / t, os.X_OK) for t in TOOLS):
+            return d.resolve()
+    pytest.fail(
+        f"NSQ 1.3.0's binaries ({', '.join(TOOLS)}) not found in {', '.join(map(str, candidates))}:"
+        " set SRTM_NSQ_BIN to the directory that holds them",
+        pytrace=False,
+    )
+
+
+# == the two stacks ==========================================================================
+
+
+@dataclass
+class GoProcess:
+    """A Go NSQ binary, its log in a file, and the addresses it said it listens on."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def listening(self, what: str) -> str:
+        """The ``HOST:PORT`` of its "WHAT: listening on" log line, once it is there."""
+        pattern = re.compile(rf"{what}: listening on (\S+)")
+
+        def found() -> str | None:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.log.name} exited: {self.log.read_text()}")
+            m = pattern.search(self.log.read_text())
+            return m[1] if m else None
+
+        address = eventually.blocking(found, f"{self.log.name} listening for {what}")
+        assert address is not None
+        return address
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_go(binary: Path, args: list[str], log: Path, cwd: Path | None = None) -> GoProcess:
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(binary), *args], stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+    return GoProcess(proc, log)
+
+
+@dataclass
+class Node:
+    """One broker as the tools see it."""
+
+    tcp: str
+    http: str
+
+
+@dataclass
+class Stack:
+    """A lookupd (nsqlookupd or the controller), two brokers, and nsqadmin in front."""
+
+    kind: str
+    lookupd: str
+    nodes: list[Node]
+    bin: Path
+    tmp: Path
+    admin: str = ""
+    _stops: list[Any] = field(default_factory=list)
+    _names: Iterator[int] = field(default_factory=itertools.count)
+
+    def name(self, prefix: str) -> str:
+        """A topic or channel name no other test of this stack uses."""
+        return f"{prefix}{next(self._names)}"
+
+    def stop(self) -> None:
+        for stop in reversed(self._stops):
+            stop()
+
+    # -- the brokers' own HTTP API (nsqd's) --------------------------------------------------
+
+    def stats(self, node: Node) -> dict[str, Any]:
+        """``/stats`` of one broker: topic name -> its entry, channels by name."""
+        _, doc = http_call("GET", f"http://{node.http}/stats?format=json")
+        topics = doc.get("topics") or []
+        return {
+            t["topic_name"]: {**t, "channels": {c["channel_name"]: c for c in t["channels"]}}
+            for t in topics
+        }
+
+    def publish(self, node: Node, topic: str, bodies: list[str]) -> None:
+        for body in bodies:
+            status, _ = http_call("POST", f"http://{node.http}/pub?topic={topic}", body.encode())
+            assert status == 200
+
+    def create_channel(self, node: Node, topic: str, channel: str) -> None:
+        for path in (
+            f"/topic/create?topic={topic}",
+            f"/channel/create?topic={topic}&channel={channel}",
+        ):
+            status, _ = http_call("POST", f"http://{node.http}{path}")
+            assert status == 200
+
+    # -- the tools ---------------------------------------------------------------------------
+
+    def tool(self, name: str, *args: str, stdin: str = "") -> str:
+        """Run one tool to its end; its stdout (its stderr joins a failure's message)."""
+        done = subprocess.run(
+            [str(self.bin / name), *args],
+            input=stdin.encode(),
+            capture_output=True,
+            timeout=TOOL_TIMEOUT_S,
+        )
+        assert done.returncode == 0, f"{name} {args}: {done.returncode} {done.stderr.decode()}"
+        return done.stdout.decode()
+
+    def api(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
+        """One call to nsqadmin's JSON API (what its pages and buttons call)."""
+        body = None if doc is None else json.dumps(doc).encode()
+        return http_call(method, f"http://{self.admin}{path}", body)
+
+
+def http_call(method: str, url: str, body: bytes | None = None) -> tuple[int, Any]:
+    """Status and decoded JSON (or text) of one request; error statuses are returned."""
+    if body is None and method in ("POST", "PUT"):
+        body = b""
+    req = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def start_nsq(bin: Path, tmp: Path) -> Stack:
+    lookupd = start_go(
+        bin / "nsqlookupd",
+        ["--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0"],
+        tmp / "nsqlookupd.log",
+    )
+    stack = Stack("nsq", "", [], bin, tmp)
+    stack._stops.append(lookupd.stop)
+    try:
+        stack.lookupd = lookupd.listening("HTTP")
+        lookupd_tcp = lookupd.listening("TCP")
+        for i in (1, 2):
+            data = tmp / f"nsqd-{i}"
+            data.mkdir()
+            args = [
+                "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
+                "--https-address", "", "--broadcast-address", "127.0.0.1", "--node-id", str(i),
+                "--data-path", str(data), "--lookupd-tcp-address", lookupd_tcp,
+            ]  # fmt: skip
+            nsqd = start_go(bin / "nsqd", args, tmp / f"nsqd-{i}.log")
+            stack._stops.append(nsqd.stop)
+            stack.nodes.append(Node(nsqd.listening("TCP"), nsqd.listening("HTTP")))
+        wait_registered(stack)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+def start_srtm(bin: Path, tmp: Path) -> Stack:
+    cluster: LocalCluster = start_cluster(tmp, 2)
+    nodes = [Node(b.tcp_address, b.http_address) for b in cluster.brokers]
+    stack = Stack("srtm", cluster.controller.http_address, nodes, bin, tmp)
+    stack._stops.append(cluster.stop)
+    return stack
+
+
+def wait_registered(stack: Stack) -> None:
+    def producers() -> int:
+        _, doc = http_call("GET", f"http://{stack.lookupd}/nodes")
+        return len(doc["producers"])
+
+    eventually.blocking(producers, "both brokers registered", until=lambda n: n == 2)
+
+
+def start_admin(stack: Stack) -> None:
+    admin = start_go(
+        stack.bin / "nsqadmin",
+        ["--http-address", "127.0.0.1:0", "--lookupd-http-address", stack.lookupd],
+        stack.tmp / "nsqadmin.log",
+    )
+    stack._stops.append(admin.stop)
+    stack.admin = admin.listening("HTTP")
+
+
+@pytest.fixture(scope="module", params=["nsq", "srtm"])
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """Two brokers behind a lookupd, and nsqadmin on that lookupd; one per module and kind
+    (the tests use names of their own)."""
+    bin = nsq_bin()
+    tmp = tmp_path_factory.mktemp(request.param)
+    stack = (start_nsq if request.param == "nsq" else start_srtm)(bin, tmp)
+    try:
+        start_admin(stack)
+        yield stack
+    finally:
+        stack.stop()
+
+
+# == the apps =================================================================================
+
+
+def test_to_nsq_publishes_and_nsq_tail_reads_both_brokers_through_the_lookupd(
+    stack: Stack,
+) -> None:
+    topic = stack.name("tail")
+    lines = {i: [f"b{i}-m{j}" for j in range(5)] for i in range(2)}
+    for i, node in enumerate(stack.nodes):
+        stack.tool(
+            "to_nsq",
+            "--nsqd-tcp-address",
+            node.tcp,
+            "--topic",
+            topic,
+            stdin="\n".join(lines[i]) + "\n",
+        )
+    out = stack.tool(
+        "nsq_tail", "--lookupd-http-address", stack.lookupd, "--topic", topic,
+        "--channel", "tail", "-n", "10",
+    )  # fmt: skip
+    assert sorted(out.split()) == sorted(lines[0] + lines[1])
+
+
+def test_nsq_to_file_writes_every_message_found_through_the_lookupd(stack: Stack) -> None:
+    topic = stack.name("file")
+    for i, node in enumerate(stack.nodes):
+        stack.publish(node, topic, [f"n{i}-{j}" for j in range(7)])
+    out = stack.tmp / topic
+    args = [
+        "--lookupd-http-address", stack.lookupd, "--topic", topic, "--channel", "archive",
+        "--output-dir", str(out), "--sync-interval", "100ms",
+    ]  # fmt: skip
+    to_file = start_go(stack.bin / "nsq_to_file", args, stack.tmp / f"{topic}.log")
+
+    def written() -> list[str]:
+        return [line for f in out.glob("*") if f.is_file() for line in f.read_text().splitlines()]
+
+    try:
+        eventually.blocking(written, "14 lines written", until=lambda got: len(got) == 14)
+    finally:
+        to_file.stop()
+    assert sorted(written()) == sorted(f"n{i}-{j}" for i in range(2) for j in range(7))
+
+
+def test_nsq_stat_prints_the_channel_counters_of_both_brokers(stack: Stack) -> None:
+    topic = stack.name("stat")
+    for i, node in enumerate(stack.nodes):
+        stack.create_channel(node, topic, "c")
+        stack.publish(node, topic, [f"s{j}" for j in range(3 + i)])
+    out = stack.tool(
+        "nsq_stat", "--lookupd-http-address", stack.lookupd, "--topic", topic,
+        "--channel", "c", "--count", "2", "--interval", "100ms",
+    )  # fmt: skip
+    assert "depth" in out and "metadata" in out, out
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s*\d", line)]
+    # ingress egress | total mem disk inflt def | req t-o msgs clients
+    want = ["0", "0", "|", "7", "7", "0", "0", "0", "|", "0", "0", "7", "0"]
+    assert rows == [want, want], out
+
+
+# == nsqadmin: its pages' API and its actions ================================================
+
+
+def test_nsqadmin_lists_topics_and_nodes_with_their_topics(stack: Stack) -> None:
+    topic = stack.name("admin")
+    stack.publish(stack.nodes[0], topic, ["x"])
+    eventually.blocking(
+        lambda: topic in stack.api("GET", "/api/topics")[1]["topics"], "topic listed"
+    )
+    status, doc = stack.api("GET", "/api/nodes")
+    assert status == 200
+    by_node = {f"{n['broadcast_address']}:{n['http_port']}": n for n in doc["nodes"]}
+    assert set(by_node) == {n.http for n in stack.nodes}
+    assert {"topic": topic, "tombstoned": False} in by_node[stack.nodes[0].http]["topics"]
+    assert topic not in [t["topic"] for t in by_node[stack.nodes[1].http]["topics"] or []]
+    status, doc = stack.api("GET", f"/api/nodes/{stack.nodes[0].http}")
+    assert status == 200 and doc["node"] == stack.nodes[0].http
+    assert topic in [t["topic_name"] for t in doc["topics"]]
+    assert stack.api("GET", "/api/nodes/127.0.0.1:1") == (404, {"message": "NODE_NOT_FOUND"})
+
+
+def test_nsqadmin_topic_and_channel_pages_sum_both_brokers(stack: Stack) -> None:
+    topic = stack.name("page")
+    for i, node in enumerate(stack.nodes):
+        stack.create_channel(node, topic, "c")
+        stack.publish(node, topic, ["m"] * (2 + i))
+    status, doc = stack.api("GET", f"/api/topics/{topic}")
+    assert status == 200, doc
+    # The messages went on to the channel: the topic holds none.
+    assert (doc["topic_name"], doc["depth"], doc["message_count"]) == (topic, 0, 5)
+    assert sorted(n["node"] for n in doc["nodes"]) == sorted(n.http for n in stack.nodes)
+    assert doc["paused"] is False
+    status, doc = stack.api("GET", f"/api/topics/{topic}/c")
+    assert status == 200, doc
+    assert (doc["channel_name"], doc["depth"], doc["message_count"]) == ("c", 5, 5)
+    assert sorted(n["node"] for n in doc["nodes"]) == sorted(n.http for n in stack.nodes)
+    status, doc = stack.api("GET", "/api/topics/no-such-topic")
+    assert status == 502 and "TOPIC_NOT_FOUND" in doc["message"]
+
+
+def test_nsqadmin_creates_a_topic_and_channel_and_deletes_them(stack: Stack) -> None:
+    topic = stack.name("create")
+    assert stack.api("POST", "/api/topics", {"topic": topic, "channel": "c"}) == (
+        200,
+        {"message": ""},
+    )
+    assert topic in stack.api("GET", "/api/topics")[1]["topics"]
+    _, lookup = http_call("GET", f"http://{stack.lookupd}/lookup?topic={topic}")
+    assert lookup["channels"] == ["c"]
+    # Now carried by a broker, then deleted from everywhere.
+    stack.create_channel(stack.nodes[0], topic, "c")
+    assert stack.api("DELETE", f"/api/topics/{topic}/c") == (200, {"message": ""})
+    assert "c" not in stack.stats(stack.nodes[0])[topic]["channels"]
+    assert stack.api("DELETE", f"/api/topics/{topic}") == (200, {"message": ""})
+    assert topic not in stack.stats(stack.nodes[0])
+    assert topic not in stack.api("GET", "/api/topics")[1]["topics"]
+    status, _ = http_call("GET", f"http://{stack.lookupd}/lookup?topic={topic}")
+    assert status == 404
+
+
+def test_nsqadmin_pauses_unpauses_and_empties_a_topic_on_every_broker(stack: Stack) -> None:
+    topic = stack.name("pause")
+    for node in stack.nodes:
+        stack.publish(node, topic, ["p", "q"])
+    for action, paused in (("pause", True), ("unpause", False)):
+        assert stack.api("POST", f"/api/topics/{topic}", {"action": action}) == (
+            200,
+            {"message": ""},
+        )
+        assert [stack.stats(n)[topic]["paused"] for n in stack.nodes] == [paused, paused]
+        assert stack.api("GET", f"/api/topics/{topic}")[1]["paused"] is paused
+    assert stack.api("POST", f"/api/topics/{topic}", {"action": "empty"}) == (200, {"message": ""})
+    assert [stack.stats(n)[topic]["depth"] for n in stack.nodes] == [0, 0]
+    assert stack.api("POST", f"/api/topics/{topic}", {"action": "bogus"}) == (
+        400,
+        {"message": "INVALID_ACTION"},
+    )
+
+
+def test_nsqadmin_pauses_unpauses_empties_and_deletes_a_channel(stack: Stack) -> None:
+    topic = stack.name("chan")
+    for node in stack.nodes:
+        stack.create_channel(node, topic, "c")
+        stack.publish(node, topic, ["p", "q", "r"])
+    path = f"/api/topics/{topic}/c"
+    for action, paused in (("pause", True), ("unpause", False)):
+        assert stack.api("POST", path, {"action": action}) == (200, {"message": ""})
+        assert [stack.stats(n)[topic]["channels"]["c"]["paused"] for n in stack.nodes] == [
+            paused,
+            paused,
+        ]
+        assert stack.api("GET", path)[1]["paused"] is paused
+    assert stack.api("POST", path, {"action": "empty"}) == (200, {"message": ""})
+    assert [stack.stats(n)[topic]["channels"]["c"]["depth"] for n in stack.nodes] == [0, 0]
+    assert stack.api("DELETE", path) == (200, {"message": ""})
+    assert [stack.stats(n)[topic]["channels"] for n in stack.nodes] == [{}, {}]
+
+
+def test_nsqadmin_tombstones_a_topic_on_one_node(stack: Stack) -> None:
+    topic = stack.name("tomb")
+    for node in stack.nodes:
+        stack.publish(node, topic, ["t"])
+    gone, kept = stack.nodes
+    assert stack.api("DELETE", f"/api/nodes/{gone.http}", {"topic": topic}) == (
+        200,
+        {"message": ""},
+    )
+    assert topic not in stack.stats(gone) and topic in stack.stats(kept)
+
+    def producers() -> list[str]:
+        _, doc = http_call("GET", f"http://{stack.lookupd}/lookup?topic={topic}")
+        return sorted(f"{p['broadcast_address']}:{p['http_port']}" for p in doc["producers"])
+
+    eventually.blocking(producers, "only the kept node produces", until=lambda p: p == [kept.http])
+    status, doc = stack.api("GET", f"/api/topics/{topic}")
+    assert status == 200 and [n["node"] for n in doc["nodes"]] == [kept.http]
+
+
+def test_nsqadmin_counter_counts_the_messages_consumed(stack: Stack) -> None:
+    topic = stack.name("count")
+    for i, node in enumerate(stack.nodes):
+        stack.create_channel(node, topic, "c")
+        stack.publish(node, topic, ["k"] * (1 + i))
+    stack.tool(
+        "nsq_tail", "--lookupd-http-address", stack.lookupd, "--topic", topic,
+        "--channel", "c", "-n", "3",
+    )  # fmt: skip
+    status, doc = stack.api("GET", "/api/counter")
+    assert status == 200
+    mine = {k: v["message_count"] for k, v in doc["stats"].items() if v["topic_name"] == topic}
+    assert mine == {f"{topic}:c:{stack.nodes[0].http}": 1, f"{topic}:c:{stack.nodes[1].http}": 2}
+
+
+def test_nsqadmin_serves_its_pages(stack: Stack) -> None:
+    for page in ("/", "/topics", "/nodes", "/counter", "/lookup", "/topics/x", "/static/main.js"):
+        status, _ = http_call("GET", f"http://{stack.admin}{page}")
+        assert status == 200, page
+    assert stack.api("GET", "/ping") == (200, "OK")
