@@ -16,8 +16,11 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -466,3 +469,77 @@ def test_nsqadmin_serves_its_pages(stack: Stack) -> None:
         status, _ = http_call("GET", f"http://{stack.admin}{page}")
         assert status == 200, page
     assert stack.api("GET", "/ping") == (200, "OK")
+
+
+# == go-nsq 1.1.0's own integration suite ====================================================
+
+#: go-nsq's tests that negotiate TLS (their IDENTIFY answer must say ``TLSv1:true``).
+GO_NSQ_TLS_TESTS = 5
+GO_NSQ_TESTS = 24
+
+
+def go_nsq_dir() -> Path:
+    """go-nsq 1.1.0's compiled suite and its certificates (``$SRTM_GO_NSQ`` overrides)."""
+    env = os.environ.get("SRTM_GO_NSQ")
+    candidates = [Path(env)] if env else anchor_dirs("go-nsq-1.1.0")
+    for d in candidates:
+        if os.access(d / "go-nsq.test", os.X_OK) and (d / "test" / "ca.pem").is_file():
+            return d.resolve()
+    pytest.fail(
+        f"go-nsq 1.1.0's suite (go-nsq.test, test/) not found in {', '.join(map(str, candidates))}:"
+        " set SRTM_GO_NSQ to the directory that holds it",
+        pytrace=False,
+    )
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        # As the servers do: connections in TIME_WAIT from an earlier run do not count.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@pytest.mark.parametrize("broker", ["nsqd", "srtm"])
+def test_go_nsq_suite_passes_against_the_broker(broker: str, tmp_path: Path) -> None:
+    """go-nsq's tests talk to 127.0.0.1:4150 (TCP) and :4151 (HTTP), with its test/ certs."""
+    suite = go_nsq_dir()
+    busy = [p for p in (4150, 4151) if not port_free(p)]
+    assert not busy, f"go-nsq's suite needs 127.0.0.1:{busy} free (an nsqd running?)"
+    shutil.copytree(suite / "test", tmp_path / "test")
+    tls = ["--tls-cert", "test/server.pem", "--tls-key", "test/server.key"]
+    tls += ["--tls-root-ca-file", "test/ca.pem"]
+    addresses = ["--tcp-address", "127.0.0.1:4150", "--http-address", "127.0.0.1:4151"]
+    if broker == "nsqd":
+        cmd = [str(nsq_bin() / "nsqd"), *addresses, "--https-address", "127.0.0.1:0"]
+        cmd += ["--data-path", "."]
+        ready = re.compile(r"HTTP: listening on")
+    else:
+        cmd = [sys.executable, "-m", "srtm", "broker", *addresses, "--insecure-loopback"]
+        cmd += ["--data-dir", "data"]
+        ready = re.compile(r"tcp=127.0.0.1:4150 http=127.0.0.1:4151")
+    proc = start_go(Path(cmd[0]), [*cmd[1:], *tls], tmp_path / "broker.log", cwd=tmp_path)
+    try:
+        eventually.blocking(
+            lambda: proc.proc.poll() is not None or ready.search(proc.log.read_text()),
+            f"{broker} started",
+        )
+        assert proc.proc.poll() is None, proc.log.read_text()
+        done = subprocess.run(
+            [str(suite / "go-nsq.test"), "-test.v", "-test.timeout", "180s"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        proc.stop()
+    out = done.stdout + done.stderr
+    passed = re.findall(r"^--- PASS: (\w+)", out, re.M)
+    failed = re.findall(r"^--- FAIL: (\w+)", out, re.M)
+    assert (len(passed), failed, done.returncode) == (GO_NSQ_TESTS, [], 0), out[-5000:]
+    # The TLS tests pass because the connection was upgraded, not because TLS was declined.
+    assert out.count("TLSv1:true") == GO_NSQ_TLS_TESTS, out[-5000:]
