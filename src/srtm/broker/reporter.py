@@ -48,8 +48,15 @@ def report_document(broker: Broker) -> dict[str, Any]:
             # A draining broker leaves its topic's split once none wait and none arrive.
             "waiting": len(topic.shaping),
             "arrived": topic.message_count,
+            # What nsqlookupd learns from nsqd's REGISTER, and the share the controller
+            # checks against its plan (it puts back one an NSQ tool made the topic lose).
+            "channels": list(topic.channels),
+            "bucket": None
+            if topic.bucket is None
+            else {"rate": topic.bucket.rate, "burst": topic.bucket.burst},
+            "held": topic.on_hold,
         }
-    return {"load": load, "topics": topics}
+    return {"version": 2, "load": load, "topics": topics}
 
 
 async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: float) -> None:
@@ -68,33 +75,52 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=5), headers=headers
     ) as session:
-        while True:
-            try:
-                if registered and broker.lease_until is None and lease_s is not None:
-                    registered = False  # lapsed: the shares come back with a registration
-                if not registered:
-                    sent = time.monotonic()
-                    async with session.post(f"{base}/brokers", json=me) as resp:
-                        registered = resp.status == 200
-                        if not registered:
-                            log.warning("controller refused registration: %s", await resp.text())
-                        else:
-                            lease_s = apply_registration(broker, sent, await resp.json())
-                if registered:
-                    url = f"{base}/brokers/{me['id']}/report"
-                    sent = time.monotonic()
-                    async with session.post(url, json=report_document(broker)) as resp:
-                        registered = resp.status != 404  # the controller forgot us
-                        if resp.status == 200 and lease_s is not None:
-                            broker.renew_lease(sent, lease_s)
-                        if resp.status not in (200, 404) and resp.status != refused:
-                            log.warning("controller refused a report: %s", await resp.text())
-                        refused = 0 if resp.status == 200 else resp.status
-            except (aiohttp.ClientError, TimeoutError):
-                pass  # the controller is away: try again next interval
-            except Exception:  # never let one bad report end reporting for good
-                log.exception("reporting to the controller failed")
-            await asyncio.sleep(interval_s)
+        try:
+            while True:
+                try:
+                    if registered and broker.lease_until is None and lease_s is not None:
+                        registered = False  # lapsed: the shares come back with a registration
+                    if not registered:
+                        sent = time.monotonic()
+                        async with session.post(f"{base}/brokers", json=me) as resp:
+                            registered = resp.status == 200
+                            if not registered:
+                                log.warning(
+                                    "controller refused registration: %s", await resp.text()
+                                )
+                            else:
+                                lease_s = apply_registration(broker, sent, await resp.json())
+                    if registered:
+                        url = f"{base}/brokers/{me['id']}/report"
+                        sent = time.monotonic()
+                        async with session.post(url, json=report_document(broker)) as resp:
+                            registered = resp.status != 404  # the controller forgot us
+                            if resp.status == 200 and lease_s is not None:
+                                broker.renew_lease(sent, lease_s)
+                            if resp.status not in (200, 404) and resp.status != refused:
+                                log.warning("controller refused a report: %s", await resp.text())
+                            refused = 0 if resp.status == 200 else resp.status
+                except (aiohttp.ClientError, TimeoutError):
+                    pass  # the controller is away: try again next interval
+                except Exception:  # never let one bad report end reporting for good
+                    log.exception("reporting to the controller failed")
+                await asyncio.sleep(interval_s)
+
+        except asyncio.CancelledError:
+            # Stopping cleanly: the controller drops this broker at once, so nobody is
+            # sent here for the seconds it would take to notice the silence.
+            await deregister(session, f"{base}/brokers/{me['id']}")
+            raise
+
+
+async def deregister(session: aiohttp.ClientSession, url: str) -> None:
+    """``DELETE /brokers/{id}``, briefly: a controller away must not hold up the stop."""
+    try:
+        async with session.delete(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
+            if resp.status not in (200, 404):
+                log.warning("controller refused deregistration: %s", await resp.text())
+    except (aiohttp.ClientError, TimeoutError):
+        pass
 
 
 def apply_registration(broker: Broker, sent: float, answer: Any) -> float | None:

@@ -26,7 +26,11 @@ from srtm.control.documents import (
     AssignQuery,
     BrokerReport,
     Brokers,
+    ChannelList,
+    ChannelParams,
+    Debug,
     Deleted,
+    Deregistered,
     Error,
     Info,
     Lookup,
@@ -39,6 +43,7 @@ from srtm.control.documents import (
     Registered,
     Registration,
     Taken,
+    TombstoneParams,
     TopicChange,
     TopicList,
     TopicParam,
@@ -50,6 +55,7 @@ from srtm.control.state import BrokerInfo, ControlError
 from srtm.control.validate import parse_address
 from srtm.openapi import OpenApiDoc, Route, document
 from srtm.placement import TopicSpec, place
+from srtm.protocol import is_valid_name
 from srtm.security import bearer_matches
 from srtm.version import NSQD_VERSION
 
@@ -62,6 +68,9 @@ if TYPE_CHECKING:
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Q = TypeVar("Q", bound=BaseModel)
+
+#: nsqlookupd's (and nsqd's) mark on a v1 answer.
+NSQ_CONTENT_TYPE = "nsq; version=1.0"
 
 #: What a request may do without the cluster token: read.
 READ_METHODS = ("GET", "HEAD")
@@ -91,6 +100,8 @@ class Service(Protocol):
     def start_fitting(self, topic: str, fit: FitSettings, model: BrokerModel | None) -> None: ...
 
     def info(self) -> dict[str, Any]: ...
+
+    def repair(self, actions: list[Action]) -> None: ...
 
 
 class ControllerAPI:
@@ -124,10 +135,12 @@ class ControllerAPI:
     async def report(self, request: web.Request) -> web.Response:
         """A broker's report (every second): its load and each topic's window."""
         doc = parse(BrokerReport, await _json(request))  # refused whole, never half stored
-        self.ctrl.report(
+        repairs = self.ctrl.report(
             request.match_info["id"], doc.load, doc.windows(), time.monotonic(), doc.depths(),
-            doc.waiting(), doc.arrived(),
+            doc.waiting(), doc.arrived(), doc.carried(), doc.seen(),
         )  # fmt: skip
+        if repairs:
+            self.service.repair(repairs)
         return web.json_response({"ok": True})
 
     # -- topics ----------------------------------------------------------------------------
@@ -243,22 +256,98 @@ class ControllerAPI:
 
     # -- nsqlookupd's ----------------------------------------------------------------------
     async def lookup(self, request: web.Request) -> web.Response:
-        """nsqlookupd's /lookup: the topic's live brokers, then any live broker still
-        holding its messages (draining, never a publish target)."""
-        name = _query(request, TopicParam).topic
-        holding = self.ctrl.producers(name)  # a deleted topic: while brokers hold it
-        if name not in self.ctrl.topics and not holding:
-            return web.json_response({"message": "TOPIC_NOT_FOUND"}, status=404)
-        producers = _producers(holding)
-        return web.json_response({"channels": [], "producers": producers})
+        """nsqlookupd's /lookup: the topic's channels and where to read it: a managed
+        topic's live brokers, then any live broker still holding its messages, then every
+        broker carrying it (tombstoned ones left out)."""
+        found = self.ctrl.lookup(_arg(request, "topic"), time.monotonic())
+        if found is None:
+            raise ControlError(404, "TOPIC_NOT_FOUND")
+        channels, brokers = found
+        return web.json_response({"channels": channels, "producers": _producers(brokers)})
 
     async def topics(self, request: web.Request) -> web.Response:
-        """Every topic's name."""
-        return web.json_response({"topics": sorted(self.ctrl.topics)})
+        """nsqlookupd's /topics: every topic, managed or carried by a broker."""
+        return web.json_response({"topics": self.ctrl.topic_names()})
+
+    async def channels(self, request: web.Request) -> web.Response:
+        """nsqlookupd's /channels: a topic's channels (none: ``[]``)."""
+        return web.json_response({"channels": self.ctrl.registry.channels(_arg(request, "topic"))})
 
     async def nodes(self, request: web.Request) -> web.Response:
-        """Every broker up."""
-        return web.json_response({"producers": _producers(self.ctrl.up())})
+        """nsqlookupd's /nodes: every broker up, with its topics and tombstones."""
+        rows = []
+        for b, topics, tombstones in self.ctrl.nodes(time.monotonic()):
+            for peer in _producers([b]):
+                rows.append({**peer, "tombstones": tombstones, "topics": topics})
+        return web.json_response({"producers": rows})
+
+    async def lookupd_create_topic(self, request: web.Request) -> web.Response:
+        """nsqlookupd's /topic/create: the topic exists in the registry (no broker is
+        told; nsqadmin creates it on brokers itself)."""
+        self.ctrl.registry.create_topic(_valid(request, "topic"))
+        return _empty()
+
+    async def lookupd_delete_topic(self, request: web.Request) -> web.Response:
+        """nsqlookupd's /topic/delete: the topic and its channels leave the registry
+        (brokers keep theirs; a managed topic stays managed: ``DELETE /topics/{name}``)."""
+        self.ctrl.registry.delete_topic(_arg(request, "topic"))
+        return _empty()
+
+    async def lookupd_create_channel(self, request: web.Request) -> web.Response:
+        """nsqlookupd's /channel/create: the channel (and its topic) in the registry."""
+        topic, channel = _valid(request, "topic"), _valid(request, "channel")
+        self.ctrl.registry.create_channel(topic, channel)
+        return _empty()
+
+    async def lookupd_delete_channel(self, request: web.Request) -> web.Response:
+        """nsqlookupd's /channel/delete: the channel leaves the registry."""
+        topic, channel = _valid(request, "topic"), _valid(request, "channel")
+        if not self.ctrl.registry.delete_channel(topic, channel):
+            raise ControlError(404, "CHANNEL_NOT_FOUND")
+        return _empty()
+
+    async def tombstone(self, request: web.Request) -> web.Response:
+        """nsqlookupd's /topic/tombstone: /lookup leaves out broker ``node``
+        (``HOST:HTTP_PORT``, as /nodes gives it) for ``topic`` for the tombstone lifetime."""
+        topic, node = _arg(request, "topic"), _arg(request, "node")
+        now = time.monotonic()
+        for b in self.ctrl.up():
+            for peer in _producers([b]):
+                if _join_host_port(peer["broadcast_address"], peer["http_port"]) == node:
+                    self.ctrl.registry.tombstone(topic, b.id, now)
+        return _empty()
+
+    async def debug(self, request: web.Request) -> web.Response:
+        """nsqlookupd's /debug: every registration with its brokers."""
+        reg, now, wall = self.ctrl.registry, time.monotonic(), time.time_ns()
+        doc: dict[str, list[dict[str, Any]]] = {}
+        for (topic, channel), members in reg.keys.items():
+            key = f"channel:{topic}:{channel}" if channel else f"topic:{topic}:"
+            for broker_id in members:
+                b = self.ctrl.brokers.get(broker_id)
+                if b is None:
+                    continue
+                when = reg.tombstoned.get((topic, broker_id))
+                for peer in _producers([b]):
+                    doc.setdefault(key, []).append({
+                        "id": broker_id, "hostname": peer["hostname"],
+                        "broadcast_address": peer["broadcast_address"],
+                        "tcp_port": peer["tcp_port"], "http_port": peer["http_port"],
+                        "version": peer["version"],
+                        "last_update": wall - int((self.ctrl.awake(now) - b.last_seen_s) * 1e9),
+                        "tombstoned": when is not None and not channel,
+                        "tombstoned_at": 0 if when is None else wall - int((now - when) * 1e9),
+                    })  # fmt: skip
+        return web.json_response(doc)
+
+    async def deregister(self, request: web.Request) -> web.Response:
+        """A broker stopping cleanly: down at once (its publishers move), gone from
+        /lookup and /nodes."""
+        broker_id = request.match_info["id"]
+        self.service.execute(self.ctrl.deregister(broker_id))
+        self.service.save_state()
+        log.info("broker %s deregistered", broker_id)
+        return web.json_response({"id": broker_id, "registered": False})
 
     async def brokers(self, request: web.Request) -> web.Response:
         """Every registered broker, up or down, with its capacity ledger."""
@@ -303,6 +392,8 @@ def _refusals(*statuses: int) -> dict[int, str]:
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/brokers", ControllerAPI.register, body=Registration, answer=Registered,
           errors=_refusals(400, 409)),
+    Route("DELETE", "/brokers/{id}", ControllerAPI.deregister, answer=Deregistered,
+          errors=_refusals(404)),
     Route("POST", "/brokers/{id}/report", ControllerAPI.report, body=BrokerReport, answer=Taken,
           errors=_refusals(400, 404)),
     Route("POST", "/topics", ControllerAPI.create_topic, body=NewTopic, answer=TopicStatus,
@@ -326,7 +417,20 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/lookup", ControllerAPI.lookup, query=TopicParam, answer=Lookup,
           errors=_refusals(400, 404)),
     Route("GET", "/topics", ControllerAPI.topics, answer=TopicList),
+    Route("GET", "/channels", ControllerAPI.channels, query=TopicParam, answer=ChannelList,
+          errors=_refusals(400)),
     Route("GET", "/nodes", ControllerAPI.nodes, answer=Nodes),
+    Route("POST", "/topic/create", ControllerAPI.lookupd_create_topic, query=TopicParam,
+          errors=_refusals(400)),
+    Route("POST", "/topic/delete", ControllerAPI.lookupd_delete_topic, query=TopicParam,
+          errors=_refusals(400)),
+    Route("POST", "/channel/create", ControllerAPI.lookupd_create_channel,
+          query=ChannelParams, errors=_refusals(400)),
+    Route("POST", "/channel/delete", ControllerAPI.lookupd_delete_channel,
+          query=ChannelParams, errors=_refusals(400, 404)),
+    Route("POST", "/topic/tombstone", ControllerAPI.tombstone, query=TombstoneParams,
+          errors=_refusals(400)),
+    Route("GET", "/debug", ControllerAPI.debug, answer=Debug),
     Route("GET", "/brokers", ControllerAPI.brokers, answer=Brokers),
     Route("GET", "/ping", ControllerAPI.ping, text="text/plain"),
     Route("GET", "/info", ControllerAPI.info, answer=Info),
@@ -340,6 +444,7 @@ def make_app(
     """The aiohttp app serving ``ROUTES`` for ``service``."""
     api = ControllerAPI(service, models_dir)
     app = web.Application(middlewares=[_errors, _auth(token)], client_max_size=64 << 20)
+    app.on_response_prepare.append(_nsq_content_type)
     for route in ROUTES:
         handler: Handler = getattr(api, route.handler.__name__)
         if route.method == "GET":
@@ -360,10 +465,25 @@ def _openapi() -> dict[str, Any]:
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except web.HTTPNotFound:  # no such route: nsqlookupd's JSON
+        return web.json_response({"message": "NOT_FOUND"}, status=404)
+    except web.HTTPMethodNotAllowed as err:
+        return web.json_response(
+            {"message": "METHOD_NOT_ALLOWED"},
+            status=405,
+            headers={"Allow": ", ".join(sorted(err.allowed_methods))},
+        )
     except ControlError as err:
         return web.json_response({"message": str(err)}, status=err.status)
     except ValueError as err:  # a malformed document: its message names the field
         return web.json_response({"message": str(err)}, status=400)
+
+
+async def _nsq_content_type(request: web.Request, response: web.StreamResponse) -> None:
+    """nsqlookupd marks every answer but /ping's; go-nsq reads a /lookup without the
+    mark as the pre-1.0 format and finds no producer in it, silently."""
+    if request.path != "/ping":
+        response.headers["X-NSQ-Content-Type"] = NSQ_CONTENT_TYPE
 
 
 def _auth(token: str | None) -> Any:
@@ -412,6 +532,32 @@ def _query(request: web.Request, model: type[Q]) -> Q:
         return model.model_validate(values, strict=False)
     except ValidationError as exc:
         raise ControlError(400, describe(exc)) from None
+
+
+def _arg(request: web.Request, key: str) -> str:
+    """nsqlookupd's query argument: absent is ``MISSING_ARG_<KEY>`` (empty is given)."""
+    value = request.query.get(key)
+    if value is None:
+        raise ControlError(400, f"MISSING_ARG_{key.upper()}")
+    return value
+
+
+def _valid(request: web.Request, key: str) -> str:
+    """A topic or channel name, by NSQ's rule: else ``INVALID_ARG_<KEY>``."""
+    value = _arg(request, key)
+    if not is_valid_name(value):
+        raise ControlError(400, f"INVALID_ARG_{key.upper()}")
+    return value
+
+
+def _empty() -> web.Response:
+    """nsqlookupd's answer to a write: 200 with no body."""
+    return web.Response(status=200)
+
+
+def _join_host_port(host: str, port: int) -> str:
+    """Go's ``net.JoinHostPort``: how nsqlookupd names a node."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _producers(brokers: Sequence[BrokerInfo]) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     PlainValidator,
     PrivateAttr,
+    RootModel,
     StringConstraints,
     ValidationError,
     ValidationInfo,
@@ -35,12 +36,13 @@ from pydantic_core import ErrorDetails
 from typing_extensions import TypedDict
 
 from srtm.analysis import profile_bucket
+from srtm.control.state import HELD, Share
 from srtm.control.validate import ControlError, split_address
 from srtm.placement import Policy, PublisherLoad, TopicSpec
 from srtm.placement.fitting import Verdict
 from srtm.placement.model import RATE_MARGIN
 from srtm.protocol.names import MAX_NAME_LENGTH
-from srtm.ratelimit import check_bucket
+from srtm.ratelimit import BucketParams, check_bucket
 
 #: Topics one report may carry (a broker with more is refused, not truncated).
 MAX_REPORT_TOPICS = 100_000
@@ -119,6 +121,19 @@ class TopicWindow(TypedDict):
     depth: NotRequired[Annotated[int, Field(ge=0)]]
     waiting: NotRequired[Annotated[int, Field(ge=0)]]
     arrived: NotRequired[Annotated[int, Field(ge=0)]]
+    #: Its channels (the registry's: /lookup, /channels); absent from an older broker.
+    channels: NotRequired[list[TopicName]]
+    #: Its share here: the sub-bucket, or none; ``held``: managed, no share here.
+    bucket: NotRequired[ShareBucket | None]
+    held: NotRequired[bool]
+
+
+@with_config(_STRICT)
+class ShareBucket(TypedDict):
+    """A topic's sub-bucket on a broker, as its report tells it."""
+
+    rate: Annotated[float, Field(ge=0)]
+    burst: Annotated[float, Field(ge=0)]
 
 
 class BrokerReport(_Request):
@@ -127,6 +142,8 @@ class BrokerReport(_Request):
 
     load: float = Field(0.0, ge=0)
     topics: dict[TopicName, TopicWindow] = Field(default_factory=dict, max_length=MAX_REPORT_TOPICS)
+    #: 2: each topic tells its ``channels``, ``bucket`` and ``held`` (1: an older broker).
+    version: int = Field(1, ge=1)
 
     def windows(self) -> dict[str, tuple[float, float]]:
         """Topic -> (average rate, max backlog), the TB Adaptor's inputs."""
@@ -141,6 +158,28 @@ class BrokerReport(_Request):
     def arrived(self) -> dict[str, int]:
         """Only the topics that tell it (an older broker's report: none)."""
         return {name: w["arrived"] for name, w in self.topics.items() if "arrived" in w}
+
+    def carried(self) -> dict[str, frozenset[str]] | None:
+        """Every topic with its channels; None from an older broker (it tells none)."""
+        if self.version < 2:
+            return None
+        return {name: frozenset(w.get("channels", ())) for name, w in self.topics.items()}
+
+    def seen(self) -> dict[str, Share] | None:
+        """Each topic's share on the broker; None from an older broker (it tells none)."""
+        if self.version < 2:
+            return None
+        out: dict[str, Share] = {}
+        for name, w in self.topics.items():
+            b = w.get("bucket")
+            out[name] = (
+                HELD
+                if w.get("held")
+                else None
+                if b is None
+                else BucketParams(b["rate"], b["burst"])
+            )
+        return out
 
 
 @with_config(_STRICT)
@@ -312,6 +351,18 @@ class TopicParam(_Request):
     topic: str = Field(min_length=1, description="topic name")
 
 
+class ChannelParams(TopicParam):
+    """nsqlookupd's /channel/create and /channel/delete."""
+
+    channel: str = Field(min_length=1, description="channel name")
+
+
+class TombstoneParams(TopicParam):
+    """nsqlookupd's /topic/tombstone: the broker as ``HOST:HTTP_PORT`` (/nodes')."""
+
+    node: str = Field(min_length=1, description="HOST:HTTP_PORT of the broker")
+
+
 class AssignQuery(TopicParam):
     """``GET /assign``: the publisher asking which broker to use."""
 
@@ -426,8 +477,42 @@ class Lookup(_Answer):
     producers: list[Producer]
 
 
+class Node(Producer):
+    """A broker in nsqlookupd's /nodes: its topics, and whether each is tombstoned."""
+
+    tombstones: list[bool]
+    topics: list[str]
+
+
 class Nodes(_Answer):
-    producers: list[Producer]
+    producers: list[Node]
+
+
+class ChannelList(_Answer):
+    channels: list[str]
+
+
+class DebugEntry(_Answer):
+    """One broker registered for a key in nsqlookupd's /debug."""
+
+    id: str
+    hostname: str
+    broadcast_address: str
+    tcp_port: int
+    http_port: int
+    version: str
+    last_update: int
+    tombstoned: bool
+    tombstoned_at: int
+
+
+class Debug(RootModel[dict[str, list[DebugEntry]]]):
+    """nsqlookupd's /debug: ``topic:T:`` and ``channel:T:C`` -> the brokers registered."""
+
+
+class Deregistered(_Answer):
+    id: str
+    registered: Literal[False]
 
 
 class BrokerLoad(_Answer):

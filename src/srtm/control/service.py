@@ -72,6 +72,8 @@ class ControllerService:
         #: Per topic: held while its share changes are carried out, so that changes of
         #: two plans never interleave (one plan's increase after the next one's decrease).
         self._shares: dict[str, asyncio.Lock] = {}
+        #: Per topic: share changes issued and not yet carried out (a repair waits for 0).
+        self._busy: dict[str, int] = {}
         #: How soon a decrease a broker did not take is tried again (s).
         self.retry_s = min(0.5, opts.tick_s)
         #: Off only to show what the order prevents (tests/test_no_holes.py): every share
@@ -167,11 +169,30 @@ class ControllerService:
         before migration orders, so a destination shapes from the first message)."""
         written = self._persist(actions)
         if any(not isinstance(a, PlanChanged) for a in actions):
-            self._spawn(self._carry_out(actions, written))
+            self._spawn(self._carry_out(actions, written, self._take(actions)))
 
     async def _execute_now(self, actions: list[Action]) -> None:
         """``execute``, awaited: the fitting driver must know the plan is in place."""
-        await self._carry_out(actions, self._persist(actions))
+        await self._carry_out(actions, self._persist(actions), self._take(actions))
+
+    def repair(self, actions: list[Action]) -> None:
+        """Put back shares a broker lost (``Controller.repairs``), but only of topics
+        with no share change on its way: mid-change a broker rightly shows a decrease
+        not yet followed by its increase, and pushing the plan's value then would
+        break the shrink-before-grow order."""
+        todo = [a for a in actions if not self._busy.get(getattr(a, "topic", ""), 0)]
+        for a in todo:
+            log.warning("topic %s: broker %s lost its share; putting it back",
+                        getattr(a, "topic", "?"), getattr(a, "broker", "?"))  # fmt: skip
+        if todo:
+            self.execute(todo)
+
+    def _take(self, actions: list[Action]) -> list[str]:
+        """Mark the topics whose shares ``actions`` change as busy (``_carry_out`` frees)."""
+        topics = sorted({a.topic for a in actions if isinstance(a, SetBucket | Hold)})
+        for t in topics:
+            self._busy[t] = self._busy.get(t, 0) + 1
+        return topics
 
     async def _measure(
         self, topic: str, broker: str, publishers: Sequence[str], window_s: float
@@ -196,7 +217,21 @@ class ControllerService:
             return RoundResult(float("nan"), 0)
 
     async def _carry_out(
-        self, actions: list[Action], written: asyncio.Future[None] | None = None
+        self,
+        actions: list[Action],
+        written: asyncio.Future[None] | None = None,
+        busy: Sequence[str] = (),
+    ) -> None:
+        try:
+            await self._carry_out_now(actions, written)
+        finally:
+            for t in busy:
+                self._busy[t] -= 1
+                if not self._busy[t]:
+                    del self._busy[t]
+
+    async def _carry_out_now(
+        self, actions: list[Action], written: asyncio.Future[None] | None
     ) -> None:
         if written is not None:
             # Brokers hear of a plan once it would survive a restart; if it cannot be

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from srtm.control.registry import LookupRegistry
 from srtm.control.validate import ControlError, parse_address, topic_name
 from srtm.placement import (
     RATE_MARGIN,
@@ -187,6 +188,18 @@ def phases(actions: list[Action]) -> tuple[list[SetBucket | Hold], list[SetBucke
     return down, up
 
 
+#: A topic a broker holds (managed, no share there), as a report tells it.
+HELD = "held"
+#: A topic's share on a broker: its sub-bucket, ``HELD``, or None (unmanaged there).
+Share = BucketParams | str | None
+
+
+def _same(a: BucketParams, b: BucketParams) -> bool:
+    return math.isclose(a.rate, b.rate, rel_tol=1e-9) and math.isclose(
+        a.burst, b.burst, rel_tol=1e-9
+    )
+
+
 #: Publishers one topic may have (a bigger topic is refused with 413): placement and
 #: re-placement are linear to quadratic in it, and run on a thread or in the tick.
 MAX_PUBLISHERS = 100_000
@@ -211,6 +224,9 @@ class Controller:
     last_tick_s: float | None = None
     #: A broker came (back) up: try to place unassigned publishers at the next tick.
     replace_pending: bool = False
+    #: nsqlookupd's view: every topic and channel brokers carry, managed or not (not
+    #: persisted: brokers report them again within a second, as nsqds re-register).
+    registry: LookupRegistry = field(default_factory=LookupRegistry)
 
     @property
     def lease_s(self) -> float:
@@ -249,6 +265,7 @@ class Controller:
             self.replace_pending = True
         info.tcp_address, info.http_address, info.mcap = tcp, http, float(mcap)
         info.last_seen_s, info.down = self.awake(now), False
+        self.registry.drop(broker_id)  # a new producer, as an nsqd reconnecting
         info.reports, info.depths, info.waiting = {}, {}, {}
         info.arrived, info.arrived_before = {}, {}
         # A broker that (re)starts, or whose lease lapsed, holds every managed topic:
@@ -277,11 +294,18 @@ class Controller:
         depths: dict[str, int] | None = None,
         waiting: dict[str, int] | None = None,
         arrived: dict[str, int] | None = None,
-    ) -> None:
+        carried: dict[str, frozenset[str]] | None = None,
+        seen: dict[str, Share] | None = None,
+    ) -> list[Action]:
         """A broker's report: its load, each topic's TB Adaptor window, (``depths``) what
         it still holds per topic, (``waiting``) what waits for tokens and (``arrived``)
         messages accepted since it started, per topic (``BrokerInfo.settled``; the tick
-        acts on them). Non-finite or negative numbers are refused whole."""
+        acts on them). Non-finite or negative numbers are refused whole.
+
+        ``carried``: every topic it has, with its channels (the registry's input);
+        ``seen``: each topic's share there. Returns what puts back a share the broker
+        lost (an NSQ tool deleted or emptied the topic, say): the caller carries these
+        out only while no change of that topic is on its way (``repairs``)."""
         info = self.brokers.get(broker_id)
         if info is None:
             raise ControlError(404, f"broker {broker_id!r} is not registered")
@@ -298,6 +322,37 @@ class Controller:
         info.reports_seen += 1
         info.waiting = {name: w for name, w in (waiting or {}).items() if w > 0}
         info.arrived_before, info.arrived = info.arrived, dict(arrived or {})
+        if carried is not None:
+            self.registry.carry(broker_id, carried)
+        return [] if seen is None else self.repairs(broker_id, seen)
+
+    def repairs(self, broker_id: str, seen: dict[str, Share]) -> list[Action]:
+        """What makes ``broker_id``'s shares what the plans give it, from what it has
+        (``seen``: topic -> its sub-bucket, ``HELD``, or ``None``: neither; a topic it
+        lacks is absent): its sub-bucket where it has a share, a hold on a managed topic
+        it carries without one."""
+        actions: list[Action] = []
+        for name, topic in self.topics.items():
+            want = topic.buckets.get(broker_id)
+            got = seen.get(name)
+            was = got if isinstance(got, BucketParams) else None
+            if want is not None and (was is None or not _same(was, want)):
+                actions.append(SetBucket(broker_id, name, want, was))
+            elif want is None and name in seen and got != HELD:
+                actions.append(Hold(broker_id, name))
+        return actions
+
+    def deregister(self, broker_id: str) -> list[Action]:
+        """A broker stopping cleanly: down at once (its publishers move), not after
+        ``broker_timeout_s`` of silence."""
+        info = self.brokers.get(broker_id)
+        if info is None:
+            raise ControlError(404, f"broker {broker_id!r} is not registered")
+        self.registry.drop(broker_id)
+        if info.down:
+            return []
+        info.down = True
+        return self._broker_down(broker_id)
 
     def up(self) -> list[BrokerInfo]:
         return [b for b in self.brokers.values() if not b.down]
@@ -669,6 +724,7 @@ class Controller:
         for info in self.brokers.values():
             if not info.down and awake - info.last_seen_s > self.broker_timeout_s:
                 info.down = True
+                self.registry.drop(info.id)
                 actions += self._broker_down(info.id)
         if self.replace_pending:
             self.replace_pending = False
@@ -821,6 +877,39 @@ class Controller:
             for b in self.up()
             if b.id not in ids and (b.depths.get(name, 0) > 0 or b.id in draining)
         ]
+
+    # -- nsqlookupd's view --------------------------------------------------------------
+    def lookup(self, name: str, now: float) -> tuple[list[str], list[BrokerInfo]] | None:
+        """nsqlookupd's /lookup: the topic's channels and where to read it (None: no such
+        topic). A managed topic's brokers come first (``producers``), then every live
+        broker registered for it; a tombstoned broker is left out while its tombstone
+        lasts."""
+        reg = self.registry
+        holding = self.producers(name)
+        if name not in self.topics and not holding and not reg.has_topic(name):
+            return None
+        ids = {b.id for b in holding}
+        more = [
+            self.brokers[i]
+            for i in reg.producers(name)
+            if i not in ids and i in self.brokers and not self.brokers[i].down
+        ]
+        live = [b for b in holding + more if not reg.is_tombstoned(name, b.id, now)]
+        return reg.channels(name), live
+
+    def topic_names(self) -> list[str]:
+        """nsqlookupd's /topics: managed topics and every registered one."""
+        return sorted(set(self.topics) | set(self.registry.topics()))
+
+    def nodes(self, now: float) -> list[tuple[BrokerInfo, list[str], list[bool]]]:
+        """nsqlookupd's /nodes: every broker up, its topics, and whether each is
+        tombstoned there."""
+        reg = self.registry
+        out = []
+        for b in self.up():
+            topics = reg.broker_topics(b.id)
+            out.append((b, topics, [reg.is_tombstoned(t, b.id, now) for t in topics]))
+        return out
 
     # -- persistence ---------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
