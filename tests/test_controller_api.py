@@ -167,8 +167,8 @@ async def test_answers_have_their_documented_shapes(controller_api: ControllerCl
         "POST", "/topics/t/move", {"publishers": ["p0"], "to": "a"}
     )
     assert status == 200 and Plan.model_validate(body).topic == "t"
-    queries = {"/plan": "?topic=t", "/assign": "?topic=t&publisher=p0", "/lookup": "?topic=t", "/channels": "?topic=t",
-               "/topics/{name}": ""}  # fmt: skip
+    queries = {"/plan": "?topic=t", "/assign": "?topic=t&publisher=p0", "/lookup": "?topic=t",
+               "/channels": "?topic=t", "/topics/{name}": ""}  # fmt: skip
     for route in ROUTES:
         if route.method != "GET" or route.answer is None:
             continue

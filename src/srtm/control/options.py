@@ -37,6 +37,12 @@ class ControllerOptions:
     broker_timeout_s: float = setting(
         5.0, "A broker silent this long is down; its publishers move (s).", minimum=0.1
     )
+    tombstone_s: float = setting(
+        45.0,
+        "nsqlookupd's --tombstone-lifetime: /topic/tombstone hides a broker of a topic "
+        "from /lookup this long (s).",
+        minimum=0,
+    )
     tick_s: float = setting(1.0, "How often it checks brokers and runs the TB Adaptor (s).")
     stale_after_s: float = setting(
         _ADAPTOR.stale_after_s, "TB Adaptor: a report older than this keeps its share (s)."

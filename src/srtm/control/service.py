@@ -61,6 +61,7 @@ class ControllerService:
         self.store = Store(opts.db)
         #: SQLite writes leave the event loop, in order, in this one thread.
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="srtm-store")
+        self.ctrl.registry.tombstone_s = opts.tombstone_s
         saved = self.store.load()
         if saved:
             self.ctrl.restore(saved, time.monotonic())

@@ -881,18 +881,23 @@ class Controller:
     # -- nsqlookupd's view --------------------------------------------------------------
     def lookup(self, name: str, now: float) -> tuple[list[str], list[BrokerInfo]] | None:
         """nsqlookupd's /lookup: the topic's channels and where to read it (None: no such
-        topic). A managed topic's brokers come first (``producers``), then every live
-        broker registered for it; a tombstoned broker is left out while its tombstone
-        lasts."""
+        topic). A managed topic's are its ``producers`` (plan, then backlogs); an
+        unmanaged one's every live broker registered for it; a tombstoned broker is left
+        out while its tombstone lasts."""
         reg = self.registry
         holding = self.producers(name)
         if name not in self.topics and not holding and not reg.has_topic(name):
             return None
         ids = {b.id for b in holding}
+        # A managed topic's readers go where its plan and backlogs are (a broker holding
+        # it with nothing left is not listed); the registry lists an unmanaged one's.
         more = [
             self.brokers[i]
             for i in reg.producers(name)
-            if i not in ids and i in self.brokers and not self.brokers[i].down
+            if name not in self.topics
+            and i not in ids
+            and i in self.brokers
+            and not self.brokers[i].down
         ]
         live = [b for b in holding + more if not reg.is_tombstoned(name, b.id, now)]
         return reg.channels(name), live
