@@ -30,7 +30,6 @@ from typing import Any
 
 import pytest
 
-from srtm.launch import LocalCluster, start_cluster
 from support import eventually
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,18 +81,22 @@ class GoProcess:
     log: Path
 
     def listening(self, what: str) -> str:
-        """The ``HOST:PORT`` of its "WHAT: listening on" log line, once it is there."""
-        pattern = re.compile(rf"{what}: listening on (\S+)")
+        """The ``HOST:PORT`` of its "WHAT: listening on" log line (an NSQ binary's)."""
+        address: str = self.ready(rf"{what}: listening on (\S+)")
+        return address
 
-        def found() -> str | None:
+    def ready(self, pattern: str, groups: int = 1) -> Any:
+        """The group(s) of ``pattern`` once its log has a match; fails if it exits first."""
+        regex = re.compile(pattern)
+
+        def found() -> re.Match[str] | None:
             if self.proc.poll() is not None:
                 raise AssertionError(f"{self.log.name} exited: {self.log.read_text()}")
-            m = pattern.search(self.log.read_text())
-            return m[1] if m else None
+            return regex.search(self.log.read_text())
 
-        address = eventually.blocking(found, f"{self.log.name} listening for {what}")
-        assert address is not None
-        return address
+        m = eventually.blocking(found, f"{self.log.name} ready ({pattern})")
+        assert m is not None
+        return m[1] if groups == 1 else m.groups()
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -105,9 +108,18 @@ class GoProcess:
                 self.proc.wait()
 
 
-def start_go(binary: Path, args: list[str], log: Path, cwd: Path | None = None) -> GoProcess:
+def start_go(
+    binary: Path,
+    args: list[str],
+    log: Path,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> GoProcess:
+    """Start a server or tool, its stdout and stderr into ``log``."""
     with log.open("wb") as out:
-        proc = subprocess.Popen([str(binary), *args], stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
+        proc = subprocess.Popen(
+            [str(binary), *args], stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env
+        )
     return GoProcess(proc, log)
 
 
@@ -229,10 +241,35 @@ def start_nsq(bin: Path, tmp: Path) -> Stack:
 
 
 def start_srtm(bin: Path, tmp: Path) -> Stack:
-    cluster: LocalCluster = start_cluster(tmp, 2)
-    nodes = [Node(b.tcp_address, b.http_address) for b in cluster.brokers]
-    stack = Stack("srtm", cluster.controller.http_address, nodes, bin, tmp)
-    stack._stops.append(cluster.stop)
+    """``srtm controller`` and two ``srtm broker`` on 127.0.0.1, without a cluster token:
+    with one, the controller refuses nsqadmin's writes (it sends none), as documented."""
+    env = {k: v for k, v in os.environ.items() if k != "SRTM_TOKEN"}
+    srtm = [sys.executable, "-m", "srtm"]
+    controller = start_go(
+        Path(srtm[0]),
+        [*srtm[1:], "controller", "--http-address", "127.0.0.1:0", "--db", str(tmp / "c.db"),
+         "--insecure-loopback"],
+        tmp / "controller.log",
+        env=env,
+    )  # fmt: skip
+    stack = Stack("srtm", "", [], bin, tmp)
+    stack._stops.append(controller.stop)
+    try:
+        stack.lookupd = controller.ready(r"srtm controller http=(\S+)")
+        for i in (1, 2):
+            args = [
+                *srtm[1:], "broker", "--tcp-address", "127.0.0.1:0",
+                "--http-address", "127.0.0.1:0", "--insecure-loopback", "--broker-id", str(i),
+                "--data-dir", str(tmp / f"broker-{i}"), "--controller", f"http://{stack.lookupd}",
+            ]  # fmt: skip
+            broker = start_go(Path(srtm[0]), args, tmp / f"broker-{i}.log", env=env)
+            stack._stops.append(broker.stop)
+            tcp, http = broker.ready(r"tcp=(\S+) http=(\S+)", 2)
+            stack.nodes.append(Node(tcp, http))
+        wait_registered(stack)
+    except BaseException:
+        stack.stop()
+        raise
     return stack
 
 
