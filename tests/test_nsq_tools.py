@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -176,6 +177,25 @@ class Stack:
             status, _ = http_call("POST", f"http://{node.http}{path}")
             assert status == 200
 
+    def known(self, topic: str, nodes: list[Node], channel: str | None = None) -> None:
+        """Wait until the lookupd lists ``nodes`` for ``topic`` (and ``channel``): the tools
+        act on the brokers the lookupd names at that moment (nsqd tells it at once, an
+        SRTM broker with its next report, also at once; see the test of that)."""
+        want = sorted(n.http for n in nodes)
+
+        def lookup() -> tuple[list[str], list[str]]:
+            status, doc = http_call("GET", f"http://{self.lookupd}/lookup?topic={topic}")
+            if status != 200:
+                return [], []
+            http = sorted(f"{p['broadcast_address']}:{p['http_port']}" for p in doc["producers"])
+            return http, doc["channels"]
+
+        eventually.blocking(
+            lookup,
+            f"the lookupd lists {want} for {topic}",
+            until=lambda got: got[0] == want and (channel is None or channel in got[1]),
+        )
+
     # -- the tools ---------------------------------------------------------------------------
 
     def tool(self, name: str, *args: str, stdin: str = "") -> str:
@@ -307,6 +327,18 @@ def stack(
         stack.stop()
 
 
+def test_the_lookupd_knows_a_new_topic_and_channel_at_once(stack: Stack) -> None:
+    """go-nsq asks the lookupd once, then only every minute: a consumer started just after
+    the first PUB must find the broker. nsqd REGISTERs at once; an SRTM broker reports at
+    once too (not with its next periodic report, a second later)."""
+    topic = stack.name("prompt")
+    node = stack.nodes[1]
+    started = time.monotonic()
+    stack.create_channel(node, topic, "c")
+    stack.known(topic, [node], "c")
+    assert time.monotonic() - started < 0.5
+
+
 # == the apps =================================================================================
 
 
@@ -324,6 +356,7 @@ def test_to_nsq_publishes_and_nsq_tail_reads_both_brokers_through_the_lookupd(
             topic,
             stdin="\n".join(lines[i]) + "\n",
         )
+    stack.known(topic, stack.nodes)
     out = stack.tool(
         "nsq_tail", "--lookupd-http-address", stack.lookupd, "--topic", topic,
         "--channel", "tail", "-n", "10",
@@ -335,6 +368,7 @@ def test_nsq_to_file_writes_every_message_found_through_the_lookupd(stack: Stack
     topic = stack.name("file")
     for i, node in enumerate(stack.nodes):
         stack.publish(node, topic, [f"n{i}-{j}" for j in range(7)])
+    stack.known(topic, stack.nodes)
     out = stack.tmp / topic
     args = [
         "--lookupd-http-address", stack.lookupd, "--topic", topic, "--channel", "archive",
@@ -357,6 +391,7 @@ def test_nsq_stat_prints_the_channel_counters_of_both_brokers(stack: Stack) -> N
     for i, node in enumerate(stack.nodes):
         stack.create_channel(node, topic, "c")
         stack.publish(node, topic, [f"s{j}" for j in range(3 + i)])
+    stack.known(topic, stack.nodes, "c")
     out = stack.tool(
         "nsq_stat", "--lookupd-http-address", stack.lookupd, "--topic", topic,
         "--channel", "c", "--count", "2", "--interval", "100ms",
@@ -374,6 +409,7 @@ def test_nsq_stat_prints_the_channel_counters_of_both_brokers(stack: Stack) -> N
 def test_nsqadmin_lists_topics_and_nodes_with_their_topics(stack: Stack) -> None:
     topic = stack.name("admin")
     stack.publish(stack.nodes[0], topic, ["x"])
+    stack.known(topic, stack.nodes[:1])
     eventually.blocking(
         lambda: topic in stack.api("GET", "/api/topics")[1]["topics"], "topic listed"
     )
@@ -394,6 +430,7 @@ def test_nsqadmin_topic_and_channel_pages_sum_both_brokers(stack: Stack) -> None
     for i, node in enumerate(stack.nodes):
         stack.create_channel(node, topic, "c")
         stack.publish(node, topic, ["m"] * (2 + i))
+    stack.known(topic, stack.nodes, "c")
     status, doc = stack.api("GET", f"/api/topics/{topic}")
     assert status == 200, doc
     # The messages went on to the channel: the topic holds none.
@@ -419,6 +456,7 @@ def test_nsqadmin_creates_a_topic_and_channel_and_deletes_them(stack: Stack) -> 
     assert lookup["channels"] == ["c"]
     # Now carried by a broker, then deleted from everywhere.
     stack.create_channel(stack.nodes[0], topic, "c")
+    stack.known(topic, stack.nodes[:1], "c")
     assert stack.api("DELETE", f"/api/topics/{topic}/c") == (200, {"message": ""})
     assert "c" not in stack.stats(stack.nodes[0])[topic]["channels"]
     assert stack.api("DELETE", f"/api/topics/{topic}") == (200, {"message": ""})
@@ -432,6 +470,7 @@ def test_nsqadmin_pauses_unpauses_and_empties_a_topic_on_every_broker(stack: Sta
     topic = stack.name("pause")
     for node in stack.nodes:
         stack.publish(node, topic, ["p", "q"])
+    stack.known(topic, stack.nodes)
     for action, paused in (("pause", True), ("unpause", False)):
         assert stack.api("POST", f"/api/topics/{topic}", {"action": action}) == (
             200,
@@ -452,6 +491,7 @@ def test_nsqadmin_pauses_unpauses_empties_and_deletes_a_channel(stack: Stack) ->
     for node in stack.nodes:
         stack.create_channel(node, topic, "c")
         stack.publish(node, topic, ["p", "q", "r"])
+    stack.known(topic, stack.nodes, "c")
     path = f"/api/topics/{topic}/c"
     for action, paused in (("pause", True), ("unpause", False)):
         assert stack.api("POST", path, {"action": action}) == (200, {"message": ""})
@@ -470,6 +510,7 @@ def test_nsqadmin_tombstones_a_topic_on_one_node(stack: Stack) -> None:
     topic = stack.name("tomb")
     for node in stack.nodes:
         stack.publish(node, topic, ["t"])
+    stack.known(topic, stack.nodes)
     gone, kept = stack.nodes
     assert stack.api("DELETE", f"/api/nodes/{gone.http}", {"topic": topic}) == (
         200,
@@ -491,6 +532,7 @@ def test_nsqadmin_counter_counts_the_messages_consumed(stack: Stack) -> None:
     for i, node in enumerate(stack.nodes):
         stack.create_channel(node, topic, "c")
         stack.publish(node, topic, ["k"] * (1 + i))
+    stack.known(topic, stack.nodes, "c")
     stack.tool(
         "nsq_tail", "--lookupd-http-address", stack.lookupd, "--topic", topic,
         "--channel", "c", "-n", "3",
