@@ -21,7 +21,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -262,13 +261,16 @@ def start_nsq(bin: Path, tmp: Path) -> Stack:
 
 def start_srtm(bin: Path, tmp: Path) -> Stack:
     """``srtm controller`` and two ``srtm broker`` on 127.0.0.1, without a cluster token:
-    with one, the controller refuses nsqadmin's writes (it sends none), as documented."""
+    with one, the controller refuses nsqadmin's writes (it sends none), as documented.
+    Periodic reports are a minute apart (a broker is down after 5 silent minutes), so what
+    the controller learns within a test it learns from the broker's immediate report of a
+    new or deleted topic or channel, as nsqlookupd from nsqd's REGISTER."""
     env = {k: v for k, v in os.environ.items() if k != "SRTM_TOKEN"}
     srtm = [sys.executable, "-m", "srtm"]
     controller = start_go(
         Path(srtm[0]),
         [*srtm[1:], "controller", "--http-address", "127.0.0.1:0", "--db", str(tmp / "c.db"),
-         "--insecure-loopback"],
+         "--insecure-loopback", "--broker-timeout-s", "300"],
         tmp / "controller.log",
         env=env,
     )  # fmt: skip
@@ -281,6 +283,7 @@ def start_srtm(bin: Path, tmp: Path) -> Stack:
                 *srtm[1:], "broker", "--tcp-address", "127.0.0.1:0",
                 "--http-address", "127.0.0.1:0", "--insecure-loopback", "--broker-id", str(i),
                 "--data-dir", str(tmp / f"broker-{i}"), "--controller", f"http://{stack.lookupd}",
+                "--report-interval-s", "60",
             ]  # fmt: skip
             broker = start_go(Path(srtm[0]), args, tmp / f"broker-{i}.log", env=env)
             stack._stops.append(broker.stop)
@@ -330,13 +333,11 @@ def stack(
 def test_the_lookupd_knows_a_new_topic_and_channel_at_once(stack: Stack) -> None:
     """go-nsq asks the lookupd once, then only every minute: a consumer started just after
     the first PUB must find the broker. nsqd REGISTERs at once; an SRTM broker reports at
-    once too (not with its next periodic report, a second later)."""
+    once too, not with its next periodic report (a second later by default)."""
     topic = stack.name("prompt")
     node = stack.nodes[1]
-    started = time.monotonic()
     stack.create_channel(node, topic, "c")
-    stack.known(topic, [node], "c")
-    assert time.monotonic() - started < 0.5
+    stack.known(topic, [node], "c")  # SRTM's periodic reports are a minute apart here
 
 
 # == the apps =================================================================================
