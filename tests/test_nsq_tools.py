@@ -623,3 +623,24 @@ def test_go_nsq_suite_passes_against_the_broker(broker: str, tmp_path: Path) -> 
     assert (len(passed), failed, done.returncode) == (GO_NSQ_TESTS, [], 0), out[-5000:]
     # The TLS tests pass because the connection was upgraded, not because TLS was declined.
     assert out.count("TLSv1:true") == GO_NSQ_TLS_TESTS, out[-5000:]
+
+
+@pytest.mark.parametrize("stack", ["srtm"], indirect=True)
+def test_nsqadmin_delete_of_a_managed_topic_keeps_its_rate_limit(stack: Stack) -> None:
+    """SRTM only, deliberately unlike nsqd: a managed topic's share is the controller's, so
+    nsqadmin's Delete works (200) and the controller puts the topic and its bucket back."""
+    topic = stack.name("managed")
+    doc = {"name": topic, "slo_p99_ms": 5.0, "burst": 20, "publishers": [{"id": "p", "rate": 10}]}
+    status, _ = http_call("POST", f"http://{stack.lookupd}/topics", json.dumps(doc).encode())
+    assert status == 201
+
+    def buckets() -> list[Any]:
+        return [
+            http_call("GET", f"http://{n.http}/srtm/bucket?topic={topic}")[1].get("bucket")
+            for n in stack.nodes
+        ]
+
+    before = eventually.blocking(buckets, "the plan's bucket pushed", until=any)
+    assert stack.api("DELETE", f"/api/topics/{topic}") == (200, {"message": ""})
+    eventually.blocking(buckets, "the bucket put back", until=lambda got: got == before)
+    assert topic in stack.api("GET", "/api/topics")[1]["topics"]
