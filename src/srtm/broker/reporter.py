@@ -60,6 +60,10 @@ def report_document(broker: Broker) -> dict[str, Any]:
     return {"version": 2, "load": load, "topics": topics}
 
 
+#: The shortest time between two reports (s), when topics or channels come and go.
+MIN_REPORT_GAP_S = 0.05
+
+
 async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: float) -> None:
     assert broker.tcp_address is not None and broker.http_address is not None
     headers = bearer_header(broker.options.token)
@@ -117,9 +121,12 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
 async def next_report(broker: Broker, interval_s: float) -> None:
     """Wait ``interval_s``, or less when a topic or channel appears or goes: nsqd tells
     nsqlookupd at once, and a go-nsq consumer that finds no producer asks again only after
-    its lookupd poll interval (a minute)."""
+    its lookupd poll interval (a minute). At most one report per ``MIN_REPORT_GAP_S``
+    even so: a burst of new topics must not become a stream of reports."""
+    gap = min(MIN_REPORT_GAP_S, interval_s)
+    await asyncio.sleep(gap)
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(broker.names_changed.wait(), interval_s)
+        await asyncio.wait_for(broker.names_changed.wait(), interval_s - gap)
     broker.names_changed.clear()
 
 
