@@ -5,7 +5,11 @@ BIN := $(VENV)/bin
 # Type-checked strictly: the whole package.
 CORE := src/srtm
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck browser bench clean
+# The console's browser test drives Debian's headless Chromium through its chromedriver.
+CHROMIUM := /usr/bin/chromium
+CHROMEDRIVER := /usr/bin/chromedriver
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +33,15 @@ lint: $(VENV)/.test-installed
 typecheck: $(VENV)/.test-installed
 	$(BIN)/mypy $(CORE)
 
-test: lint typecheck
+test: lint typecheck browser
 	$(BIN)/pytest
+
+# Installed only when missing (a file target without prerequisites): quiet, idempotent.
+browser: $(CHROMIUM) $(CHROMEDRIVER)
+
+$(CHROMIUM) $(CHROMEDRIVER) &:
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/ratelimit.py

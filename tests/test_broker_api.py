@@ -5,6 +5,7 @@ field; /pub's hand parsing answers as its model does; /stats has nsqd's fields i
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -81,9 +82,10 @@ def test_the_document_describes_each_query_and_resolves_every_reference() -> Non
     for r in ROUTES:
         op = doc["paths"][r.path][r.method.lower()]
         names = [p["name"] for p in op.get("parameters", [])]
-        assert names == (list(r.query.model_fields) if r.query else []), r.path
+        in_path = re.findall(r"\{(\w+)\}", r.path)  # /config/{opt}
+        assert names == in_path + (list(r.query.model_fields) if r.query else []), r.path
         required = {p["name"] for p in op.get("parameters", []) if p["required"]}
-        wanted = (
+        wanted = set(in_path) | (
             {n for n, f in r.query.model_fields.items() if f.is_required()} if r.query else set()
         )
         assert required == wanted, r.path
@@ -223,4 +225,4 @@ async def test_stats_is_its_document_with_nsqds_fields_in_order(broker_api: Brok
     assert list(topic) == NSQD_TOPIC == list(TopicDoc.model_fields)
     assert list(channel) == NSQD_CHANNEL == list(ChannelDoc.model_fields)
     assert list(client) == NSQD_CLIENT == list(ClientDoc.model_fields)
-    assert list(doc) == ["version", "health", "start_time", "topics", "producers", "srtm"]
+    assert list(doc) == ["version", "health", "start_time", "topics", "memory", "producers", "srtm"]

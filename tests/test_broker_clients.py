@@ -621,6 +621,7 @@ def test_every_library_reads_what_every_library_wrote(broker_proc: BrokerProcess
     topic = "interop"
     libs = ("pynsq", "gnsq", "ansq")
     for lib in libs:  # channels first, so each gets a copy of everything
+        broker_proc.post(f"/topic/create?topic={topic}")
         broker_proc.post(f"/channel/create?topic={topic}&channel={lib}")
     sent = {lib: [f"{lib} says {i}".encode() for i in range(3)] for lib in libs}
     expected = Counter(b for bs in sent.values() for b in bs)

@@ -23,7 +23,8 @@ async def test_ping_info(broker_api: BrokerApi) -> None:
 
 async def test_pub_mpub_text_and_binary(broker_api: BrokerApi) -> None:
     broker, s = broker_api
-    assert await call(s, "POST", "/channel/create?topic=h&channel=c") == (200, "OK")
+    assert await call(s, "POST", "/topic/create?topic=h") == (200, "")
+    assert await call(s, "POST", "/channel/create?topic=h&channel=c") == (200, "")
     assert await call(s, "POST", "/pub?topic=h", b"one") == (200, "OK")
     assert await call(s, "POST", "/mpub?topic=h", b"two\nthree\n") == (200, "OK")
     binary = struct.pack(">I", 2) + b"".join(struct.pack(">I", len(m)) + m for m in (b"4", b"5\n5"))
@@ -73,21 +74,24 @@ async def test_bad_requests_name_what_was_wrong(
 
 async def test_topic_and_channel_actions(broker_api: BrokerApi) -> None:
     broker, s = broker_api
+    # nsqd: an empty body; a channel of a missing topic is 404.
+    status, doc = await call(s, "POST", "/channel/create?topic=a&channel=c")
+    assert (status, doc["message"]) == (404, "TOPIC_NOT_FOUND") and "a" not in broker.topics
     for path in ("/topic/create?topic=a", "/channel/create?topic=a&channel=c"):
-        assert await call(s, "POST", path) == (200, "OK")
+        assert await call(s, "POST", path) == (200, "")
     await call(s, "POST", "/pub?topic=a", b"x")
-    assert await call(s, "POST", "/channel/pause?topic=a&channel=c") == (200, "OK")
+    assert await call(s, "POST", "/channel/pause?topic=a&channel=c") == (200, "")
     assert broker.topics["a"].channels["c"].paused
-    assert await call(s, "POST", "/channel/unpause?topic=a&channel=c") == (200, "OK")
-    assert await call(s, "POST", "/channel/empty?topic=a&channel=c") == (200, "OK")
+    assert await call(s, "POST", "/channel/unpause?topic=a&channel=c") == (200, "")
+    assert await call(s, "POST", "/channel/empty?topic=a&channel=c") == (200, "")
     assert broker.topics["a"].channels["c"].depth == 0
-    assert await call(s, "POST", "/topic/pause?topic=a") == (200, "OK")
+    assert await call(s, "POST", "/topic/pause?topic=a") == (200, "")
     await call(s, "POST", "/pub?topic=a", b"y")
     assert broker.topics["a"].depth == 1 and broker.topics["a"].channels["c"].depth == 0
-    assert await call(s, "POST", "/topic/unpause?topic=a") == (200, "OK")
+    assert await call(s, "POST", "/topic/unpause?topic=a") == (200, "")
     assert broker.topics["a"].channels["c"].depth == 1
-    assert await call(s, "POST", "/channel/delete?topic=a&channel=c") == (200, "OK")
-    assert await call(s, "POST", "/topic/delete?topic=a") == (200, "OK")
+    assert await call(s, "POST", "/channel/delete?topic=a&channel=c") == (200, "")
+    assert await call(s, "POST", "/topic/delete?topic=a") == (200, "")
     assert "a" not in broker.topics
 
 

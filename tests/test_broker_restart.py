@@ -72,6 +72,7 @@ async def test_after_a_crash_what_overflowed_to_disk_is_delivered(tmp_path: Path
     data = tmp_path / "data"
     first = start_broker(data, ["--mem-queue-size", "10"])
     try:
+        first.post("/topic/create?topic=crashy")
         first.post("/channel/create?topic=crashy&channel=c")
         pub = await RawClient.connect(*first.tcp)
         await pub.send(Mpub("crashy", [b"%03d" % i for i in range(100)]))

@@ -126,7 +126,9 @@ def test_timeouts_requeue_with_attempts_plus_one_and_touch_extends() -> None:
     assert ch.tick(1_600 * MS) and ch.timeout_count == 2
 
 
-def test_a_disconnect_puts_in_flight_back_in_front() -> None:
+def test_a_disconnect_leaves_in_flight_until_its_timeout() -> None:
+    """As nsqd: a gone consumer's messages stay in flight (no one else may settle them),
+    then time out, are counted as timeouts and are queued again."""
     topic = new_topic()
     ch = topic.channel("c")
     gone, stays = FakeConsumer(rdy=2), FakeConsumer(rdy=0)
@@ -135,8 +137,14 @@ def test_a_disconnect_puts_in_flight_back_in_front() -> None:
     publish(topic, 3)
     taken = [m.id for _, m in ch.dispatch(0)]
     ch.remove_consumer(gone)
-    assert [m.id for m in ch.queue.memory()] == [*taken, b"%016x" % 2]
-    assert ch.in_flight == {}
+    assert ch.consumers == [stays] and set(ch.in_flight) == set(taken)
+    assert [m.id for m in ch.queue.memory()] == [b"%016x" % 2]
+    with pytest.raises(DeliveryError):
+        ch.fin(taken[0], stays)
+    assert not ch.tick(999 * MS) and ch.timeout_count == 0
+    assert ch.tick(1_000 * MS) and ch.in_flight == {}
+    assert ch.timeout_count == 2 and ch.requeue_count == 0
+    assert [m.id for m in ch.queue.memory()] == [b"%016x" % 2, *taken]
 
 
 def test_paused_topic_and_channel_hold_messages() -> None:

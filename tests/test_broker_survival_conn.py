@@ -121,6 +121,7 @@ async def test_fd_exhaustion_does_not_end_accepting_and_sigterm_persists(tmp_pat
     ping = Ping(broker)
     acked: list[bytes] = []
     try:
+        broker.post("/topic/create?topic=kept")
         broker.post("/channel/create?topic=kept&channel=c")
         pub = await RawClient.connect(*broker.tcp)
         clients.append(pub)
@@ -304,6 +305,7 @@ async def test_a_stalled_consumer_is_bounded_and_its_messages_go_to_another(
         preexec_fn=die_with_parent,
     )
     try:
+        broker.post("/topic/create?topic=t")
         broker.post("/channel/create?topic=t&channel=c")
         bodies = [b"%03d" % i + os.urandom(size - 3) for i in range(n)]
         pub = await RawClient.connect(*broker.tcp)

@@ -449,6 +449,7 @@ async def test_kill_9_while_draining_from_disk_loses_nothing_that_was_on_disk(
     first = start_broker(data, args)
     finished: set[int] = set()
     try:
+        first.post("/topic/create?topic=t")
         first.post("/channel/create?topic=t&channel=c")
         pub = await RawClient.connect(*first.tcp)
         for lo in range(0, n, 100):
@@ -538,6 +539,7 @@ async def test_a_full_disk_refuses_publishes_drains_and_stops_cleanly(tmp_path: 
         finished: set[int] = set()
         b = start_broker(data, args)
         try:
+            b.post("/topic/create?topic=t")
             b.post("/channel/create?topic=t&channel=c")
             seq, err = await _fill(b, 0, acked)
             assert err.startswith("E_PUB_FAILED") and "disk" in err, err
@@ -594,6 +596,7 @@ async def test_kill_9_right_after_an_ok_keeps_what_overflowed_to_disk(tmp_path: 
     n = 400
     first = start_broker(data, args)
     try:
+        first.post("/topic/create?topic=t")
         first.post("/channel/create?topic=t&channel=c")
         pub = await RawClient.connect(*first.tcp)
         for i in range(n):
@@ -627,6 +630,7 @@ async def test_kill_9_keeps_acknowledged_messages_of_a_shaped_topic(tmp_path: Pa
     live = None
     fin: set[int] = set()
     try:
+        first.post("/topic/create?topic=t")
         first.post("/channel/create?topic=t&channel=live")
         first.post("/channel/create?topic=t&channel=late")
         # One message at once, then one every 5 s: the head waits for its token.

@@ -195,7 +195,9 @@ async def test_topic_and_channel_limits_refuse_new_ones_and_keep_the_rest(
         status, body = http_error(broker, "/topic/create?topic=t6")
         assert (status, body["message"]) == (403, "TOO_MANY_TOPICS")
 
+        broker.post("/topic/create?topic=t1")
         broker.post("/channel/create?topic=t1&channel=a")
+        broker.post("/topic/create?topic=t1")
         broker.post("/channel/create?topic=t1&channel=b")
         status, body = http_error(broker, "/channel/create?topic=t1&channel=c")
         assert (status, body["message"]) == (403, "TOO_MANY_CHANNELS")
@@ -363,6 +365,7 @@ async def test_a_broker_with_a_bad_meta_json_starts_and_delivers(
 ) -> None:
     first = start_broker(broker_dir, ["--mem-queue-size", "5"])
     try:
+        first.post("/topic/create?topic=kept")
         first.post("/channel/create?topic=kept&channel=c")
         pub = await RawClient.connect(*first.tcp)
         await pub.send(Mpub("kept", [b"k%02d" % i for i in range(20)]))  # memory and disk

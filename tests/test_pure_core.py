@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-PURE = ("srtm.ratelimit", "srtm.analysis", "srtm.protocol", "srtm.placement", "srtm.sim")
+PURE = (
+    "srtm.ratelimit",
+    "srtm.analysis",
+    "srtm.protocol",
+    "srtm.placement",
+    "srtm.sim",
+    "srtm.utility",
+)
 IO_MODULES = frozenset(
     {"asyncio", "socket", "ssl", "select", "selectors", "subprocess", "multiprocessing",
      "signal", "http", "urllib", "aiohttp", "sqlite3", "concurrent"}

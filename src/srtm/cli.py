@@ -410,6 +410,121 @@ def _print_ledger(console: Console, name: str, entries: list[LedgerEntry]) -> No
     console.print(table)
 
 
+_STATE_HELP = """JSON state: {"now_s": 100, "spawning": 0, "brokers": [{"id": "b1", "mcap": 1000,
+"ingress": 880, "egress": 352000, "cpu": 0.3, "slo_streak": 0, "egress_max": 125000000},
+...], "topics": [{"name": "hot", "slo_p99_ms": 20, "burst": 100, "rate": 880,
+"subscribers": 2, "message_bytes": 200, "publishers": [{"id": "h1", "rate": 200, "group":
+"a"}, ...], "plan": {"b1": ["h1", ...]}, "replicas": [], "last_change_s": 90}, ...]}.
+Rates in msg/s (averaged over 10 s), egress in bytes/s, cpu a fraction. A broker's
+ingress and egress default to what the plans send it, cpu and slo_streak to 0,
+egress_max to --egress-max; a topic's rate to 1.1 x its publishers' total, subscribers
+to 1, message_bytes to 100, replicas (ALL_PUBLISHERS brokers besides the plan's one) to
+none, last_change_s to long ago."""
+
+
+@app.command("rebalance")
+def rebalance_command(
+    state: Annotated[Path, typer.Option(help=_STATE_HELP)] = Path("state.json"),
+    now: Annotated[
+        float | None, typer.Option(help="The time (s) to decide at; default: the state's now_s.")
+    ] = None,
+    overload: Annotated[float, typer.Option(help="Overload above this load ratio.")] = 0.80,
+    target: Annotated[
+        float, typer.Option(help="Shed to below this load ratio; fill no broker past it.")
+    ] = 0.60,
+    egress_max: Annotated[float, typer.Option(help="A broker's maximum egress, bytes/s.")] = 125e6,
+    min_plan_interval_s: Annotated[
+        float, typer.Option(help="At most one plan change per topic in this many seconds.")
+    ] = 20.0,
+    slo_windows: Annotated[
+        int, typer.Option(help="Consecutive windows with an SLO violated that overload a broker.")
+    ] = 2,
+    min_slice_share: Annotated[
+        float, typer.Option(help="No move leaves a broker less than this share of a topic.")
+    ] = 0.2,
+    despawn_below: Annotated[
+        float, typer.Option(help="Despawn when the average LR without a broker stays below.")
+    ] = 0.60,
+    min_brokers: Annotated[int, typer.Option(help="Never fewer brokers than this.")] = 1,
+    max_brokers: Annotated[int, typer.Option(help="Never more brokers than this.")] = 64,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='Print one JSON document: {"now_s", "decisions": [{"action": "move", "topic", '
+            '"publishers", "from", "to"} | {"action": "replicate", "topic", "to", "kind"} | '
+            '{"action": "unreplicate", "topic", "from"} | {"action": "spawn", "n"} | '
+            '{"action": "despawn", "broker"}], "brokers": [{"id", "before", "after"}]} '
+            "(load ratios before and after the decisions).",
+        ),
+    ] = False,
+) -> None:
+    """What the rebalancer would decide for a cluster state (what-if, no cluster).
+
+    Dynamoth's loop on SRTM's placement: a broker over --overload (or with an SLO violated
+    --slo-windows windows running) sheds its busiest topics, whole or in correlation-aware
+    slices, to the brokers with room until it is under --target; a spawn when none has room;
+    a despawn when the average load ratio stays under --despawn-below without a broker.
+    Prints the decisions and each broker's load ratio before and after them.
+    """
+    from srtm.placement.rebalance import RebalanceSettings, apply, load_ratios, parse_state
+    from srtm.placement.rebalance import rebalance as decide
+
+    doc = _read_json(state, "--state")
+    try:
+        settings = RebalanceSettings(
+            overload=overload, target=target, egress_max=egress_max,
+            min_plan_interval_s=min_plan_interval_s, slo_windows=slo_windows,
+            min_slice_share=min_slice_share, despawn_below=despawn_below,
+            min_brokers=min_brokers, max_brokers=max_brokers,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    try:
+        parsed = parse_state(doc)
+        when = now
+        if when is None:
+            raw = doc.get("now_s", 0.0) if isinstance(doc, dict) else 0.0
+            if isinstance(raw, bool) or not isinstance(raw, int | float):
+                raise ValueError(f"now_s must be a number, got {raw!r}")
+            when = float(raw)
+    except ValueError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    decisions = decide(parsed, settings, when)
+    before = load_ratios(parsed, settings)
+    after = load_ratios(apply(parsed, decisions, settings, when), settings)
+    rows = [{"id": b, "before": lr, "after": after.get(b)} for b, lr in before.items()]
+    if as_json:
+        out = {"now_s": when, "decisions": [d.to_json() for d in decisions], "brokers": rows}
+        print(json.dumps(out, indent=2))
+        return
+    console = Console(width=None if Console().is_terminal else 120)
+    table = Table(title=f"decisions at t = {when:g} s")
+    for column in ("#", "action", "topic", "publishers", "from", "to / n"):
+        table.add_column(column)
+    for i, d in enumerate(decisions, 1):
+        j = d.to_json()
+        pubs = j.get("publishers")
+        shown = "" if pubs is None else ", ".join(pubs[:6]) + (" …" if len(pubs) > 6 else "")
+        target_cell = j.get("to", j.get("n", j.get("broker", "")))
+        extra = f" ({j['kind']})" if "kind" in j else ""
+        table.add_row(
+            str(i), j["action"] + extra, j.get("topic", ""), shown, j.get("from", ""),
+            escape(str(target_cell)),
+        )  # fmt: skip
+    console.print(table if decisions else "[green]no decisions: nothing to do[/green]")
+    ratios = Table(title=f"load ratio (overload > {overload:g}, target < {target:g})")
+    for column in ("broker", "before", "after"):
+        ratios.add_column(column, justify="left" if column == "broker" else "right")
+    for row in rows:
+        lr = row["after"]
+        ratios.add_row(
+            str(row["id"]), f"{row['before']:.3f}", "despawned" if lr is None else f"{lr:.3f}"
+        )
+    console.print(ratios)
+
+
 def _serve_controller(options: ControllerOptions) -> None:
     import asyncio
 
@@ -449,3 +564,7 @@ app.command("calibrate")(calibrate)
 from srtm.pipeline.cli import app as pipeline_app  # noqa: E402
 
 app.add_typer(pipeline_app, name="pipeline")
+
+from srtm.utility_cli import app as utility_app  # noqa: E402
+
+app.add_typer(utility_app, name="utility")

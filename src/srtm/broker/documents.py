@@ -14,7 +14,15 @@ import ipaddress
 import re
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    RootModel,
+    WithJsonSchema,
+)
 from pydantic_core import PydanticCustomError
 
 from srtm.broker.measurement import MAX_MEASURE_NS, MIN_MEASURE_NS
@@ -171,6 +179,11 @@ class StatsQuery(Query):
         BeforeValidator(lambda v: v != "false"),
         Field(description="false leaves the clients out"),
     ] = True
+    include_mem: Annotated[
+        bool,
+        BeforeValidator(lambda v: v != "false"),
+        Field(description="false leaves the memory block out"),
+    ] = True
 
 
 class BucketQuery(TopicQuery):
@@ -232,7 +245,33 @@ class InfoDoc(Doc):
     tcp_port: int
     http_port: int
     start_time: int
+    max_heartbeat_interval: int = Field(description="ns, as nsqd's")
+    max_output_buffer_size: int = Field(description="bytes")
+    max_output_buffer_timeout: int = Field(description="ns, as nsqd's")
+    max_deflate_level: int
     srtm: InfoSrtmDoc
+
+
+class MemoryDoc(Doc):
+    """nsqd's memory block, from CPython: heap_objects is the allocator's live blocks
+    (sys.getallocatedblocks), heap_in_use_bytes the resident set, the GC pauses and runs
+    the collector's own; heap_idle_bytes, heap_released_bytes and next_gc_bytes have no
+    CPython counterpart and are 0."""
+
+    heap_objects: int
+    heap_idle_bytes: int
+    heap_in_use_bytes: int
+    heap_released_bytes: int
+    gc_pause_usec_100: int
+    gc_pause_usec_99: int
+    gc_pause_usec_95: int
+    next_gc_bytes: int
+    gc_total_runs: int
+
+
+class ConfigValue(RootModel[list[str] | int | None]):
+    """nsqd's /config/:opt answers the option's value itself: the address list, or the
+    log level's number (1 debug, 2 info, 3 warn, 4 error, 5 fatal)."""
 
 
 class BucketDoc(Doc):
@@ -407,5 +446,6 @@ class StatsDoc(Doc):
     health: str
     start_time: int
     topics: list[TopicDoc]
+    memory: MemoryDoc | None = Field(default=None, description="absent with include_mem=false")
     producers: list[ClientDoc]
     srtm: SrtmStatsDoc

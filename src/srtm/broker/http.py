@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
+import logging
 import struct
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -33,6 +35,7 @@ from srtm.broker.documents import (
     BucketQuery,
     BucketReading,
     ChannelQuery,
+    ConfigValue,
     Doc,
     ErrorDoc,
     InfoDoc,
@@ -55,11 +58,17 @@ from srtm.broker.documents import (
 )
 from srtm.broker.measurement import MeasurementsBusy
 from srtm.broker.metrics import BrokerCollector
-from srtm.broker.report import bucket_now, stats_document
+from srtm.broker.report import bucket_now, memory_document, stats_document
 from srtm.broker.state import LeaseExpired, LimitReached
 from srtm.broker.tls import http_requires_tls
 from srtm.openapi import OpenApiDoc, Route, document
 from srtm.protocol import ProtocolError, errors, is_valid_name
+from srtm.protocol.session import (
+    MAX_DEFLATE_LEVEL,
+    MAX_HEARTBEAT_MS,
+    MAX_OUTPUT_BUFFER_SIZE,
+    MAX_OUTPUT_BUFFER_TIMEOUT_MS,
+)
 from srtm.security import E_UNAUTHORIZED, bearer_matches, require_loopback_without_token
 
 if TYPE_CHECKING:
@@ -98,7 +107,31 @@ def _json(doc: Doc) -> web.Response:
 
 
 def _ok() -> web.Response:
+    """/ping's, /pub's and /mpub's answer, as nsqd's."""
     return web.Response(text="OK")
+
+
+def _done() -> web.Response:
+    """nsqd's answer to the topic and channel actions: 200, an empty body, no type."""
+    return web.Response()  # no body, so aiohttp adds no Content-Type either
+
+
+#: nsqd's log levels by name (its lg.ParseLogLevel, any case), and Python's for each.
+LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
+_PY_LEVELS = {
+    1: logging.DEBUG,
+    2: logging.INFO,
+    3: logging.WARNING,
+    4: logging.ERROR,
+    5: logging.CRITICAL,
+}
+_SRTM_LOG = logging.getLogger("srtm")
+
+
+def _log_level() -> int:
+    """The srtm logger's level as nsqd's number (info where it is not set)."""
+    level = _SRTM_LOG.getEffectiveLevel()
+    return max((n for n, py in _PY_LEVELS.items() if py <= level), default=1)
 
 
 @web.middleware
@@ -240,6 +273,9 @@ class BrokerHttp:
         self.limits = broker.options.limits
         self.registry = CollectorRegistry()
         self.registry.register(BrokerCollector(broker))
+        #: /config's nsqlookupd_tcp_addresses: kept and answered, as nsqd keeps them, but
+        #: an SRTM broker registers with its controller, not with an nsqlookupd.
+        self.lookupd_tcp_addresses: list[str] | None = []
 
     def _known_topic(self, request: web.Request) -> str:
         name = parse_query(TopicQuery, request.query).topic
@@ -275,6 +311,10 @@ class BrokerHttp:
                 tcp_port=tcp[1],
                 http_port=broker.http_address[1] if broker.http_address else opts.http_port,
                 start_time=broker.started_ns // 1_000_000_000,
+                max_heartbeat_interval=MAX_HEARTBEAT_MS * 1_000_000,
+                max_output_buffer_size=MAX_OUTPUT_BUFFER_SIZE,
+                max_output_buffer_timeout=MAX_OUTPUT_BUFFER_TIMEOUT_MS * 1_000_000,
+                max_deflate_level=MAX_DEFLATE_LEVEL,
                 srtm=InfoSrtmDoc(broker_id=opts.broker_id),
             )
         )
@@ -326,6 +366,10 @@ class BrokerHttp:
         """Topics, channels and clients (nsqd's document), and SRTM's section."""
         q = parse_query(StatsQuery, request.query)
         doc = stats_document(self.broker, q.topic, q.channel, q.include_clients)
+        if q.include_mem:
+            doc = {**doc, "memory": memory_document()}
+            doc["producers"] = doc.pop("producers")  # after memory, as nsqd's
+            doc["srtm"] = doc.pop("srtm")
         if q.format == "json":
             return web.json_response(doc)
         return web.Response(text=_stats_text(doc))
@@ -333,54 +377,94 @@ class BrokerHttp:
     async def topic_create(self, request: web.Request) -> web.Response:
         """Create a topic (nothing changes if it exists)."""
         self.broker.topic(parse_query(TopicQuery, request.query).topic)
-        return _ok()
+        return _done()
 
     async def topic_delete(self, request: web.Request) -> web.Response:
         """Delete a topic, its channels and their messages."""
         self.broker.delete_topic(self._known_topic(request))
-        return _ok()
+        return _done()
 
     async def topic_empty(self, request: web.Request) -> web.Response:
         """Drop the messages waiting in the topic."""
         self.broker.topics[self._known_topic(request)].empty()
-        return _ok()
+        return _done()
 
     async def topic_pause(self, request: web.Request) -> web.Response:
         """Stop copying the topic's messages to its channels."""
         self.broker.pause_topic(self._known_topic(request), True)
-        return _ok()
+        return _done()
 
     async def topic_unpause(self, request: web.Request) -> web.Response:
         """Copy the topic's messages to its channels again."""
         self.broker.pause_topic(self._known_topic(request), False)
-        return _ok()
+        return _done()
 
     async def channel_create(self, request: web.Request) -> web.Response:
-        """Create a channel (and its topic; nothing changes if it exists)."""
+        """Create a channel of an existing topic (nothing changes if it exists)."""
         q = parse_query(ChannelQuery, request.query)
+        if q.topic not in self.broker.topics:
+            raise HttpError(404, "TOPIC_NOT_FOUND")
         self.broker.channel(q.topic, q.channel)
-        return _ok()
+        return _done()
 
     async def channel_delete(self, request: web.Request) -> web.Response:
         """Delete a channel and its messages."""
         self.broker.delete_channel(*self._known_channel(request))
-        return _ok()
+        return _done()
 
     async def channel_empty(self, request: web.Request) -> web.Response:
         """Drop the messages waiting in the channel."""
         topic, channel = self._known_channel(request)
         self.broker.topics[topic].channels[channel].empty()
-        return _ok()
+        return _done()
 
     async def channel_pause(self, request: web.Request) -> web.Response:
         """Stop delivering the channel's messages."""
         self.broker.pause_channel(*self._known_channel(request), True)
-        return _ok()
+        return _done()
 
     async def channel_unpause(self, request: web.Request) -> web.Response:
         """Deliver the channel's messages again."""
         self.broker.pause_channel(*self._known_channel(request), False)
-        return _ok()
+        return _done()
+
+    async def config_get(self, request: web.Request) -> web.Response:
+        """An option's value: nsqlookupd_tcp_addresses, or log_level (nsqd's number)."""
+        return web.json_response(self._config_value(request.match_info["opt"]))
+
+    async def config_put(self, request: web.Request) -> web.Response:
+        """Change an option: nsqlookupd_tcp_addresses (a JSON list of HOST:PORT), or
+        log_level (debug, info, warn, error, fatal); answers its new value."""
+        opt = request.match_info["opt"]
+        body = await request.read()
+        if not body or len(body) > self.limits.max_msg_size:
+            raise HttpError(413, "INVALID_VALUE")
+        if opt == "nsqlookupd_tcp_addresses":
+            try:
+                addresses = json.loads(body)
+            except ValueError:
+                raise HttpError(400, "INVALID_VALUE") from None
+            ok = addresses is None or (
+                isinstance(addresses, list) and all(isinstance(a, str) for a in addresses)
+            )
+            if not ok:
+                raise HttpError(400, "INVALID_VALUE")
+            self.lookupd_tcp_addresses = addresses
+        elif opt == "log_level":
+            level = LOG_LEVELS.get(body.decode(errors="replace").lower())
+            if level is None:
+                raise HttpError(400, "INVALID_VALUE")
+            _SRTM_LOG.setLevel(_PY_LEVELS[level])
+        else:
+            raise HttpError(400, "INVALID_OPTION")
+        return web.json_response(self._config_value(opt))
+
+    def _config_value(self, opt: str) -> list[str] | int | None:
+        if opt == "nsqlookupd_tcp_addresses":
+            return self.lookupd_tcp_addresses
+        if opt == "log_level":
+            return _log_level()
+        raise HttpError(400, "INVALID_OPTION", "SRTM has nsqlookupd_tcp_addresses and log_level")
 
     # -- SRTM's ----------------------------------------------------------------------------
     async def metrics(self, request: web.Request) -> web.Response:
@@ -486,25 +570,30 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/stats", _H.stats,
           query=StatsQuery, answer=StatsDoc, text=_TEXT),
     Route("POST", "/topic/create", _H.topic_create,
-          query=TopicQuery, text=_TEXT, errors=_FULL),
+          query=TopicQuery, errors=_FULL),
     Route("POST", "/topic/delete", _H.topic_delete,
-          query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
+          query=TopicQuery, errors=_NO_TOPIC),
     Route("POST", "/topic/empty", _H.topic_empty,
-          query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
+          query=TopicQuery, errors=_NO_TOPIC),
     Route("POST", "/topic/pause", _H.topic_pause,
-          query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
+          query=TopicQuery, errors=_NO_TOPIC),
     Route("POST", "/topic/unpause", _H.topic_unpause,
-          query=TopicQuery, text=_TEXT, errors=_NO_TOPIC),
+          query=TopicQuery, errors=_NO_TOPIC),
     Route("POST", "/channel/create", _H.channel_create,
-          query=ChannelQuery, text=_TEXT, errors=_FULL),
+          query=ChannelQuery, errors={**_FULL, **_NO_TOPIC}),
     Route("POST", "/channel/delete", _H.channel_delete,
-          query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
+          query=ChannelQuery, errors=_NO_CHANNEL),
     Route("POST", "/channel/empty", _H.channel_empty,
-          query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
+          query=ChannelQuery, errors=_NO_CHANNEL),
     Route("POST", "/channel/pause", _H.channel_pause,
-          query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
+          query=ChannelQuery, errors=_NO_CHANNEL),
     Route("POST", "/channel/unpause", _H.channel_unpause,
-          query=ChannelQuery, text=_TEXT, errors=_NO_CHANNEL),
+          query=ChannelQuery, errors=_NO_CHANNEL),
+    Route("GET", "/config/{opt}", _H.config_get,
+          answer=ConfigValue, errors={400: "INVALID_OPTION"}),
+    Route("PUT", "/config/{opt}", _H.config_put,
+          body=_TEXT, answer=ConfigValue,
+          errors={400: "INVALID_OPTION, INVALID_VALUE", 413: "INVALID_VALUE"}),
     Route("GET", "/metrics", _H.metrics,
           text=CONTENT_TYPE_LATEST),
     Route("GET", "/srtm/bucket", _H.bucket_get,

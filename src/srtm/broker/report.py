@@ -7,6 +7,10 @@ the answers against the models instead)."""
 
 from __future__ import annotations
 
+import collections
+import gc
+import os
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -70,8 +74,8 @@ def client_doc(c: Client) -> Doc:
         finish_count=c.finish_count,
         requeue_count=c.requeue_count,
         connect_ts=c.connected_ns // 1_000_000_000,
-        sample_rate=0,
-        deflate=False,
+        sample_rate=c.session.sample_rate,
+        deflate=c.session.deflate_level > 0,
         snappy=False,
         user_agent=str(ident.get("user_agent", "")),
         tls=tls is not None and tls.established,
@@ -141,13 +145,13 @@ def stats_document(
     now = time.time_ns()
     topics = []
     srtm_topics = []
-    for t in broker.topics.values():
+    for _, t in sorted(broker.topics.items()):  # by name, as nsqd
         if topic is not None and t.name != topic:
             continue
         ts = broker.stats.topic(t.name)
         chans = [
             channel_doc(broker, t, ch, clients)
-            for ch in t.channels.values()
+            for _, ch in sorted(t.channels.items())  # by name, as nsqd
             if channel is None or ch.name == channel
         ]
         topics.append(
@@ -178,4 +182,51 @@ def stats_document(
             ),
             topics=srtm_topics,
         ),
+    )
+
+
+#: The last GC pauses (µs), as nsqd's percentiles read Go's last 256; filled by a gc
+#: callback installed with the first /stats that asks for memory.
+_GC_PAUSES_US: collections.deque[int] = collections.deque(maxlen=256)
+_gc_started_ns = 0
+
+
+def _gc_timer(phase: str, info: dict[str, Any]) -> None:
+    global _gc_started_ns
+    if phase == "start":
+        _gc_started_ns = time.perf_counter_ns()
+    elif _gc_started_ns:
+        _GC_PAUSES_US.append((time.perf_counter_ns() - _gc_started_ns) // 1_000)
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _pause_percentile(pauses: list[int], q: float) -> int:
+    if not pauses:
+        return 0
+    return pauses[min(len(pauses) - 1, int(q * len(pauses)))]
+
+
+def memory_document() -> Doc:
+    """nsqd's memory block from CPython (srtm.broker.documents.MemoryDoc says which are
+    approximations and which have no counterpart)."""
+    if _gc_timer not in gc.callbacks:
+        gc.callbacks.append(_gc_timer)
+    pauses = sorted(_GC_PAUSES_US)
+    return dict(
+        heap_objects=sys.getallocatedblocks(),
+        heap_idle_bytes=0,
+        heap_in_use_bytes=_resident_bytes(),
+        heap_released_bytes=0,
+        gc_pause_usec_100=pauses[-1] if pauses else 0,
+        gc_pause_usec_99=_pause_percentile(pauses, 0.99),
+        gc_pause_usec_95=_pause_percentile(pauses, 0.95),
+        next_gc_bytes=0,
+        gc_total_runs=sum(int(g["collections"]) for g in gc.get_stats()),
     )

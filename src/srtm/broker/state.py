@@ -112,14 +112,11 @@ class Channel:
         self.consumers.append(consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:
-        """Drop a consumer; whatever it had in flight goes back to the front of the queue."""
+        """Drop a consumer. What it had in flight stays in flight until its deadline, then
+        is requeued and counted as a timeout (``tick``), as nsqd does: no other consumer
+        can settle it meanwhile, and it is still owed (``head``) if the broker stops."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
-        back = [f for f in self.in_flight.values() if f.consumer is consumer]
-        for flight in reversed(back):
-            del self.in_flight[flight.message.id]
-            self.requeue_count += 1
-            self.queue.appendleft(flight.message)
 
     def dispatch(self, now: int) -> list[tuple[Consumer, Message]]:
         """Hand queued messages to consumers with RDY room, round-robin."""

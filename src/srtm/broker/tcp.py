@@ -16,12 +16,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import socket
 import ssl
 import struct
 import sys
 import time
-from collections.abc import Iterable
+import zlib
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from srtm.broker.auth import Authenticator, Gate
@@ -150,6 +152,10 @@ class Client:
         self._init_limits(broker.options)
         #: TLS once IDENTIFY asked for it; the gate (--tls-required, AUTH) where configured.
         self.tls: TlsSession | None = None
+        #: What every write goes through once TLS or deflate is on (None: as it is).
+        self._wrap: Callable[[bytes], bytes] | None = None
+        #: Decompresses what is read once deflate is on.
+        self._inflate: Any = None
         self.gate: Gate | None = None
         if broker.tls_context is not None or broker.authenticator is not None:
             self.gate = Gate(self, tcp_requires_tls(broker.options), broker.authenticator)
@@ -200,6 +206,8 @@ class Client:
             self.broker.stats.stamp_gaps.add(user_ns - arrival)
         self.last_read_ns = user_ns
         if self.tls is not None and not (data := self._tls_receive(data)):
+            return
+        if self._inflate is not None and not (data := self._inflated(data)):
             return
         events = self.parser.feed(data)
         self._note_partial(bool(events), user_ns)
@@ -299,8 +307,52 @@ class Client:
 
         assert self.broker.tls_context is not None
         self.tls = TlsSession(self.broker.tls_context)
+        self._wrap = self.tls.wrap
         timeout_s = self.broker.options.tls_handshake_timeout_ms / 1000
         self.loop.call_later(timeout_s, self._tls_deadline)
+
+    def start_deflate(self, level: int) -> None:
+        """Raw DEFLATE both ways, as nsqd's flate stream (inside TLS where both are on);
+        each write is sync-flushed, so a frame never waits in the compressor."""
+        deflate = zlib.compressobj(level, zlib.DEFLATED, -15)
+        inner = self._wrap
+        sync = zlib.Z_SYNC_FLUSH
+
+        def wrap(data: bytes) -> bytes:
+            if data:
+                data = deflate.compress(data) + deflate.flush(sync)
+            return inner(data) if inner is not None else data
+
+        self._wrap = wrap
+        self._inflate = zlib.decompressobj(-15)
+
+    def _inflated(self, data: bytes) -> bytes:
+        """What a compressed read holds; a stream that is not DEFLATE ends the connection."""
+        try:
+            plain: bytes = self._inflate.decompress(data)
+        except zlib.error as exc:
+            log.info("deflate stream from %s broken: %s", self.remote, exc)
+            self.close()
+            return b""
+        return plain
+
+    def sample(self, rate: int) -> None:
+        """nsqd's sample_rate: only this connection pays for it (its own send_message)."""
+        if rate:
+            setattr(self, "send_message", self._send_sampled)  # noqa: B010
+        else:
+            self.__dict__.pop("send_message", None)
+
+    def _send_sampled(self, msg: Message) -> None:
+        """Send ``msg`` when randint(0, 99) <= the rate, as nsqd; else it is dropped, as
+        nsqd drops it (finished without delivery), and the consumer's RDY slot is free."""
+        if random.randrange(100) <= self.session.sample_rate:
+            Client.send_message(self, msg)
+            return
+        channel = self.channel
+        if channel is not None:
+            channel.fin(msg.id, self)
+            self.broker.mark_ready(channel)
 
     # -- holding answers until their publish is on disk ------------------------------------
     def _hold_until(self, written: asyncio.Future[Any]) -> None:
@@ -356,8 +408,8 @@ class Client:
         """Queue ``data``; everything written in one loop turn leaves in one send."""
         if self.session.state is _CLOSED:
             return
-        if self.tls is not None:
-            data = self.tls.wrap(data)  # ciphertext, with any handshake bytes due
+        if self._wrap is not None:
+            data = self._wrap(data)  # compressed and/or ciphertext (with handshake bytes)
         if self._holds:
             self._held += data  # behind an OK that waits for its write
             if len(self._out) + len(self._held) >= self._out_high and not self._paused:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from srtm.control import console
 from srtm.control.documents import (
     AssignQuery,
     BrokerReport,
@@ -113,6 +114,8 @@ class ControllerAPI:
         #: Held from reading the ledger to committing the plan: placements are serialised,
         #: so two concurrent ``POST /topics`` never both count on the same free capacity.
         self.placing = asyncio.Lock()
+        #: The console's reads of the brokers' /stats (closed with the app).
+        self.latency = console.LatencyReader()
 
     # -- brokers ---------------------------------------------------------------------------
     async def register(self, request: web.Request) -> web.Response:
@@ -373,6 +376,27 @@ class ControllerAPI:
         """This API's OpenAPI 3.1 document."""
         return web.json_response(_openapi())
 
+    # -- the console -----------------------------------------------------------------------
+    async def ui(self, request: web.Request) -> web.Response:
+        """The SRTM console: a page that polls ``/ui/state``."""
+        return web.Response(body=console.asset("index.html"), content_type="text/html")
+
+    async def ui_asset(self, request: web.Request) -> web.Response:
+        """The console's script and style sheet (``console.js``, ``console.css``)."""
+        name = request.match_info["asset"]
+        if name not in console.ASSETS:
+            raise ControlError(404, f"no such file: {name!r}")
+        return web.Response(body=console.asset(name), content_type=console.ASSETS[name])
+
+    async def ui_state(self, request: web.Request) -> web.Response:
+        """Everything the console shows: brokers with their ledger, topics with SLO,
+        measured p99 (from the brokers' /stats), plan, sub-buckets, DRL penalty, fitting
+        and events."""
+        readings = await self.latency.read(self.ctrl.up())
+        drl = await asyncio.to_thread(console.drl_penalties, console.drl_inputs(self.ctrl))
+        doc = console.console_state(self.ctrl, readings, self.service.info(), time.monotonic(), drl)
+        return web.json_response(doc)
+
 
 #: What each refusal means, for every route that can answer it (401: ``srtm.openapi``).
 _REFUSALS = {
@@ -435,6 +459,10 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/ping", ControllerAPI.ping, text="text/plain"),
     Route("GET", "/info", ControllerAPI.info, answer=Info),
     Route("GET", "/openapi.json", ControllerAPI.openapi, answer=OpenApiDoc),
+    Route("GET", "/ui", ControllerAPI.ui, text="text/html"),
+    Route("GET", "/ui/state", ControllerAPI.ui_state, answer=console.ConsoleState),
+    Route("GET", "/ui/{asset}", ControllerAPI.ui_asset, text="text/*",
+          errors={404: "No such file of the page"}),
 )  # fmt: skip
 
 
@@ -451,6 +479,7 @@ def make_app(
             app.router.add_get(route.path, handler)  # and HEAD
         else:
             app.router.add_route(route.method, route.path, handler)
+    app.on_cleanup.append(lambda _: api.latency.close())
     return app
 
 

@@ -114,7 +114,7 @@ def _run(
         try:
             checked = open_traces(traces, opts.runs)  # before Spark: errors come at once
             spark = get_session(master, SparkSettings(master=master, driver_memory=memory))
-            executors = executor_ids(spark)
+            app_id = spark.sparkContext.applicationId
             results = run_jobs(
                 jobs,
                 spark,
@@ -123,6 +123,8 @@ def _run(
                 opts,
                 on_start=lambda job: progress.update(task, description=f"job {job}"),
             )
+            # After the jobs: on a cluster, executors register while the first job waits.
+            executors = executor_ids(spark)
         except (SchemaError, ValueError) as exc:
             progress.stop()
             _err.print(f"[red]error:[/red] {exc}")
@@ -130,7 +132,7 @@ def _run(
         finally:
             if owned and spark is not None:
                 stop_session(spark)
-    _print_results(console, results, master, executors)
+    _print_results(console, results, f"{master} (application {app_id})", executors)
     _print_tables(console, out, results)
 
 

@@ -1,5 +1,6 @@
 """Pure load distribution: policies, the capacity ledger, incremental joins, online
-fitting, the TB Adaptor's rule."""
+fitting, the TB Adaptor's rule, the rebalancer (``srtm.placement.rebalance``, imported
+from there: a package-level ``rebalance`` would hide the module)."""
 
 from srtm.placement.adaptor import AdaptorSettings, WindowReport, adapt
 from srtm.placement.fitting import (

@@ -33,4 +33,4 @@ class ProtocolError(Exception):
         return self.code not in NON_FATAL
 
     def __str__(self) -> str:
-        return f"{self.code} {self.message}"
+        return f"{self.code} {self.message}" if self.message else self.code

@@ -88,7 +88,7 @@ class Parser:
                 return
             magic = bytes(buf[:4])
             if magic != MAGIC_V2:
-                raise ProtocolError("E_BAD_PROTOCOL", f"bad protocol magic {magic!r}")
+                raise ProtocolError("E_BAD_PROTOCOL", "")  # nsqd says no more
             del buf[:4]
             self._magic_seen = True
         pos = 0
@@ -274,8 +274,10 @@ def _mpub(p: Parser, topic: str, body: memoryview) -> Command:
     if len(body) < 4:
         raise ProtocolError(e.E_BAD_BODY, "MPUB failed to read message count")
     (count,) = _SIZE.unpack_from(body, 0)
-    # Each message takes at least 4 bytes of size and 1 of body.
-    if count <= 0 or count > (len(body) - 4) // 5:
+    # As nsqd 1.3.0, no upper bound here: a count the body cannot hold fails where the body
+    # ends (each message takes at least 4 bytes, so the loop is bounded by the body), and an
+    # empty message is E_BAD_MESSAGE wherever it is.
+    if count <= 0:
         raise ProtocolError(e.E_BAD_BODY, f"MPUB invalid message count {count}")
     bodies = []
     pos = 4

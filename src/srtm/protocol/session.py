@@ -36,8 +36,34 @@ from srtm.protocol.frames import CLOSE_WAIT, HEARTBEAT, response
 from srtm.protocol.limits import Limits
 
 E_AUTH_DISABLED = "E_AUTH_DISABLED"
+E_IDENTIFY_FAILED = "E_IDENTIFY_FAILED"
 #: nsqd's bounds on a heartbeat interval a client asks for (ms); -1 turns heartbeats off.
 MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 1_000, 60_000
+#: nsqd's defaults and bounds for the output buffer a client asks for (bytes, ms): SRTM
+#: checks and echoes them as nsqd does, but writes what a loop turn produced at its end
+#: whatever they are (see docs/broker.md).
+OUTPUT_BUFFER_SIZE, MIN_OUTPUT_BUFFER_SIZE, MAX_OUTPUT_BUFFER_SIZE = 16_384, 64, 65_536
+OUTPUT_BUFFER_TIMEOUT_MS, MIN_OUTPUT_BUFFER_TIMEOUT_MS, MAX_OUTPUT_BUFFER_TIMEOUT_MS = (
+    250,
+    25,
+    30_000,
+)
+#: nsqd's --max-deflate-level default, and the level when a client names none.
+DEFLATE_LEVEL, MAX_DEFLATE_LEVEL = 6, 6
+#: nsqd's sampling: a consumer asking for rate r gets each message when randint(0, 99) <= r.
+MAX_SAMPLE_RATE = 99
+#: IDENTIFY's fields nsqd decodes, by JSON type: another type fails the whole body, as Go's
+#: decoder does (null leaves the default). Fields nsqd does not know are ignored.
+_INT_FIELDS = (
+    "heartbeat_interval",
+    "output_buffer_size",
+    "output_buffer_timeout",
+    "deflate_level",
+    "sample_rate",
+    "msg_timeout",
+)
+_BOOL_FIELDS = ("feature_negotiation", "tls_v1", "deflate", "snappy")
+_STR_FIELDS = ("client_id", "hostname", "user_agent", "short_id", "long_id")
 OK_FRAME = response()
 HEARTBEAT_FRAME = response(HEARTBEAT)
 CLOSE_WAIT_FRAME = response(CLOSE_WAIT)
@@ -122,6 +148,13 @@ class SessionHost(Protocol):
     def start_tls(self) -> None:
         """Upgrade to TLS: whatever is written from now on is encrypted."""
 
+    def start_deflate(self, level: int) -> None:
+        """Upgrade to deflate: what is written from now on is compressed, what is read
+        from the next read on is decompressed."""
+
+    def sample(self, rate: int) -> None:
+        """Deliver each message to this consumer with nsqd's probability for ``rate``."""
+
 
 @dataclass(frozen=True, slots=True)
 class SessionSettings:
@@ -161,6 +194,10 @@ class Session:
         self.attributed_to: str | None = ""
         self.takes_orders = False
         self.tls = False
+        self.deflate_level = 0
+        self.sample_rate = 0
+        self.output_buffer_size = OUTPUT_BUFFER_SIZE
+        self.output_buffer_timeout_ms = OUTPUT_BUFFER_TIMEOUT_MS
 
     def receive(self, event: Command | ProtocolError, arrival_ns: int) -> None:
         """Run one command that arrived at ``arrival_ns``; a parse error is raised back."""
@@ -187,28 +224,32 @@ class Session:
     # -- commands ----------------------------------------------------------------------------
     def _identify(self, cmd: Identify, arrival_ns: int) -> None:
         config = cmd.config
-        self.identity = config
+        _check_types(config)
         limits = self.settings.limits
         heartbeat_ns = self.heartbeat_ns
-        heartbeat = config.get("heartbeat_interval", 0)
-        changed = isinstance(heartbeat, int) and heartbeat != 0
-        if changed:
-            if heartbeat == -1:
-                heartbeat_ns = 0
-            elif MIN_HEARTBEAT_MS <= heartbeat <= MAX_HEARTBEAT_MS:
-                heartbeat_ns = heartbeat * 1_000_000
-            else:
-                raise ProtocolError(
-                    errors.E_BAD_BODY, f"IDENTIFY heartbeat interval ({heartbeat}) is invalid"
-                )
-        timeout = config.get("msg_timeout", 0)
-        if isinstance(timeout, int) and timeout != 0:
+        heartbeat = config.get("heartbeat_interval") or 0
+        changed = heartbeat != 0
+        if heartbeat == -1:
+            heartbeat_ns = 0
+        elif changed:
+            if not MIN_HEARTBEAT_MS <= heartbeat <= MAX_HEARTBEAT_MS:
+                raise _invalid(f"heartbeat interval ({heartbeat})")
+            heartbeat_ns = heartbeat * 1_000_000
+        size, timeout_ms = self._output_buffer(config)
+        sample_rate = config.get("sample_rate") or 0
+        if not 0 <= sample_rate <= MAX_SAMPLE_RATE:
+            raise _invalid(f"sample rate ({sample_rate})")
+        timeout = config.get("msg_timeout") or 0
+        if timeout != 0:
             if not limits.min_msg_timeout_ms <= timeout <= limits.max_msg_timeout_ms:
-                raise ProtocolError(
-                    errors.E_BAD_BODY, f"IDENTIFY msg timeout ({timeout}) is invalid"
-                )
+                raise _invalid(f"msg timeout ({timeout})")
             self.msg_timeout_ns = timeout * 1_000_000
+        self.identity = config
         self.heartbeat_ns = heartbeat_ns
+        self.output_buffer_size, self.output_buffer_timeout_ms = size, timeout_ms
+        if sample_rate != self.sample_rate:
+            self.sample_rate = sample_rate
+            self.conn.sample(sample_rate)
         self.publisher = str(config.get("srtm_publisher") or config.get("client_id") or "")
         header = config.get("srtm_header_publisher") is True
         self.attributed_to = None if header else self.publisher
@@ -219,14 +260,46 @@ class Session:
             return
         # A second IDENTIFY does not upgrade twice.
         tls = config.get("tls_v1") is True and self.settings.tls and not self.tls
-        self.conn.write(response(json.dumps(self._features(tls)).encode()))
+        deflate = config.get("deflate") is True and not self.deflate_level
+        level = min(config.get("deflate_level") or 0, MAX_DEFLATE_LEVEL)
+        level = level if deflate and level > 0 else DEFLATE_LEVEL
+        # nsqd refuses the pair even though it would answer snappy false (SRTM has none).
+        if deflate and config.get("snappy") is True:
+            raise ProtocolError(
+                E_IDENTIFY_FAILED, "cannot enable both deflate and snappy compression"
+            )
+        self.conn.write(response(json.dumps(self._features(tls, deflate, level)).encode()))
         if tls:
             # nsqd's order: the reply in plain text, then its OK over TLS.
             self.tls = True
             self.conn.start_tls()
             self.conn.write(OK_FRAME)
+        if deflate:
+            # Likewise: the reply as it was, then an OK through the compressed stream.
+            self.deflate_level = level
+            self.conn.start_deflate(level)
+            self.conn.write(OK_FRAME)
 
-    def _features(self, tls: bool) -> dict[str, Any]:
+    def _output_buffer(self, config: dict[str, Any]) -> tuple[int, int]:
+        """The output buffer size and timeout IDENTIFY asks for, by nsqd's rules."""
+        size, timeout = self.output_buffer_size, self.output_buffer_timeout_ms
+        asked_timeout = config.get("output_buffer_timeout") or 0
+        if asked_timeout == -1:
+            timeout = 0
+        elif asked_timeout != 0:
+            if not MIN_OUTPUT_BUFFER_TIMEOUT_MS <= asked_timeout <= MAX_OUTPUT_BUFFER_TIMEOUT_MS:
+                raise _invalid(f"output buffer timeout ({asked_timeout})")
+            timeout = asked_timeout
+        asked_size = config.get("output_buffer_size") or 0
+        if asked_size == -1:
+            size, timeout = 1, 0  # nsqd: no buffering at all
+        elif asked_size != 0:
+            if not MIN_OUTPUT_BUFFER_SIZE <= asked_size <= MAX_OUTPUT_BUFFER_SIZE:
+                raise _invalid(f"output buffer size ({asked_size})")
+            size = asked_size
+        return size, timeout
+
+    def _features(self, tls: bool, deflate: bool, level: int) -> dict[str, Any]:
         """IDENTIFY's reply under feature negotiation."""
         s = self.settings
         return {
@@ -235,14 +308,16 @@ class Session:
             "max_msg_timeout": s.limits.max_msg_timeout_ms,
             "msg_timeout": self.msg_timeout_ns // 1_000_000,
             "tls_v1": tls,
-            "deflate": False,
-            "deflate_level": 6,
-            "max_deflate_level": 6,
+            "deflate": deflate,
+            "deflate_level": level,
+            "max_deflate_level": MAX_DEFLATE_LEVEL,
+            # No framed-snappy stream here: a client that asks gets false, as from an
+            # nsqd started with --snappy=false, and goes on uncompressed.
             "snappy": False,
-            "sample_rate": 0,
+            "sample_rate": self.sample_rate,
             "auth_required": s.auth,
-            "output_buffer_size": 16384,
-            "output_buffer_timeout": 250,
+            "output_buffer_size": self.output_buffer_size,
+            "output_buffer_timeout": self.output_buffer_timeout_ms,
             # SRTM's own (clients ignore fields they do not know): which broker this is,
             # so subscriber-side trace rows join broker-side ones on (run, broker, msg_id).
             "srtm_broker_id": s.broker_id,
@@ -302,6 +377,28 @@ class Session:
 
     def _nop(self, cmd: Nop, arrival_ns: int) -> None:
         pass
+
+
+def _invalid(what: str) -> ProtocolError:
+    return ProtocolError(errors.E_BAD_BODY, f"IDENTIFY {what} is invalid")
+
+
+def _check_types(config: dict[str, Any]) -> None:
+    """Refuse what Go's decoder would not put in nsqd's identify struct."""
+    for name, value in config.items():
+        if value is None:
+            continue
+        if name in _INT_FIELDS:
+            bits = 31 if name == "sample_rate" else 63  # an int32 in nsqd, else an int
+            ok = type(value) is int and -(1 << bits) <= value < 1 << bits
+        elif name in _BOOL_FIELDS:
+            ok = type(value) is bool
+        elif name in _STR_FIELDS:
+            ok = type(value) is str
+        else:
+            continue
+        if not ok:
+            raise ProtocolError(errors.E_BAD_BODY, "IDENTIFY failed to decode JSON body")
 
 
 def _failed_as(err: ProtocolError, code: str) -> ProtocolError:

@@ -1,0 +1,342 @@
+"""The SRTM console (``GET /ui``): one JSON document with everything the page shows,
+built by a pure function (``console_state``) from the controller's state and what its
+brokers' ``/stats`` say of latency (``LatencyReader``, the only I/O here).
+
+The page itself is static (``srtm/control/ui/``: HTML, CSS, plain JS, no build step)
+and polls ``GET /ui/state``."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict, Field
+from yarl import URL
+
+from srtm.analysis.md1 import prob_delayed
+from srtm.control.validate import ControlError
+from srtm.ratelimit import BucketParams
+
+if TYPE_CHECKING:
+    from srtm.control.state import BrokerInfo, Controller, TopicState
+
+#: The page's files (package data), by the name ``GET /ui/{asset}`` serves them under.
+ASSETS = {"console.js": "text/javascript", "console.css": "text/css"}
+#: Events of each topic the document carries (its newest).
+EVENTS_PER_TOPIC = 20
+#: The DRL model is evaluated exactly up to this many tokens of burst: its cost grows with
+#: the burst (mpmath, ~6 ms at 200 tokens, seconds at 2000). A larger burst is evaluated
+#: at this one, which over-states the delay of that bucket; at any load below ~0.99 a
+#: bucket this deep delays a vanishing fraction of messages anyway.
+MODEL_MAX_BURST = 200.0
+#: The model needs a stable queue: a bucket fed at or above its rate is *saturated*.
+MAX_LOAD = 0.995
+
+
+@dataclass(frozen=True, slots=True)
+class Latency:
+    """One broker's reading of one topic's latency (``/stats``: e2e_processing_latency,
+    dispatch − arrival of first attempts, since the broker started)."""
+
+    p99_ms: float | None
+    samples: int
+
+
+# -- the document ----------------------------------------------------------------------------
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ConsoleBroker(_Doc):
+    """A broker, its capacity ledger (msg/s) and how many topics it carries."""
+
+    id: str
+    tcp_address: str
+    http_address: str
+    mcap: float
+    allocated: float
+    measured: float
+    rcap: float
+    down: bool
+    over: bool
+    topics: int = Field(description="topics whose plan gives it a sub-bucket")
+
+
+class ConsoleShare(_Doc):
+    """A topic on one broker of its plan (or draining there)."""
+
+    id: str
+    publishers: int
+    bucket: dict[str, float] | None = Field(description="its sub-bucket: rate, burst")
+    draining: bool
+    rate: float | None = Field(description="msg/s it last reported for the topic (window)")
+    backlog: float | None = Field(description="tokens owed, largest in its window")
+    p99_ms: float | None = Field(description="time in broker, p99 since it started")
+    samples: int
+
+
+class Drl(_Doc):
+    """The DRL penalty: mean token delay (Eq. 1, M/D/1) of the split, each sub-bucket fed
+    what its broker reports, less that of one ``(r, b)`` bucket fed the topic's total."""
+
+    split_ms: float | None
+    whole_ms: float | None
+    penalty_ms: float | None
+    note: str
+
+
+class ConsoleTopic(_Doc):
+    name: str
+    status: str
+    policy: str
+    version: int
+    open: bool
+    slo_p99_ms: float
+    rate: float
+    burst: float
+    publishers: int
+    unassigned: int
+    p99_ms: float | None = Field(description="the largest p99 of its brokers' readings")
+    samples: int
+    slo_met: bool | None = Field(description="p99_ms <= slo_p99_ms; null without samples")
+    brokers: list[ConsoleShare]
+    drl: Drl
+    adaptor: str = Field(description="the TB Adaptor: settling after a plan change, or on")
+    fitting: dict[str, Any] | None
+    events: list[str]
+
+
+class ConsoleState(_Doc):
+    """Everything the console shows, in one document."""
+
+    info: dict[str, Any]
+    brokers: list[ConsoleBroker]
+    topics: list[ConsoleTopic]
+
+
+# -- the builder (pure) ----------------------------------------------------------------------
+def console_state(
+    ctrl: Controller,
+    latency: Mapping[str, Mapping[str, Latency]],
+    info: Mapping[str, Any],
+    now: float,
+    drl: Mapping[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The console's document (``ConsoleState``) from the controller's state,
+    ``latency[broker][topic]`` and ``info`` (what ``/info`` answers); ``now`` on the
+    controller's clock (``time.monotonic``). ``drl``: each topic's DRL penalty, computed
+    beforehand from ``drl_inputs`` (off the event loop); None: computed here."""
+    if drl is None:
+        drl = drl_penalties(drl_inputs(ctrl))
+    carried: dict[str, int] = {}
+    for t in ctrl.topics.values():
+        for b in t.buckets:
+            carried[b] = carried.get(b, 0) + 1
+    brokers = [
+        {"id": e.id, "tcp_address": b.tcp_address, "http_address": b.http_address,
+         "mcap": e.mcap, "allocated": e.allocated, "measured": e.measured, "rcap": e.rcap,
+         "down": b.down, "over": e.allocated > e.mcap * (1 + 1e-9),
+         "topics": carried.get(e.id, 0)}
+        for e in ctrl.ledger()
+        for b in (ctrl.brokers[e.id],)
+    ]  # fmt: skip
+    topics = [_topic(ctrl, t, latency, now, drl) for _, t in sorted(ctrl.topics.items())]
+    return {"info": dict(info), "brokers": brokers, "topics": topics}
+
+
+def drl_inputs(ctrl: Controller) -> dict[str, DrlInput]:
+    """Per topic what its DRL penalty is computed from: plain values, a snapshot."""
+    return {name: (t.spec.rate, t.spec.burst, _fed(ctrl, t)) for name, t in ctrl.topics.items()}
+
+
+def drl_penalties(inputs: Mapping[str, DrlInput]) -> dict[str, dict[str, Any]]:
+    """``drl_penalty`` of every topic (the model costs up to milliseconds per topic on a
+    cache miss: the controller runs this on a thread)."""
+    return {name: drl_penalty(*args) for name, args in inputs.items()}
+
+
+#: A topic's rate, burst and each sub-bucket with the rate its broker last reported.
+DrlInput = tuple[float, float, list[tuple[BucketParams, float]]]
+#: A topic created after the DRL snapshot was taken: its penalty comes with the next poll.
+_NOT_YET = {"split_ms": None, "whole_ms": None, "penalty_ms": None, "note": "computing"}
+
+
+def _topic(
+    ctrl: Controller,
+    t: TopicState,
+    latency: Mapping[str, Mapping[str, Latency]],
+    now: float,
+    drl: Mapping[str, dict[str, Any]],
+) -> dict[str, Any]:
+    name = t.spec.name
+    ids = list(t.assignment) + [b for b in t.buckets if b not in t.assignment]
+    shares = [_share(ctrl.brokers.get(b), b, t, latency.get(b, {}).get(name)) for b in ids]
+    readings = [s for s in shares if s["samples"] and s["p99_ms"] is not None]
+    p99 = max((s["p99_ms"] for s in readings), default=None)
+    return {
+        "name": name, "status": t.status, "policy": str(t.policy), "version": t.version,
+        "open": t.open, "slo_p99_ms": t.spec.slo_p99_ms, "rate": t.spec.rate,
+        "burst": t.spec.burst, "publishers": len(t.spec.publishers),
+        "unassigned": len(t.unassigned), "p99_ms": p99,
+        "samples": sum(s["samples"] for s in readings),
+        "slo_met": None if p99 is None else p99 <= t.spec.slo_p99_ms,
+        "brokers": shares,
+        "drl": drl.get(name, _NOT_YET),
+        "adaptor": _adaptor(t, now),
+        "fitting": t.fitting,
+        "events": t.events[-EVENTS_PER_TOPIC:],
+    }  # fmt: skip
+
+
+def _share(
+    info: BrokerInfo | None, broker: str, t: TopicState, reading: Latency | None
+) -> dict[str, Any]:
+    report = None if info is None else info.reports.get(t.spec.name)
+    bucket = t.buckets.get(broker)
+    return {
+        "id": broker,
+        "publishers": len(t.assignment.get(broker, [])),
+        "bucket": None if bucket is None else {"rate": bucket.rate, "burst": bucket.burst},
+        "draining": broker in t.draining,
+        "rate": None if report is None else report.rate,
+        "backlog": None if report is None else report.backlog,
+        "p99_ms": None if reading is None else reading.p99_ms,
+        "samples": 0 if reading is None else reading.samples,
+    }
+
+
+def _fed(ctrl: Controller, t: TopicState) -> list[tuple[BucketParams, float]]:
+    """Each sub-bucket and the rate its broker last reported for the topic (0: none)."""
+    out = []
+    for b, bucket in t.buckets.items():
+        info = ctrl.brokers.get(b)
+        report = None if info is None else info.reports.get(t.spec.name)
+        out.append((bucket, 0.0 if report is None else report.rate))
+    return out
+
+
+def _adaptor(t: TopicState, now: float) -> str:
+    if len(t.buckets) < 2:
+        return "off: one sub-bucket"
+    if t.adapted_version != t.version or now < t.adapt_after_s:
+        left = max(0.0, t.adapt_after_s - now) if t.adapted_version == t.version else None
+        return "settling" if left is None else f"settling: {left:.0f} s left"
+    return "on"
+
+
+def drl_penalty(
+    rate: float, burst: float, fed: Iterable[tuple[BucketParams, float]]
+) -> dict[str, Any]:
+    """The DRL penalty of a topic's split (``Drl``): each sub-bucket ``(r_l, b_l)`` fed
+    Poisson arrivals at its reported rate ``λ_l``, against one ``(rate, burst)`` bucket fed
+    ``Σ λ_l``. Mean token delays by the paper's Eq. 1 (``P(delayed) / (2 r (1 − ρ))``),
+    the split's weighted by traffic; ms."""
+    fed = [(b, lam) for b, lam in fed if lam > 0]
+    total = sum(lam for _, lam in fed)
+    if not fed:
+        return {"split_ms": None, "whole_ms": None, "penalty_ms": None, "note": "no traffic"}
+    saturated = [b for b, lam in fed if lam / b.rate >= MAX_LOAD]
+    if saturated or total / rate >= MAX_LOAD:
+        return {"split_ms": None, "whole_ms": None, "penalty_ms": None,
+                "note": "saturated: fed at or above its rate"}  # fmt: skip
+    split = sum(lam * _eq1(lam / b.rate, b.rate, b.burst) for b, lam in fed) / total
+    whole = _eq1(total / rate, rate, burst)
+    capped = any(b.burst > MODEL_MAX_BURST for b, _ in fed) or burst > MODEL_MAX_BURST
+    note = f"bursts over {MODEL_MAX_BURST:.0f} evaluated at {MODEL_MAX_BURST:.0f}" if capped else ""
+    return {"split_ms": split * 1e3, "whole_ms": whole * 1e3,
+            "penalty_ms": (split - whole) * 1e3, "note": note}  # fmt: skip
+
+
+def _eq1(load: float, rate: float, burst: float) -> float:
+    """Eq. 1's mean token delay (s) of a ``(rate, burst)`` bucket at ``load``."""
+    return _prob_delayed(round(load, 3), min(round(burst, 1), MODEL_MAX_BURST)) / (
+        2 * rate * (1 - load)
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _prob_delayed(load: float, burst: float) -> float:
+    # Inputs rounded (3 digits of load, 0.1 token) so that a page polling every second
+    # mostly hits this cache: the model costs up to milliseconds per call.
+    if load <= 0:
+        return 0.0
+    return prob_delayed(load, max(1.0, burst))
+
+
+# -- the brokers' latency (I/O) --------------------------------------------------------------
+class LatencyReader:
+    """Reads every broker's ``/stats`` (JSON, no clients) at most once per ``max_age_s``:
+    however many pages poll, the brokers are asked once a second."""
+
+    def __init__(self, max_age_s: float = 1.0, timeout_s: float = 1.0) -> None:
+        self.max_age_s = max_age_s
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+        self._read_at = -math.inf
+        self._last: dict[str, dict[str, Latency]] = {}
+        self._lock = asyncio.Lock()
+
+    async def read(self, brokers: Iterable[BrokerInfo]) -> dict[str, dict[str, Latency]]:
+        """``latency[broker][topic]`` of every broker given; one that does not answer in
+        ``timeout_s`` is left out."""
+        async with self._lock:
+            if time.monotonic() - self._read_at < self.max_age_s:
+                return self._last
+            if self._session is None:
+                timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+                self._session = aiohttp.ClientSession(timeout=timeout)
+            ids, reads = [], []
+            for b in brokers:
+                try:
+                    host, port = b.http_endpoint()
+                except ControlError:  # an address from an old state file: no reading
+                    continue
+                url = URL.build(scheme="http", host=host, port=port, path="/stats")
+                ids.append(b.id)
+                reads.append(self._stats(url))
+            answers = await asyncio.gather(*reads)
+            self._last = {i: a for i, a in zip(ids, answers, strict=True) if a is not None}
+            self._read_at = time.monotonic()
+            return self._last
+
+    async def _stats(self, url: URL) -> dict[str, Latency] | None:
+        assert self._session is not None
+        query = {"format": "json", "include_clients": "false"}
+        try:
+            async with self._session.get(url, params=query) as resp:
+                if resp.status != 200:
+                    return None
+                return latencies(await resp.json())
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def latencies(stats: Any) -> dict[str, Latency]:
+    """Per topic of a broker's ``/stats`` document: the p99 of e2e_processing_latency."""
+    out = {}
+    for t in stats.get("topics", []) if isinstance(stats, dict) else []:
+        lat = t.get("e2e_processing_latency") or {}
+        p99 = next(
+            (p["value"] for p in lat.get("percentiles") or [] if p.get("quantile") == 0.99), None
+        )
+        out[str(t.get("topic_name"))] = Latency(
+            None if p99 is None else p99 / 1e6, int(lat.get("count") or 0)
+        )
+    return out
+
+
+def asset(name: str) -> bytes:
+    """A file of the page (``index.html`` or one of ``ASSETS``), from the package."""
+    return resources.files("srtm.control").joinpath("ui", name).read_bytes()

@@ -1,0 +1,40 @@
+"""Utility-aware allocation (Bhola et al.): utility functions of rate, consumer classes,
+request-response flows through MVA, and the greedy benefit/cost optimizer. Pure."""
+
+from srtm.utility.document import allocation_doc, parse_problem, request_response
+from srtm.utility.model import (
+    MvaPoint,
+    RequestResponse,
+    RrPoint,
+    Utility,
+    mva_response_time,
+)
+from srtm.utility.optimizer import (
+    Allocation,
+    ConsumerClass,
+    FlowKind,
+    FlowSpec,
+    Problem,
+    optimize,
+    total_utility,
+    usage,
+)
+
+__all__ = [
+    "Allocation",
+    "ConsumerClass",
+    "FlowKind",
+    "FlowSpec",
+    "MvaPoint",
+    "Problem",
+    "RequestResponse",
+    "RrPoint",
+    "Utility",
+    "allocation_doc",
+    "mva_response_time",
+    "optimize",
+    "parse_problem",
+    "request_response",
+    "total_utility",
+    "usage",
+]

@@ -1,0 +1,429 @@
+"""The rebalancer (srtm.placement.rebalance): properties over random clusters, one unit case
+per rule, the load averager, and ``srtm rebalance``."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from srtm.cli import app
+from srtm.placement.rebalance import (
+    BrokerWindow,
+    Decision,
+    Despawn,
+    LoadAverager,
+    RebalanceSettings,
+    RebalanceState,
+    Relocate,
+    Replicate,
+    Spawn,
+    Unreplicate,
+    apply,
+    load_ratios,
+    parse_state,
+    rebalance,
+)
+
+NOW = 100.0
+SETTINGS = RebalanceSettings()
+runner = CliRunner()
+
+
+def _topic(doc: dict[str, Any]) -> dict[str, Any]:
+    return {"slo_p99_ms": 20, "burst": 100, **doc}
+
+
+def _state(brokers: list[dict[str, Any]], topics: list[dict[str, Any]]) -> RebalanceState:
+    return parse_state({"brokers": brokers, "topics": [_topic(t) for t in topics]})
+
+
+def _pubs(prefix: str, n: int, rate: float, groups: int = 1) -> list[dict[str, Any]]:
+    return [{"id": f"{prefix}{i}", "rate": rate, "group": f"g{i % groups}"} for i in range(n)]
+
+
+def _ids(pubs: list[dict[str, Any]]) -> list[str]:
+    return [p["id"] for p in pubs]
+
+
+# -- properties ------------------------------------------------------------------------------
+@st.composite
+def clusters(draw: st.DrawFn, locks: bool = True, cpu: bool = True) -> RebalanceState:
+    n_brokers = draw(st.integers(2, 5))
+    brokers: list[dict[str, Any]] = []
+    for i in range(n_brokers):
+        b: dict[str, Any] = {"id": f"b{i}", "mcap": 1000}
+        b["slo_streak"] = draw(st.sampled_from([0, 0, 0, 1, 2]))
+        if draw(st.booleans()):
+            b["egress_max"] = 1e6  # 1 MB/s: egress decides, replicas appear
+        if cpu and draw(st.booleans()):
+            b["cpu"] = draw(st.floats(0, 0.95))
+        brokers.append(b)
+    topics = []
+    for t in range(draw(st.integers(1, 4))):
+        n = draw(st.integers(1, 12))
+        rate = draw(st.sampled_from([10, 25, 40, 80, 150]))
+        groups = draw(st.integers(1, 3))
+        pubs = _pubs(f"t{t}p", n, rate, groups)
+        if draw(st.booleans()):  # on one broker, as placement leaves a small topic
+            homes = [draw(st.integers(0, n_brokers - 1))] * n
+        else:
+            homes = draw(st.lists(st.integers(0, n_brokers - 1), min_size=n, max_size=n))
+        plan: dict[str, list[str]] = {}
+        for p, h in zip(pubs, homes, strict=True):
+            plan.setdefault(f"b{h}", []).append(p["id"])
+        doc: dict[str, Any] = {"name": f"t{t}", "publishers": pubs, "plan": plan}
+        doc["subscribers"] = draw(st.sampled_from([1, 2, 4, 20]))
+        doc["message_bytes"] = draw(st.sampled_from([100, 500]))
+        if locks and draw(st.booleans()):
+            doc["last_change_s"] = draw(st.floats(0, NOW))
+        topics.append(doc)
+    return _state(brokers, topics)
+
+
+def _parts(state: RebalanceState) -> dict[tuple[str, str], float]:
+    return {(t.name, b): t.part(b) for t in state.topics for b in t.plan}
+
+
+@given(clusters())
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_decisions_respect_the_target_slivers_and_the_interval(state: RebalanceState) -> None:
+    decisions = rebalance(state, SETTINGS, NOW)
+    assert decisions == rebalance(state, SETTINGS, NOW)  # deterministic
+    locked = {
+        t.name
+        for t in state.topics
+        if t.last_change_s is not None and NOW - t.last_change_s < SETTINGS.min_plan_interval_s
+    }
+    for d in decisions:
+        assert not isinstance(d, Relocate | Replicate | Unreplicate) or d.topic not in locked
+    after = load_ratios(apply(state, decisions, SETTINGS, NOW), SETTINGS)
+    for d in decisions:
+        if isinstance(d, Relocate | Replicate):
+            assert after[d.to] <= SETTINGS.target + 1e-9, (d, after)
+    # no move leaves a new part below the minimum share on either side
+    current = state
+    for d in decisions:
+        if not isinstance(d, Relocate):
+            continue
+        topic = next(t for t in current.topics if t.name == d.topic)
+        floor = SETTINGS.min_slice_share * topic.spec.load
+        current = apply(current, [d], SETTINGS, NOW)
+        moved = next(t for t in current.topics if t.name == d.topic)
+        left, at_dest = moved.part(d.source), moved.part(d.to)
+        if left > 0:  # a slice: both sides keep at least the minimum share
+            assert min(left, at_dest) >= floor * (1 - 1e-9), (d, left, at_dest, floor)
+        # a whole part moved keeps its size (merged at the destination, it only grows)
+
+
+@given(clusters(locks=False, cpu=False))
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_after_the_moves_nobody_is_overloaded_or_a_spawn_is_asked(state: RebalanceState) -> None:
+    decisions = rebalance(state, SETTINGS, NOW)
+    after = load_ratios(apply(state, decisions, SETTINGS, NOW), SETTINGS)
+    if any(isinstance(d, Spawn) for d in decisions):
+        assert max(load_ratios(state, SETTINGS).values()) > SETTINGS.overload
+    else:
+        assert max(after.values()) <= SETTINGS.overload + 1e-9, (decisions, after)
+    assert not any(isinstance(d, Despawn) for d in decisions) or not any(
+        lr > SETTINGS.overload for lr in load_ratios(state, SETTINGS).values()
+    )
+
+
+# -- unit cases ---------------------------------------------------------------------------------
+def test_an_overloaded_broker_sheds_its_busiest_topic_whole_to_the_least_loaded() -> None:
+    hot, cold = _pubs("h", 4, 100), _pubs("c", 2, 150)
+    state = _state(
+        [{"id": "b1", "mcap": 1000}, {"id": "b2", "mcap": 1000}, {"id": "b3", "mcap": 1000}],
+        [
+            {"name": "hot", "rate": 400, "publishers": hot, "plan": {"b1": _ids(hot)}},
+            {"name": "cold", "rate": 300, "publishers": cold, "plan": {"b1": _ids(cold)}},
+            {"name": "x", "rate": 100, "publishers": _pubs("x", 1, 100), "plan": {"b2": ["x0"]}},
+        ],
+    )
+    assert load_ratios(state, SETTINGS)["b1"] == pytest.approx(0.7)
+    keep = RebalanceSettings(min_brokers=3)
+    assert rebalance(state, keep, NOW) == []  # 0.7 is not an overload
+    heavier = _state(
+        [{"id": "b1", "mcap": 800}, {"id": "b2", "mcap": 1000}, {"id": "b3", "mcap": 1000}],
+        [
+            {"name": "hot", "rate": 400, "publishers": hot, "plan": {"b1": _ids(hot)}},
+            {"name": "cold", "rate": 300, "publishers": cold, "plan": {"b1": _ids(cold)}},
+            {"name": "x", "rate": 100, "publishers": _pubs("x", 1, 100), "plan": {"b2": ["x0"]}},
+        ],
+    )
+    decisions = rebalance(heavier, SETTINGS, NOW)
+    assert decisions == [Relocate("hot", tuple(_ids(hot)), "b1", "b3")]
+    after = load_ratios(apply(heavier, decisions, SETTINGS, NOW), SETTINGS)
+    assert after["b1"] < SETTINGS.target and after["b3"] == pytest.approx(0.4)
+
+
+def test_a_part_goes_first_to_a_broker_already_carrying_the_topic() -> None:
+    pubs = _pubs("p", 10, 50)
+    state = _state(
+        [{"id": "b1", "mcap": 1000}, {"id": "b2", "mcap": 1000, "ingress": 200},
+         {"id": "b3", "mcap": 1000}],
+        [{"name": "t", "rate": 500, "publishers": pubs,
+          "plan": {"b1": _ids(pubs)[:2], "b2": _ids(pubs)[2:]}},
+         {"name": "u", "rate": 850, "publishers": _pubs("u", 1, 850), "plan": {"b1": ["u0"]}}],
+    )  # fmt: skip
+    # b1 carries 100 of t and 850 of u (LR 0.95). u (one publisher of 850) fits nowhere
+    # under the target; t's part goes to b2, already in t's plan, not to the idler b3
+    # (the topic gains no broker); b1 stays overloaded, so a broker is asked for.
+    decisions = rebalance(state, SETTINGS, NOW)
+    assert decisions == [Relocate("t", ("p0", "p1"), "b1", "b2"), Spawn(1)]
+
+
+def test_a_slice_takes_every_group_in_proportion() -> None:
+    pubs = _pubs("p", 12, 100, groups=3)  # 1,200 msg/s on one broker of 1,500
+    state = _state(
+        [{"id": "b1", "mcap": 1400}, {"id": "b2", "mcap": 1000}],
+        [{"name": "t", "rate": 1200, "publishers": pubs, "plan": {"b1": _ids(pubs)}}],
+    )
+    decisions = rebalance(state, SETTINGS, NOW)
+    (move,) = [d for d in decisions if isinstance(d, Relocate)]
+    groups = [int(p[1:]) % 3 for p in move.publishers]
+    assert len(move.publishers) == 6 and sorted(groups) == [0, 0, 1, 1, 2, 2]
+
+
+def test_no_sliver_is_moved_and_a_spawn_is_asked_instead() -> None:
+    pubs = _pubs("p", 20, 50)  # 1,000 msg/s on b1 (LR 1.0); b2 has room for 100 only
+    state = _state(
+        [{"id": "b1", "mcap": 1000}, {"id": "b2", "mcap": 1000, "ingress": 500}],
+        [{"name": "t", "rate": 1000, "publishers": pubs, "plan": {"b1": _ids(pubs)}}],
+    )
+    decisions = rebalance(state, SETTINGS, NOW)
+    assert decisions == [Spawn(1)]  # 100 msg/s would be a tenth of the topic: a sliver
+    loose = RebalanceSettings(min_slice_share=0.05)
+    moves = [d for d in rebalance(state, loose, NOW) if isinstance(d, Relocate)]
+    assert moves and sum(50 for d in moves for _ in d.publishers) == 100
+
+
+def test_an_slo_violation_two_windows_running_is_an_overload() -> None:
+    pubs = _pubs("p", 4, 100)
+
+    def state(streak: int) -> RebalanceState:
+        return _state(
+            [{"id": "b1", "mcap": 1000, "slo_streak": streak}, {"id": "b2", "mcap": 1000}],
+            [{"name": "t", "rate": 400, "publishers": pubs, "plan": {"b1": _ids(pubs)}}],
+        )
+
+    two = RebalanceSettings(min_brokers=2)  # no despawn: b2 is idle
+    assert rebalance(state(1), two, NOW) == []  # LR 0.4, one window: nothing
+    assert rebalance(state(2), two, NOW) == [Relocate("t", tuple(_ids(pubs)), "b1", "b2")]
+    assert rebalance(state(2), replace(two, slo_windows=3), NOW) == []
+
+
+def test_a_topic_changed_less_than_the_interval_ago_is_left_alone() -> None:
+    pubs = _pubs("p", 9, 100)
+    doc = {"name": "t", "rate": 900, "publishers": pubs, "plan": {"b1": _ids(pubs)}}
+    brokers = [{"id": "b1", "mcap": 1000}, {"id": "b2", "mcap": 1000}]
+    recent = _state(brokers, [{**doc, "last_change_s": NOW - 19.9}])
+    assert rebalance(recent, SETTINGS, NOW) == []  # no spawn either: it only waits
+    assert rebalance(recent, SETTINGS, NOW + 0.2) != []
+
+
+def test_despawn_only_when_the_average_stays_under_the_threshold() -> None:
+    def state(load: float) -> RebalanceState:
+        topics = [
+            {"name": f"t{i}", "rate": load, "publishers": _pubs(f"t{i}p", 2, load / 2),
+             "plan": {f"b{i}": [f"t{i}p0", f"t{i}p1"]}}
+            for i in range(3)
+        ]  # fmt: skip
+        return _state([{"id": f"b{i}", "mcap": 1000} for i in range(3)], topics)
+
+    # average 0.25: without one broker 0.375 < 0.60; the least loaded (ties: by id) goes,
+    # its part moved whole to a broker with room under the target
+    low = state(250)
+    decisions = rebalance(low, SETTINGS, NOW)
+    assert decisions[-1] == Despawn("b0") and isinstance(decisions[0], Relocate)
+    after = load_ratios(apply(low, decisions, SETTINGS, NOW), SETTINGS)
+    assert "b0" not in after and max(after.values()) <= SETTINGS.target
+    assert rebalance(state(400), SETTINGS, NOW) == []  # 0.4 × 3/2 = 0.6: stays
+    assert rebalance(low, RebalanceSettings(min_brokers=3), NOW) == []
+
+
+def test_min_and_max_brokers_bound_spawns() -> None:
+    pubs = _pubs("p", 10, 100)
+    doc = {"name": "t", "rate": 1000, "publishers": pubs, "plan": {"b1": _ids(pubs)}}
+    full = _state([{"id": "b1", "mcap": 1000}], [doc])
+    assert rebalance(full, SETTINGS, NOW) == [Spawn(1)]
+    assert rebalance(full, RebalanceSettings(max_brokers=1), NOW) == []
+    spawning = RebalanceState(full.brokers, full.topics, spawning=1)
+    assert rebalance(spawning, RebalanceSettings(max_brokers=2), NOW) == []
+    assert rebalance(full, RebalanceSettings(min_brokers=3), NOW) == [Spawn(2)]
+
+
+def test_a_topic_with_too_much_egress_gets_all_publishers_replicas() -> None:
+    pubs = _pubs("p", 2, 50)  # 100 msg/s × 1,000 subscribers × 1 kB = 100 MB/s
+    doc = {"name": "t", "rate": 100, "publishers": pubs, "plan": {"b1": _ids(pubs)},
+           "subscribers": 1000, "message_bytes": 1000}  # fmt: skip
+    brokers = [{"id": f"b{i}", "mcap": 1000} for i in (1, 2, 3)]
+    state = _state(brokers, [doc])
+    decisions = rebalance(state, SETTINGS, NOW)  # 100 MB/s > 0.6 × 125 MB/s: two replicas
+    assert decisions == [Replicate("t", "b2", "all_publishers")]
+    after = load_ratios(apply(state, decisions, SETTINGS, NOW), SETTINGS)
+    assert after["b1"] == after["b2"] == pytest.approx(0.4)
+    quiet = _state(brokers, [{**doc, "subscribers": 100, "replicas": ["b2"]}])
+    assert rebalance(quiet, SETTINGS, NOW) == [Unreplicate("t", "b2")]
+
+
+def test_load_ratio_is_the_worst_of_ingress_egress_and_cpu() -> None:
+    pubs = _pubs("p", 1, 100)
+    doc = {"name": "t", "rate": 110, "publishers": pubs, "plan": {"b1": ["p0"]}}
+    ratios = load_ratios(
+        _state([{"id": "b1", "mcap": 1000, "cpu": 0.3, "egress": 5e7}], [doc]), SETTINGS
+    )
+    assert ratios["b1"] == pytest.approx(0.4)  # egress 50 MB/s of 125
+    ratios = load_ratios(_state([{"id": "b1", "mcap": 1000, "cpu": 0.9}], [doc]), SETTINGS)
+    assert ratios["b1"] == pytest.approx(0.9)
+    ratios = load_ratios(_state([{"id": "b1", "mcap": 100}], [doc]), SETTINGS)
+    assert ratios["b1"] == pytest.approx(1.1)  # the ledger counts the bucket rate, 110
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="target"):
+        RebalanceSettings(target=0.9)
+    with pytest.raises(ValueError, match="min_brokers"):
+        RebalanceSettings(min_brokers=5, max_brokers=2)
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({"brokers": []}, "brokers"),
+        ({"brokers": [{"id": "b1"}]}, "brokers[0]: missing field 'mcap'"),
+        ({"brokers": [{"id": "b1", "mcap": 1, "cpu": -1}]}, "brokers[0].cpu"),
+        ({"brokers": [{"id": "b1", "mcap": 1}], "topics": [{"name": "t"}]}, "topics[0]"),
+        (
+            {
+                "brokers": [{"id": "b1", "mcap": 1}],
+                "topics": [
+                    _topic(
+                        {"name": "t", "publishers": [{"id": "p", "rate": 1}], "plan": {"b9": ["p"]}}
+                    )
+                ],
+            },
+            "topics[0].plan: unknown broker 'b9'",
+        ),
+    ],
+)
+def test_parse_state_names_the_bad_field(doc: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_state(doc)
+    assert field in str(info.value)
+
+
+# -- the averager -------------------------------------------------------------------------------
+def test_the_averager_means_the_last_window() -> None:
+    avg = LoadAverager(window_s=10.0)
+    for t in range(20):
+        avg.add("b1", float(t), ingress=100.0 if t < 10 else 300.0, egress=1e3, cpu=0.5)
+    w = avg.window("b1", 1000.0, 19.0)
+    assert w == BrokerWindow("b1", 1000.0, 300.0, 1e3, 0.5, 0)
+    assert avg.window("b1", 1000.0, 14.5).ingress == pytest.approx(300.0)
+    assert avg.window("nobody", 5.0, 19.0) == BrokerWindow("nobody", 5.0)
+
+
+def test_the_averager_counts_consecutive_violated_windows() -> None:
+    avg = LoadAverager(window_s=10.0)
+    avg.add("b1", 5.0, 0, 0, 0, slo_violated=True)
+    assert avg.window("b1", 1.0, 9.0).slo_streak == 1
+    avg.add("b1", 12.0, 0, 0, 0, slo_violated=False)
+    assert avg.window("b1", 1.0, 12.0).slo_streak == 1  # the window before counts
+    avg.add("b1", 15.0, 0, 0, 0, slo_violated=True)
+    assert avg.window("b1", 1.0, 15.0).slo_streak == 2
+    assert avg.window("b1", 1.0, 35.0).slo_streak == 0  # a quiet window in between
+    avg.forget("b1")
+    assert avg.window("b1", 1.0, 15.0).slo_streak == 0
+
+
+# -- the command --------------------------------------------------------------------------------
+def _state_file(tmp_path: Path) -> Path:
+    hot = _pubs("h", 4, 200, groups=2)
+    path = tmp_path / "state.json"
+    doc = {
+        "now_s": NOW,
+        "brokers": [{"id": "b1", "mcap": 1000, "cpu": 0.3}, {"id": "b2", "mcap": 1000},
+                    {"id": "b3", "mcap": 1000}],
+        "topics": [
+            _topic({"name": "hot", "subscribers": 2, "message_bytes": 200, "publishers": hot,
+                    "plan": {"b1": _ids(hot)}}),
+            _topic({"name": "cold", "publishers": [{"id": "c1", "rate": 50}],
+                    "plan": {"b2": ["c1"]}, "last_change_s": 95}),
+        ],
+    }  # fmt: skip
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_rebalance_command_prints_decisions_and_ratios(tmp_path: Path) -> None:
+    path = _state_file(tmp_path)
+    result = runner.invoke(app, ["rebalance", "--state", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["now_s"] == NOW
+    assert doc["decisions"] == [
+        {"action": "move", "topic": "hot", "publishers": ["h0", "h1"], "from": "b1", "to": "b3"}
+    ]
+    ratios = {b["id"]: (b["before"], b["after"]) for b in doc["brokers"]}
+    assert ratios["b1"][0] == pytest.approx(0.88) and ratios["b1"][1] == pytest.approx(0.44)
+    assert math.isclose(ratios["b3"][1], 0.44)
+    table = runner.invoke(app, ["rebalance", "--state", str(path)], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "move" in table.output and "0.880" in table.output
+    assert "0.440" in table.output
+
+
+def test_rebalance_command_refuses_bad_input(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"brokers": [{"id": "b1", "mcap": "lots"}]}))
+    result = runner.invoke(app, ["rebalance", "--state", str(path)])
+    assert result.exit_code == 2 and "brokers[0].mcap" in result.output
+    result = runner.invoke(app, ["rebalance", "--state", str(tmp_path / "none.json")])
+    assert result.exit_code == 2 and "--state" in result.output
+    ok = _state_file(tmp_path)
+    result = runner.invoke(app, ["rebalance", "--state", str(ok), "--target", "0.9"])
+    assert result.exit_code == 2 and "target" in result.output
+
+
+def test_decisions_print_as_documented() -> None:
+    decisions: list[Decision] = [
+        Relocate("t", ("p",), "a", "b"), Replicate("t", "c"), Unreplicate("t", "c"), Spawn(1),
+        Despawn("a"),
+    ]  # fmt: skip
+    assert [d.to_json() for d in decisions] == [
+        {"action": "move", "topic": "t", "publishers": ["p"], "from": "a", "to": "b"},
+        {"action": "replicate", "topic": "t", "to": "c", "kind": "all_publishers"},
+        {"action": "unreplicate", "topic": "t", "from": "c"},
+        {"action": "spawn", "n": 1},
+        {"action": "despawn", "broker": "a"},
+    ]
+
+
+def test_brokers_being_started_count_and_an_slo_violator_takes_nothing() -> None:
+    pubs = _pubs("p", 10, 100)
+    doc = {"name": "t", "rate": 1000, "publishers": pubs, "plan": {"b1": _ids(pubs)}}
+    full = _state([{"id": "b1", "mcap": 1000}], [doc])
+    needs_three = _state([{"id": "b1", "mcap": 500}], [doc])  # LR 2.0: (2.0 - 0.6) / 0.6
+    assert rebalance(needs_three, SETTINGS, NOW) == [Spawn(3)]
+    started = RebalanceState(needs_three.brokers, needs_three.topics, spawning=2)
+    assert rebalance(started, SETTINGS, NOW) == [Spawn(1)]
+    assert rebalance(RebalanceState(full.brokers, full.topics, spawning=1), SETTINGS, NOW) == []
+    # the only other broker violates its SLO: it gets nothing, so a broker is asked for
+    sick = _state([{"id": "b1", "mcap": 1000}, {"id": "b2", "mcap": 1000, "slo_streak": 2}],
+                  [doc])  # fmt: skip
+    assert rebalance(sick, SETTINGS, NOW) == [Spawn(1)]
+
+
+def test_a_destination_over_the_target_on_cpu_takes_nothing() -> None:
+    pubs = _pubs("p", 9, 100)
+    doc = {"name": "t", "rate": 900, "publishers": pubs, "plan": {"b1": _ids(pubs)}}
+    busy = _state([{"id": "b1", "mcap": 1000}, {"id": "b2", "mcap": 1000, "cpu": 0.7}], [doc])
+    assert rebalance(busy, SETTINGS, NOW) == [Spawn(1)]
