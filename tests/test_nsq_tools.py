@@ -622,7 +622,10 @@ def test_go_nsq_suite_passes_against_the_broker(broker: str, tmp_path: Path) -> 
     out = done.stdout + done.stderr
     passed = re.findall(r"^--- PASS: (\w+)", out, re.M)
     failed = re.findall(r"^--- FAIL: (\w+)", out, re.M)
-    assert (len(passed), failed, done.returncode) == (GO_NSQ_TESTS, [], 0), out[-5000:]
+    summary = f"failed {failed}, {len(passed)} passed, exit {done.returncode}"
+    assert (len(passed), failed, done.returncode) == (GO_NSQ_TESTS, [], 0), (
+        f"{summary}\n{out[-4000:]}"
+    )
     # The TLS and compression tests pass because the feature was on, not declined.
     negotiated = {f: out.count(f"{f}:true") for f in GO_NSQ_NEGOTIATED}
     assert negotiated == GO_NSQ_NEGOTIATED, re.findall(r"IDENTIFY response: .*", out)
