@@ -1,5 +1,5 @@
 """The same raw checks against the real nsqd 1.3.0 and ``srtm broker``: IDENTIFY's rules,
-deflate and sampling, MPUB's errors, in-flight messages of a consumer that leaves, and the
+deflate, snappy and sampling, MPUB's errors, in-flight messages of a consumer that leaves, and the
 HTTP API's answers (issue 17's differences).
 
 nsqd comes from ``../shared/anchors/nsq-1.3.0/`` beside the checkout (or beside the main
@@ -226,6 +226,126 @@ async def test_deflate_stream_after_the_identify_reply(target: Target) -> None:
         f = await c.frame()
         assert f.kind is FrameType.MESSAGE
         assert decode_message(f.data).body == b"squeeze me " * 20
+    finally:
+        await c.raw.close()
+
+
+class SnappyClient(DeflateClient):
+    """A raw client that turns to Snappy's framing format both ways after IDENTIFY, as
+    go-nsq does (cramjam's codec; chunks cut from the stream by SnappyReader)."""
+
+    def __init__(self, raw: RawClient) -> None:
+        import cramjam
+
+        from srtm.broker.snappy import SnappyReader
+
+        super().__init__(raw)
+        self.reader = SnappyReader()
+        self.compressor = cramjam.snappy.Compressor()
+
+    async def identify_snappy(self, **config: Any) -> dict[str, Any]:
+        await self.raw.send(Identify({"feature_negotiation": True, "snappy": True, **config}))
+        data = b""
+        while len(data) < 8 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            data += await self.raw.reader.read(1 << 16)
+        size = 4 + struct.unpack(">i", data[:4])[0]
+        reply: dict[str, Any] = json.loads(data[8:size])
+        self.snappy_bytes = data[size:]
+        self.pending = self.frames.feed(self.reader.feed(data[size:]))
+        return reply
+
+    async def send(self, *cmds: Any) -> None:
+        from srtm.protocol import encode_command
+
+        self.compressor.compress(b"".join(encode_command(c) for c in cmds))
+        await self.send_raw(bytes(self.compressor.flush()))
+
+    async def send_raw(self, data: bytes) -> None:
+        self.raw.writer.write(data)
+        await self.raw.writer.drain()
+
+    async def frame(self) -> Frame:
+        async with asyncio.timeout(10):
+            while True:
+                while self.pending:
+                    f = self.pending.pop(0)
+                    if f.data != b"_heartbeat_":
+                        return f
+                data = await self.raw.reader.read(1 << 16)
+                if not data:
+                    raise EOFError("closed")
+                self.pending += self.frames.feed(self.reader.feed(data))
+
+    async def closed_silently(self) -> None:
+        """The connection ends (FIN or reset) with no frame sent after what was read."""
+        with contextlib.suppress(ConnectionResetError):
+            async with asyncio.timeout(10):
+                while data := await self.raw.reader.read(1 << 16):
+                    self.pending += self.frames.feed(self.reader.feed(data))
+        assert [f for f in self.pending if f.data != b"_heartbeat_"] == []
+
+
+async def test_snappy_stream_after_the_identify_reply(target: Target) -> None:
+    c = SnappyClient(await connect(target))
+    try:
+        reply = await c.identify_snappy()
+        assert (reply["snappy"], reply["deflate"]) == (True, False)
+        # nsqd: the stream identifier and the OK in one uncompressed chunk (CRC-32C masked).
+        assert c.snappy_bytes[:10] == b"\xff\x06\x00\x00sNaPpY"
+        ok = await c.frame()  # through the framed stream
+        assert (ok.kind, ok.data) == (FrameType.RESPONSE, b"OK")
+        big = b"squeeze me " * 10_000  # over 64 KiB: several chunks each way
+        await c.send(Pub("snappied", big))
+        assert (await c.frame()).data == b"OK"
+        await c.send(Sub("snappied", "c"), Rdy(1))
+        assert (await c.frame()).data == b"OK"
+        f = await c.frame()
+        assert f.kind is FrameType.MESSAGE
+        assert decode_message(f.data).body == big
+        # Padding and reserved skippable chunks are skipped, a repeated identifier too.
+        await c.send_raw(b"\xfe\x02\x00\x00\x00\x00\x80\x01\x00\x00x" + b"\xff\x06\x00\x00sNaPpY")
+        await c.send(Pub("snappied", b"small"))
+        assert (await c.frame()).data == b"OK"
+    finally:
+        await c.raw.close()
+
+
+def _bad_crc(chunk: bytes) -> bytes:
+    broken = bytearray(chunk)
+    broken[4] ^= 1  # the first byte of the masked CRC-32C
+    return bytes(broken)
+
+
+BROKEN_STREAMS = {
+    "bad crc": lambda chunk: _bad_crc(chunk),
+    "chunk longer than golang/snappy reads": lambda _: b"\x00\xff\xff\xff" + bytes(100),
+    "block over 64 KiB": lambda _: b"\x01\x05\x00\x01" + bytes(65541),
+    "reserved unskippable chunk": lambda _: b"\x02\x01\x00\x00x",
+    "bad stream identifier": lambda chunk: b"\xff\x06\x00\x00sNaPpX" + chunk,
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_STREAMS.values(), ids=list(BROKEN_STREAMS))
+async def test_broken_snappy_stream_closes_without_an_answer(target: Target, broken: Any) -> None:
+    c = SnappyClient(await connect(target))
+    try:
+        await c.identify_snappy()
+        assert (await c.frame()).data == b"OK"
+        c.compressor.compress(b"NOP\n")
+        await c.send_raw(broken(bytes(c.compressor.flush())))
+        await c.closed_silently()
+    finally:
+        await c.raw.close()
+
+
+async def test_snappy_stream_must_start_with_its_identifier(target: Target) -> None:
+    c = SnappyClient(await connect(target))
+    try:
+        await c.identify_snappy()
+        assert (await c.frame()).data == b"OK"
+        c.compressor.compress(b"NOP\n")
+        await c.send_raw(bytes(c.compressor.flush())[10:])
+        await c.closed_silently()
     finally:
         await c.raw.close()
 

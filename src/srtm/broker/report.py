@@ -76,7 +76,7 @@ def client_doc(c: Client) -> Doc:
         connect_ts=c.connected_ns // 1_000_000_000,
         sample_rate=c.session.sample_rate,
         deflate=c.session.deflate_level > 0,
-        snappy=False,
+        snappy=c.session.snappy,
         user_agent=str(ident.get("user_agent", "")),
         tls=tls is not None and tls.established,
         tls_version=(tls.version if tls is not None else None) or "",

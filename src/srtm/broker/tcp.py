@@ -152,10 +152,10 @@ class Client:
         self._init_limits(broker.options)
         #: TLS once IDENTIFY asked for it; the gate (--tls-required, AUTH) where configured.
         self.tls: TlsSession | None = None
-        #: What every write goes through once TLS or deflate is on (None: as it is).
+        #: What every write goes through once TLS or compression is on (None: as it is).
         self._wrap: Callable[[bytes], bytes] | None = None
-        #: Decompresses what is read once deflate is on.
-        self._inflate: Any = None
+        #: Decompresses what is read once deflate or snappy is on ("" once the stream broke).
+        self._inflate: Callable[[bytes], bytes] | None = None
         self.gate: Gate | None = None
         if broker.tls_context is not None or broker.authenticator is not None:
             self.gate = Gate(self, tcp_requires_tls(broker.options), broker.authenticator)
@@ -207,7 +207,7 @@ class Client:
         self.last_read_ns = user_ns
         if self.tls is not None and not (data := self._tls_receive(data)):
             return
-        if self._inflate is not None and not (data := self._inflated(data)):
+        if self._inflate is not None and not (data := self._inflate(data)):
             return
         events = self.parser.feed(data)
         self._note_partial(bool(events), user_ns)
@@ -315,26 +315,57 @@ class Client:
         """Raw DEFLATE both ways, as nsqd's flate stream (inside TLS where both are on);
         each write is sync-flushed, so a frame never waits in the compressor."""
         deflate = zlib.compressobj(level, zlib.DEFLATED, -15)
-        inner = self._wrap
         sync = zlib.Z_SYNC_FLUSH
 
+        def compress(data: bytes) -> bytes:
+            return deflate.compress(data) + deflate.flush(sync) if data else data
+
+        inflate = zlib.decompressobj(-15)
+
+        def decompress(data: bytes) -> bytes:
+            try:
+                plain: bytes = inflate.decompress(data)
+            except zlib.error as exc:
+                return self._broken("deflate", exc)
+            return plain
+
+        self._compress(compress, decompress)
+
+    def start_snappy(self) -> None:
+        """Snappy's framing format both ways, as nsqd's (golang/snappy's) stream, inside
+        TLS where both are on; each write is flushed as whole chunks."""
+        from srtm.broker.snappy import SnappyError, SnappyReader, SnappyWriter
+
+        reader = SnappyReader()
+
+        def decompress(data: bytes) -> bytes:
+            try:
+                return reader.feed(data)
+            except SnappyError as exc:
+                return self._broken("snappy", exc)
+
+        self._compress(SnappyWriter().write, decompress)
+
+    def _compress(
+        self, compress: Callable[[bytes], bytes], decompress: Callable[[bytes], bytes]
+    ) -> None:
+        """Writes go through ``compress`` (then TLS, if on), reads (after TLS) through
+        ``decompress``, from now on."""
+        inner = self._wrap
+
         def wrap(data: bytes) -> bytes:
-            if data:
-                data = deflate.compress(data) + deflate.flush(sync)
+            data = compress(data)
             return inner(data) if inner is not None else data
 
         self._wrap = wrap
-        self._inflate = zlib.decompressobj(-15)
+        self._inflate = decompress
 
-    def _inflated(self, data: bytes) -> bytes:
-        """What a compressed read holds; a stream that is not DEFLATE ends the connection."""
-        try:
-            plain: bytes = self._inflate.decompress(data)
-        except zlib.error as exc:
-            log.info("deflate stream from %s broken: %s", self.remote, exc)
-            self.close()
-            return b""
-        return plain
+    def _broken(self, kind: str, exc: Exception) -> bytes:
+        """A compressed stream that does not decode ends the connection without an answer,
+        as nsqd's read error does."""
+        log.info("%s stream from %s broken: %s", kind, self.remote, exc)
+        self.close()
+        return b""
 
     def sample(self, rate: int) -> None:
         """nsqd's sample_rate: only this connection pays for it (its own send_message)."""

@@ -152,6 +152,9 @@ class SessionHost(Protocol):
         """Upgrade to deflate: what is written from now on is compressed, what is read
         from the next read on is decompressed."""
 
+    def start_snappy(self) -> None:
+        """Likewise, with Snappy's framing format."""
+
     def sample(self, rate: int) -> None:
         """Deliver each message to this consumer with nsqd's probability for ``rate``."""
 
@@ -195,6 +198,7 @@ class Session:
         self.takes_orders = False
         self.tls = False
         self.deflate_level = 0
+        self.snappy = False
         self.sample_rate = 0
         self.output_buffer_size = OUTPUT_BUFFER_SIZE
         self.output_buffer_timeout_ms = OUTPUT_BUFFER_TIMEOUT_MS
@@ -260,15 +264,17 @@ class Session:
             return
         # A second IDENTIFY does not upgrade twice.
         tls = config.get("tls_v1") is True and self.settings.tls and not self.tls
-        deflate = config.get("deflate") is True and not self.deflate_level
+        compressed = self.snappy or self.deflate_level > 0
+        deflate = config.get("deflate") is True and not compressed
         level = min(config.get("deflate_level") or 0, MAX_DEFLATE_LEVEL)
         level = level if deflate and level > 0 else DEFLATE_LEVEL
-        # nsqd refuses the pair even though it would answer snappy false (SRTM has none).
-        if deflate and config.get("snappy") is True:
+        snappy = config.get("snappy") is True and not compressed
+        if deflate and snappy:
             raise ProtocolError(
                 E_IDENTIFY_FAILED, "cannot enable both deflate and snappy compression"
             )
-        self.conn.write(response(json.dumps(self._features(tls, deflate, level)).encode()))
+        features = self._features(tls, deflate, level, snappy)
+        self.conn.write(response(json.dumps(features).encode()))
         if tls:
             # nsqd's order: the reply in plain text, then its OK over TLS.
             self.tls = True
@@ -278,6 +284,10 @@ class Session:
             # Likewise: the reply as it was, then an OK through the compressed stream.
             self.deflate_level = level
             self.conn.start_deflate(level)
+            self.conn.write(OK_FRAME)
+        if snappy:
+            self.snappy = True
+            self.conn.start_snappy()
             self.conn.write(OK_FRAME)
 
     def _output_buffer(self, config: dict[str, Any]) -> tuple[int, int]:
@@ -299,7 +309,7 @@ class Session:
             size = asked_size
         return size, timeout
 
-    def _features(self, tls: bool, deflate: bool, level: int) -> dict[str, Any]:
+    def _features(self, tls: bool, deflate: bool, level: int, snappy: bool) -> dict[str, Any]:
         """IDENTIFY's reply under feature negotiation."""
         s = self.settings
         return {
@@ -311,9 +321,7 @@ class Session:
             "deflate": deflate,
             "deflate_level": level,
             "max_deflate_level": MAX_DEFLATE_LEVEL,
-            # No framed-snappy stream here: a client that asks gets false, as from an
-            # nsqd started with --snappy=false, and goes on uncompressed.
-            "snappy": False,
+            "snappy": snappy,
             "sample_rate": self.sample_rate,
             "auth_required": s.auth,
             "output_buffer_size": self.output_buffer_size,
