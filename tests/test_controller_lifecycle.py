@@ -283,7 +283,10 @@ async def test_an_open_topic_takes_a_publisher_and_delete_loses_nothing(tmp_path
         plan = json.loads(c.controller.get("/plan?topic=o"))
         assert [b["publishers"] for b in plan["brokers"]] == [["s1"]]
         c.controller.request("/topics/o", "DELETE")
-        assert json.loads(c.controller.get("/topics"))["topics"] == []
+        # No longer managed; /topics (nsqlookupd's) lists it while a broker carries it.
+        with pytest.raises(urllib.error.HTTPError) as gone:
+            c.controller.get("/topics/o")
+        assert gone.value.code == 404
         # The broker's report names what it holds; /lookup lists it while it does.
         got: list[int] = []
 

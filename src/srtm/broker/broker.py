@@ -49,6 +49,10 @@ class Broker:
         self.options = options or BrokerOptions()
         self.version = VERSION
         self.topics: dict[str, Topic] = {}
+        #: Set when a topic or channel appears or goes: the reporter tells the controller
+        #: at once, as nsqd REGISTERs with nsqlookupd (a go-nsq consumer that asks the
+        #: lookupd before then looks again only a minute later).
+        self.names_changed = asyncio.Event()
         self.clients: set[Client] = set()
         self.stats = BrokerStats(self.options.window_seconds)
         self.ids = MessageIds(self.options.broker_id, time.time_ns() // 1000)
@@ -330,6 +334,7 @@ class Broker:
                     "TOO_MANY_TOPICS",
                 )
             topic = self.topics[name] = Topic(name, self.persistence.queue)
+            self.names_changed.set()
             if not topic.ephemeral:
                 self.persistence.save_meta()
         return topic
@@ -350,6 +355,8 @@ class Broker:
                 "TOO_MANY_CHANNELS",
             )
         ch = self._watched(topic.channel(channel_name))
+        if new:
+            self.names_changed.set()
         if new and not ch.ephemeral and not topic.ephemeral:
             self.persistence.save_meta()
         self.mark_ready(ch)
@@ -373,6 +380,7 @@ class Broker:
         if topic is None or channel_name not in topic.channels:
             raise KeyError(channel_name)
         ch = topic.channels.pop(channel_name)
+        self.names_changed.set()
         self._timed.discard(ch)
         for consumer in list(ch.consumers):
             if isinstance(consumer, Client):
@@ -387,6 +395,7 @@ class Broker:
 
     def delete_topic(self, name: str) -> None:
         topic = self.topics.pop(name)
+        self.names_changed.set()
         self.releaser.shaped.pop(name, None)
         for ch_name in list(topic.channels):
             ch = topic.channels.pop(ch_name)

@@ -1,6 +1,6 @@
 """Registers the broker with a controller and reports its load and per-topic TB Adaptor
-window every second (registering again whenever the controller does not know it, or the
-broker's lease lapsed).
+window every second, and at once when a topic or channel appears or goes (registering
+again whenever the controller does not know it, or the broker's lease lapsed).
 
 Each answer of the controller renews the broker's lease from when the request was sent;
 a registration answer also carries the broker's shares and holds, applied on receipt
@@ -9,6 +9,7 @@ with the new lease (see ``Broker.lease_ok``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,10 @@ def report_document(broker: Broker) -> dict[str, Any]:
     return {"version": 2, "load": load, "topics": topics}
 
 
+#: The shortest time between two reports (s), when topics or channels come and go.
+MIN_REPORT_GAP_S = 0.05
+
+
 async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: float) -> None:
     assert broker.tcp_address is not None and broker.http_address is not None
     headers = bearer_header(broker.options.token)
@@ -104,13 +109,25 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
                     pass  # the controller is away: try again next interval
                 except Exception:  # never let one bad report end reporting for good
                     log.exception("reporting to the controller failed")
-                await asyncio.sleep(interval_s)
+                await next_report(broker, interval_s)
 
         except asyncio.CancelledError:
             # Stopping cleanly: the controller drops this broker at once, so nobody is
             # sent here for the seconds it would take to notice the silence.
             await deregister(session, f"{base}/brokers/{me['id']}")
             raise
+
+
+async def next_report(broker: Broker, interval_s: float) -> None:
+    """Wait ``interval_s``, or less when a topic or channel appears or goes: nsqd tells
+    nsqlookupd at once, and a go-nsq consumer that finds no producer asks again only after
+    its lookupd poll interval (a minute). At most one report per ``MIN_REPORT_GAP_S``
+    even so: a burst of new topics must not become a stream of reports."""
+    gap = min(MIN_REPORT_GAP_S, interval_s)
+    await asyncio.sleep(gap)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(broker.names_changed.wait(), interval_s - gap)
+    broker.names_changed.clear()
 
 
 async def deregister(session: aiohttp.ClientSession, url: str) -> None:
