@@ -5,14 +5,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
+import os
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import aiohttp
+import pytest
 
 from srtm.broker import Broker
 
@@ -151,3 +156,39 @@ class _Eventually:
 
 #: The one way tests wait for something to happen (see ``_Eventually``).
 eventually = _Eventually()
+
+
+# -- NSQ 1.3.0's binaries, the anchors ---------------------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+NSQ_TOOLS = ("nsqd", "nsqlookupd", "nsqadmin", "nsq_tail", "nsq_to_file", "nsq_stat", "to_nsq")
+
+
+def anchor_dirs(name: str) -> list[Path]:
+    """``../shared/anchors/NAME`` beside this checkout, and beside the main checkout when
+    this is a git worktree (as benchmarks/broker.py resolves it)."""
+    dirs = [REPO.parent / "shared" / "anchors" / name]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        common = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+        if common:
+            dirs.append(Path(common).parent.parent / "shared" / "anchors" / name)
+    return dirs
+
+
+def nsq_bin() -> Path:
+    """The directory of NSQ 1.3.0's binaries (``$SRTM_NSQ_BIN``, else the anchors); the
+    calling test fails, never skips, without it."""
+    env = os.environ.get("SRTM_NSQ_BIN")
+    candidates = [Path(env)] if env else anchor_dirs("nsq-1.3.0")
+    for d in candidates:
+        if all(os.access(d / t, os.X_OK) for t in NSQ_TOOLS):
+            return d.resolve()
+    pytest.fail(
+        f"NSQ 1.3.0's binaries ({', '.join(NSQ_TOOLS)}) not found in "
+        f"{', '.join(map(str, candidates))}: set SRTM_NSQ_BIN to the directory that holds them",
+        pytrace=False,
+    )

