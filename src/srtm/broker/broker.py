@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from srtm.broker.accept import AcceptBackoff, refuse
+from srtm.broker.admission import Admission
 from srtm.broker.auth import Authenticator, close_quietly
 from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
@@ -34,11 +35,10 @@ from srtm.broker.tls import server_context
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_valid_name
 from srtm.protocol.header import publisher_of
+from srtm.protocol.session import E_SUB_FAILED
 from srtm.ratelimit import TokenBucket, check_bucket
 
 log = logging.getLogger("srtm.broker")
-#: nsqd's code for a SUB that cannot be served (not in srtm.protocol.errors yet).
-_E_SUB_FAILED = "E_SUB_FAILED"
 
 
 class Broker:
@@ -54,6 +54,9 @@ class Broker:
         #: lookupd before then looks again only a minute later).
         self.names_changed = asyncio.Event()
         self.clients: set[Client] = set()
+        #: Consumer admission control per topic name (srtm.broker.admission): set before
+        #: or after the topic exists, forgotten once nothing is set and nobody connected.
+        self.admission: dict[str, Admission] = {}
         self.stats = BrokerStats(self.options.window_seconds)
         self.ids = MessageIds(self.options.broker_id, time.time_ns() // 1000)
         self.started_ns = time.time_ns()
@@ -302,6 +305,7 @@ class Broker:
         ch = client.channel
         if ch is None:
             return
+        self._leave(ch.topic, client)
         ch.remove_consumer(client)
         topic = self.topics.get(ch.topic)
         if topic is None or topic.channels.get(ch.name) is not ch:
@@ -371,9 +375,47 @@ class Broker:
         return ch
 
     def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel:
-        ch = self.channel(topic_name, channel_name, _E_SUB_FAILED)
+        """Add ``client`` as a consumer, if its class admits one more (else NotAdmitted,
+        and nothing is created)."""
+        klass = client.consumer_class
+        adm = self.admission.get(topic_name)
+        if adm is not None:
+            adm.check(klass)
+        ch = self.channel(topic_name, channel_name, E_SUB_FAILED)
+        if adm is None:
+            adm = self.admission[topic_name] = Admission(topic_name)
+        adm.join(klass, client)
         ch.add_consumer(client)
         return ch
+
+    def _leave(self, topic_name: str, client: Client) -> None:
+        adm = self.admission.get(topic_name)
+        if adm is not None:
+            adm.leave(client.consumer_class, client)
+            if adm.idle:
+                del self.admission[topic_name]
+
+    def set_admission(
+        self, topic_name: str, admitted: dict[str, int], order: list[str]
+    ) -> tuple[Admission, int]:
+        """The topic's admitted counts per class and their order (most important first);
+        consumers beyond a count are disconnected, the lowest class first and the newest
+        of a class first. Returns the admission and how many were disconnected."""
+        adm = self.admission.setdefault(topic_name, Admission(topic_name))
+        out = adm.set(admitted, order)
+        for client in out:
+            assert isinstance(client, Client)
+            admits = adm.admitted.get(client.consumer_class)
+            client.evict(
+                ProtocolError(
+                    E_SUB_FAILED,
+                    f"class {client.consumer_class!r} of topic {topic_name!r} now admits "
+                    f"{admits} consumers: the newest are disconnected",
+                )
+            )
+        if adm.idle:
+            del self.admission[topic_name]
+        return adm, len(out)
 
     def delete_channel(self, topic_name: str, channel_name: str) -> None:
         topic = self.topics.get(topic_name)

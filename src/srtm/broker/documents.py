@@ -28,9 +28,13 @@ from pydantic_core import PydanticCustomError
 from srtm.broker.measurement import MAX_MEASURE_NS, MIN_MEASURE_NS
 from srtm.protocol import is_valid_name
 from srtm.protocol.names import MAX_NAME_LENGTH
+from srtm.protocol.session import MAX_CLASS_LENGTH, is_valid_class
 
 NAME_RULE = f"1-{MAX_NAME_LENGTH} characters of [.a-zA-Z0-9_-], optionally ending in #ephemeral"
 MAX_VERSION = 2**63 - 1
+CLASS_RULE = f"1-{MAX_CLASS_LENGTH} characters of [.a-zA-Z0-9_-]"
+#: Bounds of /srtm/admission's body: classes per topic, and any one admitted count.
+MAX_CLASSES, MAX_ADMITTED = 256, 2**31 - 1
 
 
 # -- the rules parameters follow (NAME_RULE and flag are /pub's and /mpub's too) -----------
@@ -45,6 +49,18 @@ def _name(value: str) -> str:
     if not is_valid_name(value):
         raise PydanticCustomError("invalid_name", "must be " + NAME_RULE)
     return value
+
+
+def _class_name(value: str) -> str:
+    if not is_valid_class(value):
+        raise PydanticCustomError("invalid_class", "a consumer class must be " + CLASS_RULE)
+    return value
+
+
+def _distinct(values: list[str]) -> list[str]:
+    if len(set(values)) != len(values):
+        raise PydanticCustomError("duplicate", "lists a class more than once")
+    return values
 
 
 def _present(value: str) -> str:
@@ -220,6 +236,27 @@ class MeasureBody(BaseModel):
     ] = None
 
 
+ClassName = Annotated[str, AfterValidator(_class_name)]
+
+
+class AdmissionBody(BaseModel):
+    """The body of POST /srtm/admission: the topic's admitted consumers per class (a class
+    not listed, ``default`` included, is unlimited; ``{}`` lifts every limit) and the
+    classes' importance, most important first (classes not listed rank below, by name)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    classes: Annotated[
+        dict[ClassName, Annotated[int, Field(strict=True, ge=0, le=MAX_ADMITTED)]],
+        Field(max_length=MAX_CLASSES, description="Admitted consumers per class: n_alloc(j)"),
+    ]
+    order: Annotated[
+        list[ClassName],
+        AfterValidator(_distinct),
+        Field(max_length=MAX_CLASSES, description="Classes, most important first"),
+    ] = []
+
+
 # -- answers -----------------------------------------------------------------------------
 class Doc(BaseModel):
     """An answer; dumped with its fields in declaration order."""
@@ -306,6 +343,24 @@ class MeasureAnswer(Doc):
     samples: int
     p99_ms: float | None = Field(description="null without samples")
     p50_ms: float | None = Field(description="null without samples")
+
+
+class AdmissionClassDoc(Doc):
+    name: str = Field(description="The consumer class (IDENTIFY srtm_class; else default)")
+    admitted: int | None = Field(description="Admitted consumers; null: unlimited")
+    connected: int = Field(description="Consumers of the class subscribed to the topic now")
+
+
+class AdmissionDoc(Doc):
+    """A topic's admission control: its classes, most important first."""
+
+    topic: str
+    order: list[str]
+    classes: list[AdmissionClassDoc]
+
+
+class AdmissionAnswer(AdmissionDoc):
+    disconnected: int = Field(description="Consumers beyond their class's new count, closed")
 
 
 class MigrateDoc(Doc):
@@ -428,6 +483,11 @@ class SrtmTopicDoc(Doc):
     release_lateness_ns: LatencySummaryDoc
     dropped: int
     channels: list[SrtmChannelDoc]
+    admission: list[AdmissionClassDoc] = Field(
+        default=[],
+        description="Consumers per class, admitted and connected (empty: no class has any "
+        "and no count is set)",
+    )
 
 
 class ArrivalStampsDoc(Doc):

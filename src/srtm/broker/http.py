@@ -29,6 +29,10 @@ from pydantic import ValidationError
 
 from srtm.broker.documents import (
     NAME_RULE,
+    AdmissionAnswer,
+    AdmissionBody,
+    AdmissionClassDoc,
+    AdmissionDoc,
     BucketAnswer,
     BucketDoc,
     BucketNowDoc,
@@ -58,7 +62,7 @@ from srtm.broker.documents import (
 )
 from srtm.broker.measurement import MeasurementsBusy
 from srtm.broker.metrics import BrokerCollector
-from srtm.broker.report import bucket_now, memory_document, stats_document
+from srtm.broker.report import admission_rows, bucket_now, memory_document, stats_document
 from srtm.broker.state import LeaseExpired, LimitReached
 from srtm.broker.tls import http_requires_tls
 from srtm.openapi import OpenApiDoc, Route, document
@@ -72,6 +76,7 @@ from srtm.protocol.session import (
 from srtm.security import E_UNAUTHORIZED, bearer_matches, require_loopback_without_token
 
 if TYPE_CHECKING:
+    from srtm.broker.admission import Admission
     from srtm.broker.broker import Broker
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -263,6 +268,14 @@ def split_mpub(body: bytes, binary: bool, max_msg: int) -> list[bytes]:
         if len(m) > max_msg:
             raise HttpError(413, "MSG_TOO_BIG", f"{len(m)} > {max_msg} bytes")
     return msgs
+
+
+#: The most a /srtm/admission body may be (MAX_CLASSES classes fit well within it).
+_ADMISSION_BODY = 64 * 1024
+
+
+def _classes(adm: Admission | None) -> list[AdmissionClassDoc]:
+    return [AdmissionClassDoc(**row) for row in admission_rows(adm)]
 
 
 class BrokerHttp:
@@ -509,6 +522,31 @@ class BrokerHttp:
         self.broker.clear_bucket(name)
         return _json(BucketAnswer(topic=name, bucket=None))
 
+    async def admission_get(self, request: web.Request) -> web.Response:
+        """The topic's consumer classes: admitted (null: unlimited) and connected counts.
+        Any valid topic name is answered (counts may be set before the topic exists)."""
+        name = parse_query(TopicQuery, request.query).topic
+        adm = self.broker.admission.get(name)
+        order = [] if adm is None else adm.order
+        return _json(AdmissionDoc(topic=name, order=order, classes=_classes(adm)))
+
+    async def admission_set(self, request: web.Request) -> web.Response:
+        """Set the topic's admitted consumers per class and the classes' importance.
+
+        A class not listed is unlimited. Consumers beyond a lowered count are disconnected
+        at once, the lowest class first and the newest of a class first; a SUB beyond its
+        class's count is refused (E_SUB_FAILED, not fatal). Does not create the topic."""
+        name = parse_query(TopicQuery, request.query).topic
+        body = await _bounded_body(request, _ADMISSION_BODY)
+        try:
+            b = AdmissionBody.model_validate_json(body or b"null")
+        except ValidationError as err:
+            raise refusal(err) from None
+        adm, out = self.broker.set_admission(name, dict(b.classes), list(b.order))
+        return _json(
+            AdmissionAnswer(topic=name, order=adm.order, classes=_classes(adm), disconnected=out)
+        )
+
     async def migrate(self, request: web.Request) -> web.Response:
         """Tell a publisher's connections (those that take SRTM orders) to move to ``to``."""
         q = parse_query(MigrateQuery, request.query)
@@ -605,6 +643,12 @@ ROUTES: tuple[Route, ...] = (
           query=TopicQuery, answer=BucketAnswer, errors=_FULL),
     Route("DELETE", "/srtm/bucket", _H.bucket_delete,
           query=TopicQuery, answer=BucketAnswer, errors=_NO_TOPIC),
+    Route("GET", "/srtm/admission", _H.admission_get,
+          query=TopicQuery, answer=AdmissionDoc),
+    Route("POST", "/srtm/admission", _H.admission_set,
+          query=TopicQuery, body=AdmissionBody, answer=AdmissionAnswer,
+          errors={400: "INVALID_BODY, MISSING_ARG_CLASSES, INVALID_CLASSES, INVALID_ORDER",
+                  413: "BODY_TOO_BIG"}),
     Route("POST", "/srtm/migrate", _H.migrate,
           query=MigrateQuery, answer=MigrateAnswer),
     Route("POST", "/srtm/measure", _H.measure,

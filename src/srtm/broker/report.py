@@ -18,6 +18,7 @@ from srtm.broker.stats import Recorder
 from srtm.quantiles import REPORTED
 
 if TYPE_CHECKING:
+    from srtm.broker.admission import Admission
     from srtm.broker.broker import Broker
     from srtm.broker.state import Channel, Topic
     from srtm.broker.tcp import Client
@@ -106,6 +107,13 @@ def channel_doc(broker: Broker, topic: Topic, ch: Channel, clients: bool) -> Doc
     )
 
 
+def admission_rows(adm: Admission | None) -> list[Doc]:
+    """A topic's consumer classes, most important first (AdmissionClassDoc's shape)."""
+    if adm is None:
+        return []
+    return [dict(name=k, admitted=n, connected=c) for k, n, c in adm.counts()]
+
+
 def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
     ts = broker.stats.topic(t.name)
     return dict(
@@ -135,6 +143,7 @@ def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
             for name, cs in ts.channels.items()
             if channel is None or name == channel
         ],
+        admission=admission_rows(broker.admission.get(t.name)),
     )
 
 

@@ -182,6 +182,11 @@ class Client:
         return self.session.publisher
 
     @property
+    def consumer_class(self) -> str:
+        """Its class for admission control (IDENTIFY ``srtm_class``, else ``default``)."""
+        return self.session.consumer_class
+
+    @property
     def takes_orders(self) -> bool:
         """Whether it negotiated SRTM's order frames in IDENTIFY."""
         return self.session.takes_orders
@@ -434,6 +439,14 @@ class Client:
             fd = self.sock.fileno()
             if fd >= 0:
                 self.loop.remove_reader(fd)  # nothing read after it is executed
+
+    def evict(self, err: ProtocolError) -> None:
+        """Disconnect a consumer its class no longer admits: it gets no more messages,
+        then ``err`` (fatal), then the connection closes."""
+        if self.channel is not None:
+            self.channel.remove_consumer(self)  # what it has in flight times out, as at close
+        self.rdy = 0
+        self.send_error(err)
 
     def write(self, data: bytes) -> None:
         """Queue ``data``; everything written in one loop turn leaves in one send."""

@@ -2,12 +2,18 @@
 nsqlookupd-style ``/lookup`` (again every ``refresh_s``, so it follows plan changes) or
 takes fixed addresses, FINs each message and records end-to-end latency from the
 measurement header in an HDR histogram; with ``trace_dir``, it writes subscriber-side
-trace rows."""
+trace rows.
+
+With ``consumer_class`` it names its class in IDENTIFY (``srtm_class``); a SUB its class
+is not admitted for (E_SUB_FAILED, which leaves the connection open) is sent again on the
+same connection after a backoff doubling from ``retry_s`` up to ``max_retry_s``, for as
+long as the subscriber runs (logged once per connection)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,9 +22,12 @@ from pathlib import Path
 import aiohttp
 from hdrh.histogram import HdrHistogram
 
-from srtm.client.connection import Connection
+from srtm.client.connection import BrokerError, Connection
 from srtm.client.traces import SubscriberTraces
 from srtm.protocol import Fin, MessageFrame, Rdy, Sub, header
+from srtm.protocol.session import E_SUB_FAILED
+
+log = logging.getLogger("srtm.client")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +51,9 @@ class Subscriber:
         refresh_s: float = 1.0,
         trace_dir: Path | None = None,
         run: str = "default",
+        consumer_class: str | None = None,
+        retry_s: float = 0.5,
+        max_retry_s: float = 30.0,
     ) -> None:
         if controller is None and not addresses:
             raise ValueError("give a controller (URL) or broker addresses")
@@ -51,6 +63,12 @@ class Subscriber:
         self.on_message = on_message
         self.max_in_flight = max_in_flight
         self.refresh_s = refresh_s
+        self.consumer_class = consumer_class
+        self.retry_s, self.max_retry_s = retry_s, max_retry_s
+        #: SUBs refused because the class was not admitted (each retry counts).
+        self.refused = 0
+        #: Connections whose SUB waits to be admitted, retried in the background.
+        self._retries: dict[str, asyncio.Task[None]] = {}
         #: End-to-end latency (send stamp in the header → receipt), ns.
         self.latency = HdrHistogram(1, 3_600_000_000_000, 3)
         self.received = 0
@@ -95,11 +113,48 @@ class Subscriber:
             on_message=lambda m: self._message(address, m),
             on_close=lambda c: self._conns.pop(address, None),
         )
-        reply = await conn.identify(client_id=f"srtm-sub-{self.channel}", heartbeat_interval=5_000)
+        fields: dict[str, object] = {"client_id": f"srtm-sub-{self.channel}"}
+        if self.consumer_class is not None:
+            fields["srtm_class"] = self.consumer_class
+        reply = await conn.identify(**fields, heartbeat_interval=5_000)
         self._broker_ids[address] = str(reply.get("srtm_broker_id", address))
-        await conn.request(Sub(self.topic, self.channel))
+        self._conns[address] = conn  # also while waiting to be admitted: not opened twice
+        try:
+            await conn.request(Sub(self.topic, self.channel))
+        except BrokerError as exc:
+            if exc.code != E_SUB_FAILED or conn.closed.is_set():
+                self._conns.pop(address, None)
+                raise
+            self.refused += 1
+            log.warning("%s: %s; retrying with backoff", address, exc)
+            self._retries[address] = asyncio.create_task(self._retry(address, conn))
+            return
         conn.send(Rdy(self.max_in_flight))
-        self._conns[address] = conn
+
+    async def _retry(self, address: str, conn: Connection) -> None:
+        """SUB again after a backoff until admitted or the connection is gone."""
+        delay = self.retry_s
+        try:
+            while not conn.closed.is_set():
+                await asyncio.sleep(delay)
+                try:
+                    await conn.request(Sub(self.topic, self.channel))
+                except BrokerError as exc:
+                    if exc.code != E_SUB_FAILED:
+                        log.warning("%s: %s; giving up", address, exc)
+                        await conn.close()
+                        self._conns.pop(address, None)
+                        return
+                    self.refused += 1
+                    delay = min(delay * 2, self.max_retry_s)
+                    continue
+                except ConnectionError:
+                    return
+                log.info("%s: admitted", address)
+                conn.send(Rdy(self.max_in_flight))
+                return
+        finally:
+            self._retries.pop(address, None)
 
     def _message(self, address: str, msg: MessageFrame) -> None:
         now = time.time_ns()
@@ -120,13 +175,18 @@ class Subscriber:
 
     @property
     def brokers(self) -> list[str]:
-        return sorted(self._conns)
+        """The brokers it is subscribed to (admitted)."""
+        return sorted(a for a in self._conns if a not in self._retries)
 
     async def close(self) -> None:
         if self._refresh is not None:
             self._refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresh
+        for task in list(self._retries.values()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for conn in list(self._conns.values()):
             await conn.close()
         if self.traces is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,6 +38,13 @@ from srtm.protocol.limits import Limits
 
 E_AUTH_DISABLED = "E_AUTH_DISABLED"
 E_IDENTIFY_FAILED = "E_IDENTIFY_FAILED"
+#: nsqd's code for a SUB that cannot be served; also a SUB beyond its class's admitted
+#: count (not fatal then: see srtm.broker.admission).
+E_SUB_FAILED = "E_SUB_FAILED"
+#: The consumer class (IDENTIFY ``srtm_class``) of a consumer that names none, as plain NSQ
+#: consumers do; a class is 1-MAX_CLASS_LENGTH characters of [.a-zA-Z0-9_-].
+DEFAULT_CLASS = "default"
+MAX_CLASS_LENGTH = 32
 #: nsqd's bounds on a heartbeat interval a client asks for (ms); -1 turns heartbeats off.
 MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 1_000, 60_000
 #: nsqd's defaults and bounds for the output buffer a client asks for (bytes, ms): SRTM
@@ -64,6 +72,7 @@ _INT_FIELDS = (
 )
 _BOOL_FIELDS = ("feature_negotiation", "tls_v1", "deflate", "snappy")
 _STR_FIELDS = ("client_id", "hostname", "user_agent", "short_id", "long_id")
+_CLASS_NAME = re.compile(rf"[.a-zA-Z0-9_-]{{1,{MAX_CLASS_LENGTH}}}")
 OK_FRAME = response()
 HEARTBEAT_FRAME = response(HEARTBEAT)
 CLOSE_WAIT_FRAME = response(CLOSE_WAIT)
@@ -196,6 +205,8 @@ class Session:
         #: measurement header names (a workload emulator multiplexes many on one connection).
         self.attributed_to: str | None = ""
         self.takes_orders = False
+        #: The consumer class IDENTIFY named (srtm_class), for admission control.
+        self.consumer_class = DEFAULT_CLASS
         self.tls = False
         self.deflate_level = 0
         self.snappy = False
@@ -248,7 +259,11 @@ class Session:
             if not limits.min_msg_timeout_ms <= timeout <= limits.max_msg_timeout_ms:
                 raise _invalid(f"msg timeout ({timeout})")
             self.msg_timeout_ns = timeout * 1_000_000
+        klass = config.get("srtm_class")
+        if klass is not None and not is_valid_class(klass):
+            raise _invalid(f"srtm_class ({str(klass)[: MAX_CLASS_LENGTH + 8]!r})")
         self.identity = config
+        self.consumer_class = klass or DEFAULT_CLASS
         self.heartbeat_ns = heartbeat_ns
         self.output_buffer_size, self.output_buffer_timeout_ms = size, timeout_ms
         if sample_rate != self.sample_rate:
@@ -385,6 +400,11 @@ class Session:
 
     def _nop(self, cmd: Nop, arrival_ns: int) -> None:
         pass
+
+
+def is_valid_class(name: object) -> bool:
+    """Whether ``name`` may be a consumer class (IDENTIFY ``srtm_class``)."""
+    return isinstance(name, str) and _CLASS_NAME.fullmatch(name) is not None
 
 
 def _invalid(what: str) -> ProtocolError:

@@ -1,0 +1,101 @@
+"""Consumer admission control, per topic (sans-I/O): how many consumers of each class the
+topic admits, who is connected in each class (oldest first), and whom to disconnect when
+a count falls.
+
+A consumer is one channel subscription of the topic (one SUB), in the class its IDENTIFY
+named (``srtm_class``; plain NSQ consumers are ``default``). A class with no admitted
+count is unlimited: with no counts set, nothing is refused. SUB costs one dict lookup and
+one insertion; nothing is done per message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from srtm.protocol import ProtocolError
+from srtm.protocol.session import E_SUB_FAILED
+
+
+class NotAdmitted(ProtocolError):
+    """A SUB beyond its class's admitted count: E_SUB_FAILED, but not fatal (unlike nsqd's
+    E_SUB_FAILED), so the client may SUB again on the same connection later."""
+
+    def __init__(self, topic: str, klass: str, admitted: int) -> None:
+        super().__init__(
+            E_SUB_FAILED,
+            f"SUB failed: class {klass!r} of topic {topic!r} admits {admitted} consumers "
+            "and has them; retry later",
+        )
+        self.klass, self.admitted = klass, admitted
+
+    @property
+    def fatal(self) -> bool:
+        return False
+
+
+@dataclass
+class Admission:
+    """One topic's admitted counts and connected consumers per class."""
+
+    topic: str
+    #: Admitted count per class; a class not here is unlimited.
+    admitted: dict[str, int] = field(default_factory=dict)
+    #: Classes by importance, most important first (classes not listed rank below them).
+    order: list[str] = field(default_factory=list)
+    #: Connected consumers per class, oldest first (a dict keeps insertion order and
+    #: removes in O(1)).
+    connected: dict[str, dict[Hashable, None]] = field(default_factory=dict)
+
+    def check(self, klass: str) -> None:
+        """Raise NotAdmitted if one more consumer of ``klass`` is beyond its count."""
+        limit = self.admitted.get(klass)
+        if limit is not None and len(self.connected.get(klass, ())) >= limit:
+            raise NotAdmitted(self.topic, klass, limit)
+
+    def join(self, klass: str, consumer: Hashable) -> None:
+        self.connected.setdefault(klass, {})[consumer] = None
+
+    def leave(self, klass: str, consumer: Hashable) -> None:
+        members = self.connected.get(klass)
+        if members is not None:
+            members.pop(consumer, None)
+            if not members:
+                del self.connected[klass]
+
+    @property
+    def idle(self) -> bool:
+        """Nothing set and nobody connected: the broker may forget it."""
+        return not self.admitted and not self.order and not self.connected
+
+    def rank(self) -> list[str]:
+        """Every class known (counted or connected), most important first."""
+        known = set(self.admitted) | set(self.connected) | set(self.order)
+        listed = [k for k in self.order if k in known]
+        return listed + sorted(known - set(listed))
+
+    def set(self, admitted: Mapping[str, int], order: Sequence[str]) -> list[Hashable]:
+        """New counts and order; returns the consumers now beyond their class's count, to
+        disconnect (they have left already): the lowest class first, and within a class
+        the newest first."""
+        self.admitted = dict(admitted)
+        self.order = list(order)
+        out: list[Hashable] = []
+        for klass in reversed(self.rank()):
+            limit = self.admitted.get(klass)
+            members = self.connected.get(klass)
+            if limit is None or members is None:
+                continue
+            excess = len(members) - limit
+            if excess <= 0:
+                continue
+            newest = list(members)[-excess:]
+            newest.reverse()
+            for consumer in newest:
+                self.leave(klass, consumer)
+            out += newest
+        return out
+
+    def counts(self) -> list[tuple[str, int | None, int]]:
+        """(class, admitted count or None: unlimited, connected), most important first."""
+        return [(k, self.admitted.get(k), len(self.connected.get(k, ()))) for k in self.rank()]
