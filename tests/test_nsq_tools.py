@@ -527,6 +527,13 @@ GO_NSQ_TESTS = 24
 GO_NSQ_NEGOTIATED = {"TLSv1": 5, "Deflate": 2, "Snappy": 2}
 
 
+#: go-nsq's own timing tests flake on a busy machine, and its mock nsqd re-listens on a port
+#: it let go (TestConsumerBackoffDisconnect: "bind: address already in use" when another
+#: socket took it meanwhile): a test that fails gets this many more runs on its own, and
+#: must pass in one of them.
+GO_NSQ_RETRIES = 3
+
+
 def go_nsq_dir() -> Path:
     """go-nsq 1.1.0's compiled suite and its certificates (``$SRTM_GO_NSQ`` overrides)."""
     env = os.environ.get("SRTM_GO_NSQ")
@@ -579,8 +586,9 @@ def test_go_nsq_suite_passes_against_the_broker(broker: str, tmp_path: Path) -> 
         assert proc.proc.poll() is None, proc.log.read_text()
         out, passed, failed = run_go_nsq(suite, tmp_path)
         retried = failed
-        if failed:  # go-nsq's own timing tests (its mock nsqd among them) flake on a busy
-            # machine: each failure gets one more run on its own, and must pass then.
+        for _ in range(GO_NSQ_RETRIES):  # see GO_NSQ_RETRIES
+            if not failed:
+                break
             again, passed_again, failed = run_go_nsq(suite, tmp_path, only=failed)
             out, passed = out + again, passed + passed_again
     finally:
