@@ -70,6 +70,8 @@ class Elastic:
     #: Brokers being started -> when; being despawned -> when.
     spawning: dict[str, float] = field(default_factory=dict)
     despawning: dict[str, float] = field(default_factory=dict)
+    #: Brokers handed to the provisioner to stop, until they are down (not counted).
+    stopping: set[str] = field(default_factory=set)
     #: Ids handed out so far (``auto-N``).
     spawned: int = 0
     despawned: int = 0
@@ -102,7 +104,7 @@ class Elastic:
     def state(self, ctrl: Controller, now: float) -> RebalanceState:
         """The rebalancer's view: brokers up with their averaged loads, every topic with its
         plan (a topic being fitted counts as just changed: fitting owns its plan)."""
-        up = {b.id: b for b in ctrl.up()}
+        up = {b.id: b for b in ctrl.up() if b.id not in self.stopping}
         brokers = tuple(self.averager.window(b, info.mcap, now) for b, info in up.items())
         topics = []
         for name, t in ctrl.topics.items():
@@ -117,8 +119,9 @@ class Elastic:
         provisioner can stop that broker."""
         out = Step()
         self._settle_spawning(ctrl, now)
+        self.stopping = {b for b in self.stopping if b in ctrl.brokers and not ctrl.brokers[b].down}
         self._settle_despawning(ctrl, now, out)
-        if self.despawning:
+        if self.despawning or out.stop:
             return out
         out.decisions = decisions = rebalance(self.state(ctrl, now), self.settings, now)
         refused = {d.broker for d in decisions if isinstance(d, Despawn)} - {
@@ -142,7 +145,7 @@ class Elastic:
     def _may_despawn(
         self, ctrl: Controller, d: Despawn, now: float, can_stop: Callable[[str], bool]
     ) -> bool:
-        if len(ctrl.up()) - 1 < self.settings.min_brokers:
+        if len(ctrl.up()) - len(self.stopping) - 1 < self.settings.min_brokers:
             self.note(now, f"despawn {d.broker} refused: --min-brokers {self.settings.min_brokers}")
             return False
         if not can_stop(d.broker):
@@ -159,7 +162,8 @@ class Elastic:
         self.note(now, f"moved {len(d.publishers)} publishers of {d.topic}: {d.source} -> {d.to}")
 
     def _spawn(self, ctrl: Controller, n: int, now: float, out: Step) -> None:
-        room = self.settings.max_brokers - len(ctrl.up()) - len(self.spawning)
+        up = len(ctrl.up()) - len(self.stopping)
+        room = self.settings.max_brokers - up - len(self.spawning)
         for _ in range(max(0, min(n, room))):
             self.spawned += 1
             bid = f"auto-{self.spawned}"
@@ -194,6 +198,7 @@ class Elastic:
                 self.despawned += 1
                 self.averager.forget(bid)
                 out.stop.append(bid)
+                self.stopping.add(bid)
                 self.note(now, f"stop {bid}: it carries nothing")
             elif now - since > self.drain_timeout_s:
                 del self.despawning[bid]
@@ -208,6 +213,7 @@ class Elastic:
         self.note(now, f"start of {broker} failed: {why}")
 
     def stop_failed(self, broker: str, now: float, why: str) -> None:
+        self.stopping.discard(broker)
         self.failures += 1
         self.note(now, f"stop of {broker} failed: {why}")
 
