@@ -101,9 +101,8 @@ def test_min_brokers_and_foreign_brokers_are_not_despawned() -> None:
 def test_an_empty_broker_is_stopped_at_once() -> None:
     c = Controller()
     reg(c, "seed", 4150)
-    reg(c, "auto-1", 4160)
     c.create_topic(topic("a", 3, 10.0), "srtm", now=0)
-    c.set_assignment("a", {"seed": ["a0", "a1", "a2"]}, [], "test")
+    reg(c, "auto-1", 4160)
     el = elastic()
     el.observe(c, 1.0)
     assert el.step(c, 1.0, lambda b: b == "auto-1").stop == ["auto-1"]
