@@ -560,10 +560,10 @@ class Info(_Answer):
     stalled_s: float
     tls: bool
     auth: bool
-    elastic: Elastic | None = None
+    elastic: ElasticInfo | None = None
 
 
-class Elastic(_Answer):
+class ElasticInfo(_Answer):
     spawning: list[str]
     despawning: list[str]
     spawned: int

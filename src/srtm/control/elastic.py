@@ -1,5 +1,5 @@
 """Elasticity glue: what the controller does with the rebalancer's decisions. Pure: no
-I/O, time injected; the service (``srtm.control.service``) carries out the ``Step`` it
+I/O, time injected; the service (``srtm.control.service``) carries out the ``ElasticStep`` it
 returns (controller actions pushed to brokers, brokers started and stopped).
 
 Each ``step``: brokers being started that registered stop counting as spawning; a broker
@@ -8,10 +8,10 @@ membership); while one is being despawned nothing else is decided (one change of
 fleet at a time). Else the rebalancer runs on the state built from the controller
 (``state``) and its decisions become: ``Relocate`` -> ``Controller.move`` (the lossless
 move: shrink-before-grow shares, migration orders, draining); ``Spawn`` -> broker ids to
-start (``auto-1``, ``auto-2``, ...), within ``max_brokers``; ``Despawn`` -> its moves, then
-the broker waits to drain, within ``min_brokers`` and only for a broker the provisioner
-can stop (else the despawn and its moves are dropped); ``Replicate``/``Unreplicate`` ->
-an event only (issue 18 item 2 is not built yet).
+start (``1001``, ``1002``, ...: broker ids are integers), within ``max_brokers``;
+``Despawn`` -> its moves, then the broker waits to drain, within ``min_brokers`` and
+only for a broker the provisioner can stop (else the despawn and its moves are dropped);
+``Replicate``/``Unreplicate`` -> an event only (issue 18 item 2 is not built yet).
 """
 
 from __future__ import annotations
@@ -35,11 +35,14 @@ from srtm.placement.rebalance import (
     rebalance,
 )
 
-__all__ = ["Elastic", "Step", "carries"]
+__all__ = ["SPAWN_BASE", "Elastic", "ElasticStep", "carries"]
+
+#: Spawned brokers are ``SPAWN_BASE + 1``, ``+ 2``, ... (broker ids are integers).
+SPAWN_BASE = 1000
 
 
 @dataclass
-class Step:
+class ElasticStep:
     """What one ``Elastic.step`` wants done."""
 
     #: Controller actions from the moves, to be carried out as any plan change's.
@@ -72,7 +75,7 @@ class Elastic:
     despawning: dict[str, float] = field(default_factory=dict)
     #: Brokers handed to the provisioner to stop, until they are down (not counted).
     stopping: set[str] = field(default_factory=set)
-    #: Ids handed out so far (``auto-N``).
+    #: Ids handed out so far (``SPAWN_BASE + N``).
     spawned: int = 0
     despawned: int = 0
     failures: int = 0
@@ -114,10 +117,10 @@ class Elastic:
         return RebalanceState(brokers, tuple(topics), len(self.spawning))
 
     # -- the step --------------------------------------------------------------------------
-    def step(self, ctrl: Controller, now: float, can_stop: Callable[[str], bool]) -> Step:
+    def step(self, ctrl: Controller, now: float, can_stop: Callable[[str], bool]) -> ElasticStep:
         """One rebalancing step (see the module's docstring); ``can_stop``: whether the
         provisioner can stop that broker."""
-        out = Step()
+        out = ElasticStep()
         self._settle_spawning(ctrl, now)
         self.stopping = {b for b in self.stopping if b in ctrl.brokers and not ctrl.brokers[b].down}
         self._settle_despawning(ctrl, now, out)
@@ -153,7 +156,7 @@ class Elastic:
             return False
         return True
 
-    def _move(self, ctrl: Controller, d: Relocate, now: float, out: Step) -> None:
+    def _move(self, ctrl: Controller, d: Relocate, now: float, out: ElasticStep) -> None:
         try:
             out.actions += ctrl.move(d.topic, list(d.publishers), d.to)
         except ControlError as exc:
@@ -161,15 +164,15 @@ class Elastic:
             return
         self.note(now, f"moved {len(d.publishers)} publishers of {d.topic}: {d.source} -> {d.to}")
 
-    def _spawn(self, ctrl: Controller, n: int, now: float, out: Step) -> None:
+    def _spawn(self, ctrl: Controller, n: int, now: float, out: ElasticStep) -> None:
         up = len(ctrl.up()) - len(self.stopping)
         room = self.settings.max_brokers - up - len(self.spawning)
         for _ in range(max(0, min(n, room))):
             self.spawned += 1
-            bid = f"auto-{self.spawned}"
+            bid = str(SPAWN_BASE + self.spawned)
             while bid in ctrl.brokers and not ctrl.brokers[bid].down:  # a resumed controller
                 self.spawned += 1
-                bid = f"auto-{self.spawned}"
+                bid = str(SPAWN_BASE + self.spawned)
             self.spawning[bid] = now
             out.start.append(bid)
             self.note(now, f"spawn {bid}")
@@ -190,7 +193,7 @@ class Elastic:
                 self.failures += 1
                 self.note(now, f"{bid} did not register in {self.spawn_timeout_s:g} s")
 
-    def _settle_despawning(self, ctrl: Controller, now: float, out: Step) -> None:
+    def _settle_despawning(self, ctrl: Controller, now: float, out: ElasticStep) -> None:
         for bid, since in list(self.despawning.items()):
             info = ctrl.brokers.get(bid)
             if info is None or info.down or not carries(ctrl, bid):

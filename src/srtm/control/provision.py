@@ -56,6 +56,9 @@ class LocalProvisioner:
         self.controller_url, self.directory, self.token = controller_url, directory, token
         self.mcap, self.timeout_s = mcap, timeout_s
         self.children: dict[str, BrokerProcess] = {}
+        #: Starts under way (``close`` waits for them: a child started as the controller
+        #: stops is stopped too).
+        self._pending: set[asyncio.Future[BrokerProcess]] = set()
 
     async def start(self, broker_id: str) -> None:
         if broker_id in self.children and self.children[broker_id].alive():
@@ -65,14 +68,19 @@ class LocalProvisioner:
         if self.token is None:
             args.append("--insecure-loopback")
         data = self.directory / broker_id
+
+        def run() -> BrokerProcess:  # blocks until the ready line: in a thread, off the loop
+            proc = start_broker(data, args, token=self.token or "", timeout=self.timeout_s)
+            self.children[broker_id] = proc
+            return proc
+
+        started = asyncio.get_running_loop().run_in_executor(None, run)
+        self._pending.add(started)
+        started.add_done_callback(self._pending.discard)
         try:
-            # start_broker blocks until the ready line: in a thread, off the loop
-            proc = await asyncio.to_thread(
-                start_broker, data, args, token=self.token or "", timeout=self.timeout_s
-            )
+            proc = await asyncio.shield(started)  # cancelled: close() still sees the child
         except (OSError, RuntimeError) as exc:
             raise ProvisionError(f"srtm broker {broker_id}: {exc}") from exc
-        self.children[broker_id] = proc
         log.info("started broker %s (pid %d, tcp %s)", broker_id, proc.proc.pid, proc.tcp_address)
 
     async def stop(self, broker_id: str) -> None:
@@ -89,6 +97,7 @@ class LocalProvisioner:
         return broker_id in self.children
 
     async def close(self) -> None:
+        await asyncio.gather(*self._pending, return_exceptions=True)
         for bid in list(self.children):
             with contextlib.suppress(ProvisionError):
                 await self.stop(bid)

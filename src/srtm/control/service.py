@@ -20,7 +20,7 @@ from aiohttp import web
 from yarl import URL
 
 from srtm.control.api import make_app
-from srtm.control.elastic import Elastic, Step
+from srtm.control.elastic import Elastic, ElasticStep
 from srtm.control.fitting_run import as_result, fit_topic
 from srtm.control.options import ControllerOptions
 from srtm.control.provision import (
@@ -181,7 +181,7 @@ class ControllerService:
             except Exception:
                 log.exception("a rebalancing step failed; the next one runs")
 
-    def rebalance_step(self, now: float) -> Step:
+    def rebalance_step(self, now: float) -> ElasticStep:
         """One step of ``Elastic``: moves executed as any plan change, brokers started and
         stopped in the background."""
         assert self.elastic is not None and self.provisioner is not None
