@@ -46,7 +46,7 @@ class ServerProcess:
     @property
     def headers(self) -> dict[str, str]:
         """``Authorization: Bearer <token>`` for its mutating endpoints (none without)."""
-        return {} if self.token is None else {"Authorization": f"Bearer {self.token}"}
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     @property
     def http_address(self) -> str:
@@ -154,7 +154,7 @@ def _start(
         preexec_fn=preexec_fn,
         # The token travels in the environment, not on the command line (where any
         # local user could read it from /proc/PID/cmdline).
-        env={**os.environ, "SRTM_TOKEN": token},
+        env={**os.environ, "SRTM_TOKEN": token} if token else _without_token(),
     )
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
@@ -179,6 +179,11 @@ def _start(
         sel.close()
 
 
+def _without_token() -> dict[str, str]:
+    """The environment for a child told no token (``token=""``: ``--insecure-loopback``)."""
+    return {k: v for k, v in os.environ.items() if k != "SRTM_TOKEN"}
+
+
 def _drain(server: ServerProcess) -> None:
     assert server.proc.stdout is not None
     threading.Thread(
@@ -200,9 +205,10 @@ def start_broker(
 
     ``new_session`` keeps a terminal's Ctrl-C from reaching the child (the caller then
     stops it). If it does not come up within ``timeout`` it is killed and RuntimeError
-    raised, with its exit code. ``token``: the cluster token (a new random one if None).
+    raised, with its exit code. ``token``: the cluster token (a new random one if None;
+    "": none, for a broker started with ``--insecure-loopback``).
     """
-    token = token or new_token()
+    token = new_token() if token is None else token
     cmd = [
         "broker", "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
         "--data-dir", str(data_dir), *args,

@@ -551,7 +551,8 @@ class TopicList(_Answer):
 
 class Info(_Answer):
     """Version; ticks run, the controller's own stalls and their total length (s);
-    whether TLS and the cluster token are on."""
+    whether TLS and the cluster token are on; with ``--rebalance``, ``elastic``: brokers
+    being spawned and despawned, counts, the last events."""
 
     version: str
     ticks: int
@@ -559,6 +560,16 @@ class Info(_Answer):
     stalled_s: float
     tls: bool
     auth: bool
+    elastic: ElasticInfo | None = None
+
+
+class ElasticInfo(_Answer):
+    spawning: list[str]
+    despawning: list[str]
+    spawned: int
+    despawned: int
+    failures: int
+    events: list[str]
 
 
 class Error(_Answer):

@@ -9,11 +9,13 @@ from pathlib import Path
 from srtm.config import setting
 from srtm.control.state import MAX_PUBLISHERS
 from srtm.placement import AdaptorSettings
+from srtm.placement.rebalance import RebalanceSettings
 
 #: ``SRTM_CONTROLLER_`` and the setting's name in capitals (the broker's variables are
 #: ``SRTM_*``; both read the cluster-wide ``SRTM_TOKEN`` and ``SRTM_INSECURE_LOOPBACK``).
 ENV_PREFIX = "SRTM_CONTROLLER_"
 _ADAPTOR = AdaptorSettings()
+_REBALANCE = RebalanceSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,42 @@ class ControllerOptions:
     max_publishers: int = setting(
         MAX_PUBLISHERS, "Publishers one topic may have (413 beyond).", minimum=1
     )
+    rebalance: bool = setting(
+        False,
+        "Elasticity: run the rebalancer every --rebalance-interval-s and carry out its "
+        "moves, spawns and despawns (off: placement as before).",
+    )
+    rebalance_interval_s: float = setting(
+        2.0, "How often the rebalancer runs, with --rebalance (s).", minimum=0.01
+    )
+    rebalance_window_s: float = setting(
+        _REBALANCE.window_s, "Brokers' loads are averaged over this window (s).", minimum=0.01
+    )
+    min_plan_interval_s: float = setting(
+        _REBALANCE.min_plan_interval_s,
+        "The rebalancer changes a topic's plan at most once in this many seconds.",
+        minimum=0,
+    )
+    min_brokers: int = setting(1, "Elasticity: never despawn below this many brokers.", minimum=1)
+    max_brokers: int = setting(8, "Elasticity: never spawn beyond this many brokers.", minimum=1)
+    provision_cmd: str | None = setting(
+        None,
+        "Elasticity: start and stop brokers by running 'CMD start ID' / 'CMD stop ID' "
+        "(else: local child processes, srtm broker on 127.0.0.1).",
+    )
+    provision_timeout_s: float = setting(
+        60.0,
+        "A provisioning command or a local broker's start may take this long (s).",
+        minimum=0.1,
+    )
+    spawn_mcap: float = setting(
+        110_000.0, "The --mcap of brokers the local provisioner starts (msg/s).", minimum=1
+    )
+    spawn_dir: Path | None = setting(
+        None,
+        "Data directories of brokers the local provisioner starts (default: "
+        "DB-brokers/ID beside --db).",
+    )
 
     @property
     def adaptor(self) -> AdaptorSettings:
@@ -84,4 +122,13 @@ class ControllerOptions:
             stale_after_s=self.stale_after_s,
             hysteresis=self.hysteresis,
             settle_s=self.adapt_settle_s,
+        )
+
+    @property
+    def rebalance_settings(self) -> RebalanceSettings:
+        return RebalanceSettings(
+            window_s=self.rebalance_window_s,
+            min_plan_interval_s=self.min_plan_interval_s,
+            min_brokers=self.min_brokers,
+            max_brokers=self.max_brokers,
         )

@@ -20,8 +20,15 @@ from aiohttp import web
 from yarl import URL
 
 from srtm.control.api import make_app
+from srtm.control.elastic import Elastic, ElasticStep
 from srtm.control.fitting_run import as_result, fit_topic
 from srtm.control.options import ControllerOptions
+from srtm.control.provision import (
+    CommandProvisioner,
+    LocalProvisioner,
+    Provisioner,
+    ProvisionError,
+)
 from srtm.control.state import (
     Action,
     BrokerInfo,
@@ -80,6 +87,15 @@ class ControllerService:
         #: Off only to show what the order prevents (tests/test_no_holes.py): every share
         #: change pushed at once, as before.
         self.ordered = True
+        #: Elasticity (``--rebalance``): the pure glue and how brokers are started.
+        self.elastic: Elastic | None = None
+        self.provisioner: Provisioner | None = None
+        self._rebalancer: asyncio.Task[None] | None = None
+        if opts.rebalance:
+            self.elastic = Elastic(
+                opts.rebalance_settings,
+                spawn_timeout_s=opts.provision_timeout_s + 5 * opts.broker_timeout_s,
+            )
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -93,14 +109,34 @@ class ControllerService:
         await site.start()
         self.http_address = (self.options.http_host, int(self._runner.addresses[0][1]))
         self._tick = asyncio.create_task(self._tick_loop())
+        if self.elastic is not None:
+            self.provisioner = self._provisioner()
+            self._rebalancer = asyncio.create_task(self._rebalance_loop())
+
+    def _provisioner(self) -> Provisioner:
+        opts = self.options
+        if opts.provision_cmd:
+            return CommandProvisioner(opts.provision_cmd, timeout_s=opts.provision_timeout_s)
+        assert self.http_address is not None
+        scheme = "https" if opts.tls_cert is not None else "http"
+        return LocalProvisioner(
+            "{}://{}:{}".format(scheme, *self.http_address),
+            opts.spawn_dir or opts.db.with_name(opts.db.name + "-brokers"),
+            token=opts.token,
+            mcap=opts.spawn_mcap,
+            timeout_s=opts.provision_timeout_s,
+        )
 
     async def stop(self) -> None:
-        if self._tick is not None:
-            self._tick.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._tick
+        for loop_task in (self._rebalancer, self._tick):
+            if loop_task is not None:
+                loop_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop_task
         for task in list(self._tasks):
             task.cancel()
+        if self.provisioner is not None:
+            await self.provisioner.close()  # every local child stopped
         if self._runner is not None:
             await self._runner.cleanup()
         if self._session is not None:
@@ -134,6 +170,45 @@ class ControllerService:
                 self.ctrl.stall_after_s,
                 self.ctrl.stalled_s,
             )
+
+    # -- elasticity ----------------------------------------------------------------------
+    async def _rebalance_loop(self) -> None:
+        """Every ``rebalance_interval_s``: sample loads, run the rebalancer, carry out."""
+        while True:
+            await asyncio.sleep(self.options.rebalance_interval_s)
+            try:
+                self.rebalance_step(time.monotonic())
+            except Exception:
+                log.exception("a rebalancing step failed; the next one runs")
+
+    def rebalance_step(self, now: float) -> ElasticStep:
+        """One step of ``Elastic``: moves executed as any plan change, brokers started and
+        stopped in the background."""
+        assert self.elastic is not None and self.provisioner is not None
+        el, prov = self.elastic, self.provisioner
+        el.observe(self.ctrl, now)
+        step = el.step(self.ctrl, now, prov.can_stop)
+        for d in step.decisions:
+            log.info("rebalance: %s", d.to_json())
+        if step.actions:
+            self.execute(step.actions)
+        for bid in step.start:
+            self._spawn(self._provision(prov.start, bid, el.start_failed))
+        for bid in step.stop:
+            self._spawn(self._provision(prov.stop, bid, el.stop_failed))
+        return step
+
+    async def _provision(
+        self,
+        run: Callable[[str], Awaitable[None]],
+        broker: str,
+        failed: Callable[[str, float, str], None],
+    ) -> None:
+        try:
+            await run(broker)
+        except ProvisionError as exc:
+            log.error("provisioning: %s", exc)
+            failed(broker, time.monotonic(), str(exc))
 
     def _headers(self) -> dict[str, str]:
         """What the controller sends to brokers: the cluster token, if any."""
@@ -386,7 +461,8 @@ class ControllerService:
         """What /info answers (``documents.Info``)."""
         return {"version": __version__, "ticks": self.ctrl.ticks, "stalls": self.ctrl.stalls,
                 "stalled_s": self.ctrl.stalled_s, "tls": self.options.tls_cert is not None,
-                "auth": self.options.token is not None}  # fmt: skip
+                "auth": self.options.token is not None,
+                **({"elastic": self.elastic.to_json()} if self.elastic else {})}  # fmt: skip
 
 
 def _broker_url(info: BrokerInfo, path: str) -> URL:

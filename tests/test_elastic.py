@@ -1,0 +1,136 @@
+"""Elasticity glue (srtm.control.elastic, pure) and the command-hook provisioner."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from srtm.control.elastic import Elastic, carries
+from srtm.control.provision import CommandProvisioner, ProvisionError
+from srtm.control.state import Controller, Migrate
+from srtm.placement import PublisherLoad, TopicSpec
+from srtm.placement.rebalance import RebalanceSettings
+
+
+def topic(name: str, n: int, rate: float) -> TopicSpec:
+    pubs = tuple(PublisherLoad(f"{name}{i}", rate, f"g{i % 2}") for i in range(n))
+    return TopicSpec(name, pubs, 100, 1.0, 1.1 * rate * n)
+
+
+def reg(c: Controller, bid: str, port: int, now: float = 0.0) -> None:
+    c.register(bid, f"127.0.0.1:{port}", f"127.0.0.1:{port + 1000}", 100.0, now)
+
+
+def elastic(**kw: float) -> Elastic:
+    s = RebalanceSettings(window_s=1.0, min_plan_interval_s=0.0, **kw)  # type: ignore[arg-type]
+    return Elastic(s)
+
+
+def test_overload_spawns_then_moves_onto_the_new_broker() -> None:
+    c = Controller()
+    reg(c, "9", 4150)
+    c.create_topic(topic("t", 4, 20.0), "srtm", now=0)  # r = 88 of mcap 100: LR 0.88
+    el = elastic(max_brokers=3)
+    el.observe(c, 1.0)
+    step = el.step(c, 1.0, lambda b: True)
+    assert step.start == ["1001"] and not step.actions
+    el.observe(c, 2.0)
+    assert el.step(c, 2.0, lambda b: True).start == []  # one being started counts
+    reg(c, "1001", 4160, now=2.5)
+    el.observe(c, 3.0)
+    step = el.step(c, 3.0, lambda b: True)
+    assert not el.spawning
+    moved = [a for a in step.actions if isinstance(a, Migrate)]
+    assert moved and all(a.broker == "9" for a in moved)
+    assert c.topics["t"].assignment.get("1001")
+    assert c.topics["t"].assignment.get("9")  # a slice, not everything
+
+
+def test_max_brokers_bounds_spawns() -> None:
+    c = Controller()
+    reg(c, "9", 4150)
+    c.create_topic(topic("t", 4, 20.0), "srtm", now=0)
+    el = elastic(max_brokers=1)
+    el.observe(c, 1.0)
+    assert el.step(c, 1.0, lambda b: True).start == []
+
+
+def _two_brokers() -> Controller:
+    c = Controller()
+    reg(c, "9", 4150)
+    reg(c, "1001", 4160)
+    c.create_topic(topic("a", 3, 10.0), "srtm", now=0)
+    c.create_topic(topic("b", 1, 10.0), "srtm", now=0)
+    c.set_assignment("a", {"9": ["a0", "a1", "a2"]}, [], "test")
+    c.set_assignment("b", {"1001": ["b0"]}, [], "test")
+    return c
+
+
+def test_despawn_waits_until_the_broker_carries_nothing() -> None:
+    c = _two_brokers()
+    el = elastic()
+    el.observe(c, 1.0)
+    step = el.step(c, 1.0, lambda b: b == "1001")
+    assert c.topics["b"].assignment == {"9": ["b0"]}
+    assert step.stop == [] and "1001" in el.despawning
+    assert carries(c, "1001")  # draining: its report must show the topic settled
+    el.observe(c, 2.0)
+    assert el.step(c, 2.0, lambda b: True).stop == []
+    for _ in range(3):  # reports numbered 2 after the drop, nothing arriving
+        c.report("1001", 0.0, {}, now=2.0, arrived={"b": 5})
+    c.tick(2.1)
+    assert not carries(c, "1001")
+    el.observe(c, 3.0)
+    assert el.step(c, 3.0, lambda b: True).stop == ["1001"]
+    assert not el.despawning and el.despawned == 1
+
+
+def test_min_brokers_and_foreign_brokers_are_not_despawned() -> None:
+    for kw, can_stop in (({"min_brokers": 2}, True), ({}, False)):
+        c = _two_brokers()
+        el = elastic(**kw)
+        el.observe(c, 1.0)
+        step = el.step(c, 1.0, lambda b, ok=can_stop: ok)
+        assert step.stop == [] and not step.actions and not el.despawning
+        assert c.topics["b"].assignment == {"1001": ["b0"]}  # its moves dropped too
+        assert can_stop or any("did not start it" in e for e in el.events)
+
+
+def test_an_empty_broker_is_stopped_at_once() -> None:
+    c = Controller()
+    reg(c, "9", 4150)
+    c.create_topic(topic("a", 3, 10.0), "srtm", now=0)
+    reg(c, "1001", 4160)
+    el = elastic()
+    el.observe(c, 1.0)
+    assert el.step(c, 1.0, lambda b: b == "1001").stop == ["1001"]
+
+
+def _hook(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "hook.sh"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return f"{script} --region 'eu west'"
+
+
+async def test_command_hook_gets_its_arguments(tmp_path: Path) -> None:
+    log = tmp_path / "calls"
+    prov = CommandProvisioner(_hook(tmp_path, f'echo "$@" >> {log}; echo started'))
+    await prov.start("1001")
+    await prov.stop("1001")
+    assert log.read_text().splitlines() == [
+        "--region eu west start 1001",
+        "--region eu west stop 1001",
+    ]
+    assert prov.can_stop("anything")
+
+
+async def test_command_hook_failures_and_timeouts_raise(tmp_path: Path) -> None:
+    with pytest.raises(ProvisionError, match="exit code 3"):
+        await CommandProvisioner(_hook(tmp_path, "exit 3")).start("1001")
+    with pytest.raises(ProvisionError, match="no exit"):
+        await CommandProvisioner(_hook(tmp_path, "exec sleep 30"), timeout_s=0.3).stop("x")
+    with pytest.raises(ProvisionError):
+        await CommandProvisioner(str(tmp_path / "missing")).start("1001")
