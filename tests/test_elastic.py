@@ -11,7 +11,7 @@ from srtm.control.elastic import Elastic, carries
 from srtm.control.provision import CommandProvisioner, ProvisionError
 from srtm.control.state import Controller, Migrate
 from srtm.placement import PublisherLoad, TopicSpec
-from srtm.placement.rebalance import RebalanceSettings
+from srtm.placement.rebalance import Despawn, RebalanceSettings
 
 
 def topic(name: str, n: int, rate: float) -> TopicSpec:
@@ -95,7 +95,24 @@ def test_min_brokers_and_foreign_brokers_are_not_despawned() -> None:
         step = el.step(c, 1.0, lambda b, ok=can_stop: ok)
         assert step.stop == [] and not step.actions and not el.despawning
         assert c.topics["b"].assignment == {"1001": ["b0"]}  # its moves dropped too
-        assert can_stop or any("did not start it" in e for e in el.events)
+        # refused at the step (min_brokers) or never proposed (nothing stoppable)
+        assert can_stop or not any(isinstance(d, Despawn) for d in step.decisions)
+
+
+def test_a_static_broker_never_blocks_despawning_a_spawned_one() -> None:
+    c = Controller()
+    reg(c, "1", 4150)  # started by hand: the provisioner cannot stop it
+    reg(c, "1001", 4160)
+    c.create_topic(topic("a", 3, 10.0), "srtm", now=0)
+    c.create_topic(topic("b", 1, 10.0), "srtm", now=0)
+    c.set_assignment("a", {"1001": ["a0", "a1", "a2"]}, [], "test")
+    c.set_assignment("b", {"1": ["b0"]}, [], "test")  # "1" is the least loaded, and first by id
+    el = elastic()
+    el.observe(c, 1.0)
+    el.step(c, 1.0, lambda b: b == "1001")
+    assert list(el.despawning) == ["1001"]
+    assert c.topics["a"].assignment == {"1": ["a0", "a1", "a2"]}
+    assert c.topics["b"].assignment == {"1": ["b0"]}
 
 
 def test_an_empty_broker_is_stopped_at_once() -> None:

@@ -29,13 +29,13 @@ async def test_spawn_on_overload_and_despawn_when_idle(tmp_path: Path) -> None:
     assert service.http_address is not None and service.elastic is not None
     url = "http://{}:{}".format(*service.http_address)
     seed = await asyncio.to_thread(
-        start_broker, tmp_path / "seed", ["--broker-id", "9", "--controller", url,
+        start_broker, tmp_path / "seed", ["--broker-id", "1", "--controller", url,
         "--mcap", "100", "--report-interval-s", "0.2"], token=token,
     )  # fmt: skip
     headers = {"Authorization": f"Bearer {token}"}
     try:
         ctrl = service.ctrl
-        await eventually(lambda: "9" in ctrl.brokers, "the seed registered")
+        await eventually(lambda: "1" in ctrl.brokers, "the seed registered")
         # 4 x 20 msg/s declared, r = 88 of mcap 100: LR 0.88 > 0.80, nowhere to go
         pubs = [{"id": f"p{i}", "rate": 20, "group": f"g{i % 2}"} for i in range(4)]
         doc = {"name": "hot", "slo_p99_ms": 100, "burst": 50, "publishers": pubs}
@@ -55,7 +55,7 @@ async def test_spawn_on_overload_and_despawn_when_idle(tmp_path: Path) -> None:
                 "back to one broker",
                 timeout=60,
             )
-            assert [b.id for b in ctrl.up()] == ["9"]
+            assert [b.id for b in ctrl.up()] == ["1"]
     finally:
         await service.stop()
         seed.stop()

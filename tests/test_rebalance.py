@@ -250,6 +250,23 @@ def test_despawn_only_when_the_average_stays_under_the_threshold() -> None:
     assert rebalance(low, RebalanceSettings(min_brokers=3), NOW) == []
 
 
+def test_despawn_picks_the_least_loaded_stoppable_broker() -> None:
+    topics = [
+        {"name": f"t{i}", "rate": load, "publishers": _pubs(f"t{i}p", 2, load / 2),
+         "plan": {f"b{i}": [f"t{i}p0", f"t{i}p1"]}}
+        for i, load in enumerate((100, 200, 300))
+    ]  # fmt: skip
+    brokers = [{"id": f"b{i}", "mcap": 1000} for i in range(3)]
+    assert rebalance(_state(brokers, topics), SETTINGS, NOW)[-1] == Despawn("b0")
+    brokers[0]["stoppable"] = False  # b0 was started some other way: b1 goes instead
+    decisions = rebalance(_state(brokers, topics), SETTINGS, NOW)
+    assert decisions[-1] == Despawn("b1")
+    assert all(d.source == "b1" for d in decisions if isinstance(d, Relocate))
+    for b in brokers:
+        b["stoppable"] = False
+    assert rebalance(_state(brokers, topics), SETTINGS, NOW) == []
+
+
 def test_min_and_max_brokers_bound_spawns() -> None:
     pubs = _pubs("p", 10, 100)
     doc = {"name": "t", "rate": 1000, "publishers": pubs, "plan": {"b1": _ids(pubs)}}
@@ -301,6 +318,7 @@ def test_bad_settings_are_refused() -> None:
         ({"brokers": []}, "brokers"),
         ({"brokers": [{"id": "b1"}]}, "brokers[0]: missing field 'mcap'"),
         ({"brokers": [{"id": "b1", "mcap": 1, "cpu": -1}]}, "brokers[0].cpu"),
+        ({"brokers": [{"id": "b1", "mcap": 1, "stoppable": "no"}]}, "brokers[0].stoppable"),
         ({"brokers": [{"id": "b1", "mcap": 1}], "topics": [{"name": "t"}]}, "topics[0]"),
         (
             {

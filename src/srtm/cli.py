@@ -417,9 +417,9 @@ _STATE_HELP = """JSON state: {"now_s": 100, "spawning": 0, "brokers": [{"id": "b
 "a"}, ...], "plan": {"b1": ["h1", ...]}, "replicas": [], "last_change_s": 90}, ...]}.
 Rates in msg/s (averaged over 10 s), egress in bytes/s, cpu a fraction. A broker's
 ingress and egress default to what the plans send it, cpu and slo_streak to 0,
-egress_max to --egress-max; a topic's rate to 1.1 x its publishers' total, subscribers
-to 1, message_bytes to 100, replicas (ALL_PUBLISHERS brokers besides the plan's one) to
-none, last_change_s to long ago."""
+egress_max to --egress-max, stoppable to true (false: never despawned); a topic's rate
+to 1.1 x its publishers' total, subscribers to 1, message_bytes to 100, replicas
+(ALL_PUBLISHERS brokers besides the plan's one) to none, last_change_s to long ago."""
 
 
 @app.command("rebalance")

@@ -9,8 +9,10 @@ fleet at a time). Else the rebalancer runs on the state built from the controlle
 (``state``) and its decisions become: ``Relocate`` -> ``Controller.move`` (the lossless
 move: shrink-before-grow shares, migration orders, draining); ``Spawn`` -> broker ids to
 start (``1001``, ``1002``, ...: broker ids are integers), within ``max_brokers``;
-``Despawn`` -> its moves, then the broker waits to drain, within ``min_brokers`` and
-only for a broker the provisioner can stop (else the despawn and its moves are dropped);
+``Despawn`` -> its moves, then the broker waits to drain, within ``min_brokers`` (else
+the despawn and its moves are dropped). The rebalancer picks only among brokers the
+provisioner can stop (``BrokerWindow.stoppable``), so a broker started some other way
+never blocks giving back one that was spawned;
 ``Replicate``/``Unreplicate`` -> an event only (issue 18 item 2 is not built yet).
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from srtm.control.state import Action, ControlError, Controller
 from srtm.placement.rebalance import (
@@ -104,11 +106,20 @@ class Elastic:
         for name in set(self._versions) - set(ctrl.topics):
             del self._versions[name]
 
-    def state(self, ctrl: Controller, now: float) -> RebalanceState:
-        """The rebalancer's view: brokers up with their averaged loads, every topic with its
-        plan (a topic being fitted counts as just changed: fitting owns its plan)."""
+    def state(
+        self, ctrl: Controller, now: float, can_stop: Callable[[str], bool] | None = None
+    ) -> RebalanceState:
+        """The rebalancer's view: brokers up with their averaged loads (stoppable as
+        ``can_stop`` says; None: all), every topic with its plan (a topic being fitted
+        counts as just changed: fitting owns its plan)."""
         up = {b.id: b for b in ctrl.up() if b.id not in self.stopping}
-        brokers = tuple(self.averager.window(b, info.mcap, now) for b, info in up.items())
+        brokers = tuple(
+            replace(
+                self.averager.window(b, info.mcap, now),
+                stoppable=can_stop is None or can_stop(b),
+            )
+            for b, info in up.items()
+        )
         topics = []
         for name, t in ctrl.topics.items():
             plan = {b: tuple(ps) for b, ps in t.assignment.items() if ps and b in up}
@@ -126,7 +137,7 @@ class Elastic:
         self._settle_despawning(ctrl, now, out)
         if self.despawning or out.stop:
             return out
-        out.decisions = decisions = rebalance(self.state(ctrl, now), self.settings, now)
+        out.decisions = decisions = rebalance(self.state(ctrl, now, can_stop), self.settings, now)
         refused = {d.broker for d in decisions if isinstance(d, Despawn)} - {
             d.broker
             for d in decisions
@@ -151,7 +162,7 @@ class Elastic:
         if len(ctrl.up()) - len(self.stopping) - 1 < self.settings.min_brokers:
             self.note(now, f"despawn {d.broker} refused: --min-brokers {self.settings.min_brokers}")
             return False
-        if not can_stop(d.broker):
+        if not can_stop(d.broker):  # the rebalancer was told; this is a safety net
             self.note(now, f"despawn {d.broker} refused: the provisioner did not start it")
             return False
         return True

@@ -23,8 +23,9 @@
 - **Spawn** when overload remains because no broker could take a part and stay under
   ``target`` (Dynamoth's code: no server under 0.60 can take the load); **despawn** the
   least-loaded broker (moving all its parts away) when no broker is overloaded and the
-  average LR would stay under ``despawn_below`` without it. ``min_brokers`` and
-  ``max_brokers`` bound both.
+  average LR would stay under ``despawn_below`` without it; only a ``stoppable`` broker
+  is a candidate (one that cannot be given back never blocks one that can).
+  ``min_brokers`` and ``max_brokers`` bound both.
 - A topic changed less than ``min_plan_interval_s`` ago is not touched.
 """
 
@@ -75,6 +76,9 @@ class BrokerWindow:
     slo_streak: int = 0
     #: This broker's maximum egress (bytes/s); None: the settings' ``egress_max``.
     egress_max: float | None = None
+    #: Whether it may be despawned (the controller: its provisioner can stop it; a broker
+    #: started some other way cannot). It still takes and sheds load either way.
+    stoppable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -571,17 +575,20 @@ def _cpu_per_msg(run: _Pass, load: _Load) -> float:
 
 
 def _despawn(run: _Pass) -> None:
-    """Dynamoth's low-load plan: if the average LR without the least-loaded broker stays
-    under ``despawn_below``, move all its parts away (whole, each to a broker with room)
-    and give it back; nothing when any part cannot move."""
+    """Dynamoth's low-load plan: if the average LR without the least-loaded stoppable
+    broker stays under ``despawn_below``, move all its parts away (whole, each to a broker
+    with room) and give it back; nothing when any part cannot move."""
     s = run.settings
     loads = run.by_ratio()
-    if len(loads) < 2:
+    stoppable = [x for x in loads if x.window.stoppable]
+    if len(loads) < 2 or not stoppable:
         return
+    # The load is conserved by the moves: the average without any one broker is the total
+    # over n - 1, whichever broker goes.
     avg = math.fsum(x.ratio() for x in loads) / len(loads)
     if avg * len(loads) / (len(loads) - 1) >= s.despawn_below:
         return
-    victim = loads[0]
+    victim = stoppable[0]
     b = victim.window.id
     before = len(run.decisions)
     saved = {k: replace(v) for k, v in run.loads.items()}
@@ -748,7 +755,12 @@ def parse_state(doc: Any) -> RebalanceState:
         emax = _num(item, "egress_max", where) if "egress_max" in item else None
         if emax is not None and emax <= 0:
             raise ValueError(f"{where}.egress_max must be > 0, got {emax!r}")
-        brokers.append(BrokerWindow(ids[i], mcap, ingress, egress, cpu, int(streak), emax))
+        stoppable = item.get("stoppable", True)
+        if not isinstance(stoppable, bool):
+            raise ValueError(f"{where}.stoppable must be true or false, got {stoppable!r}")
+        brokers.append(
+            BrokerWindow(ids[i], mcap, ingress, egress, cpu, int(streak), emax, stoppable)
+        )
     spawning = _num(doc, "spawning", "state", 0.0)
     return RebalanceState(tuple(brokers), topics, int(spawning))
 
