@@ -41,10 +41,12 @@ async def publish(pub: Publisher, stop: asyncio.Event, acked: set[tuple[str, int
 
 async def test_spawn_on_overload_and_despawn_when_load_falls(tmp_path: Path) -> None:
     token = new_token()
+    # broker_timeout_s 15: a seed that misses its reports for longer (a loaded CI machine)
+    # is failed over, the whole topic re-placed on 1001; that is failover, not this test.
     opts = ControllerOptions(
         db=tmp_path / "c.db", http_port=0, tick_s=0.2, token=token, rebalance=True,
         rebalance_interval_s=0.3, rebalance_window_s=0.6, min_plan_interval_s=1.0,
-        min_brokers=1, max_brokers=3, spawn_mcap=100.0, broker_timeout_s=5.0,
+        min_brokers=1, max_brokers=3, spawn_mcap=100.0, broker_timeout_s=15.0,
     )  # fmt: skip
     service = ControllerService(opts)
     await service.start()
@@ -140,7 +142,6 @@ async def test_spawn_on_overload_and_despawn_when_load_falls(tmp_path: Path) -> 
         await service.stop()
         seed.stop()
     published = {(p, s) for p, pub in pubs.items() for s in range(pub.seq)}
-    print(f"published {len(published)} delivered {len(set(got))}", el.events)
     assert acked == published, f"{len(published - acked)} not acknowledged"
     assert set(got) == published
     dups = sum(n - 1 for n in Counter(got).values())
