@@ -38,7 +38,8 @@ ScenarioArg = Annotated[
         help="A shipped scenario (see `srtm experiment list`), a TOML file, or with --sim "
         "one of the paper's figures (fig4 … fig9, table1). `multi-tenant`: many topics "
         "arriving, one deleted, sensors joining, on capacity-limited brokers (live, or with "
-        "--sim at the paper's scale, SRTM against LB)."
+        "--sim at the paper's scale, SRTM against LB). `trading-day`, `excess-capacity`, "
+        "`latency-effects` with --sim: the utility-aware allocation paper's experiments."
     ),
 ]
 OutOpt = Annotated[
@@ -280,6 +281,11 @@ def run_cmd(
     if scenario == "multi-tenant":
         _run_tenancy(out, sim, _policies(policy), as_json, strict)
         return
+    from srtm.experiments import utility_sim
+
+    if scenario in utility_sim.EXPERIMENTS:
+        _run_utility(scenario, out, sim, as_json)
+        return
     if sim:
         _run_sim(scenario, out, as_json)
         return
@@ -347,6 +353,17 @@ def _run_tenancy(
         failed |= not all(c["ok"] for c in summary["checks"])
     if failed and strict:
         raise typer.Exit(1)
+
+
+def _run_utility(name: str, out: Path, sim: bool, as_json: bool) -> None:
+    """The utility-aware allocation paper's experiments: simulated only (so far)."""
+    from srtm.experiments import utility_sim
+
+    if not sim:
+        console.print(f"[red]error:[/red] the live {name} experiment is not built yet; "
+                      f"`srtm experiment run {name} --sim` simulates it")  # fmt: skip
+        raise typer.Exit(2)
+    _print_figure(utility_sim.EXPERIMENTS[name](out), as_json)
 
 
 def _run_sim(name: str, out: Path, as_json: bool) -> None:
