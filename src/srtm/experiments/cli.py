@@ -280,6 +280,9 @@ def run_cmd(
     if scenario == "multi-tenant":
         _run_tenancy(out, sim, _policies(policy), as_json, strict)
         return
+    if scenario == "diurnal":
+        _run_diurnal(out, sim, as_json)
+        return
     if sim:
         _run_sim(scenario, out, as_json)
         return
@@ -347,6 +350,16 @@ def _run_tenancy(
         failed |= not all(c["ok"] for c in summary["checks"])
     if failed and strict:
         raise typer.Exit(1)
+
+
+def _run_diurnal(out: Path, sim: bool, as_json: bool) -> None:
+    """``diurnal``: the rebalancer's loop on and off over a compressed day (--sim only)."""
+    if not sim:
+        console.print("[red]error:[/red] the live diurnal scenario is not built yet; use --sim")
+        raise typer.Exit(2)
+    from srtm.experiments import diurnal_cli
+
+    diurnal_cli.run_sim(out, as_json, console, out_console)
 
 
 def _run_sim(name: str, out: Path, as_json: bool) -> None:
