@@ -281,6 +281,9 @@ def run_cmd(
     if scenario == "multi-tenant":
         _run_tenancy(out, sim, _policies(policy), as_json, strict)
         return
+    if scenario == "diurnal":
+        _run_diurnal(out, sim, as_json)
+        return
     from srtm.experiments import utility_sim
 
     if scenario in utility_sim.EXPERIMENTS:
@@ -364,6 +367,16 @@ def _run_utility(name: str, out: Path, sim: bool, as_json: bool) -> None:
                       f"`srtm experiment run {name} --sim` simulates it")  # fmt: skip
         raise typer.Exit(2)
     _print_figure(utility_sim.EXPERIMENTS[name](out), as_json)
+
+
+def _run_diurnal(out: Path, sim: bool, as_json: bool) -> None:
+    """``diurnal``: the rebalancer's loop on and off over a compressed day (--sim only)."""
+    if not sim:
+        console.print("[red]error:[/red] the live diurnal scenario is not built yet; use --sim")
+        raise typer.Exit(2)
+    from srtm.experiments import diurnal_cli
+
+    diurnal_cli.run_sim(out, as_json, console, out_console)
 
 
 def _run_sim(name: str, out: Path, as_json: bool) -> None:
