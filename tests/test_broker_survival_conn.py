@@ -468,3 +468,23 @@ async def test_connections_beyond_the_limit_are_told_and_closed(
     assert await again.response() == b"OK"
     for c in [*held, over, again]:
         await c.close()
+
+
+def test_flushing_histograms_imports_nothing() -> None:
+    """The first flush may come while the broker is out of fds: a module loaded lazily then
+    fails with EMFILE (numpy.ctypeslib did, and killed the broker's housekeeping)."""
+    code = (
+        "import sys\n"
+        "import srtm.broker.broker\n"
+        "from srtm.broker.stats import Recorder\n"
+        "before = set(sys.modules)\n"
+        "r = Recorder()\n"
+        "for v in (1_000, 50_000, 3_000_000): r.add(v)\n"
+        "r.flush()\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -424,7 +424,10 @@ async def test_in_flight_of_a_gone_consumer_waits_for_its_timeout(target: Target
 
     s = await eventually(stats, "the consumer gone", until=lambda s: s.get("client_count") == 0)
     assert (s["in_flight_count"], s["requeue_count"], s["timeout_count"]) == (1, 0, 0)
-    s = await eventually(stats, "its message timed out", until=lambda s: s["timeout_count"])
+    # nsqd counts the timeout a moment before the message is back in the queue: wait for both
+    s = await eventually(
+        stats, "its message timed out and queued", until=lambda s: s["timeout_count"] and s["depth"]
+    )
     assert (s["timeout_count"], s["requeue_count"], s["depth"]) == (1, 0, 1)
     again = await connect(target)
     try:

@@ -15,6 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+# numpy loads ctypeslib on first use, which may be the first histogram flush while the broker
+# is out of fds (EMFILE on the import killed its housekeeping): loaded at start instead.
+import numpy.ctypeslib
 from hdrh.histogram import HdrHistogram
 
 from srtm.broker.message import Message
