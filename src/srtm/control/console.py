@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from yarl import URL
 
 from srtm.analysis.md1 import prob_delayed
+from srtm.control.documents import BrokerLoad
 from srtm.control.validate import ControlError
 from srtm.ratelimit import BucketParams
 
@@ -54,18 +55,10 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ConsoleBroker(_Doc):
-    """A broker, its capacity ledger (msg/s) and how many topics it carries."""
+class ConsoleBroker(BrokerLoad):
+    """A broker, its capacity ledger (msg/s, as ``GET /brokers``) and how many topics it
+    carries."""
 
-    id: str
-    tcp_address: str
-    http_address: str
-    mcap: float
-    allocated: float
-    measured: float
-    rcap: float
-    down: bool
-    over: bool
     topics: int = Field(description="topics whose plan gives it a sub-bucket")
 
 
