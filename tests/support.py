@@ -20,6 +20,8 @@ import aiohttp
 import pytest
 
 from srtm.broker import Broker
+from srtm.control import Controller
+from srtm.placement import PublisherLoad, TopicSpec
 
 T = TypeVar("T")
 
@@ -192,3 +194,18 @@ def nsq_bin() -> Path:
         f"{', '.join(map(str, candidates))}: set SRTM_NSQ_BIN to the directory that holds them",
         pytrace=False,
     )
+
+
+# -- the controller without I/O -----------------------------------------------------------------
+def registered(n: int = 3, mcap: float = 1_000) -> Controller:
+    """A pure ``Controller`` with brokers ``b0`` … ``b{n-1}`` registered at time 0."""
+    c = Controller(broker_timeout_s=5)
+    for i in range(n):
+        c.register(f"b{i}", f"127.0.0.1:{4150 + i}", f"127.0.0.1:{5150 + i}", mcap, now=0)
+    return c
+
+
+def topic_of(n: int, name: str = "t", rate: float = 10.0) -> TopicSpec:
+    """``n`` publishers of ``rate`` in groups of 10, burst 100, SLO 1 ms, r = 1.1 × load."""
+    pubs = tuple(PublisherLoad(f"p{i}", rate, f"g{i // 10}") for i in range(n))
+    return TopicSpec(name, pubs, 100, 1.0, 1.1 * rate * n)

@@ -7,19 +7,8 @@ import math
 import pytest
 
 from srtm.control import ControlError, Controller, PlanChanged, SetBucket
-from srtm.placement import PublisherLoad, TopicSpec
-
-
-def topic_of(n: int, name: str = "t", rate: float = 10.0) -> TopicSpec:
-    pubs = tuple(PublisherLoad(f"p{i}", rate, f"g{i // 10}") for i in range(n))
-    return TopicSpec(name, pubs, 100, 1.0, 1.1 * rate * n)
-
-
-def cluster(n: int = 3, mcap: float = 1_000) -> Controller:
-    c = Controller(broker_timeout_s=5)
-    for i in range(n):
-        c.register(f"b{i}", f"127.0.0.1:{4150 + i}", f"127.0.0.1:{5150 + i}", mcap, now=0)
-    return c
+from support import registered as cluster
+from support import topic_of
 
 
 def test_a_topic_is_placed_and_every_broker_gets_its_sub_bucket() -> None:

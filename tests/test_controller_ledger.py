@@ -13,19 +13,13 @@ from srtm.control import Controller
 from srtm.control.documents import Brokers, TopicStatus
 from srtm.placement import PublisherLoad, TopicSpec, place
 from support import ControllerClient
+from support import registered as cluster
 
 
 def topic_800(name: str) -> TopicSpec:
     """800 msg/s from 8 publishers; rate 880 (the 10 % margin)."""
     pubs = tuple(PublisherLoad(f"p{i}", 100.0, f"g{i // 2}") for i in range(8))
     return TopicSpec(name, pubs, 50, 5.0, 880.0)
-
-
-def cluster(n: int, mcap: float = 1000) -> Controller:
-    c = Controller(broker_timeout_s=5)
-    for i in range(n):
-        c.register(f"b{i}", f"127.0.0.1:{4150 + i}", f"127.0.0.1:{5150 + i}", mcap, now=0)
-    return c
 
 
 def brokers_of(c: Controller, topic: str) -> set[str]:

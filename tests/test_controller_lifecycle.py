@@ -19,13 +19,7 @@ from srtm.control.state import ControlError, Migrate, PlanChanged, SetBucket, Un
 from srtm.launch import start_cluster
 from srtm.placement import PublisherLoad, TopicSpec
 from support import ControllerClient, eventually
-
-
-def cluster(n: int, mcap: float = 1000) -> Controller:
-    c = Controller(broker_timeout_s=5)
-    for i in range(n):
-        c.register(f"b{i}", f"127.0.0.1:{4150 + i}", f"127.0.0.1:{5150 + i}", mcap, now=0)
-    return c
+from support import registered as cluster
 
 
 def spec(name: str, n: int = 8, rate: float = 100.0, groups: int = 4) -> TopicSpec:

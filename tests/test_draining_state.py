@@ -11,14 +11,13 @@ import pytest
 from srtm.control import Controller
 from srtm.control.state import Hold, SetBucket, phases
 from srtm.placement import PublisherLoad, TopicSpec
+from support import registered
 
 RATE, BURST = 110.0, 20.0
 
 
 def cluster() -> Controller:
-    c = Controller(broker_timeout_s=5)
-    for i in range(3):
-        c.register(f"b{i}", f"127.0.0.1:{4150 + i}", f"127.0.0.1:{5150 + i}", 1_000, now=0)
+    c = registered(3)
     pubs = tuple(PublisherLoad(f"p{i}", 10.0 + i) for i in range(6))
     c.create_topic(TopicSpec("t", pubs, BURST, 1.0, RATE), "lb", now=0)
     return c

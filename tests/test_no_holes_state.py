@@ -5,22 +5,11 @@ from __future__ import annotations
 
 import math
 
-from srtm.control import Controller, Hold, PlanChanged, SetBucket
+from srtm.control import Hold, PlanChanged, SetBucket
 from srtm.control.state import Action, phases
-from srtm.placement import PublisherLoad, TopicSpec
 from srtm.ratelimit import BucketParams
-
-
-def topic_of(n: int, name: str = "t", rate: float = 10.0) -> TopicSpec:
-    pubs = tuple(PublisherLoad(f"p{i}", rate, f"g{i // 10}") for i in range(n))
-    return TopicSpec(name, pubs, 100, 1.0, 1.1 * rate * n)
-
-
-def cluster(n: int = 3, mcap: float = 1_000) -> Controller:
-    c = Controller(broker_timeout_s=5)
-    for i in range(n):
-        c.register(f"b{i}", f"127.0.0.1:{4150 + i}", f"127.0.0.1:{5150 + i}", mcap, now=0)
-    return c
+from support import registered as cluster
+from support import topic_of
 
 
 def holds(actions: list[Action]) -> set[str]:

@@ -338,6 +338,8 @@ class ControllerService:
             down, up = phases(actions)
             await asyncio.gather(*(self._decrease(a) for a in down))
             await asyncio.gather(*(self._push_share(a) for a in up if self._current(a)))
+        if topic not in self.ctrl.topics and not lock.locked():
+            self._shares.pop(topic, None)  # no lock kept per topic ever deleted
 
     def _current(self, action: SetBucket) -> bool:
         """Is this increase still what the topic's plan gives the broker? (A later plan
