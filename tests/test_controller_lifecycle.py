@@ -14,8 +14,9 @@ import pytest
 
 from srtm.client import Publisher, Received, Subscriber
 from srtm.control import Controller
+from srtm.control.actions import Migrate, PlanChanged, SetBucket, Unmanage
 from srtm.control.documents import Brokers, Deleted, Error, TopicStatus
-from srtm.control.state import ControlError, Migrate, PlanChanged, SetBucket, Unmanage
+from srtm.control.state import ControlError
 from srtm.launch import start_cluster
 from srtm.placement import PublisherLoad, TopicSpec
 from support import ControllerClient, eventually

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from srtm.control import Controller
-from srtm.control.state import Hold, SetBucket, phases
+from srtm.control.actions import Hold, SetBucket, phases
 from srtm.placement import PublisherLoad, TopicSpec
 from support import registered
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from srtm.control.actions import Migrate
 from srtm.control.elastic import Elastic, carries
 from srtm.control.provision import CommandProvisioner, ProvisionError
-from srtm.control.state import Controller, Migrate
+from srtm.control.state import Controller
 from srtm.placement import PublisherLoad, TopicSpec
 from srtm.placement.rebalance import Despawn, RebalanceSettings
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from srtm.control import Hold, PlanChanged, SetBucket
-from srtm.control.state import Action, phases
+from srtm.control.actions import Action, phases
 from srtm.ratelimit import BucketParams
 from support import registered as cluster
 from support import topic_of

@@ -86,8 +86,9 @@ def test_fresh_rounds_draw_new_traffic() -> None:
 
 # -- the controller, model-assisted ----------------------------------------------------
 async def fit_on_controller(predict: object) -> tuple[int, ...]:
+    from srtm.control.actions import Action
     from srtm.control.fitting_run import fit_topic
-    from srtm.control.state import Action, Controller
+    from srtm.control.state import Controller
 
     ctrl = Controller()
     for i in range(4):

@@ -63,8 +63,9 @@ from srtm.version import NSQD_VERSION
 log = logging.getLogger("srtm.control")
 
 if TYPE_CHECKING:
+    from srtm.control.actions import Action
     from srtm.control.documents import FitSettings
-    from srtm.control.state import Action, Controller
+    from srtm.control.state import Controller
     from srtm.sim.model import BrokerModel
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

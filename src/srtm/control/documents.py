@@ -36,7 +36,7 @@ from pydantic_core import ErrorDetails
 from typing_extensions import TypedDict
 
 from srtm.analysis import profile_bucket
-from srtm.control.state import HELD, Share
+from srtm.control.actions import HELD, Share
 from srtm.control.validate import ControlError, split_address
 from srtm.placement import Policy, PublisherLoad, TopicSpec
 from srtm.placement.fitting import Verdict

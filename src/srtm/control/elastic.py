@@ -22,7 +22,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from srtm.control.state import Action, ControlError, Controller
+from srtm.control.actions import Action
+from srtm.control.state import ControlError, Controller
 from srtm.placement.rebalance import (
     Decision,
     Despawn,

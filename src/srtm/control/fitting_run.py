@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from srtm.control.state import Action, Controller
+from srtm.control.actions import Action
+from srtm.control.state import Controller
 from srtm.placement import Finished, Fitting, Predict, RoundResult
 from srtm.placement.fitting import Command, Profile, UseBrokers
 

@@ -19,6 +19,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from srtm.control.actions import Action, Hold, Migrate, PlanChanged, SetBucket, Unmanage, phases
 from srtm.control.api import make_app
 from srtm.control.elastic import Elastic, ElasticStep
 from srtm.control.fitting_run import as_result, fit_topic
@@ -29,17 +30,7 @@ from srtm.control.provision import (
     Provisioner,
     ProvisionError,
 )
-from srtm.control.state import (
-    Action,
-    BrokerInfo,
-    Controller,
-    Hold,
-    Migrate,
-    PlanChanged,
-    SetBucket,
-    Unmanage,
-    phases,
-)
+from srtm.control.state import BrokerInfo, Controller
 from srtm.control.store import Store
 from srtm.placement import RoundResult
 from srtm.security import bearer_header, check_token, require_loopback_without_token

@@ -12,6 +12,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from srtm.control.actions import (
+    HELD,
+    Action,
+    Hold,
+    Migrate,
+    PlanChanged,
+    SetBucket,
+    Share,
+    Unmanage,
+    same_bucket,
+)
 from srtm.control.registry import LookupRegistry
 from srtm.control.validate import ControlError, parse_address, topic_name
 from srtm.placement import (
@@ -32,10 +43,7 @@ from srtm.placement import (
 )
 from srtm.ratelimit import BucketParams, check_bucket, merge, split_floored
 
-__all__ = [
-    "Action", "ControlError", "Controller", "Hold", "Migrate", "PlanChanged", "SetBucket",
-    "Unmanage", "phases",
-]  # fmt: skip
+__all__ = ["BrokerInfo", "ControlError", "Controller", "TopicState"]
 
 
 @dataclass
@@ -111,93 +119,10 @@ class TopicState:
         return "short" if self.unassigned else "placed"
 
 
-@dataclass(frozen=True, slots=True)
-class SetBucket:
-    """Give ``broker`` this sub-bucket of ``topic``; ``was``: the one the plan gave it
-    before (None: none, it held the topic or did not have it)."""
-
-    broker: str
-    topic: str
-    bucket: BucketParams
-    was: BucketParams | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Hold:
-    """``broker`` has no share of the managed ``topic``: it keeps what arrives for it and
-    releases nothing (its sub-bucket, if any, goes)."""
-
-    broker: str
-    topic: str
-
-
-@dataclass(frozen=True, slots=True)
-class PlanChanged:
-    topic: str
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class Migrate:
-    """Tell ``publisher``, through its current broker, to move to ``to`` (TCP address)."""
-
-    broker: str
-    topic: str
-    publisher: str
-    to: str
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class Unmanage:
-    """``topic`` is no longer managed: ``broker`` drops its sub-bucket and releases what
-    it holds of it (messages already accepted are still delivered)."""
-
-    broker: str
-    topic: str
-
-
-Action = SetBucket | Hold | PlanChanged | Migrate | Unmanage
-
 #: The lease a broker gets, as a fraction of ``broker_timeout_s``: a broker cut off from
 #: the controller holds its topics before the controller marks it down and gives its
 #: shares away, with room for the time a request takes on the way.
 LEASE_FRACTION = 0.6
-
-
-def phases(actions: list[Action]) -> tuple[list[SetBucket | Hold], list[SetBucket]]:
-    """The share changes among ``actions``, in the order that keeps every topic's live
-    sub-buckets within its ``(r, b)``: first every decrease (holds, smaller buckets),
-    then, once all are applied, every increase. A change that lowers one of rate and
-    burst and raises the other is both: first down to the smaller of each, then up."""
-    down: list[SetBucket | Hold] = []
-    up: list[SetBucket] = []
-    for a in actions:
-        if isinstance(a, Hold):
-            down.append(a)
-        elif isinstance(a, SetBucket):
-            new, was = a.bucket, a.was
-            if was is None or (new.rate >= was.rate and new.burst >= was.burst):
-                up.append(a)
-            elif new.rate <= was.rate and new.burst <= was.burst:
-                down.append(a)
-            else:
-                low = BucketParams(min(new.rate, was.rate), min(new.burst, was.burst))
-                down.append(SetBucket(a.broker, a.topic, low, was))
-                up.append(SetBucket(a.broker, a.topic, new, low))
-    return down, up
-
-
-#: A topic a broker holds (managed, no share there), as a report tells it.
-HELD = "held"
-#: A topic's share on a broker: its sub-bucket, ``HELD``, or None (unmanaged there).
-Share = BucketParams | str | None
-
-
-def _same(a: BucketParams, b: BucketParams) -> bool:
-    return math.isclose(a.rate, b.rate, rel_tol=1e-9) and math.isclose(
-        a.burst, b.burst, rel_tol=1e-9
-    )
 
 
 #: Publishers one topic may have (a bigger topic is refused with 413): placement and
@@ -336,7 +261,7 @@ class Controller:
             want = topic.buckets.get(broker_id)
             got = seen.get(name)
             was = got if isinstance(got, BucketParams) else None
-            if want is not None and (was is None or not _same(was, want)):
+            if want is not None and (was is None or not same_bucket(was, want)):
                 actions.append(SetBucket(broker_id, name, want, was))
             elif want is None and name in seen and got != HELD:
                 actions.append(Hold(broker_id, name))

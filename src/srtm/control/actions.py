@@ -1,0 +1,102 @@
+"""What the controller asks of brokers and tells the service: the actions its decisions
+return, and the order that keeps a topic's live sub-buckets within its ``(r, b)``.
+
+Pure data and rules (no I/O); ``srtm.control.state`` makes them, the service carries them
+out (``srtm.control.service``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from srtm.ratelimit import BucketParams
+
+__all__ = [
+    "HELD", "Action", "Hold", "Migrate", "PlanChanged", "SetBucket", "Share", "Unmanage",
+    "phases", "same_bucket",
+]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class SetBucket:
+    """Give ``broker`` this sub-bucket of ``topic``; ``was``: the one the plan gave it
+    before (None: none, it held the topic or did not have it)."""
+
+    broker: str
+    topic: str
+    bucket: BucketParams
+    was: BucketParams | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """``broker`` has no share of the managed ``topic``: it keeps what arrives for it and
+    releases nothing (its sub-bucket, if any, goes)."""
+
+    broker: str
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlanChanged:
+    topic: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """Tell ``publisher``, through its current broker, to move to ``to`` (TCP address)."""
+
+    broker: str
+    topic: str
+    publisher: str
+    to: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unmanage:
+    """``topic`` is no longer managed: ``broker`` drops its sub-bucket and releases what
+    it holds of it (messages already accepted are still delivered)."""
+
+    broker: str
+    topic: str
+
+
+Action = SetBucket | Hold | PlanChanged | Migrate | Unmanage
+
+
+def phases(actions: list[Action]) -> tuple[list[SetBucket | Hold], list[SetBucket]]:
+    """The share changes among ``actions``, in the order that keeps every topic's live
+    sub-buckets within its ``(r, b)``: first every decrease (holds, smaller buckets),
+    then, once all are applied, every increase. A change that lowers one of rate and
+    burst and raises the other is both: first down to the smaller of each, then up."""
+    down: list[SetBucket | Hold] = []
+    up: list[SetBucket] = []
+    for a in actions:
+        if isinstance(a, Hold):
+            down.append(a)
+        elif isinstance(a, SetBucket):
+            new, was = a.bucket, a.was
+            if was is None or (new.rate >= was.rate and new.burst >= was.burst):
+                up.append(a)
+            elif new.rate <= was.rate and new.burst <= was.burst:
+                down.append(a)
+            else:
+                low = BucketParams(min(new.rate, was.rate), min(new.burst, was.burst))
+                down.append(SetBucket(a.broker, a.topic, low, was))
+                up.append(SetBucket(a.broker, a.topic, new, low))
+    return down, up
+
+
+#: A topic a broker holds (managed, no share there), as a report tells it.
+HELD = "held"
+#: A topic's share on a broker: its sub-bucket, ``HELD``, or None (unmanaged there).
+Share = BucketParams | str | None
+
+
+def same_bucket(a: BucketParams, b: BucketParams) -> bool:
+    return math.isclose(a.rate, b.rate, rel_tol=1e-9) and math.isclose(
+        a.burst, b.burst, rel_tol=1e-9
+    )
