@@ -1,7 +1,7 @@
 """Utility-aware allocation (Bhola et al.): utility functions of rate, consumer classes,
 request-response flows through MVA, and the greedy benefit/cost optimizer. Pure."""
 
-from srtm.utility.document import allocation_doc, parse_problem, request_response
+from srtm.utility.document import allocation_doc, parse_flow, parse_problem, request_response
 from srtm.utility.model import (
     MvaPoint,
     RequestResponse,
@@ -33,6 +33,7 @@ __all__ = [
     "allocation_doc",
     "mva_response_time",
     "optimize",
+    "parse_flow",
     "parse_problem",
     "request_response",
     "total_utility",
