@@ -37,10 +37,10 @@ def topic_depth(topic: Topic) -> int:
 class ResourceMeter:
     """The broker's resources between two reports: CPU as the process's CPU time over
     wall time (a fraction of one core), egress as bytes sent to clients per second, each
-    over the interval since the previous reading."""
+    over the interval since the previous reading; congested above the broker's
+    ``cpu_congested`` and ``egress_max``."""
 
-    def __init__(self, cpu_congested: float, egress_max: float) -> None:
-        self.cpu_congested, self.egress_max = cpu_congested, egress_max
+    def __init__(self) -> None:
         self._last: tuple[float, float, int] | None = None
 
     def read(self, broker: Broker) -> dict[str, Any]:
@@ -55,7 +55,10 @@ class ResourceMeter:
         return {
             "cpu": used,
             "egress_bps": egress,
-            "congested": {"cpu": used > self.cpu_congested, "network": egress > self.egress_max},
+            "congested": {
+                "cpu": used > broker.options.cpu_congested,
+                "network": egress > broker.options.egress_max,
+            },
         }
 
 
@@ -106,7 +109,7 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
         "mcap": mcap,
     }
     base = controller.rstrip("/")
-    meter = ResourceMeter(broker.options.cpu_congested, broker.options.egress_max)
+    meter = ResourceMeter()
     registered = False
     lease_s: float | None = None  # told at registration (an older controller tells none)
     refused = 0  # the last refusal's status, logged once rather than every second
