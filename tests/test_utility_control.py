@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from srtm.control.actions import SetBucket, phases
 from srtm.control.documents import NewTopic, TopicChange, parse
 from srtm.control.state import ControlError, Controller
-from srtm.control.utility import UtilityControl, UtilitySettings, corrected, flow_costs
+from srtm.control.utility import DEFAULT_COST_MODEL, UtilityControl, UtilitySettings, topic_costs
 from srtm.utility import ConsumerClass, FlowKind, FlowSpec, Problem, Utility, optimize
 from srtm.utility.cluster import (
     FlowCosts,
@@ -95,7 +95,7 @@ def test_costs_the_spec_leaves_out_come_from_the_cost_model() -> None:
 
 def test_the_problem_takes_shares_from_the_plan_and_available_from_demand() -> None:
     flow = parse_topic_utility(GOLD_SILVER, "t")
-    costs = flow_costs(100)
+    costs = topic_costs(DEFAULT_COST_MODEL, 100, "t")
     demand = {"b0": {"gold": 70, "silver": 3}, "b1": {"gold": 20}}
     inputs = [
         TopicInput(flow, {"b0": 30.0, "b1": 10.0}, demand, costs),
@@ -142,10 +142,20 @@ def test_set_rate_scales_the_shares_and_shrinks_before_it_grows() -> None:
     assert c.set_rate("t", c.topics["t"].spec.rate) == []
 
 
-def test_the_cpu_correction_follows_measured_over_predicted() -> None:
-    assert corrected(1.0, 0.5, 0.001) == 1.0  # too little predicted to say anything
-    assert corrected(1.0, 0.6, 0.2) == pytest.approx(2.0)  # halfway to 3
-    assert corrected(1.0, 100.0, 0.1) == pytest.approx(5.5)  # the ratio capped at 10
+def test_each_brokers_cost_model_is_corrected_by_its_measured_cpu() -> None:
+    c = _controller()
+    u = UtilityControl()
+    for b, cpu in (("b0", 0.5), ("b1", 0.05)):
+        c.report(b, 100.0, {"t": (1000.0, 0.0)}, 1.0, resources={"cpu": cpu},
+                 demand={"t": {"gold": 10}})  # fmt: skip
+    u.observe(c)
+    u.observe(c)  # the same reports: no second correction
+    # Predicted: 1000 · (23.7 + 10 · 6.4) µs = 0.0877 cores on each broker.
+    assert u.broker_model("b0").scale == pytest.approx(1 + 0.2 * (0.5 / 0.0877 - 1))
+    assert u.broker_model("b1").scale == pytest.approx(1 + 0.2 * (0.05 / 0.0877 - 1))
+    shares = {"b0": 1.0, "b1": 3.0}
+    scale = (u.broker_model("b0").scale + 3 * u.broker_model("b1").scale) / 4
+    assert u.costs(c, "t", shares).per_message["cpu"] == pytest.approx(23.7e-6 * scale)
 
 
 # -- rate control ------------------------------------------------------------------------

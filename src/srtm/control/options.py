@@ -134,6 +134,12 @@ class ControllerOptions:
     egress_max: float = setting(
         125e6, "The optimizer's network capacity per broker (egress bytes/s).", minimum=0
     )
+    cost_model: Path | None = setting(
+        None,
+        "The brokers' cost model for the optimizer: srtm calibrate --cost --json's "
+        "document (default: A 23.7 µs per message, B 6.4 µs per delivery), corrected "
+        "online per broker.",
+    )
 
     @property
     def adaptor(self) -> AdaptorSettings:

@@ -32,9 +32,10 @@ from srtm.control.provision import (
 )
 from srtm.control.state import BrokerInfo, Controller
 from srtm.control.store import Store
-from srtm.control.utility import UtilityControl, UtilitySettings, corrected, predicted_cpu
+from srtm.control.utility import UtilityControl, UtilitySettings
 from srtm.placement import RoundResult
 from srtm.security import bearer_header, check_token, require_loopback_without_token
+from srtm.utility.cost import model_from_doc
 from srtm.utility.optimizer import optimize
 from srtm.version import __version__
 
@@ -86,6 +87,8 @@ class ControllerService:
         self._rebalancer: asyncio.Task[None] | None = None
         #: The utility optimizer's last run and rate control (docs/utility.md).
         self.utility = UtilityControl(UtilitySettings(opts.cpu_capacity, opts.egress_max))
+        if opts.cost_model is not None:
+            self.utility.model = model_from_doc(json.loads(opts.cost_model.read_text()))
         self._utility_tasks: list[asyncio.Task[None]] = []
         self._optimizing = False
         if opts.rebalance:
@@ -227,7 +230,7 @@ class ControllerService:
         then set their rates (shrink before grow, as any share change) and post each
         broker of a one-to-many topic its admitted counts."""
         u = self.utility
-        u.cpu_scale = corrected(u.cpu_scale, *predicted_cpu(self.ctrl))
+        u.observe(self.ctrl)
         problem = u.build(self.ctrl)
         self._optimizing = True
         try:
@@ -249,6 +252,7 @@ class ControllerService:
             if self._optimizing:
                 continue
             try:
+                self.utility.observe(self.ctrl)
                 self.execute(self.utility.control(self.ctrl))
             except Exception:
                 log.exception("a rate control step failed; the next one runs")

@@ -12,55 +12,53 @@ congestion; the next run snaps them back to its own.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from srtm.control.actions import Action
-from srtm.control.state import Controller
+from srtm.control.state import BrokerInfo, Controller
+from srtm.utility import cost
 from srtm.utility.cluster import (
     FlowCosts,
     TopicInput,
     build_problem,
-    capacities,
     flow_doc,
     parse_topic_utility,
     run_doc,
+    shares_of,
 )
+from srtm.utility.cost import CostModel
 from srtm.utility.optimizer import Allocation, FlowKind, Problem
 from srtm.utility.ratecontrol import RateControlSettings, control_step
 
 #: The message size assumed for a topic no broker has reported bytes of yet.
 DEFAULT_MESSAGE_BYTES = 100
-#: Bytes a delivery adds to the body on the wire: NSQ's frame (size, type) and message
-#: header (timestamp, attempts, id).
-FRAME_OVERHEAD_BYTES = 4 + 4 + 8 + 2 + 16
-#: Until a cost model is fitted (``srtm calibrate``): core-seconds per message accepted
-#: and per delivery on an SRTM broker (about 50,000 msg/s in and 100,000 deliveries/s
-#: out per core; ours, from the broker benchmarks' order of magnitude).
-DEFAULT_CPU_PER_MESSAGE = 2e-5
-DEFAULT_CPU_PER_DELIVERY = 1e-5
+#: The cost model until ``--cost-model`` gives a calibrated one: A and B as
+#: ``srtm calibrate --cost`` measured them at d898776 (docs/utility.md; a disturbed,
+#: shared machine: an order of magnitude, which the online correction refines).
+DEFAULT_COST_MODEL = CostModel(a_cpu_s=23.7e-6, b_cpu_s=6.4e-6)
 
 
 @dataclass(frozen=True)
 class UtilitySettings:
-    """``--cpu-capacity`` (a fraction of one core per broker) and ``--egress-max``
-    (bytes/s), the brokers' capacities in the problem."""
+    """``--cpu-capacity`` (a fraction of one core per broker, less the cost model's idle
+    CPU) and ``--egress-max`` (bytes/s), the brokers' capacities in the problem."""
 
     cpu_capacity: float = 0.8
     egress_max: float = 125e6
     rate_control: RateControlSettings = field(default_factory=RateControlSettings)
 
 
-def flow_costs(message_bytes: float, cpu_scale: float = 1.0) -> FlowCosts:
-    """A topic's costs from the cost model at its mean message size; ``cpu_scale``: the
-    online correction, measured / predicted CPU."""
+def topic_costs(model: CostModel, message_bytes: float, topic: str) -> FlowCosts:
+    """A topic's costs from ``model`` (``srtm.utility.cost``) at its mean message size:
+    CPU, and ``network`` = the egress (``network_out``) the brokers' capacity counts."""
+    per_message = cost.flow_costs(model, message_bytes, topic=topic)
+    per_delivery = cost.class_costs(model, message_bytes)
     return FlowCosts(
-        {"cpu": DEFAULT_CPU_PER_MESSAGE * cpu_scale},
-        {
-            "cpu": DEFAULT_CPU_PER_DELIVERY * cpu_scale,
-            "network": message_bytes + FRAME_OVERHEAD_BYTES,
-        },
+        {"cpu": per_message[cost.CPU], "network": per_message[cost.NETWORK_OUT]},
+        {"cpu": per_delivery[cost.CPU], "network": per_delivery[cost.NETWORK_OUT]},
     )
 
 
@@ -84,35 +82,12 @@ def congested(ctrl: Controller) -> dict[str, frozenset[str]]:
     return out
 
 
-#: The smallest predicted CPU (a fraction of a core) the correction divides by: below
-#: it the ratio is mostly the broker's idle overhead.
-MIN_PREDICTED_CPU = 0.02
-#: Weight of a new measured/predicted ratio in the correction (an EWMA over runs).
-CORRECTION_WEIGHT = 0.5
-
-
-def predicted_cpu(ctrl: Controller) -> tuple[float, float]:
-    """Measured and predicted CPU summed over the brokers up that tell their resources:
-    each topic's reported rate times the default cost model's A + B·consumers."""
-    measured = predicted = 0.0
-    for info in ctrl.up():
-        if info.resources is None:
-            continue
-        measured += float(info.resources.get("cpu", 0.0))
-        for name, w in info.reports.items():
-            consumers = sum(info.demand.get(name, {}).values())
-            per = DEFAULT_CPU_PER_MESSAGE + DEFAULT_CPU_PER_DELIVERY * consumers
-            predicted += w.rate * per
-    return measured, predicted
-
-
-def corrected(scale: float, measured: float, predicted: float) -> float:
-    """The CPU costs' correction after one reading (kept while the prediction is too
-    small to say anything), within [0.1, 10]."""
-    if predicted < MIN_PREDICTED_CPU:
-        return scale
-    ratio = min(10.0, max(0.1, measured / predicted))
-    return (1 - CORRECTION_WEIGHT) * scale + CORRECTION_WEIGHT * ratio
+def reported_topics(info: BrokerInfo) -> list[tuple[float, float]]:
+    """``(rate, consumers)`` per topic in a broker's last report: what its CPU is
+    predicted from."""
+    return [
+        (w.rate, float(sum(info.demand.get(name, {}).values()))) for name, w in info.reports.items()
+    ]
 
 
 @dataclass
@@ -120,12 +95,38 @@ class UtilityControl:
     """The last optimizer run and the state rate control works on."""
 
     settings: UtilitySettings = field(default_factory=UtilitySettings)
-    #: measured / predicted CPU over the brokers (1: no correction yet).
-    cpu_scale: float = 1.0
+    #: The calibrated cost model every broker's starts from.
+    model: CostModel = DEFAULT_COST_MODEL
+    #: Per broker: its cost model, corrected online (``observe``).
+    models: dict[str, CostModel] = field(default_factory=dict)
+    #: Per broker: the report its model was last corrected by (one correction each).
+    corrected_at: dict[str, int] = field(default_factory=dict)
     problem: Problem | None = None
     allocation: Allocation | None = None
     t_s: float | None = None
     runs: int = 0
+
+    def broker_model(self, broker: str) -> CostModel:
+        return self.models.get(broker, self.model)
+
+    def observe(self, ctrl: Controller) -> None:
+        """Correct each broker's model by its last report's measured / predicted CPU
+        (``srtm.utility.cost.correct``: smoothed, clamped), once per report."""
+        for info in ctrl.up():
+            if info.resources is None or self.corrected_at.get(info.id) == info.reports_seen:
+                continue
+            self.corrected_at[info.id] = info.reports_seen
+            model = self.broker_model(info.id)
+            predicted = model.predict(reported_topics(info))
+            measured = float(info.resources.get("cpu", 0.0))
+            self.models[info.id] = cost.correct(model, measured, predicted)
+
+    def costs(self, ctrl: Controller, name: str, buckets: dict[str, float]) -> FlowCosts:
+        """The topic's costs: its brokers' corrections weighted by their shares."""
+        shares = shares_of(buckets)
+        scale = math.fsum(w * self.broker_model(b).scale for b, w in shares.items()) or 1.0
+        model = dataclasses.replace(self.model, scale=scale)
+        return topic_costs(model, message_bytes(ctrl, name), name)
 
     def build(self, ctrl: Controller) -> Problem:
         """The problem for the managed topics with a utility spec, on the brokers up."""
@@ -139,15 +140,15 @@ class UtilityControl:
             except ValueError:
                 continue  # checked when set; a saved spec from another version
             demand = {b: ctrl.brokers[b].demand.get(name, {}) for b in topic.buckets}
-            inputs.append(
-                TopicInput(
-                    flow,
-                    {b: p.rate for b, p in topic.buckets.items()},
-                    demand,
-                    flow_costs(message_bytes(ctrl, name), self.cpu_scale),
-                )
-            )
-        caps = capacities(up, self.settings.cpu_capacity, self.settings.egress_max)
+            buckets = {b: p.rate for b, p in topic.buckets.items()}
+            inputs.append(TopicInput(flow, buckets, demand, self.costs(ctrl, name, buckets)))
+        caps = {
+            b: {
+                "cpu": self.broker_model(b).available_cpu(self.settings.cpu_capacity),
+                "network": self.settings.egress_max,
+            }
+            for b in up
+        }
         return build_problem(inputs, caps)
 
     def apply(

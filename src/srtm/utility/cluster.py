@@ -85,10 +85,6 @@ class TopicInput:
     costs: FlowCosts
 
 
-def capacities(brokers: list[str], cpu: float, egress_bps: float) -> dict[str, dict[str, float]]:
-    return {b: {"cpu": cpu, "network": egress_bps} for b in brokers}
-
-
 def build_problem(topics: list[TopicInput], capacity: Mapping[str, Mapping[str, float]]) -> Problem:
     """The flows of the topics placed on brokers in ``capacity`` (a topic with no share
     on any of them is left out), sorted by name so that the answer is deterministic."""
