@@ -11,7 +11,7 @@ from srtm.utility.cost import (
     fit_cost,
     flow_costs,
 )
-from srtm.utility.document import allocation_doc, parse_problem, request_response
+from srtm.utility.document import allocation_doc, parse_flow, parse_problem, request_response
 from srtm.utility.model import (
     MvaPoint,
     RequestResponse,
@@ -50,6 +50,7 @@ __all__ = [
     "flow_costs",
     "mva_response_time",
     "optimize",
+    "parse_flow",
     "parse_problem",
     "request_response",
     "total_utility",
