@@ -277,6 +277,9 @@ class Topic:
     held: MessageQueue = field(init=False)
     #: DPUB'd before the topic had any channel, with their due times.
     held_deferred: list[tuple[Message, int]] = field(default_factory=list)
+    #: Which channels get messages here (None: all). A replicated topic's channel is
+    #: served by one replica only (srtm.broker.routes.Route.keeps).
+    keeps: Callable[[str], bool] | None = None
 
     def __post_init__(self) -> None:
         self.shaping = self.queues(f"{self.name}@shaping")
@@ -368,7 +371,7 @@ class Topic:
         msg.release_ns = msg.arrival_ns
         if not self.channels:
             self.held_deferred.append((msg, due_ns))
-        for ch in self.channels.values():
+        for ch in self._targets():
             ch.put_deferred(msg.copy(), due_ns)
 
     def next_release_ns(self) -> int | None:
@@ -389,7 +392,7 @@ class Topic:
         """Take every message due by ``now`` off the bucket and, with ``deliver``, hand
         it to the channels (else the caller delivers it later, e.g. after processing)."""
         out: list[Released] = []
-        targets = list(self.channels.values())
+        targets = self._targets()
         while (due := self.next_release_ns()) is not None and due <= now:
             msg = self.shaping.popleft()
             self._head_booking = None
@@ -400,9 +403,18 @@ class Topic:
 
     def deliver(self, msg: Message) -> None:
         """A copy to every channel, or hold it for the first one."""
-        self._deliver(msg, list(self.channels.values()))
+        self._deliver(msg, self._targets())
+
+    def _targets(self) -> list[Channel]:
+        keeps = self.keeps
+        if keeps is None:
+            return list(self.channels.values())
+        return [ch for name, ch in self.channels.items() if keeps(name)]
 
     def _deliver(self, msg: Message, targets: list[Channel]) -> None:
+        if not targets and self.channels and self.keeps is not None:
+            settle(msg.origin)  # its channels are served by other replicas
+            return
         if msg.origin is not None and len(targets) > 1:
             msg.origin.share(len(targets) - 1)  # each channel's copy is settled on its own
         if not targets:
