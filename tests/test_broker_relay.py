@@ -191,8 +191,8 @@ async def test_a_plain_nsq_publisher_is_forwarded_and_consumed_at_the_target(
     assert counters["forwarded"] == 50 and counters["fallback_local"] == 0
     status, stats = await a.call("GET", "/stats?format=json")
     assert status == 200
-    (row,) = [t for t in stats["srtm"]["topics"] if t["topic"] == "t"] or [None]
-    assert row is None or row["route"]["forwarded"] == 50
+    (row,) = [t for t in stats["srtm"]["topics"] if t["topic"] == "t"]
+    assert row["route"] == {"forwarded": 50, "relayed": 0, "fallback_local": 0}
     await pub.close()
     await consumer.close()
 
@@ -326,3 +326,36 @@ async def test_a_topic_without_a_route_never_reaches_the_relay(
     assert local_count(a, "plain") == 2 and list(a.broker.relay.links) == []
     await pub.close()
     await consumer.close()
+
+
+async def test_a_replica_lost_midway_and_a_full_link_lose_nothing(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a peer did not take (its bound hit, or it went away) feeds its channels here:
+    per channel, what was published is what was delivered, across both replicas."""
+    from srtm.broker import relay
+
+    monkeypatch.setattr(relay, "MAX_QUEUED", 5)  # most of a burst overflows the link
+    a, b = await cluster(2)
+    reps = replicas([a, b], {"c1": "1"})
+    for i, n in enumerate((a, b)):
+        await n.route({"topic": "t", "self": str(i), "replicas": reps})
+    at_b = await Consumer.on(b, "t", "c1")
+    pub = await raw(a)
+    first = [b"f%d" % i for i in range(40)]
+    await publish(pub, "t", first)  # one burst: pipelined PUBs, one read
+    counters = await a.counters("t")
+    assert counters["relayed"] + counters["fallback_local"] == 40
+    assert counters["fallback_local"] > 0  # the bound was hit
+    relayed = counters["relayed"]
+    await eventually(lambda: len(at_b.bodies), "relayed ones at B", until=lambda n: n >= relayed)
+    await at_b.close()
+    await b.broker.stop()  # B goes away
+    later = [b"l%d" % i for i in range(20)]
+    await publish(pub, "t", later)
+    at_a = await Consumer.on(a, "t", "c1")
+    want = 40 + 20 - relayed
+    await eventually(lambda: len(at_a.bodies), "the rest at A", until=lambda n: n >= want)
+    assert sorted(at_b.bodies + at_a.bodies) == sorted(first + later)
+    await pub.close()
+    await at_a.close()

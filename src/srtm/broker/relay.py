@@ -318,21 +318,23 @@ class Relay:
         #: The table's dict itself: the publish hook's one lookup.
         self.routes = self.table.routes
         self.links: dict[str, PeerLink] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
     # -- routes ----------------------------------------------------------------------------
     def set_route(self, route: TopicRoute) -> TopicRoute:
-        """Install ``route`` (replacing the topic's): a replicated topic delivers only
-        the channels homed here, and those are created at once so that nothing sent to
-        them before their consumers connect is missed."""
+        """Install ``route`` (replacing the topic's). The topic is made first (a refusal,
+        e.g. --max-topics, installs nothing; its /stats row carries the counters). A
+        replicated topic delivers only the channels homed here, and those are made at
+        once so that nothing sent to them before their consumers connect is missed."""
+        topic = self.broker.topic(route.topic)
         route.last_forward_s = self.clock()
         self.table.set(route)
+        topic.homing = None if route.replicas is None else route
         if route.replicas is not None:
-            self.broker.topic(route.topic).keeps = route.keeps
             for channel, home in route.replicas.homes.items():
                 if home == route.self_id:
                     self.broker.channel(route.topic, channel)
-        elif (topic := self.broker.topics.get(route.topic)) is not None:
-            topic.keeps = None
+        self._prune_links()
         return route
 
     def get_route(self, topic: str) -> TopicRoute | None:
@@ -344,8 +346,21 @@ class Relay:
     def remove_route(self, topic: str) -> TopicRoute | None:
         route = self.table.remove(topic)
         if route is not None and (t := self.broker.topics.get(topic)) is not None:
-            t.keeps = None
+            t.homing = None
+        self._prune_links()
         return route
+
+    def _prune_links(self) -> None:
+        """Close the links no route names any more (what they still hold falls back)."""
+        used: set[str] = set()
+        for route in self.routes.values():
+            if (fwd := route.forward) is not None:
+                used.update(a for a in (fwd.to, *fwd.publishers.values()) if a is not None)
+            used.update(route.peers().values())
+        for address in [a for a in self.links if a not in used]:
+            task = asyncio.get_running_loop().create_task(self.links.pop(address).close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def stop(self) -> None:
         """Close the links; what they still held is accepted here (before the broker
@@ -353,6 +368,8 @@ class Relay:
         for link in list(self.links.values()):
             await link.close()
         self.links.clear()
+        for task in list(self._closing):
+            await task
 
     def link(self, address: str) -> PeerLink:
         link = self.links.get(address)
@@ -387,7 +404,7 @@ class Relay:
         written = self.broker.publish(route.topic, bodies, arrival, publisher, local=True)
         if route.replicas is not None:
             # A topic deleted and made again is a new object: it keeps the homing too.
-            self.broker.topics[route.topic].keeps = route.keeps
+            self.broker.topics[route.topic].homing = route
         return written
 
     def _forward(

@@ -86,6 +86,12 @@ class TopicRoute:
         reps = self.replicas
         return reps is None or reps.home(channel) == self.self_id
 
+    @property
+    def serves_unlisted(self) -> bool:
+        """Whether a channel named nowhere is served here (this broker is the primary)."""
+        reps = self.replicas
+        return reps is None or reps.primary == self.self_id
+
     def peers(self) -> dict[str, str]:
         """The replicas to copy to: every peer but this broker."""
         reps = self.replicas

@@ -60,6 +60,18 @@ class DeliveryError(Exception):
     """FIN/REQ/TOUCH of a message that is not in flight for this client."""
 
 
+class Homing(Protocol):
+    """Which channels of a replicated topic this broker serves."""
+
+    def keeps(self, channel: str) -> bool: ...
+
+    @property
+    def serves_unlisted(self) -> bool:
+        """Whether a channel not made yet may be served here (then what comes before it
+        is held for it, as for a topic's first channel)."""
+        ...
+
+
 @dataclass(eq=False)  # identity: channels are kept in sets
 class Channel:
     """One subscription of a topic: every channel gets a copy, one consumer gets each."""
@@ -277,9 +289,9 @@ class Topic:
     held: MessageQueue = field(init=False)
     #: DPUB'd before the topic had any channel, with their due times.
     held_deferred: list[tuple[Message, int]] = field(default_factory=list)
-    #: Which channels get messages here (None: all). A replicated topic's channel is
-    #: served by one replica only (srtm.broker.routes.Route.keeps).
-    keeps: Callable[[str], bool] | None = None
+    #: Which channels get messages here (None: all): a replicated topic's channel is
+    #: served by one replica only (srtm.broker.routes.TopicRoute is one).
+    homing: Homing | None = None
 
     def __post_init__(self) -> None:
         self.shaping = self.queues(f"{self.name}@shaping")
@@ -302,7 +314,7 @@ class Topic:
         ch = self.channels.get(name)
         if ch is None:
             ch = self.channels[name] = Channel(self.name, name, self.queues(f"{self.name}:{name}"))
-            if len(self.channels) == 1:
+            if len(self.channels) == 1 if self.homing is None else self._first_kept(name):
                 for msg in self.held.drain():
                     ch.put(msg)
                 for msg, due in self.held_deferred:
@@ -406,14 +418,21 @@ class Topic:
         self._deliver(msg, self._targets())
 
     def _targets(self) -> list[Channel]:
-        keeps = self.keeps
-        if keeps is None:
+        homing = self.homing
+        if homing is None:
             return list(self.channels.values())
-        return [ch for name, ch in self.channels.items() if keeps(name)]
+        return [ch for name, ch in self.channels.items() if homing.keeps(name)]
+
+    def _first_kept(self, name: str) -> bool:
+        """Is ``name`` the only channel here that this replica serves (it takes what
+        the topic held, as the first channel does)?"""
+        assert self.homing is not None
+        keeps = self.homing.keeps
+        return keeps(name) and sum(1 for n in self.channels if keeps(n)) == 1
 
     def _deliver(self, msg: Message, targets: list[Channel]) -> None:
-        if not targets and self.channels and self.keeps is not None:
-            settle(msg.origin)  # its channels are served by other replicas
+        if not targets and self.homing is not None and not self.homing.serves_unlisted:
+            settle(msg.origin)  # every channel of it is served by another replica
             return
         if msg.origin is not None and len(targets) > 1:
             msg.origin.share(len(targets) - 1)  # each channel's copy is settled on its own
