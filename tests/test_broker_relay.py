@@ -20,7 +20,7 @@ from srtm.broker.options import BrokerOptions
 from srtm.client.publisher import Publisher
 from srtm.protocol import Fin, FrameType, Mpub, Pub, Rdy, Sub
 from srtm.protocol.frames import decode_message
-from support import eventually
+from support import eventually, nsq_bin
 
 
 class Node:
@@ -195,6 +195,38 @@ async def test_a_plain_nsq_publisher_is_forwarded_and_consumed_at_the_target(
     assert row["route"] == {"forwarded": 50, "relayed": 0, "fallback_local": 0}
     await pub.close()
     await consumer.close()
+
+
+async def test_nsqs_own_to_nsq_keeps_working_through_forwarding(cluster: Cluster) -> None:
+    a, b = await cluster(2)
+    await a.route({"topic": "t", "self": "0", "forward": {"to": b.tcp}})
+    consumer = await Consumer.on(b, "t", "c")
+    lines = [f"line-{i}" for i in range(25)]
+    proc = await asyncio.create_subprocess_exec(
+        str(nsq_bin() / "to_nsq"), "--nsqd-tcp-address", a.tcp, "--topic", "t",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate(("\n".join(lines) + "\n").encode())
+    assert proc.returncode == 0, out.decode()
+    await eventually(lambda: len(consumer.bodies), "all at B", until=lambda n: n >= 25)
+    assert sorted(consumer.bodies) == sorted(x.encode() for x in lines)
+    assert local_count(a, "t") == 0
+    await consumer.close()
+
+
+async def test_only_an_srtm_publisher_id_picks_a_publishers_own_target(cluster: Cluster) -> None:
+    """``forward.publishers`` matches IDENTIFY's ``srtm_publisher``, never a plain
+    client's ``client_id`` (go-nsq sets it to the host name)."""
+    a, b = await cluster(2)
+    await a.route({"topic": "t", "self": "0", "forward": {"publishers": {"p1": b.tcp}}})
+    plain = await raw(a, client_id="p1")
+    await publish(plain, "t", [b"plain"])
+    srtm = await raw(a, srtm_publisher="p1")
+    await publish(srtm, "t", [b"srtm"])
+    assert (local_count(a, "t"), local_count(b, "t")) == (1, 1)
+    await plain.close()
+    await srtm.close()
 
 
 async def test_an_srtm_publisher_is_told_to_move_and_moves(cluster: Cluster) -> None:

@@ -389,11 +389,14 @@ class Relay:
     ) -> asyncio.Future[Any] | None:
         """A publish to a topic with a route: forwarded, replicated, or accepted here."""
         route = self.routes[topic]
-        if client is not None and client.identity.get("srtm_relay") is True:
-            return self._local(route, bodies, arrival, publisher)  # never relayed again
-        to = route.forward_target(publisher, self.clock())
+        who = publisher  # over HTTP: its ?publisher=
+        if client is not None:
+            if client.identity.get("srtm_relay") is True:
+                return self._local(route, bodies, arrival, publisher)  # never relayed again
+            who = str(client.identity.get("srtm_publisher") or "")  # a plain one has none
+        to = route.forward_target(who, self.clock())
         if to is not None:
-            return self._forward(route, to, list(bodies), arrival, publisher)
+            return self._forward(route, to, list(bodies), arrival, publisher, who)
         if route.replicas is not None:
             return self._replicate(route, list(bodies), arrival, publisher)
         return self._local(route, bodies, arrival, publisher)
@@ -408,15 +411,21 @@ class Relay:
         return written
 
     def _forward(
-        self, route: TopicRoute, to: str, bodies: list[bytes], arrival: int, publisher: str | None
+        self,
+        route: TopicRoute,
+        to: str,
+        bodies: list[bytes],
+        arrival: int,
+        publisher: str | None,
+        who: str | None,
     ) -> asyncio.Future[Any] | None:
         """Send to ``to``; the publisher's OK waits for its. Not shaped here (it is at
         the target); an SRTM publisher is told once to move there."""
         route.forwarded(0, self.clock())  # the grace runs from the last forwarded message
-        if publisher and publisher not in route.ordered:
-            route.ordered.add(publisher)
+        if who and who not in route.ordered:
+            route.ordered.add(who)
             order = {"migrate": {"topic": route.topic, "to": to, "version": 0}}
-            self.broker.order(publisher, order)
+            self.broker.order(who, order)
         n = len(bodies)
         answered = _Countdown(1)
 
