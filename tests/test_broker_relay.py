@@ -38,7 +38,8 @@ class Node:
     async def call(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
         data = None if doc is None else json.dumps(doc).encode()
         async with self.http.request(method, path, data=data) as resp:
-            return resp.status, json.loads(await resp.read())
+            raw = await resp.read()
+            return resp.status, json.loads(raw) if raw else None
 
     async def route(self, doc: dict[str, Any]) -> dict[str, Any]:
         status, body = await self.call("POST", "/srtm/route", doc)
@@ -391,3 +392,42 @@ async def test_a_replica_lost_midway_and_a_full_link_lose_nothing(
     assert sorted(at_b.bodies + at_a.bodies) == sorted(first + later)
     await pub.close()
     await at_a.close()
+
+
+async def test_what_a_link_holds_at_a_stop_is_kept_here(cluster: Cluster, tmp_path: Path) -> None:
+    """A peer that takes the connection and never answers: the messages wait on the link
+    (their publisher has no OK yet); a graceful stop accepts them here and saves them."""
+    from srtm.protocol import frames
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1 << 16)  # the magic and IDENTIFY
+        writer.write(frames.response())
+        while await reader.read(1 << 16):
+            pass  # never answers a PUB
+        writer.close()
+
+    silent = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    (a,) = await cluster(1)
+    for path in ("/topic/create?topic=t", "/channel/create?topic=t&channel=c"):
+        status, _ = await a.call("POST", path)
+        assert status == 200
+    await a.route({"topic": "t", "self": "0", "forward": {"to": f"127.0.0.1:{port}"}})
+    pub = await raw(a)
+    await pub.send(*(Pub("t", b"m%d" % i) for i in range(5)))
+
+    def waiting() -> int:
+        link = a.broker.relay.links.get(f"127.0.0.1:{port}")
+        return 0 if link is None else link.queued
+
+    await eventually(waiting, "five on the link", until=lambda n: n == 5)
+    assert local_count(a, "t") == 0
+    await a.broker.stop()
+    silent.close()
+    await pub.close()
+    again = Broker(BrokerOptions(tcp_port=0, http_port=0, broker_id=0, data_dir=tmp_path / "b0"))
+    await again.start()
+    try:
+        assert again.topics["t"].channels["c"].depth == 5
+    finally:
+        await again.stop()

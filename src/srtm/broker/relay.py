@@ -137,7 +137,11 @@ class PeerLink:
         identity = {"client_id": self.client_id, "srtm_relay": True, "feature_negotiation": False}
         writer.write(b"  V2" + encode_command(Identify(identity)))
         frames = FrameReader()
-        await asyncio.wait_for(self._answer(reader, writer, frames), CONNECT_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(self._answer(reader, writer, frames), CONNECT_TIMEOUT_S)
+        except BaseException:
+            writer.close()
+            raise
         self._frames = frames
         self.connected = True
         self._backoff = BACKOFF_MIN_S
@@ -319,6 +323,7 @@ class Relay:
         self.routes = self.table.routes
         self.links: dict[str, PeerLink] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self.stopping = False
 
     # -- routes ----------------------------------------------------------------------------
     def set_route(self, route: TopicRoute) -> TopicRoute:
@@ -363,8 +368,9 @@ class Relay:
             task.add_done_callback(self._closing.discard)
 
     async def stop(self) -> None:
-        """Close the links; what they still held is accepted here (before the broker
-        persists what it owes)."""
+        """Close the links; what they still held, and whatever comes from now on, is
+        accepted here (before the broker persists what it owes)."""
+        self.stopping = True
         for link in list(self.links.values()):
             await link.close()
         self.links.clear()
@@ -389,6 +395,8 @@ class Relay:
     ) -> asyncio.Future[Any] | None:
         """A publish to a topic with a route: forwarded, replicated, or accepted here."""
         route = self.routes[topic]
+        if self.stopping:
+            return self._local(route, bodies, arrival, publisher)
         who = publisher  # over HTTP: its ?publisher=
         if client is not None:
             if client.identity.get("srtm_relay") is True:
