@@ -167,20 +167,29 @@ class PeerLink:
                     self._settle(batch, False)
                     raise
                 self._settle(batch, True)
-            idle = asyncio.ensure_future(self._wake.wait())
-            data = asyncio.ensure_future(reader.read(4096))
+            chunk = await self._idle(reader)
+            if chunk is None:
+                continue  # more to send
+            if not chunk:
+                raise ConnectionError("closed by the peer")
+            self._idle_frames(chunk, writer)
+
+    async def _idle(self, reader: asyncio.StreamReader) -> bytes | None:
+        """Wait for more to send (None) or for what the peer sends meanwhile."""
+        idle = asyncio.ensure_future(self._wake.wait())
+        data = asyncio.ensure_future(reader.read(4096))
+        try:
             await asyncio.wait({idle, data}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            idle.cancel()
             if not data.done():
                 data.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await data
-                self._wake.clear()
-                continue
-            idle.cancel()
-            chunk = data.result()
-            if not chunk:
-                raise ConnectionError("closed by the peer")
-            self._idle_frames(chunk, writer)
+        self._wake.clear()
+        if data.cancelled():
+            return None
+        return data.result()
 
     def _idle_frames(self, chunk: bytes, writer: asyncio.StreamWriter) -> None:
         for f in self._frames.feed(chunk):
