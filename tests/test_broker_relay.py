@@ -53,18 +53,20 @@ class Node:
         return counters
 
 
-Cluster = Callable[[int], Awaitable[list[Node]]]
+Cluster = Callable[..., Awaitable[list[Node]]]
 
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    """``await cluster(n)``: n brokers (ids 0..n-1, own data dirs) with their HTTP APIs."""
+    """``await cluster(n, **options)``: n brokers (ids 0..n-1, own data dirs), HTTP on."""
     stops: list[Callable[[], Awaitable[None]]] = []
 
-    async def make(n: int) -> list[Node]:
+    async def make(n: int, **options: Any) -> list[Node]:
         nodes = []
         for i in range(n):
-            opts = BrokerOptions(tcp_port=0, http_port=0, broker_id=i, data_dir=tmp_path / f"b{i}")
+            opts = BrokerOptions(
+                tcp_port=0, http_port=0, broker_id=i, data_dir=tmp_path / f"b{i}", **options
+            )
             broker = Broker(opts)
             await broker.start()
             runner, port = await serve_http(broker)
@@ -264,6 +266,22 @@ async def test_forwarding_ends_after_its_grace(cluster: Cluster) -> None:
     assert local_count(a, "t") == 1  # accepted here, as without a route
     assert local_count(b, "t") == 1
     assert (await a.counters("t"))["forwarded"] == 1
+    await pub.close()
+
+
+async def test_an_idle_link_answers_heartbeats_and_stays_connected(cluster: Cluster) -> None:
+    a, b = await cluster(2, heartbeat_interval_ms=100)
+    await a.route({"topic": "t", "self": "0", "forward": {"to": b.tcp, "grace_s": 60}})
+    pub = await raw(a, heartbeat_interval=-1)  # this one does not answer heartbeats
+    await publish(pub, "t", [b"one"])
+    link = a.broker.relay.links[b.tcp]
+    (relay_conn,) = [c for c in b.broker.clients if c.identity.get("srtm_relay") is True]
+    since = relay_conn.last_read_ns
+    # B closes a connection silent for two intervals: five intervals of NOPs keep it.
+    await eventually(lambda: relay_conn.last_read_ns - since, "NOPs", until=lambda d: d > 5e8)
+    await publish(pub, "t", [b"two"])
+    assert not relay_conn.closed and link.connects == 1
+    assert local_count(b, "t") == 2
     await pub.close()
 
 

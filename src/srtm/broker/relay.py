@@ -73,6 +73,8 @@ class PeerLink:
         self.queued = 0
         self.queued_bytes = 0
         self.connected = False
+        #: Connections made so far (a diagnostic: reconnects show as more than one).
+        self.connects = 0
         #: Monotonic time before which no connection is tried (after a failure).
         self.down_until = 0.0
         self._backoff = BACKOFF_MIN_S
@@ -144,6 +146,7 @@ class PeerLink:
             raise
         self._frames = frames
         self.connected = True
+        self.connects += 1
         self._backoff = BACKOFF_MIN_S
         self.down_until = 0.0
         log.info("relay to %s connected", self.address)
