@@ -457,8 +457,9 @@ class Relay:
             route.counters.fallback_local += n
             try:
                 answered.wait_for(self._local(route, bodies, arrival, publisher))
-            except ProtocolError as exc:  # this broker cannot take it either (disk)
+            except Exception as exc:  # this broker cannot take it either (disk, limits)
                 log.error("topic %s: %d forwarded messages lost: %s", route.topic, n, exc)
+                # Known gap: its OK, queued behind this, still goes out (logged as lost).
                 answered.part_done()
 
         if not self.link(to).send(route.topic, bodies, done):
@@ -484,8 +485,12 @@ class Relay:
                 if ok:
                     route.counters.relayed += n
                     answered.part_done()
-                else:
+                    return
+                try:
                     answered.wait_for(self._fallback(route, peer, bodies, arrival, publisher))
+                except Exception:  # a bug: logged, and the publisher is not kept waiting
+                    log.exception("topic %s: copies for %s not kept", route.topic, peer)
+                    answered.part_done()
 
             if not self.link(address).send(route.topic, bodies, done):
                 done(False)
@@ -504,13 +509,21 @@ class Relay:
         names = route.channels_of(peer, list(topic.channels))
         now = time.time_ns()
         who = publisher or ""
+        kept = False
         for name in names:
-            ch = broker.channel(route.topic, name)
+            try:
+                ch = broker.channel(route.topic, name)
+            except ProtocolError as exc:  # --max-channels-per-topic: kept on the topic
+                log.warning(
+                    "topic %s: channel %s for %s's copies: %s", route.topic, name, peer, exc
+                )
+                continue
             for body in bodies:
                 msg = Message(broker.ids.next(), body, now, arrival, now, publisher=who)
                 ch.put(msg)
             broker.mark_ready(ch)
-        if not names:
+            kept = True
+        if not kept:
             for body in bodies:  # no channel of it yet: kept for the topic's first one
                 topic.held.append(Message(broker.ids.next(), body, now, arrival, now, 0, who))
         return broker.persistence.write_through() if broker.persistence.pushed else None
