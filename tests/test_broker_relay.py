@@ -449,3 +449,16 @@ async def test_what_a_link_holds_at_a_stop_is_kept_here(cluster: Cluster, tmp_pa
         assert again.topics["t"].channels["c"].depth == 5
     finally:
         await again.stop()
+
+
+async def test_route_writes_need_the_token(cluster: Cluster) -> None:
+    (a,) = await cluster(1, token="s3cret-token-for-tests")
+    doc = {"topic": "t", "self": "0"}
+    for method, path in (("POST", "/srtm/route"), ("DELETE", "/srtm/route?topic=t")):
+        status, body = await a.call(method, path, doc if method == "POST" else None)
+        assert (status, body["message"]) == (401, "E_UNAUTHORIZED")
+    status, _ = await a.call("GET", "/srtm/route?topic=t")
+    assert status == 404  # reads stay open
+    headers = {"Authorization": "Bearer s3cret-token-for-tests"}
+    async with a.http.post("/srtm/route", data=json.dumps(doc), headers=headers) as resp:
+        assert resp.status == 200
