@@ -27,6 +27,7 @@ from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.persistence import Persistence, SavedTopic
+from srtm.broker.relay import Relay
 from srtm.broker.release import Releaser
 from srtm.broker.state import Channel, LeaseExpired, LimitReached, Topic
 from srtm.broker.stats import BrokerStats
@@ -98,6 +99,8 @@ class Broker:
             self.lease_ok,
         )  # fmt: skip
         self.measurements = Measurements()
+        #: Forwarding and replication routes, and the links to other brokers.
+        self.relay = Relay(self)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -134,6 +137,7 @@ class Broker:
         """Stop serving and persist every message still owed (queued, deferred, in flight)."""
         if self.stopped.is_set():
             return
+        await self.relay.stop()  # what the links held is accepted here (saved below)
         await self.persistence.stop_meta_writes()
         self.releaser.stop()
         listener, self._listener = self._listener, None  # tells the accept loop it is over
@@ -579,12 +583,21 @@ class Broker:
 
     # -- publishing ----------------------------------------------------------------------
     def publish(
-        self, topic_name: str, bodies: Iterable[bytes], arrival: int, publisher: str | None
+        self,
+        topic_name: str,
+        bodies: Iterable[bytes],
+        arrival: int,
+        publisher: str | None,
+        client: Client | None = None,
+        local: bool = False,
     ) -> asyncio.Future[Any] | None:
         """Accept messages that arrived at ``arrival``; ``publisher`` None: each one is
         attributed to the publisher its measurement header names. Returns a future done
         once what overflowed to disk is written (None: nothing to wait for): the publish
-        is acknowledged only then."""
+        is acknowledged only then. A topic with a relay route (``client``: the connection
+        it came on) is the relay's to forward or replicate; ``local``: accept it here."""
+        if not local and topic_name in self.relay.routes:
+            return self.relay.publish(topic_name, bodies, arrival, publisher, client)
         topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
         pushed = self.persistence.pushed
         pushed.clear()
