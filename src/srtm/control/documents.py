@@ -136,6 +136,15 @@ class ShareBucket(TypedDict):
     burst: Annotated[float, Field(ge=0)]
 
 
+@with_config(_STRICT)
+class Resources(TypedDict):
+    """A broker's resources over its report interval (each field may be absent: 0)."""
+
+    cpu: NotRequired[Annotated[float, Field(ge=0, description="fraction of one core")]]
+    egress_bps: NotRequired[Annotated[float, Field(ge=0, description="bytes/s sent")]]
+    congested: NotRequired[dict[str, bool]]
+
+
 class BrokerReport(_Request):
     """``POST /brokers/{id}/report``, every second: load and each topic's window. A bad
     report is refused whole (never half stored)."""
@@ -144,6 +153,13 @@ class BrokerReport(_Request):
     topics: dict[TopicName, TopicWindow] = Field(default_factory=dict, max_length=MAX_REPORT_TOPICS)
     #: 2: each topic tells its ``channels``, ``bucket`` and ``held`` (1: an older broker).
     version: int = Field(1, ge=1)
+    resources: Resources | None = None
+
+    def usage(self) -> tuple[float, float] | None:
+        """(CPU fraction, egress bytes/s) for the rebalancer's loads (absent: 0); None
+        from a broker that tells no resources."""
+        r = self.resources
+        return None if r is None else (r.get("cpu", 0.0), r.get("egress_bps", 0.0))
 
     def windows(self) -> dict[str, tuple[float, float]]:
         """Topic -> (average rate, max backlog), the TB Adaptor's inputs."""
@@ -303,6 +319,12 @@ class NewTopic(_Request):
         return TopicSpec(self.name, pubs, burst, self.slo_p99_ms, rate)
 
 
+class ReplicaCount(_Request):
+    """``POST /topics/{name}/replicas``: ALL_PUBLISHERS with this many replicas (1: none)."""
+
+    count: int = Field(ge=1, description="replicas, the primary included")
+
+
 class Move(_Request):
     """``POST /topics/{name}/move``: move publishers to a broker."""
 
@@ -449,6 +471,13 @@ class TopicStatus(Plan):
     events: list[str]
     fitting: FittingStatus | None
     open: bool = Field(description="unknown publishers may join by GET /assign")
+    replicas: list[str] = Field(
+        description="ALL_PUBLISHERS replica set, primary first (empty: not replicated)"
+    )
+    homes: dict[str, str] = Field(description="channel -> the replica that delivers it")
+    forwarding: dict[str, list[str]] = Field(
+        description="broker -> publishers that moved off it (it forwards their messages)"
+    )
 
 
 class PublisherAssignment(_Answer):
