@@ -27,6 +27,7 @@ from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.persistence import Persistence, SavedTopic
+from srtm.broker.relay import Relay
 from srtm.broker.release import Releaser
 from srtm.broker.state import Channel, LeaseExpired, LimitReached, Topic
 from srtm.broker.stats import BrokerStats
@@ -93,6 +94,8 @@ class Broker:
             self.lease_ok,
         )  # fmt: skip
         self.measurements = Measurements()
+        #: Forwarding and replication routes, and the links to other brokers.
+        self.relay = Relay(self)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -148,6 +151,7 @@ class Broker:
         for client in list(self.clients):
             client.close()  # in-flight messages go back to their channel's queue
         self.releaser.processed(None)  # what the emulated server still holds is owed too
+        await self.relay.stop()  # what the links still held is accepted here, then saved
         await self.persistence.persist()
         await close_quietly(self.authenticator)
         if self.traces is not None:
@@ -548,12 +552,21 @@ class Broker:
 
     # -- publishing ----------------------------------------------------------------------
     def publish(
-        self, topic_name: str, bodies: Iterable[bytes], arrival: int, publisher: str | None
+        self,
+        topic_name: str,
+        bodies: Iterable[bytes],
+        arrival: int,
+        publisher: str | None,
+        client: Client | None = None,
+        local: bool = False,
     ) -> asyncio.Future[Any] | None:
         """Accept messages that arrived at ``arrival``; ``publisher`` None: each one is
         attributed to the publisher its measurement header names. Returns a future done
         once what overflowed to disk is written (None: nothing to wait for): the publish
-        is acknowledged only then."""
+        is acknowledged only then. A topic with a relay route (``client``: the connection
+        it came on) is the relay's to forward or replicate; ``local``: accept it here."""
+        if not local and topic_name in self.relay.routes:
+            return self.relay.publish(topic_name, bodies, arrival, publisher, client)
         topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
         pushed = self.persistence.pushed
         pushed.clear()

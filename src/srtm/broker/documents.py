@@ -257,6 +257,57 @@ class AdmissionBody(BaseModel):
     ] = []
 
 
+BrokerName = Annotated[str, AfterValidator(_present), Field(max_length=256)]
+#: Bounds of /srtm/route's body: publishers forwarded, peers, homed channels; the grace.
+MAX_ROUTE_ENTRIES, MAX_GRACE_S = 10_000, 86_400.0
+
+
+class ForwardBody(BaseModel):
+    """Where this broker forwards the topic's messages (lazy plan propagation)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    to: Annotated[
+        HostPort | None,
+        Field(description="TCP address for every publisher not listed; null: only those"),
+    ] = None
+    publishers: Annotated[
+        dict[str, HostPort],
+        Field(max_length=MAX_ROUTE_ENTRIES, description="Per publisher id: its new broker"),
+    ] = {}
+    grace_s: Annotated[
+        Finite,
+        Field(gt=0, le=MAX_GRACE_S, description="Forwarding ends after this long without any"),
+    ] = 10.0
+
+
+class ReplicasBody(BaseModel):
+    """ALL_PUBLISHERS replication of the topic among brokers (this one included)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    peers: Annotated[
+        dict[BrokerName, HostPort],
+        Field(max_length=MAX_ROUTE_ENTRIES, description="Replica id: TCP address (self skipped)"),
+    ]
+    primary: Annotated[BrokerName, Field(description="Home of every channel not in homes")]
+    homes: Annotated[
+        dict[Name, BrokerName],
+        Field(max_length=MAX_ROUTE_ENTRIES, description="Channel: the replica that serves it"),
+    ] = {}
+
+
+class RouteBody(BaseModel):
+    """The body of POST /srtm/route: the topic's route on this broker, replacing any."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic: Name
+    self: Annotated[BrokerName, Field(description="This broker's id in the controller")]
+    forward: ForwardBody | None = None
+    replicas: ReplicasBody | None = None
+
+
 # -- answers -----------------------------------------------------------------------------
 class Doc(BaseModel):
     """An answer; dumped with its fields in declaration order."""
@@ -367,6 +418,42 @@ class MigrateDoc(Doc):
     topic: str
     to: str
     version: int
+
+
+class RouteCountersDoc(Doc):
+    forwarded: int = Field(description="Messages forwarded and acknowledged by their target")
+    relayed: int = Field(description="Copies acknowledged by replicas")
+    fallback_local: int = Field(
+        description="Messages a target or replica could not take, accepted here instead"
+    )
+
+
+class RouteStatsDoc(RouteCountersDoc):
+    last_forward_age_s: float = Field(
+        description="Since the last forwarded message (or since the route was set)"
+    )
+
+
+class ForwardDoc(Doc):
+    to: str | None
+    publishers: dict[str, str]
+    grace_s: float
+
+
+class ReplicasDoc(Doc):
+    peers: dict[str, str]
+    primary: str
+    homes: dict[str, str]
+
+
+class RouteDoc(Doc):
+    """A topic's route: its forward part is null once its grace ran out."""
+
+    topic: str
+    self: str
+    forward: ForwardDoc | None
+    replicas: ReplicasDoc | None
+    counters: RouteStatsDoc
 
 
 class OrderDoc(Doc):
@@ -487,6 +574,9 @@ class SrtmTopicDoc(Doc):
         default=[],
         description="Consumers per class, admitted and connected (empty: no class has any "
         "and no count is set)",
+    )
+    route: RouteCountersDoc | None = Field(
+        default=None, description="The topic's relay route's counters (null: no route)"
     )
 
 

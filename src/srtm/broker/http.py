@@ -54,6 +54,8 @@ from srtm.broker.documents import (
     OrderDoc,
     PubQuery,
     Query,
+    RouteBody,
+    RouteDoc,
     StatsDoc,
     StatsQuery,
     TopicQuery,
@@ -62,7 +64,9 @@ from srtm.broker.documents import (
 )
 from srtm.broker.measurement import MeasurementsBusy
 from srtm.broker.metrics import BrokerCollector
+from srtm.broker.relay import route_document
 from srtm.broker.report import admission_rows, bucket_now, memory_document, stats_document
+from srtm.broker.routes import Forward, Replicas, TopicRoute
 from srtm.broker.state import LeaseExpired, LimitReached
 from srtm.broker.tls import http_requires_tls
 from srtm.openapi import OpenApiDoc, Route, document
@@ -272,6 +276,7 @@ def split_mpub(body: bytes, binary: bool, max_msg: int) -> list[bytes]:
 
 #: The most a /srtm/admission body may be (MAX_CLASSES classes fit well within it).
 _ADMISSION_BODY = 64 * 1024
+_ROUTE_BODY = 4 << 20
 
 
 def _classes(adm: Admission | None) -> list[AdmissionClassDoc]:
@@ -553,6 +558,50 @@ class BrokerHttp:
         order = OrderDoc(migrate=MigrateDoc(topic=q.topic, to=q.to, version=q.version))
         return _json(MigrateAnswer(notified=self.broker.order(q.publisher, order.model_dump())))
 
+    async def route_get(self, request: web.Request) -> web.Response:
+        """The topic's relay route and its counters (404 ROUTE_NOT_FOUND without one)."""
+        name = parse_query(TopicQuery, request.query).topic
+        relay = self.broker.relay
+        route = relay.get_route(name)
+        if route is None:
+            raise HttpError(404, "ROUTE_NOT_FOUND", f"topic {name!r} has no route")
+        return _json(RouteDoc(**route_document(route, relay.clock())))
+
+    async def route_set(self, request: web.Request) -> web.Response:
+        """Set the topic's relay route, replacing any: forwarding (what is published here
+        goes to the plan's broker; ends after ``grace_s`` without any) and/or replication
+        (every message published here is copied once to each peer; a channel is delivered
+        only by its home replica). Creates the topic, and the channels homed here."""
+        body = await _bounded_body(request, _ROUTE_BODY)
+        try:
+            b = RouteBody.model_validate_json(body or b"null")
+        except ValidationError as err:
+            raise refusal(err) from None
+        forward = replicas = None
+        if b.forward is not None:
+            forward = Forward(b.forward.to, dict(b.forward.publishers), b.forward.grace_s)
+        if (r := b.replicas) is not None:
+            known = set(r.peers) | {b.self}
+            strangers = sorted({r.primary, *r.homes.values()} - known)
+            if strangers:
+                raise HttpError(
+                    400, "INVALID_REPLICAS", f"replicas: {strangers[0]!r} is not a peer or self"
+                )
+            replicas = Replicas(dict(r.peers), r.primary, dict(r.homes))
+        relay = self.broker.relay
+        route = relay.set_route(TopicRoute(b.topic, b.self, forward, replicas, relay.clock()))
+        return _json(RouteDoc(**route_document(route, relay.clock())))
+
+    async def route_delete(self, request: web.Request) -> web.Response:
+        """Remove the topic's route: what is published here is accepted here, every
+        channel delivered (404 ROUTE_NOT_FOUND without one)."""
+        name = parse_query(TopicQuery, request.query).topic
+        relay = self.broker.relay
+        route = relay.remove_route(name)
+        if route is None:
+            raise HttpError(404, "ROUTE_NOT_FOUND", f"topic {name!r} has no route")
+        return _json(RouteDoc(**route_document(route, relay.clock())))
+
     async def measure(self, request: web.Request) -> web.Response:
         """A measurement round: p50 and p99 of the estimated end-to-end latency.
 
@@ -651,6 +700,15 @@ ROUTES: tuple[Route, ...] = (
                   413: "BODY_TOO_BIG"}),
     Route("POST", "/srtm/migrate", _H.migrate,
           query=MigrateQuery, answer=MigrateAnswer),
+    Route("GET", "/srtm/route", _H.route_get,
+          query=TopicQuery, answer=RouteDoc, errors={404: "ROUTE_NOT_FOUND"}),
+    Route("POST", "/srtm/route", _H.route_set,
+          body=RouteBody, answer=RouteDoc,
+          errors={400: "INVALID_BODY, MISSING_ARG_TOPIC, INVALID_TOPIC, MISSING_ARG_SELF, "
+                       "INVALID_SELF, INVALID_FORWARD, INVALID_REPLICAS",
+                  413: "BODY_TOO_BIG"}),
+    Route("DELETE", "/srtm/route", _H.route_delete,
+          query=TopicQuery, answer=RouteDoc, errors={404: "ROUTE_NOT_FOUND"}),
     Route("POST", "/srtm/measure", _H.measure,
           query=MeasureQuery, body=MeasureBody, body_required=False, answer=MeasureAnswer,
           errors={400: "INVALID_BODY, INVALID_PUBLISHERS", 413: "BODY_TOO_BIG",

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from srtm.broker.relay import counters_of
 from srtm.broker.stats import Recorder
 from srtm.quantiles import REPORTED
 
@@ -144,6 +145,7 @@ def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
             if channel is None or name == channel
         ],
         admission=admission_rows(broker.admission.get(t.name)),
+        route=None if (r := broker.relay.table.get(t.name)) is None else counters_of(r),
     )
 
 

@@ -60,6 +60,18 @@ class DeliveryError(Exception):
     """FIN/REQ/TOUCH of a message that is not in flight for this client."""
 
 
+class Homing(Protocol):
+    """Which channels of a replicated topic this broker serves."""
+
+    def keeps(self, channel: str) -> bool: ...
+
+    @property
+    def serves_unlisted(self) -> bool:
+        """Whether a channel not made yet may be served here (then what comes before it
+        is held for it, as for a topic's first channel)."""
+        ...
+
+
 @dataclass(eq=False)  # identity: channels are kept in sets
 class Channel:
     """One subscription of a topic: every channel gets a copy, one consumer gets each."""
@@ -277,6 +289,9 @@ class Topic:
     held: MessageQueue = field(init=False)
     #: DPUB'd before the topic had any channel, with their due times.
     held_deferred: list[tuple[Message, int]] = field(default_factory=list)
+    #: Which channels get messages here (None: all): a replicated topic's channel is
+    #: served by one replica only (srtm.broker.routes.TopicRoute is one).
+    homing: Homing | None = None
 
     def __post_init__(self) -> None:
         self.shaping = self.queues(f"{self.name}@shaping")
@@ -299,7 +314,7 @@ class Topic:
         ch = self.channels.get(name)
         if ch is None:
             ch = self.channels[name] = Channel(self.name, name, self.queues(f"{self.name}:{name}"))
-            if len(self.channels) == 1:
+            if len(self.channels) == 1 if self.homing is None else self._first_kept(name):
                 for msg in self.held.drain():
                     ch.put(msg)
                 for msg, due in self.held_deferred:
@@ -368,7 +383,7 @@ class Topic:
         msg.release_ns = msg.arrival_ns
         if not self.channels:
             self.held_deferred.append((msg, due_ns))
-        for ch in self.channels.values():
+        for ch in self._targets():
             ch.put_deferred(msg.copy(), due_ns)
 
     def next_release_ns(self) -> int | None:
@@ -389,7 +404,7 @@ class Topic:
         """Take every message due by ``now`` off the bucket and, with ``deliver``, hand
         it to the channels (else the caller delivers it later, e.g. after processing)."""
         out: list[Released] = []
-        targets = list(self.channels.values())
+        targets = self._targets()
         while (due := self.next_release_ns()) is not None and due <= now:
             msg = self.shaping.popleft()
             self._head_booking = None
@@ -400,9 +415,25 @@ class Topic:
 
     def deliver(self, msg: Message) -> None:
         """A copy to every channel, or hold it for the first one."""
-        self._deliver(msg, list(self.channels.values()))
+        self._deliver(msg, self._targets())
+
+    def _targets(self) -> list[Channel]:
+        homing = self.homing
+        if homing is None:
+            return list(self.channels.values())
+        return [ch for name, ch in self.channels.items() if homing.keeps(name)]
+
+    def _first_kept(self, name: str) -> bool:
+        """Is ``name`` the only channel here that this replica serves (it takes what
+        the topic held, as the first channel does)?"""
+        assert self.homing is not None
+        keeps = self.homing.keeps
+        return keeps(name) and sum(1 for n in self.channels if keeps(n)) == 1
 
     def _deliver(self, msg: Message, targets: list[Channel]) -> None:
+        if not targets and self.homing is not None and not self.homing.serves_unlisted:
+            settle(msg.origin)  # every channel of it is served by another replica
+            return
         if msg.origin is not None and len(targets) > 1:
             msg.origin.share(len(targets) - 1)  # each channel's copy is settled on its own
         if not targets:

@@ -76,7 +76,12 @@ class BrokerPort(Protocol):
     def authenticator(self) -> Authenticator | None: ...
 
     def publish(
-        self, topic_name: str, bodies: Iterable[bytes], arrival: int, publisher: str | None
+        self,
+        topic_name: str,
+        bodies: Iterable[bytes],
+        arrival: int,
+        publisher: str | None,
+        client: Client | None = None,
     ) -> asyncio.Future[Any] | None: ...
 
     def publish_deferred(
@@ -248,7 +253,7 @@ class Client:
 
     # -- what the session asks (srtm.protocol.session.SessionHost) ---------------------------
     def publish(self, topic: str, bodies: list[bytes], arrival_ns: int) -> None:
-        written = self.broker.publish(topic, bodies, arrival_ns, self.session.attributed_to)
+        written = self.broker.publish(topic, bodies, arrival_ns, self.session.attributed_to, self)
         if written is not None:
             self._hold_until(written)
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)

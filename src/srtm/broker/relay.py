@@ -1,0 +1,509 @@
+"""Broker-to-broker relay: forwarding (Dynamoth's lazy plan propagation) and
+ALL_PUBLISHERS replication, over persistent NSQ TCP connections to the other brokers.
+
+``Relay.publish`` is what ``Broker.publish`` calls for a topic with a route
+(``srtm.broker.routes``); every other topic never reaches this module. A message is
+forwarded (sent to its plan's broker instead of being accepted here), or accepted here and
+copied once to every replica, or accepted here as without a route. Nothing acknowledged is
+dropped: the publisher's OK waits until the target answered OK, and whatever a peer cannot
+take (unreachable, over its bound, an error) is accepted here instead (``fallback_local``).
+
+A ``PeerLink`` is one connection to one peer, opened on first use: it IDENTIFYs with
+``srtm_relay: true`` (what arrives on it is never relayed again: no loops), sends what is
+queued as PUB, or MPUB when a backlog built up, one command in flight, and reconnects with
+a backoff; while down, what comes falls back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from srtm.broker.message import Message, MessageIds
+from srtm.broker.routes import RouteTable, TopicRoute
+from srtm.protocol import ProtocolError
+from srtm.protocol.commands import Identify, Mpub, Nop, Pub, encode_command
+from srtm.protocol.frames import FrameReader, FrameType
+
+if TYPE_CHECKING:
+    from srtm.broker.options import BrokerOptions
+    from srtm.broker.persistence import Persistence
+    from srtm.broker.state import Channel, Topic
+    from srtm.broker.tcp import Client
+
+log = logging.getLogger("srtm.broker.relay")
+
+#: Per peer: the most messages (and bytes) queued or in flight; beyond, fallback local.
+MAX_QUEUED = 10_000
+MAX_QUEUED_BYTES = 64 << 20
+#: One MPUB carries at most this many messages (and bytes).
+MAX_BATCH = 500
+MAX_BATCH_BYTES = 1 << 20
+CONNECT_TIMEOUT_S = 2.0
+#: How long one PUB/MPUB may wait for its answer before the connection is given up.
+ANSWER_TIMEOUT_S = 5.0
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
+_HEARTBEAT = b"_heartbeat_"
+_OK = b"OK"
+
+Done = Callable[[bool], None]
+
+
+@dataclass(slots=True)
+class _Item:
+    topic: str
+    bodies: list[bytes]
+    size: int
+    done: Done
+
+
+class PeerLink:
+    """One persistent NSQ connection to one peer broker, with a bounded queue."""
+
+    def __init__(self, address: str, client_id: str) -> None:
+        self.address = address
+        self.client_id = client_id
+        self.queue: deque[_Item] = deque()
+        self.queued = 0
+        self.queued_bytes = 0
+        self.connected = False
+        #: Monotonic time before which no connection is tried (after a failure).
+        self.down_until = 0.0
+        self._backoff = BACKOFF_MIN_S
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._frames = FrameReader()
+
+    def send(self, topic: str, bodies: list[bytes], done: Done) -> bool:
+        """Queue a copy for the peer; ``done(ok)`` once it answered. False (nothing
+        queued, ``done`` not called): down or full, the caller keeps it here."""
+        size = sum(len(b) for b in bodies)
+        if self._closing or time.monotonic() < self.down_until:
+            return False
+        if self.queued + len(bodies) > MAX_QUEUED or self.queued_bytes + size > MAX_QUEUED_BYTES:
+            return False
+        self.queue.append(_Item(topic, bodies, size, done))
+        self.queued += len(bodies)
+        self.queued_bytes += size
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"srtm-relay-{self.address}"
+            )
+        return True
+
+    async def close(self) -> None:
+        """Stop; whatever is still queued is handed back (``done(False)``)."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._fail_all()
+
+    # -- the connection ------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self.queue:
+                continue
+            try:
+                reader, writer = await self._connect()
+            except (OSError, TimeoutError, ProtocolError, ValueError) as exc:
+                self._failed(f"cannot connect: {exc}")
+                continue
+            try:
+                await self._serve(reader, writer)
+            except (OSError, TimeoutError, ProtocolError, ValueError) as exc:
+                self._failed(f"connection lost: {exc}")
+            finally:
+                self.connected = False
+                writer.close()
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host, _, port = self.address.rpartition(":")
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S
+        )
+        identity = {"client_id": self.client_id, "srtm_relay": True, "feature_negotiation": False}
+        writer.write(b"  V2" + encode_command(Identify(identity)))
+        frames = FrameReader()
+        await asyncio.wait_for(self._answer(reader, writer, frames), CONNECT_TIMEOUT_S)
+        self._frames = frames
+        self.connected = True
+        self._backoff = BACKOFF_MIN_S
+        self.down_until = 0.0
+        log.info("relay to %s connected", self.address)
+        return reader, writer
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Send the queue, one command at a time, until it is empty; then wait for more
+        (answering the peer's heartbeats meanwhile)."""
+        while True:
+            while self.queue:
+                batch = self._batch()
+                writer.write(_encode(batch))
+                try:
+                    await asyncio.wait_for(
+                        self._answer(reader, writer, self._frames), ANSWER_TIMEOUT_S
+                    )
+                except ProtocolError:
+                    self._settle(batch, False)  # refused (not fatal for us): kept here
+                    continue
+                except BaseException:
+                    self._settle(batch, False)
+                    raise
+                self._settle(batch, True)
+            idle = asyncio.ensure_future(self._wake.wait())
+            data = asyncio.ensure_future(reader.read(4096))
+            await asyncio.wait({idle, data}, return_when=asyncio.FIRST_COMPLETED)
+            if not data.done():
+                data.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await data
+                self._wake.clear()
+                continue
+            idle.cancel()
+            chunk = data.result()
+            if not chunk:
+                raise ConnectionError("closed by the peer")
+            self._idle_frames(chunk, writer)
+
+    def _idle_frames(self, chunk: bytes, writer: asyncio.StreamWriter) -> None:
+        for f in self._frames.feed(chunk):
+            if f.kind is FrameType.RESPONSE and f.data == _HEARTBEAT:
+                writer.write(encode_command(Nop()))
+            elif f.kind is FrameType.ERROR:
+                raise ConnectionError(f"peer error: {f.data[:200]!r}")
+
+    async def _answer(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frames: FrameReader
+    ) -> None:
+        """Wait for the answer to the one command in flight: OK, or an error (raised as a
+        ProtocolError); heartbeats are answered on the way."""
+        while True:
+            chunk = await reader.read(65536)
+            if not chunk:
+                raise ConnectionError("closed by the peer")
+            for f in frames.feed(chunk):
+                if f.kind is FrameType.RESPONSE and f.data == _HEARTBEAT:
+                    writer.write(encode_command(Nop()))
+                elif f.kind is FrameType.RESPONSE and f.data == _OK:
+                    return
+                elif f.kind is FrameType.ERROR:
+                    code, _, detail = f.data.decode(errors="replace").partition(" ")
+                    raise ProtocolError(code, detail)
+
+    def _batch(self) -> list[_Item]:
+        """The head of the queue, plus what follows it for the same topic while a batch
+        stays within its bounds."""
+        first = self.queue.popleft()
+        batch = [first]
+        n, size = len(first.bodies), first.size
+        while self.queue:
+            nxt = self.queue[0]
+            if nxt.topic != first.topic or n + len(nxt.bodies) > MAX_BATCH:
+                break
+            if size + nxt.size > MAX_BATCH_BYTES:
+                break
+            batch.append(self.queue.popleft())
+            n += len(nxt.bodies)
+            size += nxt.size
+        return batch
+
+    def _settle(self, batch: list[_Item], ok: bool) -> None:
+        for item in batch:
+            self.queued -= len(item.bodies)
+            self.queued_bytes -= item.size
+            _call(item.done, ok)
+
+    def _failed(self, why: str) -> None:
+        if self.connected or self.queue:
+            log.warning("relay to %s: %s; retrying in %.1f s", self.address, why, self._backoff)
+        self.connected = False
+        self.down_until = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+        self._fail_all()
+
+    def _fail_all(self) -> None:
+        while self.queue:
+            self._settle([self.queue.popleft()], False)
+
+
+def _encode(batch: list[_Item]) -> bytes:
+    bodies = [b for item in batch for b in item.bodies]
+    if len(bodies) == 1:
+        return encode_command(Pub(batch[0].topic, bodies[0]))
+    return encode_command(Mpub(batch[0].topic, bodies))
+
+
+def _call(done: Done, ok: bool) -> None:
+    try:
+        done(ok)
+    except Exception:  # one failed settlement must not stop the others
+        log.exception("relay: settling a message failed")
+
+
+class _Countdown:
+    """A future done once ``n`` parts reported (the publisher's OK waits for it)."""
+
+    def __init__(self, n: int) -> None:
+        self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.left = n
+        if n == 0:
+            self.future.set_result(None)
+
+    def part_done(self, _: object = None) -> None:
+        self.left -= 1
+        if self.left == 0 and not self.future.done():
+            self.future.set_result(None)
+
+    def wait_for(self, other: asyncio.Future[Any] | None) -> None:
+        if other is None:
+            self.part_done()
+        else:
+            other.add_done_callback(self.part_done)
+
+
+class RelayHost(Protocol):
+    """What the relay needs of the broker (srtm.broker.broker.Broker is one)."""
+
+    @property
+    def options(self) -> BrokerOptions: ...
+
+    @property
+    def topics(self) -> dict[str, Topic]: ...
+
+    @property
+    def ids(self) -> MessageIds: ...
+
+    @property
+    def persistence(self) -> Persistence: ...
+
+    def publish(
+        self,
+        topic_name: str,
+        bodies: Iterable[bytes],
+        arrival: int,
+        publisher: str | None,
+        client: Client | None = None,
+        local: bool = False,
+    ) -> asyncio.Future[Any] | None: ...
+
+    def topic(self, name: str) -> Topic: ...
+
+    def channel(self, topic_name: str, channel_name: str) -> Channel: ...
+
+    def order(self, publisher: str, order: dict[str, Any]) -> int: ...
+
+    def mark_ready(self, channel: Channel) -> None: ...
+
+
+class Relay:
+    """The broker's routes and its links to other brokers."""
+
+    def __init__(self, broker: RelayHost, clock: Callable[[], float] = time.monotonic) -> None:
+        self.broker = broker
+        self.clock = clock
+        self.table = RouteTable()
+        #: The table's dict itself: the publish hook's one lookup.
+        self.routes = self.table.routes
+        self.links: dict[str, PeerLink] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    # -- routes ----------------------------------------------------------------------------
+    def set_route(self, route: TopicRoute) -> TopicRoute:
+        """Install ``route`` (replacing the topic's). The topic is made first (a refusal,
+        e.g. --max-topics, installs nothing; its /stats row carries the counters). A
+        replicated topic delivers only the channels homed here, and those are made at
+        once so that nothing sent to them before their consumers connect is missed."""
+        topic = self.broker.topic(route.topic)
+        route.last_forward_s = self.clock()
+        self.table.set(route)
+        topic.homing = None if route.replicas is None else route
+        if route.replicas is not None:
+            for channel, home in route.replicas.homes.items():
+                if home == route.self_id:
+                    self.broker.channel(route.topic, channel)
+        self._prune_links()
+        return route
+
+    def get_route(self, topic: str) -> TopicRoute | None:
+        route = self.table.get(topic)
+        if route is not None:
+            route.expire(self.clock())
+        return route
+
+    def remove_route(self, topic: str) -> TopicRoute | None:
+        route = self.table.remove(topic)
+        if route is not None and (t := self.broker.topics.get(topic)) is not None:
+            t.homing = None
+        self._prune_links()
+        return route
+
+    def _prune_links(self) -> None:
+        """Close the links no route names any more (what they still hold falls back)."""
+        used: set[str] = set()
+        for route in self.routes.values():
+            if (fwd := route.forward) is not None:
+                used.update(a for a in (fwd.to, *fwd.publishers.values()) if a is not None)
+            used.update(route.peers().values())
+        for address in [a for a in self.links if a not in used]:
+            task = asyncio.get_running_loop().create_task(self.links.pop(address).close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def stop(self) -> None:
+        """Close the links; what they still held is accepted here (before the broker
+        persists what it owes)."""
+        for link in list(self.links.values()):
+            await link.close()
+        self.links.clear()
+        for task in list(self._closing):
+            await task
+
+    def link(self, address: str) -> PeerLink:
+        link = self.links.get(address)
+        if link is None:
+            client_id = f"srtm-relay-{self.broker.options.broker_id}"
+            link = self.links[address] = PeerLink(address, client_id)
+        return link
+
+    # -- publishing ------------------------------------------------------------------------
+    def publish(
+        self,
+        topic: str,
+        bodies: Iterable[bytes],
+        arrival: int,
+        publisher: str | None,
+        client: Client | None,
+    ) -> asyncio.Future[Any] | None:
+        """A publish to a topic with a route: forwarded, replicated, or accepted here."""
+        route = self.routes[topic]
+        if client is not None and client.identity.get("srtm_relay") is True:
+            return self._local(route, bodies, arrival, publisher)  # never relayed again
+        to = route.forward_target(publisher, self.clock())
+        if to is not None:
+            return self._forward(route, to, list(bodies), arrival, publisher)
+        if route.replicas is not None:
+            return self._replicate(route, list(bodies), arrival, publisher)
+        return self._local(route, bodies, arrival, publisher)
+
+    def _local(
+        self, route: TopicRoute, bodies: Iterable[bytes], arrival: int, publisher: str | None
+    ) -> asyncio.Future[Any] | None:
+        written = self.broker.publish(route.topic, bodies, arrival, publisher, local=True)
+        if route.replicas is not None:
+            # A topic deleted and made again is a new object: it keeps the homing too.
+            self.broker.topics[route.topic].homing = route
+        return written
+
+    def _forward(
+        self, route: TopicRoute, to: str, bodies: list[bytes], arrival: int, publisher: str | None
+    ) -> asyncio.Future[Any] | None:
+        """Send to ``to``; the publisher's OK waits for its. Not shaped here (it is at
+        the target); an SRTM publisher is told once to move there."""
+        route.forwarded(0, self.clock())  # the grace runs from the last forwarded message
+        if publisher and publisher not in route.ordered:
+            route.ordered.add(publisher)
+            order = {"migrate": {"topic": route.topic, "to": to, "version": 0}}
+            self.broker.order(publisher, order)
+        n = len(bodies)
+        answered = _Countdown(1)
+
+        def done(ok: bool) -> None:
+            if ok:
+                route.counters.forwarded += n
+                answered.part_done()
+                return
+            route.counters.fallback_local += n
+            try:
+                answered.wait_for(self._local(route, bodies, arrival, publisher))
+            except ProtocolError as exc:  # this broker cannot take it either (disk)
+                log.error("topic %s: %d forwarded messages lost: %s", route.topic, n, exc)
+                answered.part_done()
+
+        if not self.link(to).send(route.topic, bodies, done):
+            route.counters.fallback_local += n
+            return self._local(route, bodies, arrival, publisher)
+        return answered.future
+
+    def _replicate(
+        self, route: TopicRoute, bodies: list[bytes], arrival: int, publisher: str | None
+    ) -> asyncio.Future[Any] | None:
+        """Accept here (for the channels homed here) and copy to every peer; a copy a
+        peer cannot take feeds its channels here instead."""
+        peers = route.peers()
+        written = self._local(route, bodies, arrival, publisher)
+        if not peers:
+            return written
+        answered = _Countdown(len(peers) + 1)
+        answered.wait_for(written)
+        n = len(bodies)
+        for peer, address in peers.items():
+
+            def done(ok: bool, peer: str = peer) -> None:
+                if ok:
+                    route.counters.relayed += n
+                    answered.part_done()
+                else:
+                    answered.wait_for(self._fallback(route, peer, bodies, arrival, publisher))
+
+            if not self.link(address).send(route.topic, bodies, done):
+                done(False)
+        return answered.future
+
+    def _fallback(
+        self, route: TopicRoute, peer: str, bodies: list[bytes], arrival: int, publisher: str | None
+    ) -> asyncio.Future[Any] | None:
+        """What ``peer`` could not take goes to its channels here (their consumers may
+        come here; unshaped: the bucket here already paced this broker's own copy).
+        Returns what to wait for before the OK (its overflow to disk, as a publish)."""
+        route.counters.fallback_local += len(bodies)
+        broker = self.broker
+        broker.persistence.pushed.clear()
+        topic = broker.topic(route.topic)
+        names = route.channels_of(peer, list(topic.channels))
+        now = time.time_ns()
+        who = publisher or ""
+        for name in names:
+            ch = broker.channel(route.topic, name)
+            for body in bodies:
+                msg = Message(broker.ids.next(), body, now, arrival, now, publisher=who)
+                ch.put(msg)
+            broker.mark_ready(ch)
+        if not names:
+            for body in bodies:  # no channel of it yet: kept for the topic's first one
+                topic.held.append(Message(broker.ids.next(), body, now, arrival, now, 0, who))
+        return broker.persistence.write_through() if broker.persistence.pushed else None
+
+
+def counters_of(route: TopicRoute) -> dict[str, Any]:
+    """A route's counters (RouteCountersDoc's shape: /stats)."""
+    c = route.counters
+    return dict(forwarded=c.forwarded, relayed=c.relayed, fallback_local=c.fallback_local)
+
+
+def route_document(route: TopicRoute, now_s: float) -> dict[str, Any]:
+    """A route as GET /srtm/route shows it (RouteDoc's shape)."""
+    fwd, reps = route.forward, route.replicas
+    return dict(
+        topic=route.topic,
+        self=route.self_id,
+        forward=None
+        if fwd is None
+        else dict(to=fwd.to, publishers=dict(fwd.publishers), grace_s=fwd.grace_s),
+        replicas=None
+        if reps is None
+        else dict(peers=dict(reps.peers), primary=reps.primary, homes=dict(reps.homes)),
+        counters=dict(counters_of(route), last_forward_age_s=now_s - route.last_forward_s),
+    )

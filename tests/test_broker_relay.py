@@ -1,0 +1,361 @@
+"""The broker-to-broker relay over real sockets: forwarding (lazy plan propagation) and
+ALL_PUBLISHERS replication with channel homing, among two or three in-process brokers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from nsq_raw import RawClient
+from srtm.broker import Broker
+from srtm.broker.http import serve_http
+from srtm.broker.options import BrokerOptions
+from srtm.client.publisher import Publisher
+from srtm.protocol import Fin, FrameType, Mpub, Pub, Rdy, Sub
+from srtm.protocol.frames import decode_message
+from support import eventually
+
+
+class Node:
+    """One broker of the test's cluster, with a session on its HTTP API."""
+
+    def __init__(self, broker: Broker, http: aiohttp.ClientSession) -> None:
+        self.broker, self.http = broker, http
+
+    @property
+    def tcp(self) -> str:
+        assert self.broker.tcp_address is not None
+        host, port = self.broker.tcp_address
+        return f"{host}:{port}"
+
+    async def call(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
+        data = None if doc is None else json.dumps(doc).encode()
+        async with self.http.request(method, path, data=data) as resp:
+            return resp.status, json.loads(await resp.read())
+
+    async def route(self, doc: dict[str, Any]) -> dict[str, Any]:
+        status, body = await self.call("POST", "/srtm/route", doc)
+        assert status == 200, body
+        return body
+
+    async def counters(self, topic: str) -> dict[str, Any]:
+        status, body = await self.call("GET", f"/srtm/route?topic={topic}")
+        assert status == 200, body
+        counters: dict[str, Any] = body["counters"]
+        return counters
+
+
+Cluster = Callable[[int], Awaitable[list[Node]]]
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    """``await cluster(n)``: n brokers (ids 0..n-1, own data dirs) with their HTTP APIs."""
+    stops: list[Callable[[], Awaitable[None]]] = []
+
+    async def make(n: int) -> list[Node]:
+        nodes = []
+        for i in range(n):
+            opts = BrokerOptions(tcp_port=0, http_port=0, broker_id=i, data_dir=tmp_path / f"b{i}")
+            broker = Broker(opts)
+            await broker.start()
+            runner, port = await serve_http(broker)
+            http = aiohttp.ClientSession(f"http://127.0.0.1:{port}")
+            nodes.append(Node(broker, http))
+
+            async def stop(b: Broker = broker, r: Any = runner, h: Any = http) -> None:
+                await h.close()
+                await r.cleanup()
+                await b.stop()
+
+            stops.append(stop)
+        return nodes
+
+    yield make
+    for stop in reversed(stops):
+        await stop()
+
+
+async def raw(node: Node, **identity: Any) -> RawClient:
+    host, port = node.tcp.rsplit(":", 1)
+    c = await RawClient.connect(host, int(port))
+    await c.identify(**identity)
+    return c
+
+
+class Consumer:
+    """A plain NSQ consumer on one broker's channel, collecting the bodies it gets."""
+
+    def __init__(self, client: RawClient) -> None:
+        self.client = client
+        self.bodies: list[bytes] = []
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    @classmethod
+    async def on(cls, node: Node, topic: str, channel: str) -> Consumer:
+        c = await raw(node)
+        await c.send(Sub(topic, channel))
+        assert await c.response() == b"OK"
+        await c.send(Rdy(1000))
+        return cls(c)
+
+    async def _run(self) -> None:
+        with contextlib.suppress(EOFError, TimeoutError, ConnectionError):
+            while True:
+                f = await self.client.frame(timeout=60)
+                if f.kind is FrameType.MESSAGE:
+                    m = decode_message(f.data)
+                    self.bodies.append(m.body)
+                    await self.client.send(Fin(m.id))
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        await self.client.close()
+
+
+async def publish(c: RawClient, topic: str, bodies: list[bytes]) -> None:
+    """PUB each body and wait for every OK (the publisher's acknowledgement)."""
+    await c.send(*(Pub(topic, b) for b in bodies))
+    for _ in bodies:
+        assert await c.response() == b"OK"
+
+
+def local_count(node: Node, topic: str) -> int:
+    t = node.broker.topics.get(topic)
+    return 0 if t is None else t.message_count
+
+
+# -- the endpoint ------------------------------------------------------------------------
+async def test_route_endpoint_validates_and_round_trips(cluster: Cluster) -> None:
+    (a,) = await cluster(1)
+    status, body = await a.call("GET", "/srtm/route?topic=t")
+    assert status == 404 and body["message"] == "ROUTE_NOT_FOUND"
+    bad = [
+        ({"self": "a"}, "MISSING_ARG_TOPIC"),
+        ({"topic": "t"}, "MISSING_ARG_SELF"),
+        ({"topic": "t!", "self": "a"}, "INVALID_TOPIC"),
+        ({"topic": "t", "self": "a", "forward": {"to": "nohostport"}}, "INVALID_FORWARD"),
+        ({"topic": "t", "self": "a", "forward": {"grace_s": -1}}, "INVALID_FORWARD"),
+        (
+            {"topic": "t", "self": "a", "replicas": {"peers": {}, "primary": "x"}},
+            "INVALID_REPLICAS",
+        ),
+    ]
+    for doc, code in bad:
+        status, body = await a.call("POST", "/srtm/route", doc)
+        assert (status, body["message"]) == (400, code), (doc, body)
+    doc = {
+        "topic": "t",
+        "self": "a",
+        "forward": {"to": "127.0.0.1:1", "publishers": {"p": "127.0.0.1:2"}},
+        "replicas": {"peers": {"b": "127.0.0.1:3"}, "primary": "a", "homes": {"c": "b"}},
+    }
+    got = await a.route(doc)
+    assert got["forward"] == {"to": "127.0.0.1:1", "publishers": {"p": "127.0.0.1:2"},
+                              "grace_s": 10.0}  # fmt: skip
+    assert got["replicas"]["homes"] == {"c": "b"} and got["self"] == "a"
+    assert got["counters"]["forwarded"] == 0
+    status, body = await a.call("DELETE", "/srtm/route?topic=t")
+    assert status == 200
+    status, body = await a.call("GET", "/srtm/route?topic=t")
+    assert status == 404
+    status, body = await a.call("GET", "/srtm/openapi.json")
+    assert "/srtm/route" in body["paths"]
+
+
+# -- forwarding ----------------------------------------------------------------------------
+async def test_a_plain_nsq_publisher_is_forwarded_and_consumed_at_the_target(
+    cluster: Cluster,
+) -> None:
+    a, b = await cluster(2)
+    await a.route({"topic": "t", "self": "0", "forward": {"to": b.tcp}})
+    consumer = await Consumer.on(b, "t", "c")
+    pub = await raw(a, client_id="plain")
+    sent = [b"m%d" % i for i in range(50)]
+    await publish(pub, "t", sent[:40])
+    await pub.send(Mpub("t", sent[40:]))
+    assert await pub.response() == b"OK"
+    await eventually(lambda: len(consumer.bodies), "all consumed at B", until=lambda n: n >= 50)
+    assert sorted(consumer.bodies) == sorted(sent)
+    assert local_count(a, "t") == 0  # not queued (nor shaped) at A
+    counters = await a.counters("t")
+    assert counters["forwarded"] == 50 and counters["fallback_local"] == 0
+    status, stats = await a.call("GET", "/stats?format=json")
+    assert status == 200
+    (row,) = [t for t in stats["srtm"]["topics"] if t["topic"] == "t"]
+    assert row["route"] == {"forwarded": 50, "relayed": 0, "fallback_local": 0}
+    await pub.close()
+    await consumer.close()
+
+
+async def test_an_srtm_publisher_is_told_to_move_and_moves(cluster: Cluster) -> None:
+    a, b = await cluster(2)
+    await a.route({"topic": "t", "self": "0", "forward": {"publishers": {"p1": b.tcp}}})
+    consumer = await Consumer.on(b, "t", "c")
+    publisher = Publisher("t", "p1", address=a.tcp)
+    await publisher.start()
+    acks = [await publisher.publish(b"x%d" % i) for i in range(20)]
+    await asyncio.gather(*acks)
+    await eventually(lambda: publisher.address == b.tcp, "the publisher moved to B")
+    acks = [await publisher.publish(b"y%d" % i) for i in range(20)]
+    await asyncio.gather(*acks)
+    await eventually(lambda: len(consumer.bodies), "all at B", until=lambda n: n >= 40)
+    assert len(consumer.bodies) == len(set(consumer.bodies)) == 40
+    assert publisher.migrations == 1
+    assert local_count(a, "t") == 0
+    await publisher.close()
+    await consumer.close()
+
+
+async def test_forwarding_ends_after_its_grace(cluster: Cluster) -> None:
+    a, b = await cluster(2)
+    await a.route({"topic": "t", "self": "0", "forward": {"to": b.tcp, "grace_s": 0.3}})
+    pub = await raw(a)
+    await publish(pub, "t", [b"first"])
+    assert (await a.counters("t"))["forwarded"] == 1
+
+    async def forward_part() -> Any:
+        return (await a.call("GET", "/srtm/route?topic=t"))[1]["forward"]
+
+    await eventually(forward_part, "the forward part ended", until=lambda f: f is None)
+    await publish(pub, "t", [b"second"])
+    assert local_count(a, "t") == 1  # accepted here, as without a route
+    assert local_count(b, "t") == 1
+    assert (await a.counters("t"))["forwarded"] == 1
+    await pub.close()
+
+
+async def test_an_unreachable_target_falls_back_to_local(cluster: Cluster) -> None:
+    (a,) = await cluster(1)
+    await a.route({"topic": "t", "self": "0", "forward": {"to": "127.0.0.1:1"}})
+    consumer = await Consumer.on(a, "t", "c")
+    pub = await raw(a)
+    sent = [b"m%d" % i for i in range(30)]
+    await publish(pub, "t", sent)
+    await eventually(lambda: len(consumer.bodies), "all here", until=lambda n: n >= 30)
+    assert sorted(consumer.bodies) == sorted(sent)
+    counters = await a.counters("t")
+    assert counters["fallback_local"] == 30 and counters["forwarded"] == 0
+    await pub.close()
+    await consumer.close()
+
+
+# -- replication ---------------------------------------------------------------------------
+def replicas(nodes: list[Node], homes: dict[str, str]) -> dict[str, Any]:
+    return {"peers": {str(i): n.tcp for i, n in enumerate(nodes)}, "primary": "0",
+            "homes": homes}  # fmt: skip
+
+
+async def test_replication_delivers_each_channel_once_from_its_home(cluster: Cluster) -> None:
+    nodes = await cluster(3)
+    homes = {"c1": "1", "c2": "2"}  # c0 (not listed): the primary, broker 0
+    for i, n in enumerate(nodes):
+        await n.route({"topic": "t", "self": str(i), "replicas": replicas(nodes, homes)})
+    # Every channel has a consumer on every replica: only its home's may get anything.
+    consumers = {
+        (i, ch): await Consumer.on(n, "t", ch)
+        for i, n in enumerate(nodes)
+        for ch in ("c0", "c1", "c2")
+    }
+    sent: list[bytes] = []
+    for i in (0, 1):  # publishers on two of the replicas
+        pub = await raw(nodes[i], client_id=f"p{i}")
+        bodies = [b"%d-%d" % (i, k) for k in range(40)]
+        await publish(pub, "t", bodies)
+        sent += bodies
+        await pub.close()
+    for home, ch in ((0, "c0"), (1, "c1"), (2, "c2")):
+        got = consumers[(home, ch)].bodies
+        await eventually(
+            lambda got=got: len(got), f"{ch} at {home}", until=lambda n: n >= len(sent)
+        )
+    for (i, ch), c in consumers.items():
+        home = int({"c0": "0", **homes}[ch])
+        expected = sorted(sent) if i == home else []
+        assert sorted(c.bodies) == expected, (i, ch)
+    relayed = [(await n.counters("t"))["relayed"] for n in nodes]
+    assert relayed == [80, 80, 0]  # two peers each, once; nothing relayed again
+    for c in consumers.values():
+        await c.close()
+
+
+async def test_a_dead_replica_falls_back_to_local_with_nothing_lost(cluster: Cluster) -> None:
+    a, b = await cluster(2)
+    doc = {"topic": "t", "self": "0", "replicas": replicas([a, b], {"c1": "1"})}
+    await b.broker.stop()  # the peer is gone before anything is sent
+    await a.route(doc)
+    c0 = await Consumer.on(a, "t", "c0")
+    pub = await raw(a)
+    sent = [b"m%d" % i for i in range(60)]
+    await publish(pub, "t", sent)
+    # c1's home is gone: its consumer comes here and finds every message.
+    c1 = await Consumer.on(a, "t", "c1")
+    for c in (c0, c1):
+        await eventually(lambda c=c: len(c.bodies), "all delivered", until=lambda n: n >= 60)
+        assert sorted(c.bodies) == sorted(sent)
+    assert (await a.counters("t"))["fallback_local"] == 60
+    await pub.close()
+    await c0.close()
+    await c1.close()
+
+
+# -- the hook ------------------------------------------------------------------------------
+async def test_a_topic_without_a_route_never_reaches_the_relay(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = await cluster(2)
+    await a.route({"topic": "routed", "self": "0", "forward": {"to": b.tcp}})
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the relay was asked about a topic with no route")
+
+    monkeypatch.setattr(a.broker.relay, "publish", refuse)
+    consumer = await Consumer.on(a, "plain", "c")
+    pub = await raw(a)
+    await publish(pub, "plain", [b"a", b"b"])
+    await eventually(lambda: len(consumer.bodies), "delivered", until=lambda n: n >= 2)
+    assert local_count(a, "plain") == 2 and list(a.broker.relay.links) == []
+    await pub.close()
+    await consumer.close()
+
+
+async def test_a_replica_lost_midway_and_a_full_link_lose_nothing(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a peer did not take (its bound hit, or it went away) feeds its channels here:
+    per channel, what was published is what was delivered, across both replicas."""
+    from srtm.broker import relay
+
+    monkeypatch.setattr(relay, "MAX_QUEUED", 5)  # most of a burst overflows the link
+    a, b = await cluster(2)
+    reps = replicas([a, b], {"c1": "1"})
+    for i, n in enumerate((a, b)):
+        await n.route({"topic": "t", "self": str(i), "replicas": reps})
+    at_b = await Consumer.on(b, "t", "c1")
+    pub = await raw(a)
+    first = [b"f%d" % i for i in range(40)]
+    await publish(pub, "t", first)  # one burst: pipelined PUBs, one read
+    counters = await a.counters("t")
+    assert counters["relayed"] + counters["fallback_local"] == 40
+    assert counters["fallback_local"] > 0  # the bound was hit
+    relayed = counters["relayed"]
+    await eventually(lambda: len(at_b.bodies), "relayed ones at B", until=lambda n: n >= relayed)
+    await at_b.close()
+    await b.broker.stop()  # B goes away
+    later = [b"l%d" % i for i in range(20)]
+    await publish(pub, "t", later)
+    at_a = await Consumer.on(a, "t", "c1")
+    want = 40 + 20 - relayed
+    await eventually(lambda: len(at_a.bodies), "the rest at A", until=lambda n: n >= want)
+    assert sorted(at_b.bodies + at_a.bodies) == sorted(first + later)
+    await pub.close()
+    await at_a.close()
