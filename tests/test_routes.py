@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from srtm.control import Controller
 from srtm.control.actions import (
@@ -25,7 +26,7 @@ from srtm.control.state import ControlError
 from srtm.placement import PublisherLoad, TopicSpec
 from srtm.placement.rebalance import RebalanceSettings
 from srtm.ratelimit import BucketParams
-from support import ControllerClient
+from support import ControllerClient, eventually
 from support import registered as cluster
 
 
@@ -306,3 +307,45 @@ async def test_the_replicas_endpoint(controller_api: ControllerClient) -> None:
     assert status == 200 and TopicStatus.model_validate(body).replicas == []
     _, openapi = await api.call("GET", "/openapi.json")
     assert "post" in openapi["paths"]["/topics/{name}/replicas"]
+
+
+async def test_the_service_pushes_routes_after_the_shares_and_before_the_orders(
+    controller_api: ControllerClient,
+) -> None:
+    """Make-before-break at the edge: brokers (one fake HTTP API for both) see a move's
+    sub-buckets first, then the old broker's route, then the migration order."""
+    seen: list[str] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", record)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        api = controller_api
+        for i in range(2):
+            doc = {"id": f"b{i}", "tcp_address": f"127.0.0.1:{9 + 10 * i}",
+                   "http_address": f"127.0.0.1:{port}", "mcap": 1000}  # fmt: skip
+            assert (await api.call("POST", "/brokers", doc))[0] == 200
+        pubs = [{"id": f"p{i}", "rate": 10} for i in range(4)]
+        topic = {"name": "t", "slo_p99_ms": 5.0, "burst": 40, "publishers": pubs}
+        status, body = await api.call("POST", "/topics", topic)
+        assert status == 201 and len(body["brokers"]) == 1
+        src = body["brokers"][0]["id"]
+        dest = "b1" if src == "b0" else "b0"
+        await eventually(lambda: "/srtm/bucket" in seen, "the first plan pushed")
+        seen.clear()
+        move = {"publishers": ["p0", "p1", "p2", "p3"], "to": dest}
+        assert (await api.call("POST", "/topics/t/move", move))[0] == 200
+        await eventually(lambda: seen.count("/srtm/migrate") == 4, "the orders sent")
+    finally:
+        await runner.cleanup()
+    first_route = seen.index("/srtm/route")
+    assert max(i for i, p in enumerate(seen) if p.startswith("/srtm/bucket")) < first_route
+    assert first_route < seen.index("/srtm/migrate")
