@@ -167,8 +167,9 @@ def test_channels_are_homed_on_the_least_egress_and_stay_put() -> None:
     assert order[0] == "b1"  # the new home hears first: duplicates possible, loss never
     carry(c, "b1", "a", "b", "c", egress=900.0)
     c.tick(3.0)
-    # a stays on b1, now the busiest; the new ones go to the least egress (b2: 300 B/s)
-    assert c.topics["t"].routing.homes == {"a": "b1", "b": "b2", "c": "b2"}
+    # a stays on b1, now the busiest; b goes to the least egress (b2: 300 B/s), then c
+    # to b0 (500 B/s), less than b2 with b's share counted (300 + 1700 / 1 home)
+    assert c.topics["t"].routing.homes == {"a": "b1", "b": "b2", "c": "b0"}
     assert not routes_of(c.tick(4.0))  # nothing changed: nothing pushed
 
 
@@ -223,6 +224,19 @@ def test_replication_refusals_and_moves_that_would_split_a_replicated_topic() ->
     assert err.value.status == 409
     c.move("t", ["p0", "p1", "p2", "p3"], "b2")  # whole: b2 takes the primary's place
     assert c.topics["t"].routing.replicas[0] == "b2" and len(c.topics["t"].routing.replicas) == 2
+    with pytest.raises(ControlError) as err:
+        c.change_topic("t", policy="lb")  # placing again would split it
+    assert err.value.status == 409 and c.topics["t"].policy == "srtm"
+
+
+def test_a_refused_replication_changes_nothing() -> None:
+    c = cluster(3)
+    on_one(c)
+    c.brokers["b2"].down = True
+    with pytest.raises(ControlError) as err:
+        c.set_replicas("t", 2, ["b2"])
+    assert err.value.status == 400 and c.topics["t"].routing.replicas == []
+    assert c.topics["t"].buckets.keys() == {"b0"}
 
 
 def test_replicas_survive_a_restart() -> None:
@@ -235,12 +249,15 @@ def test_replicas_survive_a_restart() -> None:
     r = again.topics["t"].routing
     assert r.replicas == c.topics["t"].routing.replicas and r.homes == {"a": "b2"}
     assert set(r.pushed) == set(r.replicas)
+    # no broker has reported its channels yet: homes stay, nothing is pushed
+    assert not routes_of(again.tick(1.0)) and r.homes == {"a": "b2"}
 
 
 def test_home_channels_and_changes_by_themselves() -> None:
     assert home_channels({}, ["x"], ["a"], {}) == {}  # one broker: nothing to home
     homes = home_channels({"a": "gone"}, ["x", "y"], ["a", "b"], {})
     assert homes == {"a": "x", "b": "y"}  # equal egress: the fewest homes, then the set's order
+    assert home_channels({"e#ephemeral": "x", "k": "y"}, ["x", "y"], [], {}) == {"k": "y"}
     r = Routing()
     doc = {"topic": "t", "self": "x", "forward": None, "replicas": None}
     assert changes(r, {"x": doc}) == [SetRoute("x", "t", doc)]

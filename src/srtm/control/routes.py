@@ -98,15 +98,30 @@ def home_channels(
     homes: Mapping[str, str], replicas: list[str], channels: Iterable[str],
     egress: Mapping[str, float],
 ) -> dict[str, str]:  # fmt: skip
-    """Each channel's home: kept where it is on a replica still in the set; a new one (or
-    one whose replica went) on the replica with the least egress (bytes/s), then the fewest
-    homes, then first in the set."""
+    """Each channel's home: kept where it is on a replica still in the set (a channel the
+    registry does not list yet, after a restart say, keeps its home; an ephemeral one
+    gone loses it); a new one (or one whose replica went) on the replica with the least
+    egress (bytes/s), then the fewest homes, then first in the set. A channel homed in
+    this call counts as the replicas' average egress per home, so channels appearing
+    together do not all land on one replica."""
     if len(replicas) < 2:
         return {}
-    out = {c: r for c, r in homes.items() if r in replicas and c in set(channels)}
-    for c in sorted(set(channels) - set(out)):
+    listed = set(channels)
+    out = {
+        c: r
+        for c, r in homes.items()
+        if r in replicas and (c in listed or not c.endswith("#ephemeral"))
+    }
+    total = math.fsum(egress.get(r, 0.0) for r in replicas)
+    per_home = total / len(out) if out else 0.0
+    added = dict.fromkeys(replicas, 0)
+    for c in sorted(listed - set(out)):
         count = {r: sum(1 for h in out.values() if h == r) for r in replicas}
-        out[c] = min(replicas, key=lambda r: (egress.get(r, 0.0), count[r], replicas.index(r)))
+        out[c] = best = min(
+            replicas,
+            key=lambda r: (egress.get(r, 0.0) + added[r] * per_home, count[r], replicas.index(r)),
+        )
+        added[best] += 1
     return out
 
 

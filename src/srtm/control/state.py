@@ -572,6 +572,8 @@ class Controller:
         same brokers; a new policy places the topic again as a whole (migration orders
         for the publishers that move). No actions: nothing to push (save the state)."""
         topic = self._changeable(name)
+        if policy is not None and policy != topic.policy and topic.routing.replicated:
+            raise ControlError(409, f"topic {name!r} is replicated: it is not placed again")
         spec = topic.spec
         new_rate = spec.rate if rate is None else rate
         new_burst = spec.burst if burst is None else burst
@@ -593,7 +595,7 @@ class Controller:
         )
         if rate is not None:
             topic.rate_auto = False
-        if policy is not None and policy != topic.policy:
+        if policy is not None and policy != topic.policy:  # (refused above if replicated)
             fleet = self.fleet(exclude=name)
             if not fleet:
                 raise ControlError(503, "no broker is registered and up")
@@ -807,27 +809,22 @@ class Controller:
             raise ControlError(400, f"count: {count} > {len(up)} brokers up")
         plan = [b for b, ps in topic.assignment.items() if ps]
         r = topic.routing
-        if not r.replicas and count == 1:
-            return []
-        if not r.replicas:
-            if len(plan) != 1:
-                raise ControlError(
-                    409, f"topic {name!r}: ALL_PUBLISHERS replicates a topic whose publishers "
-                    f"are on one broker; they are on {len(plan)}",
-                )  # fmt: skip
-            r.replicas = list(plan)
         have = list(r.replicas) or plan[:1]
-        if len(have) == count:
+        if len(have) == count or (not r.replicas and count == 1):
             return []
+        if not r.replicas and len(plan) != 1:
+            raise ControlError(
+                409, f"topic {name!r}: ALL_PUBLISHERS replicates a topic whose publishers "
+                f"are on one broker; they are on {len(plan)}",
+            )  # fmt: skip
         if count > len(have):
             load = {e.id: e.load / e.mcap for e in self.ledger()}
             pool = [b for b in (to or sorted(up, key=lambda b: (load[b], b))) if b not in have]
             bad = [b for b in pool if b not in up]
             if bad:
                 raise ControlError(400, f"to: broker {bad[0]!r} is not registered and up")
-            r.replicas = have + pool[: count - len(have)]
-        else:
-            r.replicas = have[:count]
+            have += pool[: count - len(have)]
+        r.replicas = have[:count]
         if not r.replicated:
             r.replicas, r.homes = [], {}
         note = f"replicas: {', '.join(r.replicas)}" if r.replicated else "not replicated"
