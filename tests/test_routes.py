@@ -286,6 +286,10 @@ def test_report_resources_are_read_once_and_default_to_zero() -> None:
     assert parse(BrokerReport, doc).usage() == (0.5, 2e6)
     assert parse(BrokerReport, {"resources": {}}).usage() == (0.0, 0.0)
     assert parse(BrokerReport, {}).usage() is None
+    for bad in ({"cpu": -1}, {"egress_bps": float("nan")}, {"cpu": "1"}):
+        with pytest.raises(ControlError) as err:  # refused whole, naming the field
+            parse(BrokerReport, {"resources": bad})
+        assert err.value.status == 400 and "resources." in str(err.value)
     c = cluster(1)
     c.report("b0", 1.0, {}, now=1, resources=(0.5, 2e6))
     el = Elastic(RebalanceSettings(window_s=1.0))
