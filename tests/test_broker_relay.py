@@ -20,7 +20,7 @@ from srtm.broker.options import BrokerOptions
 from srtm.client.publisher import Publisher
 from srtm.protocol import Fin, FrameType, Mpub, Pub, Rdy, Sub
 from srtm.protocol.frames import decode_message
-from support import eventually
+from support import eventually, nsq_bin
 
 
 class Node:
@@ -38,7 +38,8 @@ class Node:
     async def call(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
         data = None if doc is None else json.dumps(doc).encode()
         async with self.http.request(method, path, data=data) as resp:
-            return resp.status, json.loads(await resp.read())
+            raw = await resp.read()
+            return resp.status, json.loads(raw) if raw else None
 
     async def route(self, doc: dict[str, Any]) -> dict[str, Any]:
         status, body = await self.call("POST", "/srtm/route", doc)
@@ -52,18 +53,20 @@ class Node:
         return counters
 
 
-Cluster = Callable[[int], Awaitable[list[Node]]]
+Cluster = Callable[..., Awaitable[list[Node]]]
 
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    """``await cluster(n)``: n brokers (ids 0..n-1, own data dirs) with their HTTP APIs."""
+    """``await cluster(n, **options)``: n brokers (ids 0..n-1, own data dirs), HTTP on."""
     stops: list[Callable[[], Awaitable[None]]] = []
 
-    async def make(n: int) -> list[Node]:
+    async def make(n: int, **options: Any) -> list[Node]:
         nodes = []
         for i in range(n):
-            opts = BrokerOptions(tcp_port=0, http_port=0, broker_id=i, data_dir=tmp_path / f"b{i}")
+            opts = BrokerOptions(
+                tcp_port=0, http_port=0, broker_id=i, data_dir=tmp_path / f"b{i}", **options
+            )
             broker = Broker(opts)
             await broker.start()
             runner, port = await serve_http(broker)
@@ -197,6 +200,38 @@ async def test_a_plain_nsq_publisher_is_forwarded_and_consumed_at_the_target(
     await consumer.close()
 
 
+async def test_nsqs_own_to_nsq_keeps_working_through_forwarding(cluster: Cluster) -> None:
+    a, b = await cluster(2)
+    await a.route({"topic": "t", "self": "0", "forward": {"to": b.tcp}})
+    consumer = await Consumer.on(b, "t", "c")
+    lines = [f"line-{i}" for i in range(25)]
+    proc = await asyncio.create_subprocess_exec(
+        str(nsq_bin() / "to_nsq"), "--nsqd-tcp-address", a.tcp, "--topic", "t",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate(("\n".join(lines) + "\n").encode())
+    assert proc.returncode == 0, out.decode()
+    await eventually(lambda: len(consumer.bodies), "all at B", until=lambda n: n >= 25)
+    assert sorted(consumer.bodies) == sorted(x.encode() for x in lines)
+    assert local_count(a, "t") == 0
+    await consumer.close()
+
+
+async def test_only_an_srtm_publisher_id_picks_a_publishers_own_target(cluster: Cluster) -> None:
+    """``forward.publishers`` matches IDENTIFY's ``srtm_publisher``, never a plain
+    client's ``client_id`` (go-nsq sets it to the host name)."""
+    a, b = await cluster(2)
+    await a.route({"topic": "t", "self": "0", "forward": {"publishers": {"p1": b.tcp}}})
+    plain = await raw(a, client_id="p1")
+    await publish(plain, "t", [b"plain"])
+    srtm = await raw(a, srtm_publisher="p1")
+    await publish(srtm, "t", [b"srtm"])
+    assert (local_count(a, "t"), local_count(b, "t")) == (1, 1)
+    await plain.close()
+    await srtm.close()
+
+
 async def test_an_srtm_publisher_is_told_to_move_and_moves(cluster: Cluster) -> None:
     a, b = await cluster(2)
     await a.route({"topic": "t", "self": "0", "forward": {"publishers": {"p1": b.tcp}}})
@@ -231,6 +266,22 @@ async def test_forwarding_ends_after_its_grace(cluster: Cluster) -> None:
     assert local_count(a, "t") == 1  # accepted here, as without a route
     assert local_count(b, "t") == 1
     assert (await a.counters("t"))["forwarded"] == 1
+    await pub.close()
+
+
+async def test_an_idle_link_answers_heartbeats_and_stays_connected(cluster: Cluster) -> None:
+    a, b = await cluster(2, heartbeat_interval_ms=100)
+    await a.route({"topic": "t", "self": "0", "forward": {"to": b.tcp, "grace_s": 60}})
+    pub = await raw(a, heartbeat_interval=-1)  # this one does not answer heartbeats
+    await publish(pub, "t", [b"one"])
+    link = a.broker.relay.links[b.tcp]
+    (relay_conn,) = [c for c in b.broker.clients if c.identity.get("srtm_relay") is True]
+    since = relay_conn.last_read_ns
+    # B closes a connection silent for two intervals: five intervals of NOPs keep it.
+    await eventually(lambda: relay_conn.last_read_ns - since, "NOPs", until=lambda d: d > 5e8)
+    await publish(pub, "t", [b"two"])
+    assert not relay_conn.closed and link.connects == 1
+    assert local_count(b, "t") == 2
     await pub.close()
 
 
@@ -359,3 +410,55 @@ async def test_a_replica_lost_midway_and_a_full_link_lose_nothing(
     assert sorted(at_b.bodies + at_a.bodies) == sorted(first + later)
     await pub.close()
     await at_a.close()
+
+
+async def test_what_a_link_holds_at_a_stop_is_kept_here(cluster: Cluster, tmp_path: Path) -> None:
+    """A peer that takes the connection and never answers: the messages wait on the link
+    (their publisher has no OK yet); a graceful stop accepts them here and saves them."""
+    from srtm.protocol import frames
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1 << 16)  # the magic and IDENTIFY
+        writer.write(frames.response())
+        while await reader.read(1 << 16):
+            pass  # never answers a PUB
+        writer.close()
+
+    silent = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    (a,) = await cluster(1)
+    for path in ("/topic/create?topic=t", "/channel/create?topic=t&channel=c"):
+        status, _ = await a.call("POST", path)
+        assert status == 200
+    await a.route({"topic": "t", "self": "0", "forward": {"to": f"127.0.0.1:{port}"}})
+    pub = await raw(a)
+    await pub.send(*(Pub("t", b"m%d" % i) for i in range(5)))
+
+    def waiting() -> int:
+        link = a.broker.relay.links.get(f"127.0.0.1:{port}")
+        return 0 if link is None else link.queued
+
+    await eventually(waiting, "five on the link", until=lambda n: n == 5)
+    assert local_count(a, "t") == 0
+    await a.broker.stop()
+    silent.close()
+    await pub.close()
+    again = Broker(BrokerOptions(tcp_port=0, http_port=0, broker_id=0, data_dir=tmp_path / "b0"))
+    await again.start()
+    try:
+        assert again.topics["t"].channels["c"].depth == 5
+    finally:
+        await again.stop()
+
+
+async def test_route_writes_need_the_token(cluster: Cluster) -> None:
+    (a,) = await cluster(1, token="s3cret-token-for-tests")
+    doc = {"topic": "t", "self": "0"}
+    for method, path in (("POST", "/srtm/route"), ("DELETE", "/srtm/route?topic=t")):
+        status, body = await a.call(method, path, doc if method == "POST" else None)
+        assert (status, body["message"]) == (401, "E_UNAUTHORIZED")
+    status, _ = await a.call("GET", "/srtm/route?topic=t")
+    assert status == 404  # reads stay open
+    headers = {"Authorization": "Bearer s3cret-token-for-tests"}
+    async with a.http.post("/srtm/route", data=json.dumps(doc), headers=headers) as resp:
+        assert resp.status == 200

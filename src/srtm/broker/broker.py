@@ -132,6 +132,7 @@ class Broker:
         """Stop serving and persist every message still owed (queued, deferred, in flight)."""
         if self.stopped.is_set():
             return
+        await self.relay.stop()  # what the links held is accepted here (saved below)
         await self.persistence.stop_meta_writes()
         self.releaser.stop()
         listener, self._listener = self._listener, None  # tells the accept loop it is over
@@ -151,7 +152,6 @@ class Broker:
         for client in list(self.clients):
             client.close()  # in-flight messages go back to their channel's queue
         self.releaser.processed(None)  # what the emulated server still holds is owed too
-        await self.relay.stop()  # what the links still held is accepted here, then saved
         await self.persistence.persist()
         await close_quietly(self.authenticator)
         if self.traces is not None:

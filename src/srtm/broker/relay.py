@@ -73,6 +73,8 @@ class PeerLink:
         self.queued = 0
         self.queued_bytes = 0
         self.connected = False
+        #: Connections made so far (a diagnostic: reconnects show as more than one).
+        self.connects = 0
         #: Monotonic time before which no connection is tried (after a failure).
         self.down_until = 0.0
         self._backoff = BACKOFF_MIN_S
@@ -140,9 +142,14 @@ class PeerLink:
                     "feature_negotiation": False}  # fmt: skip
         writer.write(b"  V2" + encode_command(Identify(identity)))
         frames = FrameReader()
-        await asyncio.wait_for(self._answer(reader, writer, frames), CONNECT_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(self._answer(reader, writer, frames), CONNECT_TIMEOUT_S)
+        except BaseException:
+            writer.close()
+            raise
         self._frames = frames
         self.connected = True
+        self.connects += 1
         self._backoff = BACKOFF_MIN_S
         self.down_until = 0.0
         log.info("relay to %s connected", self.address)
@@ -166,20 +173,29 @@ class PeerLink:
                     self._settle(batch, False)
                     raise
                 self._settle(batch, True)
-            idle = asyncio.ensure_future(self._wake.wait())
-            data = asyncio.ensure_future(reader.read(4096))
+            chunk = await self._idle(reader)
+            if chunk is None:
+                continue  # more to send
+            if not chunk:
+                raise ConnectionError("closed by the peer")
+            self._idle_frames(chunk, writer)
+
+    async def _idle(self, reader: asyncio.StreamReader) -> bytes | None:
+        """Wait for more to send (None) or for what the peer sends meanwhile."""
+        idle = asyncio.ensure_future(self._wake.wait())
+        data = asyncio.ensure_future(reader.read(4096))
+        try:
             await asyncio.wait({idle, data}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            idle.cancel()
             if not data.done():
                 data.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await data
-                self._wake.clear()
-                continue
-            idle.cancel()
-            chunk = data.result()
-            if not chunk:
-                raise ConnectionError("closed by the peer")
-            self._idle_frames(chunk, writer)
+        self._wake.clear()
+        if data.cancelled():
+            return None
+        return data.result()
 
     def _idle_frames(self, chunk: bytes, writer: asyncio.StreamWriter) -> None:
         for f in self._frames.feed(chunk):
@@ -322,6 +338,7 @@ class Relay:
         self.routes = self.table.routes
         self.links: dict[str, PeerLink] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self.stopping = False
 
     # -- routes ----------------------------------------------------------------------------
     def set_route(self, route: TopicRoute) -> TopicRoute:
@@ -366,8 +383,9 @@ class Relay:
             task.add_done_callback(self._closing.discard)
 
     async def stop(self) -> None:
-        """Close the links; what they still held is accepted here (before the broker
-        persists what it owes)."""
+        """Close the links; what they still held, and whatever comes from now on, is
+        accepted here (before the broker persists what it owes)."""
+        self.stopping = True
         for link in list(self.links.values()):
             await link.close()
         self.links.clear()
@@ -392,11 +410,16 @@ class Relay:
     ) -> asyncio.Future[Any] | None:
         """A publish to a topic with a route: forwarded, replicated, or accepted here."""
         route = self.routes[topic]
-        if client is not None and client.identity.get("srtm_relay") is True:
-            return self._local(route, bodies, arrival, publisher)  # never relayed again
-        to = route.forward_target(publisher, self.clock())
+        if self.stopping:
+            return self._local(route, bodies, arrival, publisher)
+        who = publisher  # over HTTP: its ?publisher=
+        if client is not None:
+            if client.identity.get("srtm_relay") is True:
+                return self._local(route, bodies, arrival, publisher)  # never relayed again
+            who = str(client.identity.get("srtm_publisher") or "")  # a plain one has none
+        to = route.forward_target(who, self.clock())
         if to is not None:
-            return self._forward(route, to, list(bodies), arrival, publisher)
+            return self._forward(route, to, list(bodies), arrival, publisher, who)
         if route.replicas is not None:
             return self._replicate(route, list(bodies), arrival, publisher)
         return self._local(route, bodies, arrival, publisher)
@@ -411,15 +434,21 @@ class Relay:
         return written
 
     def _forward(
-        self, route: TopicRoute, to: str, bodies: list[bytes], arrival: int, publisher: str | None
+        self,
+        route: TopicRoute,
+        to: str,
+        bodies: list[bytes],
+        arrival: int,
+        publisher: str | None,
+        who: str | None,
     ) -> asyncio.Future[Any] | None:
         """Send to ``to``; the publisher's OK waits for its. Not shaped here (it is at
         the target); an SRTM publisher is told once to move there."""
         route.forwarded(0, self.clock())  # the grace runs from the last forwarded message
-        if publisher and publisher not in route.ordered:
-            route.ordered.add(publisher)
+        if who and who not in route.ordered:
+            route.ordered.add(who)
             order = {"migrate": {"topic": route.topic, "to": to, "version": 0}}
-            self.broker.order(publisher, order)
+            self.broker.order(who, order)
         n = len(bodies)
         answered = _Countdown(1)
 
@@ -431,8 +460,9 @@ class Relay:
             route.counters.fallback_local += n
             try:
                 answered.wait_for(self._local(route, bodies, arrival, publisher))
-            except ProtocolError as exc:  # this broker cannot take it either (disk)
+            except Exception as exc:  # this broker cannot take it either (disk, limits)
                 log.error("topic %s: %d forwarded messages lost: %s", route.topic, n, exc)
+                # Known gap: its OK, queued behind this, still goes out (logged as lost).
                 answered.part_done()
 
         if not self.link(to).send(route.topic, bodies, done):
@@ -458,8 +488,12 @@ class Relay:
                 if ok:
                     route.counters.relayed += n
                     answered.part_done()
-                else:
+                    return
+                try:
                     answered.wait_for(self._fallback(route, peer, bodies, arrival, publisher))
+                except Exception:  # a bug: logged, and the publisher is not kept waiting
+                    log.exception("topic %s: copies for %s not kept", route.topic, peer)
+                    answered.part_done()
 
             if not self.link(address).send(route.topic, bodies, done):
                 done(False)
@@ -478,13 +512,21 @@ class Relay:
         names = route.channels_of(peer, list(topic.channels))
         now = time.time_ns()
         who = publisher or ""
+        kept = False
         for name in names:
-            ch = broker.channel(route.topic, name)
+            try:
+                ch = broker.channel(route.topic, name)
+            except ProtocolError as exc:  # --max-channels-per-topic: kept on the topic
+                log.warning(
+                    "topic %s: channel %s for %s's copies: %s", route.topic, name, peer, exc
+                )
+                continue
             for body in bodies:
                 msg = Message(broker.ids.next(), body, now, arrival, now, publisher=who)
                 ch.put(msg)
             broker.mark_ready(ch)
-        if not names:
+            kept = True
+        if not kept:
             for body in bodies:  # no channel of it yet: kept for the topic's first one
                 topic.held.append(Message(broker.ids.next(), body, now, arrival, now, 0, who))
         return broker.persistence.write_through() if broker.persistence.pushed else None
