@@ -19,7 +19,7 @@ from srtm.control.actions import (
     SetBucket,
     SetRoute,
 )
-from srtm.control.documents import BrokerReport, Error, TopicStatus, parse
+from srtm.control.documents import Error, TopicStatus
 from srtm.control.elastic import Elastic
 from srtm.control.routes import Routing, changes, home_channels
 from srtm.control.state import ControlError
@@ -131,7 +131,14 @@ def test_delete_drops_every_route() -> None:
 
 
 def carry(c: Controller, broker: str, *channels: str, egress: float = 0.0) -> None:
-    c.report(broker, 0.0, {}, now=1, carried={"t": frozenset(channels)}, resources=(0.0, egress))
+    c.report(
+        broker, 0.0, {}, now=1, carried={"t": frozenset(channels)}, resources=resources(egress)
+    )
+
+
+def resources(egress: float, cpu: float = 0.0) -> dict[str, Any]:
+    """A report's ``resources`` (documents.BrokerResources)."""
+    return {"cpu": cpu, "egress_bps": egress, "congested": {"cpu": False, "network": False}}
 
 
 def test_replicas_each_shape_with_the_whole_bucket_and_the_ledger_counts_r_on_each() -> None:
@@ -280,18 +287,11 @@ def test_the_elastic_loop_replicates_a_topic_with_too_much_fan_out() -> None:
     assert routes_of(step.actions).keys() == set(c.topics["t"].routing.replicas)
 
 
-def test_report_resources_are_read_once_and_default_to_zero() -> None:
-    doc = {"load": 1.0, "resources": {"cpu": 0.5, "egress_bps": 2e6,
-                                      "congested": {"cpu": False, "network": True}}}  # fmt: skip
-    assert parse(BrokerReport, doc).usage() == (0.5, 2e6)
-    assert parse(BrokerReport, {"resources": {}}).usage() == (0.0, 0.0)
-    assert parse(BrokerReport, {}).usage() is None
-    for bad in ({"cpu": -1}, {"egress_bps": float("nan")}, {"cpu": "1"}):
-        with pytest.raises(ControlError) as err:  # refused whole, naming the field
-            parse(BrokerReport, {"resources": bad})
-        assert err.value.status == 400 and "resources." in str(err.value)
-    c = cluster(1)
-    c.report("b0", 1.0, {}, now=1, resources=(0.5, 2e6))
+def test_report_resources_are_the_rebalancers_cpu_and_egress_and_default_to_zero() -> None:
+    c = cluster(2)
+    c.report("b0", 1.0, {}, now=1, resources=resources(egress=2e6, cpu=0.5))
+    assert c.brokers["b0"].usage() == (0.5, 2e6)
+    assert c.brokers["b1"].usage() == (0.0, 0.0)  # it told none
     el = Elastic(RebalanceSettings(window_s=1.0))
     el.observe(c, 1.0)
     w = el.averager.window("b0", 1000, 1.0)

@@ -98,7 +98,8 @@ class Elastic:
         """Sample every broker up (its reported ``load`` is ingress; egress and CPU as its
         report's ``resources`` tell them, 0 if not) and note plan changes."""
         for b in ctrl.up():
-            self.averager.add(b.id, now, b.load, b.egress, b.cpu)
+            cpu, egress = b.usage()
+            self.averager.add(b.id, now, b.load, egress, cpu)
         for name, t in ctrl.topics.items():
             seen = self._versions.get(name)
             if seen is None:
