@@ -175,8 +175,15 @@ def test_channels_are_homed_on_the_least_egress_and_stay_put() -> None:
     carry(c, "b1", "a", "b", "c", egress=900.0)
     c.tick(3.0)
     # a stays on b1, now the busiest; b goes to the least egress (b2: 300 B/s), then c
-    # to b0 (500 B/s), less than b2 with b's share counted (300 + 1700 / 1 home)
+    # to b0 (500 B/s), less than b2 with its new home counted (300 + 1700 / 1 home)
     assert c.topics["t"].routing.homes == {"a": "b1", "b": "b2", "c": "b0"}
+    # one by one, idle replicas whose egress differs by noise: spread, not piled up
+    assert home_channels({}, ["x", "y", "z"], ["a"], {"x": 10, "y": 12, "z": 15}) == {"a": "x"}
+    noise = {"x": 10.0, "y": 12.0, "z": 15.0}
+    homes: dict[str, str] = {}
+    for ch in ("a", "b", "c"):
+        homes = home_channels(homes, ["x", "y", "z"], [*homes, ch], noise)
+    assert sorted(homes.values()) == ["x", "y", "z"]
     assert not routes_of(c.tick(4.0))  # nothing changed: nothing pushed
 
 

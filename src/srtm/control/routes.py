@@ -101,9 +101,10 @@ def home_channels(
     """Each channel's home: kept where it is on a replica still in the set (a channel the
     registry does not list yet, after a restart say, keeps its home; an ephemeral one
     gone loses it); a new one (or one whose replica went) on the replica with the least
-    egress (bytes/s), then the fewest homes, then first in the set. A channel homed in
-    this call counts as the replicas' average egress per home, so channels appearing
-    together do not all land on one replica."""
+    egress (bytes/s), each home it already has counted at the replicas' average egress
+    per home (a home given a moment ago carries no traffic yet: without this, channels
+    appearing one by one would all land on the replica that was idlest first); then the
+    fewest homes, then first in the set."""
     if len(replicas) < 2:
         return {}
     listed = set(channels)
@@ -113,15 +114,14 @@ def home_channels(
         if r in replicas and (c in listed or not c.endswith("#ephemeral"))
     }
     total = math.fsum(egress.get(r, 0.0) for r in replicas)
-    per_home = total / len(out) if out else 0.0
-    added = dict.fromkeys(replicas, 0)
+    per_home = total / len(out) if out else total / len(replicas)
+    count = {r: sum(1 for h in out.values() if h == r) for r in replicas}
     for c in sorted(listed - set(out)):
-        count = {r: sum(1 for h in out.values() if h == r) for r in replicas}
         out[c] = best = min(
             replicas,
-            key=lambda r: (egress.get(r, 0.0) + added[r] * per_home, count[r], replicas.index(r)),
+            key=lambda r: (egress.get(r, 0.0) + count[r] * per_home, count[r], replicas.index(r)),
         )
-        added[best] += 1
+        count[best] += 1
     return out
 
 
