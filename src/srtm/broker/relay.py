@@ -136,7 +136,10 @@ class PeerLink:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S
         )
-        identity = {"client_id": self.client_id, "srtm_relay": True, "feature_negotiation": False}
+        # Each message is attributed at the target to the publisher its measurement header
+        # names, as on the broker it was published to (traces, measurement rounds).
+        identity = {"client_id": self.client_id, "srtm_relay": True, "srtm_header_publisher": True,
+                    "feature_negotiation": False}  # fmt: skip
         writer.write(b"  V2" + encode_command(Identify(identity)))
         frames = FrameReader()
         try:

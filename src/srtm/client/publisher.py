@@ -91,6 +91,9 @@ class Publisher:
         self._ready = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         self._moving: asyncio.Task[None] | None = None
+        #: Where a migration under way goes: the same order again (the controller's, and
+        #: the old broker's when it forwards) does not start a second one.
+        self._moving_to: str | None = None
         self._closed = False
         #: The task that connects again after a lost connection (held: close cancels it).
         self._reconnecting: asyncio.Task[None] | None = None
@@ -234,7 +237,8 @@ class Publisher:
         port = to.rpartition(":")[2] if isinstance(to, str) else ""
         if not (isinstance(to, str) and port.isascii() and port.isdigit()):
             log.warning("publisher %s ignores a migration to %r (not HOST:PORT)", self.id, to)
-        elif to != self.address:
+        elif to not in (self.address, self._moving_to):
+            self._moving_to = to
             self._moving = asyncio.get_running_loop().create_task(self._migrate(to))
 
     async def _migrate(self, to: str) -> None:
@@ -243,8 +247,10 @@ class Publisher:
             new = await self._open(to)
         except (OSError, TimeoutError, BrokerError) as exc:
             log.warning("publisher %s cannot reach %s: %s; staying", self.id, to, exc)
+            self._moving_to = None
             return
         old, self._conn, self.address = self._conn, new, to
+        self._moving_to = None
         self.max_msg_size = new.max_msg_size
         self.migrations += 1
         if old is not None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from srtm.ratelimit import BucketParams
 
 __all__ = [
-    "HELD", "Action", "Hold", "Migrate", "PlanChanged", "SetBucket", "Share", "Unmanage",
-    "phases", "same_bucket",
+    "HELD", "Action", "DropRoute", "Hold", "Migrate", "PlanChanged", "SetBucket", "SetRoute",
+    "Share", "Unmanage", "phases", "same_bucket",
 ]  # fmt: skip
 
 
@@ -64,7 +65,27 @@ class Unmanage:
     topic: str
 
 
-Action = SetBucket | Hold | PlanChanged | Migrate | Unmanage
+@dataclass(frozen=True, slots=True)
+class SetRoute:
+    """Give ``broker`` this route of ``topic`` (``POST /srtm/route``: forwarding and
+    replication, ``srtm.control.routes``); it replaces the one it had. Carried out after
+    the share changes of the same actions: a broker forwards or relays only to brokers
+    that already shape with their new share (make-before-break)."""
+
+    broker: str
+    topic: str
+    doc: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DropRoute:
+    """``broker`` drops its route of ``topic`` (``DELETE /srtm/route``)."""
+
+    broker: str
+    topic: str
+
+
+Action = SetBucket | Hold | PlanChanged | Migrate | Unmanage | SetRoute | DropRoute
 
 
 def phases(actions: list[Action]) -> tuple[list[SetBucket | Hold], list[SetBucket]]:

@@ -43,6 +43,7 @@ from srtm.control.documents import (
     PublisherAssignment,
     Registered,
     Registration,
+    ReplicaCount,
     Taken,
     TombstoneParams,
     TopicChange,
@@ -248,6 +249,16 @@ class ControllerAPI:
             self.service.execute(self.ctrl.move(name, doc.publishers, doc.to))
         return web.json_response(self.ctrl.plan(name))
 
+    async def replicas(self, request: web.Request) -> web.Response:
+        """ALL_PUBLISHERS replication: the topic on ``count`` brokers (1: one), each
+        receiving every message and shaping with the whole ``(r, b)``, each channel
+        delivered by one of them."""
+        doc = parse(ReplicaCount, await _json(request))
+        name = request.match_info["name"]
+        async with self.placing:
+            actions = self.ctrl.set_replicas(name, doc.count)
+        return self._changed(name, actions)
+
     async def get_topic(self, request: web.Request) -> web.Response:
         """A topic: its plan, SLO, events and fitting status."""
         return web.json_response(self.ctrl.topic_doc(request.match_info["name"]))
@@ -415,8 +426,9 @@ class ControllerAPI:
 _REFUSALS = {
     400: "A malformed request: the message names the field",
     404: "No such topic, broker or publisher",
-    409: "The topic or publisher id exists, the topic is being fitted, or the broker id is "
-    "registered at another address and up",
+    409: "The topic or publisher id exists, the topic is being fitted, the broker id is "
+    "registered at another address and up, or a replicated topic's publishers would leave "
+    "its one broker (or a topic to replicate is on several)",
     413: "More publishers than the controller's --max-publishers",
     503: "No broker up, or the publisher is unassigned (capacity is short)",
 }
@@ -446,7 +458,9 @@ ROUTES: tuple[Route, ...] = (
     Route("DELETE", "/topics/{name}/publishers/{id}", ControllerAPI.remove_publisher,
           answer=TopicStatus, errors=_refusals(404, 409)),
     Route("POST", "/topics/{name}/move", ControllerAPI.move, body=Move, answer=Plan,
-          errors=_refusals(400, 404)),
+          errors=_refusals(400, 404, 409)),
+    Route("POST", "/topics/{name}/replicas", ControllerAPI.replicas, body=ReplicaCount,
+          answer=TopicStatus, errors=_refusals(400, 404, 409)),
     Route("GET", "/plan", ControllerAPI.plan, query=TopicParam, answer=Plan,
           errors=_refusals(400, 404)),
     Route("GET", "/assign", ControllerAPI.assign, query=AssignQuery, answer=PublisherAssignment,

@@ -350,6 +350,12 @@ class NewTopic(_Request):
         return TopicSpec(self.name, pubs, burst, self.slo_p99_ms, rate)
 
 
+class ReplicaCount(_Request):
+    """``POST /topics/{name}/replicas``: ALL_PUBLISHERS with this many replicas (1: none)."""
+
+    count: int = Field(ge=1, description="replicas, the primary included")
+
+
 class Move(_Request):
     """``POST /topics/{name}/move``: move publishers to a broker."""
 
@@ -499,6 +505,13 @@ class TopicStatus(Plan):
     events: list[str]
     fitting: FittingStatus | None
     open: bool = Field(description="unknown publishers may join by GET /assign")
+    replicas: list[str] = Field(
+        description="ALL_PUBLISHERS replica set, primary first (empty: not replicated)"
+    )
+    homes: dict[str, str] = Field(description="channel -> the replica that delivers it")
+    forwarding: dict[str, list[str]] = Field(
+        description="broker -> publishers that moved off it (it forwards their messages)"
+    )
     utility: dict[str, Any] | None = Field(description=UTILITY_HELP)
     allocation: TopicAllocation | None = Field(
         description="its part of the optimizer's last run (null: none yet); its rate is "

@@ -12,8 +12,9 @@ start (``1001``, ``1002``, ...: broker ids are integers), within ``max_brokers``
 ``Despawn`` -> its moves, then the broker waits to drain, within ``min_brokers`` (else
 the despawn and its moves are dropped). The rebalancer picks only among brokers the
 provisioner can stop (``BrokerWindow.stoppable``), so a broker started some other way
-never blocks giving back one that was spawned;
-``Replicate``/``Unreplicate`` -> an event only (issue 18 item 2 is not built yet).
+never blocks giving back one that was spawned; ``Replicate``/``Unreplicate`` ->
+``Controller.replicate``/``unreplicate`` (ALL_PUBLISHERS: full ``(r, b)`` on each replica,
+broker-to-broker copies, channels homed on one replica each).
 """
 
 from __future__ import annotations
@@ -94,10 +95,11 @@ class Elastic:
 
     # -- inputs ----------------------------------------------------------------------------
     def observe(self, ctrl: Controller, now: float) -> None:
-        """Sample every broker up (its reported ``load`` is ingress; egress and CPU are not
-        reported: 0) and note plan changes."""
+        """Sample every broker up (its reported ``load`` is ingress; egress and CPU as its
+        report's ``resources`` tell them, 0 if not) and note plan changes."""
         for b in ctrl.up():
-            self.averager.add(b.id, now, b.load, 0.0, 0.0)
+            cpu, egress = b.usage()
+            self.averager.add(b.id, now, b.load, egress, cpu)
         for name, t in ctrl.topics.items():
             seen = self._versions.get(name)
             if seen is None:
@@ -125,7 +127,9 @@ class Elastic:
         for name, t in ctrl.topics.items():
             plan = {b: tuple(ps) for b, ps in t.assignment.items() if ps and b in up}
             last = now if t.status == "fitting" else self._versions.get(name, (0, None))[1]
-            topics.append(TopicLoad(t.spec, plan, last_change_s=last))
+            replicas = tuple(b for b in t.routing.replicas[1:] if b in up)
+            fan_out = max(1, len(ctrl.registry.channels(name)))  # each channel gets a copy
+            topics.append(TopicLoad(t.spec, plan, fan_out, replicas=replicas, last_change_s=last))
         return RebalanceState(brokers, tuple(topics), len(self.spawning))
 
     # -- the step --------------------------------------------------------------------------
@@ -153,7 +157,7 @@ class Elastic:
                 self.despawning[d.broker] = now
                 self.note(now, f"despawn {d.broker}: draining it")
             elif isinstance(d, Replicate | Unreplicate):
-                self.note(now, f"{d.to_json()} not carried out yet (issue 18 item 2)")
+                self._replicate(ctrl, d, now, out)
         self._settle_despawning(ctrl, now, out)  # one with nothing to move stops now
         return out
 
@@ -175,6 +179,21 @@ class Elastic:
             self.note(now, f"move of {d.topic} from {d.source} to {d.to} failed: {exc}")
             return
         self.note(now, f"moved {len(d.publishers)} publishers of {d.topic}: {d.source} -> {d.to}")
+
+    def _replicate(
+        self, ctrl: Controller, d: Replicate | Unreplicate, now: float, out: ElasticStep
+    ) -> None:
+        try:
+            if isinstance(d, Replicate):
+                out.actions += ctrl.replicate(d.topic, d.to)
+            else:
+                out.actions += ctrl.unreplicate(d.topic, d.source)
+        except ControlError as exc:
+            self.note(now, f"{d.to_json()} failed: {exc}")
+            return
+        self.note(
+            now, f"{d.to_json()['action']} {d.topic}: {ctrl.topics[d.topic].routing.replicas}"
+        )
 
     def _spawn(self, ctrl: Controller, n: int, now: float, out: ElasticStep) -> None:
         up = len(ctrl.up()) - len(self.stopping)

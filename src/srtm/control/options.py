@@ -79,6 +79,12 @@ class ControllerOptions:
     max_publishers: int = setting(
         MAX_PUBLISHERS, "Publishers one topic may have (413 beyond).", minimum=1
     )
+    forward_grace_s: float = setting(
+        10.0,
+        "A broker publishers moved off forwards their messages to their new broker until "
+        "none came for this long (s).",
+        minimum=0,
+    )
     rebalance: bool = setting(
         False,
         "Elasticity: run the rebalancer every --rebalance-interval-s and carry out its "

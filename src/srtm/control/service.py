@@ -19,7 +19,17 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from srtm.control.actions import Action, Hold, Migrate, PlanChanged, SetBucket, Unmanage, phases
+from srtm.control.actions import (
+    Action,
+    DropRoute,
+    Hold,
+    Migrate,
+    PlanChanged,
+    SetBucket,
+    SetRoute,
+    Unmanage,
+    phases,
+)
 from srtm.control.api import make_app
 from srtm.control.elastic import Elastic, ElasticStep
 from srtm.control.fitting_run import as_result, fit_topic
@@ -58,6 +68,7 @@ class ControllerService:
             opts.adaptor,
             stall_after_s=2 * opts.tick_s,
             max_publishers=opts.max_publishers,
+            forward_grace_s=opts.forward_grace_s,
         )
         self.store = Store(opts.db)
         #: SQLite writes leave the event loop, in order, in this one thread.
@@ -297,7 +308,7 @@ class ControllerService:
     def _persist(self, actions: list[Action]) -> asyncio.Future[None] | None:
         """Have what ``actions`` changed written; the last write's future (None: none)."""
         last = None
-        if any(isinstance(a, PlanChanged | Unmanage) for a in actions):
+        if any(isinstance(a, PlanChanged | Unmanage | SetRoute | DropRoute) for a in actions):
             last = self.save_state()
         for name in {a.topic for a in actions if isinstance(a, SetBucket | Hold)}:
             topic = self.ctrl.topics.get(name)
@@ -383,7 +394,7 @@ class ControllerService:
                 await written
         by_topic: dict[str, list[Action]] = {}
         for a in actions:
-            if isinstance(a, SetBucket | Hold):
+            if isinstance(a, SetBucket | Hold | SetRoute | DropRoute):
                 by_topic.setdefault(a.topic, []).append(a)
         await asyncio.gather(*(self._change_shares(t, acts) for t, acts in by_topic.items()))
         await asyncio.gather(*(self._unmanage(a) for a in actions if isinstance(a, Unmanage)))
@@ -397,14 +408,23 @@ class ControllerService:
         """Carry out one topic's share changes without a hole in its ``(r, b)``: every
         decrease first, each retried until its broker took it or is down (its lease then
         lapsed: it holds everything); only then the increases still in the plan."""
+        routed = [a for a in actions if isinstance(a, SetRoute | DropRoute)]
         if not self.ordered:
-            await asyncio.gather(*(self._push_share(a) for a in actions))  # type: ignore[arg-type]
+            shares = [a for a in actions if isinstance(a, SetBucket | Hold)]
+            await asyncio.gather(*(self._push_share(a) for a in shares))
+            for r in routed:
+                await self._route(r)
             return
         lock = self._shares.setdefault(topic, asyncio.Lock())
         async with lock:
             down, up = phases(actions)
             await asyncio.gather(*(self._decrease(a) for a in down))
             await asyncio.gather(*(self._push_share(a) for a in up if self._current(a)))
+            # Routes once the shares are in place (a broker forwards or relays only to
+            # brokers shaping with their new share), one by one in the order given (a
+            # broker gaining a channel's home hears before the one losing it).
+            for r in routed:
+                await self._route(r)
         if topic not in self.ctrl.topics and not lock.locked():
             self._shares.pop(topic, None)  # no lock kept per topic ever deleted
 
@@ -483,6 +503,28 @@ class ControllerService:
         return await self._post_to_broker(
             action.broker, "/srtm/bucket", params, action.topic, taken=(200, 400, 409)
         )
+
+    async def _route(self, action: SetRoute | DropRoute) -> None:
+        """Push one route (``POST /srtm/route``) or drop it (``DELETE``; 404: none there).
+        A broker that does not take it is logged; it gets its routes again when it
+        registers."""
+        info = self.ctrl.brokers.get(action.broker)
+        if info is None or self._session is None or info.down:
+            return
+        try:
+            url = _broker_url(info, "/srtm/route")
+            if isinstance(action, SetRoute):
+                request = self._session.post(url, json=action.doc, headers=self._headers())
+            else:
+                params = {"topic": action.topic}
+                request = self._session.delete(url, params=params, headers=self._headers())
+            async with request as r:
+                if r.status not in (200, 404) or (r.status == 404 and isinstance(action, SetRoute)):
+                    log.warning("broker %s refused the route of %s: %s", action.broker,
+                                action.topic, await r.text())  # fmt: skip
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("broker %s unreachable for the route of %s: %s",
+                        action.broker, action.topic, exc)  # fmt: skip
 
     async def _unmanage(self, action: Unmanage) -> None:
         """The broker drops the topic's sub-bucket and releases what it holds of it (404:

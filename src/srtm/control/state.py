@@ -15,6 +15,7 @@ from typing import Any
 from srtm.control.actions import (
     HELD,
     Action,
+    DropRoute,
     Hold,
     Migrate,
     PlanChanged,
@@ -24,6 +25,7 @@ from srtm.control.actions import (
     same_bucket,
 )
 from srtm.control.registry import LookupRegistry
+from srtm.control.routes import FORWARD_GRACE_S, Routing, changes, home_channels, routes
 from srtm.control.validate import ControlError, parse_address, topic_name
 from srtm.placement import (
     RATE_MARGIN,
@@ -86,6 +88,13 @@ class BrokerInfo:
             topic
         ) == self.arrived_before.get(topic)
 
+    def usage(self) -> tuple[float, float]:
+        """Its CPU (fraction of one core) and egress (bytes/s) by its last report's
+        ``resources`` (0 for what it does not tell): the rebalancer's loads and where a
+        replicated topic's channels are homed read them here, and only here."""
+        r = self.resources or {}
+        return float(r.get("cpu", 0.0)), float(r.get("egress_bps", 0.0))
+
     def http_endpoint(self) -> tuple[str, int]:
         """Host and port of its HTTP API, parsed (URLs are built from these parts)."""
         return parse_address(self.http_address, "http_address")
@@ -118,6 +127,8 @@ class TopicState:
     #: Per draining member: its ``reports_seen`` when it started draining (not saved: a
     #: restarted controller counts from 0, every report it gets is after the drop).
     drain_since: dict[str, int] = field(default_factory=dict)
+    #: Forwarding and replication (``srtm.control.routes``).
+    routing: Routing = field(default_factory=Routing)
     #: Its utility spec (``srtm.utility.cluster``: one flow of ``srtm utility optimize``'s
     #: document without name and brokers), as given; None: the optimizer leaves it alone.
     utility: dict[str, Any] | None = None
@@ -165,6 +176,8 @@ class Controller:
     #: nsqlookupd's view: every topic and channel brokers carry, managed or not (not
     #: persisted: brokers report them again within a second, as nsqds re-register).
     registry: LookupRegistry = field(default_factory=LookupRegistry)
+    #: A broker forwards a moved publisher's messages until none came for this long (s).
+    forward_grace_s: float = FORWARD_GRACE_S
 
     @property
     def lease_s(self) -> float:
@@ -207,13 +220,18 @@ class Controller:
         info.reports, info.depths, info.waiting = {}, {}, {}
         info.arrived, info.arrived_before = {}, {}
         # A broker that (re)starts, or whose lease lapsed, holds every managed topic:
-        # its shares again, and a hold on every other managed topic.
-        return [
+        # its shares again, and a hold on every other managed topic; then its routes
+        # (a restarted broker lost them; the others' name its new address).
+        actions: list[Action] = [
             SetBucket(broker_id, name, t.buckets[broker_id])
             if broker_id in t.buckets
             else Hold(broker_id, name)
             for name, t in self.topics.items()
         ]
+        for t in self.topics.values():
+            t.routing.pushed.pop(broker_id, None)
+            actions += self._routes(t)
+        return actions
 
     def shares(self, broker_id: str) -> tuple[dict[str, BucketParams], list[str]]:
         """What ``broker_id`` carries: its sub-bucket per topic, and the managed topics it
@@ -381,11 +399,15 @@ class Controller:
     def _new_plan(self, topic: TopicState, released: frozenset[str] = frozenset()) -> list[Action]:
         """Re-split the topic's bucket over its brokers by assigned rate, and over its
         draining members by their weight; a new version. A broker up dropped from the
-        plan drains (unless ``released``: it settled, it holds the topic now)."""
+        plan drains (unless ``released``: it settled, it holds the topic now). Each replica
+        of a replicated topic shapes the whole stream: its sub-bucket is all of ``(r, b)``.
+        Then the routes that changed (forwarding from brokers publishers left, replicas)."""
+        self._fold_replicas(topic)
         rate_of = {p.id: p.rate for p in topic.spec.publishers}
         members = {b: math.fsum(rate_of[p] for p in ps) for b, ps in topic.assignment.items() if ps}
         topic.assignment = {b: topic.assignment[b] for b in members}
-        self._update_draining(topic, members, released)
+        replicas = dict.fromkeys(topic.routing.replicas, 0.0)
+        self._update_draining(topic, members | replicas, released)
         rates = members | topic.draining
         topic.version += 1
         old, topic.buckets = topic.buckets, {}
@@ -402,12 +424,46 @@ class Controller:
                 topic.events.append(f"no sub-buckets: {exc}")
                 parts = []
             topic.buckets = dict(zip(rates, parts, strict=False))
+        for b in replicas:  # each receives every message: no split, no DRL penalty
+            topic.buckets[b] = BucketParams(topic.spec.rate, topic.spec.burst)
         name = topic.spec.name
         # Every broker up and out of the plan holds the topic: one dropped from it stops
         # shaping by its old share, one that never had it never passes it unshaped.
         actions: list[Action] = [Hold(b.id, name) for b in self.up() if b.id not in topic.buckets]
         actions += [SetBucket(b, name, p, old.get(b)) for b, p in topic.buckets.items()]
-        return [*actions, PlanChanged(name, topic.version)]
+        topic.routing.note_plan(topic.assignment, {p.id for p in topic.spec.publishers})
+        return [*actions, *self._routes(topic), PlanChanged(name, topic.version)]
+
+    def _routes(self, topic: TopicState) -> list[Action]:
+        """The route changes that bring brokers up to date with ``topic``'s plan, replica
+        set and channels (homes placed by the replicas' reported egress)."""
+        r, name = topic.routing, topic.spec.name
+        egress = {b: self.brokers[b].usage()[1] for b in r.replicas if b in self.brokers}
+        r.homes = home_channels(r.homes, r.replicas, self.registry.channels(name), egress)
+        tcp = {b.id: b.tcp_address for b in self.up()}
+        want = routes(name, r, topic.assignment, topic.buckets, tcp, self.forward_grace_s)
+        return list(changes(r, want))
+
+    def _fold_replicas(self, topic: TopicState) -> None:
+        """Keep a replicated topic's plan on its primary: a replica down leaves the set
+        (a set of one is no replication); a plan moved whole to one broker makes it the
+        primary (a replica swaps places with the old primary, another broker takes its
+        place); publishers placed anywhere else (joins) go to the primary."""
+        r = topic.routing
+        for b in list(r.replicas):
+            if b not in self.brokers or self.brokers[b].down:
+                r.drop_replica(b)
+        if not r.replicated:
+            return
+        plan = [b for b, ps in topic.assignment.items() if ps]
+        if len(plan) == 1 and plan[0] != r.replicas[0]:
+            if plan[0] in r.replicas:
+                r.replicas.remove(plan[0])
+                r.replicas.insert(0, plan[0])
+            else:
+                r.replicas[0] = plan[0]
+        elif len(plan) > 1:
+            topic.assignment = {r.replicas[0]: [p for b in plan for p in topic.assignment[b]]}
 
     def _update_draining(
         self, topic: TopicState, members: dict[str, float], released: frozenset[str]
@@ -437,7 +493,10 @@ class Controller:
         new = {
             b.id
             for b in self.up()
-            if b.waiting.get(name, 0) > 0 and b.id not in members and b.id not in topic.draining
+            if b.waiting.get(name, 0) > 0
+            and b.id not in members
+            and b.id not in topic.draining
+            and b.id not in topic.routing.replicas
         }
         for b in new:
             report = self.brokers[b].reports.get(name)
@@ -487,6 +546,11 @@ class Controller:
         destination shapes from the first message), then a migration order for every
         publisher that changes broker."""
         topic = self._topic(name)
+        if topic.routing.replicated and sum(1 for ps in assignment.values() if ps) > 1:
+            raise ControlError(
+                409, f"topic {name!r} is replicated: its publishers stay on one broker "
+                "(POST /topics/NAME/replicas with count 1 first)",
+            )  # fmt: skip
         before = {p: b for b, ps in topic.assignment.items() for p in ps}
         topic.assignment = {b: list(ps) for b, ps in assignment.items() if ps}
         topic.unassigned = list(unassigned)
@@ -513,10 +577,11 @@ class Controller:
         """Stop managing ``name``: its plan is gone (the ledger frees its share) and every
         broker up is told to drop its sub-bucket and release what it holds, so messages
         already accepted are still delivered (/lookup lists brokers holding them)."""
-        self._changeable(name)
+        topic = self._changeable(name)
         del self.topics[name]
         self.replace_pending = True  # capacity freed: place others' unassigned publishers
-        return [Unmanage(b.id, name) for b in self.up()]
+        routed: list[Action] = [DropRoute(b, name) for b in topic.routing.pushed]
+        return [*(Unmanage(b.id, name) for b in self.up()), *routed]
 
     def change_topic(
         self,
@@ -531,6 +596,8 @@ class Controller:
         same brokers; a new policy places the topic again as a whole (migration orders
         for the publishers that move). No actions: nothing to push (save the state)."""
         topic = self._changeable(name)
+        if policy is not None and policy != topic.policy and topic.routing.replicated:
+            raise ControlError(409, f"topic {name!r} is replicated: it is not placed again")
         spec = topic.spec
         new_rate = spec.rate if rate is None else rate
         new_burst = spec.burst if burst is None else burst
@@ -552,7 +619,7 @@ class Controller:
         )
         if rate is not None:
             topic.rate_auto = False
-        if policy is not None and policy != topic.policy:
+        if policy is not None and policy != topic.policy:  # (refused above if replicated)
             fleet = self.fleet(exclude=name)
             if not fleet:
                 raise ControlError(503, "no broker is registered and up")
@@ -722,7 +789,7 @@ class Controller:
             if topic.status != "fitting":  # fitting owns the plan until it is done
                 actions += self._drain(topic)
             actions += self._adapt(topic, now)
-        return actions
+        return actions + self.rehome()
 
     def _place_unassigned(self) -> list[Action]:
         """Publishers with no broker get one now that capacity may have come back."""
@@ -754,6 +821,9 @@ class Controller:
     def _broker_down(self, broker_id: str) -> list[Action]:
         actions: list[Action] = []
         for topic in self.topics.values():
+            if broker_id in topic.routing.replicas:  # the next replica takes over
+                actions += self._replica_down(topic, broker_id)
+                continue
             orphans = topic.assignment.pop(broker_id, None)
             if not orphans:
                 if broker_id in topic.draining:  # its share is freed, as at failover
@@ -776,12 +846,86 @@ class Controller:
             actions += self._new_plan(topic)
         return actions
 
+    def _replica_down(self, topic: TopicState, broker_id: str) -> list[Action]:
+        """A replica went down: it leaves the set, its channels are homed elsewhere; if it
+        was the primary, the next replica takes its publishers."""
+        r = topic.routing
+        others = [b for b in r.replicas if b != broker_id]
+        orphans = topic.assignment.pop(broker_id, None)
+        r.drop_replica(broker_id)
+        if orphans:
+            topic.assignment.setdefault(others[0], []).extend(orphans)
+        topic.events.append(
+            f"replica {broker_id} down: " + (f"{others[0]} is primary" if orphans else "re-homed")
+        )
+        return self._new_plan(topic)
+
+    # -- replication ---------------------------------------------------------------------
+    def set_replicas(self, name: str, count: int, to: list[str] | None = None) -> list[Action]:
+        """ALL_PUBLISHERS with ``count`` replicas (1: none): added from ``to`` if given,
+        else the least-loaded brokers up by the ledger; removed from the end of the set
+        (never the primary). The topic's publishers must be on one broker (409)."""
+        topic = self._changeable(name)
+        up = {b.id for b in self.up()}
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ControlError(400, f"count must be an integer >= 1, got {count!r}")
+        if count > len(up):
+            raise ControlError(400, f"count: {count} > {len(up)} brokers up")
+        plan = [b for b, ps in topic.assignment.items() if ps]
+        r = topic.routing
+        have = list(r.replicas) or plan[:1]
+        if len(have) == count or (not r.replicas and count == 1):
+            return []
+        if not r.replicas and len(plan) != 1:
+            raise ControlError(
+                409, f"topic {name!r}: ALL_PUBLISHERS replicates a topic whose publishers "
+                f"are on one broker; they are on {len(plan)}",
+            )  # fmt: skip
+        if count > len(have):
+            load = {e.id: e.load / e.mcap for e in self.ledger()}
+            pool = [b for b in (to or sorted(up, key=lambda b: (load[b], b))) if b not in have]
+            bad = [b for b in pool if b not in up]
+            if bad:
+                raise ControlError(400, f"to: broker {bad[0]!r} is not registered and up")
+            have += pool[: count - len(have)]
+        r.replicas = have[:count]
+        if not r.replicated:
+            r.replicas, r.homes = [], {}
+        note = f"replicas: {', '.join(r.replicas)}" if r.replicated else "not replicated"
+        topic.events.append(f"ALL_PUBLISHERS {note}")
+        return self._new_plan(topic)
+
+    def replicate(self, name: str, to: str) -> list[Action]:
+        """Add broker ``to`` to ``name``'s replica set (the rebalancer's ``Replicate``)."""
+        have = self.topics[name].routing.replicas if name in self.topics else []
+        if to in have:
+            return []
+        return self.set_replicas(name, max(len(have), 1) + 1, [to])
+
+    def unreplicate(self, name: str, broker: str) -> list[Action]:
+        """Remove replica ``broker`` (the rebalancer's ``Unreplicate``; not the primary)."""
+        topic = self._changeable(name)
+        r = topic.routing
+        if broker not in r.replicas[1:]:
+            raise ControlError(400, f"broker {broker!r} is not a replica of {name!r}")
+        r.drop_replica(broker)
+        topic.events.append(f"replica {broker} removed")
+        return self._new_plan(topic)
+
+    def rehome(self) -> list[Action]:
+        """The tick's replication step: channels new to a replicated topic get a home."""
+        actions: list[Action] = []
+        for topic in self.topics.values():
+            if topic.routing.replicated:
+                actions += self._routes(topic)
+        return actions
+
     def _adapt(self, topic: TopicState, now: float) -> list[Action]:
         if topic.version != topic.adapted_version:  # a new plan: let the windows refill
             topic.adapted_version = topic.version
             topic.adapt_after_s = now + self.adaptor.settle_s
-        if len(topic.buckets) < 2 or now < topic.adapt_after_s:
-            return []
+        if len(topic.buckets) < 2 or now < topic.adapt_after_s or topic.routing.replicated:
+            return []  # a replica shapes the whole stream: nothing to re-split
         reports = {
             b: self.brokers[b].reports[topic.spec.name]
             for b in topic.buckets
@@ -847,6 +991,9 @@ class Controller:
             "events": topic.events,
             "fitting": topic.fitting,
             "open": topic.open,
+            "replicas": topic.routing.replicas,
+            "homes": topic.routing.homes,
+            "forwarding": {b: sorted(d) for b, d in topic.routing.left.items()},
             "utility": topic.utility,
             "allocation": None
             if topic.allocation is None
@@ -854,8 +1001,12 @@ class Controller:
         }
 
     def topic_brokers(self, name: str) -> list[BrokerInfo]:
+        """The plan's brokers, then a replicated topic's other replicas."""
         topic = self.topics.get(name)
-        return [] if topic is None else [self.brokers[b] for b in topic.assignment]
+        if topic is None:
+            return []
+        ids = dict.fromkeys([*topic.assignment, *topic.routing.replicas])
+        return [self.brokers[b] for b in ids if b in self.brokers]
 
     def producers(self, name: str) -> list[BrokerInfo]:
         """Where subscribers of ``name`` read: its live brokers, then any other live broker
@@ -936,6 +1087,7 @@ class Controller:
                     "open": t.open,
                     "rate_auto": t.rate_auto,
                     "draining": t.draining,
+                    "routing": t.routing.to_json(),
                     "utility": t.utility,
                 }
                 for t in self.topics.values()
@@ -964,10 +1116,20 @@ class Controller:
                 open=bool(t.get("open", False)),
                 rate_auto=bool(t.get("rate_auto", False)),
                 draining={b: float(w) for b, w in t.get("draining", {}).items()},
+                routing=Routing.from_json(t.get("routing")),
                 utility=t.get("utility"),
             )
+            self._restore_routes(self.topics[spec.name])
             if t["unassigned"]:
                 self.replace_pending = True
+
+    def _restore_routes(self, topic: TopicState) -> None:
+        """After a restart: brokers kept the routes they were given, which the record
+        says (every registered broker counts as up until it is marked down)."""
+        r, name = topic.routing, topic.spec.name
+        r.where = {p: b for b, ps in topic.assignment.items() for p in ps}
+        tcp = {b.id: b.tcp_address for b in self.brokers.values()}
+        r.pushed = routes(name, r, topic.assignment, topic.buckets, tcp, self.forward_grace_s)
 
 
 def _overtaken(placement: Placement, then: list[BrokerCapacity], now: list[BrokerCapacity]) -> bool:
