@@ -46,6 +46,9 @@ class Admission:
     #: Connected consumers per class, oldest first (a dict keeps insertion order and
     #: removes in O(1)).
     connected: dict[str, dict[Hashable, None]] = field(default_factory=dict)
+    #: Consumers refused per class and still connected (they retry): with ``connected``,
+    #: the demand a controller's optimizer reads as the class's ``available``.
+    waiting: dict[str, dict[Hashable, None]] = field(default_factory=dict)
 
     def check(self, klass: str) -> None:
         """Raise NotAdmitted if one more consumer of ``klass`` is beyond its count."""
@@ -55,6 +58,25 @@ class Admission:
 
     def join(self, klass: str, consumer: Hashable) -> None:
         self.connected.setdefault(klass, {})[consumer] = None
+        self.gave_up(klass, consumer)
+
+    def refused(self, klass: str, consumer: Hashable) -> None:
+        """``consumer`` asked and was refused: it waits (until it joins or goes)."""
+        self.waiting.setdefault(klass, {})[consumer] = None
+
+    def gave_up(self, klass: str, consumer: Hashable) -> None:
+        members = self.waiting.get(klass)
+        if members is not None:
+            members.pop(consumer, None)
+            if not members:
+                del self.waiting[klass]
+
+    def demand(self) -> dict[str, int]:
+        """Consumers per class that asked: connected and waiting."""
+        out = {k: len(m) for k, m in self.connected.items()}
+        for k, m in self.waiting.items():
+            out[k] = out.get(k, 0) + len(m)
+        return out
 
     def leave(self, klass: str, consumer: Hashable) -> None:
         members = self.connected.get(klass)
@@ -66,7 +88,7 @@ class Admission:
     @property
     def idle(self) -> bool:
         """Nothing set and nobody connected: the broker may forget it."""
-        return not self.admitted and not self.order and not self.connected
+        return not self.admitted and not self.order and not self.connected and not self.waiting
 
     def rank(self) -> list[str]:
         """Every class known (counted or connected), most important first."""

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from srtm.broker.accept import AcceptBackoff, refuse
-from srtm.broker.admission import Admission
+from srtm.broker.admission import Admission, NotAdmitted
 from srtm.broker.auth import Authenticator, close_quietly
 from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
@@ -57,6 +57,11 @@ class Broker:
         #: Consumer admission control per topic name (srtm.broker.admission): set before
         #: or after the topic exists, forgotten once nothing is set and nobody connected.
         self.admission: dict[str, Admission] = {}
+        #: Per connection refused by admission control: the topics it waits for (it
+        #: counts in their demand until it joins or goes).
+        self._refused: dict[Client, set[str]] = {}
+        #: Bytes sent to connections closed since start (``egress_bytes``).
+        self._sent_closed = 0
         self.stats = BrokerStats(self.options.window_seconds)
         self.ids = MessageIds(self.options.broker_id, time.time_ns() // 1000)
         self.started_ns = time.time_ns()
@@ -301,7 +306,11 @@ class Broker:
 
     # -- connections ---------------------------------------------------------------------
     def disconnected(self, client: Client) -> None:
-        self.clients.discard(client)
+        if client in self.clients:  # counted once
+            self.clients.discard(client)
+            self._sent_closed += client.sent_bytes
+        for name in self._refused.pop(client, ()):
+            self._stop_waiting(name, client)
         ch = client.channel
         if ch is None:
             return
@@ -380,13 +389,35 @@ class Broker:
         klass = client.consumer_class
         adm = self.admission.get(topic_name)
         if adm is not None:
-            adm.check(klass)
+            try:
+                adm.check(klass)
+            except NotAdmitted:
+                adm.refused(klass, client)
+                self._refused.setdefault(client, set()).add(topic_name)
+                raise
         ch = self.channel(topic_name, channel_name, E_SUB_FAILED)
         if adm is None:
             adm = self.admission[topic_name] = Admission(topic_name)
         adm.join(klass, client)
+        waits = self._refused.get(client)
+        if waits is not None:
+            waits.discard(topic_name)
+            if not waits:
+                del self._refused[client]
         ch.add_consumer(client)
         return ch
+
+    def _stop_waiting(self, topic_name: str, client: Client) -> None:
+        adm = self.admission.get(topic_name)
+        if adm is not None:
+            adm.gave_up(client.consumer_class, client)
+            if adm.idle:
+                del self.admission[topic_name]
+
+    def egress_bytes(self) -> int:
+        """Bytes sent to clients since start (read once per report: the sum over the
+        connections open, so the write path only counts its own)."""
+        return self._sent_closed + sum(c.sent_bytes for c in self.clients)
 
     def _leave(self, topic_name: str, client: Client) -> None:
         adm = self.admission.get(topic_name)

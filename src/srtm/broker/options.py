@@ -133,6 +133,18 @@ class BrokerOptions:
     report_interval_s: float = setting(
         1.0, "How often a broker with --controller reports to it (s).", minimum=0.01
     )
+    cpu_congested: float = setting(
+        0.85,
+        "Its reports call the CPU congested above this fraction of one core used by the "
+        "broker process over the report interval (the controller's rate control).",
+        minimum=0,
+    )
+    egress_max: float = setting(
+        125e6,
+        "Its reports call the network congested above this many bytes/s written to "
+        "clients over the report interval.",
+        minimum=0,
+    )
     max_output_buffer_bytes: int = setting(
         4 * 1024 * 1024,
         "Bytes queued for one client beyond which its socket is not read and it gets no "

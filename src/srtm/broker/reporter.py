@@ -34,7 +34,35 @@ def topic_depth(topic: Topic) -> int:
     )
 
 
-def report_document(broker: Broker) -> dict[str, Any]:
+class ResourceMeter:
+    """The broker's resources between two reports: CPU as the process's CPU time over
+    wall time (a fraction of one core), egress as bytes sent to clients per second, each
+    over the interval since the previous reading; congested above the broker's
+    ``cpu_congested`` and ``egress_max``."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float, int] | None = None
+
+    def read(self, broker: Broker) -> dict[str, Any]:
+        """``{"cpu", "egress_bps", "congested": {"cpu", "network"}}``; the first reading
+        covers the time since the process started."""
+        wall, cpu, sent = time.monotonic(), time.process_time(), broker.egress_bytes()
+        last = self._last or (wall - max(1e-3, time.time() - broker.started_ns / 1e9), 0.0, 0)
+        self._last = (wall, cpu, sent)
+        span = max(wall - last[0], 1e-6)
+        used = max(0.0, cpu - last[1]) / span
+        egress = max(0, sent - last[2]) / span
+        return {
+            "cpu": used,
+            "egress_bps": egress,
+            "congested": {
+                "cpu": used > broker.options.cpu_congested,
+                "network": egress > broker.options.egress_max,
+            },
+        }
+
+
+def report_document(broker: Broker, meter: ResourceMeter | None = None) -> dict[str, Any]:
     now = time.time_ns()
     topics = {}
     load = 0.0
@@ -56,8 +84,15 @@ def report_document(broker: Broker) -> dict[str, Any]:
             if topic.bucket is None
             else {"rate": topic.bucket.rate, "burst": topic.bucket.burst},
             "held": topic.on_hold,
+            "arrived_bytes": topic.message_bytes,
         }
-    return {"version": 2, "load": load, "topics": topics}
+    for name, adm in broker.admission.items():
+        if name in topics:
+            topics[name]["demand"] = adm.demand()
+    doc: dict[str, Any] = {"version": 2, "load": load, "topics": topics}
+    if meter is not None:
+        doc["resources"] = meter.read(broker)
+    return doc
 
 
 #: The shortest time between two reports (s), when topics or channels come and go.
@@ -74,6 +109,7 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
         "mcap": mcap,
     }
     base = controller.rstrip("/")
+    meter = ResourceMeter()
     registered = False
     lease_s: float | None = None  # told at registration (an older controller tells none)
     refused = 0  # the last refusal's status, logged once rather than every second
@@ -98,7 +134,7 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
                     if registered:
                         url = f"{base}/brokers/{me['id']}/report"
                         sent = time.monotonic()
-                        async with session.post(url, json=report_document(broker)) as resp:
+                        async with session.post(url, json=report_document(broker, meter)) as resp:
                             registered = resp.status != 404  # the controller forgot us
                             if resp.status == 200 and lease_s is not None:
                                 broker.renew_lease(sent, lease_s)

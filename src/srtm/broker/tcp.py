@@ -187,6 +187,12 @@ class Client:
         return self.session.consumer_class
 
     @property
+    def sent_bytes(self) -> int:
+        """Bytes sent on its socket so far (the broker's egress; counted per send, not
+        per message)."""
+        return self._sent_bytes
+
+    @property
     def takes_orders(self) -> bool:
         """Whether it negotiated SRTM's order frames in IDENTIFY."""
         return self.session.takes_orders

@@ -49,6 +49,7 @@ from srtm.control.documents import (
     TopicList,
     TopicParam,
     TopicStatus,
+    UtilityRun,
     describe,
     parse,
 )
@@ -105,6 +106,8 @@ class Service(Protocol):
 
     def repair(self, actions: list[Action]) -> None: ...
 
+    def utility_doc(self) -> dict[str, Any]: ...
+
 
 class ControllerAPI:
     def __init__(self, service: Service, models_dir: Path | None = None) -> None:
@@ -142,6 +145,8 @@ class ControllerAPI:
         repairs = self.ctrl.report(
             request.match_info["id"], doc.load, doc.windows(), time.monotonic(), doc.depths(),
             doc.waiting(), doc.arrived(), doc.carried(), doc.seen(),
+            None if doc.resources is None else dict(doc.resources), doc.demand(),
+            doc.arrived_bytes(),
         )  # fmt: skip
         if repairs:
             self.service.repair(repairs)
@@ -168,7 +173,7 @@ class ControllerAPI:
             placement = await asyncio.to_thread(place, new.policy, fleet, spec, self.ctrl.seed)
             actions = self.ctrl.create_topic(
                 spec, new.policy, time.monotonic(), placement, placed_on=fleet,
-                open=new.open, rate_auto=new.rate_auto,
+                open=new.open, rate_auto=new.rate_auto, utility=new.utility,
             )  # fmt: skip
         self.service.execute(actions)
         if new.fit is not None:
@@ -187,8 +192,8 @@ class ControllerAPI:
         return web.json_response({"topic": name, "deleted": True})
 
     async def change_topic(self, request: web.Request) -> web.Response:
-        """Change a topic's SLO, rate, burst or policy: a rate or burst re-splits its
-        bucket, a policy places it again."""
+        """Change a topic's SLO, rate, burst, policy or utility spec: a rate or burst
+        re-splits its bucket, a policy places it again."""
         doc = parse(TopicChange, await _json(request))
         name = request.match_info["name"]
         async with self.placing:
@@ -196,7 +201,14 @@ class ControllerAPI:
                 name, slo_p99_ms=doc.slo_p99_ms, rate=doc.rate, burst=doc.burst,
                 policy=doc.policy,
             )  # fmt: skip
+            if "utility" in doc.model_fields_set:
+                self.ctrl.set_utility(name, doc.utility)
         return self._changed(name, actions)
+
+    async def utility(self, request: web.Request) -> web.Response:
+        """The utility optimizer's last run: each flow's rate, admitted consumers per
+        class and utility (``t_s`` null: none yet)."""
+        return web.json_response(self.service.utility_doc())
 
     async def add_publishers(self, request: web.Request) -> web.Response:
         """Publishers join: placed by the policy's incremental rule, nobody already placed
@@ -457,6 +469,7 @@ ROUTES: tuple[Route, ...] = (
           errors=_refusals(400)),
     Route("GET", "/debug", ControllerAPI.debug, answer=Debug),
     Route("GET", "/brokers", ControllerAPI.brokers, answer=Brokers),
+    Route("GET", "/utility", ControllerAPI.utility, answer=UtilityRun),
     Route("GET", "/ping", ControllerAPI.ping, text="text/plain"),
     Route("GET", "/info", ControllerAPI.info, answer=Info),
     Route("GET", "/openapi.json", ControllerAPI.openapi, answer=OpenApiDoc),

@@ -43,6 +43,14 @@ from srtm.placement.fitting import Verdict
 from srtm.placement.model import RATE_MARGIN
 from srtm.protocol.names import MAX_NAME_LENGTH
 from srtm.ratelimit import BucketParams, check_bucket
+from srtm.utility.cluster import parse_topic_utility
+
+#: What the ``utility`` field of a topic is.
+UTILITY_HELP = (
+    "the topic's utility spec: one flow of `srtm utility optimize`'s FLOWS.json without "
+    "name and brokers (kind, r_min, r_max, utility, classes, rr, cost; costs cpu in "
+    "core-seconds and network in bytes, per message and per consumer); docs/utility.md"
+)
 
 #: Topics one report may carry (a broker with more is refused, not truncated).
 MAX_REPORT_TOPICS = 100_000
@@ -126,6 +134,30 @@ class TopicWindow(TypedDict):
     #: Its share here: the sub-bucket, or none; ``held``: managed, no share here.
     bucket: NotRequired[ShareBucket | None]
     held: NotRequired[bool]
+    #: Bytes of the messages counted by ``arrived`` (their mean size: network costs).
+    arrived_bytes: NotRequired[Annotated[int, Field(ge=0)]]
+    #: Consumers per class that asked for it: connected, and refused ones still waiting
+    #: (admission control's demand, the optimizer's ``available``).
+    demand: NotRequired[dict[str, Annotated[int, Field(ge=0)]]]
+
+
+@with_config(_STRICT)
+class Congestion(TypedDict):
+    """Whether a broker's CPU and egress are over its thresholds (``--cpu-congested``,
+    ``--egress-max``)."""
+
+    cpu: bool
+    network: bool
+
+
+@with_config(_STRICT)
+class BrokerResources(TypedDict):
+    """A broker's use of its resources over its last report interval: ``cpu`` the
+    fraction of one core its process used, ``egress_bps`` bytes/s written to clients."""
+
+    cpu: Annotated[float, Field(ge=0)]
+    egress_bps: Annotated[float, Field(ge=0)]
+    congested: Congestion
 
 
 @with_config(_STRICT)
@@ -144,6 +176,14 @@ class BrokerReport(_Request):
     topics: dict[TopicName, TopicWindow] = Field(default_factory=dict, max_length=MAX_REPORT_TOPICS)
     #: 2: each topic tells its ``channels``, ``bucket`` and ``held`` (1: an older broker).
     version: int = Field(1, ge=1)
+    resources: BrokerResources | None = None
+
+    def demand(self) -> dict[str, dict[str, int]]:
+        """Per topic that tells it: consumers per class that asked."""
+        return {name: dict(w["demand"]) for name, w in self.topics.items() if "demand" in w}
+
+    def arrived_bytes(self) -> dict[str, int]:
+        return {n: w["arrived_bytes"] for n, w in self.topics.items() if "arrived_bytes" in w}
 
     def windows(self) -> dict[str, tuple[float, float]]:
         """Topic -> (average rate, max backlog), the TB Adaptor's inputs."""
@@ -261,6 +301,7 @@ class NewTopic(_Request):
     open: bool = Field(
         False, description="unknown publishers may join by GET /assign with their rate"
     )
+    utility: dict[str, Any] | None = Field(None, description=UTILITY_HELP)
 
     _bucket: tuple[float, float] = PrivateAttr()
 
@@ -290,6 +331,12 @@ class NewTopic(_Request):
         except ValueError as exc:
             raise ValueError(f"topic: {exc}") from None
         self._bucket = (rate, burst)
+        return self
+
+    @model_validator(mode="after")
+    def _utility(self) -> NewTopic:
+        if self.utility is not None:
+            parse_topic_utility(self.utility, self.name)
         return self
 
     @property
@@ -337,11 +384,14 @@ class TopicChange(_Request):
     rate: float | None = Field(None, gt=0)
     burst: float | None = Field(None, ge=1)
     policy: Policy | None = None
+    utility: dict[str, Any] | None = Field(None, description=UTILITY_HELP + "; null removes it")
 
     @model_validator(mode="after")
     def _some(self) -> TopicChange:
         if not self.model_fields_set:
-            raise ValueError("give at least one of slo_p99_ms, rate, burst, policy")
+            raise ValueError("give at least one of slo_p99_ms, rate, burst, policy, utility")
+        if self.utility is not None:
+            parse_topic_utility(self.utility, "topic")
         return self
 
 
@@ -449,6 +499,39 @@ class TopicStatus(Plan):
     events: list[str]
     fitting: FittingStatus | None
     open: bool = Field(description="unknown publishers may join by GET /assign")
+    utility: dict[str, Any] | None = Field(description=UTILITY_HELP)
+    allocation: TopicAllocation | None = Field(
+        description="its part of the optimizer's last run (null: none yet); its rate is "
+        "what rate control made of it since"
+    )
+
+
+class FlowAllocation(_Answer):
+    """One flow of the optimizer's run: its rate, admitted consumers per class and
+    utility."""
+
+    name: str
+    rate: float
+    admitted: dict[str, int]
+    utility: float
+
+
+class TopicAllocation(FlowAllocation):
+    """A topic's part of the optimizer's last run, when it ran (controller's monotonic
+    s) and the rate rate control gave it since."""
+
+    t_s: float
+    feasible: bool
+    current_rate: float
+
+
+class UtilityRun(_Answer):
+    """``GET /utility``: the optimizer's last run (``t_s`` null: none yet)."""
+
+    t_s: float | None
+    feasible: bool
+    total_utility: float
+    flows: list[FlowAllocation]
 
 
 class PublisherAssignment(_Answer):

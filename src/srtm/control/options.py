@@ -116,6 +116,31 @@ class ControllerOptions:
         "DB-brokers/ID beside --db).",
     )
 
+    utility_interval_s: float = setting(
+        20.0,
+        "How often the utility optimizer sets the rates and admitted consumers of topics "
+        "with a utility spec (s; 0: never).",
+        minimum=0,
+    )
+    rate_control_interval_s: float = setting(
+        1.0,
+        "How often rate control moves those rates by the brokers' congestion between "
+        "optimizer runs (s; 0: never).",
+        minimum=0,
+    )
+    cpu_capacity: float = setting(
+        0.8, "The optimizer's CPU capacity per broker (a fraction of one core).", minimum=0
+    )
+    egress_max: float = setting(
+        125e6, "The optimizer's network capacity per broker (egress bytes/s).", minimum=0
+    )
+    cost_model: Path | None = setting(
+        None,
+        "The brokers' cost model for the optimizer: srtm calibrate --cost --json's "
+        "document (default: A 23.7 µs per message, B 6.4 µs per delivery), corrected "
+        "online per broker.",
+    )
+
     @property
     def adaptor(self) -> AdaptorSettings:
         return AdaptorSettings(

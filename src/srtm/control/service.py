@@ -32,8 +32,11 @@ from srtm.control.provision import (
 )
 from srtm.control.state import BrokerInfo, Controller
 from srtm.control.store import Store
+from srtm.control.utility import UtilityControl, UtilitySettings
 from srtm.placement import RoundResult
 from srtm.security import bearer_header, check_token, require_loopback_without_token
+from srtm.utility.cost import model_from_doc
+from srtm.utility.optimizer import optimize
 from srtm.version import __version__
 
 if TYPE_CHECKING:
@@ -82,6 +85,12 @@ class ControllerService:
         self.elastic: Elastic | None = None
         self.provisioner: Provisioner | None = None
         self._rebalancer: asyncio.Task[None] | None = None
+        #: The utility optimizer's last run and rate control (docs/utility.md).
+        self.utility = UtilityControl(UtilitySettings(opts.cpu_capacity, opts.egress_max))
+        if opts.cost_model is not None:
+            self.utility.model = model_from_doc(json.loads(opts.cost_model.read_text()))
+        self._utility_tasks: list[asyncio.Task[None]] = []
+        self._optimizing = False
         if opts.rebalance:
             self.elastic = Elastic(
                 opts.rebalance_settings,
@@ -103,6 +112,11 @@ class ControllerService:
         if self.elastic is not None:
             self.provisioner = self._provisioner()
             self._rebalancer = asyncio.create_task(self._rebalance_loop())
+        opts = self.options
+        if opts.utility_interval_s > 0:
+            self._utility_tasks.append(asyncio.create_task(self._utility_loop()))
+            if opts.rate_control_interval_s > 0:
+                self._utility_tasks.append(asyncio.create_task(self._rate_control_loop()))
 
     def _provisioner(self) -> Provisioner:
         opts = self.options
@@ -119,7 +133,7 @@ class ControllerService:
         )
 
     async def stop(self) -> None:
-        for loop_task in (self._rebalancer, self._tick):
+        for loop_task in (self._rebalancer, self._tick, *self._utility_tasks):
             if loop_task is not None:
                 loop_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -200,6 +214,68 @@ class ControllerService:
         except ProvisionError as exc:
             log.error("provisioning: %s", exc)
             failed(broker, time.monotonic(), str(exc))
+
+    # -- utility-aware allocation ----------------------------------------------------------
+    async def _utility_loop(self) -> None:
+        """Every ``utility_interval_s``: one optimizer run (a failed one is logged)."""
+        while True:
+            await asyncio.sleep(self.options.utility_interval_s)
+            try:
+                await self.utility_run()
+            except Exception:
+                log.exception("a utility optimizer run failed; the next one runs")
+
+    async def utility_run(self) -> None:
+        """Build the problem from the topics with a utility spec, optimize on a thread,
+        then set their rates (shrink before grow, as any share change) and post each
+        broker of a one-to-many topic its admitted counts."""
+        u = self.utility
+        u.observe(self.ctrl)
+        problem = u.build(self.ctrl)
+        self._optimizing = True
+        try:
+            alloc = await asyncio.to_thread(optimize, problem)
+        finally:
+            self._optimizing = False
+        actions, orders = u.apply(self.ctrl, problem, alloc, time.monotonic())
+        self.execute(actions)
+        if problem.flows:
+            self.save_state()  # the topics' rates
+        for broker, topic, body in orders:
+            self._spawn(self._post_admission(broker, topic, body))
+
+    async def _rate_control_loop(self) -> None:
+        """Every ``rate_control_interval_s``: one rate control step (none while the
+        optimizer runs: its answer replaces the rates anyway)."""
+        while True:
+            await asyncio.sleep(self.options.rate_control_interval_s)
+            if self._optimizing:
+                continue
+            try:
+                self.utility.observe(self.ctrl)
+                self.execute(self.utility.control(self.ctrl))
+            except Exception:
+                log.exception("a rate control step failed; the next one runs")
+
+    async def _post_admission(self, broker: str, topic: str, body: dict[str, Any]) -> None:
+        info = self.ctrl.brokers.get(broker)
+        if info is None or self._session is None or info.down:
+            return
+        try:
+            url = _broker_url(info, "/srtm/admission")
+            request = self._session.post(
+                url, params={"topic": topic}, json=body, headers=self._headers()
+            )
+            async with request as r:
+                if r.status != 200:
+                    log.warning("broker %s refused admission of %s: %s", broker, topic,
+                                await r.text())  # fmt: skip
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("broker %s unreachable for admission of %s: %s", broker, topic, exc)
+
+    def utility_doc(self) -> dict[str, Any]:
+        """``GET /utility``: the optimizer's last run."""
+        return self.utility.doc()
 
     def _headers(self) -> dict[str, str]:
         """What the controller sends to brokers: the cluster token, if any."""

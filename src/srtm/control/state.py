@@ -71,6 +71,13 @@ class BrokerInfo:
     #: the one before (unchanged: none arrived in between).
     arrived: dict[str, int] = field(default_factory=dict)
     arrived_before: dict[str, int] = field(default_factory=dict)
+    #: Its resources over its last report interval (``documents.BrokerResources``:
+    #: cpu, egress_bps, congested), None until a broker that tells them reports.
+    resources: dict[str, Any] | None = None
+    #: Per topic: consumers per class that asked for it (connected or waiting).
+    demand: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Per topic: bytes of the messages ``arrived`` counts.
+    arrived_bytes: dict[str, int] = field(default_factory=dict)
 
     def settled(self, topic: str) -> bool:
         """By its last report: nothing of ``topic`` waits for tokens and nothing arrived
@@ -111,6 +118,12 @@ class TopicState:
     #: Per draining member: its ``reports_seen`` when it started draining (not saved: a
     #: restarted controller counts from 0, every report it gets is after the drop).
     drain_since: dict[str, int] = field(default_factory=dict)
+    #: Its utility spec (``srtm.utility.cluster``: one flow of ``srtm utility optimize``'s
+    #: document without name and brokers), as given; None: the optimizer leaves it alone.
+    utility: dict[str, Any] | None = None
+    #: Its part of the optimizer's last run (``srtm.utility.cluster.flow_doc`` and
+    #: ``t_s``), and the rate rate control gave it since (not saved).
+    allocation: dict[str, Any] | None = None
 
     @property
     def status(self) -> str:
@@ -221,6 +234,9 @@ class Controller:
         arrived: dict[str, int] | None = None,
         carried: dict[str, frozenset[str]] | None = None,
         seen: dict[str, Share] | None = None,
+        resources: dict[str, Any] | None = None,
+        demand: dict[str, dict[str, int]] | None = None,
+        arrived_bytes: dict[str, int] | None = None,
     ) -> list[Action]:
         """A broker's report: its load, each topic's TB Adaptor window, (``depths``) what
         it still holds per topic, (``waiting``) what waits for tokens and (``arrived``)
@@ -228,9 +244,11 @@ class Controller:
         acts on them). Non-finite or negative numbers are refused whole.
 
         ``carried``: every topic it has, with its channels (the registry's input);
-        ``seen``: each topic's share there. Returns what puts back a share the broker
-        lost (an NSQ tool deleted or emptied the topic, say): the caller carries these
-        out only while no change of that topic is on its way (``repairs``)."""
+        ``seen``: each topic's share there; ``resources``, ``demand``, ``arrived_bytes``:
+        what the utility optimizer and rate control read (``BrokerInfo``). Returns what
+        puts back a share the broker lost (an NSQ tool deleted or emptied the topic, say):
+        the caller carries these out only while no change of that topic is on its way
+        (``repairs``)."""
         info = self.brokers.get(broker_id)
         if info is None:
             raise ControlError(404, f"broker {broker_id!r} is not registered")
@@ -249,6 +267,9 @@ class Controller:
         info.arrived_before, info.arrived = info.arrived, dict(arrived or {})
         if carried is not None:
             self.registry.carry(broker_id, carried)
+        info.resources = resources
+        info.demand = dict(demand or {})
+        info.arrived_bytes = dict(arrived_bytes or {})
         return [] if seen is None else self.repairs(broker_id, seen)
 
     def repairs(self, broker_id: str, seen: dict[str, Share]) -> list[Action]:
@@ -331,6 +352,7 @@ class Controller:
         *,
         open: bool = False,
         rate_auto: bool = False,
+        utility: dict[str, Any] | None = None,
     ) -> list[Action]:
         """Create and place ``spec``; ``placement``, when given, was computed off the
         event loop (``place(policy, placed_on, spec, seed)`` with ``placed_on =
@@ -344,7 +366,9 @@ class Controller:
             raise ControlError(503, "a broker went down while the topic was being placed")
         elif placed_on is not None and _overtaken(placement, placed_on, fleet):
             placement = place(policy, fleet, spec, self.seed)
-        topic = self.topics[spec.name] = TopicState(spec, policy, open=open, rate_auto=rate_auto)
+        topic = self.topics[spec.name] = TopicState(
+            spec, policy, open=open, rate_auto=rate_auto, utility=utility
+        )
         for a in placement.assignments:
             topic.assignment[a.broker] = list(a.publishers)
         topic.unassigned = list(placement.unassigned)
@@ -543,6 +567,46 @@ class Controller:
         if rate is None and burst is None:
             return []
         return self._new_plan(topic)
+
+    def set_utility(self, name: str, utility: dict[str, Any] | None) -> None:
+        """PATCH: a new utility spec (checked by the caller), or None: the optimizer and
+        rate control leave the topic's rate alone from now on."""
+        topic = self._changeable(name)
+        topic.utility = utility
+        topic.allocation = None
+        topic.events.append("utility spec " + ("set" if utility is not None else "removed"))
+
+    def set_rate(self, name: str, rate: float) -> list[Action]:
+        """The optimizer's or rate control's rate for ``name``: its sub-buckets scaled to
+        it, keeping their proportions (the TB Adaptor's split) and bursts; no new plan
+        version. No actions while fitting owns the plan, or if the rate cannot be a
+        bucket's (it is kept as it is)."""
+        topic = self._topic(name)
+        spec = topic.spec
+        if topic.status == "fitting" or math.isclose(rate, spec.rate, rel_tol=1e-9):
+            return []
+        try:
+            check_bucket(rate, spec.burst)
+        except ValueError:
+            return []
+        old = dict(topic.buckets)
+        topic.spec = dataclasses.replace(spec, rate=rate)
+        topic.rate_auto = False
+        if not old:
+            return []
+        total = merge(old.values())
+        weights = [p.rate for p in old.values()] if total.rate > 0 else [1.0] * len(old)
+        try:
+            placed = min(1.0, total.rate / spec.rate) if spec.rate > 0 else 1.0
+            parts = split_floored(rate * placed, total.burst, weights)
+        except ValueError:
+            return []
+        topic.buckets = dict(zip(old, parts, strict=True))
+        return [
+            SetBucket(b, name, p, old[b])
+            for b, p in topic.buckets.items()
+            if not same_bucket(p, old[b])
+        ]
 
     def add_publishers(self, name: str, publishers: list[PublisherLoad]) -> list[Action]:
         """Join ``publishers`` to the topic by its policy's incremental rule
@@ -783,6 +847,10 @@ class Controller:
             "events": topic.events,
             "fitting": topic.fitting,
             "open": topic.open,
+            "utility": topic.utility,
+            "allocation": None
+            if topic.allocation is None
+            else topic.allocation | {"current_rate": topic.spec.rate},
         }
 
     def topic_brokers(self, name: str) -> list[BrokerInfo]:
@@ -868,6 +936,7 @@ class Controller:
                     "open": t.open,
                     "rate_auto": t.rate_auto,
                     "draining": t.draining,
+                    "utility": t.utility,
                 }
                 for t in self.topics.values()
             ],
@@ -895,6 +964,7 @@ class Controller:
                 open=bool(t.get("open", False)),
                 rate_auto=bool(t.get("rate_auto", False)),
                 draining={b: float(w) for b, w in t.get("draining", {}).items()},
+                utility=t.get("utility"),
             )
             if t["unassigned"]:
                 self.replace_pending = True

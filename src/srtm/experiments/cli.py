@@ -540,7 +540,12 @@ def calibrate(
         float, typer.Option(help="p99 SLO (ms) the capacity is measured against.", min=0.01)
     ] = 1.0,
     step_s: Annotated[
-        float, typer.Option(help="Seconds of paced load per measured rate.", min=0.5)
+        float,
+        typer.Option(
+            help="Seconds of paced load per measured rate (with --cost: the measured "
+            "window of each rate and consumer count, after a 0.5 s warm-up).",
+            min=0.5,
+        ),
     ] = 2.5,
     saturation_s: Annotated[
         float, typer.Option(help="Seconds of each saturation run.", min=0.5)
@@ -557,9 +562,58 @@ def calibrate(
             " --broker-arg=5000).",
         ),
     ] = None,
+    cost: Annotated[
+        bool,
+        typer.Option(
+            "--cost",
+            help="Fit the cost model instead (docs/utility.md): CPU = idle + A·rate + "
+            "B·rate·consumers, from the broker's CPU at every pair of --rates and "
+            "--consumers (each consumer its own channel, so each receives every message); "
+            "prints the samples and A and B, writes no file (about 40 s).",
+        ),
+    ] = False,
+    rates: Annotated[
+        str | None,
+        typer.Option(
+            help="With --cost: publish rates (msg/s), comma-separated, at least two "
+            "(default 2000,5000,10000; with --quick 1000,3000)."
+        ),
+    ] = None,
+    consumers: Annotated[
+        str | None,
+        typer.Option(
+            help="With --cost: consumer counts, comma-separated, at least two "
+            "(default 1,4,16; with --quick 1,4)."
+        ),
+    ] = None,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="With --cost: a short run (1.2 s steps, 1,000 and 3,000 msg/s × 1 and 4 "
+            "consumers; about 12 s): a smoke test, not a calibration.",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="With --cost: print one JSON document on stdout (tables go to stderr): "
+            '{"a_cpu_s_per_msg", "b_cpu_s_per_delivery", "idle_cpu", "r2", "rms_residual", '
+            '"held_at_zero", "samples": [{"rate", "consumers", "cpu", "offered", '
+            '"deliveries_per_message", "behind", "fitted"}], "cpus", "measured_at"}.',
+        ),
+    ] = False,
 ) -> None:
     """Measure the broker on this machine (service time, capacity at the SLO, overhead per
-    connection) and write a model for the simulator (about 30 s)."""
+    connection) and write a model for the simulator (about 30 s). With --cost: fit the
+    utility optimizer's cost model (CPU per message and per delivery) instead."""
+    if cost:
+        _calibrate_cost(rates, consumers, quick, as_json, step_s, broker_arg)
+        return
+    if quick or as_json or rates is not None or consumers is not None:
+        console.print("[red]error:[/red] --quick, --json, --rates and --consumers need --cost")
+        raise typer.Exit(2)
     from srtm.experiments.calibrate import CalibrationPlan
     from srtm.experiments.calibrate import calibrate as run
     from srtm.sim.model import save
@@ -616,3 +670,31 @@ def calibrate(
             f"{s['model_p99_ms']:.3f}",
         )
     Console().print(steps)
+
+
+def _calibrate_cost(
+    rates: str | None,
+    consumers: str | None,
+    quick: bool,
+    as_json: bool,
+    step_s: float,
+    broker_arg: list[str] | None,
+) -> None:
+    from dataclasses import replace
+
+    from srtm.experiments import calibrate_cost_cli
+    from srtm.experiments.calibrate_cost import QUICK, CostPlan
+
+    plan = QUICK if quick else CostPlan(step_s=step_s)
+    try:
+        if rates is not None:
+            plan = replace(plan, rates=calibrate_cost_cli.parse_list(rates, "--rates", float))
+        if consumers is not None:
+            counts = calibrate_cost_cli.parse_list(consumers, "--consumers", int)
+            plan = replace(plan, consumers=tuple(int(n) for n in counts))
+        if broker_arg:
+            plan = replace(plan, broker_args=(*plan.broker_args, *broker_arg))
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    raise typer.Exit(calibrate_cost_cli.run(plan, as_json, console, out_console))

@@ -1,7 +1,17 @@
 """Utility-aware allocation (Bhola et al.): utility functions of rate, consumer classes,
-request-response flows through MVA, and the greedy benefit/cost optimizer. Pure."""
+request-response flows through MVA, the greedy benefit/cost optimizer, and the cost model
+(CPU, network, storage per topic; fitted and corrected online). Pure."""
 
-from srtm.utility.document import allocation_doc, parse_problem, request_response
+from srtm.utility.cost import (
+    CostFit,
+    CostModel,
+    CostSample,
+    class_costs,
+    correct,
+    fit_cost,
+    flow_costs,
+)
+from srtm.utility.document import allocation_doc, parse_flow, parse_problem, request_response
 from srtm.utility.model import (
     MvaPoint,
     RequestResponse,
@@ -23,6 +33,9 @@ from srtm.utility.optimizer import (
 __all__ = [
     "Allocation",
     "ConsumerClass",
+    "CostFit",
+    "CostModel",
+    "CostSample",
     "FlowKind",
     "FlowSpec",
     "MvaPoint",
@@ -31,8 +44,13 @@ __all__ = [
     "RrPoint",
     "Utility",
     "allocation_doc",
+    "class_costs",
+    "correct",
+    "fit_cost",
+    "flow_costs",
     "mva_response_time",
     "optimize",
+    "parse_flow",
     "parse_problem",
     "request_response",
     "total_utility",

@@ -99,6 +99,16 @@ def _flow(doc: Any, where: str, brokers: list[str], known: set[str]) -> FlowSpec
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise ValueError(f"{where}.name must be a non-empty string, got {name!r}")
+    return parse_flow(spec, where, name, _shares(spec, where, brokers), known)
+
+
+def parse_flow(
+    doc: Any, where: str, name: str, shares: dict[str, float], known: set[str]
+) -> FlowSpec:
+    """One flow of the document without its ``name`` and ``brokers`` (given here): what
+    a controller's topic carries as its ``utility`` (``known``: the resources a cost may
+    name)."""
+    spec = _obj(doc, where)
     try:
         kind = FlowKind(str(spec.get("kind")))
     except ValueError:
@@ -138,9 +148,8 @@ def _flow(doc: Any, where: str, brokers: list[str], known: set[str]) -> FlowSpec
     if r_max < r_min:
         raise ValueError(f"{where}: r_max ({r_max:g}) is below r_min ({r_min:g})")
     return FlowSpec(
-        name, kind, r_min, r_max, _costs(spec, where, known), _shares(spec, where, brokers),
-        utility, tuple(classes),
-    )  # fmt: skip
+        name, kind, r_min, r_max, _costs(spec, where, known), shares, utility, tuple(classes)
+    )
 
 
 def parse_problem(doc: Any) -> Problem:

@@ -1,0 +1,203 @@
+"""The utility optimizer and rate control in the controller, without I/O: the problem
+built from the controller's state (topics with a ``utility`` spec, their plans, what
+brokers report), an allocation turned into rates and admission counts, and the rate
+control step between runs. The service (``srtm.control.service``) runs ``optimize`` off
+the event loop, carries the actions out and posts the admission counts.
+
+What runs when (docs/utility.md, "In the controller"): every ``--utility-interval-s``
+an optimizer run sets every such topic's rate and admitted counts; every
+``--rate-control-interval-s`` in between, rate control moves the rates by the brokers'
+congestion; the next run snaps them back to its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from srtm.control.actions import Action
+from srtm.control.state import BrokerInfo, Controller
+from srtm.utility import cost
+from srtm.utility.cluster import (
+    FlowCosts,
+    TopicInput,
+    build_problem,
+    flow_doc,
+    parse_topic_utility,
+    run_doc,
+    shares_of,
+)
+from srtm.utility.cost import CostModel
+from srtm.utility.optimizer import Allocation, FlowKind, Problem
+from srtm.utility.ratecontrol import RateControlSettings, control_step
+
+#: The message size assumed for a topic no broker has reported bytes of yet.
+DEFAULT_MESSAGE_BYTES = 100
+#: The cost model until ``--cost-model`` gives a calibrated one: A and B as
+#: ``srtm calibrate --cost`` measured them at d898776 (docs/utility.md; a disturbed,
+#: shared machine: an order of magnitude, which the online correction refines).
+DEFAULT_COST_MODEL = CostModel(a_cpu_s=23.7e-6, b_cpu_s=6.4e-6)
+
+
+@dataclass(frozen=True)
+class UtilitySettings:
+    """``--cpu-capacity`` (a fraction of one core per broker, less the cost model's idle
+    CPU) and ``--egress-max`` (bytes/s), the brokers' capacities in the problem."""
+
+    cpu_capacity: float = 0.8
+    egress_max: float = 125e6
+    rate_control: RateControlSettings = field(default_factory=RateControlSettings)
+
+
+def topic_costs(model: CostModel, message_bytes: float, topic: str) -> FlowCosts:
+    """A topic's costs from ``model`` (``srtm.utility.cost``) at its mean message size:
+    CPU, and ``network`` = the egress (``network_out``) the brokers' capacity counts."""
+    per_message = cost.flow_costs(model, message_bytes, topic=topic)
+    per_delivery = cost.class_costs(model, message_bytes)
+    return FlowCosts(
+        {"cpu": per_message[cost.CPU], "network": per_message[cost.NETWORK_OUT]},
+        {"cpu": per_delivery[cost.CPU], "network": per_delivery[cost.NETWORK_OUT]},
+    )
+
+
+def message_bytes(ctrl: Controller, topic: str) -> float:
+    """The topic's mean message size over what its brokers report."""
+    n = b = 0
+    for info in ctrl.up():
+        n += info.arrived.get(topic, 0)
+        b += info.arrived_bytes.get(topic, 0)
+    return b / n if n and b else DEFAULT_MESSAGE_BYTES
+
+
+def congested(ctrl: Controller) -> dict[str, frozenset[str]]:
+    """Per broker up, the resources its last report says are congested."""
+    out = {}
+    for info in ctrl.up():
+        flags = (info.resources or {}).get("congested") or {}
+        hot = frozenset(r for r, on in flags.items() if on is True)
+        if hot:
+            out[info.id] = hot
+    return out
+
+
+def reported_topics(info: BrokerInfo) -> list[tuple[float, float]]:
+    """``(rate, consumers)`` per topic in a broker's last report: what its CPU is
+    predicted from."""
+    return [
+        (w.rate, float(sum(info.demand.get(name, {}).values()))) for name, w in info.reports.items()
+    ]
+
+
+@dataclass
+class UtilityControl:
+    """The last optimizer run and the state rate control works on."""
+
+    settings: UtilitySettings = field(default_factory=UtilitySettings)
+    #: The calibrated cost model every broker's starts from.
+    model: CostModel = DEFAULT_COST_MODEL
+    #: Per broker: its cost model, corrected online (``observe``).
+    models: dict[str, CostModel] = field(default_factory=dict)
+    #: Per broker: the report its model was last corrected by (one correction each).
+    corrected_at: dict[str, int] = field(default_factory=dict)
+    problem: Problem | None = None
+    allocation: Allocation | None = None
+    t_s: float | None = None
+    runs: int = 0
+
+    def broker_model(self, broker: str) -> CostModel:
+        return self.models.get(broker, self.model)
+
+    def observe(self, ctrl: Controller) -> None:
+        """Correct each broker's model by its last report's measured / predicted CPU
+        (``srtm.utility.cost.correct``: smoothed, clamped), once per report."""
+        for info in ctrl.up():
+            if info.resources is None or self.corrected_at.get(info.id) == info.reports_seen:
+                continue
+            self.corrected_at[info.id] = info.reports_seen
+            model = self.broker_model(info.id)
+            predicted = model.predict(reported_topics(info))
+            measured = float(info.resources.get("cpu", 0.0))
+            self.models[info.id] = cost.correct(model, measured, predicted)
+
+    def costs(self, ctrl: Controller, name: str, buckets: dict[str, float]) -> FlowCosts:
+        """The topic's costs: its brokers' corrections weighted by their shares."""
+        shares = shares_of(buckets)
+        scale = math.fsum(w * self.broker_model(b).scale for b, w in shares.items()) or 1.0
+        model = dataclasses.replace(self.model, scale=scale)
+        return topic_costs(model, message_bytes(ctrl, name), name)
+
+    def build(self, ctrl: Controller) -> Problem:
+        """The problem for the managed topics with a utility spec, on the brokers up."""
+        up = [b.id for b in ctrl.up()]
+        inputs = []
+        for name, topic in ctrl.topics.items():
+            if topic.utility is None:
+                continue
+            try:
+                flow = parse_topic_utility(topic.utility, name)
+            except ValueError:
+                continue  # checked when set; a saved spec from another version
+            demand = {b: ctrl.brokers[b].demand.get(name, {}) for b in topic.buckets}
+            buckets = {b: p.rate for b, p in topic.buckets.items()}
+            inputs.append(TopicInput(flow, buckets, demand, self.costs(ctrl, name, buckets)))
+        caps = {
+            b: {
+                "cpu": self.broker_model(b).available_cpu(self.settings.cpu_capacity),
+                "network": self.settings.egress_max,
+            }
+            for b in up
+        }
+        return build_problem(inputs, caps)
+
+    def apply(
+        self, ctrl: Controller, problem: Problem, alloc: Allocation, t_s: float
+    ) -> tuple[list[Action], list[tuple[str, str, dict[str, Any]]]]:
+        """The run's rates as share changes, and the admission orders: (broker, topic,
+        ``{"classes", "order"}``) for every broker of every one-to-many flow."""
+        self.problem, self.allocation, self.t_s = problem, alloc, t_s
+        self.runs += 1
+        actions: list[Action] = []
+        orders = []
+        for f in problem.flows:
+            topic = ctrl.topics.get(f.name)
+            if topic is None:
+                continue
+            rate = alloc.rates[f.name]
+            topic.allocation = flow_doc(f, rate, alloc.admitted) | {
+                "t_s": t_s, "feasible": alloc.feasible,
+            }  # fmt: skip
+            actions += ctrl.set_rate(f.name, rate)
+            if f.kind is FlowKind.ONE_TO_MANY:
+                # Most important first: the paper's order of utility per consumer.
+                ranked = sorted(f.classes, key=lambda c: (-c.utility.value(rate), c.name))
+                body = {
+                    "classes": {c.name: alloc.admitted[(f.name, c.name)] for c in ranked},
+                    "order": [c.name for c in ranked],
+                }
+                orders += [(b, f.name, body) for b in topic.buckets]
+        return actions, orders
+
+    def control(self, ctrl: Controller) -> list[Action]:
+        """One rate control step on the last run's flows, from the rates they have now."""
+        if self.problem is None or self.allocation is None:
+            return []
+        flows = [f for f in self.problem.flows if ctrl.topics.get(f.name) is not None]
+        problem = Problem(tuple(flows), self.problem.capacity)
+        rates = {f.name: ctrl.topics[f.name].spec.rate for f in flows}
+        new = control_step(
+            problem, rates, self.allocation.admitted, congested(ctrl),
+            self.settings.rate_control,
+        )  # fmt: skip
+        actions: list[Action] = []
+        for name, rate in new.items():
+            if not math.isclose(rate, rates[name], rel_tol=1e-9):
+                actions += ctrl.set_rate(name, rate)
+        return actions
+
+    def doc(self) -> dict[str, Any]:
+        """``GET /utility``."""
+        if self.problem is None or self.allocation is None:
+            return {"t_s": None, "feasible": True, "total_utility": 0.0, "flows": []}
+        return run_doc(self.problem, self.allocation, self.t_s or 0.0)
