@@ -122,7 +122,7 @@ def test_producers_short_of_their_schedule_mark_the_run_disturbed() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("decide", ["driver"])
+@pytest.mark.parametrize("decide", ["controller", "driver"])
 def test_a_quick_live_trading_day_admits_gold_before_bronze(tmp_path: Path, decide: str) -> None:
     res = CliRunner().invoke(
         app,

@@ -393,7 +393,8 @@ def _run_utility(
     mode: utility_live.Mode = "driver" if decide == "driver" else "controller"
     with _progress(f"{name} live ({decide})") as update:
         summary = utility_live.run(exp, out, mode, quick=quick, on_progress=update)
-    table = Table(title=f"{summary['title']} [decided by: {summary['mode']}]")
+    by = summary["segments"][0]["expected"]["by"] if summary["segments"] else "n/a"
+    table = Table(title=f"{summary['title']} [decided by: {summary['mode']}; planned: {by}]")
     for col in utility_report.HEAD:
         table.add_column(col, justify="left" if col == "stage" else "right")
     for s in summary["segments"]:

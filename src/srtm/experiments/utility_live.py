@@ -356,7 +356,6 @@ def _measure(
     admitted = {(fl["name"], c): n for fl in flows for c, n in fl["admitted"].items()}
     prob = problem(info.exp, stage)
     model_cpu = usage(prob, rates, admitted)[(BROKER, CPU)]
-    expected = plan(info.exp, stage)
     plan_doc = next((s["plan"] for s in reversed(window) if s["plan"]), None)
     return {
         "name": stage.name,
@@ -367,14 +366,29 @@ def _measure(
         "cpu_used": model_cpu,
         "cpu_capacity": info.exp.cpu_capacity,
         "broker_cpu": broker_cpu,
-        "expected": {
-            "rates": [expected.rates[f.name] for f in stage.flows],
-            "admitted": {
-                c: sum(n for (_, k), n in expected.admitted.items() if k == c) for c in classes
-            },
-        },
+        "expected": _expected(info, stage, plan_doc),
         "controller_plan": plan_doc,
         "window_s": span,
+    }
+
+
+def _expected(info: Run, stage: Stage, plan_doc: dict[str, Any] | None) -> dict[str, Any]:
+    """The plan beside the measurement: the controller's last run in the window
+    (``GET /utility``), else (driver-optimized, or no run yet) the optimizer's here."""
+    classes = info.exp.classes
+    by_name = {f["name"]: f for f in (plan_doc or {}).get("flows", [])}
+    if all(f.name in by_name for f in stage.flows):
+        flows = [by_name[f.name] for f in stage.flows]
+        return {
+            "by": "controller",
+            "rates": [float(f["rate"]) for f in flows],
+            "admitted": {c: sum(int(f["admitted"].get(c, 0)) for f in flows) for c in classes},
+        }
+    alloc = plan(info.exp, stage)
+    return {
+        "by": "optimizer",
+        "rates": [alloc.rates[f.name] for f in stage.flows],
+        "admitted": {c: sum(n for (_, k), n in alloc.admitted.items() if k == c) for c in classes},
     }
 
 
