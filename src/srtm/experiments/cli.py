@@ -410,6 +410,7 @@ def _run_utility(
         out_console.print(f"{mark} {c['paper']}: {c['sim']}", highlight=False)
     png = utility_report.plot(summary, out)
     page = utility_report.write_html(summary, png, out)
+    utility_report.write_markdown(summary, out)
     console.print(f"report: {page}")
     if as_json:
         print(json.dumps(summary))

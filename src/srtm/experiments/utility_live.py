@@ -294,7 +294,11 @@ async def _sample(http: aiohttp.ClientSession, url: str, broker_url: str, info: 
                                     params={"format": "json", "topic": name}) as r:  # fmt: skip
                     stats = await r.json()
                 topics = stats.get("topics", [])
+                srtm = (stats.get("srtm", {}).get("topics") or [{}])[0]
                 sample["topics"][name] = {
+                    "bucket_rate": (srtm.get("bucket") or {}).get("rate"),
+                    "held": bool(srtm.get("held")),
+                    "waiting": srtm.get("shaping_depth", 0),
                     "connected": {c["name"]: c["connected"] for c in adm.get("classes", [])},
                     "admitted": {c["name"]: c["admitted"] for c in adm.get("classes", [])},
                     "messages": topics[0]["message_count"] if topics else 0,
@@ -342,11 +346,17 @@ def _measure(
         accepted = _accepted(topic, window)
         connected = {c: int(statistics.median([t["connected"].get(c, 0) for t in topic] or [0]))
                      for c in f.consumers}  # fmt: skip
+        buckets = [t["bucket_rate"] or 0.0 for t in topic]
         sent, due = (after["sent"][f.name][i] - before["sent"][f.name][i] for i in (0, 1))
         flows.append({
             "name": f.name, "available": dict(f.consumers), "admitted": connected,
             "rate": statistics.median(got) if got else accepted, "accepted_rate": accepted,
-            "consumers_receiving": len(got), "produce": f.produce,
+            "consumers_receiving": len(got),
+            # The broker's side: its sub-bucket's rate (median of the samples; 0 when it
+            # had none), samples held, the most messages waiting to be released.
+            "bucket_rate": statistics.median(buckets) if buckets else None,
+            "held_samples": sum(t["held"] for t in topic),
+            "max_waiting": max((t["waiting"] for t in topic), default=0), "produce": f.produce,
             "producer_sent": sent, "producer_due": due,
         })  # fmt: skip
     b0, b1 = before["host"].procs.get(before["broker_pid"]), after["host"].procs.get(

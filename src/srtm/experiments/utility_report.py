@@ -11,7 +11,8 @@ from typing import Any
 from srtm.experiments.figures.common import pyplot
 
 HEAD = ("stage", "admitted/available per class", "measured msg/s per flow",
-        "planned msg/s per flow", "planned admitted", "broker CPU (core)")  # fmt: skip
+        "bucket msg/s per flow", "planned msg/s per flow", "planned admitted",
+        "broker CPU (core)")  # fmt: skip
 
 
 def stage_row(s: dict[str, Any]) -> list[str]:
@@ -20,6 +21,8 @@ def stage_row(s: dict[str, Any]) -> list[str]:
     cpu = "n/a" if s.get("broker_cpu") is None else f"{s['broker_cpu']:.3f}"
     return [
         s["name"], adm, ", ".join(f"{r:.1f}" for r in s["rates"]),
+        ", ".join("–" if f.get("bucket_rate") is None else f"{f['bucket_rate']:.1f}"
+                  for f in s.get("flows", [])),
         ", ".join(f"{r:.1f}" for r in s["expected"]["rates"]),
         ", ".join(f"{c} {n}" for c, n in s["expected"]["admitted"].items()), cpu,
     ]  # fmt: skip
@@ -84,4 +87,19 @@ def write_html(summary: dict[str, Any], png: Path, out: Path) -> Path:
     )
     path = out / f"{summary['experiment']}-live.html"
     path.write_text(page)
+    return path
+
+
+def write_markdown(summary: dict[str, Any], out: Path) -> Path:
+    """``NAME-live.md``: the stage table and the verdicts, as docs/results quotes them."""
+    lines = [f"| {' | '.join(HEAD)} |", "|" + "---|" * len(HEAD)]
+    lines += [f"| {' | '.join(stage_row(s))} |" for s in summary["segments"]]
+    lines += ["", "| paper's conclusion | measured | reproduced |", "|---|---|---|"]
+    lines += [
+        f"| {c['paper']} | {c['sim']} | {'yes' if c['ok'] else 'no'} |" for c in summary["claims"]
+    ]
+    if summary.get("disturbed"):
+        lines += ["", f"DISTURBED: {summary['disturbed']}"]
+    path = out / f"{summary['experiment']}-live.md"
+    path.write_text("\n".join(lines) + "\n")
     return path
