@@ -135,7 +135,7 @@ def test_a_quick_live_trading_day_admits_gold_before_bronze(tmp_path: Path, deci
     segments = doc["segments"]
     assert [s["name"] for s in segments] == [s.name for s in utility_scale.trading_day().stages]
     for s in segments:
-        assert set(s) >= {"name", "available", "admitted", "rates"}
+        assert set(s) >= {"name", "available", "admitted", "rates", "delivered", "flows"}
         assert set(s["available"]) == set(s["admitted"]) == {"gold", "silver", "bronze"}
         assert len(s["rates"]) == 4
         # Gold before bronze, counted at the broker: all gold in whenever bronze is.

@@ -340,8 +340,10 @@ def _measure(
     flows = []
     for f in stage.flows:
         mine = [c for c in info.consumers if c.flow == f.name and id(c) in before["received"]]
-        got = [(after["received"][id(c)] - before["received"][id(c)]) / span for c in mine]
-        got = [g for g in got if g > 0]
+        each = [(after["received"][id(c)] - before["received"][id(c)]) / span for c in mine]
+        got = [g for g in each if g > 0]
+        by_class = {k: sum(g for c, g in zip(mine, each, strict=True) if c.klass == k)
+                    for k in f.consumers}  # fmt: skip
         topic = [s["topics"][f.name] for s in window if f.name in s["topics"]]
         accepted = _accepted(topic, window)
         connected = {c: int(statistics.median([t["connected"].get(c, 0) for t in topic] or [0]))
@@ -352,6 +354,7 @@ def _measure(
             "name": f.name, "available": dict(f.consumers), "admitted": connected,
             "rate": statistics.median(got) if got else accepted, "accepted_rate": accepted,
             "consumers_receiving": len(got),
+            "delivered": by_class,
             # The broker's side: its sub-bucket's rate (median of the samples; 0 when it
             # had none), samples held, the most messages waiting to be released.
             "bucket_rate": statistics.median(buckets) if buckets else None,
@@ -371,6 +374,8 @@ def _measure(
         "name": stage.name,
         "available": {c: sum(f.consumers.get(c, 0) for f in stage.flows) for c in classes},
         "admitted": {c: sum(fl["admitted"].get(c, 0) for fl in flows) for c in classes},
+        # What each class received: messages a second summed over its consumers.
+        "delivered": {c: sum(fl["delivered"].get(c, 0.0) for fl in flows) for c in classes},
         "rates": [fl["rate"] for fl in flows],
         "flows": flows,
         "cpu_used": model_cpu,

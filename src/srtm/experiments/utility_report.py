@@ -10,7 +10,8 @@ from typing import Any
 
 from srtm.experiments.figures.common import pyplot
 
-HEAD = ("stage", "admitted/available per class", "measured msg/s per flow",
+HEAD = ("stage", "admitted/available per class", "delivered msg/s per class",
+        "measured msg/s per flow",
         "bucket msg/s per flow", "planned msg/s per flow", "planned admitted",
         "broker CPU (core)")  # fmt: skip
 
@@ -20,7 +21,9 @@ def stage_row(s: dict[str, Any]) -> list[str]:
     adm = ", ".join(f"{c} {s['admitted'][c]}/{n}" for c, n in s["available"].items())
     cpu = "n/a" if s.get("broker_cpu") is None else f"{s['broker_cpu']:.3f}"
     return [
-        s["name"], adm, ", ".join(f"{r:.1f}" for r in s["rates"]),
+        s["name"], adm,
+        ", ".join(f"{c} {r:,.0f}" for c, r in s.get("delivered", {}).items()) or "–",
+        ", ".join(f"{r:.1f}" for r in s["rates"]),
         ", ".join("–" if f.get("bucket_rate") is None else f"{f['bucket_rate']:.1f}"
                   for f in s.get("flows", [])),
         ", ".join(f"{r:.1f}" for r in s["expected"]["rates"]),
