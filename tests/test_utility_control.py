@@ -128,6 +128,22 @@ def test_a_run_sets_the_rate_and_the_admitted_counts_on_every_broker() -> None:
     doc = u.doc()
     assert doc["t_s"] == 7.0 and doc["flows"][0]["name"] == "t"
     assert c.topic_doc("t")["allocation"]["admitted"] == body["classes"]
+    # Rate control moves it from there; not once its spec is removed.
+    assert u.control(c) == []  # uncongested at r_max: nowhere to go
+    c.brokers["b0"].resources = {"congested": {"cpu": True, "network": False}}
+    assert u.control(c) and c.topics["t"].spec.rate < rate
+    c.set_utility("t", None)
+    assert u.control(c) == []
+
+
+def test_an_empty_run_is_shown() -> None:
+    c = registered(1)
+    u = UtilityControl()
+    problem = u.build(c)
+    assert problem.flows == ()
+    assert u.apply(c, problem, optimize(problem), 3.0) == ([], [])
+    assert u.doc() == {"t_s": 3.0, "feasible": True, "total_utility": 0.0, "flows": []}
+    assert UtilityControl().doc()["t_s"] is None
 
 
 def test_set_rate_scales_the_shares_and_shrinks_before_it_grows() -> None:

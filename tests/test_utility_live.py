@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,11 @@ import pytest
 
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.http import serve_http
-from srtm.broker.reporter import report_loop
+from srtm.broker.reporter import ResourceMeter, report_document, report_loop
 from srtm.client import Subscriber
 from srtm.control.options import ControllerOptions
 from srtm.control.service import ControllerService
-from support import eventually
+from support import BrokerApi, call, eventually
 
 SPEC: dict[str, Any] = {
     "kind": "one-to-many", "r_min": 10, "r_max": 200,
@@ -30,6 +31,45 @@ SPEC: dict[str, Any] = {
         {"name": "silver", "available": 1, "utility": {"slope": 1}},
     ],
 }  # fmt: skip
+
+
+async def test_reports_carry_resources_and_the_demand_of_refused_consumers(
+    broker_api: BrokerApi,
+) -> None:
+    """A consumer refused by admission control counts in its class's demand while it is
+    connected and retrying; the report tells the broker's resources."""
+    broker, http = broker_api
+    body = json.dumps({"classes": {"gold": 1}}).encode()
+    status, _ = await call(http, "POST", "/srtm/admission?topic=d", body)
+    assert status == 200
+    assert broker.tcp_address is not None
+    address = "{}:{}".format(*broker.tcp_address)
+    first = Subscriber("d", "c", addresses=[address], consumer_class="gold")
+    second = Subscriber("d", "c", addresses=[address], consumer_class="gold", retry_s=0.02)
+    meter = ResourceMeter()
+    try:
+        await first.start()
+        await second.start()
+        await eventually(lambda: second.refused >= 1, "the second refused")
+        broker.options = dataclasses.replace(broker.options, cpu_congested=1e6)
+        doc = report_document(broker, meter)
+        assert doc["topics"]["d"]["demand"] == {"gold": 2}
+        resources = doc["resources"]
+        assert resources["cpu"] >= 0 and resources["egress_bps"] > 0  # IDENTIFY's answers
+        assert resources["congested"] == {"cpu": False, "network": False}
+        broker.options = dataclasses.replace(broker.options, cpu_congested=-1.0, egress_max=-1)
+        assert report_document(broker, meter)["resources"]["congested"] == {
+            "cpu": True, "network": True,
+        }  # fmt: skip
+        await second.close()
+        await eventually(
+            lambda: report_document(broker)["topics"]["d"].get("demand"),
+            "the refused consumer gone from the demand",
+            until=lambda d: d == {"gold": 1},
+        )
+    finally:
+        await first.close()
+        await second.close()
 
 
 @pytest.mark.slow

@@ -41,14 +41,13 @@ class ResourceMeter:
     ``cpu_congested`` and ``egress_max``."""
 
     def __init__(self) -> None:
-        self._last: tuple[float, float, int] | None = None
+        self._last = (time.monotonic(), time.process_time(), 0)
 
     def read(self, broker: Broker) -> dict[str, Any]:
         """``{"cpu", "egress_bps", "congested": {"cpu", "network"}}``; the first reading
-        covers the time since the process started."""
+        covers the time since the meter was made (made as reporting starts)."""
         wall, cpu, sent = time.monotonic(), time.process_time(), broker.egress_bytes()
-        last = self._last or (wall - max(1e-3, time.time() - broker.started_ns / 1e9), 0.0, 0)
-        self._last = (wall, cpu, sent)
+        last, self._last = self._last, (wall, cpu, sent)
         span = max(wall - last[0], 1e-6)
         used = max(0.0, cpu - last[1]) / span
         egress = max(0, sent - last[2]) / span

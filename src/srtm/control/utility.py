@@ -183,7 +183,11 @@ class UtilityControl:
         """One rate control step on the last run's flows, from the rates they have now."""
         if self.problem is None or self.allocation is None:
             return []
-        flows = [f for f in self.problem.flows if ctrl.topics.get(f.name) is not None]
+        flows = [
+            f
+            for f in self.problem.flows
+            if (t := ctrl.topics.get(f.name)) is not None and t.utility is not None
+        ]
         problem = Problem(tuple(flows), self.problem.capacity)
         rates = {f.name: ctrl.topics[f.name].spec.rate for f in flows}
         new = control_step(
