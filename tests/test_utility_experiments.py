@@ -85,6 +85,7 @@ def test_cli_json_and_live_refusal(tmp_path: Path) -> None:
         doc = json.loads(res.stdout.strip().splitlines()[-1])
         assert doc["experiment"] == name and doc["segments"] and doc["claims"]
         assert (tmp_path / f"{name}.png").exists()
-        live = runner.invoke(app, ["run", name, "--out", str(tmp_path)])
+        # Live runs are built (tests/test_utility_live.py); a bad decider is refused first.
+        live = runner.invoke(app, ["run", name, "--decide", "nobody", "--out", str(tmp_path)])
         assert live.exit_code == 2
-        assert "not built" in live.output
+        assert "--decide" in live.output

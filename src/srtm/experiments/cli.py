@@ -39,7 +39,8 @@ ScenarioArg = Annotated[
         "one of the paper's figures (fig4 … fig9, table1). `multi-tenant`: many topics "
         "arriving, one deleted, sensors joining, on capacity-limited brokers (live, or with "
         "--sim at the paper's scale, SRTM against LB). `trading-day`, `excess-capacity`, "
-        "`latency-effects` with --sim: the utility-aware allocation paper's experiments."
+        "`latency-effects`: the utility-aware allocation paper's experiments (live at small "
+        "scale, or with --sim at the paper's)."
     ),
 ]
 OutOpt = Annotated[
@@ -275,6 +276,22 @@ def run_cmd(
     analysis: AnalysisOpt = Analysis.auto,
     spark_master: SparkMasterOpt = None,
     strict: StrictOpt = False,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            help="trading-day, excess-capacity, latency-effects live: short stages "
+            "(7 s each) for tests."
+        ),
+    ] = False,
+    decide: Annotated[
+        str,
+        typer.Option(
+            help="trading-day, excess-capacity, latency-effects live: who chooses "
+            "rates and admitted counts, 'controller' (its utility optimizer) or "
+            "'driver' (driver-optimized: this process runs the optimizer and "
+            "sets the brokers)."
+        ),
+    ] = "controller",
 ) -> None:
     """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
     the workload, collect traces, stop everything, and print the summary."""
@@ -287,7 +304,7 @@ def run_cmd(
     from srtm.experiments import utility_sim
 
     if scenario in utility_sim.EXPERIMENTS:
-        _run_utility(scenario, out, sim, as_json)
+        _run_utility(scenario, out, sim, as_json, quick, decide, strict)
         return
     if sim:
         _run_sim(scenario, out, as_json)
@@ -358,15 +375,49 @@ def _run_tenancy(
         raise typer.Exit(1)
 
 
-def _run_utility(name: str, out: Path, sim: bool, as_json: bool) -> None:
-    """The utility-aware allocation paper's experiments: simulated only (so far)."""
+def _run_utility(
+    name: str, out: Path, sim: bool, as_json: bool, quick: bool, decide: str, strict: bool
+) -> None:
+    """The utility-aware allocation paper's experiments: simulated, or live at small scale
+    (exit 1 with --strict when a verdict fails, 3 when the run was disturbed)."""
     from srtm.experiments import utility_sim
 
-    if not sim:
-        console.print(f"[red]error:[/red] the live {name} experiment is not built yet; "
-                      f"`srtm experiment run {name} --sim` simulates it")  # fmt: skip
-        raise typer.Exit(2)
-    _print_figure(utility_sim.EXPERIMENTS[name](out), as_json)
+    if sim:
+        _print_figure(utility_sim.EXPERIMENTS[name](out), as_json)
+        return
+    from srtm.experiments import utility_live, utility_report, utility_scale
+
+    if decide not in utility_live.MODES:
+        raise typer.BadParameter(f"'controller' or 'driver', got {decide!r}", param_hint="--decide")
+    exp = utility_scale.EXPERIMENTS[name]()
+    mode: utility_live.Mode = "driver" if decide == "driver" else "controller"
+    with _progress(f"{name} live ({decide})") as update:
+        summary = utility_live.run(exp, out, mode, quick=quick, on_progress=update)
+    by = summary["segments"][0]["expected"]["by"] if summary["segments"] else "n/a"
+    table = Table(title=f"{summary['title']} [decided by: {summary['mode']}; planned: {by}]")
+    for col in utility_report.HEAD:
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for s in summary["segments"]:
+        table.add_row(*utility_report.stage_row(s))
+    out_console.print(table)
+    for r in summary["refused"][:5]:
+        out_console.print(f"[yellow]refused:[/yellow] {r}", highlight=False)
+    if summary["disturbed"]:
+        out_console.print(f"[bold red]DISTURBED: the machine was too busy to measure on: "
+                          f"{summary['disturbed']}[/bold red]", highlight=False)  # fmt: skip
+    for c in summary["claims"]:
+        mark = "[green]✓[/green]" if c["ok"] else "[red]✗[/red]"
+        out_console.print(f"{mark} {c['paper']}: {c['sim']}", highlight=False)
+    png = utility_report.plot(summary, out)
+    page = utility_report.write_html(summary, png, out)
+    utility_report.write_markdown(summary, out)
+    console.print(f"report: {page}")
+    if as_json:
+        print(json.dumps(summary))
+    if strict and summary["disturbed"]:
+        raise typer.Exit(EXIT_DISTURBED)
+    if strict and not all(c["ok"] for c in summary["claims"]):
+        raise typer.Exit(1)
 
 
 def _run_diurnal(out: Path, sim: bool, as_json: bool) -> None:
