@@ -2,7 +2,10 @@
 I/O, time injected; the service (``srtm.control.service``) carries out the ``ElasticStep`` it
 returns (controller actions pushed to brokers, brokers started and stopped).
 
-Each ``step``: brokers being started that registered stop counting as spawning; a broker
+Each ``step``: for ``grace_s`` after the first one, nothing is started to reach
+``min_brokers`` (the brokers that exist register again within a report interval of a
+controller's start: a restarted controller must not start brokers it does not need);
+brokers being started that registered stop counting as spawning; a broker
 being despawned is stopped once it carries nothing (no publisher, no share, no draining
 membership); while one is being despawned nothing else is decided (one change of the
 fleet at a time). Else the rebalancer runs on the state built from the controller
@@ -14,6 +17,10 @@ the despawn and its moves are dropped). The rebalancer picks only among brokers 
 provisioner can stop (``BrokerWindow.stoppable``), so a broker started some other way
 never blocks giving back one that was spawned;
 ``Replicate``/``Unreplicate`` -> an event only (issue 18 item 2 is not built yet).
+A topic's ``last_change_s`` (the rebalancer's one plan per ``min_plan_interval_s``) is
+when this loop last moved it: a publisher joining or leaving, a failover or an operator's
+move is not the rebalancer changing its mind, and counting them would lock a topic whose
+sensors keep joining for as long as they join.
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ class Elastic:
     spawn_timeout_s: float = 60.0
     #: A broker being despawned that still carries something after this long is kept (s).
     drain_timeout_s: float = 120.0
+    #: Nothing is started to reach ``min_brokers`` this soon after the first step (s).
+    grace_s: float = 0.0
     averager: LoadAverager = field(init=False)
     #: Brokers being started -> when; being despawned -> when.
     spawning: dict[str, float] = field(default_factory=dict)
@@ -82,8 +91,10 @@ class Elastic:
     despawned: int = 0
     failures: int = 0
     events: deque[str] = field(default_factory=lambda: deque(maxlen=200))
-    #: Per topic: the plan version last seen and since when (``last_change_s``).
-    _versions: dict[str, tuple[int, float | None]] = field(default_factory=dict)
+    #: Per topic: when this loop last moved it (``last_change_s``).
+    _moved: dict[str, float] = field(default_factory=dict)
+    #: When the first step ran.
+    _first: float | None = None
 
     def __post_init__(self) -> None:
         self.averager = LoadAverager(self.settings.window_s)
@@ -94,17 +105,11 @@ class Elastic:
     # -- inputs ----------------------------------------------------------------------------
     def observe(self, ctrl: Controller, now: float) -> None:
         """Sample every broker up (its reported ``load`` is ingress; egress and CPU are not
-        reported: 0) and note plan changes."""
+        reported: 0); forget deleted topics."""
         for b in ctrl.up():
             self.averager.add(b.id, now, b.load, 0.0, 0.0)
-        for name, t in ctrl.topics.items():
-            seen = self._versions.get(name)
-            if seen is None:
-                self._versions[name] = (t.version, None)  # placed before we looked: long ago
-            elif seen[0] != t.version:
-                self._versions[name] = (t.version, now)
-        for name in set(self._versions) - set(ctrl.topics):
-            del self._versions[name]
+        for name in set(self._moved) - set(ctrl.topics):
+            del self._moved[name]
 
     def state(
         self, ctrl: Controller, now: float, can_stop: Callable[[str], bool] | None = None
@@ -123,7 +128,7 @@ class Elastic:
         topics = []
         for name, t in ctrl.topics.items():
             plan = {b: tuple(ps) for b, ps in t.assignment.items() if ps and b in up}
-            last = now if t.status == "fitting" else self._versions.get(name, (0, None))[1]
+            last = now if t.status == "fitting" else self._moved.get(name)
             topics.append(TopicLoad(t.spec, plan, last_change_s=last))
         return RebalanceState(brokers, tuple(topics), len(self.spawning))
 
@@ -132,6 +137,11 @@ class Elastic:
         """One rebalancing step (see the module's docstring); ``can_stop``: whether the
         provisioner can stop that broker."""
         out = ElasticStep()
+        if self._first is None:
+            self._first = now
+        short = len(ctrl.up()) - len(self.stopping) + len(self.spawning) < self.settings.min_brokers
+        if short and now - self._first < self.grace_s:
+            return out  # the brokers that exist may not have registered again yet
         self._settle_spawning(ctrl, now)
         self.stopping = {b for b in self.stopping if b in ctrl.brokers and not ctrl.brokers[b].down}
         self._settle_despawning(ctrl, now, out)
@@ -173,6 +183,7 @@ class Elastic:
         except ControlError as exc:
             self.note(now, f"move of {d.topic} from {d.source} to {d.to} failed: {exc}")
             return
+        self._moved[d.topic] = now
         self.note(now, f"moved {len(d.publishers)} publishers of {d.topic}: {d.source} -> {d.to}")
 
     def _spawn(self, ctrl: Controller, n: int, now: float, out: ElasticStep) -> None:
