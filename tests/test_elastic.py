@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from srtm.control.elastic import Elastic, carries
+from srtm.control.elastic import Elastic, carries, slo_violated
 from srtm.control.provision import CommandProvisioner, ProvisionError
 from srtm.control.state import Controller, Migrate
 from srtm.placement import PublisherLoad, TopicSpec
@@ -185,3 +185,26 @@ def test_no_broker_is_started_for_min_brokers_within_the_grace() -> None:
     assert el.step(c, 14.0, lambda b: True).start == []
     el.observe(c, 15.0)
     assert el.step(c, 15.0, lambda b: True).start == ["1001"]
+
+
+def test_a_shaping_queue_longer_than_the_slo_is_an_slo_violation() -> None:
+    """Two windows running with a topic's queue outlasting its SLO make an overload: the
+    broker sheds a part although its load ratio is low."""
+    c = Controller()
+    reg(c, "9", 4150)
+    reg(c, "10", 4160)
+    c.create_topic(topic("t", 2, 10.0), "srtm", now=0)  # r = 22: LR 0.22, SLO 1 ms
+    home = next(iter(c.topics["t"].assignment))
+    rate = c.topics["t"].buckets[home].rate
+    c.brokers[home].waiting = {"t": int(rate * 0.0005)}  # half the SLO's worth: fine
+    assert not slo_violated(c, home)
+    c.brokers[home].waiting = {"t": int(rate * 0.01) + 1}  # 10 ms of tokens: violated
+    assert slo_violated(c, home)
+    el = Elastic(RebalanceSettings(window_s=1.0, min_plan_interval_s=0.0, min_brokers=2))
+    for now in (0.5, 1.5):
+        el.observe(c, now)
+    assert (
+        el.state(c, 1.5).brokers[0].slo_streak >= 2 or el.state(c, 1.5).brokers[1].slo_streak >= 2
+    )
+    step = el.step(c, 1.5, lambda b: False)
+    assert any(isinstance(a, Migrate) for a in step.actions), el.events

@@ -44,7 +44,7 @@ from srtm.placement.rebalance import (
     rebalance,
 )
 
-__all__ = ["SPAWN_BASE", "Elastic", "ElasticStep", "carries"]
+__all__ = ["SPAWN_BASE", "Elastic", "ElasticStep", "carries", "slo_violated"]
 
 #: Spawned brokers are ``SPAWN_BASE + 1``, ``+ 2``, ... (broker ids are integers).
 SPAWN_BASE = 1000
@@ -61,6 +61,23 @@ class ElasticStep:
     stop: list[str] = field(default_factory=list)
     #: The decisions the rebalancer returned this step.
     decisions: list[Decision] = field(default_factory=list)
+
+
+def slo_violated(ctrl: Controller, broker: str) -> bool:
+    """Does a topic's shaping queue on ``broker`` (its last report's messages waiting for
+    tokens) take longer than the topic's SLO to drain at its sub-bucket's rate? Brokers
+    report no latency quantile; a queue that alone outlasts the SLO breaks the p99."""
+    info = ctrl.brokers.get(broker)
+    if info is None:
+        return False
+    for name, waiting in info.waiting.items():
+        topic = ctrl.topics.get(name)
+        bucket = topic.buckets.get(broker) if topic is not None else None
+        if topic is None or bucket is None or bucket.rate <= 0:
+            continue
+        if waiting / bucket.rate * 1e3 > topic.spec.slo_p99_ms:
+            return True
+    return False
 
 
 def carries(ctrl: Controller, broker: str) -> bool:
@@ -105,9 +122,9 @@ class Elastic:
     # -- inputs ----------------------------------------------------------------------------
     def observe(self, ctrl: Controller, now: float) -> None:
         """Sample every broker up (its reported ``load`` is ingress; egress and CPU are not
-        reported: 0); forget deleted topics."""
+        reported: 0; an SLO violated as ``slo_violated`` says); forget deleted topics."""
         for b in ctrl.up():
-            self.averager.add(b.id, now, b.load, 0.0, 0.0)
+            self.averager.add(b.id, now, b.load, 0.0, 0.0, slo_violated(ctrl, b.id))
         for name in set(self._moved) - set(ctrl.topics):
             del self._moved[name]
 
