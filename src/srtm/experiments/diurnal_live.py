@@ -383,8 +383,9 @@ def summarize(s: LiveDiurnal, info: _Run, traces: Path) -> dict[str, Any]:
         # Offered but never published (no broker for the sensor, a send refused): as in
         # --sim, a window whose load was not carried does not meet the SLO.
         unpublished = max(0, n_offered - int(m.sum()) - n_lost)
+        p99_doc = None if math.isnan(p99) else p99  # no message sent in it: no p99 (JSON)
         windows.append({
-            "t_s": lo, "offered_msgs": n_offered, "brokers": len(up), "p99_ms": p99,
+            "t_s": lo, "offered_msgs": n_offered, "brokers": len(up), "p99_ms": p99_doc,
             "slo_met": bool(p99 <= s.slo_ms) and n_lost == 0 and carried(n_offered, unpublished),
             "received": int(m.sum()), "lost": n_lost, "unpublished": unpublished,
             "load_ratio": {b["id"]: max(b["allocated"], b["measured"]) / b["mcap"] for b in up},
@@ -530,7 +531,13 @@ def _nan(x: Any) -> Any:
 def _for_plot(data: dict[str, Any]) -> dict[str, Any]:
     """The document as ``diurnal.plot`` reads it (both columns; a missing run empty)."""
     empty: dict[str, list[Any]] = {"windows": [], "events": []}
-    return {**data, "runs": {name: data["runs"].get(name, empty) for name in RUNS}}
+    runs = {}
+    for name in RUNS:
+        r = data["runs"].get(name, empty)
+        nan = [{**w, "p99_ms": math.nan if w["p99_ms"] is None else w["p99_ms"]}
+               for w in r["windows"]]  # fmt: skip
+        runs[name] = {**r, "windows": nan}
+    return {**data, "runs": runs}
 
 
 def write_html(data: dict[str, Any], png: Path, out: Path) -> Path:
@@ -575,7 +582,8 @@ def table_rows(data: dict[str, Any]) -> list[list[Any]]:
         row: list[Any] = [w["t_s"], w["offered_msgs"]]
         for r in runs:
             x = r["windows"][i]
-            row += [x["brokers"], f"{x['p99_ms']:.2f}", "yes" if x["slo_met"] else "no"]
+            p99 = "—" if x["p99_ms"] is None else f"{x['p99_ms']:.2f}"
+            row += [x["brokers"], p99, "yes" if x["slo_met"] else "no"]
         rows.append(row)
     return rows
 
