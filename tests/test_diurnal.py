@@ -57,14 +57,6 @@ def test_loop_on_spawns_at_the_peak() -> None:
     assert max(b) > b[0] and on["spawned"] > 0
 
 
-def test_cli_without_sim_is_a_clear_error() -> None:
-    from srtm.experiments.cli import app
-
-    result = CliRunner().invoke(app, ["run", "diurnal"])
-    assert result.exit_code == 2
-    assert "not built yet" in result.output
-
-
 @pytest.mark.parametrize("flag", ["--json"])
 def test_cli_sim_json_is_one_document(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: str

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from srtm.control.actions import Migrate
-from srtm.control.elastic import Elastic, carries
+from srtm.control.elastic import Elastic, carries, slo_violated
 from srtm.control.provision import CommandProvisioner, ProvisionError
 from srtm.control.state import Controller
 from srtm.placement import PublisherLoad, TopicSpec
@@ -152,3 +152,60 @@ async def test_command_hook_failures_and_timeouts_raise(tmp_path: Path) -> None:
         await CommandProvisioner(_hook(tmp_path, "exec sleep 30"), timeout_s=0.3).stop("x")
     with pytest.raises(ProvisionError):
         await CommandProvisioner(str(tmp_path / "missing")).start("1001")
+
+
+def test_a_joining_publisher_does_not_lock_its_topic_but_a_move_does() -> None:
+    """The one plan per interval is the rebalancer's: a sensor joining (a new plan version)
+    leaves the topic movable; the loop's own move locks it for the interval."""
+    c = Controller()
+    reg(c, "9", 4150)
+    reg(c, "10", 4160)
+    c.create_topic(topic("t", 4, 20.0), "srtm", now=0)  # r = 88 of mcap 100 on one broker
+    c.set_assignment("t", {"9": [f"t{i}" for i in range(4)]}, [], "test")
+    el = Elastic(RebalanceSettings(window_s=1.0, min_plan_interval_s=20.0, min_brokers=2))
+    el.observe(c, 1.0)
+    version = c.topics["t"].version
+    c.add_publishers("t", [PublisherLoad("late", 1.0, "g0")])
+    assert c.topics["t"].version != version
+    el.observe(c, 2.0)
+    step = el.step(c, 2.0, lambda b: False)
+    assert any(isinstance(a, Migrate) for a in step.actions), el.events
+    el.observe(c, 3.0)
+    assert el.state(c, 3.0).topics[0].last_change_s == 2.0  # the move: locked until 22
+
+
+def test_no_broker_is_started_for_min_brokers_within_the_grace() -> None:
+    """A controller that starts (or restarts) with fewer brokers than --min-brokers waits
+    for the ones that exist to register before starting any."""
+    c = Controller()
+    reg(c, "9", 4150)
+    el = Elastic(RebalanceSettings(window_s=1.0, min_brokers=2), grace_s=5.0)
+    el.observe(c, 10.0)
+    assert el.step(c, 10.0, lambda b: True).start == []
+    el.observe(c, 14.0)
+    assert el.step(c, 14.0, lambda b: True).start == []
+    el.observe(c, 15.0)
+    assert el.step(c, 15.0, lambda b: True).start == ["1001"]
+
+
+def test_a_shaping_queue_longer_than_the_slo_is_an_slo_violation() -> None:
+    """Two windows running with a topic's queue outlasting its SLO make an overload: the
+    broker sheds a part although its load ratio is low."""
+    c = Controller()
+    reg(c, "9", 4150)
+    reg(c, "10", 4160)
+    c.create_topic(topic("t", 2, 10.0), "srtm", now=0)  # r = 22: LR 0.22, SLO 1 ms
+    home = next(iter(c.topics["t"].assignment))
+    rate = c.topics["t"].buckets[home].rate
+    c.brokers[home].waiting = {"t": int(rate * 0.0005)}  # half the SLO's worth: fine
+    assert not slo_violated(c, home)
+    c.brokers[home].waiting = {"t": int(rate * 0.01) + 1}  # 10 ms of tokens: violated
+    assert slo_violated(c, home)
+    el = Elastic(RebalanceSettings(window_s=1.0, min_plan_interval_s=0.0, min_brokers=2))
+    for now in (0.5, 1.5):
+        el.observe(c, now)
+    assert (
+        el.state(c, 1.5).brokers[0].slo_streak >= 2 or el.state(c, 1.5).brokers[1].slo_streak >= 2
+    )
+    step = el.step(c, 1.5, lambda b: False)
+    assert any(isinstance(a, Migrate) for a in step.actions), el.events

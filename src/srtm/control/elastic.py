@@ -2,7 +2,10 @@
 I/O, time injected; the service (``srtm.control.service``) carries out the ``ElasticStep`` it
 returns (controller actions pushed to brokers, brokers started and stopped).
 
-Each ``step``: brokers being started that registered stop counting as spawning; a broker
+Each ``step``: for ``grace_s`` after the first one, nothing is started to reach
+``min_brokers`` (the brokers that exist register again within a report interval of a
+controller's start: a restarted controller must not start brokers it does not need);
+brokers being started that registered stop counting as spawning; a broker
 being despawned is stopped once it carries nothing (no publisher, no share, no draining
 membership); while one is being despawned nothing else is decided (one change of the
 fleet at a time). Else the rebalancer runs on the state built from the controller
@@ -15,6 +18,10 @@ provisioner can stop (``BrokerWindow.stoppable``), so a broker started some othe
 never blocks giving back one that was spawned; ``Replicate``/``Unreplicate`` ->
 ``Controller.replicate``/``unreplicate`` (ALL_PUBLISHERS: full ``(r, b)`` on each replica,
 broker-to-broker copies, channels homed on one replica each).
+A topic's ``last_change_s`` (the rebalancer's one plan per ``min_plan_interval_s``) is
+when this loop last moved it: a publisher joining or leaving, a failover or an operator's
+move is not the rebalancer changing its mind, and counting them would lock a topic whose
+sensors keep joining for as long as they join.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from srtm.placement.rebalance import (
     rebalance,
 )
 
-__all__ = ["SPAWN_BASE", "Elastic", "ElasticStep", "carries"]
+__all__ = ["SPAWN_BASE", "Elastic", "ElasticStep", "carries", "slo_violated"]
 
 #: Spawned brokers are ``SPAWN_BASE + 1``, ``+ 2``, ... (broker ids are integers).
 SPAWN_BASE = 1000
@@ -58,6 +65,23 @@ class ElasticStep:
     decisions: list[Decision] = field(default_factory=list)
 
 
+def slo_violated(ctrl: Controller, broker: str) -> bool:
+    """Does a topic's shaping queue on ``broker`` (its last report's messages waiting for
+    tokens) take longer than the topic's SLO to drain at its sub-bucket's rate? Brokers
+    report no latency quantile; a queue that alone outlasts the SLO breaks the p99."""
+    info = ctrl.brokers.get(broker)
+    if info is None:
+        return False
+    for name, waiting in info.waiting.items():
+        topic = ctrl.topics.get(name)
+        bucket = topic.buckets.get(broker) if topic is not None else None
+        if topic is None or bucket is None or bucket.rate <= 0:
+            continue
+        if waiting / bucket.rate * 1e3 > topic.spec.slo_p99_ms:
+            return True
+    return False
+
+
 def carries(ctrl: Controller, broker: str) -> bool:
     """Does ``broker`` carry anything: a publisher, a share or a draining membership?"""
     return any(
@@ -73,6 +97,8 @@ class Elastic:
     spawn_timeout_s: float = 60.0
     #: A broker being despawned that still carries something after this long is kept (s).
     drain_timeout_s: float = 120.0
+    #: Nothing is started to reach ``min_brokers`` this soon after the first step (s).
+    grace_s: float = 0.0
     averager: LoadAverager = field(init=False)
     #: Brokers being started -> when; being despawned -> when.
     spawning: dict[str, float] = field(default_factory=dict)
@@ -84,8 +110,10 @@ class Elastic:
     despawned: int = 0
     failures: int = 0
     events: deque[str] = field(default_factory=lambda: deque(maxlen=200))
-    #: Per topic: the plan version last seen and since when (``last_change_s``).
-    _versions: dict[str, tuple[int, float | None]] = field(default_factory=dict)
+    #: Per topic: when this loop last moved it (``last_change_s``).
+    _moved: dict[str, float] = field(default_factory=dict)
+    #: When the first step ran.
+    _first: float | None = None
 
     def __post_init__(self) -> None:
         self.averager = LoadAverager(self.settings.window_s)
@@ -96,18 +124,13 @@ class Elastic:
     # -- inputs ----------------------------------------------------------------------------
     def observe(self, ctrl: Controller, now: float) -> None:
         """Sample every broker up (its reported ``load`` is ingress; egress and CPU as its
-        report's ``resources`` tell them, 0 if not) and note plan changes."""
+        report's ``resources`` tell them, 0 if not; an SLO violated as ``slo_violated``
+        says); forget deleted topics."""
         for b in ctrl.up():
             cpu, egress = b.usage()
-            self.averager.add(b.id, now, b.load, egress, cpu)
-        for name, t in ctrl.topics.items():
-            seen = self._versions.get(name)
-            if seen is None:
-                self._versions[name] = (t.version, None)  # placed before we looked: long ago
-            elif seen[0] != t.version:
-                self._versions[name] = (t.version, now)
-        for name in set(self._versions) - set(ctrl.topics):
-            del self._versions[name]
+            self.averager.add(b.id, now, b.load, egress, cpu, slo_violated(ctrl, b.id))
+        for name in set(self._moved) - set(ctrl.topics):
+            del self._moved[name]
 
     def state(
         self, ctrl: Controller, now: float, can_stop: Callable[[str], bool] | None = None
@@ -126,7 +149,7 @@ class Elastic:
         topics = []
         for name, t in ctrl.topics.items():
             plan = {b: tuple(ps) for b, ps in t.assignment.items() if ps and b in up}
-            last = now if t.status == "fitting" else self._versions.get(name, (0, None))[1]
+            last = now if t.status == "fitting" else self._moved.get(name)
             replicas = tuple(b for b in t.routing.replicas[1:] if b in up)
             fan_out = max(1, len(ctrl.registry.channels(name)))  # each channel gets a copy
             topics.append(TopicLoad(t.spec, plan, fan_out, replicas=replicas, last_change_s=last))
@@ -137,6 +160,11 @@ class Elastic:
         """One rebalancing step (see the module's docstring); ``can_stop``: whether the
         provisioner can stop that broker."""
         out = ElasticStep()
+        if self._first is None:
+            self._first = now
+        short = len(ctrl.up()) - len(self.stopping) + len(self.spawning) < self.settings.min_brokers
+        if short and now - self._first < self.grace_s:
+            return out  # the brokers that exist may not have registered again yet
         self._settle_spawning(ctrl, now)
         self.stopping = {b for b in self.stopping if b in ctrl.brokers and not ctrl.brokers[b].down}
         self._settle_despawning(ctrl, now, out)
@@ -178,6 +206,7 @@ class Elastic:
         except ControlError as exc:
             self.note(now, f"move of {d.topic} from {d.source} to {d.to} failed: {exc}")
             return
+        self._moved[d.topic] = now
         self.note(now, f"moved {len(d.publishers)} publishers of {d.topic}: {d.source} -> {d.to}")
 
     def _replicate(
@@ -191,6 +220,7 @@ class Elastic:
         except ControlError as exc:
             self.note(now, f"{d.to_json()} failed: {exc}")
             return
+        self._moved[d.topic] = now
         self.note(
             now, f"{d.to_json()['action']} {d.topic}: {ctrl.topics[d.topic].routing.replicas}"
         )

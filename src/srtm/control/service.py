@@ -106,6 +106,7 @@ class ControllerService:
             self.elastic = Elastic(
                 opts.rebalance_settings,
                 spawn_timeout_s=opts.provision_timeout_s + 5 * opts.broker_timeout_s,
+                grace_s=opts.broker_timeout_s,
             )
 
     # -- lifecycle -----------------------------------------------------------------------

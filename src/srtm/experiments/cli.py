@@ -299,7 +299,7 @@ def run_cmd(
         _run_tenancy(out, sim, _policies(policy), as_json, strict)
         return
     if scenario == "diurnal":
-        _run_diurnal(out, sim, as_json)
+        _run_diurnal(out, sim, as_json, duration)
         return
     from srtm.experiments import utility_sim
 
@@ -420,14 +420,20 @@ def _run_utility(
         raise typer.Exit(1)
 
 
-def _run_diurnal(out: Path, sim: bool, as_json: bool) -> None:
-    """``diurnal``: the rebalancer's loop on and off over a compressed day (--sim only)."""
-    if not sim:
-        console.print("[red]error:[/red] the live diurnal scenario is not built yet; use --sim")
-        raise typer.Exit(2)
+def _run_diurnal(out: Path, sim: bool, as_json: bool, duration: float | None) -> None:
+    """``diurnal``: the rebalancer's loop on and off over a compressed day, simulated
+    (``--sim``) or live on local brokers (``--duration``: the day's length in s)."""
     from srtm.experiments import diurnal_cli
 
-    diurnal_cli.run_sim(out, as_json, console, out_console)
+    if sim:
+        diurnal_cli.run_sim(out, as_json, console, out_console)
+        return
+    from dataclasses import replace
+
+    from srtm.experiments.diurnal_live import LiveDiurnal
+
+    s = LiveDiurnal() if duration is None else replace(LiveDiurnal(), day_s=duration)
+    diurnal_cli.run_live(out, as_json, console, out_console, s)
 
 
 def _run_sim(name: str, out: Path, as_json: bool) -> None:

@@ -13,15 +13,20 @@
   needed is removed.
   ALL_SUBSCRIBERS is SRTM's split itself: a slice ``Relocate`` to a broker outside the plan.
 - **Overload** (Algorithm 2): a broker with ``LR > overload``, or an SLO violated for
-  ``slo_windows`` consecutive windows, sheds its busiest topic parts until ``LR < target``.
-  A part goes whole to one broker when one has room (brokers already carrying the topic
-  first, then the least loaded: concentration); else a slice sized to the roomiest
-  broker's room, taking every correlation group in proportion (``fill_by_group``), never
-  leaving a part below ``min_slice_share`` of the topic on either side (a sliver would pay
-  a large DRL penalty). No destination is ever filled past ``target``, and none whose SLO
-  is being violated gets anything.
-- **Spawn** when overload remains because no broker could take a part and stay under
-  ``target`` (Dynamoth's code: no server under 0.60 can take the load); **despawn** the
+  ``slo_windows`` consecutive windows, sheds topic parts until ``LR < target``. Whole
+  parts first: the busiest part that some broker can take whole (brokers already carrying
+  the topic first, then the least loaded: concentration), so small whole topics move
+  before a big one is split (a split part first on an SLO-overloaded broker: it is the
+  one paying the DRL penalty). Only when no part can move whole, a slice sized to the
+  roomiest broker's room, taking every correlation group in proportion (``fill_by_group``),
+  never leaving a part below ``min_slice_share`` of the topic on either side (a sliver
+  would pay a large DRL penalty); and only of a part that no new broker could take whole
+  either (or when the cluster is at ``max_brokers``): otherwise the part waits for the
+  spawn. No destination is ever filled past ``target``, and none whose SLO is being
+  violated gets anything.
+- **Spawn** when a broker that was over ``overload`` is still at ``target`` or above
+  after shedding because no broker could take a part whole and stay under ``target``
+  (Dynamoth's code: no server under 0.60 can take the load); **despawn** the
   least-loaded broker (moving all its parts away) when no broker is overloaded and the
   average LR would stay under ``despawn_below`` without it; only a ``stoppable`` broker
   is a candidate (one that cannot be given back never blocks one that can).
@@ -311,6 +316,8 @@ class _Pass:
     changed: set[str] = field(default_factory=set)
     #: Some load could not move because no broker had room (the reason to spawn).
     short: bool = False
+    #: Whether a spawn may add a broker (``max_brokers`` not reached, counting spawning).
+    can_grow: bool = True
 
     def locked(self, topic: TopicLoad) -> bool:
         last = topic.last_change_s
@@ -333,11 +340,20 @@ def rebalance(
     brokers = len(state.brokers) + state.spawning
     if brokers < settings.min_brokers:
         return [Spawn(settings.min_brokers - brokers)]
+    run.can_grow = brokers < settings.max_brokers
     _replication(run)
     overloaded = _overloaded(run)
+    over = {x.window.id for x in overloaded if x.ratio() > settings.overload}
     for load in overloaded:
         _shed(run, load)
-    still = [x for x in run.loads.values() if x.ratio() > settings.overload]
+    # Spawn early: an overloaded broker that could not get back under target for lack of
+    # room asks for a broker, even once it is under the overload threshold.
+    still = [
+        x
+        for x in run.loads.values()
+        if x.ratio() > settings.overload
+        or (x.window.id in over and x.ratio() >= settings.target - _EPS)
+    ]
     if still and run.short:
         room = settings.max_brokers - brokers
         excess = math.fsum(x.ratio() - settings.target for x in still)
@@ -387,25 +403,41 @@ def _contribution(load: _Load, topic: TopicLoad) -> float:
 
 
 def _shed(run: _Pass, source: _Load) -> None:
-    """Algorithm 2 for one broker: move its busiest movable parts until LR < target (an
-    SLO-overloaded broker sheds at least one part)."""
+    """Algorithm 2 for one broker: move its parts until LR < target (an SLO-overloaded
+    broker sheds at least one part). Whole parts first, the busiest that fits somewhere
+    (a split part first on an SLO-overloaded broker: it is what pays the DRL penalty);
+    only when no part can move whole, a slice of one too big for any one broker (or of
+    any, when the cluster cannot grow): a part that a new broker could take whole waits
+    for the spawn rather than being split."""
     s = run.settings
     b = source.window.id
-    tried: set[str] = set()
     moved = False
     while source.ratio() >= s.target - _EPS or (_slo_hot(run, source) and not moved):
         movable = [
-            t
-            for t in run.topics.values()
-            if t.name not in tried and not t.replicas and t.part(b) > 0 and not run.locked(t)
+            t for t in run.topics.values() if not t.replicas and t.part(b) > 0 and not run.locked(t)
         ]
         if not movable:
             return
-        topic = max(movable, key=lambda t: (_contribution(source, t), t.name))
-        if _move_part(run, source, topic):
+        hot = _slo_hot(run, source)
+        movable.sort(key=lambda t: (not (hot and len(t.plan) > 1), -_contribution(source, t),
+                                    t.name))  # fmt: skip
+        if any(_move_whole(run, source, t) for t in movable):
             moved = True
-        else:
-            tried.add(topic.name)
+            continue
+        run.short = True  # no part moves whole: a slice, or a spawn
+        slicing = [t for t in movable if not run.can_grow or not _fits_fresh(run, source, t)]
+        if not any(_move_slice(run, source, t) for t in slicing):
+            return
+        moved = True
+
+
+def _fits_fresh(run: _Pass, source: _Load, topic: TopicLoad) -> bool:
+    """Could a new, empty broker (as large as the largest now) take ``topic``'s part on
+    ``source`` whole and stay under target?"""
+    mcap = max(x.window.mcap for x in run.loads.values())
+    emax = max(x.egress_max for x in run.loads.values())
+    fresh = _Load(BrokerWindow("", mcap), emax, 0.0, 0.0, 0.0, 0.0, 0.0)
+    return _room(run, fresh, topic, source) >= topic.part(source.window.id) * (1 - _EPS)
 
 
 def _destinations(run: _Pass, topic: TopicLoad, source: str) -> list[_Load]:
@@ -419,21 +451,31 @@ def _destinations(run: _Pass, topic: TopicLoad, source: str) -> list[_Load]:
     )
 
 
-def _move_part(run: _Pass, source: _Load, topic: TopicLoad) -> bool:
-    """Relocate ``topic``'s part on ``source`` whole to one broker, or a proportional slice to
-    the broker with the most room; False when neither is possible without a sliver or an
-    overloaded destination."""
+def _mine(topic: TopicLoad, broker: str) -> list[PublisherLoad]:
+    ids = set(topic.plan[broker])
+    return [p for p in topic.spec.publishers if p.id in ids]
+
+
+def _move_whole(run: _Pass, source: _Load, topic: TopicLoad) -> bool:
+    """Relocate ``topic``'s part on ``source`` whole to the first destination with room
+    (the part keeps its size: no new split, no sliver); False when none has."""
     b = source.window.id
     part = topic.part(b)
-    total = topic.load
+    for dest in _destinations(run, topic, b):
+        if _room(run, dest, topic, source) >= part * (1 - _EPS):
+            _commit(run, topic, source, dest, _mine(topic, b))
+            return True
+    return False
+
+
+def _move_slice(run: _Pass, source: _Load, topic: TopicLoad) -> bool:
+    """Relocate a proportional slice of ``topic``'s part on ``source`` (whole correlation
+    groups in proportion: ``fill_by_group``) to the broker with the most room; False when
+    it would leave a sliver on either side."""
+    b = source.window.id
+    part = topic.part(b)
     dests = _destinations(run, topic, b)
     rooms = [(_room(run, d, topic, source), d) for d in dests]
-    whole = next((d for r, d in rooms if r >= part * (1 - _EPS)), None)
-    mine = [p for p in topic.spec.publishers if p.id in set(topic.plan[b])]
-    if whole is not None:  # the part keeps its size: no new sliver
-        _commit(run, topic, source, whole, mine)
-        return True
-    run.short = True  # no broker can take the whole part: a slice, or a spawn
     if not rooms:
         return False
     room, dest = max(rooms, key=lambda rd: (rd[0], -dests.index(rd[1])))
@@ -441,10 +483,11 @@ def _move_part(run: _Pass, source: _Load, topic: TopicLoad) -> bool:
     if want <= 0:
         return False
     keep_quota = max(part - want, 0.0)
+    mine = _mine(topic, b)
     groups, _ = fill_by_group(mine, [keep_quota, want], [math.inf, want * (1 + _EPS) + _EPS])
     slice_ = groups[1]
     rate = math.fsum(p.rate for p in slice_)
-    if not slice_ or not _no_sliver(topic, dest.window.id, rate, total, part - rate, run):
+    if not slice_ or not _no_sliver(topic, dest.window.id, rate, topic.load, part - rate, run):
         return False
     _commit(run, topic, source, dest, slice_)
     return True
@@ -605,13 +648,7 @@ def _despawn(run: _Pass) -> None:
 
 
 def _drain(run: _Pass, victim: _Load, topic: TopicLoad) -> bool:
-    part = topic.part(victim.window.id)
-    mine = [p for p in topic.spec.publishers if p.id in set(topic.plan[victim.window.id])]
-    for dest in _destinations(run, topic, victim.window.id):
-        if _room(run, dest, topic, victim) >= part * (1 - _EPS):
-            _commit(run, topic, victim, dest, mine)
-            return True
-    return False
+    return _move_whole(run, victim, topic)
 
 
 # -- applying decisions (what-if, tests) ----------------------------------------------------

@@ -1,0 +1,70 @@
+"""The diurnal scenario live (issue 18 item 5): a short day on local brokers with the
+controller's elastic loop on; the document's shape, a spawn, and every acknowledged
+message delivered. The CLI's wiring is checked without brokers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from srtm.experiments.diurnal_live import LiveDiurnal, awake, diurnal_live, fraction, quick
+
+
+def test_sensors_wake_and_sleep_with_the_day() -> None:
+    s = LiveDiurnal(day_s=100.0)
+    assert fraction(s, 0) == pytest.approx(0.2) and fraction(s, 50) == pytest.approx(1.0)
+    n = 20
+    for t in (0.0, 10.0, 25.0, 50.0, 80.0):
+        up = sum(on <= t < off for on, off in (awake(s, i, n) for i in range(n)))
+        assert abs(up - n * fraction(s, t)) <= 1, (t, up)
+
+
+@pytest.mark.slow
+def test_a_short_live_day_spawns_and_delivers_every_acknowledged_message(
+    tmp_path: Path,
+) -> None:
+    s = replace(quick(day_s=60.0), kill=False)
+    data = diurnal_live(tmp_path, s, loops=("on",))
+    doc = json.loads((tmp_path / "diurnal-live.json").read_text())
+    assert len(doc["windows"]) == s.windows
+    for w in doc["windows"]:
+        assert set(w) == {"t_s", "offered_msgs", "brokers", "p99_ms", "slo_met"}
+    for key in ("spawned", "despawned", "published", "delivered"):
+        assert isinstance(doc[key], int)
+    assert data["spawned"] >= 1, data["runs"]["on"]["events"]
+    assert max(w["brokers"] for w in data["windows"]) > s.start_brokers
+    assert data["published"] > 0 and data["published"] == data["delivered"]
+    assert (tmp_path / "diurnal-live.png").stat().st_size > 0
+    assert "loop on" in (tmp_path / "diurnal-live.html").read_text()
+
+
+def test_cli_runs_the_live_day_with_its_duration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from srtm.experiments import diurnal_cli
+    from srtm.experiments.cli import app
+
+    seen: list[LiveDiurnal] = []
+    w = {"t_s": 0.0, "offered_msgs": 10, "brokers": 2, "p99_ms": 1.0, "slo_met": True}
+    run = {"windows": [w], "moves": 0, "spawned": 0, "despawned": 0, "published": 10,
+           "delivered": 10, "failed": 0, "slo_windows_met": 1, "disturbed": "busy"}  # fmt: skip
+
+    def fake(out: Path, s: LiveDiurnal, **_: Any) -> dict[str, Any]:
+        seen.append(s)
+        return {"scenario": {"peak_msgs_per_s": 1.0}, "runs": {"on": run}, "windows": [w],
+                "disturbed": {"on": "busy"}, "claims": [], "files": [], "published": 10,
+                "delivered": 10, "spawned": 0, "despawned": 0}  # fmt: skip
+
+    monkeypatch.setattr(diurnal_cli, "diurnal_live", fake)
+    args = ["run", "diurnal", "--duration", "42", "--json", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert seen[0].day_s == 42.0
+    doc = json.loads(result.stdout.strip().splitlines()[-1])
+    assert doc["windows"] == [w]
+    assert "DISTURBED" in result.output
