@@ -10,6 +10,7 @@ import pytest
 
 from srtm.control import Controller
 from srtm.control.actions import Hold, SetBucket, SetRoute, phases
+from srtm.control.state import DRAIN_FLOOR, DRAIN_S, drain_weight
 from srtm.placement import PublisherLoad, TopicSpec
 from support import registered
 
@@ -41,14 +42,20 @@ def move_all_off(c: Controller) -> tuple[str, list[SetBucket | Hold]]:
     return src, [a for a in actions if isinstance(a, SetBucket | Hold)]
 
 
-def test_a_broker_moved_off_drains_with_the_share_it_had() -> None:
+def test_a_broker_moved_off_drains_with_what_its_queue_needs() -> None:
     c = cluster()
     src = sorted(c.topics["t"].assignment)[0]
     share = c.topics["t"].buckets[src]
     _, actions = move_all_off(c)
     t = c.topics["t"]
+    had = share.rate * t.spec.load / RATE
     assert src not in t.assignment and src in t.draining
-    assert t.draining[src] == pytest.approx(share.rate * t.spec.load / RATE)
+    # nothing waiting there: the floor, so the members keep their rates
+    assert t.draining[src] == pytest.approx(DRAIN_FLOOR * had)
+    members = {b: t.buckets[b].rate for b in t.assignment}
+    rate_of = {p.id: p.rate for p in t.spec.publishers}
+    for b, rate in members.items():
+        assert rate > math.fsum(rate_of[p] for p in t.assignment[b])
     assert not any(isinstance(a, Hold) and a.broker == src for a in actions)
     assert src in t.buckets and sums(c) == pytest.approx((RATE, BURST))
     # never a publish target; /lookup lists it; the ledger counts its share
@@ -141,3 +148,10 @@ def test_the_draining_set_survives_a_controller_restart() -> None:
     report(again, src, 0.2)
     again.tick(0.3)
     assert src not in again.topics["t"].draining
+
+
+def test_drain_weight_releases_the_waiting_queue_within_its_old_share() -> None:
+    assert drain_weight(100.0, 0) == pytest.approx(DRAIN_FLOOR * 100.0)
+    assert drain_weight(100.0, 30) == pytest.approx(30 / DRAIN_S)
+    assert drain_weight(100.0, 10_000) == pytest.approx(100.0)
+    assert drain_weight(0.0, 0) > 0

@@ -143,6 +143,13 @@ class TopicState:
         return "short" if self.unassigned else "placed"
 
 
+#: A draining broker's smallest weight, as a fraction of the one it had: room for what
+#: reaches it between its drop and its forwarding route (a few requests), while the
+#: members keep most of ``RATE_MARGIN``'s 10 % headroom over their assigned rates.
+DRAIN_FLOOR = 0.05
+#: The time a draining broker is given to release what it had waiting (s).
+DRAIN_S = 1.0
+
 #: The lease a broker gets, as a fraction of ``broker_timeout_s``: a broker cut off from
 #: the controller holds its topics before the controller marks it down and gives its
 #: shares away, with room for the time a request takes on the way.
@@ -469,13 +476,14 @@ class Controller:
         self, topic: TopicState, members: dict[str, float], released: frozenset[str]
     ) -> None:
         """Brokers up that had a share and are not members any more drain, weighted by
-        the share they had (in msg/s: ``rate x load / r``); a member again, a broker
-        down or ``released`` stops draining."""
+        what their queue needs (``drain_weight``); a member again, a broker down or
+        ``released`` stops draining."""
         spec, up = topic.spec, {b.id for b in self.up()}
         scale = spec.load / spec.rate if spec.rate > 0 else 1.0
         for b, p in topic.buckets.items():
             if b not in topic.draining and b not in members and b in up and b not in released:
-                topic.draining[b] = max(p.rate * scale, 1e-9)
+                waiting = self.brokers[b].waiting.get(spec.name, 0)
+                topic.draining[b] = drain_weight(p.rate * scale, waiting)
                 topic.drain_since[b] = self.brokers[b].reports_seen
         for b in list(topic.draining):
             if b in members or b not in up or b in released:
@@ -1130,6 +1138,17 @@ class Controller:
         r.where = {p: b for b, ps in topic.assignment.items() for p in ps}
         tcp = {b.id: b.tcp_address for b in self.brokers.values()}
         r.pushed = routes(name, r, topic.assignment, topic.buckets, tcp, self.forward_grace_s)
+
+
+def drain_weight(had: float, waiting: int) -> float:
+    """A dropped broker's weight in the split (msg/s): enough to release what its last
+    report had waiting within ``DRAIN_S``, at least ``DRAIN_FLOOR`` of the weight it
+    ``had`` and at most that. Not the whole of it: forwarding sends what its publishers
+    still publish there to their new broker, and every msg/s it keeps is taken from the
+    brokers they moved to (weighted by its old share, each move in the live diurnal day
+    left the destination short of its rate and queueing for 2-4 s)."""
+    need = max(DRAIN_FLOOR * had, waiting / DRAIN_S)
+    return max(min(had, need), 1e-9)
 
 
 def _overtaken(placement: Placement, then: list[BrokerCapacity], now: list[BrokerCapacity]) -> bool:

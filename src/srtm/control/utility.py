@@ -71,15 +71,28 @@ def message_bytes(ctrl: Controller, topic: str) -> float:
     return b / n if n and b else DEFAULT_MESSAGE_BYTES
 
 
-def congested(ctrl: Controller) -> dict[str, frozenset[str]]:
-    """Per broker up, the resources its last report says are congested."""
+def congested(ctrl: Controller, settings: UtilitySettings) -> dict[str, frozenset[str]]:
+    """Per broker up, its congested resources: those its last report flags, and those
+    it uses up to the capacity the optimizer gives it (``--cpu-capacity``,
+    ``--egress-max``). The second because rate control must agree with the plan it
+    corrects: a broker allowed 0.3 of a core but flagging only at its own 0.85 would let
+    every rate climb past the plan each second, to be snapped back at the next run."""
     out = {}
     for info in ctrl.up():
-        flags = (info.resources or {}).get("congested") or {}
-        hot = frozenset(r for r, on in flags.items() if on is True)
+        res = info.resources or {}
+        flags = res.get("congested") or {}
+        hot = {r for r, on in flags.items() if on is True}
+        if _num(res.get("cpu")) >= settings.cpu_capacity:
+            hot.add("cpu")
+        if _num(res.get("egress_bps")) >= settings.egress_max:
+            hot.add("network")
         if hot:
-            out[info.id] = hot
+            out[info.id] = frozenset(hot)
     return out
+
+
+def _num(x: Any) -> float:
+    return float(x) if isinstance(x, int | float) and math.isfinite(x) else 0.0
 
 
 def reported_topics(info: BrokerInfo) -> list[tuple[float, float]]:
@@ -191,7 +204,7 @@ class UtilityControl:
         problem = Problem(tuple(flows), self.problem.capacity)
         rates = {f.name: ctrl.topics[f.name].spec.rate for f in flows}
         new = control_step(
-            problem, rates, self.allocation.admitted, congested(ctrl),
+            problem, rates, self.allocation.admitted, congested(ctrl, self.settings),
             self.settings.rate_control,
         )  # fmt: skip
         actions: list[Action] = []
