@@ -11,6 +11,8 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
 from typing import Protocol
 
 from srtm.broker.message import Message
@@ -40,6 +42,7 @@ class Consumer(Protocol):
 #: than the record says: see ``queue.attempted``), its consumer and its deadline. A plain
 #: tuple: one allocation per dispatched message, replaced whole by a TOUCH.
 Flight = tuple[Record, Consumer, int]
+_ID = itemgetter(0)
 
 
 class LimitReached(ProtocolError):
@@ -153,33 +156,39 @@ class Channel:
         return out
 
     def _round_robin(self) -> list[tuple[Consumer, list[Record]]]:
-        """One message at a time to the next consumer with room (counted in flight)."""
+        """Share the queue among consumers with room, starting one further each time:
+        each gets an equal share of what is queued (at most its room) per pass, until the
+        queue or the room runs out (counted in flight)."""
         consumers = self.consumers
         n = len(consumers)
+        start = self._next_consumer % n
+        self._next_consumer = start + 1
+        rooms = [(c, c.rdy - c.in_flight) for c in consumers[start:] + consumers[:start]]
+        rooms = [(c, room) for c, room in rooms if room > 0]
         groups: dict[int, tuple[Consumer, list[Record]]] = {}
-        idle = 0
-        while idle < n:
-            consumer = consumers[self._next_consumer % n]
-            self._next_consumer += 1
-            if consumer.in_flight >= consumer.rdy:
-                idle += 1
-                continue
-            rec = self.queue.take(1)
-            if not rec:
-                break
-            idle = 0
-            consumer.in_flight += 1
-            groups.setdefault(id(consumer), (consumer, []))[1].append(rec[0])
+        queue = self.queue
+        while rooms:
+            share = max(1, -(-len(queue) // len(rooms)))
+            left: list[tuple[Consumer, int]] = []
+            for c, room in rooms:
+                recs = queue.take(min(room, share))
+                if not recs:
+                    return list(groups.values())
+                c.in_flight += len(recs)
+                groups.setdefault(id(c), (c, []))[1].extend(recs)
+                if room > len(recs):
+                    left.append((c, room - len(recs)))
+            rooms = left
         return list(groups.values())
 
     def _fly(self, consumer: Consumer, recs: list[Record], now: int) -> None:
         """``recs`` are in flight to ``consumer`` until one deadline (one heap entry)."""
         deadline = now + consumer.msg_timeout_ns
-        flights = self.in_flight
-        for r in recs:
-            flights[r[0]] = (r, consumer, deadline)
-        heapq.heappush(self._timeouts, (deadline, next(self._seq), [r[0] for r in recs]))
-        self._timeout_ids += len(recs)
+        ids = list(map(_ID, recs))
+        flights = zip(recs, repeat(consumer), repeat(deadline))
+        self.in_flight.update(zip(ids, flights, strict=True))
+        heapq.heappush(self._timeouts, (deadline, next(self._seq), ids))
+        self._timeout_ids += len(ids)
 
     # -- FIN / REQ / TOUCH ---------------------------------------------------------------
     def _take(self, mid: bytes, consumer: Consumer) -> Flight:
