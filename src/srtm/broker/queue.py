@@ -122,7 +122,8 @@ class MessageQueue:
         """Queue fresh records (no ``origin``) at the back, as ``append`` would each: one
         C-level extend where they all fit in memory and nothing waits in the backend."""
         mem = self._mem
-        if self.overflow is None and len(mem) + len(records) <= self.mem_size:
+        ov = self.overflow
+        if (ov is None or not len(ov)) and len(mem) + len(records) <= self.mem_size:
             mem.extend(records)
             return
         for r in records:

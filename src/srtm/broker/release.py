@@ -104,7 +104,8 @@ class Releaser:
         """``topic`` got messages or changed: release what is due now (unshaped), or have
         the loop wake up by its next release (shaped)."""
         if topic.bucket is None:
-            self.release(topic, time.time_ns())
+            if topic.shaping:
+                self.release(topic, time.time_ns())
             # What ``Topic.put_many`` handed straight to the channels is dispatched too.
             self._ready(topic, at_once=False)
             return

@@ -198,18 +198,21 @@ class Channel:
         return flight
 
     def fin(self, mid: bytes, consumer: Consumer) -> None:
-        flight = self._take(mid, consumer)
+        flight = self.in_flight.get(mid)  # as _take: this runs once per message
+        if flight is None or flight[1] is not consumer:
+            raise DeliveryError(f"{mid.decode(errors='replace')} not found")
         del self.in_flight[mid]
         consumer.in_flight -= 1
         origin = flight[0][7]
         if origin is not None:  # read from disk: its segment may go now
             origin.settle()
-        if self._timeout_ids > 2 * len(self.in_flight) + 1024:
+        if self._timeout_ids > 4 * len(self.in_flight) + 1024:
             self._compact_timeouts()
 
     def _compact_timeouts(self) -> None:
         """Drop deadlines of settled messages (the heap would otherwise keep one id per
-        message for a whole timeout: 600,000 at 10,000 msg/s and 60 s)."""
+        message for a whole timeout: 600,000 at 10,000 msg/s and 60 s); at most every
+        3 x in flight + 1,024 FINs, so that it costs a FIN a third of a dict entry."""
         by_deadline: dict[int, list[bytes]] = {}
         for mid, f in self.in_flight.items():
             by_deadline.setdefault(f[2], []).append(mid)
@@ -421,11 +424,12 @@ class Topic:
         """Accept messages published together (``ids`` from the broker's ``MessageIds``)
         at ``arrival``; ``publisher`` None: the one each measurement header names.
 
-        An unmanaged topic that has channels, is not paused and has nothing waiting hands
-        them to its channels at once (``direct``: unless an emulated server must take
-        them first), as records: no ``Message`` and no trip through ``shaping``; the
-        caller has the channels dispatched. Otherwise each is queued as ``put`` queues it.
-        Returns the largest virtual backlog right after one of them (0 unshaped).
+        An unmanaged topic that is not paused and has nothing waiting hands them to its
+        channels at once, or holds them for its first channel (``direct``: unless an
+        emulated server must take them first), as records: no ``Message`` and no trip
+        through ``shaping``; the caller has the channels dispatched. Otherwise each is
+        queued as ``put`` queues it. Returns the largest virtual backlog right after one
+        of them (0 unshaped).
         """
         self.message_count += len(bodies)
         self.message_bytes += sum(map(len, bodies))
@@ -441,12 +445,15 @@ class Topic:
                 for i, b in zip(ids, bodies, strict=True)
             ]
         if self.meter is None and not self.on_hold:
-            # Unshaped: released on arrival (release_ns == arrival_ns, as ``put`` sets it).
-            if direct and self.channels and not self.paused and not len(self.shaping):
+            # Unshaped: released on arrival (release_ns == arrival_ns, as ``put`` sets it),
+            # to every channel, or held for the first one (as ``release`` would).
+            if not direct or self.paused or len(self.shaping):
+                self.shaping.extend(records)
+            elif self.channels:
                 for ch in self.channels.values():
                     ch.put_many(records)
             else:
-                self.shaping.extend(records)
+                self.held.extend(records)
             return 0.0
         backlog = 0.0
         for r in records:

@@ -30,7 +30,7 @@ from srtm.broker.auth import Authenticator, Gate
 from srtm.broker.queue import Record
 from srtm.broker.state import DeliveryError
 from srtm.broker.tls import tcp_requires_tls
-from srtm.protocol import Parser, ProtocolError, errors, frames
+from srtm.protocol import Event, Parser, ProtocolError, errors, frames
 from srtm.protocol.frames import MESSAGE_HEAD as _MESSAGE_HEAD
 from srtm.protocol.session import Session, SessionSettings, SessionState
 
@@ -148,6 +148,9 @@ class Client:
         self._held = bytearray()
         self._writing = False
         self._send_scheduled = False
+        #: Set while a read is handled: what it writes leaves when it is done, in one send,
+        #: not a loop callback later (a synchronous PUB's OK a whole loop turn sooner).
+        self._in_read = False
         self._close_when_flushed = False
         self._heartbeat: asyncio.TimerHandle | None = None
         #: Set while closing after a fatal error (see _linger).
@@ -219,6 +222,16 @@ class Client:
             return
         events = self.parser.feed(data)
         self._note_partial(bool(events), user_ns)
+        self._in_read = True
+        try:
+            self._run_all(events, arrival)
+        finally:
+            self._in_read = False
+            if self._send_scheduled:
+                self._send()
+
+    def _run_all(self, events: list[Event], arrival: int) -> None:
+        """Run what one read completed, in order."""
         session = self.session
         gate = self.gate
         for i, event in enumerate(events):
@@ -494,7 +507,8 @@ class Client:
             self._pause()
         if not self._send_scheduled and not self._writing:
             self._send_scheduled = True
-            self.loop.call_soon(self._send)
+            if not self._in_read:
+                self.loop.call_soon(self._send)
 
     def send_now(self) -> None:
         """Send what is queued now rather than at the end of the loop turn."""
