@@ -30,7 +30,7 @@ from srtm.broker.auth import Authenticator, Gate
 from srtm.broker.queue import Record
 from srtm.broker.state import DeliveryError
 from srtm.broker.tls import tcp_requires_tls
-from srtm.protocol import Event, Parser, ProtocolError, errors, frames
+from srtm.protocol import Event, Fin, Parser, ProtocolError, errors, frames
 from srtm.protocol.frames import MESSAGE_HEAD as _MESSAGE_HEAD
 from srtm.protocol.session import Session, SessionSettings, SessionState
 
@@ -231,14 +231,31 @@ class Client:
                 self._send()
 
     def _run_all(self, events: list[Event], arrival: int) -> None:
-        """Run what one read completed, in order."""
+        """Run what one read completed, in order; a run of FINs (one per message a
+        consumer got) up to 32 at a time, where the session runs FIN as it is."""
         session = self.session
         gate = self.gate
-        for i, event in enumerate(events):
+        n = len(events)
+        i = 0
+        check = 32  # due shaped releases are looked at every 32 commands
+        while i < n:
             if session.state is _CLOSED or self._close_when_flushed:
                 return  # closed, or a fatal error: nsqd runs nothing after one
-            if i & 31 == 31:
+            if i >= check:
+                check = i + 32
                 self.broker.release_due()
+            event = events[i]
+            if type(event) is Fin and gate is None and session.runs_fin:
+                j = i + 1
+                while j < n and j < i + 32 and type(events[j]) is Fin:
+                    j += 1
+                try:
+                    session.receive_fins(events[i:j])  # type: ignore[arg-type]
+                except Exception:
+                    self._internal_error(event)
+                i = j
+                continue
+            i += 1
             if gate is not None and gate.consumes(event, arrival):
                 continue  # refused, or held until the auth server answers
             try:
@@ -294,6 +311,22 @@ class Client:
         self.finish_count += 1
         self.broker.mark_ready(channel)
         return None
+
+    def finish_many(self, message_ids: list[bytes]) -> list[tuple[bytes, str]]:
+        """``finish`` of each, in order, the channel dispatched once; the ones that failed
+        and why."""
+        channel = self.channel
+        assert channel is not None
+        failed: list[tuple[bytes, str]] = []
+        fin = channel.fin
+        for mid in message_ids:
+            try:
+                fin(mid, self)
+            except DeliveryError as exc:
+                failed.append((mid, str(exc)))
+        self.finish_count += len(message_ids) - len(failed)
+        self.broker.mark_ready(channel)
+        return failed
 
     def requeue(self, message_id: bytes, delay_ns: int) -> str | None:
         channel = self.channel
