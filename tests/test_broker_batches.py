@@ -3,13 +3,14 @@ deadlines per batch, FIN runs; each gives what the per-message path gave."""
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from nsq_raw import RawClient
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.queue import MessageQueue
 from srtm.broker.state import UNBOOKED, Topic, memory_queues
-from srtm.protocol import Fin, Mpub, Rdy, Sub
+from srtm.protocol import MAGIC_V2, Fin, Mpub, Parser, ProtocolError, Rdy, Sub
 from support import MakeBroker, eventually
 
 MS = 1_000_000
@@ -168,3 +169,19 @@ async def test_a_run_of_fins_with_one_unknown_id_fails_only_that_one(
     assert (await sub.message()).body == b"more"
     await pub.close()
     await sub.close()
+
+
+def mpub_events(bodies: list[bytes], count: int | None = None) -> list[object]:
+    payload = struct.pack(">I", len(bodies) if count is None else count)
+    payload += b"".join(struct.pack(">I", len(b)) + b for b in bodies)
+    return Parser().feed(MAGIC_V2 + b"MPUB t\n" + struct.pack(">I", len(payload)) + payload)
+
+
+def test_an_mpub_of_equal_sizes_is_cut_as_any_other() -> None:
+    same = [b"%05d" % i for i in range(7)]
+    assert mpub_events(same) == [Mpub("t", same)]
+    # sizes that differ but add up as if equal (5, 6, 4: as long as three of 5)
+    mixed = [b"a" * 5, b"b" * 6, b"c" * 4]
+    assert mpub_events(mixed) == [Mpub("t", mixed)]
+    (err,) = mpub_events(same, count=8)  # one more announced than sent
+    assert isinstance(err, ProtocolError) and "read message(7) body size" in err.message

@@ -209,6 +209,26 @@ class Channel:
         if self._timeout_ids > 4 * len(self.in_flight) + 1024:
             self._compact_timeouts()
 
+    def fin_many(self, mids: list[bytes], consumer: Consumer) -> list[tuple[bytes, str]]:
+        """``fin`` of each (a consumer's run of FINs); those that failed and why."""
+        flights = self.in_flight
+        failed: list[tuple[bytes, str]] = []
+        done = 0
+        for mid in mids:
+            flight = flights.get(mid)
+            if flight is None or flight[1] is not consumer:
+                failed.append((mid, f"{mid.decode(errors='replace')} not found"))
+                continue
+            del flights[mid]
+            done += 1
+            origin = flight[0][7]
+            if origin is not None:
+                origin.settle()
+        consumer.in_flight -= done
+        if self._timeout_ids > 4 * len(flights) + 1024:
+            self._compact_timeouts()
+        return failed
+
     def _compact_timeouts(self) -> None:
         """Drop deadlines of settled messages (the heap would otherwise keep one id per
         message for a whole timeout: 600,000 at 10,000 msg/s and 60 s); at most every

@@ -317,13 +317,7 @@ class Client:
         and why."""
         channel = self.channel
         assert channel is not None
-        failed: list[tuple[bytes, str]] = []
-        fin = channel.fin
-        for mid in message_ids:
-            try:
-                fin(mid, self)
-            except DeliveryError as exc:
-                failed.append((mid, str(exc)))
+        failed = channel.fin_many(message_ids, self)
         self.finish_count += len(message_ids) - len(failed)
         self.broker.mark_ready(channel)
         return failed
