@@ -27,6 +27,7 @@ from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.persistence import Persistence, SavedTopic
+from srtm.broker.queue import Record, attempted
 from srtm.broker.relay import Relay
 from srtm.broker.release import Releaser
 from srtm.broker.state import Channel, LeaseExpired, LimitReached, Topic
@@ -601,14 +602,12 @@ class Broker:
         topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
         pushed = self.persistence.pushed
         pushed.clear()
+        bodies = bodies if isinstance(bodies, list) else list(bodies)
+        n = len(bodies)
         now = time.time_ns()
-        n = 0
-        backlog = 0.0
-        for body in bodies:
-            who = publisher_of(body) if publisher is None else publisher
-            b = topic.put(Message(self.ids.next(), body, now, arrival, publisher=who))
-            backlog = max(backlog, b)
-            n += 1
+        backlog = topic.put_many(
+            self.ids.take(n), bodies, now, arrival, publisher, self.releaser.direct
+        )
         self.stats.topic(topic_name).window.add(arrival, n, backlog)
         self.releaser.kick(topic)
         if pushed:
@@ -654,19 +653,17 @@ class Broker:
 
     def _dispatch(self, ch: Channel, send: bool = False) -> None:
         now = time.time_ns()
-        out = ch.dispatch(now)
+        out = ch.take(now)
         if not out:
             return
         self._account(ch, out, now)
-        for consumer, msg in out:
+        for consumer, records in out:
             assert isinstance(consumer, Client)
-            consumer.send_message(msg)
-        if send:
-            for consumer in {c for c, _ in out}:
-                assert isinstance(consumer, Client)
+            consumer.send_records(records)
+            if send:
                 consumer.send_now()
 
-    def _account(self, ch: Channel, out: Sequence[tuple[object, Message]], now: int) -> None:
+    def _account(self, ch: Channel, out: Sequence[tuple[object, list[Record]]], now: int) -> None:
         """What a dispatch records: stats, traces and measurement rounds. The topic's own
         figures come from its first channel (each channel gets a copy of every message)."""
         topic = self.topics.get(ch.topic)
@@ -676,15 +673,19 @@ class Broker:
         first_channel = next(iter(topic.channels.values()), None) is ch
         # with an emulated server, the lateness is measured when it has processed one
         lateness = shaped and self.releaser.server is None
-        self.stats.topic(ch.topic).dispatched(ch.name, out, now, shaped, first_channel, lateness)
-        if not first_channel:
+        records = out[0][1] if len(out) == 1 else [r for _, rs in out for r in rs]
+        stats = self.stats.topic(ch.topic)
+        stats.dispatched(ch.name, records, now, shaped, first_channel, lateness)
+        if not first_channel or (self.traces is None and not self.measurements.running):
             return
+        # Traces and measurement rounds take messages (as sent: attempts counted).
+        sent = [(c, Message(*attempted(r))) for c, rs in out for r in rs]
         if (traces := self.traces) is not None:
-            for _, msg in out:
+            for _, msg in sent:
                 if msg.attempts == 1:
                     traces.add(ch.topic, msg, now)
         if self.measurements.running:
-            self.measurements.record(ch.topic, out, now)
+            self.measurements.record(ch.topic, sent, now)
 
     def _disk_readable(self, key: str) -> None:
         """The disk queue of ``key`` has read or written records ``pop`` can give now:

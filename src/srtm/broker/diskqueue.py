@@ -577,8 +577,13 @@ class DiskQueue:
                 self._all_written()
             else:
                 self._resolve_waiters(False)
+                # A publish waiting for its records (``written``) is not left for the
+                # next flush: a write takes at most a segment, so its records may need more.
                 if self.threaded and (
-                    self._again or self.error is not None or self._pending_bytes >= self.flush_bytes
+                    self._again
+                    or self._waiters
+                    or self.error is not None
+                    or self._pending_bytes >= self.flush_bytes
                 ):
                     self._start_write()
         if k and self.threaded and self._on_readable is not None:

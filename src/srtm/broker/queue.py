@@ -29,6 +29,12 @@ def to_record(m: Message) -> Record:
     )  # fmt: skip
 
 
+def attempted(r: Record) -> Record:
+    """``r`` after one more delivery attempt (a dispatched record keeps the attempts it had
+    before; its frame and anything put back carry one more)."""
+    return (r[0], r[1], r[2], r[3], r[4], r[5] + 1, r[6], r[7])
+
+
 def settle(origin: Origin | None) -> None:
     """A message read from disk is gone for good (dropped, emptied): let its segment go."""
     if origin is not None:
@@ -111,6 +117,36 @@ class MessageQueue:
              msg.publisher, msg.origin)
         )  # fmt: skip
         return True
+
+    def extend(self, records: list[Record]) -> None:
+        """Queue fresh records (no ``origin``) at the back, as ``append`` would each: one
+        C-level extend where they all fit in memory and nothing waits in the backend."""
+        mem = self._mem
+        ov = self.overflow
+        if (ov is None or not len(ov)) and len(mem) + len(records) <= self.mem_size:
+            mem.extend(records)
+            return
+        for r in records:
+            self.append(Message(*r))
+
+    def take(self, n: int) -> list[Record]:
+        """Up to ``n`` records from the front, in order (memory first, refilled from the
+        backend as ``popleft`` would)."""
+        mem = self._mem
+        out: list[Record] = []
+        while len(out) < n:
+            if not mem:
+                self._refill()
+                if not mem:
+                    break
+            k = n - len(out)
+            if len(mem) <= k:
+                out += mem
+                mem.clear()
+            else:
+                popleft = mem.popleft
+                out += [popleft() for _ in range(k)]
+        return out
 
     def appendleft(self, msg: Message) -> None:
         """Put a message back at the front (a requeue on disconnect); never dropped."""

@@ -64,6 +64,12 @@ class Releaser:
         #: Released by their buckets, waiting for the server: (done at, topic, message).
         self._processing: collections.deque[tuple[int, Topic, Message]] = collections.deque()
 
+    @property
+    def direct(self) -> bool:
+        """Whether an unshaped topic may hand what is published straight to its channels
+        (``Topic.put_many``): not when the emulated server takes every message first."""
+        return self.server is None
+
     # -- lifecycle (on the running loop) -------------------------------------------------
     def start(self) -> None:
         """Ready the wake-up and the precise timer; ``run`` is the loop's task."""
@@ -98,7 +104,10 @@ class Releaser:
         """``topic`` got messages or changed: release what is due now (unshaped), or have
         the loop wake up by its next release (shaped)."""
         if topic.bucket is None:
-            self.release(topic, time.time_ns())
+            if topic.shaping:
+                self.release(topic, time.time_ns())
+            # What ``Topic.put_many`` handed straight to the channels is dispatched too.
+            self._ready(topic, at_once=False)
             return
         self._wake(topic.next_release_ns())
 

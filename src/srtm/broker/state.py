@@ -11,11 +11,14 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
 from typing import Protocol
 
 from srtm.broker.message import Message
-from srtm.broker.queue import MessageQueue, settle
+from srtm.broker.queue import MessageQueue, Record, attempted, settle
 from srtm.protocol import ProtocolError, is_ephemeral
+from srtm.protocol.header import publisher_of
 from srtm.ratelimit import Reservation, TokenBucket
 
 #: Makes the queue for a key: ``topic`` (held), ``topic@shaping``, ``topic:channel``.
@@ -35,11 +38,11 @@ class Consumer(Protocol):
     msg_timeout_ns: int
 
 
-@dataclass(slots=True)
-class InFlight:
-    message: Message
-    consumer: Consumer
-    deadline_ns: int
+#: A message in flight: its record as it was queued (the attempt it is on is one more
+#: than the record says: see ``queue.attempted``), its consumer and its deadline. A plain
+#: tuple: one allocation per dispatched message, replaced whole by a TOUCH.
+Flight = tuple[Record, Consumer, int]
+_ID = itemgetter(0)
 
 
 class LimitReached(ProtocolError):
@@ -79,14 +82,17 @@ class Channel:
     topic: str
     name: str
     queue: MessageQueue
-    in_flight: dict[bytes, InFlight] = field(default_factory=dict)
+    in_flight: dict[bytes, Flight] = field(default_factory=dict)
     consumers: list[Consumer] = field(default_factory=list)
     paused: bool = False
     message_count: int = 0
     requeue_count: int = 0
     timeout_count: int = 0
     _deferred: list[tuple[int, int, Message]] = field(default_factory=list)
-    _timeouts: list[tuple[int, int, bytes]] = field(default_factory=list)
+    #: Deadlines, one per dispatch batch (they share one): (deadline, seq, message ids).
+    _timeouts: list[tuple[int, int, list[bytes]]] = field(default_factory=list)
+    #: Ids in ``_timeouts`` (settled ones too, until compacted away).
+    _timeout_ids: int = 0
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _next_consumer: int = 0
     #: Where the channel puts itself when it gets a deferred message or an in-flight
@@ -108,6 +114,11 @@ class Channel:
     def put(self, msg: Message) -> None:
         self.message_count += 1
         self.queue.append(msg)
+
+    def put_many(self, records: list[Record]) -> None:
+        """Fresh messages, as records (see ``Topic.put_many``)."""
+        self.message_count += len(records)
+        self.queue.extend(records)
 
     def defer(self, msg: Message, due_ns: int) -> None:
         heapq.heappush(self._deferred, (due_ns, next(self._seq), msg))
@@ -131,69 +142,134 @@ class Channel:
             self.consumers.remove(consumer)
 
     def dispatch(self, now: int) -> list[tuple[Consumer, Message]]:
-        """Hand queued messages to consumers with RDY room, round-robin."""
-        out: list[tuple[Consumer, Message]] = []
-        if self.paused or not self.consumers:
-            return out
-        n = len(self.consumers)
-        idle = 0
-        while idle < n and self.queue:
-            consumer = self.consumers[self._next_consumer % n]
-            self._next_consumer += 1
-            if consumer.in_flight >= consumer.rdy:
-                idle += 1
-                continue
-            idle = 0
-            msg = self.queue.popleft()
-            msg.attempts += 1
-            consumer.in_flight += 1
-            deadline = now + consumer.msg_timeout_ns
-            self.in_flight[msg.id] = InFlight(msg, consumer, deadline)
-            heapq.heappush(self._timeouts, (deadline, next(self._seq), msg.id))
-            out.append((consumer, msg))
+        """``take``, one ``Message`` per delivery (attempts counted): the per-message view."""
+        return [(c, Message(*attempted(r))) for c, recs in self.take(now) for r in recs]
+
+    def take(self, now: int) -> list[tuple[Consumer, list[Record]]]:
+        """Hand queued messages to consumers with RDY room, round-robin; per consumer the
+        records it gets, as they were queued (each is now on attempt ``attempts + 1``)."""
+        consumers = self.consumers
+        if self.paused or not consumers:
+            return []
+        if len(consumers) == 1:
+            c = consumers[0]
+            room = c.rdy - c.in_flight
+            recs = self.queue.take(room) if room > 0 else []
+            if not recs:
+                return []
+            c.in_flight += len(recs)
+            out = [(c, recs)]
+        else:
+            out = self._round_robin()
+        for c, recs in out:
+            self._fly(c, recs, now)
         if out and self.watch is not None:
             self.watch.add(self)
         return out
 
+    def _round_robin(self) -> list[tuple[Consumer, list[Record]]]:
+        """Share the queue among consumers with room, starting one further each time:
+        each gets an equal share of what is queued (at most its room) per pass, until the
+        queue or the room runs out (counted in flight)."""
+        consumers = self.consumers
+        n = len(consumers)
+        start = self._next_consumer % n
+        self._next_consumer = start + 1
+        rooms = [(c, c.rdy - c.in_flight) for c in consumers[start:] + consumers[:start]]
+        rooms = [(c, room) for c, room in rooms if room > 0]
+        groups: dict[int, tuple[Consumer, list[Record]]] = {}
+        queue = self.queue
+        while rooms:
+            share = max(1, -(-len(queue) // len(rooms)))
+            left: list[tuple[Consumer, int]] = []
+            for c, room in rooms:
+                recs = queue.take(min(room, share))
+                if not recs:
+                    return list(groups.values())
+                c.in_flight += len(recs)
+                groups.setdefault(id(c), (c, []))[1].extend(recs)
+                if room > len(recs):
+                    left.append((c, room - len(recs)))
+            rooms = left
+        return list(groups.values())
+
+    def _fly(self, consumer: Consumer, recs: list[Record], now: int) -> None:
+        """``recs`` are in flight to ``consumer`` until one deadline (one heap entry)."""
+        deadline = now + consumer.msg_timeout_ns
+        ids = list(map(_ID, recs))
+        flights = zip(recs, repeat(consumer), repeat(deadline))
+        self.in_flight.update(zip(ids, flights, strict=True))
+        heapq.heappush(self._timeouts, (deadline, next(self._seq), ids))
+        self._timeout_ids += len(ids)
+
     # -- FIN / REQ / TOUCH ---------------------------------------------------------------
-    def _take(self, mid: bytes, consumer: Consumer) -> InFlight:
+    def _take(self, mid: bytes, consumer: Consumer) -> Flight:
         flight = self.in_flight.get(mid)
-        if flight is None or flight.consumer is not consumer:
+        if flight is None or flight[1] is not consumer:
             raise DeliveryError(f"{mid.decode(errors='replace')} not found")
         return flight
 
-    def fin(self, mid: bytes, consumer: Consumer) -> Message:
-        flight = self._take(mid, consumer)
+    def fin(self, mid: bytes, consumer: Consumer) -> None:
+        flight = self.in_flight.get(mid)  # as _take: this runs once per message
+        if flight is None or flight[1] is not consumer:
+            raise DeliveryError(f"{mid.decode(errors='replace')} not found")
         del self.in_flight[mid]
         consumer.in_flight -= 1
-        if flight.message.origin is not None:  # read from disk: its segment may go now
-            flight.message.origin.settle()
-            flight.message.origin = None
-        if len(self._timeouts) > 2 * len(self.in_flight) + 1024:
+        origin = flight[0][7]
+        if origin is not None:  # read from disk: its segment may go now
+            origin.settle()
+        if self._timeout_ids > 4 * len(self.in_flight) + 1024:
             self._compact_timeouts()
-        return flight.message
+
+    def fin_many(self, mids: list[bytes], consumer: Consumer) -> list[tuple[bytes, str]]:
+        """``fin`` of each (a consumer's run of FINs); those that failed and why."""
+        flights = self.in_flight
+        failed: list[tuple[bytes, str]] = []
+        done = 0
+        for mid in mids:
+            flight = flights.get(mid)
+            if flight is None or flight[1] is not consumer:
+                failed.append((mid, f"{mid.decode(errors='replace')} not found"))
+                continue
+            del flights[mid]
+            done += 1
+            origin = flight[0][7]
+            if origin is not None:
+                origin.settle()
+        consumer.in_flight -= done
+        if self._timeout_ids > 4 * len(flights) + 1024:
+            self._compact_timeouts()
+        return failed
 
     def _compact_timeouts(self) -> None:
-        """Drop deadlines of settled messages (the heap would otherwise keep one per
-        message for a whole timeout: 600,000 at 10,000 msg/s and 60 s)."""
-        live = [(f.deadline_ns, next(self._seq), mid) for mid, f in self.in_flight.items()]
+        """Drop deadlines of settled messages (the heap would otherwise keep one id per
+        message for a whole timeout: 600,000 at 10,000 msg/s and 60 s); at most every
+        3 x in flight + 1,024 FINs, so that it costs a FIN a third of a dict entry."""
+        by_deadline: dict[int, list[bytes]] = {}
+        for mid, f in self.in_flight.items():
+            by_deadline.setdefault(f[2], []).append(mid)
+        live = [(deadline, next(self._seq), mids) for deadline, mids in by_deadline.items()]
         heapq.heapify(live)
         self._timeouts = live
+        self._timeout_ids = len(self.in_flight)
 
     def req(self, mid: bytes, consumer: Consumer, delay_ns: int, now: int) -> None:
         flight = self._take(mid, consumer)
         del self.in_flight[mid]
         consumer.in_flight -= 1
         self.requeue_count += 1
+        msg = Message(*attempted(flight[0]))
         if delay_ns > 0:
-            self.defer(flight.message, now + delay_ns)
+            self.defer(msg, now + delay_ns)
         else:
-            self.queue.append(flight.message)
+            self.queue.append(msg)
 
     def touch(self, mid: bytes, consumer: Consumer, now: int) -> None:
         flight = self._take(mid, consumer)
-        flight.deadline_ns = now + consumer.msg_timeout_ns
-        heapq.heappush(self._timeouts, (flight.deadline_ns, next(self._seq), mid))
+        deadline = now + consumer.msg_timeout_ns
+        self.in_flight[mid] = (flight[0], consumer, deadline)
+        heapq.heappush(self._timeouts, (deadline, next(self._seq), [mid]))
+        self._timeout_ids += 1
 
     # -- time ----------------------------------------------------------------------------
     def tick(self, now: int) -> bool:
@@ -203,15 +279,17 @@ class Channel:
             self.queue.append(heapq.heappop(self._deferred)[2])
             moved = True
         while self._timeouts and self._timeouts[0][0] <= now:
-            deadline, _, mid = heapq.heappop(self._timeouts)
-            flight = self.in_flight.get(mid)
-            if flight is None or flight.deadline_ns != deadline:
-                continue  # finished, requeued or touched since
-            del self.in_flight[mid]
-            flight.consumer.in_flight -= 1
-            self.timeout_count += 1
-            self.queue.append(flight.message)
-            moved = True
+            deadline, _, mids = heapq.heappop(self._timeouts)
+            self._timeout_ids -= len(mids)
+            for mid in mids:
+                flight = self.in_flight.get(mid)
+                if flight is None or flight[2] != deadline:
+                    continue  # finished, requeued or touched since
+                del self.in_flight[mid]
+                flight[1].in_flight -= 1
+                self.timeout_count += 1
+                self.queue.append(Message(*attempted(flight[0])))
+                moved = True
         return moved
 
     def next_due_ns(self) -> int | None:
@@ -221,7 +299,9 @@ class Channel:
     def head(self) -> list[tuple[Message, int | None]]:
         """What this channel owes in memory, in delivery order, with due times of
         deferred ones: in-flight first (they are the oldest), then the queue."""
-        out: list[tuple[Message, int | None]] = [(f.message, None) for f in self.in_flight.values()]
+        out: list[tuple[Message, int | None]] = [
+            (Message(*attempted(f[0])), None) for f in self.in_flight.values()
+        ]
         out += [(m, None) for m in self.queue.memory()]
         out += [(m, due) for due, _, m in sorted(self._deferred)]
         return out
@@ -236,7 +316,7 @@ class Channel:
     def discard(self) -> None:
         """The channel is deleted: nothing it holds will be settled any other way."""
         for flight in self.in_flight.values():
-            settle(flight.message.origin)
+            settle(flight[0][7])
         self.in_flight.clear()
         self.empty()
 
@@ -365,6 +445,58 @@ class Topic:
         """
         self.message_count += 1
         self.message_bytes += len(msg.body)
+        return self._queue(msg)
+
+    def put_many(
+        self,
+        ids: list[bytes],
+        bodies: list[bytes],
+        now: int,
+        arrival: int,
+        publisher: str | None,
+        direct: bool = True,
+    ) -> float:
+        """Accept messages published together (``ids`` from the broker's ``MessageIds``)
+        at ``arrival``; ``publisher`` None: the one each measurement header names.
+
+        An unmanaged topic that is not paused and has nothing waiting hands them to its
+        channels at once, or holds them for its first channel (``direct``: unless an
+        emulated server must take them first), as records: no ``Message`` and no trip
+        through ``shaping``; the caller has the channels dispatched. Otherwise each is
+        queued as ``put`` queues it. Returns the largest virtual backlog right after one
+        of them (0 unshaped).
+        """
+        self.message_count += len(bodies)
+        self.message_bytes += sum(map(len, bodies))
+        records: list[Record]
+        if publisher is None:
+            records = [
+                (i, b, now, arrival, arrival, 0, publisher_of(b), None)
+                for i, b in zip(ids, bodies, strict=True)
+            ]
+        else:
+            records = [
+                (i, b, now, arrival, arrival, 0, publisher, None)
+                for i, b in zip(ids, bodies, strict=True)
+            ]
+        if self.meter is None and not self.on_hold:
+            # Unshaped: released on arrival (release_ns == arrival_ns, as ``put`` sets it),
+            # to every channel, or held for the first one (as ``release`` would). A
+            # replica keeps only its homed channels: ``release`` knows which.
+            if not direct or self.paused or len(self.shaping) or self.homing is not None:
+                self.shaping.extend(records)
+            elif self.channels:
+                for ch in self.channels.values():
+                    ch.put_many(records)
+            else:
+                self.held.extend(records)
+            return 0.0
+        backlog = 0.0
+        for r in records:
+            backlog = max(backlog, self._queue(Message(*r)))
+        return backlog
+
+    def _queue(self, msg: Message) -> float:
         backlog = 0.0
         if self.on_hold:
             msg.release_ns = UNBOOKED  # booked by the bucket that releases it

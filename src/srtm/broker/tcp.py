@@ -27,14 +27,14 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from srtm.broker.auth import Authenticator, Gate
+from srtm.broker.queue import Record
 from srtm.broker.state import DeliveryError
 from srtm.broker.tls import tcp_requires_tls
-from srtm.protocol import Parser, ProtocolError, errors, frames
-from srtm.protocol.frames import message as message_frame
+from srtm.protocol import Event, Fin, Parser, ProtocolError, errors, frames
+from srtm.protocol.frames import MESSAGE_HEAD as _MESSAGE_HEAD
 from srtm.protocol.session import Session, SessionSettings, SessionState
 
 if TYPE_CHECKING:
-    from srtm.broker.message import Message
     from srtm.broker.options import BrokerOptions
     from srtm.broker.state import Channel
     from srtm.broker.stats import BrokerStats
@@ -55,6 +55,9 @@ _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
 #: Longest a connection that had a fatal error is read (and discarded) before closing.
 _LINGER_S = 1.0
 _CLOSED = SessionState.CLOSED
+_MESSAGE = int(frames.FrameType.MESSAGE)
+#: What a message frame's size counts beyond its body: type, timestamp, attempts, id.
+_MESSAGE_OVERHEAD = 30
 
 
 class BrokerPort(Protocol):
@@ -150,6 +153,9 @@ class Client:
         self._held = bytearray()
         self._writing = False
         self._send_scheduled = False
+        #: Set while a read is handled: what it writes leaves when it is done, in one send,
+        #: not a loop callback later (a synchronous PUB's OK a whole loop turn sooner).
+        self._in_read = False
         self._close_when_flushed = False
         self._heartbeat: asyncio.TimerHandle | None = None
         #: Set while closing after a fatal error (see _linger).
@@ -227,13 +233,40 @@ class Client:
             return
         events = self.parser.feed(data)
         self._note_partial(bool(events), user_ns)
+        self._in_read = True
+        try:
+            self._run_all(events, arrival)
+        finally:
+            self._in_read = False
+            if self._send_scheduled:
+                self._send()
+
+    def _run_all(self, events: list[Event], arrival: int) -> None:
+        """Run what one read completed, in order; a run of FINs (one per message a
+        consumer got) up to 32 at a time, where the session runs FIN as it is."""
         session = self.session
         gate = self.gate
-        for i, event in enumerate(events):
+        n = len(events)
+        i = 0
+        check = 32  # due shaped releases are looked at every 32 commands
+        while i < n:
             if session.state is _CLOSED or self._close_when_flushed:
                 return  # closed, or a fatal error: nsqd runs nothing after one
-            if i & 31 == 31:
+            if i >= check:
+                check = i + 32
                 self.broker.release_due()
+            event = events[i]
+            if type(event) is Fin and gate is None and session.runs_fin:
+                j = i + 1
+                while j < n and j < i + 32 and type(events[j]) is Fin:
+                    j += 1
+                try:
+                    session.receive_fins(events[i:j])  # type: ignore[arg-type]
+                except Exception:
+                    self._internal_error(event)
+                i = j
+                continue
+            i += 1
             if gate is not None and gate.consumes(event, arrival):
                 continue  # refused, or held until the auth server answers
             try:
@@ -289,6 +322,16 @@ class Client:
         self.finish_count += 1
         self.broker.mark_ready(channel)
         return None
+
+    def finish_many(self, message_ids: list[bytes]) -> list[tuple[bytes, str]]:
+        """``finish`` of each, in order, the channel dispatched once; the ones that failed
+        and why."""
+        channel = self.channel
+        assert channel is not None
+        failed = channel.fin_many(message_ids, self)
+        self.finish_count += len(message_ids) - len(failed)
+        self.broker.mark_ready(channel)
+        return failed
 
     def requeue(self, message_id: bytes, delay_ns: int) -> str | None:
         channel = self.channel
@@ -384,22 +427,26 @@ class Client:
         return b""
 
     def sample(self, rate: int) -> None:
-        """nsqd's sample_rate: only this connection pays for it (its own send_message)."""
+        """nsqd's sample_rate: only this connection pays for it (its own send_records)."""
         if rate:
-            setattr(self, "send_message", self._send_sampled)  # noqa: B010
+            setattr(self, "send_records", self._send_sampled)  # noqa: B010
         else:
-            self.__dict__.pop("send_message", None)
+            self.__dict__.pop("send_records", None)
 
-    def _send_sampled(self, msg: Message) -> None:
-        """Send ``msg`` when randint(0, 99) <= the rate, as nsqd; else it is dropped, as
-        nsqd drops it (finished without delivery), and the consumer's RDY slot is free."""
-        if random.randrange(100) <= self.session.sample_rate:
-            Client.send_message(self, msg)
-            return
+    def _send_sampled(self, records: list[Record]) -> None:
+        """Send each message when randint(0, 99) <= the rate, as nsqd; else it is dropped,
+        as nsqd drops it (finished without delivery), and the consumer's RDY slot is free."""
+        rate = self.session.sample_rate
+        kept = [r for r in records if random.randrange(100) <= rate]
+        if kept:
+            Client.send_records(self, kept)
         channel = self.channel
-        if channel is not None:
-            channel.fin(msg.id, self)
-            self.broker.mark_ready(channel)
+        if len(kept) == len(records) or channel is None:
+            return
+        dropped = {r[0] for r in records} - {r[0] for r in kept}
+        for mid in dropped:
+            channel.fin(mid, self)
+        self.broker.mark_ready(channel)
 
     # -- holding answers until their publish is on disk ------------------------------------
     def _hold_until(self, written: asyncio.Future[Any]) -> None:
@@ -420,9 +467,28 @@ class Client:
             self.loop.call_soon(self._send)
 
     # -- writing -------------------------------------------------------------------------
-    def send_message(self, msg: Message) -> None:
-        self.message_count += 1
-        self.write(message_frame(msg.timestamp_ns, msg.attempts, msg.id, msg.body))
+    def send_records(self, records: list[Record]) -> None:
+        """Message frames for ``records`` (as queued: each is now on attempt
+        ``attempts + 1``), built straight into the output buffer where nothing (TLS,
+        compression, a held publish) stands between, else in one ``write``."""
+        self.message_count += len(records)
+        if self.session.state is _CLOSED:
+            return
+        pack = _MESSAGE_HEAD.pack
+        if self._wrap is not None or self._holds:
+            parts: list[bytes] = []
+            for r in records:
+                body = r[1]
+                parts += (pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1), r[0], body)
+            self.write(b"".join(parts))
+            return
+        out = self._out
+        for r in records:
+            body = r[1]
+            out += pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1)
+            out += r[0]
+            out += body
+        self._queued()
 
     def rtt_ns(self) -> int:
         """The connection's round-trip time from the kernel (0 where unknown): the minimum
@@ -471,11 +537,16 @@ class Client:
                 self._pause()
             return
         self._out += data
+        self._queued()
+
+    def _queued(self) -> None:
+        """Bytes were added to ``_out``: bound it, and send at the end of the loop turn."""
         if len(self._out) >= self._out_high and not self._paused:
             self._pause()
         if not self._send_scheduled and not self._writing:
             self._send_scheduled = True
-            self.loop.call_soon(self._send)
+            if not self._in_read:
+                self.loop.call_soon(self._send)
 
     def send_now(self) -> None:
         """Send what is queued now rather than at the end of the loop turn."""

@@ -11,6 +11,8 @@ from srtm.protocol.errors import ProtocolError
 
 _HEADER = struct.Struct(">iI")
 _MESSAGE = struct.Struct(">qH")
+#: A message frame up to its id: size, type, timestamp, attempts (for building many).
+MESSAGE_HEAD = struct.Struct(">iIqH")
 HEARTBEAT = b"_heartbeat_"
 OK = b"OK"
 CLOSE_WAIT = b"CLOSE_WAIT"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -33,7 +33,7 @@ from srtm.protocol.commands import (
     Touch,
 )
 from srtm.protocol.errors import ProtocolError
-from srtm.protocol.frames import CLOSE_WAIT, HEARTBEAT, response
+from srtm.protocol.frames import CLOSE_WAIT, HEARTBEAT, error, response
 from srtm.protocol.limits import Limits
 
 E_AUTH_DISABLED = "E_AUTH_DISABLED"
@@ -147,6 +147,9 @@ class SessionHost(Protocol):
 
     def finish(self, message_id: bytes) -> str | None: ...
 
+    def finish_many(self, message_ids: list[bytes]) -> list[tuple[bytes, str]]:
+        """``finish`` of each; those that failed and why."""
+
     def requeue(self, message_id: bytes, delay_ns: int) -> str | None: ...
 
     def touch(self, message_id: bytes) -> str | None: ...
@@ -217,6 +220,19 @@ class Session:
     def receive(self, event: Command | ProtocolError, arrival_ns: int) -> None:
         """Run one command that arrived at ``arrival_ns``; a parse error is raised back."""
         self._handlers[type(event)](self, event, arrival_ns)
+
+    @property
+    def runs_fin(self) -> bool:
+        """Whether this state runs FIN as such (``receive_fins`` may take a run of them)."""
+        return self._handlers[Fin] is _RUN_FIN
+
+    def receive_fins(self, fins: Sequence[Fin]) -> None:
+        """A run of FINs, where ``runs_fin``: as ``receive`` of each, in one call to the
+        connection; each that failed is answered with its error frame (not fatal, so
+        the rest run, as they would one by one)."""
+        failed = self.conn.finish_many([f.message_id for f in fins])
+        for mid, why in failed:
+            self.conn.write(error(_settle_failed("FIN", mid, why)))
 
     def accepts(self, cmd: type[Command]) -> bool:
         """Whether the current state runs ``cmd`` (rather than refusing it)."""
@@ -456,6 +472,9 @@ _RUN: dict[type[Command], _Handler] = {
     Cls: Session._cls,
     Nop: Session._nop,
 }
+
+
+_RUN_FIN = _RUN[Fin]
 
 
 def _refused(cmd: type[Command]) -> _Handler:
