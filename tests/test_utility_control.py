@@ -145,8 +145,8 @@ def test_a_run_sets_the_rate_and_the_admitted_counts_on_every_broker() -> None:
 def test_a_broker_using_its_planned_capacity_is_congested_without_its_flag() -> None:
     c = _controller()
     u = UtilityControl(UtilitySettings(cpu_capacity=0.3, egress_max=1e6))
-    c.brokers["b0"].resources = {"cpu": 0.29, "egress_bps": 2e6, "congested": {"cpu": False}}
-    c.brokers["b1"].resources = {"cpu": 0.31, "egress_bps": 0.0, "congested": {"cpu": False}}
+    c.brokers["b0"].resources = {"cpu": 0.32, "egress_bps": 2e6, "congested": {"cpu": False}}
+    c.brokers["b1"].resources = {"cpu": 0.34, "egress_bps": 0.0, "congested": {"cpu": False}}
     assert congested(c, u.settings) == {"b0": {"network"}, "b1": {"cpu"}}
     c.brokers["b0"].resources = {"cpu": float("nan"), "congested": {"network": True}}
     c.brokers["b1"].resources = None
@@ -179,11 +179,13 @@ def test_each_brokers_cost_model_is_corrected_by_its_measured_cpu() -> None:
     c = _controller()
     u = UtilityControl()
     for b, cpu in (("b0", 0.5), ("b1", 0.05)):
+        channels = frozenset(f"c{i}" for i in range(10))
         c.report(b, 100.0, {"t": (1000.0, 0.0)}, 1.0, resources={"cpu": cpu},
-                 demand={"t": {"gold": 10}})  # fmt: skip
+                 demand={"t": {"gold": 40}}, carried={"t": channels})  # fmt: skip
     u.observe(c)
     u.observe(c)  # the same reports: no second correction
-    # Predicted: 1000 · (23.7 + 10 · 6.4) µs = 0.0877 cores on each broker.
+    # Predicted from the 10 channels (the 30 refused consumers in demand cost nothing):
+    # 1000 · (23.7 + 10 · 6.4) µs = 0.0877 cores on each broker.
     assert u.broker_model("b0").scale == pytest.approx(1 + 0.2 * (0.5 / 0.0877 - 1))
     assert u.broker_model("b1").scale == pytest.approx(1 + 0.2 * (0.05 / 0.0877 - 1))
     shares = {"b0": 1.0, "b1": 3.0}
