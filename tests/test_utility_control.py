@@ -18,7 +18,6 @@ from srtm.control.utility import (
     DEFAULT_COST_MODEL,
     UtilityControl,
     UtilitySettings,
-    congested,
     topic_costs,
 )
 from srtm.utility import ConsumerClass, FlowKind, FlowSpec, Problem, Utility, optimize
@@ -140,17 +139,6 @@ def test_a_run_sets_the_rate_and_the_admitted_counts_on_every_broker() -> None:
     assert u.control(c) and c.topics["t"].spec.rate < rate
     c.set_utility("t", None)
     assert u.control(c) == []
-
-
-def test_a_broker_using_its_planned_capacity_is_congested_without_its_flag() -> None:
-    c = _controller()
-    u = UtilityControl(UtilitySettings(cpu_capacity=0.3, egress_max=1e6))
-    c.brokers["b0"].resources = {"cpu": 0.32, "egress_bps": 2e6, "congested": {"cpu": False}}
-    c.brokers["b1"].resources = {"cpu": 0.34, "egress_bps": 0.0, "congested": {"cpu": False}}
-    assert congested(c, u.settings) == {"b0": {"network"}, "b1": {"cpu"}}
-    c.brokers["b0"].resources = {"cpu": float("nan"), "congested": {"network": True}}
-    c.brokers["b1"].resources = None
-    assert congested(c, u.settings) == {"b0": {"network"}}
 
 
 def test_an_empty_run_is_shown() -> None:

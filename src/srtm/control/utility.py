@@ -71,35 +71,16 @@ def message_bytes(ctrl: Controller, topic: str) -> float:
     return b / n if n and b else DEFAULT_MESSAGE_BYTES
 
 
-#: Use over the optimizer's capacity that counts as congestion: the optimizer fills a
-#: broker up to its capacity, so at the plan a one-second CPU sample sits at it, give or
-#: take its noise; only use clearly beyond it is an overload (as the broker's own 0.85
-#: flag sits above the controller's default 0.8 capacity).
-OVER = 1.1
-
-
-def congested(ctrl: Controller, settings: UtilitySettings) -> dict[str, frozenset[str]]:
-    """Per broker up, its congested resources: those its last report flags, and those
-    it uses beyond ``OVER`` x the capacity the optimizer gives it (``--cpu-capacity``,
-    ``--egress-max``). The second because rate control must agree with the plan it
-    corrects: a broker allowed 0.1 of a core but flagging only at its own 0.85 let every
-    rate climb past the plan each second, to be snapped back at the next run."""
+def congested(ctrl: Controller) -> dict[str, frozenset[str]]:
+    """Per broker up, the resources its last report says are congested (over the
+    broker's own ``--cpu-congested`` and ``--egress-max``)."""
     out = {}
     for info in ctrl.up():
-        res = info.resources or {}
-        flags = res.get("congested") or {}
-        hot = {r for r, on in flags.items() if on is True}
-        if _num(res.get("cpu")) >= OVER * settings.cpu_capacity:
-            hot.add("cpu")
-        if _num(res.get("egress_bps")) >= OVER * settings.egress_max:
-            hot.add("network")
+        flags = (info.resources or {}).get("congested") or {}
+        hot = frozenset(r for r, on in flags.items() if on is True)
         if hot:
-            out[info.id] = frozenset(hot)
+            out[info.id] = hot
     return out
-
-
-def _num(x: Any) -> float:
-    return float(x) if isinstance(x, int | float) and math.isfinite(x) else 0.0
 
 
 def reported_topics(ctrl: Controller, info: BrokerInfo) -> list[tuple[float, float]]:
@@ -213,7 +194,7 @@ class UtilityControl:
         problem = Problem(tuple(flows), self.problem.capacity)
         rates = {f.name: ctrl.topics[f.name].spec.rate for f in flows}
         new = control_step(
-            problem, rates, self.allocation.admitted, congested(ctrl, self.settings),
+            problem, rates, self.allocation.admitted, congested(ctrl),
             self.settings.rate_control,
         )  # fmt: skip
         actions: list[Action] = []
