@@ -87,8 +87,8 @@ def reported_topics(ctrl: Controller, info: BrokerInfo) -> list[tuple[float, flo
     """``(rate, deliveries per message)`` per topic in a broker's last report: what its
     CPU is predicted from. Deliveries are the topic's channels there (each gets every
     message), not its ``demand``: demand counts consumers refused and waiting, which cost
-    nothing, and predicting from it made the measured/predicted correction think the
-    broker cheaper than it is (a live trading day ran 20-30 % over its CPU capacity)."""
+    nothing, and predicting from it would make the measured/predicted correction think
+    the broker cheaper than it is."""
     carried = ctrl.registry.carried.get(info.id, {})
     return [(w.rate, float(len(carried.get(name, ())))) for name, w in info.reports.items()]
 
