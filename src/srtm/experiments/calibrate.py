@@ -32,8 +32,9 @@ import statistics
 import struct
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -196,8 +197,10 @@ def paced(addr: tuple[str, int], topic: str, rate: float, seconds: float, seed: 
         pub.sock.close()
 
 
-def _generator_main(conn: Connection, addr: tuple[str, int]) -> None:
-    tasks: dict[str, Callable[..., Any]] = {"saturate": saturate, "paced": paced}
+def serve_steps(conn: Connection, tasks: Mapping[str, Callable[..., Any]]) -> None:
+    """A load generator process's loop: run each step the parent names with its keyword
+    arguments and send back ``("ok", result)`` or ``("error", text)``, until the parent
+    sends None or goes."""
     while True:
         try:
             msg = conn.recv()
@@ -207,32 +210,35 @@ def _generator_main(conn: Connection, addr: tuple[str, int]) -> None:
             return
         name, kwargs = msg
         try:
-            conn.send(("ok", tasks[name](addr, **kwargs)))
+            conn.send(("ok", tasks[name](**kwargs)))
         except Exception as exc:  # reported to the parent, which fails the calibration
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
 @contextlib.contextmanager
-def _generator(addr: tuple[str, int]) -> Any:
+def step_process(
+    target: Callable[..., None], args: tuple[Any, ...], what: str
+) -> Iterator[Callable[..., Any]]:
+    """``target(conn, *args)`` (it calls ``serve_steps``) in a spawned process of its own,
+    so that the load it generates does not share the calibrating process's GIL; yields
+    ``call(name, timeout_s, **kwargs)``, which runs one step there and returns its
+    result. ``what`` names the steps in errors."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_generator_main, args=(child, addr), daemon=True)
+    proc = ctx.Process(target=target, args=(child, *args), daemon=True)
     proc.start()
     child.close()
 
-    count = iter(range(1_000_000))
-
     def call(name: str, timeout_s: float, **kwargs: Any) -> Any:
-        # A topic of its own per step: what one step left queued never reaches the next.
-        parent.send((name, kwargs | {"topic": f"{TOPIC}_{next(count)}"}))
+        parent.send((name, kwargs))
         if not parent.poll(timeout_s):
-            raise RuntimeError(f"calibration step {name} gave no result in {timeout_s:g} s")
+            raise RuntimeError(f"{what} step {name} gave no result in {timeout_s:g} s")
         try:
             status, value = parent.recv()
         except (EOFError, OSError) as exc:
             raise RuntimeError(f"the load generator died during {name}: {exc}") from None
         if status != "ok":
-            raise RuntimeError(f"calibration step {name} failed: {value}")
+            raise RuntimeError(f"{what} step {name} failed: {value}")
         return value
 
     try:
@@ -245,6 +251,22 @@ def _generator(addr: tuple[str, int]) -> Any:
             proc.terminate()
             proc.join(3)
         parent.close()
+
+
+def _generator_main(conn: Connection, addr: tuple[str, int]) -> None:
+    serve_steps(conn, {"saturate": partial(saturate, addr), "paced": partial(paced, addr)})
+
+
+@contextlib.contextmanager
+def _generator(addr: tuple[str, int]) -> Iterator[Callable[..., Any]]:
+    count = iter(range(1_000_000))
+    with step_process(_generator_main, (addr,), "calibration") as step:
+
+        def call(name: str, timeout_s: float, **kwargs: Any) -> Any:
+            # A topic of its own per step: what one step left queued never reaches the next.
+            return step(name, timeout_s, **kwargs | {"topic": f"{TOPIC}_{next(count)}"})
+
+        yield call
 
 
 # == measuring and fitting ================================================================

@@ -19,18 +19,18 @@ broker or the generator fell behind).
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import select
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from srtm.experiments.calibrate import RDY, OnProgress, _connect, _Frames
+from srtm.experiments.calibrate import RDY, OnProgress, _connect, _Frames, serve_steps, step_process
 from srtm.launch import start_broker
 from srtm.protocol import Pub, encode_command
 from srtm.utility.cost import CostFit, CostSample, cost_doc, fit_cost
@@ -181,55 +181,19 @@ def drive(
 
 
 def _generator_main(conn: Connection, addr: tuple[str, int], pid: int) -> None:
-    tasks: dict[str, Callable[..., CostStep]] = {
-        "idle": lambda **kw: idle(pid, **kw),
-        "drive": lambda **kw: drive(addr, pid, **kw),
-    }
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        name, kwargs = msg
-        try:
-            conn.send(("ok", tasks[name](**kwargs)))
-        except Exception as exc:  # reported to the parent, which fails the calibration
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    serve_steps(conn, {"idle": partial(idle, pid), "drive": partial(drive, addr, pid)})
 
 
 @contextlib.contextmanager
 def _generator(addr: tuple[str, int], pid: int) -> Iterator[Callable[..., CostStep]]:
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_generator_main, args=(child, addr, pid), daemon=True)
-    proc.start()
-    child.close()
+    with step_process(_generator_main, (addr, pid), "cost") as step:
 
-    def call(name: str, timeout_s: float, **kwargs: Any) -> CostStep:
-        parent.send((name, kwargs))
-        if not parent.poll(timeout_s):
-            raise RuntimeError(f"cost step {name} gave no result in {timeout_s:g} s")
-        try:
-            status, value = parent.recv()
-        except (EOFError, OSError) as exc:
-            raise RuntimeError(f"the load generator died during {name}: {exc}") from None
-        if status != "ok":
-            raise RuntimeError(f"cost step {name} failed: {value}")
-        assert isinstance(value, CostStep)
-        return value
+        def call(name: str, timeout_s: float, **kwargs: Any) -> CostStep:
+            value = step(name, timeout_s, **kwargs)
+            assert isinstance(value, CostStep)
+            return value
 
-    try:
         yield call
-    finally:
-        with contextlib.suppress(OSError):
-            parent.send(None)
-        proc.join(3)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(3)
-        parent.close()
 
 
 # == measuring and fitting ================================================================
