@@ -23,6 +23,20 @@ pytestmark = pytest.mark.slow
 RATE = 20.0  # each publisher's declared and offered msg/s
 
 
+def loop_state(service: ControllerService) -> str:
+    """What a failed wait should show: the loop's events and what each broker carries."""
+    ctrl, el = service.ctrl, service.elastic
+    assert el is not None
+    t = ctrl.topics["hot"]
+    lines = [f"elastic: {el.to_json()}", f"assignment: {t.assignment}",
+             f"buckets: {t.buckets}", f"draining: {t.draining}"]  # fmt: skip
+    now = time.monotonic()
+    lines += [f"broker {b.id}: down={b.down} load={b.load} usage={b.usage()} "
+              f"waiting={b.waiting} window={el.averager.window(b.id, b.mcap, now)}"
+              for b in ctrl.brokers.values()]  # fmt: skip
+    return "\n".join(lines)
+
+
 async def publish(pub: Publisher, stop: asyncio.Event, acked: set[tuple[str, int]]) -> None:
     """Publish at RATE on an absolute schedule until ``stop``; record what is acknowledged."""
     start = time.monotonic()
@@ -114,11 +128,14 @@ async def test_spawn_on_overload_and_despawn_when_load_falls(tmp_path: Path) -> 
                 await pubs[p].close()
                 async with http.delete(f"{url}/topics/hot/publishers/{p}") as r:
                     assert r.status == 200, await r.text()
-            await eventually(
-                lambda: el.despawned == 1 and len(ctrl.up()) == 1,
-                "back to one broker",
-                timeout=60,
-            )
+            try:
+                await eventually(
+                    lambda: el.despawned == 1 and len(ctrl.up()) == 1,
+                    "back to one broker",
+                    timeout=120,
+                )
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{loop_state(service)}") from None
             assert [b.id for b in ctrl.up()] == ["1"]
             seed_addr = ctrl.brokers["1"].tcp_address
             assert all(pubs[p].address == seed_addr for p in tasks)
