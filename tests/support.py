@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
+import gc
 import inspect
 import json
 import os
@@ -56,6 +58,17 @@ async def call(
 #: Default patience: long enough for a loaded machine, so that it only ends a test that
 #: would otherwise hang. Tests pass ``timeout`` only where the wait is known to be longer.
 TIMEOUT_S = 15.0
+
+
+def parse(text: str, filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse`` with the cyclic collector off: CPython 3.11.7 raises "AST constructor
+    recursion depth mismatch" when a finalizer (an earlier test's task collected, logging)
+    runs inside the parse."""
+    gc.disable()
+    try:
+        return ast.parse(text, filename=filename)
+    finally:
+        gc.enable()
 
 
 def _truthy(value: object) -> bool:

@@ -8,6 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+from support import parse
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -165,7 +167,7 @@ def imports_of(path: Path) -> set[str]:
     """Every ``srtm`` module a file imports, anywhere in it (functions and
     ``TYPE_CHECKING`` blocks included: a dependency for the types is still one)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from support import parse
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 PURE = (
     "srtm.ratelimit",
@@ -44,7 +46,7 @@ def _imports(module: str) -> set[str]:
     assert path is not None, module
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

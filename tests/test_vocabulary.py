@@ -8,6 +8,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+from support import parse
+
 SRC = Path(__file__).resolve().parent.parent / "src" / "srtm"
 
 
@@ -15,7 +17,7 @@ def class_sites(sources: dict[str, str]) -> dict[str, list[str]]:
     """Class name -> every ``path:line`` defining it (nested classes included)."""
     sites: dict[str, list[str]] = defaultdict(list)
     for path, text in sorted(sources.items()):
-        for node in ast.walk(ast.parse(text, filename=path)):
+        for node in ast.walk(parse(text, filename=path)):
             if isinstance(node, ast.ClassDef):
                 sites[node.name].append(f"{path}:{node.lineno}")
     return sites
