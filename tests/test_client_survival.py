@@ -148,3 +148,46 @@ async def test_garbled_orders_do_not_break_the_connection() -> None:
         await pub.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_an_answer_to_a_command_given_up_on_keeps_the_reader_alive() -> None:
+    """A caller cancels its command's future (a timeout) before the broker answers: the
+    late answer and an error frame after it are taken in order, the next command gets
+    its own answer, and the connection keeps reading."""
+    import struct
+
+    from srtm.client.connection import BrokerError, Connection
+    from srtm.protocol import FrameType
+    from srtm.protocol.commands import Pub
+    from srtm.protocol.frames import frame
+
+    ok, error = FrameType.RESPONSE, FrameType.ERROR
+    answers = [frame(ok, b"OK"), frame(error, b"E_BAD_MESSAGE late"),
+               frame(error, b"E_BAD_TOPIC x"), frame(ok, b"OK")]  # fmt: skip
+
+    async def fake_broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(4)  # magic
+        for answer in answers:  # one per PUB t\n [size][body], in order
+            await reader.readline()
+            (size,) = struct.unpack(">I", await reader.readexactly(4))
+            await reader.readexactly(size)
+            writer.write(answer)
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(fake_broker, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    conn = await Connection.open(f"127.0.0.1:{port}")
+    try:
+        first, second = conn.request(Pub("t", b"a")), conn.request(Pub("t", b"b"))
+        first.cancel()
+        second.cancel()
+        third = conn.request(Pub("t", b"c"))
+        with pytest.raises(BrokerError, match="E_BAD_TOPIC"):
+            await asyncio.wait_for(third, 10)  # the deadline only against hanging
+        assert await asyncio.wait_for(conn.request(Pub("t", b"d")), 10) == b"OK"
+        assert not conn.closed.is_set()
+    finally:
+        conn.writer.close()
+        server.close()
+        await server.wait_closed()

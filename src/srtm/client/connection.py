@@ -124,9 +124,9 @@ class Connection:
             self.send(Nop())
         elif kind is FrameType.RESPONSE:
             if self._waiting:
-                self._waiting.popleft().set_result(data)
+                _answer(self._waiting.popleft(), data)
         elif self._waiting and not data.startswith((b"E_FIN", b"E_REQ", b"E_TOUCH")):
-            self._waiting.popleft().set_exception(BrokerError(data.decode(errors="replace")))
+            _answer(self._waiting.popleft(), BrokerError(data.decode(errors="replace")))
 
     def _closed(self) -> None:
         if self.closed.is_set():
@@ -148,3 +148,15 @@ class Connection:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._closed()
+
+
+def _answer(fut: asyncio.Future[bytes], answer: bytes | BrokerError) -> None:
+    """Settle the oldest command's future. A caller that gave up on it (cancelled, e.g.
+    by a timeout) still had its slot: the answer is taken and dropped, and the reader
+    lives on (setting a done future would raise and end it)."""
+    if fut.done():
+        return
+    if isinstance(answer, BrokerError):
+        fut.set_exception(answer)
+    else:
+        fut.set_result(answer)
