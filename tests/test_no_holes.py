@@ -32,8 +32,16 @@ N_PUBLISHERS = 6
 async def poll_sums(
     brokers: list[BrokerProcess], topic: str, sums: list[tuple[float, float]], stop: asyncio.Event
 ) -> None:
-    """Every broker's /stats, over and over: the sum of the live sub-buckets of ``topic``
-    per round (a broker that does not answer counts as holding nothing)."""
+    """Every broker's /stats, over and over: per pair of consecutive rounds, the sum over
+    the brokers of the smaller of each one's two live sub-buckets of ``topic`` (a broker
+    that does not answer counts as holding nothing).
+
+    One round reads the brokers one after another, not at one instant: a decrease on one
+    broker and the increase it makes room for on another can both fall between its reads,
+    and the round would add the old share to the new. Every read of round k precedes every
+    read of round k + 1, so at an instant T between the two rounds each broker held at
+    least the smaller of its two reads (unless its share changed twice in that window): a
+    sum of those over the topic's bucket is a real overlap at T, never an artefact."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
 
         async def one(b: BrokerProcess) -> tuple[float, float]:
@@ -48,9 +56,13 @@ async def poll_sums(
                     rate, burst = t["bucket"]["rate"], t["bucket"]["burst"]
             return rate, burst
 
+        last: list[tuple[float, float]] | None = None
         while not stop.is_set():
             parts = await asyncio.gather(*(one(b) for b in list(brokers)))
-            sums.append((math.fsum(p[0] for p in parts), math.fsum(p[1] for p in parts)))
+            if last is not None and len(last) == len(parts):
+                low = [(min(a[0], b[0]), min(a[1], b[1])) for a, b in zip(last, parts, strict=True)]
+                sums.append((math.fsum(p[0] for p in low), math.fsum(p[1] for p in low)))
+            last = parts
 
 
 @pytest.mark.slow
@@ -208,7 +220,7 @@ async def run_scenario(tmp_path: Path, ordered: bool, drain: bool = True) -> dic
         }
         print(json.dumps(result))
         if ordered and drain:
-            assert len(sums) > 200, result
+            assert len(sums) > 20, result  # the poller ran throughout (~200 when idle)
             assert not over, result
             # Nothing lost, nothing stuck: every message published was acknowledged and
             # delivered; no broker dropped from the plan still holds any.
