@@ -18,6 +18,7 @@ from srtm.control.utility import (
     DEFAULT_COST_MODEL,
     UtilityControl,
     UtilitySettings,
+    congestion,
     topic_costs,
 )
 from srtm.utility import ConsumerClass, FlowKind, FlowSpec, Problem, Utility, optimize
@@ -28,7 +29,13 @@ from srtm.utility.cluster import (
     parse_topic_utility,
     with_costs,
 )
-from srtm.utility.ratecontrol import RateControlSettings, control_step, step_rate
+from srtm.utility.ratecontrol import (
+    RateControlSettings,
+    broker_use,
+    control_step,
+    pressure,
+    step_rate,
+)
 from support import registered, topic_of
 
 GOLD_SILVER: dict[str, Any] = {
@@ -181,6 +188,47 @@ def test_each_brokers_cost_model_is_corrected_by_its_measured_cpu() -> None:
     assert u.costs(c, "t", shares).per_message["cpu"] == pytest.approx(23.7e-6 * scale)
 
 
+#: Costs the spec declares (the operator's: never corrected by measured CPU).
+DECLARED: dict[str, Any] = {
+    "kind": "one-to-many", "r_min": 10, "r_max": 200, "cost": {"cpu": 1e-3},
+    "classes": [{"name": "gold", "available": 10, "utility": {"slope": 1},
+                 "cost": {"cpu": 1e-4}}],
+}  # fmt: skip
+
+
+def _report(c: Controller, per_broker: float, cpu: float, hot: bool = False) -> None:
+    for b in ("b0", "b1"):
+        c.report(b, per_broker, {"t": (per_broker, 0.0)}, 1.0, demand={"t": {"gold": 10}},
+                 resources={"cpu": cpu, "congested": {"cpu": hot, "network": False}})  # fmt: skip
+
+
+def test_rate_control_judges_declared_costs_by_the_rates_carried_not_by_measured_cpu() -> None:
+    c = _controller(DECLARED)
+    u = UtilityControl(UtilitySettings(cpu_capacity=0.1, egress_max=125e6))
+    _report(c, 25.0, cpu=0.01)
+    problem = u.build(c)
+    alloc = optimize(problem)
+    u.apply(c, problem, alloc, 1.0)
+    # Each broker carries half at (1e-3 + 10 · 1e-4) CPU-s a message: 0.1 at 100 msg/s.
+    assert alloc.rates["t"] == pytest.approx(100)
+    # At the plan, measuring 8 times the declared CPU but not over its own threshold:
+    # full by the declared costs, so it holds; the model is not corrected.
+    _report(c, 50.0, cpu=0.8)
+    u.observe(c)
+    assert congestion(c, problem, alloc.admitted) == ({}, {"b0": {"cpu"}, "b1": {"cpu"}})
+    assert u.control(c) == [] and c.topics["t"].spec.rate == pytest.approx(100)
+    assert u.build(c).flows[0].cost["cpu"] == 1e-3
+    # Its producers send half their allowance: room by the declared costs, it rises.
+    _report(c, 25.0, cpu=0.8)
+    assert congestion(c, problem, alloc.admitted) == ({}, {})
+    assert u.control(c) and c.topics["t"].spec.rate > 100
+    # A broker flagging its real CPU is congested whatever the model says: it falls.
+    rate = c.topics["t"].spec.rate
+    _report(c, 25.0, cpu=0.9, hot=True)
+    assert congestion(c, problem, alloc.admitted)[0] == {"b0": {"cpu"}, "b1": {"cpu"}}
+    assert u.control(c) and c.topics["t"].spec.rate < rate
+
+
 # -- rate control ------------------------------------------------------------------------
 def _flow(name: str, r_min: float, r_max: float, shares: dict[str, float]) -> FlowSpec:
     gold = ConsumerClass("gold", Utility.linear(10, r_min, r_max), 10, {"cpu": 1e-4})
@@ -204,6 +252,30 @@ def test_uncongested_flows_rise_and_congested_ones_fall() -> None:
     small = {"b0": {"cpu": 0.01}}  # load > 1: a step takes the most, a quarter
     assert step_rate(f, 20, admitted, small, {"b0": frozenset({"cpu"})}) == 15
     assert step_rate(f, 12, admitted, small, {"b0": frozenset({"cpu"})}) == 10  # not below r_min
+
+
+def test_use_by_the_costs_and_the_band_around_the_capacity() -> None:
+    flows = (_flow("a", 10, 110, {"b0": 1.0}), _flow("b", 10, 110, {"b0": 0.5, "b1": 0.5}))
+    n = {("a", "gold"): 10, ("b", "gold"): 0}
+    use = broker_use(flows, {"a": {"b0": 300.0}, "b": {"b0": 100.0, "b1": 100.0}}, n)
+    # a: (1e-3 + 10·1e-4)·300 = 0.6; b, no consumer admitted: 1e-3·100 = 0.1 on each.
+    assert use == {"b0": {"cpu": pytest.approx(0.7)}, "b1": {"cpu": pytest.approx(0.1)}}
+    caps = {"b0": {"cpu": 0.7}, "b1": {"cpu": 0.1}}
+    assert pressure(use, caps) == ({}, {"b0": {"cpu"}, "b1": {"cpu"}})  # at capacity: full
+    assert pressure({"b0": {"cpu": 0.67}}, caps) == ({}, {"b0": {"cpu"}})  # within 5 %
+    assert pressure({"b0": {"cpu": 0.67}}, caps, band=0.01) == ({}, {})
+    assert pressure({"b0": {"cpu": 0.74}}, caps) == ({"b0": {"cpu"}}, {})
+    assert pressure({"b0": {"cpu": 9.0, "disk": 9.0}}, {"b0": {}}) == ({}, {})  # no capacity
+
+
+def test_a_flow_on_a_full_broker_holds() -> None:
+    f = _flow("t", 10, 110, {"b0": 0.5, "b1": 0.5})
+    admitted = {("t", "gold"): 10}
+    full = {"b1": frozenset({"cpu"})}
+    assert step_rate(f, 50, admitted, CAP, {}, full=full) == 50
+    assert step_rate(f, 50, admitted, CAP, {}, full={"b2": frozenset({"cpu"})}) > 50
+    # Congested wins over full: it falls.
+    assert step_rate(f, 50, admitted, CAP, {"b0": frozenset({"cpu"})}, full=full) < 50
 
 
 _rates = st.floats(0, 500, allow_nan=False)
@@ -232,9 +304,11 @@ def test_rate_control_is_bounded_and_monotone_in_congestion(
     calm = step_rate(f, rate, n, caps, {}, s)
     some = step_rate(f, rate, n, caps, hot, s)
     most = step_rate(f, rate, n, caps, worse, s)
-    for r in (calm, some, most):
+    held = step_rate(f, rate, n, caps, {}, s, full=hot)
+    for r in (calm, some, most, held):
         assert f.r_min <= r <= f.r_max
     assert calm >= now  # never falls uncongested
+    assert held == (now if any(hot.get(b) for b, x in f.shares.items() if x > 0) else calm)
     if any(worse.get(b) for b, x in f.shares.items() if x > 0):
         assert most <= now  # never rises on a congested broker
     assert calm >= some >= most  # more congestion never gives a higher rate

@@ -7,13 +7,14 @@ the event loop, carries the actions out and posts the admission counts.
 What runs when (docs/utility.md, "In the controller"): every ``--utility-interval-s``
 an optimizer run sets every such topic's rate and admitted counts; every
 ``--rate-control-interval-s`` in between, rate control moves the rates by the brokers'
-congestion; the next run snaps them back to its own.
+congestion (``congestion``); the next run snaps them back to its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +31,13 @@ from srtm.utility.cluster import (
     shares_of,
 )
 from srtm.utility.cost import CostModel
-from srtm.utility.optimizer import Allocation, FlowKind, Problem
-from srtm.utility.ratecontrol import RateControlSettings, control_step
+from srtm.utility.optimizer import Allocation, FlowKind, FlowSpec, Problem
+from srtm.utility.ratecontrol import (
+    RateControlSettings,
+    broker_use,
+    control_step,
+    pressure,
+)
 
 #: The message size assumed for a topic no broker has reported bytes of yet.
 DEFAULT_MESSAGE_BYTES = 100
@@ -71,7 +77,7 @@ def message_bytes(ctrl: Controller, topic: str) -> float:
     return b / n if n and b else DEFAULT_MESSAGE_BYTES
 
 
-def congested(ctrl: Controller) -> dict[str, frozenset[str]]:
+def flagged(ctrl: Controller) -> dict[str, frozenset[str]]:
     """Per broker up, the resources its last report says are congested (over the
     broker's own ``--cpu-congested`` and ``--egress-max``)."""
     out = {}
@@ -81,6 +87,49 @@ def congested(ctrl: Controller) -> dict[str, frozenset[str]]:
         if hot:
             out[info.id] = hot
     return out
+
+
+def carried_rates(ctrl: Controller, flows: Iterable[FlowSpec]) -> dict[str, dict[str, float]]:
+    """Per flow, per broker up: the rate the broker carries, as its last report measured
+    it (the topic's ten-second window there), at most its sub-bucket's rate (what it may
+    release; a report still counting before a cut would otherwise hold the cut back);
+    the sub-bucket's rate until the broker reports the topic."""
+    up = {info.id: info for info in ctrl.up()}
+    out: dict[str, dict[str, float]] = {}
+    for f in flows:
+        topic = ctrl.topics.get(f.name)
+        if topic is None:
+            continue
+        per = out[f.name] = {}
+        for b, params in topic.buckets.items():
+            if b not in up:
+                continue
+            report = up[b].reports.get(f.name)
+            per[b] = params.rate if report is None else min(params.rate, report.rate)
+    return out
+
+
+def congestion(
+    ctrl: Controller, problem: Problem, admitted: Mapping[tuple[str, str], int]
+) -> tuple[dict[str, frozenset[str]], dict[str, frozenset[str]]]:
+    """``(congested, full)`` per broker, what rate control moves the rates by.
+
+    Congested: the broker flags it (its real resources are short), or its flows' use by
+    their costs at the rates it carries is over the capacity the optimizer gave it;
+    full: that use within ``FULL_BAND`` of the capacity. Use by the problem's costs, not
+    measured CPU: a topic whose spec declares its costs is planned by them (the
+    operator's contract, never corrected), and rate control must judge by the model the
+    plan was made with, or it undoes the plan each second. A modelled cost is the
+    calibrated model corrected online by measured CPU, so for those topics this tracks the
+    measured CPU. Where declared costs and the broker's real CPU disagree (the live
+    experiments' fixed costs: about half of what this broker measures), the broker's own
+    flag still guards its real capacity (docs/utility.md, "Rate control")."""
+    use = broker_use(problem.flows, carried_rates(ctrl, problem.flows), admitted)
+    over, full = pressure(use, problem.capacity)
+    for broker, hot in flagged(ctrl).items():
+        over[broker] = over.get(broker, frozenset()) | hot
+    full = {b: r - over.get(b, frozenset()) for b, r in full.items()}
+    return over, {b: r for b, r in full.items() if r}
 
 
 def reported_topics(ctrl: Controller, info: BrokerInfo) -> list[tuple[float, float]]:
@@ -193,9 +242,9 @@ class UtilityControl:
         ]
         problem = Problem(tuple(flows), self.problem.capacity)
         rates = {f.name: ctrl.topics[f.name].spec.rate for f in flows}
+        over, full = congestion(ctrl, problem, self.allocation.admitted)
         new = control_step(
-            problem, rates, self.allocation.admitted, congested(ctrl),
-            self.settings.rate_control,
+            problem, rates, self.allocation.admitted, over, self.settings.rate_control, full,
         )  # fmt: skip
         actions: list[Action] = []
         for name, rate in new.items():
