@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from srtm.broker import Broker
 from srtm.broker.http import serve_http
 from srtm.broker.options import BrokerOptions
 from srtm.client.publisher import Publisher
-from srtm.protocol import Fin, FrameType, Mpub, Pub, Rdy, Sub
+from srtm.protocol import Dpub, Fin, FrameType, Mpub, Pub, Rdy, Sub
 from srtm.protocol.frames import decode_message
 from support import eventually, nsq_bin
 
@@ -130,6 +131,16 @@ async def publish(c: RawClient, topic: str, bodies: list[bytes]) -> None:
     await c.send(*(Pub(topic, b) for b in bodies))
     for _ in bodies:
         assert await c.response() == b"OK"
+
+
+def deferred(node: Node, topic: str, channel: str) -> list[tuple[bytes, int]]:
+    """The channel's deferred messages on ``node`` with their due times (ns, wall)."""
+    t = node.broker.topics.get(topic)
+    ch = None if t is None else t.channels.get(channel)
+    return [] if ch is None else [(m.body, due) for m, due in ch.head() if due is not None]
+
+
+LONG_MS = 600_000  # a defer no test outlives: the message stays deferred while checked
 
 
 def local_count(node: Node, topic: str) -> int:
@@ -300,6 +311,56 @@ async def test_an_unreachable_target_falls_back_to_local(cluster: Cluster) -> No
     await consumer.close()
 
 
+async def test_a_plain_dpub_is_forwarded_with_its_defer_kept(cluster: Cluster) -> None:
+    """DPUB as PUB: forwarded (not deferred, queued or shaped at A), its OK after B's,
+    and deferred at B for the time it had left; PUBs around it on the same link still
+    arrive, and the HTTP /pub?defer= form goes the same way."""
+    a, b = await cluster(2)
+    await a.route({"topic": "t", "self": "0", "forward": {"to": b.tcp}})
+    consumer = await Consumer.on(b, "t", "c")
+    pub = await raw(a, client_id="plain")
+    before = time.time_ns()
+    burst = [Pub("t", b"p%d" % i) for i in range(5)] + [Dpub("t", LONG_MS, b"long")]
+    burst += [Pub("t", b"q%d" % i) for i in range(5)] + [Dpub("t", 50, b"soon")]
+    await pub.send(*burst)  # one burst: the link has a backlog to batch
+    for _ in burst:
+        assert await pub.response() == b"OK"
+    after = time.time_ns()
+    assert deferred(b, "t", "c")[-1][0] == b"long"  # at B once A answered OK
+    (due,) = [due for body, due in deferred(b, "t", "c") if body == b"long"]
+    # Due when A was asked for, not a second LONG_MS from B's arrival: B's due lies
+    # between the send plus the defer and A's OK plus the defer (rounded up to 1 ms).
+    assert before + LONG_MS * 1_000_000 <= due <= after + (LONG_MS + 1) * 1_000_000
+    async with a.http.post("/pub?topic=t&defer=50", data=b"http") as resp:
+        assert resp.status == 200, await resp.text()
+    want = {b"p%d" % i for i in range(5)} | {b"q%d" % i for i in range(5)} | {b"soon", b"http"}
+    await eventually(lambda: set(consumer.bodies), "all but the long one at B",
+                     until=lambda got: got >= want)  # fmt: skip
+    assert sorted(consumer.bodies) == sorted(want)  # once each, "long" still deferred
+    assert [body for body, _ in deferred(b, "t", "c")] == [b"long"]
+    assert local_count(a, "t") == 0 and deferred(a, "t", "c") == []
+    counters = await a.counters("t")
+    assert counters["forwarded"] == 13 and counters["fallback_local"] == 0
+    await pub.close()
+    await consumer.close()
+
+
+async def test_a_dpub_the_target_cannot_take_is_deferred_here(cluster: Cluster) -> None:
+    (a,) = await cluster(1)
+    await a.route({"topic": "t", "self": "0", "forward": {"to": "127.0.0.1:1"}})
+    consumer = await Consumer.on(a, "t", "c")
+    pub = await raw(a)
+    await pub.send(Dpub("t", LONG_MS, b"long"), Dpub("t", 50, b"soon"))
+    assert [await pub.response() for _ in range(2)] == [b"OK", b"OK"]
+    await eventually(lambda: consumer.bodies, "the short one here", until=lambda g: g)
+    assert consumer.bodies == [b"soon"]
+    assert [body for body, _ in deferred(a, "t", "c")] == [b"long"]
+    counters = await a.counters("t")
+    assert counters["fallback_local"] == 2 and counters["forwarded"] == 0
+    await pub.close()
+    await consumer.close()
+
+
 # -- replication ---------------------------------------------------------------------------
 def replicas(nodes: list[Node], homes: dict[str, str]) -> dict[str, Any]:
     return {"peers": {str(i): n.tcp for i, n in enumerate(nodes)}, "primary": "0",
@@ -356,6 +417,55 @@ async def test_a_dead_replica_falls_back_to_local_with_nothing_lost(cluster: Clu
     assert (await a.counters("t"))["fallback_local"] == 60
     await pub.close()
     await c0.close()
+    await c1.close()
+
+
+async def test_a_dpub_is_copied_to_each_replica_and_deferred_there(cluster: Cluster) -> None:
+    """DPUB on a replicated topic: each replica gets one copy, deferred for the time it
+    has left, and delivers it to the channels homed there only."""
+    a, b = await cluster(2)
+    reps = replicas([a, b], {"c1": "1"})  # c0: the primary, A
+    for i, n in enumerate((a, b)):
+        await n.route({"topic": "t", "self": str(i), "replicas": reps})
+    consumers = {(i, ch): await Consumer.on(n, "t", ch) for i, n in enumerate((a, b))
+                 for ch in ("c0", "c1")}  # fmt: skip
+    pub = await raw(a)
+    await pub.send(Dpub("t", LONG_MS, b"long"), Dpub("t", 50, b"soon"))
+    assert [await pub.response() for _ in range(2)] == [b"OK", b"OK"]
+    for home, ch in ((0, "c0"), (1, "c1")):
+        got = consumers[(home, ch)].bodies
+        await eventually(lambda got=got: got, f"{ch} at its home", until=lambda g: g)
+    # every channel has a consumer on both: only its home's got the message, once
+    for (i, ch), c in consumers.items():
+        assert c.bodies == ([b"soon"] if int(ch[1]) == i else []), (i, ch)
+    assert [body for body, _ in deferred(a, "t", "c0")] == [b"long"]
+    assert [body for body, _ in deferred(b, "t", "c1")] == [b"long"]
+    assert deferred(a, "t", "c1") == deferred(b, "t", "c0") == []
+    assert (await a.counters("t"))["relayed"] == 2
+    assert (await b.counters("t"))["relayed"] == 0  # what came from A is not copied again
+    await pub.close()
+    for c in consumers.values():
+        await c.close()
+
+
+async def test_a_dpub_a_dead_replica_cannot_take_waits_here_deferred(cluster: Cluster) -> None:
+    a, b = await cluster(2)
+    doc = {"topic": "t", "self": "0", "replicas": replicas([a, b], {"c1": "1"})}
+    await b.broker.stop()
+    await a.route(doc)
+    pub = await raw(a)
+    await pub.send(Dpub("t", LONG_MS, b"long"), Dpub("t", 50, b"soon"))
+    assert [await pub.response() for _ in range(2)] == [b"OK", b"OK"]
+    # c1's home is gone: its copies wait here for its consumers, the long one deferred
+    owed = a.broker.topics["t"].channels["c1"].head()
+    assert sorted(m.body for m, _ in owed) == [b"long", b"soon"]
+    assert [body for body, _ in deferred(a, "t", "c1")][-1] == b"long"
+    c1 = await Consumer.on(a, "t", "c1")
+    await eventually(lambda: c1.bodies, "the short one", until=lambda g: g)
+    assert c1.bodies == [b"soon"]
+    assert [body for body, _ in deferred(a, "t", "c1")] == [b"long"]
+    assert (await a.counters("t"))["fallback_local"] == 2
+    await pub.close()
     await c1.close()
 
 

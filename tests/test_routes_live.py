@@ -20,7 +20,7 @@ from srtm.client import Publisher, Received, Subscriber
 from srtm.control.options import ControllerOptions
 from srtm.control.service import ControllerService
 from srtm.launch import BrokerProcess, new_token, start_broker
-from srtm.protocol import Pub
+from srtm.protocol import Dpub, Pub
 from support import eventually
 
 pytestmark = pytest.mark.slow
@@ -125,6 +125,17 @@ async def test_a_plain_publisher_moved_keeps_publishing_through_its_old_broker(
             await pub(conn, "f", sent[-1])
         counters = await live.route(old, "f")
         assert counters is not None and counters["counters"]["forwarded"] > 0
+        for k in range(250, 260):  # DPUB too (nsqd's deferred publish): forwarded alike
+            sent.append(b"p0:%d" % k)
+            await conn.send(Dpub("f", 20, sent[-1]))
+            assert await conn.response() == b"OK"
+        later = await live.route(old, "f")
+        assert later is not None
+
+        def relayed(doc: dict[str, Any]) -> int:  # forwarded, or kept if B was too slow
+            return int(doc["counters"]["forwarded"] + doc["counters"]["fallback_local"])
+
+        assert relayed(later) == relayed(counters) + 10  # the relay's, not accepted as is
         await eventually(lambda: len(got) >= len(sent), "every message delivered", timeout=30)
         await eventually(lambda: sub.brokers, "subscribed to the new broker",
                          until=lambda b: live.brokers[new].tcp_address in b)  # fmt: skip

@@ -615,8 +615,22 @@ class Broker:
         return None
 
     def publish_deferred(
-        self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None
-    ) -> None:
+        self,
+        topic_name: str,
+        body: bytes,
+        defer_ms: int,
+        arrival: int,
+        publisher: str | None,
+        client: Client | None = None,
+        local: bool = False,
+    ) -> asyncio.Future[Any] | None:
+        """DPUB: one message due in ``defer_ms``. A topic with a relay route is the
+        relay's, as in ``publish`` (what it returns is waited for before the OK); else
+        accepted here at once (None)."""
+        if not local and topic_name in self.relay.routes:
+            return self.relay.publish_deferred(
+                topic_name, body, defer_ms, arrival, publisher, client
+            )
         topic = self._publish_topic(topic_name, "DPUB", errors.E_DPUB_FAILED)
         now = time.time_ns()
         who = publisher_of(body) if publisher is None else publisher
@@ -625,6 +639,7 @@ class Broker:
             now + defer_ms * 1_000_000,
         )
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
+        return None
 
     def _publish_topic(self, name: str, what: str, limit_code: str) -> Topic:
         """The topic to publish to, or E_PUB_FAILED if it cannot take messages now

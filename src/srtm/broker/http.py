@@ -355,12 +355,12 @@ class BrokerHttp:
         if "defer" in query:
             ms = defer_param(query["defer"], limits.max_req_timeout_ms)
             with _pub_failed():
-                self.broker.publish_deferred(topic, body, ms, arrival, publisher)
+                written = self.broker.publish_deferred(topic, body, ms, arrival, publisher)
         else:
             with _pub_failed():
                 written = self.broker.publish(topic, [body], arrival, publisher)
-            if written is not None:
-                await asyncio.shield(written)  # acknowledged once on disk (the OS)
+        if written is not None:
+            await asyncio.shield(written)  # acknowledged once on disk (the OS) or relayed
         return _ok()
 
     async def mpub(self, request: web.Request) -> web.Response:

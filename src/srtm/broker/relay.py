@@ -4,13 +4,16 @@ ALL_PUBLISHERS replication, over persistent NSQ TCP connections to the other bro
 ``Relay.publish`` is what ``Broker.publish`` calls for a topic with a route
 (``srtm.broker.routes``); every other topic never reaches this module. A message is
 forwarded (sent to its plan's broker instead of being accepted here), or accepted here and
-copied once to every replica, or accepted here as without a route. Nothing acknowledged is
+copied once to every replica, or accepted here as without a route; ``Relay.publish_deferred``
+(DPUB, from ``Broker.publish_deferred``) does the same with one deferred message, which
+keeps its due time wherever it goes. Nothing acknowledged is
 dropped: the publisher's OK waits until the target answered OK, and whatever a peer cannot
 take (unreachable, over its bound, an error) is accepted here instead (``fallback_local``).
 
 A ``PeerLink`` is one connection to one peer, opened on first use: it IDENTIFYs with
 ``srtm_relay: true`` (what arrives on it is never relayed again: no loops), sends what is
-queued as PUB, or MPUB when a backlog built up, one command in flight, and reconnects with
+queued as PUB, or MPUB when a backlog built up (DPUB for a deferred message, with the
+time it has left), one command in flight, and reconnects with
 a backoff; while down, what comes falls back at once.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.routes import RouteTable, TopicRoute
 from srtm.protocol import ProtocolError
-from srtm.protocol.commands import Identify, Mpub, Nop, Pub, encode_command
+from srtm.protocol.commands import Dpub, Identify, Mpub, Nop, Pub, encode_command
 from srtm.protocol.frames import FrameReader, FrameType
 
 if TYPE_CHECKING:
@@ -61,6 +65,8 @@ class _Item:
     bodies: list[bytes]
     size: int
     done: Done
+    #: A deferred message's due time (``time.monotonic`` s): sent alone as DPUB.
+    due_s: float | None = None
 
 
 class PeerLink:
@@ -83,15 +89,16 @@ class PeerLink:
         self._closing = False
         self._frames = FrameReader()
 
-    def send(self, topic: str, bodies: list[bytes], done: Done) -> bool:
+    def send(self, topic: str, bodies: list[bytes], done: Done, due_s: float | None = None) -> bool:
         """Queue a copy for the peer; ``done(ok)`` once it answered. False (nothing
-        queued, ``done`` not called): down or full, the caller keeps it here."""
+        queued, ``done`` not called): down or full, the caller keeps it here. ``due_s``
+        (one body): a deferred message due then (``time.monotonic``)."""
         size = sum(len(b) for b in bodies)
         if self._closing or time.monotonic() < self.down_until:
             return False
         if self.queued + len(bodies) > MAX_QUEUED or self.queued_bytes + size > MAX_QUEUED_BYTES:
             return False
-        self.queue.append(_Item(topic, bodies, size, done))
+        self.queue.append(_Item(topic, bodies, size, done, due_s))
         self.queued += len(bodies)
         self.queued_bytes += size
         self._wake.set()
@@ -224,13 +231,17 @@ class PeerLink:
 
     def _batch(self) -> list[_Item]:
         """The head of the queue, plus what follows it for the same topic while a batch
-        stays within its bounds."""
+        stays within its bounds (a deferred message is a batch of its own: DPUB)."""
         first = self.queue.popleft()
         batch = [first]
+        if first.due_s is not None:
+            return batch
         n, size = len(first.bodies), first.size
         while self.queue:
             nxt = self.queue[0]
-            if nxt.topic != first.topic or n + len(nxt.bodies) > MAX_BATCH:
+            if nxt.topic != first.topic or nxt.due_s is not None:
+                break
+            if n + len(nxt.bodies) > MAX_BATCH:
                 break
             if size + nxt.size > MAX_BATCH_BYTES:
                 break
@@ -259,10 +270,18 @@ class PeerLink:
 
 
 def _encode(batch: list[_Item]) -> bytes:
+    if (due := batch[0].due_s) is not None:
+        return encode_command(Dpub(batch[0].topic, left_ms(due), batch[0].bodies[0]))
     bodies = [b for item in batch for b in item.bodies]
     if len(bodies) == 1:
         return encode_command(Pub(batch[0].topic, bodies[0]))
     return encode_command(Mpub(batch[0].topic, bodies))
+
+
+def left_ms(due_s: float) -> int:
+    """A deferred message's time left (ms, rounded up, 0 if due): what a DPUB that
+    passes it on asks for, so that a hop (or a fallback) does not defer it twice."""
+    return max(0, math.ceil((due_s - time.monotonic()) * 1000))
 
 
 def _call(done: Done, ok: bool) -> None:
@@ -312,6 +331,17 @@ class RelayHost(Protocol):
         self,
         topic_name: str,
         bodies: Iterable[bytes],
+        arrival: int,
+        publisher: str | None,
+        client: Client | None = None,
+        local: bool = False,
+    ) -> asyncio.Future[Any] | None: ...
+
+    def publish_deferred(
+        self,
+        topic_name: str,
+        body: bytes,
+        defer_ms: int,
         arrival: int,
         publisher: str | None,
         client: Client | None = None,
@@ -407,27 +437,55 @@ class Relay:
         arrival: int,
         publisher: str | None,
         client: Client | None,
+        due_s: float | None = None,
     ) -> asyncio.Future[Any] | None:
-        """A publish to a topic with a route: forwarded, replicated, or accepted here."""
+        """A publish to a topic with a route: forwarded, replicated, or accepted here.
+        ``due_s`` (one body): a deferred message (DPUB) due then (``time.monotonic`` s)."""
         route = self.routes[topic]
         if self.stopping:
-            return self._local(route, bodies, arrival, publisher)
+            return self._local(route, bodies, arrival, publisher, due_s)
         who = publisher  # over HTTP: its ?publisher=
         if client is not None:
-            if client.identity.get("srtm_relay") is True:
-                return self._local(route, bodies, arrival, publisher)  # never relayed again
+            if client.identity.get("srtm_relay") is True:  # never relayed again
+                return self._local(route, bodies, arrival, publisher, due_s)
             who = str(client.identity.get("srtm_publisher") or "")  # a plain one has none
         to = route.forward_target(who, self.clock())
         if to is not None:
-            return self._forward(route, to, list(bodies), arrival, publisher, who)
+            return self._forward(route, to, list(bodies), arrival, publisher, who, due_s)
         if route.replicas is not None:
-            return self._replicate(route, list(bodies), arrival, publisher)
-        return self._local(route, bodies, arrival, publisher)
+            return self._replicate(route, list(bodies), arrival, publisher, due_s)
+        return self._local(route, bodies, arrival, publisher, due_s)
+
+    def publish_deferred(
+        self,
+        topic: str,
+        body: bytes,
+        defer_ms: int,
+        arrival: int,
+        publisher: str | None,
+        client: Client | None,
+    ) -> asyncio.Future[Any] | None:
+        """A DPUB to a topic with a route: as ``publish``, its due time kept (a target or
+        a peer gets a DPUB for the time it has left, a fallback defers it as long)."""
+        due_s = time.monotonic() + defer_ms / 1000
+        return self.publish(topic, [body], arrival, publisher, client, due_s)
 
     def _local(
-        self, route: TopicRoute, bodies: Iterable[bytes], arrival: int, publisher: str | None
+        self,
+        route: TopicRoute,
+        bodies: Iterable[bytes],
+        arrival: int,
+        publisher: str | None,
+        due_s: float | None = None,
     ) -> asyncio.Future[Any] | None:
-        written = self.broker.publish(route.topic, bodies, arrival, publisher, local=True)
+        broker = self.broker
+        if due_s is None:
+            written = broker.publish(route.topic, bodies, arrival, publisher, local=True)
+        else:
+            (body,) = bodies
+            written = broker.publish_deferred(
+                route.topic, body, left_ms(due_s), arrival, publisher, local=True
+            )
         if route.replicas is not None:
             # A topic deleted and made again is a new object: it keeps the homing too.
             self.broker.topics[route.topic].homing = route
@@ -441,6 +499,7 @@ class Relay:
         arrival: int,
         publisher: str | None,
         who: str | None,
+        due_s: float | None,
     ) -> asyncio.Future[Any] | None:
         """Send to ``to``; the publisher's OK waits for its. Not shaped here (it is at
         the target); an SRTM publisher is told once to move there."""
@@ -459,24 +518,29 @@ class Relay:
                 return
             route.counters.fallback_local += n
             try:
-                answered.wait_for(self._local(route, bodies, arrival, publisher))
+                answered.wait_for(self._local(route, bodies, arrival, publisher, due_s))
             except Exception as exc:  # this broker cannot take it either (disk, limits)
                 log.error("topic %s: %d forwarded messages lost: %s", route.topic, n, exc)
                 # Known gap: its OK, queued behind this, still goes out (logged as lost).
                 answered.part_done()
 
-        if not self.link(to).send(route.topic, bodies, done):
+        if not self.link(to).send(route.topic, bodies, done, due_s):
             route.counters.fallback_local += n
-            return self._local(route, bodies, arrival, publisher)
+            return self._local(route, bodies, arrival, publisher, due_s)
         return answered.future
 
     def _replicate(
-        self, route: TopicRoute, bodies: list[bytes], arrival: int, publisher: str | None
+        self,
+        route: TopicRoute,
+        bodies: list[bytes],
+        arrival: int,
+        publisher: str | None,
+        due_s: float | None,
     ) -> asyncio.Future[Any] | None:
         """Accept here (for the channels homed here) and copy to every peer; a copy a
         peer cannot take feeds its channels here instead."""
         peers = route.peers()
-        written = self._local(route, bodies, arrival, publisher)
+        written = self._local(route, bodies, arrival, publisher, due_s)
         if not peers:
             return written
         answered = _Countdown(len(peers) + 1)
@@ -490,27 +554,36 @@ class Relay:
                     answered.part_done()
                     return
                 try:
-                    answered.wait_for(self._fallback(route, peer, bodies, arrival, publisher))
+                    fallback = self._fallback(route, peer, bodies, arrival, publisher, due_s)
+                    answered.wait_for(fallback)
                 except Exception:  # a bug: logged, and the publisher is not kept waiting
                     log.exception("topic %s: copies for %s not kept", route.topic, peer)
                     answered.part_done()
 
-            if not self.link(address).send(route.topic, bodies, done):
+            if not self.link(address).send(route.topic, bodies, done, due_s):
                 done(False)
         return answered.future
 
     def _fallback(
-        self, route: TopicRoute, peer: str, bodies: list[bytes], arrival: int, publisher: str | None
+        self,
+        route: TopicRoute,
+        peer: str,
+        bodies: list[bytes],
+        arrival: int,
+        publisher: str | None,
+        due_s: float | None,
     ) -> asyncio.Future[Any] | None:
         """What ``peer`` could not take goes to its channels here (their consumers may
-        come here; unshaped: the bucket here already paced this broker's own copy).
-        Returns what to wait for before the OK (its overflow to disk, as a publish)."""
+        come here; unshaped: the bucket here already paced this broker's own copy; a
+        deferred one deferred as long as it has left). Returns what to wait for before
+        the OK (its overflow to disk, as a publish)."""
         route.counters.fallback_local += len(bodies)
         broker = self.broker
         broker.persistence.pushed.clear()
         topic = broker.topic(route.topic)
         names = route.channels_of(peer, list(topic.channels))
         now = time.time_ns()
+        due_ns = None if due_s is None else now + left_ms(due_s) * 1_000_000
         who = publisher or ""
         kept = False
         for name in names:
@@ -523,12 +596,19 @@ class Relay:
                 continue
             for body in bodies:
                 msg = Message(broker.ids.next(), body, now, arrival, now, publisher=who)
-                ch.put(msg)
+                if due_ns is None:
+                    ch.put(msg)
+                else:
+                    ch.put_deferred(msg, due_ns)
             broker.mark_ready(ch)
             kept = True
         if not kept:
             for body in bodies:  # no channel of it yet: kept for the topic's first one
-                topic.held.append(Message(broker.ids.next(), body, now, arrival, now, 0, who))
+                msg = Message(broker.ids.next(), body, now, arrival, now, 0, who)
+                if due_ns is None:
+                    topic.held.append(msg)
+                else:
+                    topic.held_deferred.append((msg, due_ns))
         return broker.persistence.write_through() if broker.persistence.pushed else None
 
 

@@ -88,8 +88,14 @@ class BrokerPort(Protocol):
     ) -> asyncio.Future[Any] | None: ...
 
     def publish_deferred(
-        self, topic_name: str, body: bytes, defer_ms: int, arrival: int, publisher: str | None
-    ) -> None: ...
+        self,
+        topic_name: str,
+        body: bytes,
+        defer_ms: int,
+        arrival: int,
+        publisher: str | None,
+        client: Client | None = None,
+    ) -> asyncio.Future[Any] | None: ...
 
     def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel: ...
 
@@ -298,7 +304,11 @@ class Client:
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
 
     def publish_deferred(self, topic: str, body: bytes, defer_ms: int, arrival_ns: int) -> None:
-        self.broker.publish_deferred(topic, body, defer_ms, arrival_ns, self.session.attributed_to)
+        written = self.broker.publish_deferred(
+            topic, body, defer_ms, arrival_ns, self.session.attributed_to, self
+        )
+        if written is not None:  # forwarded or copied by the relay: OK once answered
+            self._hold_until(written)
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + 1
 
     def subscribe(self, topic: str, channel: str) -> None:

@@ -138,7 +138,10 @@ class ControllerOptions:
         0.8, "The optimizer's CPU capacity per broker (a fraction of one core).", minimum=0
     )
     egress_max: float = setting(
-        125e6, "The optimizer's network capacity per broker (egress bytes/s).", minimum=0
+        125e6,
+        "A broker's maximum egress (bytes/s): the optimizer's network capacity per broker "
+        "and, with --rebalance, the rebalancer's (load ratio, replication; 0: its default).",
+        minimum=0,
     )
     cost_model: Path | None = setting(
         None,
@@ -162,4 +165,5 @@ class ControllerOptions:
             min_plan_interval_s=self.min_plan_interval_s,
             min_brokers=self.min_brokers,
             max_brokers=self.max_brokers,
+            egress_max=self.egress_max or _REBALANCE.egress_max,
         )
