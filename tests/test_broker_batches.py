@@ -10,7 +10,7 @@ from nsq_raw import RawClient
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.queue import MessageQueue
 from srtm.broker.state import UNBOOKED, Topic, memory_queues
-from srtm.protocol import MAGIC_V2, Fin, Mpub, Parser, ProtocolError, Rdy, Sub
+from srtm.protocol import MAGIC_V2, Fin, Mpub, Parser, ProtocolError, Pub, Rdy, Sub
 from support import MakeBroker, eventually
 
 MS = 1_000_000
@@ -167,6 +167,32 @@ async def test_a_run_of_fins_with_one_unknown_id_fails_only_that_one(
     assert await pub.response() == b"OK"
     # its RDY room came back, and no other error frame came before the message
     assert (await sub.message()).body == b"more"
+    await pub.close()
+    await sub.close()
+
+
+async def test_a_long_run_of_fins_is_run_in_pieces_with_the_same_answers(
+    make_broker: MakeBroker,
+) -> None:
+    """A run longer than the 32 FINs run at a time (one ``Fins`` from the parser): an
+    unknown id past the first piece fails alone, and every other message is finished."""
+    broker = await make_broker()
+    assert broker.tcp_address is not None
+    pub = await RawClient.connect(*broker.tcp_address)
+    await pub.send(Mpub("t", [b"%d" % i for i in range(100)]))
+    assert await pub.response() == b"OK"
+    sub = await RawClient.connect(*broker.tcp_address)
+    await sub.send(Sub("t", "c"), Rdy(100))
+    assert await sub.response() == b"OK"
+    ids = [(await sub.message()).id for _ in range(100)]
+    await sub.send(*(Fin(i) for i in [*ids[:70], b"f" * 16, *ids[70:]]))  # one write
+    assert (await sub.error()).startswith("E_FIN_FAILED FIN ffffffffffffffff failed")
+    ch = broker.topics["t"].channels["c"]
+    await eventually(lambda: not ch.in_flight, "every known id finished")
+    assert ch.consumers[0].in_flight == 0
+    await pub.send(Pub("t", b"more"))
+    assert await pub.response() == b"OK"
+    assert (await sub.message()).body == b"more"  # no other error frame came first
     await pub.close()
     await sub.close()
 

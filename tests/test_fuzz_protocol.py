@@ -16,6 +16,8 @@ from nsq_fuzz import commands, cut_lists, mutated_streams, split, stream
 from srtm.protocol import (
     MAGIC_V2,
     Command,
+    Fin,
+    Fins,
     FrameReader,
     FrameType,
     Identify,
@@ -83,6 +85,41 @@ def test_mutated_streams_split_anywhere_give_the_same_events(data: bytes, cuts: 
 def test_valid_streams_round_trip_split_anywhere(cmds: list[Command], cuts: list[int]) -> None:
     data = stream(cmds)
     assert feed_split(data, cuts) == cmds
+
+
+def expanded(events: list[object]) -> list[object]:
+    """A ``Fins`` as the ``Fin`` of each of its ids."""
+    out: list[object] = []
+    for ev in events:
+        out += map(Fin, ev.message_ids) if isinstance(ev, Fins) else [ev]
+    return out
+
+
+def feed_batched(data: bytes, cuts: list[int]) -> list[object]:
+    parser = Parser(batch_fins=True)
+    return [ev for piece in split(data, cuts) for ev in parser.feed(piece)]
+
+
+@many
+@given(st.lists(commands(), max_size=10), st.integers(0, 40), cut_lists)
+def test_batched_fins_are_the_same_commands(
+    cmds: list[Command], fins: int, cuts: list[int]
+) -> None:
+    """The broker's parser (``batch_fins``) gives the same commands, FINs run together."""
+    mids = [b"%016x" % i for i in range(fins)]
+    data = stream([*map(Fin, mids), *cmds, *map(Fin, mids)])
+    batched = feed_batched(data, cuts)
+    check_events(batched)
+    assert normal(expanded(batched)) == normal(feed_split(data, cuts))
+    if fins and not cuts:  # a run read at once is one value
+        assert isinstance(batched[0], Fins) and batched[0].message_ids[:fins] == mids
+
+
+@many
+@given(st.binary(max_size=600), cut_lists)
+def test_batched_fins_of_arbitrary_bytes_are_the_same_events(data: bytes, cuts: list[int]) -> None:
+    raw = MAGIC_V2 + data
+    assert normal(expanded(feed_batched(raw, cuts))) == normal(feed_split(raw, cuts))
 
 
 def test_an_overlong_line_is_refused_however_it_arrives() -> None:

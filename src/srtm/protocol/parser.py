@@ -15,6 +15,7 @@ from srtm.protocol.commands import (
     Command,
     Dpub,
     Fin,
+    Fins,
     Identify,
     Mpub,
     Nop,
@@ -50,10 +51,14 @@ class Parser:
     """Feed it what the socket read; it returns the commands (or errors) completed.
 
     After a fatal error it returns nothing more: the server must close the connection.
+    With ``batch_fins``, each run of well-formed FIN lines that one ``feed`` completes is
+    one ``Fins`` (the broker's: one value per run, not one per message); without, a
+    ``Fin`` per line. Expanded, the commands are the same either way.
     """
 
-    def __init__(self, limits: Limits | None = None) -> None:
+    def __init__(self, limits: Limits | None = None, batch_fins: bool = False) -> None:
         self.limits = limits or Limits()
+        self.batch_fins = batch_fins
         self._buf = bytearray()
         self._magic_seen = False
         self._failed = False
@@ -111,7 +116,11 @@ class Parser:
                 if buf.startswith(b"FIN ", pos) and (run := _FIN_RUN.match(buf, pos)):
                     # Consumers send a FIN per message, back to back: the run at once.
                     fins = run.group()
-                    events += [Fin(fins[i : i + 16]) for i in range(4, len(fins), 21)]
+                    ids = [fins[i : i + 16] for i in range(4, len(fins), 21)]
+                    if self.batch_fins:
+                        events.append(Fins(ids))
+                    else:
+                        events += map(Fin, ids)
                     pos = run.end()
                     continue
                 end = buf.find(b"\n", pos)
