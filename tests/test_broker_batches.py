@@ -6,6 +6,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+import pytest
+
 from nsq_raw import RawClient
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.queue import MessageQueue
@@ -28,10 +30,12 @@ def put(topic: Topic, n: int, arrival: int = 5, direct: bool = True) -> float:
     return topic.put_many(ids, [b"m%d" % i for i in range(n)], 7, arrival, "p", direct)
 
 
-def test_ids_taken_at_once_are_the_ids_taken_one_by_one() -> None:
-    a, b = MessageIds(4095, 1 << 40), MessageIds(4095, 1 << 40)
-    assert a.take(300) == [b.next() for _ in range(300)]
-    assert a.next() == b.next() and a.last == b.last
+@pytest.mark.parametrize("start", [0, 1 << 40, (1 << 52) - 40])
+def test_ids_taken_at_once_are_the_ids_taken_one_by_one(start: int) -> None:
+    a, b = MessageIds(4095, start), MessageIds(4095, start)
+    for n in (300, 1, 0, 31, 32, 33):  # few and many take different ways
+        assert a.take(n) == [b.next() for _ in range(n)]
+        assert a.next() == b.next() and a.last == b.last
 
 
 def test_an_unshaped_topic_hands_a_publish_to_every_channel_at_once() -> None:
