@@ -482,14 +482,13 @@ class Client:
             parts: list[bytes] = []
             for r in records:
                 body = r[1]
-                parts += (pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1), r[0], body)
+                parts += (pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1, r[0]), body)
             self.write(b"".join(parts))
             return
         out = self._out
         for r in records:
             body = r[1]
-            out += pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1)
-            out += r[0]
+            out += pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1, r[0])
             out += body
         self._queued()
 
