@@ -36,6 +36,7 @@ STAGES: list[tuple[str, str, str]] = [
     ("srtm/protocol/session.py", "", "parse"),
     ("srtm/protocol/frames.py", "", "frame"),
     ("srtm/broker/tcp.py", "Client._on_readable", "read (recvmsg, loop over commands)"),
+    ("srtm/broker/tcp.py", "Client._run", "read (recvmsg, loop over commands)"),
     ("srtm/broker/tcp.py", "Client.send_records", "frame"),
     ("srtm/broker/tcp.py", "Client.finish", "FIN"),
     ("srtm/broker/tcp.py", "Client.publish", "publish (Message, id, put)"),

@@ -6,11 +6,13 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+import pytest
+
 from nsq_raw import RawClient
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.queue import MessageQueue
 from srtm.broker.state import UNBOOKED, Topic, memory_queues
-from srtm.protocol import MAGIC_V2, Fin, Mpub, Parser, ProtocolError, Rdy, Sub
+from srtm.protocol import MAGIC_V2, Fin, Mpub, Parser, ProtocolError, Pub, Rdy, Sub
 from support import MakeBroker, eventually
 
 MS = 1_000_000
@@ -28,10 +30,12 @@ def put(topic: Topic, n: int, arrival: int = 5, direct: bool = True) -> float:
     return topic.put_many(ids, [b"m%d" % i for i in range(n)], 7, arrival, "p", direct)
 
 
-def test_ids_taken_at_once_are_the_ids_taken_one_by_one() -> None:
-    a, b = MessageIds(4095, 1 << 40), MessageIds(4095, 1 << 40)
-    assert a.take(300) == [b.next() for _ in range(300)]
-    assert a.next() == b.next() and a.last == b.last
+@pytest.mark.parametrize("start", [0, 1 << 40, (1 << 52) - 40])
+def test_ids_taken_at_once_are_the_ids_taken_one_by_one(start: int) -> None:
+    a, b = MessageIds(4095, start), MessageIds(4095, start)
+    for n in (300, 1, 0, 31, 32, 33):  # few and many take different ways
+        assert a.take(n) == [b.next() for _ in range(n)]
+        assert a.next() == b.next() and a.last == b.last
 
 
 def test_an_unshaped_topic_hands_a_publish_to_every_channel_at_once() -> None:
@@ -167,6 +171,32 @@ async def test_a_run_of_fins_with_one_unknown_id_fails_only_that_one(
     assert await pub.response() == b"OK"
     # its RDY room came back, and no other error frame came before the message
     assert (await sub.message()).body == b"more"
+    await pub.close()
+    await sub.close()
+
+
+async def test_a_long_run_of_fins_is_run_in_pieces_with_the_same_answers(
+    make_broker: MakeBroker,
+) -> None:
+    """A run longer than the 32 FINs run at a time (one ``Fins`` from the parser): an
+    unknown id past the first piece fails alone, and every other message is finished."""
+    broker = await make_broker()
+    assert broker.tcp_address is not None
+    pub = await RawClient.connect(*broker.tcp_address)
+    await pub.send(Mpub("t", [b"%d" % i for i in range(100)]))
+    assert await pub.response() == b"OK"
+    sub = await RawClient.connect(*broker.tcp_address)
+    await sub.send(Sub("t", "c"), Rdy(100))
+    assert await sub.response() == b"OK"
+    ids = [(await sub.message()).id for _ in range(100)]
+    await sub.send(*(Fin(i) for i in [*ids[:70], b"f" * 16, *ids[70:]]))  # one write
+    assert (await sub.error()).startswith("E_FIN_FAILED FIN ffffffffffffffff failed")
+    ch = broker.topics["t"].channels["c"]
+    await eventually(lambda: not ch.in_flight, "every known id finished")
+    assert ch.consumers[0].in_flight == 0
+    await pub.send(Pub("t", b"more"))
+    assert await pub.response() == b"OK"
+    assert (await sub.message()).body == b"more"  # no other error frame came first
     await pub.close()
     await sub.close()
 

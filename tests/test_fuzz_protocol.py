@@ -16,6 +16,8 @@ from nsq_fuzz import commands, cut_lists, mutated_streams, split, stream
 from srtm.protocol import (
     MAGIC_V2,
     Command,
+    Fin,
+    Fins,
     FrameReader,
     FrameType,
     Identify,
@@ -27,7 +29,7 @@ from srtm.protocol import (
     frame,
     message,
 )
-from srtm.protocol.parser import MAX_JSON_DEPTH
+from srtm.protocol.parser import _FIN_RUN, MAX_JSON_DEPTH, whole_fin_lines
 
 COMMAND_TYPES = Command.__args__  # type: ignore[attr-defined]
 #: The codec is cheap to fuzz: five times the profile's examples (a few seconds in all).
@@ -83,6 +85,65 @@ def test_mutated_streams_split_anywhere_give_the_same_events(data: bytes, cuts: 
 def test_valid_streams_round_trip_split_anywhere(cmds: list[Command], cuts: list[int]) -> None:
     data = stream(cmds)
     assert feed_split(data, cuts) == cmds
+
+
+def expanded(events: list[object]) -> list[object]:
+    """A ``Fins`` as the ``Fin`` of each of its ids."""
+    out: list[object] = []
+    for ev in events:
+        out += map(Fin, ev.message_ids) if isinstance(ev, Fins) else [ev]
+    return out
+
+
+def feed_batched(data: bytes, cuts: list[int]) -> list[object]:
+    parser = Parser(batch_fins=True)
+    return [ev for piece in split(data, cuts) for ev in parser.feed(piece)]
+
+
+@many
+@given(st.lists(commands(), max_size=10), st.integers(0, 40), cut_lists)
+def test_batched_fins_are_the_same_commands(
+    cmds: list[Command], fins: int, cuts: list[int]
+) -> None:
+    """The broker's parser (``batch_fins``) gives the same commands, FINs run together."""
+    mids = [b"%016x" % i for i in range(fins)]
+    data = stream([*map(Fin, mids), *cmds, *map(Fin, mids)])
+    batched = feed_batched(data, cuts)
+    check_events(batched)
+    assert normal(expanded(batched)) == normal(feed_split(data, cuts))
+    if fins and not cuts:  # a run read at once is one value
+        assert isinstance(batched[0], Fins) and batched[0].message_ids[:fins] == mids
+
+
+@many
+@given(st.binary(max_size=600), cut_lists)
+def test_batched_fins_of_arbitrary_bytes_are_the_same_events(data: bytes, cuts: list[int]) -> None:
+    raw = MAGIC_V2 + data
+    assert normal(expanded(feed_batched(raw, cuts))) == normal(feed_split(raw, cuts))
+
+
+#: FIN lines, mostly well-formed; some with a space, "\r" or newline in their id.
+fin_lines = st.builds(
+    lambda mid, end: b"FIN " + mid + end,
+    st.binary(min_size=16, max_size=16).map(lambda b: bytes(b"0a \r\n"[c % 5] for c in b))
+    | st.just(b"0123456789abcdef"),
+    st.sampled_from([b"\n", b"\n", b"\r\n", b""]),
+)
+
+
+@many
+@given(st.lists(fin_lines | st.binary(max_size=30), max_size=30))
+def test_the_quick_fin_check_agrees_with_the_regex(pieces: list[bytes]) -> None:
+    """``whole_fin_lines``: what ``_FIN_RUN`` matches, where every whole line is one."""
+    buf = bytearray(b"".join(pieces))
+    for pos in range(min(len(buf), 30)):
+        quick = whole_fin_lines(buf, pos)
+        run = _FIN_RUN.match(buf, pos)
+        if quick is not None:
+            assert quick == (run.group() if run else b"")
+            assert len(buf) - pos - len(quick) < 21  # every whole line
+        elif run is not None:
+            assert len(buf) - pos - len(run.group()) >= 21  # a whole line the run ends at
 
 
 def test_an_overlong_line_is_refused_however_it_arrives() -> None:

@@ -18,6 +18,7 @@ from srtm.protocol import (
     Command,
     Dpub,
     Fin,
+    Fins,
     FrameReader,
     Identify,
     Limits,
@@ -29,12 +30,14 @@ from srtm.protocol import (
     Req,
     Sub,
     Touch,
+    error,
     errors,
     response,
 )
 from srtm.protocol.session import TRANSITIONS, Session, SessionSettings, SessionState
 
 MID = b"0123456789abcdef"
+MID2 = b"fedcba9876543210"
 OK = response()
 
 #: One instance of each command, and the calls an accepted one makes on the connection.
@@ -47,6 +50,7 @@ SAMPLES: dict[type[Command], tuple[Command, list[tuple[Any, ...]]]] = {
     Dpub: (Dpub("t", 5, b"x"), [("publish_deferred", "t", b"x", 5, 7), ("write", OK)]),
     Rdy: (Rdy(3), [("ready", 3)]),
     Fin: (Fin(MID), [("finish", MID)]),
+    Fins: (Fins([MID, MID2]), [("finish_many", [MID, MID2])]),
     Req: (Req(MID, 2), [("requeue", MID, 2_000_000)]),
     Touch: (Touch(MID), [("touch", MID)]),
     Cls: (Cls(), [("ready", 0), ("write", response(CLOSE_WAIT))]),
@@ -68,6 +72,7 @@ EXPECTED: dict[SessionState, dict[type[Command], SessionState | str]] = {
         Dpub: INIT,
         Rdy: REFUSED,
         Fin: REFUSED,
+        Fins: REFUSED,
         Req: REFUSED,
         Touch: REFUSED,
         Cls: REFUSED,
@@ -82,6 +87,7 @@ EXPECTED: dict[SessionState, dict[type[Command], SessionState | str]] = {
         Dpub: SUB,
         Rdy: SUB,
         Fin: SUB,
+        Fins: SUB,
         Req: SUB,
         Touch: SUB,
         Cls: CLOSING,
@@ -96,6 +102,7 @@ EXPECTED: dict[SessionState, dict[type[Command], SessionState | str]] = {
         Dpub: CLOSING,
         Rdy: IGNORED,  # "just ignore ready changes on a closing channel"
         Fin: CLOSING,
+        Fins: CLOSING,
         Req: CLOSING,
         Touch: CLOSING,
         Cls: REFUSED,
@@ -140,6 +147,11 @@ class FakeConnection:
 
     def finish(self, message_id: bytes) -> str | None:
         return self._settle("finish", message_id)
+
+    def finish_many(self, message_ids: list[bytes]) -> list[tuple[bytes, str]]:
+        self.calls.append(("finish_many", message_ids))
+        failure = self.fail.get("finish")
+        return [(m, failure) for m in message_ids if m == MID] if isinstance(failure, str) else []
 
     def requeue(self, message_id: bytes, delay_ns: int) -> str | None:
         return self._settle("requeue", message_id, delay_ns)
@@ -196,7 +208,8 @@ def test_state_by_command(state: SessionState, cmd: type[Command]) -> None:
         assert info.value.code == expected
         assert info.value.fatal
         if expected == REFUSED:
-            assert str(info.value) == f"E_INVALID cannot {cmd.__name__.upper()} in current state"
+            wire = "FIN" if cmd is Fins else cmd.__name__.upper()  # a run of FINs is FIN
+            assert str(info.value) == f"E_INVALID cannot {wire} in current state"
         assert session.state is state
         assert conn.calls == []
 
@@ -293,6 +306,16 @@ def test_settling_a_message_not_in_flight_is_not_fatal(cmd: Command, call: str, 
     name = code.removeprefix("E_").removesuffix("_FAILED")
     assert str(info.value) == f"{code} {name} {MID.decode()} failed not in flight"
     assert not info.value.fatal
+    assert session.state is SUB
+
+
+def test_a_failed_fin_in_a_run_is_answered_and_the_rest_run() -> None:
+    """Fins, as Fin of each: the one that failed gets its (non-fatal) error frame."""
+    session, conn = session_in(SUB)
+    conn.fail["finish"] = "not in flight"
+    session.receive(Fins([MID2, MID, MID2]), 0)
+    failed = ProtocolError("E_FIN_FAILED", f"FIN {MID.decode()} failed not in flight")
+    assert conn.calls == [("finish_many", [MID2, MID, MID2]), ("write", error(failed))]
     assert session.state is SUB
 
 

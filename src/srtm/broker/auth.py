@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from srtm.protocol import Auth, Dpub, Identify, Mpub, ProtocolError, Pub, Sub, errors
-from srtm.protocol.session import SessionState
+from srtm.protocol.session import SessionState, command_name
 
 if TYPE_CHECKING:
     import aiohttp
@@ -263,7 +263,7 @@ class Gate:
         client = self.client
         tls = client.tls
         if not isinstance(event, Identify):
-            name = type(event).__name__.upper()
+            name = command_name(type(event))  # type: ignore[arg-type]
             if tls is not None and not tls.established:
                 # Plain text that followed IDENTIFY before the handshake: nsqd would have
                 # read it as a broken handshake.

@@ -654,7 +654,11 @@ class Broker:
 
     # -- delivery ------------------------------------------------------------------------
     def mark_ready(self, channel: Channel) -> None:
-        """Dispatch this channel soon (once per loop turn, however many calls)."""
+        """Dispatch this channel soon (once per loop turn, however many calls). One with
+        no consumer has nothing to dispatch (a single PUB into it would cost a loop turn
+        more); a consumer has RDY 0 until its RDY, which marks the channel again."""
+        if not channel.consumers:
+            return
         self._dirty.add(channel)
         if not self._flush_scheduled:
             self._flush_scheduled = True

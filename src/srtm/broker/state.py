@@ -224,14 +224,16 @@ class Channel:
     def fin_many(self, mids: list[bytes], consumer: Consumer) -> list[tuple[bytes, str]]:
         """``fin`` of each (a consumer's run of FINs); those that failed and why."""
         flights = self.in_flight
+        pop = flights.pop  # one lookup per FIN, not a get and a del
         failed: list[tuple[bytes, str]] = []
         done = 0
         for mid in mids:
-            flight = flights.get(mid)
+            flight = pop(mid, None)
             if flight is None or flight[1] is not consumer:
+                if flight is not None:
+                    flights[mid] = flight  # another consumer's: it stays in flight
                 failed.append((mid, f"{mid.decode(errors='replace')} not found"))
                 continue
-            del flights[mid]
             done += 1
             origin = flight[0][7]
             if origin is not None:

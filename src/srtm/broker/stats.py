@@ -108,7 +108,9 @@ class Recorder:
     def add(self, value_ns: int) -> None:
         self.pending.append(value_ns)
 
-    def extend(self, values_ns: list[int]) -> None:
+    def extend(self, values_ns: array[int]) -> None:
+        """Values as an int64 array: the copy is a memcpy (an array from a list is made
+        once per dispatch, even for two recorders; extending by a list converts each)."""
         self.pending.extend(values_ns)
 
     def flush(self) -> None:
@@ -219,20 +221,20 @@ class TopicStats:
         by ``channel`` at ``now`` (a redelivery is not a new message): the channel's rate,
         latency and (``shaped``) token wait; where it is the topic's first channel, the
         topic's latency and (with ``lateness``) its release lateness too, so that a message
-        counts once. One list and one array extend per histogram, not a call per value."""
+        counts once. One array per kind of value, not a call per value."""
         cs = self.channel(channel)
         first = [r for r in records if not r[5]]
         if not first:
             return
         cs.window.add(now, len(first), 0.0)
-        latency = [now - r[3] for r in first]
+        latency = array("q", [now - r[3] for r in first])
         cs.latency.extend(latency)
         if shaped:
-            cs.token_wait.extend([r[4] - r[3] for r in first])
+            cs.token_wait.extend(array("q", [r[4] - r[3] for r in first]))
         if first_channel:
             self.latency.extend(latency)
             if lateness:
-                self.lateness.extend([now - r[4] for r in first])
+                self.lateness.extend(array("q", [now - r[4] for r in first]))
 
     def recorders(self) -> list[Recorder]:
         out = [self.token_wait, self.latency, self.lateness]

@@ -30,7 +30,7 @@ from srtm.broker.auth import Authenticator, Gate
 from srtm.broker.queue import Record
 from srtm.broker.state import DeliveryError
 from srtm.broker.tls import tcp_requires_tls
-from srtm.protocol import Event, Fin, Parser, ProtocolError, errors, frames
+from srtm.protocol import Event, Fins, Parser, ProtocolError, errors, frames
 from srtm.protocol.frames import MESSAGE_HEAD as _MESSAGE_HEAD
 from srtm.protocol.session import Session, SessionSettings, SessionState
 
@@ -58,6 +58,8 @@ _CLOSED = SessionState.CLOSED
 _MESSAGE = int(frames.FrameType.MESSAGE)
 #: What a message frame's size counts beyond its body: type, timestamp, attempts, id.
 _MESSAGE_OVERHEAD = 30
+#: FINs of a run (``Fins``) run at a time, with due releases looked at in between.
+_FIN_CHUNK = 32
 
 
 class BrokerPort(Protocol):
@@ -135,7 +137,7 @@ class Client:
         self.broker = broker
         self.sock = sock
         self.loop = asyncio.get_running_loop()
-        self.parser = Parser(broker.options.limits)
+        self.parser = Parser(broker.options.limits, batch_fins=True)
         self.session = Session(self, session_settings(broker))
         #: Read by the channel for every message it dispatches: plain attributes.
         self.rdy = 0
@@ -248,39 +250,40 @@ class Client:
                 self._send()
 
     def _run_all(self, events: list[Event], arrival: int) -> None:
-        """Run what one read completed, in order; a run of FINs (one per message a
-        consumer got) up to 32 at a time, where the session runs FIN as it is."""
-        session = self.session
+        """Run what one read completed, in order. Due shaped releases are looked at every
+        32 commands, a FIN of a run (``Fins``, one per message a consumer got) counting
+        as one: a long run is run 32 FINs at a time."""
         gate = self.gate
-        n = len(events)
-        i = 0
-        check = 32  # due shaped releases are looked at every 32 commands
-        while i < n:
-            if session.state is _CLOSED or self._close_when_flushed:
-                return  # closed, or a fatal error: nsqd runs nothing after one
-            if i >= check:
-                check = i + 32
-                self.broker.release_due()
-            event = events[i]
-            if type(event) is Fin and gate is None and session.runs_fin:
-                j = i + 1
-                while j < n and j < i + 32 and type(events[j]) is Fin:
-                    j += 1
-                try:
-                    session.receive_fins(events[i:j])  # type: ignore[arg-type]
-                except Exception:
-                    self._internal_error(event)
-                i = j
+        work = 0
+        check = 32
+        for event in events:
+            if type(event) is Fins and len(ids := event.message_ids) > _FIN_CHUNK:
+                for k in range(0, len(ids), _FIN_CHUNK):
+                    if work >= check:
+                        check = work + 32
+                        self.broker.release_due()
+                    if self.session.state is _CLOSED or self._close_when_flushed:
+                        return  # closed, or a fatal error: nsqd runs nothing after one
+                    self._run_one(Fins(ids[k : k + _FIN_CHUNK]), arrival, gate)
+                    work += _FIN_CHUNK
                 continue
-            i += 1
-            if gate is not None and gate.consumes(event, arrival):
-                continue  # refused, or held until the auth server answers
-            try:
-                session.receive(event, arrival)
-            except ProtocolError as err:
-                self.send_error(err)
-            except Exception:
-                self._internal_error(event)
+            if work >= check:
+                check = work + 32
+                self.broker.release_due()
+            if self.session.state is _CLOSED or self._close_when_flushed:
+                return
+            self._run_one(event, arrival, gate)
+            work += len(event.message_ids) if type(event) is Fins else 1
+
+    def _run_one(self, event: Event, arrival: int, gate: Gate | None) -> None:
+        if gate is not None and gate.consumes(event, arrival):
+            return  # refused, or held until the auth server answers
+        try:
+            self.session.receive(event, arrival)
+        except ProtocolError as err:
+            self.send_error(err)
+        except Exception:
+            self._internal_error(event)
 
     def run(self, event: object, arrival: int) -> None:
         """Run a command the gate held back (read earlier, in order)."""
@@ -489,14 +492,13 @@ class Client:
             parts: list[bytes] = []
             for r in records:
                 body = r[1]
-                parts += (pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1), r[0], body)
+                parts += (pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1, r[0]), body)
             self.write(b"".join(parts))
             return
         out = self._out
         for r in records:
             body = r[1]
-            out += pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1)
-            out += r[0]
+            out += pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1, r[0])
             out += body
         self._queued()
 

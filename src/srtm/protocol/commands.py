@@ -3,7 +3,7 @@
 Values compared and hashed by their fields, never changed once made; not ``frozen``
 dataclasses all the same, since a frozen one costs twice the time to make (its
 ``__init__`` sets each field through ``object.__setattr__``) and the parser makes one
-per command, a FIN or PUB per message.
+per command, a FIN or PUB per message (the broker's makes one ``Fins`` per run of FINs).
 """
 
 from __future__ import annotations
@@ -59,6 +59,15 @@ class Fin:
     message_id: bytes
 
 
+@dataclass(slots=True)
+class Fins:
+    """FIN of each of ``message_ids``, in order: a run of FIN lines read together, as one
+    value (a ``Parser(batch_fins=True)`` makes one where it would make a ``Fin`` per line,
+    as consumers send one per message). Not hashable (its ids are a list)."""
+
+    message_ids: list[bytes]
+
+
 @dataclass(slots=True, unsafe_hash=True)
 class Req:
     message_id: bytes
@@ -80,7 +89,7 @@ class Nop:
     pass
 
 
-Command = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Req | Touch | Cls | Nop
+Command = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Fins | Req | Touch | Cls | Nop
 
 
 def encode_command(cmd: Command) -> bytes:
@@ -107,6 +116,8 @@ def encode_command(cmd: Command) -> bytes:
             return f"RDY {count}\n".encode()
         case Fin(message_id):
             return b"FIN " + message_id + b"\n"
+        case Fins(message_ids):
+            return b"".join(b"FIN " + mid + b"\n" for mid in message_ids)
         case Req(message_id, timeout_ms):
             return b"REQ " + message_id + f" {timeout_ms}\n".encode()
         case Touch(message_id):

@@ -11,8 +11,9 @@ from srtm.protocol.errors import ProtocolError
 
 _HEADER = struct.Struct(">iI")
 _MESSAGE = struct.Struct(">qH")
-#: A message frame up to its id: size, type, timestamp, attempts (for building many).
-MESSAGE_HEAD = struct.Struct(">iIqH")
+#: A message frame up to its body: size, type, timestamp, attempts, the 16-byte id (for
+#: building many: one pack and the body per message).
+MESSAGE_HEAD = struct.Struct(">iIqH16s")
 HEARTBEAT = b"_heartbeat_"
 OK = b"OK"
 CLOSE_WAIT = b"CLOSE_WAIT"

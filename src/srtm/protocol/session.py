@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from srtm.protocol.commands import (
     Command,
     Dpub,
     Fin,
+    Fins,
     Identify,
     Mpub,
     Nop,
@@ -94,6 +95,7 @@ _COMMANDS: tuple[type[Command], ...] = (
     Dpub,
     Rdy,
     Fin,
+    Fins,
     Req,
     Touch,
     Cls,
@@ -105,6 +107,7 @@ _PUBLISH = (Pub, Mpub, Dpub)
 #: (entered once the command succeeded), or None for a command read and ignored.
 #: A command a state does not list is refused: E_INVALID "cannot X in current state"
 #: (fatal). Publishing needs no subscription; RDY after CLS is ignored, as nsqd does.
+#: ``Fins`` (a run of FINs read together) goes wherever FIN goes.
 TRANSITIONS: dict[SessionState, dict[type[Command], SessionState | None]] = {
     SessionState.INIT: {
         Identify: SessionState.INIT,
@@ -114,11 +117,11 @@ TRANSITIONS: dict[SessionState, dict[type[Command], SessionState | None]] = {
         Nop: SessionState.INIT,
     },
     SessionState.SUBSCRIBED: {
-        **{cmd: SessionState.SUBSCRIBED for cmd in (*_PUBLISH, Rdy, Fin, Req, Touch, Nop)},
+        **{cmd: SessionState.SUBSCRIBED for cmd in (*_PUBLISH, Rdy, Fin, Fins, Req, Touch, Nop)},
         Cls: SessionState.CLOSING,
     },
     SessionState.CLOSING: {
-        **{cmd: SessionState.CLOSING for cmd in (*_PUBLISH, Fin, Req, Touch, Nop)},
+        **{cmd: SessionState.CLOSING for cmd in (*_PUBLISH, Fin, Fins, Req, Touch, Nop)},
         Rdy: None,
     },
     # A closed connection runs nothing more of what it had read.
@@ -127,8 +130,8 @@ TRANSITIONS: dict[SessionState, dict[type[Command], SessionState | None]] = {
 
 
 def command_name(cmd: type[Command]) -> str:
-    """The command's name on the wire (``Mpub`` -> ``MPUB``)."""
-    return cmd.__name__.upper()
+    """The command's name on the wire (``Mpub`` -> ``MPUB``; ``Fins`` -> ``FIN``)."""
+    return "FIN" if cmd is Fins else cmd.__name__.upper()
 
 
 class SessionHost(Protocol):
@@ -220,19 +223,6 @@ class Session:
     def receive(self, event: Command | ProtocolError, arrival_ns: int) -> None:
         """Run one command that arrived at ``arrival_ns``; a parse error is raised back."""
         self._handlers[type(event)](self, event, arrival_ns)
-
-    @property
-    def runs_fin(self) -> bool:
-        """Whether this state runs FIN as such (``receive_fins`` may take a run of them)."""
-        return self._handlers[Fin] is _RUN_FIN
-
-    def receive_fins(self, fins: Sequence[Fin]) -> None:
-        """A run of FINs, where ``runs_fin``: as ``receive`` of each, in one call to the
-        connection; each that failed is answered with its error frame (not fatal, so
-        the rest run, as they would one by one)."""
-        failed = self.conn.finish_many([f.message_id for f in fins])
-        for mid, why in failed:
-            self.conn.write(error(_settle_failed("FIN", mid, why)))
 
     def accepts(self, cmd: type[Command]) -> bool:
         """Whether the current state runs ``cmd`` (rather than refusing it)."""
@@ -400,6 +390,12 @@ class Session:
         if why is not None:
             raise _settle_failed("FIN", cmd.message_id, why)
 
+    def _fins(self, cmd: Fins, arrival_ns: int) -> None:
+        """As ``_fin`` of each, in one call to the connection; each that failed is
+        answered with its error frame (not fatal: the rest run, as one by one)."""
+        for mid, why in self.conn.finish_many(cmd.message_ids):
+            self.conn.write(error(_settle_failed("FIN", mid, why)))
+
     def _req(self, cmd: Req, arrival_ns: int) -> None:
         why = self.conn.requeue(cmd.message_id, cmd.timeout_ms * 1_000_000)
         if why is not None:
@@ -467,14 +463,12 @@ _RUN: dict[type[Command], _Handler] = {
     Dpub: Session._dpub,
     Rdy: Session._rdy,
     Fin: Session._fin,
+    Fins: Session._fins,
     Req: Session._req,
     Touch: Session._touch,
     Cls: Session._cls,
     Nop: Session._nop,
 }
-
-
-_RUN_FIN = _RUN[Fin]
 
 
 def _refused(cmd: type[Command]) -> _Handler:
