@@ -5,7 +5,10 @@ returns (controller actions pushed to brokers, brokers started and stopped).
 Each ``step``: for ``grace_s`` after the first one, nothing is started to reach
 ``min_brokers`` (the brokers that exist register again within a report interval of a
 controller's start: a restarted controller must not start brokers it does not need);
-brokers being started that registered stop counting as spawning; a broker
+brokers being started that registered stop counting as spawning, but until one carries
+something (or ``window_s`` has passed since it registered) no further broker is started:
+its load window is still filling, and its first report's CPU includes its start (a loaded
+CI machine saw a second spawn decided the moment the first registered); a broker
 being despawned is stopped once it carries nothing (no publisher, no share, no draining
 membership); while one is being despawned nothing else is decided (one change of the
 fleet at a time). Else the rebalancer runs on the state built from the controller
@@ -103,6 +106,8 @@ class Elastic:
     #: Brokers being started -> when; being despawned -> when.
     spawning: dict[str, float] = field(default_factory=dict)
     despawning: dict[str, float] = field(default_factory=dict)
+    #: Brokers started here that registered but carry nothing yet -> when they registered.
+    settling: dict[str, float] = field(default_factory=dict)
     #: Brokers handed to the provisioner to stop, until they are down (not counted).
     stopping: set[str] = field(default_factory=set)
     #: Ids handed out so far (``SPAWN_BASE + N``).
@@ -166,6 +171,11 @@ class Elastic:
         if short and now - self._first < self.grace_s:
             return out  # the brokers that exist may not have registered again yet
         self._settle_spawning(ctrl, now)
+        self.settling = {
+            b: t for b, t in self.settling.items()
+            if now - t <= self.settings.window_s and b in ctrl.brokers
+            and not ctrl.brokers[b].down and not carries(ctrl, b)
+        }  # fmt: skip
         self.stopping = {b for b in self.stopping if b in ctrl.brokers and not ctrl.brokers[b].down}
         self._settle_despawning(ctrl, now, out)
         if self.despawning or out.stop:
@@ -179,6 +189,10 @@ class Elastic:
         for d in decisions:
             if isinstance(d, Relocate) and d.source not in refused:
                 self._move(ctrl, d, now, out)
+            elif isinstance(d, Spawn) and self.settling:
+                why = f"deferred: {', '.join(sorted(self.settling))} carries nothing yet"
+                if not self.events or not self.events[-1].endswith(why):  # once, not per step
+                    self.note(now, f"spawn of {d.n} {why}")
             elif isinstance(d, Spawn):
                 self._spawn(ctrl, d.n, now, out)
             elif isinstance(d, Despawn) and d.broker not in refused:
@@ -248,6 +262,7 @@ class Elastic:
             info = ctrl.brokers.get(bid)
             if info is not None and not info.down:
                 del self.spawning[bid]
+                self.settling[bid] = now
                 self.note(now, f"{bid} registered")
             elif now - since > self.spawn_timeout_s:
                 del self.spawning[bid]
@@ -284,7 +299,8 @@ class Elastic:
     def to_json(self) -> dict[str, object]:
         """For /info: counts, what is under way, the last events."""
         return {
-            "spawning": sorted(self.spawning), "despawning": sorted(self.despawning),
+            "spawning": sorted(self.spawning), "settling": sorted(self.settling),
+            "despawning": sorted(self.despawning),
             "spawned": self.spawned, "despawned": self.despawned, "failures": self.failures,
             "events": list(self.events)[-20:],
         }  # fmt: skip
