@@ -28,6 +28,7 @@ from srtm.control.actions import (
     SetBucket,
     SetRoute,
     Unmanage,
+    forwarding_first,
     phases,
 )
 from srtm.control.api import make_app
@@ -419,11 +420,16 @@ class ControllerService:
         lock = self._shares.setdefault(topic, asyncio.Lock())
         async with lock:
             down, up = phases(actions)
+            # A broker losing publishers forwards before its share shrinks: what they
+            # still send it meanwhile is shaped by their new broker, not its drain share.
+            first, routed = forwarding_first(routed, down)
+            for r in first:
+                await self._route(r)
             await asyncio.gather(*(self._decrease(a) for a in down))
             await asyncio.gather(*(self._push_share(a) for a in up if self._current(a)))
-            # Routes once the shares are in place (a broker forwards or relays only to
-            # brokers shaping with their new share), one by one in the order given (a
-            # broker gaining a channel's home hears before the one losing it).
+            # Other routes once the shares are in place (a broker relays only to brokers
+            # shaping with their new share), one by one in the order given (a broker
+            # gaining a channel's home hears before the one losing it).
             for r in routed:
                 await self._route(r)
         if topic not in self.ctrl.topics and not lock.locked():
