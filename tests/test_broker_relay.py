@@ -572,3 +572,29 @@ async def test_route_writes_need_the_token(cluster: Cluster) -> None:
     headers = {"Authorization": "Bearer s3cret-token-for-tests"}
     async with a.http.post("/srtm/route", data=json.dumps(doc), headers=headers) as resp:
         assert resp.status == 200
+
+
+async def test_a_link_whose_task_lost_a_cancel_still_closes() -> None:
+    """On Python 3.11 a cancel that lands as a ``wait_for`` completes is lost: the link's
+    task went on waiting for more to send and the broker never finished its shutdown.
+    ``close`` cancels until the task ends."""
+    from srtm.broker.relay import PeerLink
+
+    link = PeerLink("127.0.0.1:9", "test")
+    forever = asyncio.Event()
+    cancels = 0
+
+    async def swallows_the_first_cancel() -> None:
+        nonlocal cancels
+        while True:
+            try:
+                await forever.wait()
+            except asyncio.CancelledError:
+                cancels += 1
+                if cancels > 1:
+                    raise
+
+    link._task = asyncio.get_running_loop().create_task(swallows_the_first_cancel())
+    await asyncio.sleep(0)  # the task starts waiting
+    await asyncio.wait_for(link.close(), timeout=30)  # a hang guard, not a timing check
+    assert cancels == 2 and link._task is None

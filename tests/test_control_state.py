@@ -110,3 +110,27 @@ def test_a_restarted_broker_gets_its_shares_again() -> None:
     c.create_topic(topic_of(150), "srtm", now=0)
     actions = c.register("b0", "127.0.0.1:4150", "127.0.0.1:5150", 1_000, now=10)
     assert [a.broker for a in actions] == ["b0"] and isinstance(actions[0], SetBucket)
+
+
+def test_a_silent_broker_whose_address_refuses_is_down_before_its_timeout() -> None:
+    """``silent`` lists the brokers worth probing; ``gone`` (the probe was refused: the
+    process is gone) takes one down at once and moves its publishers, as the timeout
+    would 5 s later; not if it spoke or registered elsewhere meanwhile."""
+    c = cluster(2)
+    c.create_topic(topic_of(4), "lb", now=0)
+    on = {b for b, ps in c.topics["t"].assignment.items() if ps}
+    c.report("b0", 0.0, {}, 1.0)
+    c.report("b1", 0.0, {}, 1.0)
+    assert c.silent(2.0, 1.5) == []
+    assert sorted(c.silent(3.0, 1.5)) == ["b0", "b1"]
+    assert c.gone("b0", c.brokers["b0"].http_address, 2.0, 1.5) is None  # not silent yet
+    assert c.gone("b0", "127.0.0.1:1", 3.0, 1.5) is None  # asked at an old address
+    c.report("b1", 0.0, {}, 2.9)
+    assert c.gone("b1", c.brokers["b1"].http_address, 3.0, 1.5) is None  # it spoke
+    actions = c.gone("b0", c.brokers["b0"].http_address, 3.0, 1.5)
+    assert actions is not None and c.brokers["b0"].down
+    assert c.silent(3.0, 1.5) == []
+    assert "b0" not in c.topics["t"].assignment or not c.topics["t"].assignment["b0"]
+    if "b0" in on:
+        assert any(isinstance(a, PlanChanged) for a in actions)
+    assert c.gone("b0", c.brokers["b0"].http_address, 4.0, 1.5) is None  # down already

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -68,3 +69,67 @@ def test_cli_runs_the_live_day_with_its_duration(
     doc = json.loads(result.stdout.strip().splitlines()[-1])
     assert doc["windows"] == [w]
     assert "DISTURBED" in result.output
+
+
+def own_envelope_misses(s: LiveDiurnal) -> list[tuple[str, float, float]]:
+    """Windows where a topic's own sends, alone through its whole ``(r, b)`` (r: 1.1 × the
+    sensors joined throughout the window and the one before), wait past the SLO at p99:
+    (topic, window start, p99 ms). No broker, split or move takes part."""
+    from srtm.analysis.delays import token_delays
+    from srtm.experiments.diurnal_live import LEAVE_LAG_S, schedule
+
+    out = []
+    for k, (topic, n, rate) in enumerate(s.topics):
+        t_ns = np.sort(schedule(s, topic, n, rate, s.seed * 100 + k).t_ns)
+        spans = [awake(s, i, n) for i in range(n)]
+        for i in range(s.windows):
+            lo, hi = i * s.window_s, (i + 1) * s.window_s
+            joined = sum(on <= lo - s.window_s and off + LEAVE_LAG_S >= hi for on, off in spans)
+            arr = t_ns[(t_ns >= (lo - s.window_s) * 1e9) & (t_ns < hi * 1e9)]
+            if joined == 0 or arr.size < 2:
+                continue
+            wait_ms = token_delays(arr, 1.1 * rate * joined, s.burst) / 1e6
+            mine = wait_ms[arr >= lo * 1e9]
+            if mine.size and (p99 := float(np.percentile(mine, 99))) > s.slo_ms:
+                out.append((topic, lo, p99))
+    return out
+
+
+def test_the_declared_buckets_carry_the_sensors_own_traffic_within_the_slo() -> None:
+    """The day's verdict is on the system only if each topic's offered traffic fits the
+    envelope it declares: at a burst of 50 the sends alone wait ~115 ms (p99) in two
+    windows, the two the live run missed with no split or move near them."""
+    assert own_envelope_misses(LiveDiurnal()) == []
+    assert own_envelope_misses(replace(LiveDiurnal(), burst=50.0)) != []
+
+
+def test_cli_runs_only_the_loop_on_half(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from srtm.experiments import diurnal_cli
+    from srtm.experiments.cli import app
+
+    seen: list[tuple[str, ...]] = []
+    w = {"t_s": 0.0, "offered_msgs": 10, "brokers": 2, "p99_ms": 1.0, "slo_met": True}
+    run = {"windows": [w], "moves": 0, "spawned": 0, "despawned": 0, "published": 10,
+           "delivered": 10, "failed": 0, "slo_windows_met": 1, "disturbed": None}  # fmt: skip
+
+    def fake(out: Path, s: LiveDiurnal, loops: tuple[str, ...], **_: Any) -> dict[str, Any]:
+        seen.append(loops)
+        return {"scenario": {"peak_msgs_per_s": 1.0}, "runs": {"on": run}, "windows": [w],
+                "disturbed": {"on": None}, "claims": [], "files": [], "published": 10,
+                "delivered": 10, "spawned": 0, "despawned": 0}  # fmt: skip
+
+    monkeypatch.setattr(diurnal_cli, "diurnal_live", fake)
+    result = CliRunner().invoke(app, ["run", "diurnal", "--only", "on", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert seen == [("on",)]
+    bad = CliRunner().invoke(app, ["run", "diurnal", "--only", "both", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and seen == [("on",)]
+
+
+def test_a_windows_worst_part_is_the_share_with_the_highest_p99() -> None:
+    from srtm.experiments.diurnal_live import worst_part
+
+    parts = np.array(["hot@1"] * 100 + ["hot@2"] * 100)
+    lat = np.concatenate([np.full(100, 1.0), np.r_[np.full(90, 1.0), np.full(10, 120.0)]])
+    assert worst_part(parts, lat) == {"part": "hot@2", "p99_ms": 120.0, "max_ms": 120.0}
+    assert worst_part(parts[:0], lat[:0]) is None

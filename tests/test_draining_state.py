@@ -155,3 +155,33 @@ def test_drain_weight_releases_the_waiting_queue_within_its_old_share() -> None:
     assert drain_weight(100.0, 30) == pytest.approx(30 / DRAIN_S)
     assert drain_weight(100.0, 10_000) == pytest.approx(100.0)
     assert drain_weight(0.0, 0) > 0
+
+
+def test_a_broker_moved_off_forwards_before_its_share_shrinks() -> None:
+    """What its old publishers still send it between its shrink and its route would wait
+    on the drain share (5 % of its rate: a live move held 15 messages up to 1 s); its
+    forwarding route goes first, every other route after the shares."""
+    from srtm.control.actions import forwarding_first
+
+    c = cluster()
+    plan = c.topics["t"].assignment
+    src = sorted(plan)[0]
+    dst = next(b for b in ("b0", "b1", "b2") if b != src)
+    actions = c.move("t", list(plan[src]), dst)
+    down, _ = phases(actions)  # type: ignore[arg-type]
+    routes = [a for a in actions if isinstance(a, SetRoute)]
+    assert any(a.broker == src for a in down)
+    first, after = forwarding_first(routes, down)
+    assert [r.broker for r in first] == [src] and first[0].doc["forward"]
+    assert all(r.broker != src for r in after) and len(first) + len(after) == len(routes)
+    assert forwarding_first(routes, []) == ([], routes)  # nothing shrinks: all after
+
+
+def test_a_relaying_route_waits_for_the_shares() -> None:
+    from srtm.control.actions import forwarding_first
+
+    reps = {"peers": {}, "primary": "b0", "homes": {}}
+    relay = SetRoute("b0", "t", {"topic": "t", "self": "b0", "forward": None, "replicas": reps})
+    both = SetRoute("b0", "t", {**relay.doc, "forward": {"to": "x:1", "publishers": {}}})
+    shrink = [Hold("b0", "t")]
+    assert forwarding_first([relay, both], shrink) == ([], [relay, both])

@@ -337,11 +337,12 @@ async def test_the_replicas_endpoint(controller_api: ControllerClient) -> None:
     assert "post" in openapi["paths"]["/topics/{name}/replicas"]
 
 
-async def test_the_service_pushes_routes_after_the_shares_and_before_the_orders(
+async def test_the_service_pushes_the_forwarding_route_first_then_shares_then_orders(
     controller_api: ControllerClient,
 ) -> None:
-    """Make-before-break at the edge: brokers (one fake HTTP API for both) see a move's
-    sub-buckets first, then the old broker's route, then the migration order."""
+    """At the edge: brokers (one fake HTTP API for both) see the old broker's forwarding
+    route first (what its publishers still send it is forwarded, not shaped by its
+    shrinking share), then a move's sub-buckets, then the migration orders."""
     seen: list[str] = []
 
     async def record(request: web.Request) -> web.Response:
@@ -375,5 +376,6 @@ async def test_the_service_pushes_routes_after_the_shares_and_before_the_orders(
     finally:
         await runner.cleanup()
     first_route = seen.index("/srtm/route")
-    assert max(i for i, p in enumerate(seen) if p.startswith("/srtm/bucket")) < first_route
-    assert first_route < seen.index("/srtm/migrate")
+    buckets = [i for i, p in enumerate(seen) if p.startswith("/srtm/bucket")]
+    assert buckets and first_route < min(buckets)
+    assert max(buckets) < seen.index("/srtm/migrate")

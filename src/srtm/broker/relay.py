@@ -50,6 +50,8 @@ MAX_QUEUED_BYTES = 64 << 20
 MAX_BATCH = 500
 MAX_BATCH_BYTES = 1 << 20
 CONNECT_TIMEOUT_S = 2.0
+#: How long ``close`` waits for its cancelled task before cancelling it again (s).
+CANCEL_RETRY_S = 0.1
 #: How long one PUB/MPUB may wait for its answer before the connection is given up.
 ANSWER_TIMEOUT_S = 5.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
@@ -111,11 +113,16 @@ class PeerLink:
     async def close(self) -> None:
         """Stop; whatever is still queued is handed back (``done(False)``)."""
         self._closing = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        # Cancelled again until it ends: on Python 3.11 a cancel that lands as a
+        # ``wait_for`` completes is lost (cpython gh-86296), the link then waits for more
+        # to send for ever, and the broker's shutdown with it (seen: a broker not exiting
+        # 15 s after SIGTERM, its link's task "cancelling" in ``_serve``).
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=CANCEL_RETRY_S)
+        if task is not None and not task.cancelled() and (exc := task.exception()) is not None:
+            raise exc
         self._fail_all()
 
     # -- the connection ------------------------------------------------------------------

@@ -15,7 +15,7 @@ from srtm.ratelimit import BucketParams
 
 __all__ = [
     "HELD", "Action", "DropRoute", "Hold", "Migrate", "PlanChanged", "SetBucket", "SetRoute",
-    "Share", "Unmanage", "phases", "same_bucket",
+    "Share", "Unmanage", "forwarding_first", "phases", "same_bucket",
 ]  # fmt: skip
 
 
@@ -69,8 +69,9 @@ class Unmanage:
 class SetRoute:
     """Give ``broker`` this route of ``topic`` (``POST /srtm/route``: forwarding and
     replication, ``srtm.control.routes``); it replaces the one it had. Carried out after
-    the share changes of the same actions: a broker forwards or relays only to brokers
-    that already shape with their new share (make-before-break)."""
+    the share changes of the same actions (a broker relays only to brokers that already
+    shape with their new share: make-before-break), except a forwarding route of a
+    broker whose share shrinks: that one goes first (``forwarding_first``)."""
 
     broker: str
     topic: str
@@ -109,6 +110,29 @@ def phases(actions: list[Action]) -> tuple[list[SetBucket | Hold], list[SetBucke
                 down.append(SetBucket(a.broker, a.topic, low, was))
                 up.append(SetBucket(a.broker, a.topic, new, low))
     return down, up
+
+
+def forwarding_first(
+    routes: list[SetRoute | DropRoute], down: list[SetBucket | Hold]
+) -> tuple[list[SetRoute | DropRoute], list[SetRoute | DropRoute]]:
+    """``routes`` as (before the decreases ``down``, after the increases), each in its
+    order. Before: the forwarding routes (no replication) of brokers whose share shrinks
+    or is held in the same change. Such a broker is losing publishers; what they still
+    send it until it forwards would wait on its small draining share (a live move held
+    15 messages up to 1 s at 5 % of the old rate). Forwarded, they are shaped by their
+    new broker, with its old share until its increase (or held there): within ``(r, b)``
+    all along, a wait of one push at most."""
+    shrinking = {a.broker for a in down}
+
+    def early(r: SetRoute | DropRoute) -> bool:
+        return (
+            isinstance(r, SetRoute)
+            and r.broker in shrinking
+            and r.doc.get("forward") is not None
+            and r.doc.get("replicas") is None
+        )
+
+    return [r for r in routes if early(r)], [r for r in routes if not early(r)]
 
 
 #: A topic a broker holds (managed, no share there), as a report tells it.

@@ -39,6 +39,13 @@ class ControllerOptions:
     broker_timeout_s: float = setting(
         5.0, "A broker silent this long is down; its publishers move (s).", minimum=0.1
     )
+    probe_after_s: float = setting(
+        1.5,
+        "A broker silent this long is asked GET /ping; if its address refuses the "
+        "connection (its process is gone), it is down at once, before --broker-timeout-s "
+        "(s; 0: never ask).",
+        minimum=0,
+    )
     tombstone_s: float = setting(
         45.0,
         "nsqlookupd's --tombstone-lifetime: /topic/tombstone hides a broker of a topic "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import ssl
@@ -28,6 +29,7 @@ from srtm.control.actions import (
     SetBucket,
     SetRoute,
     Unmanage,
+    forwarding_first,
     phases,
 )
 from srtm.control.api import make_app
@@ -82,6 +84,8 @@ class ControllerService:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._tick: asyncio.Task[None] | None = None
+        #: Silent brokers being asked whether their address still answers.
+        self._probing: set[str] = set()
         #: Per topic: held while its share changes are carried out, so that changes of
         #: two plans never interleave (one plan's increase after the next one's decrease).
         self._shares: dict[str, asyncio.Lock] = {}
@@ -173,6 +177,7 @@ class ControllerService:
         while True:
             await asyncio.sleep(self.options.tick_s)
             self.tick()
+            self._probe_silent()
 
     def tick(self) -> None:
         stalls = self.ctrl.stalls
@@ -187,6 +192,44 @@ class ControllerService:
                 self.ctrl.stall_after_s,
                 self.ctrl.stalled_s,
             )
+
+    def _probe_silent(self) -> None:
+        """Ask every broker silent for ``--probe-after-s`` (one request each at a time)."""
+        after = self.options.probe_after_s
+        if after <= 0 or self._session is None:
+            return
+        for b in self.ctrl.silent(time.monotonic(), after):
+            if b not in self._probing:
+                self._probing.add(b)
+                self._spawn(self._probe(b, after))
+
+    async def _probe(self, broker_id: str, after_s: float) -> None:
+        """Refused: nothing listens at its address, it is gone (SIGKILL, a crash) and is
+        down now, not after ``--broker-timeout-s`` (a live diurnal day's kill spilled
+        its failed sends into the next 5-s window). An answer, a timeout or any other
+        error: it may be alive and cut off, so the timeout decides as before."""
+        try:
+            info = self.ctrl.brokers.get(broker_id)
+            if info is None or info.down or self._session is None:
+                return
+            address = info.http_address
+            try:
+                timeout = aiohttp.ClientTimeout(total=1.0)
+                async with self._session.get(_broker_url(info, "/ping"), timeout=timeout) as r:
+                    await r.read()
+                return
+            except aiohttp.ClientConnectorError as exc:
+                if getattr(exc.os_error, "errno", None) != errno.ECONNREFUSED:
+                    return
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                return
+            actions = self.ctrl.gone(broker_id, address, time.monotonic(), after_s)
+            if actions is not None:
+                log.warning("broker %s silent and its address refuses connections: down",
+                            broker_id)  # fmt: skip
+                self.execute(actions)
+        finally:
+            self._probing.discard(broker_id)
 
     # -- elasticity ----------------------------------------------------------------------
     async def _rebalance_loop(self) -> None:
@@ -419,11 +462,16 @@ class ControllerService:
         lock = self._shares.setdefault(topic, asyncio.Lock())
         async with lock:
             down, up = phases(actions)
+            # A broker losing publishers forwards before its share shrinks: what they
+            # still send it meanwhile is shaped by their new broker, not its drain share.
+            first, routed = forwarding_first(routed, down)
+            for r in first:
+                await self._route(r)
             await asyncio.gather(*(self._decrease(a) for a in down))
             await asyncio.gather(*(self._push_share(a) for a in up if self._current(a)))
-            # Routes once the shares are in place (a broker forwards or relays only to
-            # brokers shaping with their new share), one by one in the order given (a
-            # broker gaining a channel's home hears before the one losing it).
+            # Other routes once the shares are in place (a broker relays only to brokers
+            # shaping with their new share), one by one in the order given (a broker
+            # gaining a channel's home hears before the one losing it).
             for r in routed:
                 await self._route(r)
         if topic not in self.ctrl.topics and not lock.locked():

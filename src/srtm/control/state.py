@@ -328,6 +328,30 @@ class Controller:
     def up(self) -> list[BrokerInfo]:
         return [b for b in self.brokers.values() if not b.down]
 
+    def silent(self, now: float, after_s: float) -> list[str]:
+        """Brokers up that sent nothing for ``after_s`` (awake clock), not down yet: the
+        ones worth asking whether anything still listens at their address."""
+        awake = self.awake(now)
+        return [
+            b.id for b in self.brokers.values() if not b.down and awake - b.last_seen_s > after_s
+        ]
+
+    def gone(
+        self, broker_id: str, http_address: str, now: float, after_s: float
+    ) -> list[Action] | None:
+        """A silent broker whose address (``http_address``, as it was asked) refused the
+        connection: its process is gone (a kill, a crash), so it is down now, as after
+        ``broker_timeout_s``: the actions. None if it spoke or registered again
+        meanwhile (or is down already)."""
+        info = self.brokers.get(broker_id)
+        if info is None or info.down or info.http_address != http_address:
+            return None
+        if self.awake(now) - info.last_seen_s <= after_s:
+            return None
+        info.down = True
+        self.registry.drop(broker_id)
+        return self._broker_down(broker_id)
+
     # -- topics --------------------------------------------------------------------------
     def ledger(self, exclude: str | None = None, placing: str | None = None) -> list[LedgerEntry]:
         """Every registered broker's capacity ledger (``srtm.placement.ledger``):

@@ -292,6 +292,13 @@ def run_cmd(
             "sets the brokers)."
         ),
     ] = "controller",
+    only: Annotated[
+        str | None,
+        typer.Option(
+            help="diurnal live: run only the loop 'on' or 'off' half (default both: on, "
+            "then off; the loop-off verdict needs both)."
+        ),
+    ] = None,
 ) -> None:
     """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
     the workload, collect traces, stop everything, and print the summary."""
@@ -299,7 +306,7 @@ def run_cmd(
         _run_tenancy(out, sim, _policies(policy), as_json, strict)
         return
     if scenario == "diurnal":
-        _run_diurnal(out, sim, as_json, duration)
+        _run_diurnal(out, sim, as_json, duration, only)
         return
     from srtm.experiments import utility_sim
 
@@ -420,10 +427,18 @@ def _run_utility(
         raise typer.Exit(1)
 
 
-def _run_diurnal(out: Path, sim: bool, as_json: bool, duration: float | None) -> None:
+def _run_diurnal(
+    out: Path, sim: bool, as_json: bool, duration: float | None, only: str | None = None
+) -> None:
     """``diurnal``: the rebalancer's loop on and off over a compressed day, simulated
-    (``--sim``) or live on local brokers (``--duration``: the day's length in s)."""
+    (``--sim``) or live on local brokers (``--duration``: the day's length in s; ``--only
+    on|off``: one of the two live runs)."""
     from srtm.experiments import diurnal_cli
+    from srtm.experiments.diurnal_live import RUNS
+
+    if only is not None and only not in RUNS:
+        console.print(f"[red]error:[/red] --only must be one of {', '.join(RUNS)}, got {only!r}")
+        raise typer.Exit(2)
 
     if sim:
         diurnal_cli.run_sim(out, as_json, console, out_console)
@@ -433,7 +448,8 @@ def _run_diurnal(out: Path, sim: bool, as_json: bool, duration: float | None) ->
     from srtm.experiments.diurnal_live import LiveDiurnal
 
     s = LiveDiurnal() if duration is None else replace(LiveDiurnal(), day_s=duration)
-    diurnal_cli.run_live(out, as_json, console, out_console, s)
+    loops = RUNS if only is None else (only,)
+    diurnal_cli.run_live(out, as_json, console, out_console, s, loops)
 
 
 def _run_sim(name: str, out: Path, as_json: bool) -> None:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from srtm.experiments.diurnal import DiurnalSettings, diurnal_sim
-from srtm.experiments.diurnal_live import LiveDiurnal, diurnal_live, table_rows
+from srtm.experiments.diurnal_live import RUNS, LiveDiurnal, diurnal_live, table_rows
 
 
 def run_sim(
@@ -48,18 +48,19 @@ def run_sim(
 
 def run_live(
     out_dir: Path, as_json: bool, console: Console, out: Console,
-    settings: LiveDiurnal | None = None,
+    settings: LiveDiurnal | None = None, loops: tuple[str, ...] = RUNS,
 ) -> dict[str, object]:  # fmt: skip
-    """Both live runs (loop on, then off) on local child processes; prints the per-window
-    table, the counts, whether each run was disturbed, the verdicts (and with ``as_json``
-    one JSON document on stdout)."""
+    """The live runs (``loops``: loop on, then off, by default) on local child processes;
+    prints the per-window table, the counts, whether each run was disturbed, the verdicts
+    (and with ``as_json`` one JSON document on stdout)."""
     s = settings or LiveDiurnal()
-    with console.status(f"diurnal live: a {s.day_s:g}-s day, loop on, then off") as status:
+    which = ", then ".join(f"loop {x}" for x in loops)
+    with console.status(f"diurnal live: a {s.day_s:g}-s day, {which}") as status:
 
         def progress(phase: str, done: float, total: float) -> None:
             status.update(f"diurnal live: {phase} ({done:.0f} of {total:.0f} s)")
 
-        data = diurnal_live(out_dir, s, on_progress=progress)
+        data = diurnal_live(out_dir, s, loops=loops, on_progress=progress)
     out = console if as_json else out  # stdout holds the one JSON document
     table = Table(
         title=f"Diurnal day, live: {data['scenario']['peak_msgs_per_s']:,.0f} msg/s "

@@ -88,7 +88,12 @@ class LiveDiurnal:
     #: up long before the shared machine does.
     mcap: float = 500.0
     slo_ms: float = 50.0
-    burst: float = 50.0
+    #: Each topic's bucket depth: the sensors' own sends, alone through their topic's whole
+    #: (r, b), must meet the SLO, or a window's verdict is the declaration's, not the
+    #: system's. Correlated groups of 5 Poisson sensors at 73 % of r clump: at 50 tokens
+    #: they alone waited ~115 ms (p99) in two windows of the day at seed 0 (its topics'
+    #: own p99 over 50 ms in 6 to 10 (topic, window)s at seeds 0-2); at 100, in none.
+    burst: float = 100.0
     start_brokers: int = 2
     min_brokers: int = 2
     max_brokers: int = 5
@@ -173,6 +178,8 @@ class _Run:
     emulators: dict[str, _AckedEmulator] = field(default_factory=dict)
     sinks: dict[str, Sink] = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)
+    #: Each topic's sub-buckets as ``GET /topics/NAME`` showed them, every second.
+    shares: list[dict[str, Any]] = field(default_factory=list)
     host: host.HostFigures | None = None
 
 
@@ -331,6 +338,11 @@ async def _poll(http: aiohttp.ClientSession, url: str, info: _Run) -> None:
             if line not in info.seen:
                 info.seen.add(line)
                 info.events.append(_event(line, info.mono0))
+        for topic in info.emulators:
+            async with http.get(f"{url}/topics/{topic}") as r:
+                doc = await r.json()
+            buckets = {b["id"]: b["bucket"] for b in doc.get("brokers", []) if b.get("bucket")}
+            info.shares.append({"t_s": t_s, "topic": topic, "buckets": buckets})
 
 
 def _event(line: str, mono0: float) -> dict[str, Any]:
@@ -368,6 +380,7 @@ def summarize(s: LiveDiurnal, info: _Run, traces: Path) -> dict[str, Any]:
     lost = acked - received
     lost_t = np.array(sorted(_sent_at(s, info, p, q) for p, q in lost)) if lost else np.zeros(0)
     offered = np.concatenate([em.schedule.t_ns / 1e9 for em in info.emulators.values()])
+    part = (sub["topic"] + "@" + sub["broker"].astype(str)).to_numpy()
     windows: list[dict[str, Any]] = []
     for i in range(s.windows):
         lo, hi = i * s.window_s, (i + 1) * s.window_s
@@ -389,6 +402,7 @@ def summarize(s: LiveDiurnal, info: _Run, traces: Path) -> dict[str, Any]:
             "slo_met": bool(p99 <= s.slo_ms) and n_lost == 0 and carried(n_offered, unpublished),
             "received": int(m.sum()), "lost": n_lost, "unpublished": unpublished,
             "load_ratio": {b["id"]: max(b["allocated"], b["measured"]) / b["mcap"] for b in up},
+            "worst": worst_part(part[m], lat_ms[m]),
         })  # fmt: skip
     reports = {t: em.report for t, em in info.emulators.items()}
     skipped = sum(r.skipped_late for r in reports.values())
@@ -405,13 +419,24 @@ def summarize(s: LiveDiurnal, info: _Run, traces: Path) -> dict[str, Any]:
         "sent": sent, "skipped_late": skipped,
         "delivered_unacknowledged": len(received - acked),
         "slo_windows_met": sum(w["slo_met"] for w in windows),
-        "ledger": info.ledger, "refused": info.refused,
+        "ledger": info.ledger, "refused": info.refused, "shares": info.shares,
         "max_brokers": max((w["brokers"] for w in windows), default=0),
     }  # fmt: skip
     summary["disturbed"] = disturbed(skipped, sent, info.host)
     if info.host is not None:
         summary["host"] = asdict(info.host)
     return summary
+
+
+def worst_part(parts: np.ndarray, lat_ms: np.ndarray) -> dict[str, Any] | None:
+    """The window's (topic, broker) share with the highest p99 (``"topic@broker"``), and
+    that p99: where a missed window's late messages were."""
+    if not lat_ms.size:
+        return None
+    names, idx = np.unique(parts, return_inverse=True)
+    p99 = [float(np.percentile(lat_ms[idx == k], 99)) for k in range(len(names))]
+    k = int(np.argmax(p99))
+    return {"part": str(names[k]), "p99_ms": p99[k], "max_ms": float(lat_ms[idx == k].max())}
 
 
 def carried(offered: int, unpublished: int) -> bool:
