@@ -23,6 +23,7 @@ import pytest
 
 from srtm.broker import Broker
 from srtm.control import Controller
+from srtm.launch import BrokerProcess, start_broker
 from srtm.placement import PublisherLoad, TopicSpec
 
 T = TypeVar("T")
@@ -58,6 +59,16 @@ async def call(
 #: Default patience: long enough for a loaded machine, so that it only ends a test that
 #: would otherwise hang. Tests pass ``timeout`` only where the wait is known to be longer.
 TIMEOUT_S = 15.0
+
+
+def controlled_broker(
+    directory: Path, broker_id: int, controller: str, token: str, mcap: float
+) -> BrokerProcess:
+    """A broker process that registers with ``controller`` and reports every 0.2 s
+    (blocking until it is ready: call it in a thread from a test's loop)."""
+    args = ["--broker-id", str(broker_id), "--controller", controller, "--mcap", f"{mcap:g}",
+            "--report-interval-s", "0.2"]  # fmt: skip
+    return start_broker(directory / f"b{broker_id}", args, token=token)
 
 
 def parse(text: str, filename: str = "<unknown>") -> ast.Module:

@@ -49,19 +49,26 @@ def test_overload_spawns_then_moves_onto_the_new_broker() -> None:
     assert c.topics["t"].assignment.get("9")  # a slice, not everything
 
 
-def test_no_second_spawn_while_the_new_broker_carries_nothing_yet() -> None:
-    """The first report of a broker just started counts its start: at 0.9 of a core it
-    has no room, and the rebalancer asks for another broker. None is started until the
-    new one carries something or its load window (1 s here) has passed."""
+def _spawned_and_busy() -> tuple[Controller, Elastic]:
+    """An overloaded broker 9 (r = 88 of mcap 100: LR 0.88), 1001 spawned for it and
+    registered at 1.5 s, its first report at 0.9 of a core, observed at 1.6 s."""
     c = Controller()
     reg(c, "9", 4150)
-    c.create_topic(topic("t", 4, 20.0), "srtm", now=0)  # r = 88 of mcap 100: LR 0.88
+    c.create_topic(topic("t", 4, 20.0), "srtm", now=0)
     el = elastic(max_brokers=3)
     el.observe(c, 1.0)
     assert el.step(c, 1.0, lambda b: True).start == ["1001"]
     reg(c, "1001", 4160, now=1.5)
     c.brokers["1001"].resources = {"cpu": 0.9, "egress_bps": 0.0}
     el.observe(c, 1.6)
+    return c, el
+
+
+def test_no_second_spawn_while_the_new_broker_carries_nothing_yet() -> None:
+    """The first report of a broker just started counts its start: at 0.9 of a core it
+    has no room, and the rebalancer asks for another broker. None is started until the
+    new one carries something or its load window (1 s here) has passed."""
+    c, el = _spawned_and_busy()
     step = el.step(c, 1.6, lambda b: True)
     assert step.start == [] and not step.actions and el.settling == {"1001": 1.6}
     assert el.events[-1].endswith("spawn of 1 deferred: 1001 carries nothing yet")
@@ -76,15 +83,7 @@ def test_no_second_spawn_while_the_new_broker_carries_nothing_yet() -> None:
 
 
 def test_a_new_broker_that_stays_unusable_defers_a_spawn_only_for_a_window() -> None:
-    c = Controller()
-    reg(c, "9", 4150)
-    c.create_topic(topic("t", 4, 20.0), "srtm", now=0)
-    el = elastic(max_brokers=3)
-    el.observe(c, 1.0)
-    assert el.step(c, 1.0, lambda b: True).start == ["1001"]
-    reg(c, "1001", 4160, now=1.5)
-    c.brokers["1001"].resources = {"cpu": 0.9, "egress_bps": 0.0}  # busy with something else
-    el.observe(c, 1.6)
+    c, el = _spawned_and_busy()  # and it stays busy with something else
     assert el.step(c, 1.6, lambda b: True).start == []
     el.observe(c, 2.7)
     assert el.step(c, 2.7, lambda b: True).start == ["1002"]

@@ -22,8 +22,8 @@ import pytest
 from srtm.client import Publisher, Received, Subscriber
 from srtm.control.options import ControllerOptions
 from srtm.control.service import ControllerService
-from srtm.launch import BrokerProcess, new_token, start_broker
-from support import eventually
+from srtm.launch import BrokerProcess, new_token
+from support import controlled_broker, eventually
 
 RATE, BURST = 1_000.0, 40.0
 N_PUBLISHERS = 6
@@ -90,9 +90,7 @@ async def run_scenario(tmp_path: Path, ordered: bool, drain: bool = True) -> dic
     headers = {"Authorization": f"Bearer {token}"}
 
     def broker(i: int) -> BrokerProcess:
-        args = ["--broker-id", str(i), "--controller", url, "--mcap", "5000",
-                "--report-interval-s", "0.2"]  # fmt: skip
-        return start_broker(tmp_path / f"b{i}", args, token=token)
+        return controlled_broker(tmp_path, i, url, token, 5000)
 
     brokers = [await asyncio.to_thread(broker, i) for i in (1, 2, 3)]
     sums: list[tuple[float, float]] = []

@@ -33,8 +33,8 @@ import pytest
 from srtm.client import Publisher, Received, Subscriber
 from srtm.control.options import ControllerOptions
 from srtm.control.service import ControllerService
-from srtm.launch import BrokerProcess, new_token, start_broker
-from support import eventually
+from srtm.launch import BrokerProcess, new_token
+from support import controlled_broker, eventually
 
 pytestmark = pytest.mark.slow
 
@@ -108,10 +108,8 @@ async def test_the_rebalancer_replicates_and_a_killed_replica_loses_nothing_acke
     pubs: list[Publisher] = []
     try:
         for i in (1, 2, 3):
-            args = ["--broker-id", str(i), "--controller", url, "--mcap", "1000",
-                    "--report-interval-s", "0.2"]  # fmt: skip
             brokers[str(i)] = await asyncio.to_thread(
-                start_broker, tmp_path / f"b{i}", args, token=token
+                controlled_broker, tmp_path, i, url, token, 1000
             )
         await eventually(lambda: len(ctrl.up()) == 3, "the brokers registered")
         addresses = {b: p.tcp_address for b, p in brokers.items()}

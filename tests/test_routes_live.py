@@ -19,9 +19,9 @@ from nsq_raw import RawClient
 from srtm.client import Publisher, Received, Subscriber
 from srtm.control.options import ControllerOptions
 from srtm.control.service import ControllerService
-from srtm.launch import BrokerProcess, new_token, start_broker
+from srtm.launch import BrokerProcess, new_token
 from srtm.protocol import Dpub, Pub
-from support import eventually
+from support import controlled_broker, eventually
 
 pytestmark = pytest.mark.slow
 
@@ -61,10 +61,8 @@ async def live(tmp_path: Path) -> AsyncIterator[Live]:
     brokers: dict[str, BrokerProcess] = {}
     try:
         for i in (1, 2, 3):
-            args = ["--broker-id", str(i), "--controller", url, "--mcap", "1000",
-                    "--report-interval-s", "0.2"]  # fmt: skip
             brokers[str(i)] = await asyncio.to_thread(
-                start_broker, tmp_path / f"b{i}", args, token=token
+                controlled_broker, tmp_path, i, url, token, 1000
             )
         await eventually(lambda: len(service.ctrl.up()) == 3, "three brokers registered")
         headers = {"Authorization": f"Bearer {token}"}
