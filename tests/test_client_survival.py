@@ -191,3 +191,38 @@ async def test_an_answer_to_a_command_given_up_on_keeps_the_reader_alive() -> No
         conn.writer.close()
         server.close()
         await server.wait_closed()
+
+
+def test_a_command_on_a_reset_connection_fails_its_future_not_its_caller() -> None:
+    """A broker killed under a connection: before our reader sees the reset, uvloop
+    raises on a write. The command fails with ConnectionError (the publisher resends it
+    after reconnecting) instead of raising into the caller, which killed the live
+    experiment's load generator at the broker kill."""
+    import uvloop
+
+    from srtm.client.connection import Connection
+    from srtm.protocol.commands import Nop, Pub
+
+    async def main() -> None:
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read()
+            writer.close()
+
+        server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conn = await Connection.open(f"127.0.0.1:{port}")
+        try:
+            conn.writer.transport.abort()  # the reset: uvloop closes the handle next turn
+            await asyncio.sleep(0)
+            assert not conn.closed.is_set()  # our reader has not run since
+            conn.send(Nop())
+            fut = conn.request(Pub("t", b"a"))
+            with pytest.raises(ConnectionError):
+                await asyncio.wait_for(fut, 10)  # the deadline only against hanging
+        finally:
+            await conn.close()
+            server.close()
+            await server.wait_closed()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())

@@ -101,6 +101,49 @@ async def test_emulator_stops_at_a_time_and_counts_unrouted(two_brokers: list[Br
         Emulator(sched, "t", {}, message_size=10)
 
 
+async def test_emulator_connects_again_after_a_failed_connect() -> None:
+    """A broker down when the emulator first sends (a killed one, before the plan moves
+    its publishers): that send fails, and a later send to the same address, now up,
+    connects and is acknowledged (a failed connect attempt used to be kept for good)."""
+    import socket
+    import struct
+
+    from srtm.protocol import FrameType
+    from srtm.protocol.frames import frame
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+    where = f"127.0.0.1:{sock.getsockname()[1]}"
+    specs = [PublisherSpec("p", 10.0, "periodic")]
+    emu = Emulator(build(specs, 1.0, seed=1), "t", {"p": where})
+    body = bytes(header.SIZE)
+
+    async def fake_broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(4)  # magic
+        while await reader.readline():  # IDENTIFY or MPUB t, then [size][body]
+            (size,) = struct.unpack(">I", await reader.readexactly(4))
+            await reader.readexactly(size)
+            writer.write(frame(FrameType.RESPONSE, b"OK"))
+        writer.close()
+
+    server = None
+    try:
+        emu._publish(where, [body])
+        await asyncio.wait_for(asyncio.gather(*emu._pending, return_exceptions=True), 10)
+        assert emu.report.failed == 1 and emu.report.acknowledged == 0
+        sock.listen()
+        server = await asyncio.start_server(fake_broker, sock=sock)
+        emu._publish(where, [body, body])
+        await asyncio.wait_for(asyncio.gather(*emu._pending, return_exceptions=True), 10)
+        assert emu.report.acknowledged == 2 and emu.report.failed == 1
+    finally:
+        await emu.close()
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+        sock.close()
+
+
 async def test_emulator_skips_what_it_could_only_send_late(two_brokers: list[Broker]) -> None:
     """Started 200 ms behind its schedule with max_late_s=0.01, the emulator skips (and
     counts) the overdue events instead of sending them as one burst."""

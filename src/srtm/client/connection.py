@@ -83,18 +83,31 @@ class Connection:
         return doc
 
     def send(self, *cmds: Command) -> None:
-        """Commands that get no answer (RDY, FIN, REQ, TOUCH, NOP)."""
-        self.writer.write(b"".join(encode_command(c) for c in cmds))
+        """Commands that get no answer (RDY, FIN, REQ, TOUCH, NOP); on a lost connection
+        they go nowhere (its ``on_close`` tells the owner)."""
+        self._write(b"".join(encode_command(c) for c in cmds))
 
     def request(self, cmd: Command) -> asyncio.Future[bytes]:
-        """A command that gets a response; the future resolves with it (or BrokerError)."""
+        """A command that gets a response; the future resolves with it (or BrokerError,
+        or ConnectionError once the connection is lost: never raised here)."""
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        if self.closed.is_set():
+        if self.closed.is_set() or not self._write(encode_command(cmd)):
             fut.set_exception(ConnectionError(f"connection to {self.address} is closed"))
             return fut
         self._waiting.append(fut)
-        self.writer.write(encode_command(cmd))
         return fut
+
+    def _write(self, data: bytes) -> bool:
+        """Write, or False if the connection is already lost. uvloop raises RuntimeError
+        when writing to a transport the peer reset before our reader saw it (a broker
+        killed): that must fail the command, not the caller's loop."""
+        if self.writer.transport.is_closing():
+            return False
+        try:
+            self.writer.write(data)
+        except (RuntimeError, ConnectionError):
+            return False
+        return True
 
     async def drain(self) -> None:
         """Wait until every command sent so far has its answer."""

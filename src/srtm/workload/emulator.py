@@ -202,13 +202,20 @@ class Emulator:
         return await conn.request(Mpub(self.topic, bodies))
 
     async def _open(self, address: str) -> Connection:
-        conn = await Connection.open(address)
-        await conn.identify(
-            client_id=self.name, srtm_publisher=self.name, srtm_header_publisher=True,
-            user_agent=f"srtm-emulator/{__version__}",
-        )  # fmt: skip
+        try:
+            conn = await Connection.open(address)
+            try:
+                await conn.identify(
+                    client_id=self.name, srtm_publisher=self.name, srtm_header_publisher=True,
+                    user_agent=f"srtm-emulator/{__version__}",
+                )  # fmt: skip
+            except BaseException:
+                await conn.close()
+                raise
+        finally:
+            # A failed attempt is not kept: the next send to this address tries again.
+            self._opening.pop(address, None)
         self._conns[address] = conn
-        self._opening.pop(address, None)
         return conn
 
     def _answered(self, fut: asyncio.Future[bytes], n: int) -> None:
