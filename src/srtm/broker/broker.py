@@ -173,6 +173,7 @@ class Broker:
         for t in saved.topics:
             self._restore_topic(t, now)
         self.persistence.restoring = False
+        self.relay.restore(saved.routes, saved.saved_at_s)
         self.persistence.save_meta()
         restored = sum(
             t.depth + sum(c.depth + c.deferred_count for c in t.channels.values())

@@ -46,6 +46,14 @@ class TlsClientAuthPolicy(enum.StrEnum):
     REQUIRE_VERIFY = "require-verify"
 
 
+class RelayTls(enum.StrEnum):
+    """Whether the relay's links to other brokers use TLS (IDENTIFY ``tls_v1``)."""
+
+    FALSE = "false"
+    TRUE = "true"
+    REQUIRED = "required"
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerOptions:
     """Everything a broker is told at start; each field is one setting (``setting()``'s
@@ -210,6 +218,34 @@ class BrokerOptions:
         (),
         "nsqd's AUTH: auth server (HOST:PORT or http(s)://HOST:PORT) asked GET /auth for "
         "each AUTH secret; repeat for fallbacks (the variable: space-separated).",
+    )
+    relay_tls: RelayTls = setting(
+        RelayTls.TRUE,
+        "TLS on the relay's links to other brokers (forwarding, replication): 'true': "
+        "ask every peer for TLS (IDENTIFY tls_v1) and upgrade where it has a certificate, "
+        "plain text where it has none; 'required': a peer without TLS is not relayed to "
+        "(kept here); 'false': never ask (a peer with --tls-required then takes nothing).",
+    )
+    relay_tls_root_ca_file: Path | None = setting(
+        None,
+        "PEM CA bundle that peers' certificates must chain to (default: the system's); "
+        "a peer whose certificate does not verify is not relayed to.",
+    )
+    relay_tls_cert: Path | None = setting(
+        None,
+        "PEM client certificate (chain) the relay presents to peers that ask for one "
+        "(their --tls-client-auth-policy).",
+    )
+    relay_tls_key: Path | None = setting(None, "PEM private key of --relay-tls-cert.")
+    relay_auth_secret: str | None = setting(
+        None,
+        "Secret the relay sends as AUTH to peers that answer auth_required (their "
+        "--auth-http-address); prefer the variable or --relay-auth-secret-file, as a "
+        "command line is visible to every local user.",
+    )
+    relay_auth_secret_file: Path | None = setting(
+        None,
+        "File holding --relay-auth-secret (read at start; a trailing newline is dropped).",
     )
     max_topics: int = setting(
         10_000,

@@ -2,7 +2,9 @@
 
 Each durable queue (a topic's held and shaping queues, each channel's) overflows to a
 disk queue, ``queues/q-<key>``, made on first need; ``meta.json`` lists the topics,
-channels, pauses and buckets, and the next message id. At a graceful stop everything
+channels, pauses and buckets, the relay's routes (``srtm.broker.routes``: a restarted
+broker forwards and replicates before the controller sets them again), and the next
+message id. At a graceful stop everything
 held in memory is written to the disk queues (their *head*); a restart reads it all
 back. Topics and channels themselves stay the broker's: it hands their registry in
 (``Registry``) and rebuilds it from what ``Persistence.load`` finds.
@@ -16,6 +18,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +29,7 @@ from srtm.broker.diskqueue import DiskIO, DiskQueue, Reserve
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import BrokerOptions
 from srtm.broker.queue import MessageQueue
+from srtm.broker.routes import RouteTable, TopicRoute, saved_route
 from srtm.broker.state import UNBOOKED, Channel, Topic
 from srtm.protocol import ProtocolError, errors, is_ephemeral, is_valid_name
 
@@ -41,10 +45,14 @@ def _queue_dir(data_dir: Path, key: str) -> Path:
     return data_dir / "queues" / f"q-{key}"
 
 
-def _meta_doc(topics: list[Topic], ids: MessageIds) -> dict[str, Any]:
-    """Topics, channels, pauses and buckets: what ``meta.json`` holds. Safe in a thread
-    while the loop runs: it only reads attributes and copies dicts (atomic under the GIL);
-    a change made meanwhile marks the metadata dirty again, so another write follows."""
+def _meta_doc(
+    topics: list[Topic], ids: MessageIds, routes: list[TopicRoute] | None = None
+) -> dict[str, Any]:
+    """Topics, channels, pauses and buckets, and routes: what ``meta.json`` holds. Safe in
+    a thread while the loop runs: it only reads attributes and copies dicts (atomic under
+    the GIL); a change made meanwhile marks the metadata dirty again, so another write
+    follows. A route's grace is kept as what it has left at ``saved_at_s`` (wall clock:
+    the next start counts the time the broker was down)."""
     docs = []
     for topic in topics:
         if topic.ephemeral:
@@ -62,11 +70,25 @@ def _meta_doc(topics: list[Topic], ids: MessageIds) -> dict[str, Any]:
                 ],
             }
         )
-    return {"version": 1, "next_id": ids.last + 1, "topics": docs}
+    now_s, saved_at_s = time.monotonic(), time.time()
+    kept = [
+        d
+        for r in routes or ()
+        if not is_ephemeral(r.topic) and (d := saved_route(r, now_s)) is not None
+    ]
+    return {
+        "version": 1,
+        "next_id": ids.last + 1,
+        "topics": docs,
+        "routes": kept,
+        "saved_at_s": saved_at_s,
+    }
 
 
-def _write_meta(path: Path, topics: list[Topic], ids: MessageIds) -> None:
-    _write_durably(path, _meta_doc(topics, ids))
+def _write_meta(
+    path: Path, topics: list[Topic], ids: MessageIds, routes: list[TopicRoute] | None = None
+) -> None:
+    _write_durably(path, _meta_doc(topics, ids, routes))
 
 
 def _write_durably(path: Path, doc: dict[str, Any]) -> None:
@@ -223,6 +245,10 @@ class Saved:
 
     next_id: int
     topics: list[SavedTopic]
+    #: The routes as ``saved_route`` kept them (unchecked: ``restored_route`` checks).
+    routes: list[Any] = field(default_factory=list)
+    #: When they were saved (``time.time`` s; None: not known).
+    saved_at_s: float | None = None
 
 
 class Registry(Protocol):
@@ -269,6 +295,8 @@ class Persistence:
         self._stopping = False
         #: meta.json writes done (tests and /stats-style curiosity).
         self.meta_writes = 0
+        #: The relay's routes, saved with the rest (the relay hands its table in).
+        self.routes = RouteTable()
 
     # -- queues --------------------------------------------------------------------------
     def queue(self, key: str) -> MessageQueue:
@@ -364,7 +392,7 @@ class Persistence:
         except RuntimeError:
             self._meta_dirty = False
             reg = self._registry
-            _write_meta(self.data_dir / _META, list(reg.topics.values()), reg.ids)
+            _write_meta(self.data_dir / _META, list(reg.topics.values()), reg.ids, self._routes())
             self.meta_writes += 1
             return
         self._meta_task = loop.create_task(self._meta_writer(), name="srtm-meta")
@@ -376,9 +404,10 @@ class Persistence:
                 self._meta_dirty = False
                 # Only the list is taken on the loop; the document (20 ms for 10,000
                 # topics) is made in the thread, which yields the GIL every 5 ms.
-                topics = list(self._registry.topics.values())
+                topics, routes = list(self._registry.topics.values()), self._routes()
                 try:
-                    await asyncio.to_thread(_write_meta, path, topics, self._registry.ids)
+                    ids = self._registry.ids
+                    await asyncio.to_thread(_write_meta, path, topics, ids, routes)
                     self.meta_writes += 1
                 except Exception:
                     # Never fatal: queues still find their directories on the next start
@@ -388,6 +417,9 @@ class Persistence:
                     await asyncio.sleep(1.0)
         finally:
             self._meta_task = None
+
+    def _routes(self) -> list[TopicRoute]:
+        return list(self.routes.routes.values())
 
     # -- restart -------------------------------------------------------------------------
     def load(self) -> Saved:
@@ -401,9 +433,16 @@ class Persistence:
         ]
         known = {t["name"] for t in entries}
         entries += [{"name": name} for name in found if name not in known]
+        routes = meta.get("routes")
+        routes = routes[: self._options.max_topics] if isinstance(routes, list) else []
+        saved_at = meta.get("saved_at_s")
+        if isinstance(saved_at, bool) or not isinstance(saved_at, int | float):
+            saved_at = None
         return Saved(
             next_id if isinstance(next_id, int) else 0,
             [_saved_topic(t, found.get(t["name"], [])) for t in entries],
+            routes,
+            None if saved_at is None else float(saved_at),
         )
 
     def _read_meta(self) -> dict[str, Any]:
@@ -495,7 +534,9 @@ class Persistence:
                 failed += [key for key, ok in zip(keys, closed, strict=True) if not ok]
         self.disks.clear()
         try:
-            _write_meta(self.data_dir / _META, list(topics.values()), self._registry.ids)
+            _write_meta(
+                self.data_dir / _META, list(topics.values()), self._registry.ids, self._routes()
+            )
             self.meta_writes += 1
         except Exception:
             log.exception("could not write %s", _META)

@@ -11,7 +11,11 @@ dropped: the publisher's OK waits until the target answered OK, and whatever a p
 take (unreachable, over its bound, an error) is accepted here instead (``fallback_local``).
 
 A ``PeerLink`` is one connection to one peer, opened on first use: it IDENTIFYs with
-``srtm_relay: true`` (what arrives on it is never relayed again: no loops), sends what is
+``srtm_relay: true`` (what arrives on it is never relayed again: no loops), upgrades to TLS
+and sends AUTH where the peer's answer asks for them (``--relay-tls*``,
+``--relay-auth-secret``: a peer with ``--tls-required`` or an auth server is relayed to as
+any NSQ client would publish to it; one that cannot be is logged and its share falls back
+here, retried with the backoff), sends what is
 queued as PUB, or MPUB when a backlog built up (DPUB for a deferred message, with the
 time it has left), one command in flight, and reconnects with
 a backoff; while down, what comes falls back at once.
@@ -21,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -30,9 +36,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from srtm.broker.message import Message, MessageIds
-from srtm.broker.routes import RouteTable, TopicRoute
+from srtm.broker.options import RelayTls
+from srtm.broker.routes import RouteTable, TopicRoute, restored_route
+from srtm.broker.tls import RelaySecurity, relay_security
 from srtm.protocol import ProtocolError
-from srtm.protocol.commands import Dpub, Identify, Mpub, Nop, Pub, encode_command
+from srtm.protocol.commands import Auth, Dpub, Identify, Mpub, Nop, Pub, encode_command
 from srtm.protocol.frames import FrameReader, FrameType
 
 if TYPE_CHECKING:
@@ -71,12 +79,17 @@ class _Item:
     due_s: float | None = None
 
 
+class LinkRefused(ValueError):
+    """The peer cannot be relayed to as configured: TLS, AUTH or IDENTIFY failed."""
+
+
 class PeerLink:
     """One persistent NSQ connection to one peer broker, with a bounded queue."""
 
-    def __init__(self, address: str, client_id: str) -> None:
+    def __init__(self, address: str, client_id: str, security: RelaySecurity | None = None) -> None:
         self.address = address
         self.client_id = client_id
+        self.security = security or RelaySecurity()
         self.queue: deque[_Item] = deque()
         self.queued = 0
         self.queued_bytes = 0
@@ -134,6 +147,9 @@ class PeerLink:
                 continue
             try:
                 reader, writer = await self._connect()
+            except LinkRefused as exc:
+                self._failed(str(exc), logging.ERROR)
+                continue
             except (OSError, TimeoutError, ProtocolError, ValueError) as exc:
                 self._failed(f"cannot connect: {exc}")
                 continue
@@ -150,14 +166,10 @@ class PeerLink:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S
         )
-        # Each message is attributed at the target to the publisher its measurement header
-        # names, as on the broker it was published to (traces, measurement rounds).
-        identity = {"client_id": self.client_id, "srtm_relay": True, "srtm_header_publisher": True,
-                    "feature_negotiation": False}  # fmt: skip
-        writer.write(b"  V2" + encode_command(Identify(identity)))
-        frames = FrameReader()
         try:
-            await asyncio.wait_for(self._answer(reader, writer, frames), CONNECT_TIMEOUT_S)
+            frames, how = await asyncio.wait_for(
+                self._negotiate(reader, writer, host.strip("[]")), ANSWER_TIMEOUT_S
+            )
         except BaseException:
             writer.close()
             raise
@@ -166,8 +178,51 @@ class PeerLink:
         self.connects += 1
         self._backoff = BACKOFF_MIN_S
         self.down_until = 0.0
-        log.info("relay to %s connected", self.address)
+        log.info("relay to %s connected (%s)", self.address, how)
         return reader, writer
+
+    async def _negotiate(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str
+    ) -> tuple[FrameReader, str]:
+        """IDENTIFY as a real NSQ client would (feature negotiation: the answer says
+        whether the peer offers TLS and wants AUTH), then the TLS upgrade and AUTH where
+        due. Returns the frame reader to go on with and how the link is secured. A peer
+        that cannot be relayed to as configured raises ``LinkRefused``."""
+        sec = self.security
+        tls = sec.context is not None
+        # Each message is attributed at the target to the publisher its measurement header
+        # names, as on the broker it was published to (traces, measurement rounds).
+        identity = {"client_id": self.client_id, "srtm_relay": True, "srtm_header_publisher": True,
+                    "feature_negotiation": True, "tls_v1": tls}  # fmt: skip
+        writer.write(b"  V2" + encode_command(Identify(identity)))
+        frames = FrameReader()
+        try:
+            features = _features(await self._response(reader, writer, frames))
+        except ProtocolError as exc:
+            raise LinkRefused(f"IDENTIFY refused: {exc.code} {exc.message}") from exc
+        how = ["plain text"]
+        if features.get("tls_v1") is True and sec.context is not None:
+            try:
+                await writer.start_tls(sec.context, server_hostname=host)
+            except (ssl.SSLError, ssl.CertificateError) as exc:
+                raise LinkRefused(f"TLS handshake failed: {exc}") from exc
+            frames = FrameReader()  # nothing else came before the handshake
+            if await self._response(reader, writer, frames) != _OK:
+                raise LinkRefused("TLS: no OK after the upgrade")
+            ssl_object = writer.get_extra_info("ssl_object")
+            how = [f"TLS {ssl_object.version() if ssl_object is not None else ''}".rstrip()]
+        elif sec.tls == RelayTls.REQUIRED:
+            raise LinkRefused("TLS: the peer offers none (--relay-tls required)")
+        if features.get("auth_required") is True:
+            if sec.secret is None:
+                raise LinkRefused("the peer requires AUTH and no --relay-auth-secret is set")
+            writer.write(encode_command(Auth(sec.secret.encode())))
+            try:
+                answer = _features(await self._response(reader, writer, frames))
+            except ProtocolError as exc:
+                raise LinkRefused(f"AUTH refused: {exc.code} {exc.message}") from exc
+            how.append(f"AUTH as {str(answer.get('identity', '?'))[:100]!r}")
+        return frames, ", ".join(how)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Send the queue, one command at a time, until it is empty; then wait for more
@@ -223,6 +278,14 @@ class PeerLink:
     ) -> None:
         """Wait for the answer to the one command in flight: OK, or an error (raised as a
         ProtocolError); heartbeats are answered on the way."""
+        while (data := await self._response(reader, writer, frames)) != _OK:
+            log.debug("relay to %s: unexpected answer %r", self.address, data[:100])
+
+    async def _response(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frames: FrameReader
+    ) -> bytes:
+        """The next response that is not a heartbeat (answered on the way); an error frame
+        is raised as a ProtocolError."""
         while True:
             chunk = await reader.read(65536)
             if not chunk:
@@ -230,8 +293,8 @@ class PeerLink:
             for f in frames.feed(chunk):
                 if f.kind is FrameType.RESPONSE and f.data == _HEARTBEAT:
                     writer.write(encode_command(Nop()))
-                elif f.kind is FrameType.RESPONSE and f.data == _OK:
-                    return
+                elif f.kind is FrameType.RESPONSE:
+                    return f.data
                 elif f.kind is FrameType.ERROR:
                     code, _, detail = f.data.decode(errors="replace").partition(" ")
                     raise ProtocolError(code, detail)
@@ -263,9 +326,15 @@ class PeerLink:
             self.queued_bytes -= item.size
             _call(item.done, ok)
 
-    def _failed(self, why: str) -> None:
+    def _failed(self, why: str, level: int = logging.WARNING) -> None:
         if self.connected or self.queue:
-            log.warning("relay to %s: %s; retrying in %.1f s", self.address, why, self._backoff)
+            log.log(
+                level,
+                "relay to %s: %s; kept here, retrying in %.1f s",
+                self.address,
+                why,
+                self._backoff,
+            )
         self.connected = False
         self.down_until = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
@@ -274,6 +343,17 @@ class PeerLink:
     def _fail_all(self) -> None:
         while self.queue:
             self._settle([self.queue.popleft()], False)
+
+
+def _features(data: bytes) -> dict[str, Any]:
+    """IDENTIFY's (or AUTH's) JSON answer; an older peer's plain OK says nothing."""
+    if data == _OK:
+        return {}
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise LinkRefused(f"unreadable answer {data[:100]!r}") from exc
+    return doc if isinstance(doc, dict) else {}
 
 
 def _encode(batch: list[_Item]) -> bytes:
@@ -371,9 +451,12 @@ class Relay:
         self.broker = broker
         self.clock = clock
         self.table = RouteTable()
+        broker.persistence.routes = self.table  # saved with the metadata
         #: The table's dict itself: the publish hook's one lookup.
         self.routes = self.table.routes
         self.links: dict[str, PeerLink] = {}
+        #: TLS and AUTH on the links (--relay-*); bad settings fail the broker's start.
+        self.security = relay_security(broker.options)
         self._closing: set[asyncio.Task[None]] = set()
         self.stopping = False
 
@@ -383,8 +466,11 @@ class Relay:
         e.g. --max-topics, installs nothing; its /stats row carries the counters). A
         replicated topic delivers only the channels homed here, and those are made at
         once so that nothing sent to them before their consumers connect is missed."""
-        topic = self.broker.topic(route.topic)
         route.last_forward_s = self.clock()
+        return self._install(route)
+
+    def _install(self, route: TopicRoute) -> TopicRoute:
+        topic = self.broker.topic(route.topic)
         self.table.set(route)
         topic.homing = None if route.replicas is None else route
         if route.replicas is not None:
@@ -392,7 +478,31 @@ class Relay:
                 if home == route.self_id:
                     self.broker.channel(route.topic, channel)
         self._prune_links()
+        self.broker.persistence.save_meta()
         return route
+
+    def restore(self, saved: list[Any], saved_at_s: float | None) -> None:
+        """The routes the last run saved (``Persistence.load``), each with the grace it had
+        left less the time the broker was down; one that does not fit is logged and
+        skipped. They stand until the controller's replace them (``registered``)."""
+        now = self.clock()
+        down_s = math.inf if saved_at_s is None else max(0.0, time.time() - saved_at_s)
+        for doc in saved:
+            try:
+                route = restored_route(doc, now, down_s)
+                if route is not None:
+                    self._install(route)
+            except (ValueError, ProtocolError) as exc:
+                log.error("a saved route was not restored (%s): %.200r", exc, doc)
+        if self.routes:
+            log.info("restored %d relay routes", len(self.routes))
+
+    def registered(self) -> None:
+        """Registered with the controller: the routes it sets replace those read back at
+        start, so one it set nowhere (no longer in its plan) goes."""
+        for topic in [t for t, r in self.routes.items() if r.restored]:
+            log.info("topic %s: restored route dropped at registration", topic)
+            self.remove_route(topic)
 
     def get_route(self, topic: str) -> TopicRoute | None:
         route = self.table.get(topic)
@@ -405,6 +515,8 @@ class Relay:
         if route is not None and (t := self.broker.topics.get(topic)) is not None:
             t.homing = None
         self._prune_links()
+        if route is not None:
+            self.broker.persistence.save_meta()
         return route
 
     def _prune_links(self) -> None:
@@ -433,7 +545,7 @@ class Relay:
         link = self.links.get(address)
         if link is None:
             client_id = f"srtm-relay-{self.broker.options.broker_id}"
-            link = self.links[address] = PeerLink(address, client_id)
+            link = self.links[address] = PeerLink(address, client_id, self.security)
         return link
 
     # -- publishing ------------------------------------------------------------------------

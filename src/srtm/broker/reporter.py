@@ -179,6 +179,7 @@ def apply_registration(broker: Broker, sent: float, answer: Any) -> float | None
     """Apply a registration answer (the request sent at ``sent``, monotonic s): the lease,
     then the shares and holds it lists. Returns the lease (None: the controller gives
     none, and the broker shapes by what it is pushed, as before leases)."""
+    broker.relay.registered()  # the controller's routes replace those read back at start
     lease = answer.get("lease_s") if isinstance(answer, dict) else None
     if not isinstance(lease, int | float) or isinstance(lease, bool) or not lease > 0:
         broker.renew_lease(sent, float("inf"))

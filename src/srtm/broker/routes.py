@@ -3,12 +3,22 @@ is published (lazy plan propagation) and whom it replicates to, with the rules o
 
 Times are seconds on a clock the caller passes in (the broker's ``time.monotonic``), so
 expiry is a function of the values given. ``srtm.broker.relay`` does the sending.
+
+``saved_route`` and ``restored_route`` are a route as ``meta.json`` keeps it across a
+restart (``srtm.broker.persistence``): the forward part with the grace it had left, so
+that one whose grace ran out while the broker was down is not restored.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+#: Bounds of a saved route, as of /srtm/route's body (srtm.broker.documents): entries of
+#: each map, the grace, the length of an id or an address.
+MAX_ENTRIES, MAX_GRACE_S, MAX_NAME = 10_000, 86_400.0, 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +71,9 @@ class TopicRoute:
     counters: Counters = field(default_factory=Counters)
     #: Publishers already sent their migrate order (once each per route).
     ordered: set[str] = field(default_factory=set)
+    #: Read back from ``meta.json`` at start, not set in this run: the controller's
+    #: routes replace it at registration.
+    restored: bool = False
 
     def forward_target(self, publisher: str | None, now_s: float) -> str | None:
         """Where a message from ``publisher`` goes now (None: accepted here). The forward
@@ -136,3 +149,84 @@ class RouteTable:
 
     def remove(self, topic: str) -> TopicRoute | None:
         return self.routes.pop(topic, None)
+
+
+def saved_route(route: TopicRoute, now_s: float) -> dict[str, Any] | None:
+    """``route`` as ``meta.json`` keeps it (None: nothing left to keep). The forward part
+    carries ``grace_left_s``, what its grace had left at ``now_s``. Reads the route only
+    (safe in the metadata writer's thread)."""
+    fwd, reps = route.forward, route.replicas
+    left = 0.0 if fwd is None else fwd.grace_s - (now_s - route.last_forward_s)
+    if left <= 0:
+        fwd = None
+    if fwd is None and reps is None:
+        return None
+    return {
+        "topic": route.topic,
+        "self": route.self_id,
+        "forward": None
+        if fwd is None
+        else {
+            "to": fwd.to,
+            "publishers": dict(fwd.publishers),
+            "grace_s": fwd.grace_s,
+            "grace_left_s": min(left, fwd.grace_s),
+        },
+        "replicas": None
+        if reps is None
+        else {"peers": dict(reps.peers), "primary": reps.primary, "homes": dict(reps.homes)},
+    }
+
+
+def restored_route(doc: Any, now_s: float, down_s: float) -> TopicRoute | None:
+    """The route ``saved_route`` kept, ``down_s`` seconds later (``math.inf``: unknown);
+    its grace goes on from what it had left. None when nothing is left of it (its forward
+    part ended and it replicates nothing). Raises ValueError for a document that is not
+    one, or out of the bounds /srtm/route takes."""
+    if not isinstance(doc, dict):
+        raise ValueError("not a route")
+    topic, self_id = _name(doc.get("topic"), "topic"), _name(doc.get("self"), "self")
+    fwd, reps, left = None, None, 0.0
+    if (f := doc.get("forward")) is not None:
+        if not isinstance(f, dict):
+            raise ValueError("forward: not an object")
+        to = None if f.get("to") is None else _name(f.get("to"), "forward.to")
+        grace = _number(f.get("grace_s"), "forward.grace_s", MAX_GRACE_S)
+        left = min(_number(f.get("grace_left_s"), "forward.grace_left_s", grace), grace)
+        fwd = Forward(to, _names(f.get("publishers", {}), "forward.publishers"), grace)
+        left -= down_s
+    if (r := doc.get("replicas")) is not None:
+        if not isinstance(r, dict):
+            raise ValueError("replicas: not an object")
+        peers = _names(r.get("peers"), "replicas.peers")
+        primary = _name(r.get("primary"), "replicas.primary")
+        homes = _names(r.get("homes", {}), "replicas.homes")
+        if not {primary, *homes.values()} <= {*peers, self_id}:
+            raise ValueError("replicas: a home is not a peer or self")
+        reps = Replicas(peers, primary, homes)
+    if left <= 0:
+        fwd = None  # its grace ended while the broker was down
+    if fwd is None and reps is None:
+        return None
+    last = now_s - (fwd.grace_s - left) if fwd is not None else now_s
+    return TopicRoute(topic, self_id, fwd, reps, last, restored=True)
+
+
+def _name(v: Any, what: str) -> str:
+    if not isinstance(v, str) or not 0 < len(v) <= MAX_NAME:
+        raise ValueError(f"{what}: not a name")
+    return v
+
+
+def _names(v: Any, what: str) -> dict[str, str]:
+    if not isinstance(v, dict) or len(v) > MAX_ENTRIES:
+        raise ValueError(f"{what}: not a map of at most {MAX_ENTRIES} names")
+    return {_name(k, what): _name(x, what) for k, x in v.items()}
+
+
+def _number(v: Any, what: str, most: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= most:
+        raise ValueError(f"{what}: not a number in [0, {most}]")
+    if not math.isfinite(v):
+        raise ValueError(f"{what}: not finite")
+    return float(v)

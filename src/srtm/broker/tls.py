@@ -1,4 +1,5 @@
-"""TLS for NSQ's TCP protocol (IDENTIFY ``tls_v1``) and the HTTPS API, nsqd's way.
+"""TLS for NSQ's TCP protocol (IDENTIFY ``tls_v1``) and the HTTPS API, nsqd's way; and
+the client side the relay's links to other brokers use (``RelaySecurity``: TLS, AUTH).
 
 The TCP side stays on the broker's raw-socket reader: a ``TlsSession`` is a sans-I/O
 ``ssl.SSLObject`` over two memory BIOs, fed the ciphertext each ``recvmsg`` returns (so
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import ssl
+from dataclasses import dataclass
 from typing import Any
 
-from srtm.broker.options import BrokerOptions, TlsClientAuthPolicy, TlsRequired
+from srtm.broker.options import BrokerOptions, RelayTls, TlsClientAuthPolicy, TlsRequired
 
 _READ_SIZE = 64 * 1024
 
@@ -62,6 +64,66 @@ def server_context(opts: BrokerOptions) -> ssl.SSLContext | None:
         if opts.tls_root_ca_file is None:
             ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
     return ctx
+
+
+@dataclass(frozen=True, slots=True)
+class RelaySecurity:
+    """How a relay link talks to a peer: TLS (``context`` None: never asked for) and the
+    AUTH secret sent to a peer that answers ``auth_required`` (None: none)."""
+
+    tls: RelayTls = RelayTls.FALSE
+    context: ssl.SSLContext | None = None
+    secret: str | None = None
+
+    def __repr__(self) -> str:  # never the secret, in a log or a traceback
+        return f"RelaySecurity(tls={self.tls.value!r}, auth={self.secret is not None})"
+
+
+def relay_security(opts: BrokerOptions) -> RelaySecurity:
+    """The relay's TLS context and AUTH secret from --relay-*. Raises ValueError naming
+    the bad option (unreadable file, a key without its certificate, both secrets)."""
+    if opts.relay_tls not in RelayTls.__members__.values():
+        raise ValueError(
+            f"--relay-tls must be one of {', '.join(RelayTls)}, not {opts.relay_tls!r}"
+        )
+    if (opts.relay_tls_cert is None) != (opts.relay_tls_key is None):
+        raise ValueError("--relay-tls-cert and --relay-tls-key go together")
+    return RelaySecurity(RelayTls(opts.relay_tls), _relay_context(opts), _relay_secret(opts))
+
+
+def _relay_context(opts: BrokerOptions) -> ssl.SSLContext | None:
+    if opts.relay_tls == RelayTls.FALSE:
+        return None
+    cafile = opts.relay_tls_root_ca_file
+    try:
+        # Verifies the peer's certificate and that it names the host of its address.
+        ctx = ssl.create_default_context(cafile=None if cafile is None else str(cafile))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"--relay-tls-root-ca-file: cannot load {cafile}: {exc}") from exc
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if opts.relay_tls_cert is not None and opts.relay_tls_key is not None:
+        try:
+            ctx.load_cert_chain(opts.relay_tls_cert, opts.relay_tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"--relay-tls-cert/--relay-tls-key: cannot load {opts.relay_tls_cert}: {exc}"
+            ) from exc
+    return ctx
+
+
+def _relay_secret(opts: BrokerOptions) -> str | None:
+    path = opts.relay_auth_secret_file
+    if path is None:
+        return opts.relay_auth_secret or None
+    if opts.relay_auth_secret:
+        raise ValueError("give --relay-auth-secret or --relay-auth-secret-file, not both")
+    try:
+        secret = path.read_text().rstrip("\r\n")
+    except (OSError, UnicodeError) as exc:
+        raise ValueError(f"--relay-auth-secret-file: cannot read {path}: {exc}") from exc
+    if not secret:
+        raise ValueError(f"--relay-auth-secret-file: {path} is empty")
+    return secret
 
 
 def tcp_requires_tls(opts: BrokerOptions) -> bool:
