@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -598,3 +599,47 @@ async def test_a_link_whose_task_lost_a_cancel_still_closes() -> None:
     await asyncio.sleep(0)  # the task starts waiting
     await asyncio.wait_for(link.close(), timeout=30)  # a hang guard, not a timing check
     assert cancels == 2 and link._task is None
+
+
+async def test_a_link_closed_mid_command_waits_for_its_answer() -> None:
+    """A plan change closes a link while its MPUB awaits the peer's answer. The peer
+    took it, so handing it back (accepted here too) would deliver it twice, as a full
+    run's demo once did (29 messages at two brokers): the command's answer is awaited,
+    and only what was never sent is handed back."""
+    from srtm.broker.relay import PeerLink
+    from srtm.protocol import frames
+
+    got_pub, answer = asyncio.Event(), asyncio.Event()
+
+    async def slow_peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readexactly(4)  # magic
+        await reader.readline()  # IDENTIFY
+        (size,) = struct.unpack(">I", await reader.readexactly(4))
+        await reader.readexactly(size)
+        writer.write(frames.response(b"{}"))
+        await reader.readline()  # PUB t
+        (size,) = struct.unpack(">I", await reader.readexactly(4))
+        await reader.readexactly(size)
+        got_pub.set()
+        await answer.wait()
+        writer.write(frames.response())
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(slow_peer, "127.0.0.1", 0)
+    link = PeerLink(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", "test")
+    results: list[bool] = []
+    try:
+        assert link.send("t", [b"taken"], results.append)
+        await asyncio.wait_for(got_pub.wait(), 10)  # a hang guard, not a timing check
+        assert link.send("t", [b"never sent"], results.append)
+        closing = asyncio.ensure_future(link.close())
+        await asyncio.sleep(0)
+        assert not closing.done() and results == []
+        answer.set()
+        await asyncio.wait_for(closing, 10)
+        assert results == [True, False]
+    finally:
+        answer.set()
+        server.close()
+        await server.wait_closed()

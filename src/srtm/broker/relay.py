@@ -102,6 +102,8 @@ class PeerLink:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        #: A command is written and its answer not read yet.
+        self._in_flight = False
         self._frames = FrameReader()
 
     def send(self, topic: str, bodies: list[bytes], done: Done, due_s: float | None = None) -> bool:
@@ -124,9 +126,15 @@ class PeerLink:
         return True
 
     async def close(self) -> None:
-        """Stop; whatever is still queued is handed back (``done(False)``)."""
+        """Stop; whatever is still queued is handed back (``done(False)``). A command in
+        flight gets its answer first (up to ``ANSWER_TIMEOUT_S``): the peer may have
+        taken it, and handing it back would deliver it twice (seen when a plan change
+        closed a link mid-MPUB)."""
         self._closing = True
+        self._wake.set()
         task, self._task = self._task, None
+        if task is not None and self._in_flight:
+            await asyncio.wait({task}, timeout=ANSWER_TIMEOUT_S + CANCEL_RETRY_S)
         # Cancelled again until it ends: on Python 3.11 a cancel that lands as a
         # ``wait_for`` completes is lost (cpython gh-86296), the link then waits for more
         # to send for ever, and the broker's shutdown with it (seen: a broker not exiting
@@ -140,10 +148,10 @@ class PeerLink:
 
     # -- the connection ------------------------------------------------------------------
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             await self._wake.wait()
             self._wake.clear()
-            if not self.queue:
+            if self._closing or not self.queue:
                 continue
             try:
                 reader, writer = await self._connect()
@@ -228,9 +236,10 @@ class PeerLink:
         """Send the queue, one command at a time, until it is empty; then wait for more
         (answering the peer's heartbeats meanwhile)."""
         while True:
-            while self.queue:
+            while self.queue and not self._closing:
                 batch = self._batch()
                 writer.write(_encode(batch))
+                self._in_flight = True
                 try:
                     await asyncio.wait_for(
                         self._answer(reader, writer, self._frames), ANSWER_TIMEOUT_S
@@ -241,7 +250,11 @@ class PeerLink:
                 except BaseException:
                     self._settle(batch, False)
                     raise
+                finally:
+                    self._in_flight = False
                 self._settle(batch, True)
+            if self._closing:
+                return
             chunk = await self._idle(reader)
             if chunk is None:
                 continue  # more to send
