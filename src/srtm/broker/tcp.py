@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import operator
 import random
 import socket
 import ssl
@@ -59,7 +58,6 @@ _CLOSED = SessionState.CLOSED
 _MESSAGE = int(frames.FrameType.MESSAGE)
 #: What a message frame's size counts beyond its body: type, timestamp, attempts, id.
 _MESSAGE_OVERHEAD = 30
-_BODY = operator.itemgetter(1)
 #: FINs of a run (``Fins``) run at a time, with due releases looked at in between.
 _FIN_CHUNK = 32
 
@@ -490,18 +488,18 @@ class Client:
         if self.session.state is _CLOSED:
             return
         pack = _MESSAGE_HEAD.pack
-        # Heads in one comprehension, interleaved with the bodies by slice assignment,
-        # one join: no Python-level step per body.
-        parts: list[bytes] = [b""] * (2 * len(records))
-        parts[::2] = [
-            pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, ts, attempts + 1, mid)
-            for mid, body, ts, _, _, attempts, _, _ in records
-        ]
-        parts[1::2] = map(_BODY, records)
         if self._wrap is not None or self._holds:
+            parts: list[bytes] = []
+            for r in records:
+                body = r[1]
+                parts += (pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1, r[0]), body)
             self.write(b"".join(parts))
             return
-        self._out += b"".join(parts)
+        out = self._out
+        for r in records:
+            body = r[1]
+            out += pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1, r[0])
+            out += body
         self._queued()
 
     def rtt_ns(self) -> int:
