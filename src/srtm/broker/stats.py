@@ -39,11 +39,13 @@ def record_many(hist: HdrHistogram, values: np.ndarray) -> None:
     index = ((bucket + 1) << hist.sub_bucket_half_count_magnitude) + sub_bucket
     index -= hist.sub_bucket_half_count
     counts = np.ctypeslib.as_array(hist.counts)
-    # Only the counts hit are touched, with temporaries the size of ``values``: a
-    # bincount over all 33,792 counts (and its copies, 270 KB each) cost ~150 µs per
-    # flush whatever the number of values, and every flush held shaped releases back.
-    hit, times = np.unique(index, return_counts=True)
-    counts[hit] += times.astype(counts.dtype)
+    # Counted over the span of indices hit only: a bincount over all 33,792 counts (and
+    # its copies, 270 KB each) cost ~150 µs per flush alone whatever the number of
+    # values, and every flush holds shaped releases back. (np.unique, whose temporaries
+    # do not grow with the span, measured slower inside the broker.)
+    lo = int(index.min())
+    hits = np.bincount(index - lo)
+    counts[lo : lo + len(hits)] += hits.astype(counts.dtype)
     hist.total_count += len(values)
     hist.min_value = min(hist.min_value, int(values.min()))
     hist.max_value = max(hist.max_value, int(values.max()))
