@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
-from typing import Protocol, cast
+from typing import Protocol
 
 from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue, Record, attempted, settle
@@ -38,63 +38,11 @@ class Consumer(Protocol):
     msg_timeout_ns: int
 
 
+#: A message in flight: its record as it was queued (the attempt it is on is one more
+#: than the record says: see ``queue.attempted``), its consumer and its deadline. A plain
+#: tuple: one allocation per dispatched message, replaced whole by a TOUCH.
+Flight = tuple[Record, Consumer, int]
 _ID = itemgetter(0)
-_ORIGIN = itemgetter(7)
-
-
-class Flights:
-    """What one consumer has in flight on a channel: id → its record as it was queued
-    (the attempt it is on is one more than the record says: see ``queue.attempted``).
-
-    No per-message object: a dispatch adds its records under their ids (one dict
-    insert each) and pushes one deadline for all of them (``Channel._timeouts``); a
-    FIN pops its id. The record's identity tells one delivery from the next of the
-    same id (a requeued message is queued as a new record), so an old deadline finds
-    a redelivered message is not its own. A TOUCHed message's own deadline is in
-    ``touched``.
-    """
-
-    __slots__ = ("consumer", "records", "touched")
-
-    def __init__(self, consumer: Consumer) -> None:
-        self.consumer = consumer
-        self.records: dict[bytes, Record] = {}
-        #: id → the deadline a TOUCH gave it (its dispatch's deadline no longer holds).
-        self.touched: dict[bytes, int] = {}
-
-    def owns(self, r: Record, deadline: int) -> bool:
-        """Whether ``r`` is in flight on the delivery that ``deadline`` is for."""
-        if self.records.get(r[0]) is not r:
-            return False  # settled, or redelivered since (a new record)
-        touched = self.touched
-        return not touched or touched.get(r[0], deadline) == deadline
-
-    def pop(self, mid: bytes) -> Record | None:
-        r = self.records.pop(mid, None)
-        if r is not None and self.touched:
-            self.touched.pop(mid, None)
-        return r
-
-
-class InFlight(Mapping[bytes, Record]):
-    """A channel's messages in flight, all consumers together (read-only view)."""
-
-    def __init__(self, channel: Channel) -> None:
-        self._flights = channel._flights
-
-    def __getitem__(self, mid: bytes) -> Record:
-        for f in self._flights.values():
-            r = f.records.get(mid)
-            if r is not None:
-                return r
-        raise KeyError(mid)
-
-    def __iter__(self) -> Iterator[bytes]:
-        for f in list(self._flights.values()):
-            yield from list(f.records)
-
-    def __len__(self) -> int:
-        return sum(len(f.records) for f in self._flights.values())
 
 
 class LimitReached(ProtocolError):
@@ -134,22 +82,17 @@ class Channel:
     topic: str
     name: str
     queue: MessageQueue
+    in_flight: dict[bytes, Flight] = field(default_factory=dict)
     consumers: list[Consumer] = field(default_factory=list)
     paused: bool = False
     message_count: int = 0
     requeue_count: int = 0
     timeout_count: int = 0
     _deferred: list[tuple[int, int, Message]] = field(default_factory=list)
-    #: In flight, per consumer (by ``id``; the entry keeps the consumer alive, so that
-    #: its id is not reused while it has messages in flight here).
-    _flights: dict[int, Flights] = field(default_factory=dict)
-    #: Deadlines, one per dispatch batch (they share one) or TOUCH: (deadline, seq,
-    #: whose, records as dispatched).
-    _timeouts: list[tuple[int, int, Flights, list[Record]]] = field(default_factory=list)
-    #: Records in ``_timeouts`` (settled ones too, until compacted away).
+    #: Deadlines, one per dispatch batch (they share one): (deadline, seq, message ids).
+    _timeouts: list[tuple[int, int, list[bytes]]] = field(default_factory=list)
+    #: Ids in ``_timeouts`` (settled ones too, until compacted away).
     _timeout_ids: int = 0
-    #: Messages in flight (all consumers).
-    _flying: int = 0
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _next_consumer: int = 0
     #: Where the channel puts itself when it gets a deferred message or an in-flight
@@ -167,15 +110,6 @@ class Channel:
     @property
     def deferred_count(self) -> int:
         return len(self._deferred)
-
-    @property
-    def in_flight(self) -> InFlight:
-        """Every message in flight, by id (a view: ``len`` is cheap, the rest is not)."""
-        return InFlight(self)
-
-    @property
-    def in_flight_count(self) -> int:
-        return self._flying
 
     def put(self, msg: Message) -> None:
         self.message_count += 1
@@ -206,15 +140,6 @@ class Channel:
         can settle it meanwhile, and it is still owed (``head``) if the broker stops."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
-        f = self._flights.get(id(consumer))
-        if f is not None and not f.records:
-            del self._flights[id(consumer)]
-
-    def _flights_of(self, consumer: Consumer) -> Flights:
-        f = self._flights.get(id(consumer))
-        if f is None:
-            f = self._flights[id(consumer)] = Flights(consumer)
-        return f
 
     def dispatch(self, now: int) -> list[tuple[Consumer, Message]]:
         """``take``, one ``Message`` per delivery (attempts counted): the per-message view."""
@@ -269,101 +194,83 @@ class Channel:
         return list(groups.values())
 
     def _fly(self, consumer: Consumer, recs: list[Record], now: int) -> None:
-        """``recs`` are in flight to ``consumer`` until one deadline (one heap entry,
-        which keeps ``recs`` itself: the caller hands it over)."""
+        """``recs`` are in flight to ``consumer`` until one deadline (one heap entry)."""
         deadline = now + consumer.msg_timeout_ns
-        f = self._flights_of(consumer)
-        f.records.update(zip(map(_ID, recs), recs, strict=True))
-        heapq.heappush(self._timeouts, (deadline, next(self._seq), f, recs))
-        self._timeout_ids += len(recs)
-        self._flying += len(recs)
+        ids = list(map(_ID, recs))
+        flights = zip(recs, repeat(consumer), repeat(deadline))
+        self.in_flight.update(zip(ids, flights, strict=True))
+        heapq.heappush(self._timeouts, (deadline, next(self._seq), ids))
+        self._timeout_ids += len(ids)
 
     # -- FIN / REQ / TOUCH ---------------------------------------------------------------
-    def _take(self, mid: bytes, consumer: Consumer) -> Record:
-        """Take ``mid`` out of ``consumer``'s flight (its record), else DeliveryError."""
-        f = self._flights.get(id(consumer))
-        r = f.pop(mid) if f is not None else None
-        if r is None:
+    def _take(self, mid: bytes, consumer: Consumer) -> Flight:
+        flight = self.in_flight.get(mid)
+        if flight is None or flight[1] is not consumer:
             raise DeliveryError(f"{mid.decode(errors='replace')} not found")
-        consumer.in_flight -= 1
-        self._flying -= 1
-        return r
+        return flight
 
     def fin(self, mid: bytes, consumer: Consumer) -> None:
-        r = self._take(mid, consumer)
-        if r[7] is not None:  # read from disk: its segment may go now
-            r[7].settle()
-        if self._timeout_ids > 4 * self._flying + 1024:
+        flight = self.in_flight.get(mid)  # as _take: this runs once per message
+        if flight is None or flight[1] is not consumer:
+            raise DeliveryError(f"{mid.decode(errors='replace')} not found")
+        del self.in_flight[mid]
+        consumer.in_flight -= 1
+        origin = flight[0][7]
+        if origin is not None:  # read from disk: its segment may go now
+            origin.settle()
+        if self._timeout_ids > 4 * len(self.in_flight) + 1024:
             self._compact_timeouts()
 
     def fin_many(self, mids: list[bytes], consumer: Consumer) -> list[tuple[bytes, str]]:
         """``fin`` of each (a consumer's run of FINs); those that failed and why."""
-        f = self._flights.get(id(consumer))
-        if f is None:
-            return [(mid, f"{mid.decode(errors='replace')} not found") for mid in mids]
-        records = f.records
-        before = len(records)
-        # One pop per FIN, all in C (``f.pop`` where TOUCHes are to be forgotten too).
-        got = list(map(f.pop, mids) if f.touched else map(records.pop, mids, repeat(None)))
-        done = before - len(records)
+        flights = self.in_flight
+        pop = flights.pop  # one lookup per FIN, not a get and a del
         failed: list[tuple[bytes, str]] = []
-        if done == len(mids):
-            settled = cast("list[Record]", got)
-        else:  # some not in flight to this consumer (or twice in the run)
-            failed = [
-                (mid, f"{mid.decode(errors='replace')} not found")
-                for mid, r in zip(mids, got, strict=True)
-                if r is None
-            ]
-            settled = [r for r in got if r is not None]
+        done = 0
+        for mid in mids:
+            flight = pop(mid, None)
+            if flight is None or flight[1] is not consumer:
+                if flight is not None:
+                    flights[mid] = flight  # another consumer's: it stays in flight
+                failed.append((mid, f"{mid.decode(errors='replace')} not found"))
+                continue
+            done += 1
+            origin = flight[0][7]
+            if origin is not None:
+                origin.settle()
         consumer.in_flight -= done
-        self._flying -= done
-        for origin in filter(None, map(_ORIGIN, settled)):  # read from disk: may go now
-            origin.settle()
-        if self._timeout_ids > 4 * self._flying + 1024:
+        if self._timeout_ids > 4 * len(flights) + 1024:
             self._compact_timeouts()
         return failed
 
     def _compact_timeouts(self) -> None:
-        """Drop settled messages from the deadlines (the heap would otherwise keep one
-        record per message for a whole timeout: 600,000 at 10,000 msg/s and 60 s); at
-        most every 3 x in flight + 1,024 FINs, so that it costs a FIN about a third of
-        an ``owns`` check."""
-        # First whole deadlines with nothing left in flight go (a test in C per
-        # record); where that is not enough, settled records go one by one.
-        live = [e for e in self._timeouts if any(map(e[2].records.__contains__, map(_ID, e[3])))]
-        kept = sum(len(e[3]) for e in live)
-        if kept > 2 * self._flying + 512:
-            live = [
-                (deadline, seq, f, [r for r in recs if f.owns(r, deadline)])
-                for deadline, seq, f, recs in live
-            ]
-            live = [e for e in live if e[3]]
-            kept = sum(len(e[3]) for e in live)
+        """Drop deadlines of settled messages (the heap would otherwise keep one id per
+        message for a whole timeout: 600,000 at 10,000 msg/s and 60 s); at most every
+        3 x in flight + 1,024 FINs, so that it costs a FIN a third of a dict entry."""
+        by_deadline: dict[int, list[bytes]] = {}
+        for mid, f in self.in_flight.items():
+            by_deadline.setdefault(f[2], []).append(mid)
+        live = [(deadline, next(self._seq), mids) for deadline, mids in by_deadline.items()]
         heapq.heapify(live)
         self._timeouts = live
-        self._timeout_ids = kept
-        for key, f in list(self._flights.items()):
-            if not f.records and f.consumer not in self.consumers:
-                del self._flights[key]
+        self._timeout_ids = len(self.in_flight)
 
     def req(self, mid: bytes, consumer: Consumer, delay_ns: int, now: int) -> None:
-        r = self._take(mid, consumer)
+        flight = self._take(mid, consumer)
+        del self.in_flight[mid]
+        consumer.in_flight -= 1
         self.requeue_count += 1
-        msg = Message(*attempted(r))
+        msg = Message(*attempted(flight[0]))
         if delay_ns > 0:
             self.defer(msg, now + delay_ns)
         else:
             self.queue.append(msg)
 
     def touch(self, mid: bytes, consumer: Consumer, now: int) -> None:
-        f = self._flights.get(id(consumer))
-        r = f.records.get(mid) if f is not None else None
-        if f is None or r is None:
-            raise DeliveryError(f"{mid.decode(errors='replace')} not found")
+        flight = self._take(mid, consumer)
         deadline = now + consumer.msg_timeout_ns
-        f.touched[mid] = deadline
-        heapq.heappush(self._timeouts, (deadline, next(self._seq), f, [r]))
+        self.in_flight[mid] = (flight[0], consumer, deadline)
+        heapq.heappush(self._timeouts, (deadline, next(self._seq), [mid]))
         self._timeout_ids += 1
 
     # -- time ----------------------------------------------------------------------------
@@ -374,19 +281,17 @@ class Channel:
             self.queue.append(heapq.heappop(self._deferred)[2])
             moved = True
         while self._timeouts and self._timeouts[0][0] <= now:
-            deadline, _, f, recs = heapq.heappop(self._timeouts)
-            self._timeout_ids -= len(recs)
-            for r in recs:
-                if not f.owns(r, deadline):
+            deadline, _, mids = heapq.heappop(self._timeouts)
+            self._timeout_ids -= len(mids)
+            for mid in mids:
+                flight = self.in_flight.get(mid)
+                if flight is None or flight[2] != deadline:
                     continue  # finished, requeued or touched since
-                f.pop(r[0])
-                f.consumer.in_flight -= 1
-                self._flying -= 1
+                del self.in_flight[mid]
+                flight[1].in_flight -= 1
                 self.timeout_count += 1
-                self.queue.append(Message(*attempted(r)))
+                self.queue.append(Message(*attempted(flight[0])))
                 moved = True
-            if not f.records and f.consumer not in self.consumers:
-                self._flights.pop(id(f.consumer), None)  # gone, and nothing left here
         return moved
 
     def next_due_ns(self) -> int | None:
@@ -397,7 +302,7 @@ class Channel:
         """What this channel owes in memory, in delivery order, with due times of
         deferred ones: in-flight first (they are the oldest), then the queue."""
         out: list[tuple[Message, int | None]] = [
-            (Message(*attempted(r)), None) for r in self.in_flight.values()
+            (Message(*attempted(f[0])), None) for f in self.in_flight.values()
         ]
         out += [(m, None) for m in self.queue.memory()]
         out += [(m, due) for due, _, m in sorted(self._deferred)]
@@ -412,10 +317,9 @@ class Channel:
 
     def discard(self) -> None:
         """The channel is deleted: nothing it holds will be settled any other way."""
-        for r in self.in_flight.values():
-            settle(r[7])
-        self._flights.clear()
-        self._flying = 0
+        for flight in self.in_flight.values():
+            settle(flight[0][7])
+        self.in_flight.clear()
         self.empty()
 
 
