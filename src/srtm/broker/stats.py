@@ -26,6 +26,11 @@ from srtm.quantiles import REPORTED
 
 NS_PER_S = 1_000_000_000
 _MAX_NS = 3_600 * NS_PER_S
+#: Values a recorder gathers before the housekeeping loop flushes it (a read of its
+#: summary flushes it whatever it holds). A flush holds the loop, and shaped releases,
+#: for about as long whether it has a thousand values or a few: at 10,000 msg/s every
+#: 100 ms, six recorders of a shaped topic made 60 flushes a second; at this size 15.
+FLUSH_AT = 4_096
 
 
 def record_many(hist: HdrHistogram, values: np.ndarray) -> None:
@@ -39,7 +44,13 @@ def record_many(hist: HdrHistogram, values: np.ndarray) -> None:
     index = ((bucket + 1) << hist.sub_bucket_half_count_magnitude) + sub_bucket
     index -= hist.sub_bucket_half_count
     counts = np.ctypeslib.as_array(hist.counts)
-    counts += np.bincount(index, minlength=hist.counts_len).astype(counts.dtype)
+    # Counted over the span of indices hit only: a bincount over all 33,792 counts (and
+    # its copies, 270 KB each) cost ~150 µs per flush alone whatever the number of
+    # values, and every flush holds shaped releases back. (np.unique, whose temporaries
+    # do not grow with the span, measured slower inside the broker.)
+    lo = int(index.min())
+    hits = np.bincount(index - lo)
+    counts[lo : lo + len(hits)] += hits.astype(counts.dtype)
     hist.total_count += len(values)
     hist.min_value = min(hist.min_value, int(values.min()))
     hist.max_value = max(hist.max_value, int(values.max()))
@@ -273,12 +284,14 @@ class BrokerStats:
         return [self.stamp_gaps, *(r for ts in self.topics.values() for r in ts.recorders())]
 
     def pending_recorders(self) -> list[Recorder]:
-        """The histograms with values waiting to be flushed, looking only at the topics
-        used since the last call: an idle topic costs the housekeeping loop nothing."""
+        """The histograms with ``FLUSH_AT`` values or more waiting to be flushed, looking
+        only at the topics used since the last call: an idle topic costs the housekeeping
+        loop nothing (what fewer values wait for is flushed when read, or once a later
+        dispatch brings it to ``FLUSH_AT``)."""
         touched, self._touched = self._touched, set()
-        out = [self.stamp_gaps] if self.stamp_gaps.pending else []
+        out = [self.stamp_gaps] if len(self.stamp_gaps.pending) >= FLUSH_AT else []
         for name in touched:
             ts = self.topics.get(name)
             if ts is not None:
-                out += [r for r in ts.recorders() if r.pending]
+                out += [r for r in ts.recorders() if len(r.pending) >= FLUSH_AT]
         return out

@@ -1,0 +1,223 @@
+"""Where a shaped release's lateness comes from: each late release, and what held it.
+
+The broker runs in a child process (uvloop, collector frozen as ``srtm broker`` does)
+with a topic shaped at RATE/s, b = BURST; the parent offers 2 % above the rate (PUB,
+paced, one consumer FINs everything: ``benchmarks/broker.py``'s shaped row). In the
+child, the broker's callbacks that can run long are timed (reads, dispatch flushes,
+sends, histogram flushes, the scans), the collector's passes are timed (gc.callbacks),
+and every release records its wall-clock lateness and how much CPU time the broker's
+thread got meanwhile. A release later than ``--late-us`` is charged to the longest
+timed thing that overlapped its wait, else to the collector, else to the scheduler
+(the thread got far less CPU than the wall time that passed: it was not running), else
+to the loop itself (untimed work, the wake-up).
+
+    .venv/bin/python benchmarks/lateness_probe.py [--duration 5] [--late-us 100]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import functools
+import gc
+import multiprocessing
+import sys
+import tempfile
+import time
+from array import array
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from broker import SHAPED_BURST, SHAPED_OFFER, SHAPED_RATE, task_paced
+from srtm.broker import Broker, BrokerOptions, release, stats, tcp
+from srtm.broker import broker as broker_mod
+
+#: start, end (wall ns), CPU ns the thread got meanwhile, what ran.
+Span = tuple[int, int, int, str]
+
+
+class Spans:
+    """(start, end, what) of timed calls, in flat int64 arrays: a list of tuples would
+    itself make the collector's passes long (it tracks each tuple)."""
+
+    def __init__(self) -> None:
+        self.t: array[int] = array("q")
+        self.names: list[str] = []
+
+    def add(self, start: int, end: int, cpu: int, name: str) -> None:
+        if name not in self.names:
+            self.names.append(name)
+        self.t.extend((start, end, cpu, self.names.index(name)))
+
+    def items(self) -> list[Span]:
+        t, n = self.t, self.names
+        return [(t[i], t[i + 1], t[i + 2], n[t[i + 3]]) for i in range(0, len(t), 4)]
+
+
+def _timed(spans: Spans, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    clock, cpu = time.time_ns, time.thread_time_ns
+    t = spans.t
+    spans.add(0, 0, 0, name)
+    code = spans.names.index(name)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0, c0 = clock(), cpu()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            t.extend((t0, clock(), cpu() - c0, code))
+
+    return wrapper
+
+
+def _instrument(spans: Spans, releases: array[int], timed: bool) -> None:
+    for cls, names in (
+        ()
+        if not timed
+        else (
+            (tcp.Client, ("_on_readable", "_on_writable", "_send", "_beat")),
+            (broker_mod.Broker, ("_flush", "_scan")),
+            (stats.Recorder, ("flush",)),
+            (release.Releaser, ("_on_timer",)),
+        )
+    ):
+        for n in names:
+            setattr(cls, n, _timed(spans, f"{cls.__name__}.{n}", getattr(cls, n)))
+    original = stats.TopicStats.dispatched
+    cpu = time.thread_time_ns
+
+    def dispatched(self: Any, channel: str, records: Any, now: int, *a: Any) -> None:
+        if a[0]:  # shaped
+            t = cpu()
+            for r in records:
+                if not r[5]:
+                    releases.extend((r[4], now, t))
+        original(self, channel, records, now, *a)
+
+    stats.TopicStats.dispatched = dispatched  # type: ignore[method-assign, assignment]
+    gc_start: list[int] = [0, 0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_start[:] = time.time_ns(), cpu()
+        else:
+            spans.add(
+                gc_start[0], time.time_ns(), cpu() - gc_start[1], f"gc gen{info['generation']}"
+            )
+
+    gc.callbacks.append(on_gc)
+
+
+def _broker_main(conn: Any, timed: bool) -> None:
+    import uvloop
+
+    spans = Spans()
+    releases: array[int] = array("q")
+    _instrument(spans, releases, timed)
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            opts = BrokerOptions(tcp_port=0, http_port=0, data_dir=Path(tmp))
+            b = Broker(opts)
+            await b.start()
+            assert b.tcp_address is not None
+            b.set_bucket("probe", SHAPED_RATE, SHAPED_BURST)
+            gc.collect()
+            gc.freeze()
+            conn.send(b.tcp_address)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, conn.recv)
+            await b.stop()
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    asyncio.run(main())
+    r = releases
+    conn.send((spans.items(), list(zip(r[::3], r[1::3], r[2::3], strict=True))))
+
+
+def _analyse(spans: list[Span], releases: list[tuple[int, int, int]], late_ns: int) -> None:
+    spans.sort()
+    starts = [s[0] for s in spans]
+    longest = max((e - s for s, e, _, _ in spans), default=0)
+    causes: collections.Counter[str] = collections.Counter()
+    excess: collections.defaultdict[str, list[int]] = collections.defaultdict(list)
+    prev_now, prev_cpu = None, None
+    lates = [now - due for due, now, _ in releases]
+    for due, now, cpu in releases:
+        late = now - due
+        if late > late_ns:
+            lo = bisect.bisect_left(starts, due - longest)
+            hi = bisect.bisect_right(starts, now)
+            # What overlapped the wait, by the CPU time it took (its wall time counts
+            # the time the thread was not running too).
+            over = [(c, n) for s, e, c, n in spans[lo:hi] if e > due and s < now]
+            cause = None
+            if over:
+                c, what = max(over)
+                if c > late // 3:
+                    cause = what.split()[0] if what.startswith("gc") else what
+            if cause is None and prev_now is not None and prev_cpu is not None:
+                wall, got = now - prev_now, cpu - prev_cpu
+                if wall - got > late // 2:
+                    cause = "descheduled (CPU time < wall time)"
+            cause = cause or "untimed (loop, wake-up)"
+            causes[cause] += 1
+            excess[cause].append(late)
+        prev_now, prev_cpu = now, cpu
+    lates.sort()
+    n = len(lates)
+    print(
+        f"{n} releases; lateness p50 {lates[n // 2] / 1e3:.1f} µs, "
+        f"p99 {lates[int(n * 0.99)] / 1e3:.1f} µs, max {lates[-1] / 1e3:.1f} µs"
+    )
+    k = sum(causes.values())
+    print(f"later than {late_ns / 1e3:.0f} µs: {k} ({100 * k / n:.2f} %), charged to:")
+    for cause, k in causes.most_common():
+        v = sorted(excess[cause])
+        print(
+            f"  {cause:36s} {k:6d}  median {v[len(v) // 2] / 1e3:7.1f}  max {v[-1] / 1e3:7.1f} µs"
+        )
+    by_name: collections.defaultdict[str, list[int]] = collections.defaultdict(list)
+    first, last = releases[0][1], releases[-1][1]
+    cpus: collections.defaultdict[str, list[int]] = collections.defaultdict(list)
+    for s, e, c, name in spans:
+        if first <= s <= last:  # during the load, not at start or stop
+            by_name[name].append(e - s)
+            cpus[name].append(c)
+    print("timed: count; wall p99, max; CPU p50, p99, max (µs)")
+    for name, ds in sorted(by_name.items()):
+        ds.sort()
+        cs = sorted(cpus[name])
+        k = int(len(ds) * 0.99)
+        print(
+            f"  {name:28s} {len(ds):7d} {ds[k] / 1e3:8.1f} {ds[-1] / 1e3:8.1f}"
+            f" {cs[len(cs) // 2] / 1e3:8.1f} {cs[k] / 1e3:8.1f} {cs[-1] / 1e3:8.1f}"
+        )
+
+
+def main(
+    duration: float = typer.Option(5.0, help="Seconds of paced load."),
+    late_us: float = typer.Option(100.0, help="A release later than this is explained."),
+    timed: bool = typer.Option(True, help="Time the callbacks (else only gc and releases)."),
+) -> None:
+    """Run the shaped load against an instrumented broker and explain each late release."""
+    parent, child = multiprocessing.Pipe()
+    proc = multiprocessing.get_context("spawn").Process(target=_broker_main, args=(child, timed))
+    proc.start()
+    addr = parent.recv()
+    res = task_paced(addr, "probe", SHAPED_OFFER, duration, 1.0)
+    print(f"consumer: {res['received']:,.0f} received at {res['rate']:,.0f}/s")
+    parent.send("stop")
+    spans, releases = parent.recv()
+    proc.join()
+    _analyse(spans, releases, int(late_us * 1000))
+
+
+if __name__ == "__main__":
+    typer.run(main)
