@@ -278,8 +278,9 @@ class Broker:
                 self.mark_ready(ch)
 
     async def _housekeeping_loop(self) -> None:
-        """Move measured values into the histograms every 100 ms, one histogram per loop
-        turn, so no single step holds the loop (and shaped releases) for long."""
+        """Every 100 ms, move the measured values of each histogram holding
+        ``stats.FLUSH_AT`` or more into it, one histogram per loop turn, so no single step
+        holds the loop (and shaped releases) for long."""
         rolled = time.monotonic()
         while True:
             await asyncio.sleep(0.1)
