@@ -500,6 +500,8 @@ class Relay:
             if not ok:
                 log.warning("topic %s: handoff to %s not delivered", topic, address)
 
+        if self.stopping:
+            return False
         return self.link(address).send_handoff(topic, token, done)
 
     def link(self, address: str) -> PeerLink:
