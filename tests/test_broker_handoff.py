@@ -280,3 +280,18 @@ async def test_a_handoff_to_a_closed_port_is_reported_not_raised(pair: tuple[Nod
     lost: list[bool] = []
     assert src.broker.relay.link("127.0.0.1:1").send_handoff("t", TOKEN, lost.append)
     await eventually(lambda: lost, "settled", until=lambda x: x == [False])
+
+
+async def test_a_carried_route_is_set_even_if_the_bucket_is_refused(
+    pair: tuple[Node, Node],
+) -> None:
+    """The route does not depend on the share (as when pushed on its own): a decrease the
+    broker refuses still leaves its publishers forwarded."""
+    src, dest = pair
+    route = {"topic": "t", "self": "s", "forward": {"to": dest.tcp, "publishers": {}}}
+    status, body = await src.call(
+        "POST", f"/srtm/bucket?topic=t&rate=-1&burst=1&handoff={dest.tcp}&token={TOKEN}", route
+    )
+    assert status == 400 and body["message"] == "INVALID_BUCKET", body
+    assert src.broker.relay.get_route("t") is not None
+    assert not src.broker.relay.links  # no handoff sent

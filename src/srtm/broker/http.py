@@ -80,7 +80,6 @@ from srtm.protocol.session import (
     MAX_OUTPUT_BUFFER_SIZE,
     MAX_OUTPUT_BUFFER_TIMEOUT_MS,
 )
-from srtm.ratelimit import check_bucket
 from srtm.security import E_UNAUTHORIZED, bearer_matches, require_loopback_without_token
 
 if TYPE_CHECKING:
@@ -509,14 +508,11 @@ class BrokerHttp:
         The broker refuses a bucket it cannot schedule (INVALID_BUCKET names rate or burst).
         With ``handoff`` and ``token``, a decrease hands the share it gave up over to that
         broker (a HANDOFF on the relay link, after all this broker relayed to it before);
-        a forwarding route in the body is set first, in the same step."""
+        a route in the body is set first, in the same step (even if the bucket is refused:
+        it does not depend on it)."""
         q = parse_query(BucketSetQuery, request.query)
         route = await self._handoff_route(request, q.topic, q.handoff, q.token)
-        try:
-            check_bucket(q.rate, q.burst)
-        except (ValueError, OverflowError) as exc:
-            raise HttpError(400, "INVALID_BUCKET", str(exc)) from None
-        if route is not None:
+        if route is not None:  # whatever becomes of the share: a route does not need it
             self.broker.relay.set_route(route)
         try:
             b = self.broker.set_bucket(q.topic, q.rate, q.burst)
