@@ -127,7 +127,7 @@ async def test_hold_and_unmanage_over_http(broker_api: BrokerApi) -> None:
     status, doc = await call(s, "DELETE", "/srtm/bucket?topic=missing")
     assert status == 404 and "missing" not in broker.topics  # unmanaging creates nothing
     status, doc = await call(s, "POST", "/srtm/bucket/hold?topic=h")
-    assert status == 200 and doc == {"topic": "h", "bucket": None, "held": True}
+    assert status == 200 and doc == {"topic": "h", "bucket": None, "held": True, "handoff": False}
     status, stats = await call(s, "GET", "/stats?format=json")
     (srtm,) = stats["srtm"]["topics"]
     assert srtm["held"] is True and srtm["bucket"] is None

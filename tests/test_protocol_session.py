@@ -20,6 +20,7 @@ from srtm.protocol import (
     Fin,
     Fins,
     FrameReader,
+    Handoff,
     Identify,
     Limits,
     Mpub,
@@ -132,6 +133,9 @@ class FakeConnection:
 
     def write(self, data: bytes) -> None:
         self._call("write", data)
+
+    def handoff(self, topic: str, token: str) -> None:
+        self._call("handoff", topic, token)
 
     def publish(self, topic: str, bodies: list[bytes], arrival_ns: int) -> None:
         self._call("publish", topic, bodies, arrival_ns)
@@ -252,6 +256,24 @@ def test_parse_errors_are_raised_back() -> None:
     with pytest.raises(ProtocolError) as info:
         session.receive(err, 0)
     assert info.value is err and conn.calls == []
+
+
+def test_handoff_is_run_for_a_relay_link_only_and_never_after_sub() -> None:
+    """SRTM's HANDOFF (docs/broker.md, "Handoff"): a relay link's, before any SUB."""
+    session, conn = session_in(INIT)
+    session.receive(Identify({"srtm_relay": True}), 0)
+    conn.calls.clear()
+    session.receive(Handoff("t", "k"), 0)
+    assert conn.calls == [("handoff", "t", "k"), ("write", OK)] and session.state is INIT
+    for state, identity in ((INIT, {}), (INIT, {"srtm_relay": "yes"}), (SUB, {})):
+        session, conn = session_in(state)
+        if identity:
+            session.receive(Identify(identity), 0)
+            conn.calls.clear()
+        with pytest.raises(ProtocolError) as info:
+            session.receive(Handoff("t", "k"), 0)
+        assert info.value.code == errors.E_INVALID and info.value.fatal
+        assert conn.calls == []
 
 
 def test_a_refused_sub_leaves_the_session_unsubscribed() -> None:

@@ -342,11 +342,14 @@ async def test_the_service_pushes_the_forwarding_route_first_then_shares_then_or
 ) -> None:
     """At the edge: brokers (one fake HTTP API for both) see the old broker's forwarding
     route first (what its publishers still send it is forwarded, not shaped by its
-    shrinking share), then a move's sub-buckets, then the migration orders."""
+    shrinking share), or with its decrease (a handover: its body), then a move's
+    sub-buckets, then the migration orders. A handover arms the destination first
+    (/srtm/bucket/arm changes no share)."""
     seen: list[str] = []
 
     async def record(request: web.Request) -> web.Response:
-        seen.append(request.path)
+        routed = request.path.startswith("/srtm/bucket") and await request.read()
+        seen.append(request.path + ("+route" if routed else ""))
         return web.json_response({})
 
     app = web.Application()
@@ -375,7 +378,8 @@ async def test_the_service_pushes_the_forwarding_route_first_then_shares_then_or
         await eventually(lambda: seen.count("/srtm/migrate") == 4, "the orders sent")
     finally:
         await runner.cleanup()
-    first_route = seen.index("/srtm/route")
+    first_route = min(i for i, p in enumerate(seen) if p == "/srtm/route" or p.endswith("+route"))
     buckets = [i for i, p in enumerate(seen) if p.startswith("/srtm/bucket")]
-    assert buckets and first_route < min(buckets)
+    shares = [i for i in buckets if not seen[i].startswith("/srtm/bucket/arm")]
+    assert shares and first_route <= min(shares), seen
     assert max(buckets) < seen.index("/srtm/migrate")

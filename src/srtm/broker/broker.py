@@ -28,7 +28,7 @@ from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.persistence import Persistence, SavedTopic
 from srtm.broker.queue import Record, attempted
-from srtm.broker.relay import Relay
+from srtm.broker.relay import Arms, Relay
 from srtm.broker.release import Releaser
 from srtm.broker.state import Channel, LeaseExpired, LimitReached, Topic
 from srtm.broker.stats import BrokerStats
@@ -102,6 +102,8 @@ class Broker:
         self.measurements = Measurements()
         #: Forwarding and replication routes, and the links to other brokers.
         self.relay = Relay(self)
+        #: Shares armed for a handoff from another broker (``arm``, ``take_handoff``).
+        self.arms = Arms()
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -499,12 +501,35 @@ class Broker:
         check_bucket(rate, burst)  # a bad pair creates no topic
         if not leased and not self.lease_ok():
             raise LeaseExpired("this broker's lease lapsed: it takes shares again once registered")
+        self.arms.clear(topic_name)  # the controller's word replaces an armed share
         topic = self.topic(topic_name)
         bucket = topic.shape(rate, burst, time.time_ns)
         self.releaser.shaped[topic_name] = topic
         self.persistence.save_meta()
         self.releaser.kick(topic)
         return bucket
+
+    def arm(self, topic_name: str, rate: float, burst: float, token: str) -> None:
+        """Keep ``(rate, burst)`` for ``topic_name`` until a relay link hands it over with
+        ``token`` (``take_handoff``); nothing changes here until then. Replaces an armed
+        share of the topic; lapses after ``relay.ARM_TTL_S``."""
+        check_bucket(rate, burst)
+        self.arms.arm(topic_name, rate, burst, token, time.monotonic())
+
+    def take_handoff(self, topic_name: str, token: str) -> bool:
+        """A relay link's HANDOFF: the broker that sent it gave up the share armed here
+        under ``token``; apply it as the controller's ``set_bucket`` would (lease rules
+        included). An unknown, spent or lapsed token does nothing (logged)."""
+        armed = self.arms.take(topic_name, token, time.monotonic())
+        if armed is None:
+            log.info("topic %s: a handoff with no matching armed share ignored", topic_name)
+            return False
+        try:
+            self.set_bucket(topic_name, *armed)
+        except (LeaseExpired, ValueError, OverflowError, ProtocolError) as exc:
+            log.warning("topic %s: handed-over share %r not applied: %s", topic_name, armed, exc)
+            return False
+        return True
 
     # -- the controller's lease (see docs/broker.md, "No holes in (r, b)") -------------------
     @property
@@ -560,6 +585,7 @@ class Broker:
         sub-bucket that comes next, or at once if the topic is unmanaged. Creates it."""
         topic = self.topic(topic_name)
         topic.hold()
+        self.arms.clear(topic_name)
         self.releaser.shaped.pop(topic_name, None)
         self.persistence.save_meta()
 
@@ -567,6 +593,7 @@ class Broker:
         """Unmanage the topic (no share, no hold): what waits is released at once."""
         topic = self.topics[topic_name]
         topic.unshape()
+        self.arms.clear(topic_name)
         self.releaser.shaped.pop(topic_name, None)
         self.persistence.save_meta()
         self.releaser.release_all(topic)

@@ -27,12 +27,13 @@ from pydantic_core import PydanticCustomError
 
 from srtm.broker.measurement import MAX_MEASURE_NS, MIN_MEASURE_NS
 from srtm.protocol import is_valid_name
-from srtm.protocol.names import MAX_NAME_LENGTH
+from srtm.protocol.names import MAX_NAME_LENGTH, is_valid_token
 from srtm.protocol.session import MAX_CLASS_LENGTH, is_valid_class
 
 NAME_RULE = f"1-{MAX_NAME_LENGTH} characters of [.a-zA-Z0-9_-], optionally ending in #ephemeral"
 MAX_VERSION = 2**63 - 1
 CLASS_RULE = f"1-{MAX_CLASS_LENGTH} characters of [.a-zA-Z0-9_-]"
+TOKEN_RULE = "1-64 characters of [0-9A-Za-z_-]"
 #: Bounds of /srtm/admission's body: classes per topic, and any one admitted count.
 MAX_CLASSES, MAX_ADMITTED = 256, 2**31 - 1
 
@@ -100,6 +101,14 @@ def _host_port(value: str) -> str:
     return value
 
 
+def _token(value: str) -> str:
+    if not value:
+        raise _absent()
+    if not is_valid_token(value):
+        raise PydanticCustomError("invalid_token", "must be " + TOKEN_RULE)
+    return value
+
+
 def flag(value: object) -> bool:
     """/mpub's ``binary``: true or 1 (any case); anything else is false, as in nsqd."""
     return str(value).lower() in ("true", "1")
@@ -120,6 +129,16 @@ Version = Annotated[int, Field(ge=0, le=MAX_VERSION), BeforeValidator(_ascii_dig
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 HostPort = Annotated[str, AfterValidator(_host_port), Field(examples=["broker-2.local:4150"])]
 Flag = Annotated[bool, BeforeValidator(flag)]
+Token = Annotated[
+    str,
+    AfterValidator(_token),
+    WithJsonSchema({"type": "string", "pattern": "^[0-9A-Za-z_-]{1,64}$"}),
+]
+_HANDOFF_TO = (
+    "After this change, the broker at this TCP address takes its armed share (a HANDOFF "
+    "on the relay link, after all this broker relayed to it before)"
+)
+_HANDOFF_TOKEN = "The token the destination was armed with (with handoff)"
 
 
 # -- requests ----------------------------------------------------------------------------
@@ -205,6 +224,32 @@ class StatsQuery(Query):
 class BucketQuery(TopicQuery):
     rate: Annotated[Finite, Field(description="Tokens per second")]
     burst: Annotated[Finite, Field(description="Bucket size in tokens")]
+
+
+class ArmQuery(BucketQuery):
+    token: Annotated[Token, Field(description="The one-time token a HANDOFF must carry")]
+
+
+HandoffTo = Annotated[
+    HostPort | None, BeforeValidator(_empty_is_none), Field(description=_HANDOFF_TO)
+]
+HandoffToken = Annotated[
+    Token | None, BeforeValidator(_empty_is_none), Field(description=_HANDOFF_TOKEN)
+]
+
+
+class BucketSetQuery(BucketQuery):
+    """A sub-bucket, and where a decrease hands the share over (both or neither)."""
+
+    handoff: HandoffTo = None
+    token: HandoffToken = None
+
+
+class HoldQuery(TopicQuery):
+    """A hold, and where it hands the share over (both or neither)."""
+
+    handoff: HandoffTo = None
+    token: HandoffToken = None
 
 
 class MigrateQuery(TopicQuery):
@@ -377,6 +422,17 @@ class BucketAnswer(Doc):
     topic: str
     bucket: BucketDoc | None
     held: bool = Field(default=False, description="Managed with no share here: nothing is released")
+    handoff: bool = Field(
+        default=False, description="A HANDOFF to the destination was queued after this change"
+    )
+
+
+class ArmAnswer(Doc):
+    """The share armed for a handoff (applied only when a relay link hands it over)."""
+
+    topic: str
+    bucket: BucketDoc
+    expires_in_s: float = Field(description="How long it waits for its handoff")
 
 
 class BucketReading(Doc):

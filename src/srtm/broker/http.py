@@ -33,15 +33,18 @@ from srtm.broker.documents import (
     AdmissionBody,
     AdmissionClassDoc,
     AdmissionDoc,
+    ArmAnswer,
+    ArmQuery,
     BucketAnswer,
     BucketDoc,
     BucketNowDoc,
-    BucketQuery,
     BucketReading,
+    BucketSetQuery,
     ChannelQuery,
     ConfigValue,
     Doc,
     ErrorDoc,
+    HoldQuery,
     InfoDoc,
     InfoSrtmDoc,
     MeasureAnswer,
@@ -64,7 +67,7 @@ from srtm.broker.documents import (
 )
 from srtm.broker.measurement import MeasurementsBusy
 from srtm.broker.metrics import BrokerCollector
-from srtm.broker.relay import route_document
+from srtm.broker.relay import ARM_TTL_S, route_document
 from srtm.broker.report import admission_rows, bucket_now, memory_document, stats_document
 from srtm.broker.routes import Forward, Replicas, TopicRoute
 from srtm.broker.state import LeaseExpired, LimitReached
@@ -502,23 +505,70 @@ class BrokerHttp:
     async def bucket_set(self, request: web.Request) -> web.Response:
         """Give the topic a sub-bucket, or retune it keeping its state.
 
-        The broker refuses a bucket it cannot schedule (INVALID_BUCKET names rate or burst)."""
-        q = parse_query(BucketQuery, request.query)
+        The broker refuses a bucket it cannot schedule (INVALID_BUCKET names rate or burst).
+        With ``handoff`` and ``token``, a decrease hands the share it gave up over to that
+        broker (a HANDOFF on the relay link, after all this broker relayed to it before);
+        a route in the body is set first, in the same step (even if the bucket is refused:
+        it does not depend on it)."""
+        q = parse_query(BucketSetQuery, request.query)
+        route = await self._handoff_route(request, q.topic, q.handoff, q.token)
+        if route is not None:  # whatever becomes of the share: a route does not need it
+            self.broker.relay.set_route(route)
         try:
             b = self.broker.set_bucket(q.topic, q.rate, q.burst)
         except (ValueError, OverflowError, ProtocolError) as exc:
             raise HttpError(400, "INVALID_BUCKET", str(exc)) from None
         except LeaseExpired:
             raise HttpError(409, "LEASE_EXPIRED") from None
-        return _json(BucketAnswer(topic=q.topic, bucket=BucketDoc(rate=b.rate, burst=b.burst)))
+        handed = self._hand_over(q.topic, q.handoff, q.token)
+        bucket = BucketDoc(rate=b.rate, burst=b.burst)
+        return _json(BucketAnswer(topic=q.topic, bucket=bucket, handoff=handed))
 
     async def bucket_hold(self, request: web.Request) -> web.Response:
         """Hold the topic: the controller manages it but gives this broker no share. What
         arrives is accepted and kept until a sub-bucket comes (then released at its pace)
-        or the topic is unmanaged (then at once); a sub-bucket it had goes. Creates it."""
-        name = parse_query(TopicQuery, request.query).topic
-        self.broker.hold_topic(name)
-        return _json(BucketAnswer(topic=name, bucket=None, held=True))
+        or the topic is unmanaged (then at once); a sub-bucket it had goes. Creates it.
+        With ``handoff`` and ``token``: as POST /srtm/bucket's decrease."""
+        q = parse_query(HoldQuery, request.query)
+        route = await self._handoff_route(request, q.topic, q.handoff, q.token)
+        if route is not None:
+            self.broker.relay.set_route(route)
+        self.broker.hold_topic(q.topic)
+        handed = self._hand_over(q.topic, q.handoff, q.token)
+        return _json(BucketAnswer(topic=q.topic, bucket=None, held=True, handoff=handed))
+
+    async def bucket_arm(self, request: web.Request) -> web.Response:
+        """Arm a share of the topic for a handoff: nothing changes here until a relay link
+        sends HANDOFF with this token (the broker giving the share up, after its
+        decrease); then it is applied as POST /srtm/bucket would. One per topic; good once
+        and for a few seconds; a POST /srtm/bucket, hold or DELETE of the topic clears it."""
+        q = parse_query(ArmQuery, request.query)
+        try:
+            self.broker.arm(q.topic, q.rate, q.burst, q.token)
+        except (ValueError, OverflowError) as exc:
+            raise HttpError(400, "INVALID_BUCKET", str(exc)) from None
+        bucket = BucketDoc(rate=q.rate, burst=q.burst)
+        return _json(ArmAnswer(topic=q.topic, bucket=bucket, expires_in_s=ARM_TTL_S))
+
+    async def _handoff_route(
+        self, request: web.Request, topic: str, handoff: str | None, token: str | None
+    ) -> TopicRoute | None:
+        """The route a share change carries in its body (None: none), checked before
+        anything changes; and its handoff parameters, both or neither."""
+        if (handoff is None) != (token is None):
+            raise HttpError(400, "INVALID_HANDOFF", "handoff and token go together")
+        body = await _bounded_body(request, _ROUTE_BODY)
+        if not body:
+            return None
+        route = self._route_of(body)
+        if route.topic != topic:
+            raise HttpError(400, "INVALID_BODY", "the route is of another topic")
+        return route
+
+    def _hand_over(self, topic: str, handoff: str | None, token: str | None) -> bool:
+        if handoff is None or token is None:
+            return False
+        return self.broker.relay.handoff(handoff, topic, token)
 
     async def bucket_delete(self, request: web.Request) -> web.Response:
         """Unmanage the topic (no sub-bucket, no hold): what waits is released at once.
@@ -572,7 +622,13 @@ class BrokerHttp:
         goes to the plan's broker; ends after ``grace_s`` without any) and/or replication
         (every message published here is copied once to each peer; a channel is delivered
         only by its home replica). Creates the topic, and the channels homed here."""
-        body = await _bounded_body(request, _ROUTE_BODY)
+        route = self._route_of(await _bounded_body(request, _ROUTE_BODY))
+        relay = self.broker.relay
+        route = relay.set_route(route)
+        return _json(RouteDoc(**route_document(route, relay.clock())))
+
+    def _route_of(self, body: bytes) -> TopicRoute:
+        """The route a RouteBody describes (refused: 400), not yet set."""
         try:
             b = RouteBody.model_validate_json(body or b"null")
         except ValidationError as err:
@@ -588,9 +644,7 @@ class BrokerHttp:
                     400, "INVALID_REPLICAS", f"replicas: {strangers[0]!r} is not a peer or self"
                 )
             replicas = Replicas(dict(r.peers), r.primary, dict(r.homes))
-        relay = self.broker.relay
-        route = relay.set_route(TopicRoute(b.topic, b.self, forward, replicas, relay.clock()))
-        return _json(RouteDoc(**route_document(route, relay.clock())))
+        return TopicRoute(b.topic, b.self, forward, replicas, self.broker.relay.clock())
 
     async def route_delete(self, request: web.Request) -> web.Response:
         """Remove the topic's route: what is published here is accepted here, every
@@ -641,6 +695,8 @@ _NO_CHANNEL = {404: "TOPIC_NOT_FOUND, CHANNEL_NOT_FOUND"}
 _FULL = {403: "TOO_MANY_TOPICS, TOO_MANY_CHANNELS"}  # --max-topics, --max-channels-per-topic
 _PUB = {**_FULL, 503: "E_PUB_FAILED"}
 _H = BrokerHttp
+_ROUTE_REFUSALS = ("INVALID_BODY, MISSING_ARG_TOPIC, INVALID_TOPIC, MISSING_ARG_SELF, "
+                   "INVALID_SELF, INVALID_FORWARD, INVALID_REPLICAS")  # fmt: skip
 
 #: The HTTP API: every route, in nsqd's http.go order, then SRTM's.
 ROUTES: tuple[Route, ...] = (
@@ -686,10 +742,14 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/srtm/bucket", _H.bucket_get,
           query=TopicQuery, answer=BucketReading, errors=_NO_TOPIC),
     Route("POST", "/srtm/bucket", _H.bucket_set,
-          query=BucketQuery, answer=BucketAnswer,
-          errors={400: "INVALID_BUCKET", 409: "LEASE_EXPIRED"}),
+          query=BucketSetQuery, body=RouteBody, body_required=False, answer=BucketAnswer,
+          errors={400: "INVALID_BUCKET, INVALID_HANDOFF, " + _ROUTE_REFUSALS,
+                  409: "LEASE_EXPIRED", 413: "BODY_TOO_BIG"}),
     Route("POST", "/srtm/bucket/hold", _H.bucket_hold,
-          query=TopicQuery, answer=BucketAnswer, errors=_FULL),
+          query=HoldQuery, body=RouteBody, body_required=False, answer=BucketAnswer,
+          errors={**_FULL, 400: "INVALID_HANDOFF, " + _ROUTE_REFUSALS, 413: "BODY_TOO_BIG"}),
+    Route("POST", "/srtm/bucket/arm", _H.bucket_arm,
+          query=ArmQuery, answer=ArmAnswer, errors={400: "INVALID_BUCKET"}),
     Route("DELETE", "/srtm/bucket", _H.bucket_delete,
           query=TopicQuery, answer=BucketAnswer, errors=_NO_TOPIC),
     Route("GET", "/srtm/admission", _H.admission_get,
@@ -704,9 +764,7 @@ ROUTES: tuple[Route, ...] = (
           query=TopicQuery, answer=RouteDoc, errors={404: "ROUTE_NOT_FOUND"}),
     Route("POST", "/srtm/route", _H.route_set,
           body=RouteBody, answer=RouteDoc,
-          errors={400: "INVALID_BODY, MISSING_ARG_TOPIC, INVALID_TOPIC, MISSING_ARG_SELF, "
-                       "INVALID_SELF, INVALID_FORWARD, INVALID_REPLICAS",
-                  413: "BODY_TOO_BIG"}),
+          errors={400: _ROUTE_REFUSALS, 413: "BODY_TOO_BIG"}),
     Route("DELETE", "/srtm/route", _H.route_delete,
           query=TopicQuery, answer=RouteDoc, errors={404: "ROUTE_NOT_FOUND"}),
     Route("POST", "/srtm/measure", _H.measure,

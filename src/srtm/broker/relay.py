@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import math
@@ -40,7 +41,7 @@ from srtm.broker.options import RelayTls
 from srtm.broker.routes import RouteTable, TopicRoute, restored_route
 from srtm.broker.tls import RelaySecurity, relay_security
 from srtm.protocol import ProtocolError
-from srtm.protocol.commands import Auth, Dpub, Identify, Mpub, Nop, Pub, encode_command
+from srtm.protocol.commands import Auth, Dpub, Handoff, Identify, Mpub, Nop, Pub, encode_command
 from srtm.protocol.frames import FrameReader, FrameType
 
 if TYPE_CHECKING:
@@ -63,6 +64,11 @@ CANCEL_RETRY_S = 0.1
 #: How long one PUB/MPUB may wait for its answer before the connection is given up.
 ANSWER_TIMEOUT_S = 5.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
+#: How long a share armed for a handoff waits for it (s): a handoff comes one push and one
+#: relay hop after the arm, or never (the controller's own push then gives the share).
+ARM_TTL_S = 5.0
+#: Armed shares kept at most (topics): beyond, the one armed first goes.
+MAX_ARMED = 4096
 _HEARTBEAT = b"_heartbeat_"
 _OK = b"OK"
 
@@ -77,6 +83,8 @@ class _Item:
     done: Done
     #: A deferred message's due time (``time.monotonic`` s): sent alone as DPUB.
     due_s: float | None = None
+    #: A handoff notice (no bodies) with this token: sent alone as HANDOFF.
+    token: str | None = None
 
 
 class LinkRefused(ValueError):
@@ -118,6 +126,20 @@ class PeerLink:
         self.queue.append(_Item(topic, bodies, size, done, due_s))
         self.queued += len(bodies)
         self.queued_bytes += size
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"srtm-relay-{self.address}"
+            )
+        return True
+
+    def send_handoff(self, topic: str, token: str, done: Done) -> bool:
+        """Queue a HANDOFF of ``topic`` behind everything queued so far (the peer
+        applies the share armed under ``token`` after all of it); ``done(ok)`` once
+        answered. False (nothing queued): down or closing."""
+        if self._closing or time.monotonic() < self.down_until:
+            return False
+        self.queue.append(_Item(topic, [], 0, done, token=token))
         self._wake.set()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
@@ -317,12 +339,12 @@ class PeerLink:
         stays within its bounds (a deferred message is a batch of its own: DPUB)."""
         first = self.queue.popleft()
         batch = [first]
-        if first.due_s is not None:
+        if first.due_s is not None or first.token is not None:
             return batch
         n, size = len(first.bodies), first.size
         while self.queue:
             nxt = self.queue[0]
-            if nxt.topic != first.topic or nxt.due_s is not None:
+            if nxt.topic != first.topic or nxt.due_s is not None or nxt.token is not None:
                 break
             if n + len(nxt.bodies) > MAX_BATCH:
                 break
@@ -370,6 +392,8 @@ def _features(data: bytes) -> dict[str, Any]:
 
 
 def _encode(batch: list[_Item]) -> bytes:
+    if (token := batch[0].token) is not None:
+        return encode_command(Handoff(batch[0].topic, token))
     if (due := batch[0].due_s) is not None:
         return encode_command(Dpub(batch[0].topic, left_ms(due), batch[0].bodies[0]))
     bodies = [b for item in batch for b in item.bodies]
@@ -410,6 +434,44 @@ class _Countdown:
             self.part_done()
         else:
             other.add_done_callback(self.part_done)
+
+
+@dataclass(slots=True)
+class _Armed:
+    rate: float
+    burst: float
+    token: str
+    until_s: float
+
+
+class Arms:
+    """Shares armed for a handoff (``POST /srtm/bucket/arm``), at most one per topic,
+    each good once and until ``ARM_TTL_S`` after it was armed."""
+
+    def __init__(self) -> None:
+        self.armed: dict[str, _Armed] = {}
+
+    def arm(self, topic: str, rate: float, burst: float, token: str, now_s: float) -> None:
+        self.armed.pop(topic, None)
+        for name in [t for t, a in self.armed.items() if a.until_s <= now_s]:
+            del self.armed[name]
+        if len(self.armed) >= MAX_ARMED:
+            del self.armed[next(iter(self.armed))]
+        self.armed[topic] = _Armed(rate, burst, token, now_s + ARM_TTL_S)
+
+    def take(self, topic: str, token: str, now_s: float) -> tuple[float, float] | None:
+        """The share armed for ``topic`` under ``token``, spent now; None: none (no arm,
+        another token, or lapsed)."""
+        armed = self.armed.get(topic)
+        if armed is None or not hmac.compare_digest(armed.token, token):
+            return None
+        del self.armed[topic]
+        if armed.until_s <= now_s:
+            return None
+        return armed.rate, armed.burst
+
+    def clear(self, topic: str) -> None:
+        self.armed.pop(topic, None)
 
 
 class RelayHost(Protocol):
@@ -553,6 +615,19 @@ class Relay:
         self.links.clear()
         for task in list(self._closing):
             await task
+
+    def handoff(self, address: str, topic: str, token: str) -> bool:
+        """Send the broker at ``address`` a HANDOFF of ``topic`` after everything queued
+        to it so far; False if its link is down (the controller's push gives the share).
+        The link is kept while a route names the address (a forwarding route does)."""
+
+        def done(ok: bool) -> None:
+            if not ok:
+                log.warning("topic %s: handoff to %s not delivered", topic, address)
+
+        if self.stopping:
+            return False
+        return self.link(address).send_handoff(topic, token, done)
 
     def link(self, address: str) -> PeerLink:
         link = self.links.get(address)

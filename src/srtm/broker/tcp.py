@@ -101,6 +101,8 @@ class BrokerPort(Protocol):
 
     def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel: ...
 
+    def take_handoff(self, topic_name: str, token: str) -> bool: ...
+
     def mark_ready(self, channel: Channel) -> None: ...
 
     def release_due(self) -> None: ...
@@ -316,6 +318,9 @@ class Client:
 
     def subscribe(self, topic: str, channel: str) -> None:
         self.channel = self.broker.subscribe(topic, channel, self)
+
+    def handoff(self, topic: str, token: str) -> None:
+        self.broker.take_handoff(topic, token)
 
     def ready(self, count: int) -> None:
         if self._paused:

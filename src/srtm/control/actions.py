@@ -8,14 +8,14 @@ out (``srtm.control.service``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from srtm.ratelimit import BucketParams
 
 __all__ = [
-    "HELD", "Action", "DropRoute", "Hold", "Migrate", "PlanChanged", "SetBucket", "SetRoute",
-    "Share", "Unmanage", "forwarding_first", "phases", "same_bucket",
+    "HELD", "Action", "DropRoute", "Handover", "Hold", "Migrate", "PlanChanged", "SetBucket",
+    "SetRoute", "Share", "Unmanage", "forwarding_first", "handover", "phases", "same_bucket",
 ]  # fmt: skip
 
 
@@ -37,6 +37,8 @@ class Hold:
 
     broker: str
     topic: str
+    #: The sub-bucket the plan gave it before (None: none or not known); not compared.
+    was: BucketParams | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,52 @@ def forwarding_first(
         )
 
     return [r for r in routes if early(r)], [r for r in routes if not early(r)]
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """A topic's change that moves share from one broker to one other: the source's
+    decrease hands what it gave up to the destination over their relay link (a HANDOFF
+    after all it forwarded there before), carrying the source's forwarding route."""
+
+    source: SetBucket | Hold
+    dest: SetBucket
+    #: The source's forwarding route, set by its decrease in the same step (None: none).
+    route: SetRoute | None
+
+
+def handover(
+    down: list[SetBucket | Hold], up: list[SetBucket], first: list[SetRoute | DropRoute]
+) -> tuple[Handover | None, list[SetRoute | DropRoute]]:
+    """The handover of one topic's change (``phases``' ``down`` and ``up``, the routes
+    ``forwarding_first`` puts before), and the routes still pushed on their own first.
+
+    One when exactly one broker's live share shrinks and exactly one other's grows, by
+    no more than the first gave up in rate and in burst: the destination may then take
+    its new share the moment the source has dropped its old one, and the sum stays within
+    ``(r, b)``. A hold of a broker that had no share, or an unchanged bucket, is no
+    change. Otherwise None (every push as ``phases`` orders them)."""
+    shrinks = [a for a in down if a.was is not None]
+    grows = [a for a in up if a.was is None or not same_bucket(a.was, a.bucket)]
+    if len(shrinks) != 1 or len(grows) != 1:
+        return None, first
+    source, dest = shrinks[0], grows[0]
+    if source.broker == dest.broker or source.was is None:
+        return None, first
+    left = (source.bucket.rate, source.bucket.burst) if isinstance(source, SetBucket) else (0, 0)
+    had = (0.0, 0.0) if dest.was is None else (dest.was.rate, dest.was.burst)
+    if not (
+        _within(dest.bucket.rate - had[0], source.was.rate - left[0])
+        and _within(dest.bucket.burst - had[1], source.was.burst - left[1])
+    ):
+        return None, first
+    carried = [r for r in first if isinstance(r, SetRoute) and r.broker == source.broker]
+    route = carried[0] if len(carried) == 1 else None
+    return Handover(source, dest, route), [r for r in first if r is not route]
+
+
+def _within(need: float, freed: float) -> bool:
+    return need <= freed or math.isclose(need, freed, rel_tol=1e-9, abs_tol=1e-9)
 
 
 #: A topic a broker holds (managed, no share there), as a report tells it.

@@ -9,10 +9,12 @@ import contextlib
 import errno
 import json
 import logging
+import secrets
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,7 @@ from yarl import URL
 from srtm.control.actions import (
     Action,
     DropRoute,
+    Handover,
     Hold,
     Migrate,
     PlanChanged,
@@ -30,6 +33,7 @@ from srtm.control.actions import (
     SetRoute,
     Unmanage,
     forwarding_first,
+    handover,
     phases,
 )
 from srtm.control.api import make_app
@@ -465,9 +469,21 @@ class ControllerService:
             # A broker losing publishers forwards before its share shrinks: what they
             # still send it meanwhile is shaped by their new broker, not its drain share.
             first, routed = forwarding_first(routed, down)
+            # One source, one destination: the destination is armed first, then the
+            # source's decrease (with its forwarding route, one step) hands the share
+            # over on their relay link, so what it forwards is shaped at once, not held
+            # there until our own increase push (docs/controller.md, "Push order").
+            plan, rest = handover(down, up, first)
+            push = None if plan is None else await self._arm(plan)
+            if push is not None:
+                first = rest
             for r in first:
                 await self._route(r)
-            await asyncio.gather(*(self._decrease(a) for a in down))
+            await asyncio.gather(
+                *(self._decrease(a, push if push and a is push.plan.source else None) for a in down)
+            )
+            # Every increase still in the plan, the handed-over one too (the same bucket:
+            # a handoff lost with its link or its source costs only today's wait).
             await asyncio.gather(*(self._push_share(a) for a in up if self._current(a)))
             # Other routes once the shares are in place (a broker relays only to brokers
             # shaping with their new share), one by one in the order given (a broker
@@ -483,21 +499,44 @@ class ControllerService:
         topic = self.ctrl.topics.get(action.topic)
         return topic is not None and topic.buckets.get(action.broker) == action.bucket
 
-    async def _decrease(self, action: SetBucket | Hold) -> None:
-        while not await self._push_share(action):
+    async def _arm(self, plan: Handover) -> _HandoffPush | None:
+        """Arm the destination of ``plan`` with its new share under a fresh token; None
+        if it did not take it (the change then goes as without a handover)."""
+        dest = plan.dest
+        info = self.ctrl.brokers.get(dest.broker)
+        if info is None or info.down:
+            return None
+        token = secrets.token_hex(16)
+        params = {"topic": dest.topic, "rate": repr(dest.bucket.rate),
+                  "burst": repr(dest.bucket.burst), "token": token}  # fmt: skip
+        if not await self._post_to_broker(dest.broker, "/srtm/bucket/arm", params, dest.topic):
+            return None
+        return _HandoffPush(plan, info.tcp_address, token)
+
+    async def _decrease(self, action: SetBucket | Hold, push: _HandoffPush | None = None) -> None:
+        while not await self._push_share(action, push):
             info = self.ctrl.brokers.get(action.broker)
             if info is None or info.down or action.topic not in self.ctrl.topics:
                 return  # down: its lease lapsed, it holds every topic
             await asyncio.sleep(self.retry_s)
 
-    async def _push_share(self, action: SetBucket | Hold) -> bool:
-        """Push one share change; True once the broker has it (or holds the topic)."""
+    async def _push_share(self, action: SetBucket | Hold, push: _HandoffPush | None = None) -> bool:
+        """Push one share change; True once the broker has it (or holds the topic). With
+        ``push``: the source's decrease, which sets its forwarding route and hands its
+        share over to the armed destination in the same step."""
+        extra: dict[str, str] = {}
+        body = None
+        if push is not None:
+            extra = {"handoff": push.to, "token": push.token}
+            body = None if push.plan.route is None else push.plan.route.doc
         if isinstance(action, Hold):
-            params = {"topic": action.topic}
+            params = {"topic": action.topic, **extra}
+            # A refused route (400) would be refused again: taken, logged.
             return await self._post_to_broker(
-                action.broker, "/srtm/bucket/hold", params, action.topic
-            )
-        return await self._push_bucket(action)
+                action.broker, "/srtm/bucket/hold", params, action.topic,
+                taken=(200, 400), body=body,
+            )  # fmt: skip
+        return await self._push_bucket(action, extra, body)
 
     def start_fitting(self, topic: str, fit: FitSettings, model: BrokerModel | None) -> None:
         """Online fitting of ``topic`` in the background; its progress is the topic's
@@ -546,12 +585,18 @@ class ControllerService:
                   "version": str(action.version)}  # fmt: skip
         await self._post_to_broker(action.broker, "/srtm/migrate", params, "a migration")
 
-    async def _push_bucket(self, action: SetBucket) -> bool:
+    async def _push_bucket(
+        self,
+        action: SetBucket,
+        extra: dict[str, str] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> bool:
         params = {"topic": action.topic, "rate": repr(action.bucket.rate),
-                  "burst": repr(action.bucket.burst)}  # fmt: skip
+                  "burst": repr(action.bucket.burst), **(extra or {})}  # fmt: skip
         return await self._post_to_broker(
-            action.broker, "/srtm/bucket", params, action.topic, taken=(200, 400, 409)
-        )
+            action.broker, "/srtm/bucket", params, action.topic, taken=(200, 400, 409),
+            body=body,
+        )  # fmt: skip
 
     async def _route(self, action: SetRoute | DropRoute) -> None:
         """Push one route (``POST /srtm/route``) or drop it (``DELETE``; 404: none there).
@@ -592,6 +637,7 @@ class ControllerService:
         method: str = "POST",
         fine: tuple[int, ...] = (200,),
         taken: tuple[int, ...] = (200,),
+        body: dict[str, Any] | None = None,
     ) -> bool:
         """Send an order to a broker (``fine``: statuses not worth a warning); a refusal
         or an unreachable broker is logged, not raised (a re-registering broker gets its
@@ -603,7 +649,9 @@ class ControllerService:
             return True
         try:
             url = _broker_url(info, path)
-            request = self._session.request(method, url, params=params, headers=self._headers())
+            request = self._session.request(
+                method, url, params=params, json=body, headers=self._headers()
+            )
             async with request as r:
                 if r.status not in fine:
                     log.warning("broker %s refused %s: %s", broker, params, await r.text())
@@ -623,6 +671,16 @@ class ControllerService:
                 "stalled_s": self.ctrl.stalled_s, "tls": self.options.tls_cert is not None,
                 "auth": self.options.token is not None,
                 **({"elastic": self.elastic.to_json()} if self.elastic else {})}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _HandoffPush:
+    """A handover with its destination armed: where the source sends HANDOFF, and the
+    token it carries."""
+
+    plan: Handover
+    to: str
+    token: str
 
 
 def _broker_url(info: BrokerInfo, path: str) -> URL:

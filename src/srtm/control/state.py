@@ -460,7 +460,9 @@ class Controller:
         name = topic.spec.name
         # Every broker up and out of the plan holds the topic: one dropped from it stops
         # shaping by its old share, one that never had it never passes it unshaped.
-        actions: list[Action] = [Hold(b.id, name) for b in self.up() if b.id not in topic.buckets]
+        actions: list[Action] = [
+            Hold(b.id, name, old.get(b.id)) for b in self.up() if b.id not in topic.buckets
+        ]
         actions += [SetBucket(b, name, p, old.get(b)) for b, p in topic.buckets.items()]
         topic.routing.note_plan(topic.assignment, {p.id for p in topic.spec.publishers})
         return [*actions, *self._routes(topic), PlanChanged(name, topic.version)]

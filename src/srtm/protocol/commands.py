@@ -89,7 +89,19 @@ class Nop:
     pass
 
 
-Command = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Fins | Req | Touch | Cls | Nop
+@dataclass(slots=True, unsafe_hash=True)
+class Handoff:
+    """SRTM's, relay links only: the sending broker gave up its share of ``topic``; the
+    receiver applies the sub-bucket it was armed with under ``token``, after everything
+    this link sent before (docs/broker.md, "Handoff")."""
+
+    topic: str
+    token: str
+
+
+Command = (
+    Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Fins | Req | Touch | Cls | Nop | Handoff
+)
 
 
 def encode_command(cmd: Command) -> bytes:
@@ -126,4 +138,6 @@ def encode_command(cmd: Command) -> bytes:
             return b"CLS\n"
         case Nop():
             return b"NOP\n"
+        case Handoff(topic, token):
+            return f"HANDOFF {topic} {token}\n".encode()
     raise TypeError(f"not a command: {cmd!r}")

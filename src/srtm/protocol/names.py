@@ -16,3 +16,11 @@ def is_valid_name(name: str) -> bool:
 
 def is_ephemeral(name: str) -> bool:
     return name.endswith(EPHEMERAL_SUFFIX)
+
+
+_TOKEN = re.compile(r"[0-9A-Za-z_-]{1,64}")
+
+
+def is_valid_token(token: str) -> bool:
+    """A handoff token (HANDOFF, /srtm/bucket/arm): 1-64 characters of [0-9A-Za-z_-]."""
+    return _TOKEN.fullmatch(token) is not None

@@ -16,6 +16,7 @@ from srtm.protocol.commands import (
     Dpub,
     Fin,
     Fins,
+    Handoff,
     Identify,
     Mpub,
     Nop,
@@ -27,7 +28,7 @@ from srtm.protocol.commands import (
 )
 from srtm.protocol.errors import ProtocolError
 from srtm.protocol.limits import Limits
-from srtm.protocol.names import is_valid_name
+from srtm.protocol.names import is_valid_name, is_valid_token
 
 MAGIC_V2 = b"  V2"
 MESSAGE_ID_LENGTH = 16
@@ -265,6 +266,17 @@ def _touch(p: Parser, parts: list[bytes]) -> Command:
     return Touch(_message_id(parts, "TOUCH"))
 
 
+def _handoff(p: Parser, parts: list[bytes]) -> Command:
+    if len(parts) < 3:
+        raise ProtocolError(e.E_INVALID, "HANDOFF insufficient number of parameters")
+    topic, token = _text(parts[1]), _text(parts[2])
+    if not is_valid_name(topic):
+        raise ProtocolError(e.E_BAD_TOPIC, f"HANDOFF topic name {topic!r} is not valid")
+    if not is_valid_token(token):
+        raise ProtocolError(e.E_INVALID, "HANDOFF invalid token")
+    return Handoff(topic, token)
+
+
 _SIMPLE: dict[bytes, Callable[[Parser, list[bytes]], Command]] = {
     b"SUB": _sub,
     b"RDY": _rdy,
@@ -273,6 +285,7 @@ _SIMPLE: dict[bytes, Callable[[Parser, list[bytes]], Command]] = {
     b"TOUCH": _touch,
     b"CLS": lambda p, parts: Cls(),
     b"NOP": lambda p, parts: Nop(),
+    b"HANDOFF": _handoff,
 }
 
 

@@ -24,6 +24,7 @@ from srtm.protocol.commands import (
     Dpub,
     Fin,
     Fins,
+    Handoff,
     Identify,
     Mpub,
     Nop,
@@ -100,6 +101,7 @@ _COMMANDS: tuple[type[Command], ...] = (
     Touch,
     Cls,
     Nop,
+    Handoff,
 )
 _PUBLISH = (Pub, Mpub, Dpub)
 
@@ -115,6 +117,8 @@ TRANSITIONS: dict[SessionState, dict[type[Command], SessionState | None]] = {
         Sub: SessionState.SUBSCRIBED,
         **{cmd: SessionState.INIT for cmd in _PUBLISH},
         Nop: SessionState.INIT,
+        # SRTM's: a relay link (IDENTIFY srtm_relay) never subscribes.
+        Handoff: SessionState.INIT,
     },
     SessionState.SUBSCRIBED: {
         **{cmd: SessionState.SUBSCRIBED for cmd in (*_PUBLISH, Rdy, Fin, Fins, Req, Touch, Nop)},
@@ -172,6 +176,10 @@ class SessionHost(Protocol):
 
     def sample(self, rate: int) -> None:
         """Deliver each message to this consumer with nsqd's probability for ``rate``."""
+
+    def handoff(self, topic: str, token: str) -> None:
+        """A relay link's HANDOFF: apply the share armed under ``token`` (an unknown or
+        expired one is ignored)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,6 +421,14 @@ class Session:
     def _nop(self, cmd: Nop, arrival_ns: int) -> None:
         pass
 
+    def _handoff(self, cmd: Handoff, arrival_ns: int) -> None:
+        # Only a broker's relay link hands a share over; any other client is refused as
+        # for a command it has no business sending (the token is the real check).
+        if self.identity.get("srtm_relay") is not True:
+            raise ProtocolError(errors.E_INVALID, "HANDOFF is for relay links")
+        self.conn.handoff(cmd.topic, cmd.token)
+        self.conn.write(OK_FRAME)
+
 
 def is_valid_class(name: object) -> bool:
     """Whether ``name`` may be a consumer class (IDENTIFY ``srtm_class``)."""
@@ -468,6 +484,7 @@ _RUN: dict[type[Command], _Handler] = {
     Touch: Session._touch,
     Cls: Session._cls,
     Nop: Session._nop,
+    Handoff: Session._handoff,
 }
 
 
