@@ -413,6 +413,11 @@ class DiskQueue:
         #: Pushed, not written yet, as records (their ``origin`` is settled once written).
         self._pending: deque[Record] = deque()
         self._pending_bytes = 0
+        #: The pending records encoded when pushed, as (records, bytes) chunks in order:
+        #: a write then only joins them (its encoding was done while the write before it
+        #: ran). Used only while they cover every pending record (``_encoded_n``).
+        self._encoded: deque[tuple[int, bytes]] = deque()
+        self._encoded_n = 0
         self._head: _Segment | None = None
         self._head_replaced = False
         self._open_failed = False
@@ -513,6 +518,7 @@ class DiskQueue:
             (msg.id, msg.body, msg.timestamp_ns, msg.arrival_ns, msg.release_ns, msg.attempts,
              msg.publisher, msg.origin)
         )  # fmt: skip
+        self._encode_ahead([self._pending[-1]], 1)
         self._pushed += 1
         self._pending_bytes += RECORD_OVERHEAD + len(msg.body) + len(msg.publisher)
         self._pushed_more()
@@ -520,9 +526,43 @@ class DiskQueue:
     def push_many(self, records: list[Record]) -> None:
         """``push`` of each (an MPUB's overflow): one extend, no ``Message`` per record."""
         self._pending.extend(records)
+        self._encode_ahead(records, len(records))
         self._pushed += len(records)
         self._pending_bytes += _pending_bytes(records)
         self._pushed_more()
+
+    def _encode_ahead(self, records: list[Record], n: int) -> None:
+        """Encode the ``n`` records just pushed, if every one before them is encoded (and
+        writing works: while it fails, what waits is encoded when written)."""
+        if self._encoded_n + n != len(self._pending) or self.error is not None:
+            return
+        try:
+            data = encode_batch(records)
+        except (struct.error, OverflowError, ValueError):
+            self._forget_encoded()  # encoded again when written: that write fails then
+            return
+        self._encoded.append((n, data))
+        self._encoded_n += n
+
+    def _forget_encoded(self) -> None:
+        """The chunks no longer line up with the pending records (some were taken, or a
+        chunk was written in part): writes encode from the records until none is left."""
+        self._encoded.clear()
+        self._encoded_n = 0
+
+    def _take_encoded(self, k: int) -> None:
+        """The first ``k`` pending records are written (before they are taken)."""
+        enc = self._encoded
+        if self._encoded_n != len(self._pending):
+            if enc:
+                self._forget_encoded()
+            return
+        while k and enc and enc[0][0] <= k:
+            n = enc.popleft()[0]
+            k -= n
+            self._encoded_n -= n
+        if k:
+            self._forget_encoded()
 
     def _pushed_more(self) -> None:
         self._unflushed.add(self)
@@ -584,9 +624,14 @@ class DiskQueue:
         header = b"" if seg.end else FILE_HEADER
         size = seg.end + len(header)
         pending = self._pending
-        batch: list[Record]
+        batch: list[Record] = []
+        encoded: bytes | None = None
         if size + self._pending_bytes < self.segment_bytes:
-            batch = list(pending)  # all of it fits (the usual case): no loop per record
+            # All of it fits (the usual case): no loop per record; encoded when pushed.
+            if self._encoded_n == len(pending):
+                encoded = b"".join([data for _, data in self._encoded])
+            else:
+                batch = list(pending)
         else:
             batch = []
             for r in pending:
@@ -602,8 +647,10 @@ class DiskQueue:
         # contends for the GIL, and an acknowledgement waiting for this write waited
         # for that contention too (batched publishes ran at half speed).
         try:
-            data = header + encode_batch(batch)
-            count = len(batch)
+            if encoded is not None:
+                data, count = header + encoded, len(pending)
+            else:
+                data, count = header + encode_batch(batch), len(batch)
         except (struct.error, OverflowError, ValueError) as e:  # a field out of range
             bad: _WriteResult = (fd, 0, 0, OSError(errno.EINVAL, f"cannot encode: {e}"), False)
             self._run(lambda: bad, lambda res: self._write_done(gen, fd, seg, res))
@@ -683,6 +730,7 @@ class DiskQueue:
             origin = seg.origin = seg.origin or _Origin(self, seg.n)
         else:
             self._unread += k
+        self._take_encoded(k)
         pending = self._pending
         if k == len(pending):
             done = list(pending)
@@ -753,6 +801,8 @@ class DiskQueue:
                 return None
             return self.pop()
         if pending:
+            if self._encoded:
+                self._forget_encoded()
             r = pending.popleft()
             self._pending_bytes -= RECORD_OVERHEAD + len(r[1]) + len(r[6])
             self._resolve_waiters(False)
@@ -873,6 +923,7 @@ class DiskQueue:
         for origin in filter(None, map(_origins, self._pending)):
             origin.settle()
         self._pending.clear()
+        self._forget_encoded()
         self._pending_bytes = 0
         last = self._wseg.n
         for seg in list(self._segments.values()):
@@ -960,6 +1011,7 @@ class DiskQueue:
         self._failing.discard(self)
         self._unflushed.discard(self)
         self._pending.clear()
+        self._forget_encoded()
         self._segments.clear()
         self._head = None
         self._run(lambda: _remove_dir(self.directory))
