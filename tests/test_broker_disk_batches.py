@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from srtm.broker.diskqueue import DiskQueue, encode, encode_batch
+from srtm.broker import diskqueue
+from srtm.broker.diskqueue import DiskQueue, encode, encode_batch, encode_batch_py
 from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue, Record
+
+c_encode_batch = diskqueue._c_encode_batch
 
 _INT64 = st.integers(-(2**63), 2**63 - 1)
 
@@ -36,13 +42,55 @@ def rec(i: int, body: bytes = b"", publisher: str = "") -> Record:
     return (b"%016x" % i, body or b"m%d" % i, 10 * i, 10 * i + 1, 10 * i + 2, 0, publisher, None)
 
 
+def changed(i: int, value: object) -> Record:
+    fields = list(rec(1))
+    fields[i] = value
+    return tuple(fields)  # type: ignore[return-value]
+
+
 def as_messages(recs: list[Record]) -> list[Message]:
     return [Message(*r[:7]) for r in recs]
 
 
-@given(st.lists(records, max_size=30))
-def test_a_batch_encodes_as_its_records_one_by_one(batch: list[Record]) -> None:
-    assert encode_batch(batch) == b"".join(encode(m) for m in as_messages(batch))
+#: The encoders: Python's always, C's where it was built at install.
+ENCODERS = [encode_batch_py] + ([c_encode_batch] if c_encode_batch is not None else [])
+
+
+def test_the_c_encoder_was_built() -> None:
+    """Optional at install (no compiler: Python's is used); said here when missing."""
+    if c_encode_batch is None:
+        pytest.skip("srtm.broker._diskcodec not built: the pure-Python encoder is used")
+
+
+@pytest.mark.parametrize("encoder", ENCODERS)
+@given(batch=st.lists(records, max_size=30))
+def test_a_batch_encodes_as_its_records_one_by_one(
+    encoder: Callable[[list[Record]], bytes], batch: list[Record]
+) -> None:
+    assert encoder(batch) == b"".join(encode(m) for m in as_messages(batch))
+
+
+@pytest.mark.parametrize("encoder", ENCODERS)
+@pytest.mark.parametrize(
+    "bad",
+    [
+        changed(2, 2**63),  # timestamp past int64
+        changed(5, 2**16),  # attempts past 16 bits
+        changed(6, "p" * 2**16),  # publisher past 16 bits
+        changed(6, "\ud800"),  # not UTF-8
+    ],
+)
+def test_a_field_out_of_range_fails_the_batch(
+    encoder: Callable[[list[Record]], bytes], bad: Record
+) -> None:
+    with pytest.raises((struct.error, OverflowError, ValueError)):
+        encoder([rec(0), bad])
+
+
+def test_what_the_c_encoder_does_not_take_is_encoded_in_python() -> None:
+    odd = (b"%016x" % 1, bytearray(b"body"), 1, 2, 3, 0, "p", None)
+    want = encode(Message(b"%016x" % 1, b"body", 1, 2, 3, 0, "p"))
+    assert encode_batch([odd]) == encode_batch_py([odd]) == want  # type: ignore[list-item]
 
 
 class ShortWriter:
@@ -73,15 +121,19 @@ steps = st.lists(
 )
 
 
+@pytest.mark.parametrize("encoder", ENCODERS)
 @settings(max_examples=60, deadline=None)
-@given(steps, st.sampled_from([600, 4_000, 1 << 20]))
+@given(plan=steps, segment_bytes=st.sampled_from([600, 4_000, 1 << 20]))
 def test_batches_round_trip_exactly_in_order_through_torn_writes_and_a_crash(
-    plan: list[tuple[str, int]], segment_bytes: int
+    encoder: Callable[[list[Record]], bytes], plan: list[tuple[str, int]], segment_bytes: int
 ) -> None:
     """Batches and single pushes, writes that the disk cuts short (ENOSPC part-way), small
     segments (a batch split across files): every message comes back once, in order, with
     every field; and what was written is read back after a crash (no close)."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            diskqueue, "_c_encode_batch", encoder if encoder is not encode_batch_py else None
+        )
         writer = ShortWriter()
         q = DiskQueue(Path(tmp) / "q", segment_bytes, flush_bytes=1 << 30, writer=writer)
         pushed: list[Record] = []

@@ -45,6 +45,12 @@ from typing import Any, BinaryIO, TypeVar
 from srtm.broker.message import Message
 from srtm.broker.queue import Record
 
+_c_encode_batch: Callable[[list[Record]], bytes] | None
+try:
+    from srtm.broker._diskcodec import encode_batch as _c_encode_batch
+except ImportError:  # not built (no compiler at install): encoded in Python
+    _c_encode_batch = None
+
 log = logging.getLogger("srtm.broker.disk")
 
 # timestamp, arrival, release, due (-1: none), attempts, id, publisher length, body length
@@ -107,7 +113,7 @@ def _encode(f: Fields, due_ns: int | None) -> bytes:
     return _CRC.pack(zlib.crc32(data)) + data
 
 
-def encode_batch(records: list[Record]) -> bytes:
+def encode_batch_py(records: list[Record]) -> bytes:
     """Version-2 records of ``records`` (no due time), back to back: what ``_encode`` of
     each would give, joined, with one struct call, one CRC and no intermediate record
     per message (it runs on the event loop for every message that overflows)."""
@@ -125,6 +131,17 @@ def encode_batch(records: list[Record]) -> bytes:
         add(crc_pack(crc(data)))
         add(data)
     return b"".join(parts)
+
+
+def encode_batch(records: list[Record]) -> bytes:
+    """``encode_batch_py``, in C where ``srtm.broker._diskcodec`` was built (at install):
+    the same bytes, about a tenth of the time."""
+    if _c_encode_batch is None:
+        return encode_batch_py(records)
+    try:
+        return _c_encode_batch(records)
+    except TypeError:  # a field of a type the C version does not take (struct may)
+        return encode_batch_py(records)
 
 
 def _whole_records(data: bytes, start: int, written: int) -> tuple[int, int]:
@@ -735,10 +752,11 @@ class DiskQueue:
         if k == len(pending):
             done = list(pending)
             pending.clear()
+            self._pending_bytes = 0
         else:
             popleft = pending.popleft
             done = [popleft() for _ in range(k)]
-        self._pending_bytes -= _pending_bytes(done)
+            self._pending_bytes -= _pending_bytes(done)
         for settled in filter(None, map(_origins, done)):
             settled.settle()  # durable here now: its own segment may go
         if origin is not None:
