@@ -115,8 +115,8 @@ def _encode(f: Fields, due_ns: int | None) -> bytes:
 
 def encode_batch_py(records: list[Record]) -> bytes:
     """Version-2 records of ``records`` (no due time), back to back: what ``_encode`` of
-    each would give, joined, with one struct call, one CRC and no intermediate record
-    per message (it runs on the event loop for every message that overflows)."""
+    each would give, joined; per message one struct call and one CRC, no ``Message`` and
+    no record joined twice (it runs on the event loop for every message that overflows)."""
     pack, crc, crc_pack, size = _LENGTH_RECORD.pack, zlib.crc32, _CRC.pack, _RECORD.size
     parts: list[bytes] = []
     add = parts.append
