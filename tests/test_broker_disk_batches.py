@@ -16,7 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from srtm.broker import diskqueue
-from srtm.broker.diskqueue import DiskQueue, encode, encode_batch, encode_batch_py
+from srtm.broker.diskqueue import (
+    DiskQueue,
+    _record_bytes,
+    encode,
+    encode_batch,
+    encode_batch_py,
+)
 from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue, Record
 
@@ -152,6 +158,8 @@ def test_batches_round_trip_exactly_in_order_through_torn_writes_and_a_crash(
             else:
                 writer.room = n
                 q.flush()
+            # what the buffer counts is what its records take on disk
+            assert q._pending_bytes == sum(map(_record_bytes, q._pending))
         writer.room = None
         assert q.flush() and not q.failing and q.pending == 0
         # kill -9 here: a fresh queue on the same files has everything, in order
@@ -183,6 +191,14 @@ def test_a_write_takes_the_batches_encoded_when_pushed(tmp_path: Path) -> None:
     # was handed out from memory while writing failed
     again = DiskQueue(tmp_path / "q")
     assert [m.id for m in iter(again.pop, None)] == [b"%016x" % i for i in [*range(5), 10]]
+
+
+def test_a_publisher_that_cannot_be_encoded_fails_the_write_not_the_push(tmp_path: Path) -> None:
+    q = DiskQueue(tmp_path / "q", flush_bytes=1 << 30)
+    q.push_many([rec(0, publisher="\ud800")])  # a lone surrogate (from JSON, say)
+    q.push(Message(*rec(1, publisher="\ud800")[:7]))
+    assert not q.flush() and q.error is not None and q.error.errno == errno.EINVAL
+    assert q.pending == 2
 
 
 class CountingOverflow:

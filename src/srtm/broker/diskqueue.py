@@ -93,8 +93,6 @@ Writer = Callable[[int, memoryview], int]
 #: A message's fields as ``MessageQueue`` keeps them (id, body, timestamp, arrival,
 #: release, attempts, publisher).
 Fields = tuple[bytes, bytes, int, int, int, int, str]
-_bodies = itemgetter(1)
-_publishers = itemgetter(6)
 _origins = itemgetter(7)
 
 
@@ -157,13 +155,15 @@ def _whole_records(data: bytes, start: int, written: int) -> tuple[int, int]:
     return good, k
 
 
+def _record_bytes(r: Record) -> int:
+    """The size of ``r``'s record on disk (what it counts towards ``flush_bytes``): a
+    batch's sum is the length of its ``encode_batch``. Never fails (a publisher that
+    cannot be encoded fails its write, not its push)."""
+    return RECORD_OVERHEAD + len(r[1]) + len(r[6].encode("utf-8", "surrogatepass"))
+
+
 def _pending_bytes(records: list[Record]) -> int:
-    """What ``records`` count towards ``flush_bytes`` (an estimate of their size)."""
-    return (
-        RECORD_OVERHEAD * len(records)
-        + sum(map(len, map(_bodies, records)))
-        + sum(map(len, map(_publishers, records)))
-    )
+    return sum(map(_record_bytes, records))
 
 
 def _fields(msg: Message) -> Fields:
@@ -537,29 +537,32 @@ class DiskQueue:
         )  # fmt: skip
         self._encode_ahead([self._pending[-1]], 1)
         self._pushed += 1
-        self._pending_bytes += RECORD_OVERHEAD + len(msg.body) + len(msg.publisher)
+        self._pending_bytes += _record_bytes(self._pending[-1])
         self._pushed_more()
 
     def push_many(self, records: list[Record]) -> None:
         """``push`` of each (an MPUB's overflow): one extend, no ``Message`` per record."""
         self._pending.extend(records)
-        self._encode_ahead(records, len(records))
+        encoded = self._encode_ahead(records, len(records))
         self._pushed += len(records)
-        self._pending_bytes += _pending_bytes(records)
+        # the length of their records, known once encoded
+        self._pending_bytes += encoded if encoded is not None else _pending_bytes(records)
         self._pushed_more()
 
-    def _encode_ahead(self, records: list[Record], n: int) -> None:
+    def _encode_ahead(self, records: list[Record], n: int) -> int | None:
         """Encode the ``n`` records just pushed, if every one before them is encoded (and
-        writing works: while it fails, what waits is encoded when written)."""
+        writing works: while it fails, what waits is encoded when written); their length
+        (None: not encoded)."""
         if self._encoded_n + n != len(self._pending) or self.error is not None:
-            return
+            return None
         try:
             data = encode_batch(records)
         except (struct.error, OverflowError, ValueError):
             self._forget_encoded()  # encoded again when written: that write fails then
-            return
+            return None
         self._encoded.append((n, data))
         self._encoded_n += n
+        return len(data)
 
     def _forget_encoded(self) -> None:
         """The chunks no longer line up with the pending records (some were taken, or a
@@ -655,7 +658,7 @@ class DiskQueue:
                 if batch and size >= self.segment_bytes:
                     break
                 batch.append(r)
-                size += RECORD_OVERHEAD + len(r[1]) + len(r[6])
+                size += _record_bytes(r)
         self._writing = True
         self._again = False
         gen, fd, path, end = self._gen, self._wfd, seg.path, seg.end
@@ -822,7 +825,7 @@ class DiskQueue:
             if self._encoded:
                 self._forget_encoded()
             r = pending.popleft()
-            self._pending_bytes -= RECORD_OVERHEAD + len(r[1]) + len(r[6])
+            self._pending_bytes -= _record_bytes(r)
             self._resolve_waiters(False)
             return Message(*r)
         return None
