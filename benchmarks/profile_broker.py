@@ -56,6 +56,8 @@ STAGES: list[tuple[str, str, str]] = [
     ("srtm/broker/broker.py", "Broker._account", "stats"),
     ("srtm/broker/broker.py", "Broker.", "dispatch (RDY, in flight)"),
     ("srtm/broker/stats.py", "", "stats"),
+    ("srtm/broker/diskqueue.py", "", "disk hand-off (push, encode, submit)"),
+    ("srtm/broker/persistence.py", "", "disk hand-off (push, encode, submit)"),
 ]
 LOOP = "event loop (uvloop C code)"
 OTHER = "other srtm code"
@@ -86,9 +88,17 @@ def main(
     rate: Annotated[int, typer.Option(help="py-spy samples per second.")] = 250,
     nsqd: Annotated[Path | None, typer.Option(help="nsqd binary; the tools beside it.")] = None,
     raw: Annotated[Path | None, typer.Option(help="Also keep py-spy's raw stacks here.")] = None,
+    reader: Annotated[
+        bool, typer.Option(help="Also consume (--no-reader: MPUB alone, overflowing to disk).")
+    ] = True,
+    py_spy: Annotated[Path | None, typer.Option(help="py-spy binary (default: on PATH).")] = None,
 ) -> None:
     """Profile the srtm broker under bench_writer + bench_reader at once."""
-    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    pyspy = (
+        str(py_spy)
+        if py_spy
+        else (shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"))
+    )
     if not Path(pyspy).is_file():
         raise typer.BadParameter("py-spy not found: pip install -e '.[bench]'")
     tools = find_nsqd(nsqd).parent
@@ -102,8 +112,13 @@ def main(
         broker.create_channel(topic)
         cmds = [
             tool_cmd(tools / "bench_writer", broker.tcp, topic, duration, batch_size=MPUB_BATCH),
-            tool_cmd(tools / "bench_reader", broker.tcp, topic, duration, channel=CHANNEL, rdy=RDY),
         ]
+        if reader:
+            cmds.append(
+                tool_cmd(
+                    tools / "bench_reader", broker.tcp, topic, duration, channel=CHANNEL, rdy=RDY
+                )
+            )
         sampled_s = max(1.0, duration - 1.0)
         spy = subprocess.Popen(
             [
@@ -126,7 +141,7 @@ def main(
             preexec_fn=child_setup,
         )
         started = time.perf_counter()
-        writer, reader = run_tools(cmds, duration + 60)
+        results = run_tools(cmds, duration + 60)
         spy.wait(60)
         wall_s = min(sampled_s, time.perf_counter() - started)
     finally:
@@ -150,11 +165,16 @@ def main(
     busy = sum(by_stage.values())
     expected = rate * wall_s
     # Messages carried in and out during the sampled time, at the tools' average rates.
-    per_s = min(writer["rate"], reader["rate"])
+    per_s = min(r["rate"] for r in results)
     msgs = per_s * wall_s
     table = Table(
-        title=f"srtm broker main thread under bench_writer MPUB-{MPUB_BATCH} + bench_reader, "
-        f"{per_s:,.0f} msg/s in and out, {busy:,} samples of {expected:,.0f} "
+        title=f"srtm broker main thread under bench_writer MPUB-{MPUB_BATCH}"
+        + (
+            f" + bench_reader, {per_s:,.0f} msg/s in and out, "
+            if reader
+            else f" alone, {per_s:,.0f} msg/s in, "
+        )
+        + f"{busy:,} samples of {expected:,.0f} "
         f"({busy / expected:.0%} busy)"
     )
     table.add_column("stage")
@@ -169,8 +189,9 @@ def main(
     )
     console.print(table)
     console.print(
-        f"bench_writer {writer['rate']:,.0f} msg/s, bench_reader {reader['rate']:,.0f} msg/s "
-        f"for {duration:g} s; py-spy --rate {rate} --nonblocking for {sampled_s:g} s",
+        f"bench_writer {results[0]['rate']:,.0f} msg/s"
+        + (f", bench_reader {results[1]['rate']:,.0f} msg/s" if reader else ", no reader")
+        + f" for {duration:g} s; py-spy --rate {rate} --nonblocking for {sampled_s:g} s",
         highlight=False,
     )
 

@@ -10,7 +10,7 @@ import pytest
 
 from nsq_raw import RawClient
 from srtm.broker.message import Message, MessageIds
-from srtm.broker.queue import MessageQueue
+from srtm.broker.queue import MessageQueue, Record
 from srtm.broker.state import UNBOOKED, Topic, memory_queues
 from srtm.protocol import MAGIC_V2, Fin, Mpub, Parser, ProtocolError, Pub, Rdy, Sub
 from support import MakeBroker, eventually
@@ -124,6 +124,9 @@ class ListOverflow:
 
     def push(self, msg: Message) -> None:
         self.msgs.append(msg)
+
+    def push_many(self, records: list[Record]) -> None:
+        self.msgs += [Message(*r) for r in records]
 
     def pop(self) -> Message | None:
         return self.msgs.pop(0) if self.msgs else None

@@ -23,22 +23,33 @@ After ``kill -9`` the queue restarts from the oldest segment left: duplicates, n
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import errno
 import json
 import logging
 import os
+import queue
 import struct
+import threading
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
-from srtm.broker.message import Message, Origin
+from srtm.broker.message import Message
+from srtm.broker.queue import Record
+
+_c_encode_batch: Callable[[list[Record]], bytes] | None
+try:
+    from srtm.broker._diskcodec import encode_batch as _c_encode_batch
+except ImportError:  # not built (no compiler at install): encoded in Python
+    _c_encode_batch = None
 
 log = logging.getLogger("srtm.broker.disk")
 
@@ -82,6 +93,7 @@ Writer = Callable[[int, memoryview], int]
 #: A message's fields as ``MessageQueue`` keeps them (id, body, timestamp, arrival,
 #: release, attempts, publisher).
 Fields = tuple[bytes, bytes, int, int, int, int, str]
+_origins = itemgetter(7)
 
 
 class CorruptRecord(Exception):
@@ -97,6 +109,61 @@ def _encode(f: Fields, due_ns: int | None) -> bytes:
         len(body),
     ) + pub + body  # fmt: skip
     return _CRC.pack(zlib.crc32(data)) + data
+
+
+def encode_batch_py(records: list[Record]) -> bytes:
+    """Version-2 records of ``records`` (no due time), back to back: what ``_encode`` of
+    each would give, joined; per message one struct call and one CRC, no ``Message`` and
+    no record joined twice (it runs on the event loop for every message that overflows)."""
+    pack, crc, crc_pack, size = _LENGTH_RECORD.pack, zlib.crc32, _CRC.pack, _RECORD.size
+    parts: list[bytes] = []
+    add = parts.append
+    for mid, body, ts, arrival, release, attempts, publisher, _ in records:
+        if publisher:
+            pub = publisher.encode()
+            data = pack(size + len(pub) + len(body), ts, arrival, release, -1, attempts,
+                        mid, len(pub), len(body)) + pub + body  # fmt: skip
+        else:
+            data = pack(size + len(body), ts, arrival, release, -1, attempts, mid, 0,
+                        len(body)) + body  # fmt: skip
+        add(crc_pack(crc(data)))
+        add(data)
+    return b"".join(parts)
+
+
+def encode_batch(records: list[Record]) -> bytes:
+    """``encode_batch_py``, in C where ``srtm.broker._diskcodec`` was built (at install):
+    the same bytes, in about a quarter of the time."""
+    if _c_encode_batch is None:
+        return encode_batch_py(records)
+    try:
+        return _c_encode_batch(records)
+    except TypeError:  # a field of a type the C version does not take (struct may)
+        return encode_batch_py(records)
+
+
+def _whole_records(data: bytes, start: int, written: int) -> tuple[int, int]:
+    """Of version-2 records in ``data`` from ``start``: the bytes (from 0) and number of
+    those that lie whole in its first ``written`` bytes."""
+    good, k = start, 0
+    length = _FRAME.unpack_from
+    while good + _FRAME.size <= written:
+        end = good + _FRAME.size + length(data, good)[1]
+        if end > written:
+            break
+        good, k = end, k + 1
+    return good, k
+
+
+def _record_bytes(r: Record) -> int:
+    """The size of ``r``'s record on disk (what it counts towards ``flush_bytes``): a
+    batch's sum is the length of its ``encode_batch``. Never fails (a publisher that
+    cannot be encoded fails its write, not its push)."""
+    return RECORD_OVERHEAD + len(r[1]) + len(r[6].encode("utf-8", "surrogatepass"))
+
+
+def _pending_bytes(records: list[Record]) -> int:
+    return sum(map(_record_bytes, records))
 
 
 def _fields(msg: Message) -> Fields:
@@ -360,9 +427,14 @@ class DiskQueue:
         #: Pushes so far, and publishes waiting for the write of the first ``n`` of them.
         self._pushed = 0
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        #: Pushed, not written yet: (fields, settled once written).
-        self._pending: deque[tuple[Fields, Origin | None]] = deque()
+        #: Pushed, not written yet, as records (their ``origin`` is settled once written).
+        self._pending: deque[Record] = deque()
         self._pending_bytes = 0
+        #: The pending records encoded when pushed, as (records, bytes) chunks in order:
+        #: a write then only joins them (its encoding was done while the write before it
+        #: ran). Used only while they cover every pending record (``_encoded_n``).
+        self._encoded: deque[tuple[int, bytes]] = deque()
+        self._encoded_n = 0
         self._head: _Segment | None = None
         self._head_replaced = False
         self._open_failed = False
@@ -459,9 +531,60 @@ class DiskQueue:
         """Queue ``msg`` at the back. Never fails: while writing fails it waits in memory
         (the broker refuses new publishes meanwhile)."""
         # Its fields, not the object: the caller may hand the same one to other queues.
-        self._pending.append((_fields(msg), msg.origin))
+        self._pending.append(
+            (msg.id, msg.body, msg.timestamp_ns, msg.arrival_ns, msg.release_ns, msg.attempts,
+             msg.publisher, msg.origin)
+        )  # fmt: skip
+        self._encode_ahead([self._pending[-1]], 1)
         self._pushed += 1
-        self._pending_bytes += RECORD_OVERHEAD + len(msg.body) + len(msg.publisher)
+        self._pending_bytes += _record_bytes(self._pending[-1])
+        self._pushed_more()
+
+    def push_many(self, records: list[Record]) -> None:
+        """``push`` of each (an MPUB's overflow): one extend, no ``Message`` per record."""
+        self._pending.extend(records)
+        encoded = self._encode_ahead(records, len(records))
+        self._pushed += len(records)
+        # the length of their records, known once encoded
+        self._pending_bytes += encoded if encoded is not None else _pending_bytes(records)
+        self._pushed_more()
+
+    def _encode_ahead(self, records: list[Record], n: int) -> int | None:
+        """Encode the ``n`` records just pushed, if every one before them is encoded (and
+        writing works: while it fails, what waits is encoded when written); their length
+        (None: not encoded)."""
+        if self._encoded_n + n != len(self._pending) or self.error is not None:
+            return None
+        try:
+            data = encode_batch(records)
+        except (struct.error, OverflowError, ValueError):
+            self._forget_encoded()  # encoded again when written: that write fails then
+            return None
+        self._encoded.append((n, data))
+        self._encoded_n += n
+        return len(data)
+
+    def _forget_encoded(self) -> None:
+        """The chunks no longer line up with the pending records (some were taken, or a
+        chunk was written in part): writes encode from the records until none is left."""
+        self._encoded.clear()
+        self._encoded_n = 0
+
+    def _take_encoded(self, k: int) -> None:
+        """The first ``k`` pending records are written (before they are taken)."""
+        enc = self._encoded
+        if self._encoded_n != len(self._pending):
+            if enc:
+                self._forget_encoded()
+            return
+        while k and enc and enc[0][0] <= k:
+            n = enc.popleft()[0]
+            k -= n
+            self._encoded_n -= n
+        if k:
+            self._forget_encoded()
+
+    def _pushed_more(self) -> None:
         self._unflushed.add(self)
         self._pushed_to.add(self)
         if self._pending_bytes >= self.flush_bytes and self.error is None:
@@ -519,13 +642,23 @@ class DiskQueue:
             self._rotate(sync=True)
         seg = self._wseg
         header = b"" if seg.end else FILE_HEADER
-        fields: list[Fields] = []
         size = seg.end + len(header)
-        for f, _ in self._pending:
-            if fields and size >= self.segment_bytes:
-                break
-            fields.append(f)
-            size += RECORD_OVERHEAD + len(f[1]) + len(f[6])
+        pending = self._pending
+        batch: list[Record] = []
+        encoded: bytes | None = None
+        if size + self._pending_bytes < self.segment_bytes:
+            # All of it fits (the usual case): no loop per record; encoded when pushed.
+            if self._encoded_n == len(pending):
+                encoded = b"".join([data for _, data in self._encoded])
+            else:
+                batch = list(pending)
+        else:
+            batch = []
+            for r in pending:
+                if batch and size >= self.segment_bytes:
+                    break
+                batch.append(r)
+                size += _record_bytes(r)
         self._writing = True
         self._again = False
         gen, fd, path, end = self._gen, self._wfd, seg.path, seg.end
@@ -534,14 +667,17 @@ class DiskQueue:
         # contends for the GIL, and an acknowledgement waiting for this write waited
         # for that contention too (batched publishes ran at half speed).
         try:
-            records = [_encode(f, None) for f in fields]
+            if encoded is not None:
+                data, count = header + encoded, len(pending)
+            else:
+                data, count = header + encode_batch(batch), len(batch)
         except (struct.error, OverflowError, ValueError) as e:  # a field out of range
             bad: _WriteResult = (fd, 0, 0, OSError(errno.EINVAL, f"cannot encode: {e}"), False)
             self._run(lambda: bad, lambda res: self._write_done(gen, fd, seg, res))
             return
 
         def work() -> _WriteResult:
-            return _write_batch(write, directory, path, fd, end, header, records)
+            return _write_batch(write, directory, path, fd, end, len(header), data, count)
 
         def done(res: _WriteResult) -> None:
             self._write_done(gen, fd, seg, res)
@@ -614,13 +750,20 @@ class DiskQueue:
             origin = seg.origin = seg.origin or _Origin(self, seg.n)
         else:
             self._unread += k
-        for _ in range(k):
-            f, settled = self._pending.popleft()
-            self._pending_bytes -= RECORD_OVERHEAD + len(f[1]) + len(f[6])
-            if settled is not None:
-                settled.settle()  # durable here now: its own segment may go
-            if origin is not None:
-                self._ahead.append(Message(*f, origin))
+        self._take_encoded(k)
+        pending = self._pending
+        if k == len(pending):
+            done = list(pending)
+            pending.clear()
+            self._pending_bytes = 0
+        else:
+            popleft = pending.popleft
+            done = [popleft() for _ in range(k)]
+            self._pending_bytes -= _pending_bytes(done)
+        for settled in filter(None, map(_origins, done)):
+            settled.settle()  # durable here now: its own segment may go
+        if origin is not None:
+            self._ahead.extend([Message(*r[:7], origin) for r in done])
         return fill
 
     def _failed(self, exc: OSError) -> None:
@@ -673,16 +816,18 @@ class DiskQueue:
         if self._unread or self._writing:
             return None  # being read, or being written (then read from memory)
         pending = self._pending
-        if pending and pending[0][1] is None and self.error is None:
+        if pending and pending[0][7] is None and self.error is None:
             self.flush()
             if self.threaded:
                 return None
             return self.pop()
         if pending:
-            f, origin = pending.popleft()
-            self._pending_bytes -= RECORD_OVERHEAD + len(f[1]) + len(f[6])
+            if self._encoded:
+                self._forget_encoded()
+            r = pending.popleft()
+            self._pending_bytes -= _record_bytes(r)
             self._resolve_waiters(False)
-            return Message(*f, origin)
+            return Message(*r)
         return None
 
     def _read_more(self) -> None:
@@ -796,10 +941,10 @@ class DiskQueue:
     def clear(self) -> None:
         """Drop everything queued (what was popped before stays with its holders)."""
         self._forget_files()
-        for _, origin in self._pending:
-            if origin is not None:
-                origin.settle()
+        for origin in filter(None, map(_origins, self._pending)):
+            origin.settle()
         self._pending.clear()
+        self._forget_encoded()
         self._pending_bytes = 0
         last = self._wseg.n
         for seg in list(self._segments.values()):
@@ -887,6 +1032,7 @@ class DiskQueue:
         self._failing.discard(self)
         self._unflushed.discard(self)
         self._pending.clear()
+        self._forget_encoded()
         self._segments.clear()
         self._head = None
         self._run(lambda: _remove_dir(self.directory))
@@ -919,13 +1065,13 @@ def _write_batch(
     path: Path,
     fd: int | None,
     end: int,
-    header: bytes,
-    records: list[bytes],
+    header: int,
+    data: bytes,
+    count: int,
 ) -> _WriteResult:
-    """Append encoded ``records`` to the segment ``path`` (opened if ``fd`` is None), which
-    holds ``end`` good bytes. A failed write is taken back to its last whole record
-    (``ftruncate`` needs no space)."""
-    data = header + b"".join(records)
+    """Append ``data`` (a file header of ``header`` bytes, then ``count`` version-2 records) to the
+    segment ``path`` (opened if ``fd`` is None), which holds ``end`` good bytes. A failed
+    write is taken back to its last whole record (``ftruncate`` needs no space)."""
     view = memoryview(data)
     written = 0
     exc: OSError | None = None
@@ -944,13 +1090,10 @@ def _write_batch(
         exc = e
     # What was written up to the last whole record counts; a torn one is taken back.
     good = k = 0
-    if written >= len(header):
-        good = len(header)
-        for rec in records:
-            if good + len(rec) > written:
-                break
-            good += len(rec)
-            k += 1
+    if written == len(data):
+        good, k = written, count
+    elif written >= header:
+        good, k = _whole_records(data, header, written)
     truncate_failed = False
     if exc is not None and fd is not None:
         try:
@@ -990,63 +1133,74 @@ def _read_batch(path: Path, pos: int, want: int) -> _ReadResult:
 
 
 _T = TypeVar("_T")
+#: A piece of the disk thread's work and what runs on the loop with its result.
+_Work = tuple[Callable[[], Any], Callable[[Any], None] | None]
 
 
 class DiskIO:
     """A broker's disk thread: its disk queues' file work (encoding and writing batches,
     reading ahead, opening, closing and deleting segments) runs there, one piece at a
     time in the order asked (a queue's close or delete never overtakes its write), so
-    the event loop never waits for the disk; each completion runs back on the loop."""
+    the event loop never waits for the disk; each completion runs back on the loop.
+
+    A thread of its own on a ``SimpleQueue``, not an executor: a hand-off is one ``put``
+    (no future, no lock), and the thread runs little Python, so it seldom waits for the
+    GIL the event loop holds (an MPUB that overflows waits for its write)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="srtm-disk")
+        self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         #: Work submitted whose completion has not run yet.
         self.outstanding = 0
         self._idle = asyncio.Event()
         self._idle.set()
         #: Set by ``quiesce``: queues then work inline (the graceful stop).
         self.closed = False
+        # A daemon, stopped (after the work queued) at a graceful stop or at exit, as an
+        # executor's thread would be: an interpreter exit never waits for it forever.
+        self._thread = threading.Thread(target=self._serve, name="srtm-disk_0", daemon=True)
+        self._thread.start()
+        atexit.register(self._stop)
 
     def submit(self, work: Callable[[], _T], done: Callable[[_T], None] | None = None) -> None:
         self.outstanding += 1
         self._idle.clear()
+        self._queue.put((work, done))
 
-        def finish(result: _T) -> None:
-            self.outstanding -= 1
-            try:
-                if done is not None:
-                    done(result)
-            finally:
-                if not self.outstanding:
-                    self._idle.set()
-
-        def failed() -> None:
-            self.outstanding -= 1
-            if not self.outstanding:
-                self._idle.set()
-
-        def run() -> None:
+    def _serve(self) -> None:
+        get, call = self._queue.get, self.loop.call_soon_threadsafe
+        while (item := get()) is not None:
+            work, done = item
             try:
                 result = work()
             except Exception:
                 log.exception("disk work failed")
-                self._call(failed)
-                return
-            self._call(finish, result)
+                result, done = None, None
+            with contextlib.suppress(RuntimeError):  # the loop is gone (interpreter exit)
+                call(self._finish, done, result)
 
-        self._pool.submit(run)
+    def _finish(self, done: Callable[[Any], None] | None, result: object) -> None:
+        self.outstanding -= 1
+        try:
+            if done is not None:
+                done(result)
+        finally:
+            if not self.outstanding:
+                self._idle.set()
 
-    def _call(self, fn: Callable[..., None], *args: object) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is gone (interpreter exit)
-            self.loop.call_soon_threadsafe(fn, *args)
+    def _stop(self) -> None:
+        """Let the thread end after the work queued (at exit: and wait for it)."""
+        self._queue.put(None)
+        if not self.closed:
+            self._thread.join()
 
     async def quiesce(self) -> None:
         """Wait until no work is left, then have the queues work inline from now on."""
         while self.outstanding:
             await self._idle.wait()
         self.closed = True
-        self._pool.shutdown(wait=False)
+        atexit.unregister(self._stop)
+        self._stop()
 
 
 _NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)

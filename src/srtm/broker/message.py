@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import re
 import struct
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Protocol
 
-_SIXTEEN = re.compile(rb".{16}", re.DOTALL)
-
 
 @lru_cache(maxsize=64)
 def _words(n: int) -> struct.Struct:
     return struct.Struct(f">{n}Q")
+
+
+@lru_cache(maxsize=64)
+def _sixteens(n: int) -> struct.Struct:
+    """Cuts ``16 * n`` bytes into ``n`` of 16 in one call (half the time of a regex)."""
+    return struct.Struct("16s" * n)
 
 
 class Origin(Protocol):
@@ -82,4 +85,4 @@ class MessageIds:
             return [b"%016x" % (prefix | i) for i in range(first, first + n)]
         # Many (an MPUB): in C, not a format per id: big-endian words, in hex, cut in 16s.
         start = prefix | first
-        return _SIXTEEN.findall(_words(n).pack(*range(start, start + n)).hex().encode())
+        return list(_sixteens(n).unpack(_words(n).pack(*range(start, start + n)).hex().encode()))

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from srtm.broker.diskqueue import DiskIO, DiskQueue, Reserve
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import BrokerOptions
-from srtm.broker.queue import MessageQueue
+from srtm.broker.queue import MessageQueue, Record
 from srtm.broker.routes import RouteTable, TopicRoute, saved_route
 from srtm.broker.state import UNBOOKED, Channel, Topic
 from srtm.protocol import ProtocolError, errors, is_ephemeral, is_valid_name
@@ -181,6 +181,9 @@ class LazyDisk:
     # the Overflow protocol (MessageQueue's backend)
     def push(self, msg: Message) -> None:
         self.open().push(msg)
+
+    def push_many(self, records: list[Record]) -> None:
+        self.open().push_many(records)
 
     def pop(self) -> Message | None:
         return None if self._disk is None else self._disk.pop()

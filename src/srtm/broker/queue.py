@@ -46,6 +46,10 @@ class Overflow(Protocol):
 
     def push(self, msg: Message) -> None: ...
 
+    def push_many(self, records: list[Record]) -> None:
+        """``push`` of each, in order (fresh records: an MPUB's overflow)."""
+        ...
+
     def pop(self) -> Message | None: ...
 
     def __len__(self) -> int: ...
@@ -119,15 +123,25 @@ class MessageQueue:
         return True
 
     def extend(self, records: list[Record]) -> None:
-        """Queue fresh records (no ``origin``) at the back, as ``append`` would each: one
-        C-level extend where they all fit in memory and nothing waits in the backend."""
+        """Queue fresh records (no ``origin``) at the back, as ``append`` would each: what
+        fits in memory (while nothing waits in the backend) in one C-level extend, the rest
+        handed to the backend in one call (or dropped, without one)."""
         mem = self._mem
         ov = self.overflow
-        if (ov is None or not len(ov)) and len(mem) + len(records) <= self.mem_size:
-            mem.extend(records)
+        if ov is None or not len(ov):
+            room = self.mem_size - len(mem)
+            if len(records) <= room:
+                mem.extend(records)
+                return
+            if room > 0:
+                mem.extend(records[:room])
+                records = records[room:]
+        if ov is not None:
+            ov.push_many(records)
             return
+        self.dropped += len(records)
         for r in records:
-            self.append(Message(*r))
+            settle(r[7])
 
     def take(self, n: int) -> list[Record]:
         """Up to ``n`` records from the front, in order (memory first, refilled from the

@@ -1,0 +1,189 @@
+/* The disk queue's record encoder in C: encode_batch(records) -> bytes.
+ *
+ * The same bytes as srtm.broker.diskqueue.encode_batch_py (the reference, and the path
+ * used where this module is not built): per record, CRC-32 of what follows it, then the
+ * big-endian fields ">I qqqqH16sHI" (length, timestamp, arrival, release, due = -1,
+ * attempts, id, publisher length, body length), the publisher (UTF-8), the body. A field
+ * out of range raises OverflowError (the caller treats it as struct.error); a field of
+ * another type than bytes, str or int raises TypeError: the caller then encodes the batch
+ * in Python, which takes what struct takes.
+ *
+ * Built at install (pip install -e ., make test) from this file; optional: without a
+ * compiler the pure-Python encoder is used. It runs on the event loop for every message
+ * that overflows to disk, where the Python version's struct call, concatenations and
+ * CRC call per message cost about 0.3 us each. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define FIXED 56 /* qqqqH16sHI */
+
+/* CRC-32 as zlib's crc32 (reflected, polynomial 0xEDB88320), eight bytes a step
+ * ("slicing-by-8"): zlib's own took about 110 ns of the 130 ns a 160-byte record cost
+ * here (its setup per call), this about 60 ns. */
+static uint32_t crc_table[8][256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (int i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+}
+
+static uint32_t le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint32_t crc32_of(const unsigned char *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    while (n >= 8) {
+        uint32_t a = le32(p) ^ c, b = le32(p + 4);
+        c = crc_table[7][a & 0xFF] ^ crc_table[6][(a >> 8) & 0xFF] ^
+            crc_table[5][(a >> 16) & 0xFF] ^ crc_table[4][a >> 24] ^ crc_table[3][b & 0xFF] ^
+            crc_table[2][(b >> 8) & 0xFF] ^ crc_table[1][(b >> 16) & 0xFF] ^ crc_table[0][b >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n--)
+        c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+static void put32(unsigned char *p, unsigned long v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static void put64(unsigned char *p, long long s) {
+    unsigned long long v = (unsigned long long)s;
+    for (int i = 7; i >= 0; i--) {
+        p[i] = (unsigned char)v;
+        v >>= 8;
+    }
+}
+
+static int get_i64(PyObject *o, long long *out) {
+    if (!PyLong_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "a record's time fields must be ints");
+        return -1;
+    }
+    *out = PyLong_AsLongLong(o); /* OverflowError past int64, as struct's q */
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* One record's parts, checked (borrowed references, kept alive by the list). */
+typedef struct {
+    const char *id, *body, *pub;
+    Py_ssize_t idlen, blen, plen;
+    long long ts, arrival, release;
+    long attempts;
+} Parts;
+
+static int parts_of(PyObject *rec, Parts *p) {
+    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 7) {
+        PyErr_SetString(PyExc_ValueError, "a record is a tuple of at least 7 fields");
+        return -1;
+    }
+    PyObject *id = PyTuple_GET_ITEM(rec, 0), *body = PyTuple_GET_ITEM(rec, 1);
+    PyObject *pub = PyTuple_GET_ITEM(rec, 6), *att = PyTuple_GET_ITEM(rec, 5);
+    if (!PyBytes_Check(id) || !PyBytes_Check(body) || !PyUnicode_Check(pub) ||
+        !PyLong_Check(att)) {
+        /* the caller encodes such a record in Python instead (TypeError: not here) */
+        PyErr_SetString(PyExc_TypeError, "a record's id and body are bytes, its publisher str");
+        return -1;
+    }
+    p->id = PyBytes_AS_STRING(id);
+    p->idlen = PyBytes_GET_SIZE(id);
+    p->body = PyBytes_AS_STRING(body);
+    p->blen = PyBytes_GET_SIZE(body);
+    p->pub = PyUnicode_AsUTF8AndSize(pub, &p->plen); /* cached in the str */
+    if (p->pub == NULL)
+        return -1;
+    if (get_i64(PyTuple_GET_ITEM(rec, 2), &p->ts) || get_i64(PyTuple_GET_ITEM(rec, 3), &p->arrival) ||
+        get_i64(PyTuple_GET_ITEM(rec, 4), &p->release))
+        return -1;
+    p->attempts = PyLong_AsLong(att);
+    if (p->attempts == -1 && PyErr_Occurred())
+        return -1;
+    if (p->attempts < 0 || p->attempts > 0xFFFF || p->plen > 0xFFFF ||
+        (unsigned long long)p->blen > 0xFFFFFFFFULL - FIXED - (unsigned long long)p->plen) {
+        PyErr_SetString(PyExc_OverflowError, "a record's field is out of range");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *encode_batch(PyObject *self, PyObject *records) {
+    (void)self;
+    if (!PyList_Check(records)) {
+        PyErr_SetString(PyExc_TypeError, "encode_batch takes a list of records");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(records), total = 0;
+    Parts *parts = PyMem_Malloc(sizeof(Parts) * (size_t)(n ? n : 1));
+    if (parts == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (parts_of(PyList_GET_ITEM(records, i), &parts[i]) < 0) {
+            PyMem_Free(parts);
+            return NULL;
+        }
+        total += 8 + FIXED + parts[i].plen + parts[i].blen;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) {
+        PyMem_Free(parts);
+        return NULL;
+    }
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Parts *p = &parts[i];
+        unsigned char *rec = w;
+        put32(w + 4, (unsigned long)(FIXED + p->plen + p->blen));
+        put64(w + 8, p->ts);
+        put64(w + 16, p->arrival);
+        put64(w + 24, p->release);
+        put64(w + 32, -1);
+        w[40] = (unsigned char)(p->attempts >> 8);
+        w[41] = (unsigned char)p->attempts;
+        /* struct's 16s: truncated, or padded with zeros */
+        Py_ssize_t k = p->idlen < 16 ? p->idlen : 16;
+        memcpy(w + 42, p->id, (size_t)k);
+        memset(w + 42 + k, 0, (size_t)(16 - k));
+        w[58] = (unsigned char)(p->plen >> 8);
+        w[59] = (unsigned char)p->plen;
+        put32(w + 60, (unsigned long)p->blen);
+        w += 64;
+        memcpy(w, p->pub, (size_t)p->plen);
+        w += p->plen;
+        memcpy(w, p->body, (size_t)p->blen);
+        w += p->blen;
+        put32(rec, crc32_of(rec + 4, (size_t)(w - rec - 4)));
+    }
+    PyMem_Free(parts);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"encode_batch", encode_batch, METH_O,
+     "Version-2 disk queue records of a list of records, back to back."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "srtm.broker._diskcodec", NULL, -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__diskcodec(void) {
+    crc_init();
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,3 @@
+from srtm.broker.queue import Record
+
+def encode_batch(records: list[Record], /) -> bytes: ...
