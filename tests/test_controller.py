@@ -139,7 +139,9 @@ def test_plans_survive_a_controller_restart(
         tmp_path / "controller.db", ["--http-address", f"127.0.0.1:{port}"], token=ctrl.token
     )
     try:
-        assert again.json("/plan?topic=durable") == before
+        # The same plan; whether its shares are pushed yet is each process's own.
+        without = lambda plan: {k: v for k, v in plan.items() if k != "in_place"}  # noqa: E731
+        assert without(again.json("/plan?topic=durable")) == without(before)
     finally:
         again.stop()
 

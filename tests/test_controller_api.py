@@ -4,6 +4,7 @@ have the declared shapes."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from srtm.control.documents import (
 from srtm.control.service import ControllerOptions, ControllerService
 from srtm.control.validate import ControlError
 from srtm.protocol import is_valid_name
-from support import ControllerClient
+from support import ControllerClient, eventually
 
 REGISTRATION = {"id": "a", "tcp_address": "127.0.0.1:9", "http_address": "127.0.0.1:9",
                 "mcap": 1e6}  # fmt: skip
@@ -201,3 +202,52 @@ async def test_refusals_outside_validation_keep_their_status_and_shape(
     assert (await controller_api.call("GET", "/lookup?topic=none"))[1] == {
         "message": "TOPIC_NOT_FOUND"
     }
+
+
+async def test_a_plan_is_in_place_only_once_its_shares_are_pushed(
+    controller_api: ControllerClient,
+) -> None:
+    """``in_place`` is false while the controller still pushes a version's share changes
+    (a client moving by the plan waits for it): a move's decrease held up at the broker
+    keeps the moved plan out of place until the broker takes it."""
+    from aiohttp import web
+
+    holds_pass = asyncio.Event()
+    holds_pass.set()
+
+    async def any_order(request: web.Request) -> web.Response:
+        if request.path == "/srtm/bucket/hold":
+            await holds_pass.wait()
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_route("*", "/{path:.*}", any_order)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    fake = f"127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        for broker in ("a", "b"):
+            doc = REGISTRATION | {"id": broker, "http_address": fake}
+            assert (await controller_api.call("POST", "/brokers", doc))[0] == 200
+        assert (await controller_api.call("POST", "/topics", topic_doc("t")))[0] == 201
+
+        async def plan() -> dict[str, Any]:
+            return (await controller_api.call("GET", "/plan?topic=t"))[1]
+
+        placed = await eventually(plan, "the first plan in place", until=lambda p: p["in_place"])
+        (home,) = [b["id"] for b in placed["brokers"]]
+        holds_pass.clear()
+        status, moved = await controller_api.call(
+            "POST", "/topics/t/move",
+            {"publishers": ["p0", "p1", "p2", "p3"], "to": "b" if home == "a" else "a"},
+        )  # fmt: skip
+        assert status == 200 and moved["version"] > placed["version"]
+        assert moved["in_place"] is False
+        now = await plan()
+        assert (now["version"], now["in_place"]) == (moved["version"], False)
+        holds_pass.set()
+        await eventually(plan, "the move in place", until=lambda p: p["in_place"])
+    finally:
+        holds_pass.set()
+        await runner.cleanup()

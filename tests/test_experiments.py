@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -142,6 +143,52 @@ async def test_emulator_connects_again_after_a_failed_connect() -> None:
             server.close()
             await server.wait_closed()
         sock.close()
+
+
+async def test_the_emulator_follows_a_plan_version_once_it_is_in_place() -> None:
+    """``follow_plan`` moves publishers to a new version only once the controller says
+    its shares are in place (a broker before its share would hold what they send)."""
+    from aiohttp import web
+
+    from srtm.workload.emulator import follow_plan
+
+    def plan(version: int, to: str, in_place: bool) -> dict[str, Any]:
+        return {"version": version, "in_place": in_place,
+                "brokers": [{"tcp_address": to, "publishers": ["p"]}]}  # fmt: skip
+
+    docs = [plan(1, "127.0.0.1:1", True), plan(2, "127.0.0.1:2", False)]
+    served = 0
+
+    async def get_plan(request: web.Request) -> web.Response:
+        nonlocal served
+        served += 1
+        return web.json_response(docs[0])
+
+    app = web.Application()
+    app.router.add_get("/plan", get_plan)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    emu = Emulator(build([PublisherSpec("p", 10.0, "periodic")], 1.0, seed=1), "t", {})
+    follower = asyncio.create_task(follow_plan(emu, f"http://127.0.0.1:{port}", "t", 0.01))
+    try:
+        await eventually(lambda: emu._route, "version 1 followed",
+                         until=lambda r: r == ["127.0.0.1:1"])  # fmt: skip
+        docs.pop(0)  # version 2, not in place
+        seen = served
+        await eventually(lambda: served, "version 2 read twice", until=lambda n: n >= seen + 2)
+        assert emu._route == ["127.0.0.1:1"]
+        docs[0]["in_place"] = True
+        await eventually(lambda: emu._route, "version 2 followed",
+                         until=lambda r: r == ["127.0.0.1:2"])  # fmt: skip
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follower
+        await emu.close()
+        await runner.cleanup()
 
 
 async def test_emulator_skips_what_it_could_only_send_late(two_brokers: list[Broker]) -> None:

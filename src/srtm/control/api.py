@@ -109,6 +109,8 @@ class Service(Protocol):
 
     def utility_doc(self) -> dict[str, Any]: ...
 
+    def in_place(self, topic: str) -> bool: ...
+
 
 class ControllerAPI:
     def __init__(self, service: Service, models_dir: Path | None = None) -> None:
@@ -179,7 +181,7 @@ class ControllerAPI:
         self.service.execute(actions)
         if new.fit is not None:
             self.service.start_fitting(spec.name, new.fit, model)
-        return web.json_response(self.ctrl.topic_doc(spec.name), status=201)
+        return web.json_response(self._topic(spec.name), status=201)
 
     async def delete_topic(self, request: web.Request) -> web.Response:
         """Stop managing a topic: brokers drop its sub-buckets, the ledger frees its
@@ -235,7 +237,7 @@ class ControllerAPI:
             self.service.execute(actions)
         else:
             self.service.save_state()
-        return web.json_response(self.ctrl.topic_doc(name))
+        return web.json_response(self._topic(name))
 
     def _new_topic(self, doc: dict[str, Any]) -> tuple[NewTopic, TopicSpec]:
         new = parse(NewTopic, doc, models_dir=self.models_dir)
@@ -247,7 +249,7 @@ class ControllerAPI:
         name = request.match_info["name"]
         async with self.placing:  # like every plan change: never between a read and a commit
             self.service.execute(self.ctrl.move(name, doc.publishers, doc.to))
-        return web.json_response(self.ctrl.plan(name))
+        return self._plan(name)
 
     async def replicas(self, request: web.Request) -> web.Response:
         """ALL_PUBLISHERS replication: the topic on ``count`` brokers (1: one), each
@@ -261,11 +263,18 @@ class ControllerAPI:
 
     async def get_topic(self, request: web.Request) -> web.Response:
         """A topic: its plan, SLO, events and fitting status."""
-        return web.json_response(self.ctrl.topic_doc(request.match_info["name"]))
+        return web.json_response(self._topic(request.match_info["name"]))
 
     async def plan(self, request: web.Request) -> web.Response:
-        """The whole plan of a topic, with its version."""
-        return web.json_response(self.ctrl.plan(_query(request, TopicParam).topic))
+        """The whole plan of a topic, with its version, and whether it is in place."""
+        return self._plan(_query(request, TopicParam).topic)
+
+    def _plan(self, topic: str) -> web.Response:
+        doc = self.ctrl.plan(topic) | {"in_place": self.service.in_place(topic)}
+        return web.json_response(doc)
+
+    def _topic(self, name: str) -> dict[str, Any]:
+        return self.ctrl.topic_doc(name) | {"in_place": self.service.in_place(name)}
 
     async def assign(self, request: web.Request) -> web.Response:
         """The broker a publisher should use; an unknown one of an open topic joins first,

@@ -469,6 +469,9 @@ class Plan(_Answer):
     status: Literal["placed", "short", "fitting"]
     brokers: list[PlanBroker]
     unassigned: list[str]
+    #: False while the controller still pushes this version's share changes to the
+    #: brokers: a client that moves by the plan waits for True (make before break).
+    in_place: bool
 
 
 class FittingStep(_Answer):

@@ -389,6 +389,11 @@ class ControllerService:
         if todo:
             self.execute(todo)
 
+    def in_place(self, topic: str) -> bool:
+        """Are the topic's share changes all carried out (its plan's brokers shape with
+        their new shares)?"""
+        return not self._busy.get(topic, 0)
+
     def _take(self, actions: list[Action]) -> list[str]:
         """Mark the topics whose shares ``actions`` change as busy (``_carry_out`` frees)."""
         topics = sorted({a.topic for a in actions if isinstance(a, SetBucket | Hold)})

@@ -243,7 +243,9 @@ def routes_of(plan: Mapping[str, Any]) -> dict[str, str]:
 async def follow_plan(
     emulator: Emulator, controller: str, topic: str, interval_s: float = 0.2
 ) -> None:
-    """Keep ``emulator``'s routes on the controller's plan (polled; runs until cancelled)."""
+    """Keep ``emulator``'s routes on the controller's plan (polled; runs until cancelled).
+    A version is followed once it is in place: publishers sent to a broker before it has
+    its new share would wait there for it (a live despawn: 115 ms)."""
     version = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         while True:
@@ -251,7 +253,7 @@ async def follow_plan(
                 async with session.get(f"{controller}/plan", params={"topic": topic}) as r:
                     if r.status == 200:
                         plan = await r.json()
-                        if plan.get("version") != version:
+                        if plan.get("version") != version and plan.get("in_place", True):
                             version = plan.get("version")
                             emulator.route(routes_of(plan))
             await asyncio.sleep(interval_s)
