@@ -34,6 +34,30 @@ MakeBroker = Callable[..., Awaitable[Broker]]
 BrokerApi = tuple[Broker, aiohttp.ClientSession]
 
 
+def tcp_address(broker: Broker) -> str:
+    """The broker's TCP address as ``HOST:PORT`` (routes and links name peers so)."""
+    assert broker.tcp_address is not None
+    host, port = broker.tcp_address
+    return f"{host}:{port}"
+
+
+class BrokerNode:
+    """An in-process broker with a session on its HTTP API (relay and handoff tests)."""
+
+    def __init__(self, broker: Broker, http: aiohttp.ClientSession) -> None:
+        self.broker, self.http = broker, http
+
+    @property
+    def tcp(self) -> str:
+        return tcp_address(self.broker)
+
+    async def call(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
+        data = None if doc is None else json.dumps(doc).encode()
+        async with self.http.request(method, path, data=data) as resp:
+            raw = await resp.read()
+            return resp.status, json.loads(raw) if raw else None
+
+
 class ControllerClient:
     """HTTP calls to an in-process controller (the ``controller_api`` fixture): each gives
     (status, decoded JSON)."""

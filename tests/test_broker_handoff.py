@@ -6,7 +6,6 @@ relay link, changes nothing; the controller's own push replaces an armed share."
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,27 +21,12 @@ from srtm.broker.relay import ARM_TTL_S, Arms
 from srtm.protocol import Handoff, Pub, Rdy, Sub, encode_command
 from srtm.protocol.frames import FrameType, decode_message
 from srtm.protocol.parser import Parser
-from support import eventually
+from support import BrokerNode, eventually
 
 TOKEN = "0123abcd"
 
 
-class Node:
-    def __init__(self, broker: Broker, http: aiohttp.ClientSession) -> None:
-        self.broker, self.http = broker, http
-
-    @property
-    def tcp(self) -> str:
-        assert self.broker.tcp_address is not None
-        host, port = self.broker.tcp_address
-        return f"{host}:{port}"
-
-    async def call(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
-        data = None if doc is None else json.dumps(doc).encode()
-        async with self.http.request(method, path, data=data) as resp:
-            raw = await resp.read()
-            return resp.status, json.loads(raw) if raw else None
-
+class Node(BrokerNode):
     def share(self, topic: str) -> tuple[float, float] | str | None:
         """The topic's live sub-bucket here, "held", or None (neither)."""
         t = self.broker.topics.get(topic)

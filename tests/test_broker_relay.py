@@ -22,26 +22,11 @@ from srtm.broker.options import BrokerOptions
 from srtm.client.publisher import Publisher
 from srtm.protocol import Dpub, Fin, FrameType, Mpub, Pub, Rdy, Sub
 from srtm.protocol.frames import decode_message
-from support import eventually, nsq_bin
+from support import BrokerNode, eventually, nsq_bin
 
 
-class Node:
+class Node(BrokerNode):
     """One broker of the test's cluster, with a session on its HTTP API."""
-
-    def __init__(self, broker: Broker, http: aiohttp.ClientSession) -> None:
-        self.broker, self.http = broker, http
-
-    @property
-    def tcp(self) -> str:
-        assert self.broker.tcp_address is not None
-        host, port = self.broker.tcp_address
-        return f"{host}:{port}"
-
-    async def call(self, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
-        data = None if doc is None else json.dumps(doc).encode()
-        async with self.http.request(method, path, data=data) as resp:
-            raw = await resp.read()
-            return resp.status, json.loads(raw) if raw else None
 
     async def route(self, doc: dict[str, Any]) -> dict[str, Any]:
         status, body = await self.call("POST", "/srtm/route", doc)

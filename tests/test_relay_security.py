@@ -22,6 +22,7 @@ from srtm.broker import Broker, BrokerOptions
 from srtm.broker.relay import counters_of
 from srtm.broker.routes import Forward, Replicas, TopicRoute
 from srtm.protocol import Pub
+from support import tcp_address as tcp
 from test_broker_tls_auth import AuthServer, Certs
 
 MakeBroker = Callable[..., Awaitable[Broker]]
@@ -48,12 +49,6 @@ async def make(tmp_path: Path) -> AsyncIterator[MakeBroker]:
     yield start
     for b in reversed(started):
         await b.stop()
-
-
-def tcp(broker: Broker) -> str:
-    assert broker.tcp_address is not None
-    host, port = broker.tcp_address
-    return f"{host}:{port}"
 
 
 def forward(a: Broker, topic: str, to: Broker) -> None:

@@ -28,6 +28,7 @@ from srtm.broker.routes import (
     saved_route,
 )
 from srtm.protocol import Pub
+from support import tcp_address as tcp
 
 Start = Callable[..., Awaitable[Broker]]
 
@@ -48,12 +49,6 @@ async def start(tmp_path: Path) -> AsyncIterator[Start]:
     yield make
     for b in reversed(running):
         await b.stop()
-
-
-def tcp(broker: Broker) -> str:
-    assert broker.tcp_address is not None
-    host, port = broker.tcp_address
-    return f"{host}:{port}"
 
 
 async def publish(broker: Broker, topic: str, n: int) -> None:
