@@ -610,8 +610,9 @@ class Relay:
         """Close the links; what they still held, and whatever comes from now on, is
         accepted here (before the broker persists what it owes)."""
         self.stopping = True
-        for link in list(self.links.values()):
-            await link.close()
+        # At once: each waits up to ANSWER_TIMEOUT_S for a command in flight, and a stop
+        # must not take that once per silent peer.
+        await asyncio.gather(*(link.close() for link in list(self.links.values())))
         self.links.clear()
         for task in list(self._closing):
             await task
