@@ -62,6 +62,34 @@ _MESSAGE_OVERHEAD = 30
 _FIN_CHUNK = 32
 
 
+def frame_records_py(out: bytearray, records: list[Record]) -> None:
+    """Append a MESSAGE frame per record to ``out`` (as queued: each is now on attempt
+    ``attempts + 1``)."""
+    pack = _MESSAGE_HEAD.pack
+    for r in records:
+        body = r[1]
+        out += pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1, r[0])
+        out += body
+
+
+_c_frame_records: Callable[[bytearray, list[Record]], None] | None
+try:
+    from srtm.broker._frames import frame_records as _c_frame_records
+except ImportError:  # not built (no compiler at install): framed in Python
+    _c_frame_records = None
+
+
+def frame_records(out: bytearray, records: list[Record]) -> None:
+    """``frame_records_py``, in C where ``srtm.broker._frames`` was built (at install)."""
+    if _c_frame_records is not None:
+        try:
+            _c_frame_records(out, records)
+            return
+        except (TypeError, OverflowError):  # a record it does not take: ``out`` unchanged
+            pass
+    frame_records_py(out, records)
+
+
 class BrokerPort(Protocol):
     """What a Client needs of the broker (srtm.broker.broker.Broker is one)."""
 
@@ -492,19 +520,12 @@ class Client:
         self.message_count += len(records)
         if self.session.state is _CLOSED:
             return
-        pack = _MESSAGE_HEAD.pack
         if self._wrap is not None or self._holds:
-            parts: list[bytes] = []
-            for r in records:
-                body = r[1]
-                parts += (pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1, r[0]), body)
-            self.write(b"".join(parts))
+            frames_ = bytearray()
+            frame_records(frames_, records)
+            self.write(bytes(frames_))
             return
-        out = self._out
-        for r in records:
-            body = r[1]
-            out += pack(len(body) + _MESSAGE_OVERHEAD, _MESSAGE, r[2], r[5] + 1, r[0])
-            out += body
+        frame_records(self._out, records)
         self._queued()
 
     def rtt_ns(self) -> int:

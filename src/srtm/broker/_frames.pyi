@@ -1,0 +1,3 @@
+from srtm.broker.queue import Record
+
+def frame_records(out: bytearray, records: list[Record], /) -> None: ...
