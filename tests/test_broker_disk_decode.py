@@ -1,6 +1,7 @@
 """Reading back from a disk queue: records decoded a batch at a time (in C where built, the
 Python reference otherwise) into queue records carrying their origin, checked as record
-by record; handed to a ``MessageQueue`` a batch at a time, in order."""
+by record; handed to a ``MessageQueue`` a batch at a time, in order; FINs settled per
+origin, not per message."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from srtm.broker.diskqueue import (
 )
 from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue, Record
+from srtm.broker.state import Channel
 
 c_decode_batch = diskqueue._c_decode_batch
 
@@ -297,3 +299,28 @@ def test_a_message_queue_refills_from_its_disk_queue_in_order(tmp_path: Path) ->
     while q:
         ids += [r[0] for r in q.take(5)]
     assert ids == [r[0] for r in recs] and len(q) == 0
+
+
+# -- FINs settle their origins per run, not per message ----------------------------------------
+class FakeConsumer:
+    def __init__(self, rdy: int) -> None:
+        self.rdy, self.in_flight, self.msg_timeout_ns = rdy, 0, 10**12
+
+
+def test_a_run_of_fins_settles_each_origin_once_per_run() -> None:
+    a, b = CountingOrigin(), CountingOrigin()
+    origins = [a, a, a, b, b, None, a, a]
+    ch = Channel("t", "c", MessageQueue(100))
+    ch.queue.extend([(*rec(i)[:7], o) for i, o in enumerate(origins)])
+    mine, other = FakeConsumer(rdy=6), FakeConsumer(rdy=10)
+    ch.add_consumer(mine)
+    ((_, recs),) = ch.take(0)
+    ch.remove_consumer(mine)
+    ch.add_consumer(other)
+    ((_, theirs),) = ch.take(0)
+    failed = ch.fin_many([r[0] for r in recs] + [theirs[0][0], b"unknown"], mine)
+    assert [mid for mid, _ in failed] == [theirs[0][0], b"unknown"]
+    assert (a.settled, a.calls, b.settled, b.calls) == (3, 1, 2, 1)
+    assert mine.in_flight == 0 and len(ch.in_flight) == 2  # the other consumer's stay
+    ch.fin_many([r[0] for r in theirs], other)
+    assert (a.settled, b.settled) == (5, 2)

@@ -416,8 +416,9 @@ class _Origin:
     def __init__(self, queue: DiskQueue, n: int) -> None:
         self.queue, self.n = queue, n
 
-    def settle(self) -> None:
-        self.queue._settle(self.n, 1)
+    def settle(self, k: int = 1) -> None:
+        """``k`` copies are settled (a run of FINs settles them in one call)."""
+        self.queue._settle(self.n, k)
 
     def share(self, n: int) -> None:
         """``n`` more copies must be settled before the segment can go (a fan-out)."""
