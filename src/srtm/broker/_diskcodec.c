@@ -202,13 +202,17 @@ static PyObject *record_of(const unsigned char *f, unsigned plen, size_t blen, P
     if (pub == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
             return NULL;
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *value = PyErr_GetRaisedException();
+#else
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         PyErr_NormalizeException(&type, &value, &tb);
-        *problem = value != NULL ? PyObject_Str(value) : NULL;
         Py_XDECREF(type);
-        Py_XDECREF(value);
         Py_XDECREF(tb);
+#endif
+        *problem = value != NULL ? PyObject_Str(value) : NULL; /* str(exc), as in Python */
+        Py_XDECREF(value);
         return NULL;
     }
     PyObject *rec = PyTuple_New(8);
