@@ -10,7 +10,7 @@ import pytest
 
 from nsq_raw import RawClient
 from srtm.broker.message import Message, MessageIds
-from srtm.broker.queue import MessageQueue, Record
+from srtm.broker.queue import MessageQueue, Record, to_record
 from srtm.broker.state import UNBOOKED, Topic, memory_queues
 from srtm.protocol import MAGIC_V2, Fin, Mpub, Parser, ProtocolError, Pub, Rdy, Sub
 from support import MakeBroker, eventually
@@ -130,6 +130,10 @@ class ListOverflow:
 
     def pop(self) -> Message | None:
         return self.msgs.pop(0) if self.msgs else None
+
+    def pop_records(self, n: int) -> list[Record]:
+        taken, self.msgs = self.msgs[:n], self.msgs[n:]
+        return [to_record(m) for m in taken]
 
     def __len__(self) -> int:
         return len(self.msgs)

@@ -24,7 +24,7 @@ from srtm.broker.diskqueue import (
     encode_batch_py,
 )
 from srtm.broker.message import Message
-from srtm.broker.queue import MessageQueue, Record
+from srtm.broker.queue import MessageQueue, Record, to_record
 
 c_encode_batch = diskqueue._c_encode_batch
 
@@ -218,6 +218,10 @@ class CountingOverflow:
 
     def pop(self) -> Message | None:
         return self.msgs.pop(0) if self.msgs else None
+
+    def pop_records(self, n: int) -> list[Record]:
+        taken, self.msgs = self.msgs[:n], self.msgs[n:]
+        return [to_record(m) for m in taken]
 
     def __len__(self) -> int:
         return len(self.msgs)

@@ -42,14 +42,20 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from srtm.broker.message import Message
+from srtm.broker.message import Message, Origin
 from srtm.broker.queue import Record
 
 _c_encode_batch: Callable[[list[Record]], bytes] | None
+#: (buf, pos, want, max_bytes, version, origin) -> (records, end, problem)
+_Decoder = Callable[
+    [bytes, int, int, int, int, Origin | None], tuple[list[Record], int, str | None]
+]
+_c_decode_batch: _Decoder | None
 try:
+    from srtm.broker._diskcodec import decode_batch as _c_decode_batch
     from srtm.broker._diskcodec import encode_batch as _c_encode_batch
-except ImportError:  # not built (no compiler at install): encoded in Python
-    _c_encode_batch = None
+except ImportError:  # not built (no compiler at install): encoded and decoded in Python
+    _c_encode_batch = _c_decode_batch = None
 
 log = logging.getLogger("srtm.broker.disk")
 
@@ -183,20 +189,75 @@ def encode_v1(msg: Message, due_ns: int | None = None) -> bytes:
     return _encode(_fields(msg), due_ns)[_FRAME.size :]
 
 
+def decode_batch_py(
+    buf: bytes, pos: int, want: int, max_bytes: int, version: int, origin: Origin | None
+) -> tuple[list[Record], int, str | None]:
+    """Up to ``want`` records of ``buf`` (records of a ``version`` file) from ``pos``,
+    stopping once they take ``max_bytes``, as queue records carrying ``origin``; the
+    offset after them; and why decoding stopped early (None: ``want`` or ``max_bytes``
+    reached, or the buffer ends, cleanly or within a record whose rest it lacks). Checked
+    as ``_Cursor.next`` checks; the due time is not kept (segments hold none)."""
+    if not 0 <= pos <= len(buf):
+        raise ValueError("decode_batch: pos out of the buffer")
+    frame = _FRAME.size if version == FORMAT_VERSION else 0
+    fixed, n = _RECORD.size, len(buf)
+    out: list[Record] = []
+    unpack_frame, unpack, crc32 = _FRAME.unpack_from, _RECORD.unpack_from, zlib.crc32
+    view = memoryview(buf)
+    p = pos
+    while len(out) < want and p - pos < max_bytes and n - p >= frame + fixed:
+        if frame:
+            crc, length = unpack_frame(buf, p)
+            if not fixed <= length <= MAX_RECORD:
+                return out, p, f"record length {length} out of range"
+        ts, arrival, release, _, attempts, mid, plen, blen = unpack(buf, p + frame)
+        if not frame:
+            length = fixed + plen + blen
+        elif fixed + plen + blen != length:
+            return out, p, f"lengths {plen}+{blen} do not fill a {length}-byte record"
+        end = p + frame + length
+        if end > n:
+            break
+        if frame and crc32(view[p + 4 : end]) != crc:
+            return out, p, "checksum mismatch"
+        start = p + frame + fixed
+        try:
+            publisher = bytes(view[start : start + plen]).decode()
+        except UnicodeDecodeError as exc:
+            return out, p, str(exc)
+        out.append((mid, bytes(view[start + plen : end]), ts, arrival, release, attempts,
+                    publisher, origin))  # fmt: skip
+        p = end
+    return out, p, None
+
+
+def decode_batch(
+    buf: bytes, pos: int, want: int, max_bytes: int, version: int, origin: Origin | None
+) -> tuple[list[Record], int, str | None]:
+    """``decode_batch_py``, in C where ``srtm.broker._diskcodec`` was built."""
+    if _c_decode_batch is None:
+        return decode_batch_py(buf, pos, want, max_bytes, version, origin)
+    return _c_decode_batch(buf, pos, want, max_bytes, version, origin)
+
+
+def _file_version(f: BinaryIO) -> int:
+    """The format version of the file ``f`` from its start (left after its header)."""
+    start = f.read(len(FILE_HEADER))
+    if start == FILE_HEADER:
+        return FORMAT_VERSION
+    if start[: len(MAGIC)] == MAGIC:
+        raise CorruptRecord(f"unknown format version {start[len(MAGIC) :]!r}")
+    f.seek(0)
+    return 1
+
+
 class _Cursor:
     """Reads the records of one file through a buffer refilled in large chunks."""
 
     __slots__ = ("_buf", "_file", "_offset", "_pos", "version")
 
     def __init__(self, f: BinaryIO, offset: int = 0) -> None:
-        start = f.read(len(FILE_HEADER))
-        if start == FILE_HEADER:
-            self.version = FORMAT_VERSION
-        elif start[: len(MAGIC)] == MAGIC:
-            raise CorruptRecord(f"unknown format version {start[len(MAGIC) :]!r}")
-        else:
-            self.version = 1
-            f.seek(0)
+        self.version = _file_version(f)
         if offset:
             f.seek(offset)
         self._file = f
@@ -355,8 +416,9 @@ class _Origin:
     def __init__(self, queue: DiskQueue, n: int) -> None:
         self.queue, self.n = queue, n
 
-    def settle(self) -> None:
-        self.queue._settle(self.n, 1)
+    def settle(self, k: int = 1) -> None:
+        """``k`` copies are settled (a run of FINs settles them in one call)."""
+        self.queue._settle(self.n, k)
 
     def share(self, n: int) -> None:
         """``n`` more copies must be settled before the segment can go (a fan-out)."""
@@ -418,7 +480,8 @@ class DiskQueue:
         self._wseg = self._new_segment(last + 1)
         self._wfd: int | None = None
         #: Read from the segments (counted as read, not settled), not popped yet.
-        self._ahead: deque[Message] = deque()
+        #: As queue records carrying their segment's origin (decoded on the disk thread).
+        self._ahead: deque[Record] = deque()
         #: A write / a read is running (on the disk thread); another write was asked for.
         self._writing = self._reading = self._again = False
         self._failed_last = False
@@ -763,7 +826,7 @@ class DiskQueue:
         for settled in filter(None, map(_origins, done)):
             settled.settle()  # durable here now: its own segment may go
         if origin is not None:
-            self._ahead.extend([Message(*r[:7], origin) for r in done])
+            self._ahead.extend([(*r[:7], origin) for r in done])
         return fill
 
     def _failed(self, exc: OSError) -> None:
@@ -808,6 +871,34 @@ class DiskQueue:
         first and read back, so that it carries an origin and stays durable wherever it
         goes next (a shaped topic's head waiting for its token, a channel's buffer). While
         writing fails it is handed out from memory (reading never waits for a write)."""
+        r = self._pop_record()
+        return None if r is None else Message(*r)
+
+    def pop_records(self, n: int) -> list[Record]:
+        """Up to ``n`` of the oldest messages, as ``pop`` would give them one by one (it
+        may give fewer while reading is behind), as queue records: the read-ahead's taken
+        in one slice."""
+        ahead = self._ahead
+        out: list[Record] = []
+        while len(out) < n:
+            if ahead:
+                k = n - len(out)
+                if len(ahead) <= k:
+                    out += ahead
+                    ahead.clear()
+                else:
+                    popleft = ahead.popleft
+                    out += [popleft() for _ in range(k)]
+                continue
+            r = self._pop_record()
+            if r is None:
+                break
+            out.append(r)
+        if len(ahead) <= READ_AHEAD_LOW and self._unread:
+            self._read_more()
+        return out
+
+    def _pop_record(self) -> Record | None:
         ahead = self._ahead
         if len(ahead) <= READ_AHEAD_LOW and self._unread:
             self._read_more()
@@ -820,14 +911,14 @@ class DiskQueue:
             self.flush()
             if self.threaded:
                 return None
-            return self.pop()
+            return self._pop_record()
         if pending:
             if self._encoded:
                 self._forget_encoded()
             r = pending.popleft()
             self._pending_bytes -= _record_bytes(r)
             self._resolve_waiters(False)
-            return Message(*r)
+            return r
         return None
 
     def _read_more(self) -> None:
@@ -842,10 +933,11 @@ class DiskQueue:
         self._reading = True
         gen, want, path, pos = self._gen, seg.records - seg.read, seg.path, seg.read_pos
         threaded = self.threaded
+        origin = seg.origin = seg.origin or _Origin(self, seg.n)
 
         def work() -> _ReadResult:
             # inline: one record at a time (nothing read ahead that a close would forget)
-            return _read_batch(path, pos, min(want, READ_AHEAD_RECORDS if threaded else 1))
+            return _read_batch(path, pos, min(want, READ_AHEAD_RECORDS if threaded else 1), origin)
 
         def done(res: _ReadResult) -> None:
             self._read_done(gen, seg, res)
@@ -857,15 +949,12 @@ class DiskQueue:
         if gen != self._gen:
             return
         self._reading = False
-        if msgs:
+        if msgs:  # records carrying ``seg.origin``
             n = len(msgs)
             seg.read += n
             seg.read_pos = end
             seg.outstanding += n
             self._unread -= n
-            origin = seg.origin = seg.origin or _Origin(self, seg.n)
-            for msg in msgs:
-                msg.origin = origin
             self._ahead.extend(msgs)
         if exc is not None:
             if not opened and not isinstance(exc, (FileNotFoundError, CorruptRecord)):
@@ -906,7 +995,7 @@ class DiskQueue:
     def read_ahead(self) -> list[Message]:
         """What was read from the segments and not popped yet (saved with the head at a
         graceful stop: it counts as read)."""
-        return list(self._ahead)
+        return [Message(*r) for r in self._ahead]
 
     # -- settling ---------------------------------------------------------------------------
     def _settle(self, n: int, k: int) -> None:
@@ -1105,28 +1194,46 @@ def _write_batch(
 
 #: A read's result: the records, the offset after the last one, the error that stopped it
 #: and whether the file could be opened.
-_ReadResult = tuple[list[Message], int, Exception | None, bool]
+_ReadResult = tuple[list[Record], int, Exception | None, bool]
 
 
-def _read_batch(path: Path, pos: int, want: int) -> _ReadResult:
-    """Up to ``want`` records (and about ``READ_AHEAD_BYTES``) of ``path`` from ``pos``."""
-    out: list[Message] = []
+def _read_batch(path: Path, pos: int, want: int, origin: Origin | None) -> _ReadResult:
+    """Up to ``want`` records (and about ``READ_AHEAD_BYTES``) of ``path`` from ``pos``, as
+    queue records carrying ``origin``: the file's bytes read in one piece, decoded in one
+    call (in C where built), so the disk thread seldom holds the GIL."""
+    out: list[Record] = []
     end = pos
     try:
         f = path.open("rb")
     except OSError as exc:
         return out, end, exc, isinstance(exc, FileNotFoundError)
-    size = 0
     try:
         with f:
-            cursor = _Cursor(f, pos)
-            while len(out) < want and size < READ_AHEAD_BYTES:
-                rec = cursor.next()
-                if rec is None:
-                    raise CorruptRecord("end of file before the records counted")
-                out.append(rec[0])
-                size += cursor.tell() - end
-                end = cursor.tell()
+            version = _file_version(f)
+            if pos:
+                f.seek(pos)
+            start = end = f.tell()
+            # One record (inline): a chunk; else the bytes wanted and the record crossing them.
+            buf = f.read(_CHUNK if want == 1 else READ_AHEAD_BYTES + _CHUNK)
+            base = p = start  # file offset of buf[0], and where decoding goes on
+            while True:
+                recs, stop, problem = decode_batch(
+                    buf, p - base, want - len(out), READ_AHEAD_BYTES - (p - start), version, origin
+                )
+                out += recs
+                p = end = base + stop
+                if problem is not None:
+                    raise CorruptRecord(problem)
+                if len(out) >= want or p - start >= READ_AHEAD_BYTES:
+                    break
+                # The buffer ended (within a record whose rest it lacks, or cleanly).
+                rest = buf[stop:]
+                more = f.read(max(_CHUNK, len(rest)))
+                if not more:
+                    raise CorruptRecord(
+                        "record cut short" if rest else "end of file before the records counted"
+                    )
+                buf, base = rest + more, p
     except Exception as exc:  # anything unreadable is skipped (and logged)
         return out, end, exc, True
     return out, end, None, True

@@ -22,8 +22,8 @@ def _sixteens(n: int) -> struct.Struct:
 class Origin(Protocol):
     """Where a message read from disk came from: its segment stays until it is settled."""
 
-    def settle(self) -> None:
-        """This copy is FIN'd or written to another durable queue."""
+    def settle(self, k: int = 1) -> None:
+        """This copy (``k`` copies) is FIN'd or written to another durable queue."""
 
     def share(self, n: int) -> None:
         """``n`` more copies exist (a topic handing it to several channels)."""

@@ -188,6 +188,9 @@ class LazyDisk:
     def pop(self) -> Message | None:
         return None if self._disk is None else self._disk.pop()
 
+    def pop_records(self, n: int) -> list[Record]:
+        return [] if self._disk is None else self._disk.pop_records(n)
+
     def __len__(self) -> int:
         return 0 if self._disk is None else len(self._disk)
 

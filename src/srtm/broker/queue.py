@@ -50,7 +50,10 @@ class Overflow(Protocol):
         """``push`` of each, in order (fresh records: an MPUB's overflow)."""
         ...
 
-    def pop(self) -> Message | None: ...
+    def pop_records(self, n: int) -> list[Record]:
+        """Up to ``n`` messages from the front, in order, as records (fewer: that is all
+        it can give now)."""
+        ...
 
     def __len__(self) -> int: ...
 
@@ -171,14 +174,14 @@ class MessageQueue:
         self._mem.extendleft(reversed([to_record(m) for m in msgs]))
 
     def _refill(self) -> None:
+        """Take what the backend can give now into memory, up to the bound (in one call:
+        a disk queue hands its read-ahead over in one slice)."""
         ov = self.overflow
         if ov is None:
             return
-        while len(ov) and len(self._mem) < max(1, self.mem_size):
-            msg = ov.pop()
-            if msg is None:
-                break
-            self._mem.append(to_record(msg))
+        room = max(1, self.mem_size) - len(self._mem)
+        if room > 0:
+            self._mem.extend(ov.pop_records(room))
 
     def peek_release_ns(self) -> int | None:
         """The head's release time, without taking it."""

@@ -15,7 +15,7 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Protocol
 
-from srtm.broker.message import Message
+from srtm.broker.message import Message, Origin
 from srtm.broker.queue import MessageQueue, Record, attempted, settle
 from srtm.protocol import ProtocolError, is_ephemeral
 from srtm.protocol.header import publisher_of
@@ -227,6 +227,9 @@ class Channel:
         pop = flights.pop  # one lookup per FIN, not a get and a del
         failed: list[tuple[bytes, str]] = []
         done = 0
+        # Read from disk: settled per run of one origin (one segment), not per FIN.
+        last: Origin | None = None
+        run = 0
         for mid in mids:
             flight = pop(mid, None)
             if flight is None or flight[1] is not consumer:
@@ -236,8 +239,13 @@ class Channel:
                 continue
             done += 1
             origin = flight[0][7]
-            if origin is not None:
-                origin.settle()
+            if origin is not last:
+                if last is not None:
+                    last.settle(run)
+                last, run = origin, 0
+            run += 1
+        if last is not None:
+            last.settle(run)
         consumer.in_flight -= done
         if self._timeout_ids > 4 * len(flights) + 1024:
             self._compact_timeouts()
