@@ -67,7 +67,7 @@ static int fields(PyObject *r, PyObject **id, PyObject **body, long long *ts, lo
     return 0;
 }
 
-static PyObject *frame_records(PyObject *self, PyObject *args) {
+static PyObject *frame_records(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *out, *records;
     if (!PyArg_ParseTuple(args, "O!O!:frame_records", &PyByteArray_Type, &out, &PyList_Type,
                           &records))

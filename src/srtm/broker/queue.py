@@ -12,7 +12,7 @@ which only the records of messages read back from disk hold.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from srtm.broker.message import Message, Origin
@@ -27,6 +27,32 @@ def to_record(m: Message) -> Record:
         m.id, m.body, m.timestamp_ns, m.arrival_ns, m.release_ns, m.attempts, m.publisher,
         m.origin,
     )  # fmt: skip
+
+
+def fresh_records_py(
+    ids: list[bytes], bodies: list[bytes], now: int, arrival: int, publisher: str
+) -> list[Record]:
+    """The records of messages published together at ``arrival`` (each released on
+    arrival, on no attempt yet)."""
+    return [
+        (i, b, now, arrival, arrival, 0, publisher, None) for i, b in zip(ids, bodies, strict=True)
+    ]
+
+
+_c_fresh_records: Callable[[list[bytes], list[bytes], int, int, str], list[Record]] | None
+try:
+    from srtm.broker._records import fresh_records as _c_fresh_records
+except ImportError:  # not built (no compiler at install): made in Python
+    _c_fresh_records = None
+
+
+def fresh_records(
+    ids: list[bytes], bodies: list[bytes], now: int, arrival: int, publisher: str
+) -> list[Record]:
+    """``fresh_records_py``, in C where ``srtm.broker._records`` was built (at install)."""
+    if _c_fresh_records is not None and type(ids) is list and type(bodies) is list:
+        return _c_fresh_records(ids, bodies, now, arrival, publisher)
+    return fresh_records_py(ids, bodies, now, arrival, publisher)
 
 
 def attempted(r: Record) -> Record:

@@ -16,7 +16,7 @@ from operator import itemgetter
 from typing import Protocol
 
 from srtm.broker.message import Message, Origin
-from srtm.broker.queue import MessageQueue, Record, attempted, settle
+from srtm.broker.queue import MessageQueue, Record, attempted, fresh_records, settle
 from srtm.protocol import ProtocolError, is_ephemeral
 from srtm.protocol.header import publisher_of
 from srtm.ratelimit import Reservation, TokenBucket
@@ -485,10 +485,7 @@ class Topic:
                 for i, b in zip(ids, bodies, strict=True)
             ]
         else:
-            records = [
-                (i, b, now, arrival, arrival, 0, publisher, None)
-                for i, b in zip(ids, bodies, strict=True)
-            ]
+            records = fresh_records(ids, bodies, now, arrival, publisher)
         if self.meter is None and not self.on_hold:
             # Unshaped: released on arrival (release_ns == arrival_ns, as ``put`` sets it),
             # to every channel, or held for the first one (as ``release`` would). A

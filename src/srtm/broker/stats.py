@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from array import array
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,6 +93,40 @@ def summarise(hist: HdrHistogram) -> dict[str, float]:
         i = int(np.searchsorted(cum, target))
         out[name] = int(lowest[i] + width[i] - 1)
     return out
+
+
+#: Of the records on their first attempt: how many, and their latency (now - arrival),
+#: token wait (release - arrival) and lateness (now - release), as int64 arrays.
+Times = tuple[int, "array[int]", "array[int]", "array[int]"]
+
+
+def first_attempt_times_py(records: Sequence[Record], now: int) -> Times:
+    """The times a dispatch records, of the first attempts among ``records``."""
+    first = [r for r in records if not r[5]]
+    return (
+        len(first),
+        array("q", [now - r[3] for r in first]),
+        array("q", [r[4] - r[3] for r in first]),
+        array("q", [now - r[4] for r in first]),
+    )
+
+
+_c_first_attempt_times: Callable[[list[Record], int], tuple[int, bytes, bytes, bytes]] | None
+try:
+    from srtm.broker._records import first_attempt_times as _c_first_attempt_times
+except ImportError:  # not built (no compiler at install): in Python
+    _c_first_attempt_times = None
+
+
+def first_attempt_times(records: Sequence[Record], now: int) -> Times:
+    """``first_attempt_times_py``, in C where ``srtm.broker._records`` was built."""
+    if _c_first_attempt_times is not None and type(records) is list:
+        try:
+            n, lat, wait, late = _c_first_attempt_times(records, now)
+        except (TypeError, OverflowError):  # what C does not take (Python may)
+            return first_attempt_times_py(records, now)
+        return n, array("q", lat), array("q", wait), array("q", late)
+    return first_attempt_times_py(records, now)
 
 
 class Recorder:
@@ -234,18 +268,17 @@ class TopicStats:
         topic's latency and (with ``lateness``) its release lateness too, so that a message
         counts once. One array per kind of value, not a call per value."""
         cs = self.channel(channel)
-        first = [r for r in records if not r[5]]
-        if not first:
+        count, latency, token_wait, late = first_attempt_times(records, now)
+        if not count:
             return
-        cs.window.add(now, len(first), 0.0)
-        latency = array("q", [now - r[3] for r in first])
+        cs.window.add(now, count, 0.0)
         cs.latency.extend(latency)
         if shaped:
-            cs.token_wait.extend(array("q", [r[4] - r[3] for r in first]))
+            cs.token_wait.extend(token_wait)
         if first_channel:
             self.latency.extend(latency)
             if lateness:
-                self.lateness.extend(array("q", [now - r[4] for r in first]))
+                self.lateness.extend(late)
 
     def recorders(self) -> list[Recorder]:
         out = [self.token_wait, self.latency, self.lateness]

@@ -1,0 +1,6 @@
+from srtm.broker.queue import Record
+
+def fresh_records(
+    ids: list[bytes], bodies: list[bytes], now: int, arrival: int, publisher: str, /
+) -> list[Record]: ...
+def first_attempt_times(records: list[Record], now: int, /) -> tuple[int, bytes, bytes, bytes]: ...

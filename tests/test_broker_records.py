@@ -1,0 +1,103 @@
+"""Queue records made and timed in bulk, in C where ``srtm.broker._records`` was built at
+install: the same results as the Python references, and what C does not take done in
+Python."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from srtm.broker import queue, stats
+from srtm.broker.queue import Record, fresh_records, fresh_records_py
+from srtm.broker.stats import (
+    RateWindow,
+    TopicStats,
+    first_attempt_times,
+    first_attempt_times_py,
+)
+
+c_fresh = queue._c_fresh_records
+c_times = stats._c_first_attempt_times
+
+_TIME = st.integers(0, 2**62)
+records = st.builds(
+    lambda arrival, wait, late, attempts: (
+        b"%016x" % arrival, b"b", arrival, arrival, arrival + wait, attempts, "", None
+    ),
+    _TIME,
+    st.integers(0, 10**12),
+    st.integers(0, 10**12),
+    st.integers(0, 3),
+)  # fmt: skip
+
+
+def test_the_c_records_module_was_built() -> None:
+    """Optional at install (no compiler: Python's is used); said here when missing."""
+    if c_fresh is None or c_times is None:
+        pytest.skip("srtm.broker._records not built: the pure-Python versions are used")
+
+
+@given(bodies=st.lists(st.binary(max_size=20), max_size=30), now=_TIME, arrival=_TIME)
+def test_fresh_records_equal_pythons(bodies: list[bytes], now: int, arrival: int) -> None:
+    ids = [b"%016x" % i for i in range(len(bodies))]
+    want = fresh_records_py(ids, bodies, now, arrival, "pub")
+    assert want == [
+        (i, b, now, arrival, arrival, 0, "pub", None) for i, b in zip(ids, bodies, strict=True)
+    ]
+    assert fresh_records(ids, bodies, now, arrival, "pub") == want
+    if c_fresh is not None:
+        assert c_fresh(ids, bodies, now, arrival, "pub") == want
+
+
+def test_fresh_records_need_an_id_each() -> None:
+    with pytest.raises(ValueError):
+        fresh_records([b"%016x" % 1], [b"a", b"b"], 1, 2, "")
+
+
+@given(batch=st.lists(records, max_size=30), ahead=st.integers(0, 10**12))
+def test_first_attempt_times_equal_pythons(batch: list[Record], ahead: int) -> None:
+    now = max([r[4] for r in batch], default=0) + ahead
+    first = [r for r in batch if r[5] == 0]
+    want = first_attempt_times_py(batch, now)
+    assert want == (
+        len(first),
+        array("q", [now - r[3] for r in first]),
+        array("q", [r[4] - r[3] for r in first]),
+        array("q", [now - r[4] for r in first]),
+    )
+    assert first_attempt_times(batch, now) == want
+    if c_times is not None:
+        n, lat, wait, late = c_times(batch, now)
+        assert (n, array("q", lat), array("q", wait), array("q", late)) == want
+
+
+def test_what_c_does_not_take_is_timed_in_python() -> None:
+    odd = [b"%016x" % 1, b"b", 0, 4, 6, 0, "", None]  # a list, not a tuple: Python takes it
+    if c_times is not None:
+        with pytest.raises(TypeError):
+            c_times([odd], 10)  # type: ignore[list-item]
+    want = (1, array("q", [6]), array("q", [2]), array("q", [4]))
+    assert first_attempt_times([odd], 10) == want  # type: ignore[list-item]
+
+
+def test_a_time_past_int64_fails_as_in_python() -> None:
+    odd = (b"%016x" % 1, b"b", 0, -(2**63), 2**62, 0, "", None)
+    if c_times is not None:
+        with pytest.raises(OverflowError):
+            c_times([odd], 10)
+    with pytest.raises(OverflowError):
+        first_attempt_times([odd], 10)
+
+
+def test_a_dispatch_counts_first_attempts_only() -> None:
+    ts = TopicStats(RateWindow())
+    recs = [(b"%016x" % i, b"b", 0, 100, 150, i % 2, "", None) for i in range(4)]
+    ts.dispatched("ch", recs, 1_000, shaped=True, first_channel=True, lateness=True)
+    cs = ts.channel("ch")
+    assert list(cs.latency.pending) == [900, 900]
+    assert list(cs.token_wait.pending) == [50, 50]
+    assert list(ts.lateness.pending) == [850, 850]
+    assert list(ts.latency.pending) == [900, 900]
