@@ -182,14 +182,21 @@ async def test_a_run_of_fins_with_one_unknown_id_fails_only_that_one(
     await sub.close()
 
 
-async def test_a_long_run_of_fins_is_run_in_pieces_with_the_same_answers(
-    make_broker: MakeBroker,
+@pytest.mark.parametrize("release_waits", [False, True])
+async def test_a_long_run_of_fins_has_the_same_answers_whole_or_in_pieces(
+    make_broker: MakeBroker, release_waits: bool
 ) -> None:
-    """A run longer than the 32 FINs run at a time (one ``Fins`` from the parser): an
-    unknown id past the first piece fails alone, and every other message is finished."""
+    """A run of FINs (one ``Fins`` from the parser) is run whole, or 32 FINs at a time
+    while a shaped release waits (``release_due`` between pieces): either way an unknown
+    id past the first piece fails alone, and every other message is finished."""
     broker = await make_broker()
     assert broker.tcp_address is not None
     pub = await RawClient.connect(*broker.tcp_address)
+    if release_waits:  # one message waits 1,000 s for its token
+        broker.set_bucket("shaped", 0.001, 1.0)
+        await pub.send(Mpub("shaped", [b"now", b"in an hour"]))
+        assert await pub.response() == b"OK"
+    assert broker.release_due() is release_waits
     await pub.send(Mpub("t", [b"%d" % i for i in range(100)]))
     assert await pub.response() == b"OK"
     sub = await RawClient.connect(*broker.tcp_address)

@@ -755,9 +755,9 @@ class Broker:
         elif (ch := topic.channels.get(channel)) is not None:
             self.mark_ready(ch)
 
-    def release_due(self) -> None:
+    def release_due(self) -> bool:
         """Release shaped messages that are due (see ``Releaser.release_due``)."""
-        self.releaser.release_due()
+        return self.releaser.release_due()
 
     # -- measurement rounds --------------------------------------------------------------
     async def measure(

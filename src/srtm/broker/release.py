@@ -166,12 +166,16 @@ class Releaser:
             self._ready(topic, at_once=now is not None)
         return queue[0][0] if queue else None
 
-    def release_due(self) -> None:
+    def release_due(self) -> bool:
         """Release shaped messages that are due; called between commands of a long read
-        so that a busy connection cannot hold releases back for a whole loop turn."""
+        so that a busy connection cannot hold releases back for a whole loop turn.
+        Whether any still wait (False: the read need not look again)."""
         due = self.next_release_ns
-        if due is not None and (now := time.time_ns()) >= due:
+        if due is None:
+            return False
+        if (now := time.time_ns()) >= due:
             self.release_shaped(now)
+        return self.next_release_ns is not None
 
     def release_shaped(self, now: int) -> int | None:
         """Release every shaped message due by ``now``, and what the emulated server has

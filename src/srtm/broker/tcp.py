@@ -133,7 +133,9 @@ class BrokerPort(Protocol):
 
     def mark_ready(self, channel: Channel) -> None: ...
 
-    def release_due(self) -> None: ...
+    def release_due(self) -> bool:
+        """Release shaped messages that are due; whether any still wait."""
+        ...
 
     def disconnected(self, client: Client) -> None: ...
 
@@ -282,12 +284,17 @@ class Client:
     def _run_all(self, events: list[Event], arrival: int) -> None:
         """Run what one read completed, in order. Due shaped releases are looked at every
         32 commands, a FIN of a run (``Fins``, one per message a consumer got) counting
-        as one: a long run is run 32 FINs at a time."""
+        as one: while releases wait, a long run is run 32 FINs at a time (else at once:
+        FINs release nothing)."""
         gate = self.gate
         work = 0
         check = 32
         for event in events:
-            if type(event) is Fins and len(ids := event.message_ids) > _FIN_CHUNK:
+            if (
+                type(event) is Fins
+                and len(ids := event.message_ids) > _FIN_CHUNK
+                and self.broker.release_due()
+            ):
                 for k in range(0, len(ids), _FIN_CHUNK):
                     if work >= check:
                         check = work + 32
