@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_bigendian.h"
+
 #define FIXED 56 /* qqqqH16sHI */
 
 /* CRC-32 as zlib's crc32 (reflected, polynomial 0xEDB88320), eight bytes a step
@@ -60,21 +62,6 @@ static uint32_t crc32_of(const unsigned char *p, size_t n) {
     while (n--)
         c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
     return c ^ 0xFFFFFFFFu;
-}
-
-static void put32(unsigned char *p, unsigned long v) {
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-static void put64(unsigned char *p, long long s) {
-    unsigned long long v = (unsigned long long)s;
-    for (int i = 7; i >= 0; i--) {
-        p[i] = (unsigned char)v;
-        v >>= 8;
-    }
 }
 
 static int get_i64(PyObject *o, long long *out) {

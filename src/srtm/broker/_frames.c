@@ -17,24 +17,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_bigendian.h"
+
 #define HEAD 34     /* size, type, timestamp, attempts, id */
 #define OVERHEAD 30 /* what the size counts besides the body: all but itself */
 #define MESSAGE 2
-
-static void put32(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-static void put64(unsigned char *p, long long s) {
-    unsigned long long v = (unsigned long long)s;
-    for (int i = 7; i >= 0; i--) {
-        p[i] = (unsigned char)v;
-        v >>= 8;
-    }
-}
 
 /* The record's fields, checked: 0 on success, -1 with an exception set. */
 static int fields(PyObject *r, PyObject **id, PyObject **body, long long *ts, long *attempts) {
