@@ -20,8 +20,10 @@ from typing import Any, TypeVar, overload
 
 import aiohttp
 import pytest
+from hypothesis import strategies as st
 
 from srtm.broker import Broker
+from srtm.broker.queue import Record
 from srtm.control import Controller
 from srtm.launch import BrokerProcess, start_broker
 from srtm.placement import PublisherLoad, TopicSpec
@@ -257,3 +259,22 @@ def topic_of(n: int, name: str = "t", rate: float = 10.0) -> TopicSpec:
     """``n`` publishers of ``rate`` in groups of 10, burst 100, SLO 1 ms, r = 1.1 × load."""
     pubs = tuple(PublisherLoad(f"p{i}", rate, f"g{i // 10}") for i in range(n))
     return TopicSpec(name, pubs, 100, 1.0, 1.1 * rate * n)
+
+
+_INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+def queue_records(min_body: int = 0) -> st.SearchStrategy[Record]:
+    """Fresh queue records (no origin) with any field the disk format holds."""
+    return st.builds(
+        lambda mid, body, ts, arrival, release, attempts, publisher: (
+            mid, body, ts, arrival, release, attempts, publisher, None
+        ),
+        st.binary(min_size=16, max_size=16),
+        st.binary(min_size=min_body, max_size=300),
+        _INT64,
+        _INT64,
+        _INT64,
+        st.integers(0, 2**16 - 1),
+        st.text(max_size=20),
+    )  # fmt: skip

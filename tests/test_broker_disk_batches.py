@@ -25,23 +25,12 @@ from srtm.broker.diskqueue import (
 )
 from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue, Record, to_record
+from support import queue_records
 
 c_encode_batch = diskqueue._c_encode_batch
 
-_INT64 = st.integers(-(2**63), 2**63 - 1)
 
-records = st.builds(
-    lambda mid, body, ts, arrival, release, attempts, publisher: (
-        mid, body, ts, arrival, release, attempts, publisher, None
-    ),
-    st.binary(min_size=16, max_size=16),
-    st.binary(min_size=1, max_size=300),
-    _INT64,
-    _INT64,
-    _INT64,
-    st.integers(0, 2**16 - 1),
-    st.text(max_size=20),
-)  # fmt: skip
+records = queue_records(min_body=1)
 
 
 def rec(i: int, body: bytes = b"", publisher: str = "") -> Record:

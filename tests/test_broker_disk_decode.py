@@ -29,6 +29,7 @@ from srtm.broker.diskqueue import (
 from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue, Record
 from srtm.broker.state import Channel
+from support import queue_records
 
 c_decode_batch = diskqueue._c_decode_batch
 
@@ -36,19 +37,7 @@ c_decode_batch = diskqueue._c_decode_batch
 Decoder = Callable[..., tuple[list[Record], int, str | None]]
 DECODERS: list[Decoder] = [decode_batch_py] + ([c_decode_batch] if c_decode_batch else [])
 
-_INT64 = st.integers(-(2**63), 2**63 - 1)
-records = st.builds(
-    lambda mid, body, ts, arrival, release, attempts, publisher: (
-        mid, body, ts, arrival, release, attempts, publisher, None
-    ),
-    st.binary(min_size=16, max_size=16),
-    st.binary(max_size=300),
-    _INT64,
-    _INT64,
-    _INT64,
-    st.integers(0, 2**16 - 1),
-    st.text(max_size=20),
-)  # fmt: skip
+records = queue_records()
 
 
 class CountingOrigin:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from srtm.broker.message import Message, Origin
-from srtm.broker.queue import Record
+from srtm.broker.queue import Record, popleft_many
 
 _c_encode_batch: Callable[[list[Record]], bytes] | None
 #: (buf, pos, want, max_bytes, version, origin) -> (records, end, problem)
@@ -882,13 +882,7 @@ class DiskQueue:
         out: list[Record] = []
         while len(out) < n:
             if ahead:
-                k = n - len(out)
-                if len(ahead) <= k:
-                    out += ahead
-                    ahead.clear()
-                else:
-                    popleft = ahead.popleft
-                    out += [popleft() for _ in range(k)]
+                out += popleft_many(ahead, n - len(out))
                 continue
             r = self._pop_record()
             if r is None:

@@ -55,6 +55,17 @@ def fresh_records(
     return fresh_records_py(ids, bodies, now, arrival, publisher)
 
 
+def popleft_many(dq: deque[Record], k: int) -> list[Record]:
+    """Up to ``k`` records from the front of ``dq``, in order: the whole deque in one
+    copy where it holds no more."""
+    if len(dq) <= k:
+        out = list(dq)
+        dq.clear()
+        return out
+    popleft = dq.popleft
+    return [popleft() for _ in range(k)]
+
+
 def attempted(r: Record) -> Record:
     """``r`` after one more delivery attempt (a dispatched record keeps the attempts it had
     before; its frame and anything put back carry one more)."""
@@ -182,13 +193,7 @@ class MessageQueue:
                 self._refill()
                 if not mem:
                     break
-            k = n - len(out)
-            if len(mem) <= k:
-                out += mem
-                mem.clear()
-            else:
-                popleft = mem.popleft
-                out += [popleft() for _ in range(k)]
+            out += popleft_many(mem, n - len(out))
         return out
 
     def appendleft(self, msg: Message) -> None:
