@@ -174,8 +174,8 @@ def test_channels_are_homed_on_the_least_egress_and_stay_put() -> None:
     assert order[0] == "b1"  # the new home hears first: duplicates possible, loss never
     carry(c, "b1", "a", "b", "c", egress=900.0)
     c.tick(3.0)
-    # a stays on b1, now the busiest; b goes to the least egress (b2: 300 B/s), then c
-    # to b0 (500 B/s), less than b2 with its new home counted (300 + 1700 / 1 home)
+    # a stays on b1, now the busiest; b goes to the least egress of those with no home
+    # (b2: 300 B/s), then c to b0, the one replica still without a home
     assert c.topics["t"].routing.homes == {"a": "b1", "b": "b2", "c": "b0"}
     # one by one, idle replicas whose egress differs by noise: spread, not piled up
     assert home_channels({}, ["x", "y", "z"], ["a"], {"x": 10, "y": 12, "z": 15}) == {"a": "x"}
@@ -184,6 +184,14 @@ def test_channels_are_homed_on_the_least_egress_and_stay_put() -> None:
     for ch in ("a", "b", "c"):
         homes = home_channels(homes, ["x", "y", "z"], [*homes, ch], noise)
     assert sorted(homes.values()) == ["x", "y", "z"]
+    # all at once on idle replicas whose handshakes alone differ tenfold (measured live):
+    # one each, not two on the two quietest
+    idle = {"x": 2236.0, "y": 1831.0, "z": 21423.0}
+    assert home_channels({}, ["x", "y", "z"], ["c1", "c2", "c3"], idle) == {
+        "c1": "y",
+        "c2": "x",
+        "c3": "z",
+    }
     assert not routes_of(c.tick(4.0))  # nothing changed: nothing pushed
 
 

@@ -13,7 +13,8 @@ and "Replication"): ``{"topic", "self", "forward", "replicas"}``.
   one broker). Every replica relays what clients publish on it to every peer, shapes with
   the topic's whole ``(r, b)``, and delivers only the channels homed on it (an NSQ channel is
   a consumer group: two homes would deliver a message twice). A new channel is homed on the
-  replica with the least egress; homes never move otherwise, except off a replica that goes.
+  replica with the fewest homes, then the least egress; homes never move otherwise, except
+  off a replica that goes.
 
 ``Routing`` is the record kept with a topic (``TopicState.routing``); ``routes`` computes
 what every broker should have; ``changes`` turns that into the route actions to push, in an
@@ -100,11 +101,13 @@ def home_channels(
 ) -> dict[str, str]:  # fmt: skip
     """Each channel's home: kept where it is on a replica still in the set (a channel the
     registry does not list yet, after a restart say, keeps its home; an ephemeral one
-    gone loses it); a new one (or one whose replica went) on the replica with the least
-    egress (bytes/s), each home it already has counted at the replicas' average egress
-    per home (a home given a moment ago carries no traffic yet: without this, channels
-    appearing one by one would all land on the replica that was idlest first); then the
-    fewest homes, then first in the set."""
+    gone loses it); a new one (or one whose replica went) on the replica with the fewest
+    of this topic's homes, then the least egress (bytes/s), then first in the set.
+
+    Fewest homes first: a home given a moment ago carries no traffic yet, and the
+    replicas' egress is then all something else (handshakes, heartbeats, other topics).
+    Counting each home at the average egress per home let that egress decide: idle
+    replicas reporting 2, 2 and 21 kB/s got two of three new channels on one replica."""
     if len(replicas) < 2:
         return {}
     listed = set(channels)
@@ -113,13 +116,10 @@ def home_channels(
         for c, r in homes.items()
         if r in replicas and (c in listed or not c.endswith("#ephemeral"))
     }
-    total = math.fsum(egress.get(r, 0.0) for r in replicas)
-    per_home = total / len(out) if out else total / len(replicas)
     count = {r: sum(1 for h in out.values() if h == r) for r in replicas}
     for c in sorted(listed - set(out)):
         out[c] = best = min(
-            replicas,
-            key=lambda r: (egress.get(r, 0.0) + count[r] * per_home, count[r], replicas.index(r)),
+            replicas, key=lambda r: (count[r], egress.get(r, 0.0), replicas.index(r))
         )
         count[best] += 1
     return out
