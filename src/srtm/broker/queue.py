@@ -208,8 +208,8 @@ class MessageQueue:
         """Take what the backend can give now into memory, up to the bound (in one call:
         a disk queue hands its read-ahead over in one slice)."""
         ov = self.overflow
-        if ov is None:
-            return
+        if ov is None or not len(ov):
+            return  # nothing there: no call down (a drained channel's every take asks)
         room = max(1, self.mem_size) - len(self._mem)
         if room > 0:
             self._mem.extend(ov.pop_records(room))
