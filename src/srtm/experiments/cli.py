@@ -22,6 +22,7 @@ from srtm.placement import POLICIES, Policy, parse_policy
 
 if TYPE_CHECKING:
     from srtm.experiments.live import OnProgress
+    from srtm.experiments.sizing import Sizing
 
 # live and report (pandas, pyarrow) are imported where used: `srtm broker` starts through
 # this same command line and should not pay for them.
@@ -69,6 +70,16 @@ StrictOpt = Annotated[
         "--strict",
         help="Exit with code 3 when a run was disturbed (the machine too busy to measure "
         "on); without it a disturbed run is reported as such and the exit code is 0.",
+    ),
+]
+ScaleOpt = Annotated[
+    str,
+    typer.Option(
+        help="Live runs: 'auto' measures this machine for about a second and slows the "
+        "scenario in time by its speed relative to the development machine (rates times "
+        "the scale, the SLO and other queueing durations divided by it; never above 1), "
+        "so that a slower machine runs the same experiment with the same headroom. A "
+        "number in (0, 1] gives the scale instead (1: the scenario as written)."
     ),
 ]
 #: The exit code of --strict when a run was disturbed.
@@ -127,12 +138,32 @@ def _load(name: str) -> scenarios.Scenario:
         raise typer.Exit(2) from exc
 
 
+def sized(sc: scenarios.Scenario, scale: str) -> tuple[scenarios.Scenario, Sizing]:
+    """``sc`` at the scale ``--scale`` asks for (measuring this machine for 'auto')."""
+    from srtm.experiments import sizing
+
+    if scale.strip().lower() == "auto":
+        with console.status("measuring this machine's speed (about a second)"):
+            out, how = sizing.size(sc, None)
+    else:
+        try:
+            value = float(scale)
+            out, how = sizing.size(sc, value)
+        except ValueError as exc:
+            raise typer.BadParameter(
+                f"'auto' or a number in (0, 1], got {scale!r}", param_hint="--scale"
+            ) from exc
+    console.print(how.describe(out), highlight=False)
+    return out, how
+
+
 def run_policies(
     sc: scenarios.Scenario,
     policies: Sequence[Policy],
     out: Path,
     duration: float | None,
     warmup: float | None,
+    how: Sizing | None = None,
 ) -> list[dict[str, Any]]:
     from srtm.experiments import live
 
@@ -140,8 +171,11 @@ def run_policies(
     for policy in policies:
         with _progress(f"{sc.name} / {policy}") as update:
             summaries.append(
-                live.run(sc, policy, out, duration_s=duration, warmup_s=warmup, on_progress=update)
-            )
+                live.run(
+                    sc, policy, out, duration_s=duration, warmup_s=warmup, on_progress=update,
+                    sizing=how,
+                )
+            )  # fmt: skip
     return summaries
 
 
@@ -299,6 +333,7 @@ def run_cmd(
             "then off; the loop-off verdict needs both)."
         ),
     ] = None,
+    scale: ScaleOpt = "auto",
 ) -> None:
     """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
     the workload, collect traces, stop everything, and print the summary."""
@@ -316,8 +351,8 @@ def run_cmd(
     if sim:
         _run_sim(scenario, out, as_json)
         return
-    sc = _load(scenario)
-    summaries = run_policies(sc, _policies(policy), out, duration, warmup)
+    sc, how = sized(_load(scenario), scale)
+    summaries = run_policies(sc, _policies(policy), out, duration, warmup, how)
     analyse(summaries, out, analysis, spark_master)
     print_table(summaries, f"{sc.name}: SLO p99 ≤ {sc.slo_p99_ms:g} ms")
     console.print(f"summaries and traces under {out}")
@@ -341,11 +376,12 @@ def compare_cmd(
     analysis: AnalysisOpt = Analysis.auto,
     spark_master: SparkMasterOpt = None,
     strict: StrictOpt = False,
+    scale: ScaleOpt = "auto",
 ) -> None:
     """Run SCENARIO under several policies and print them side by side, with plots and an
     HTML report in OUT."""
-    sc = _load(scenario)
-    summaries = run_policies(sc, _policies(policies), out, duration, warmup)
+    sc, how = sized(_load(scenario), scale)
+    summaries = run_policies(sc, _policies(policies), out, duration, warmup, how)
     analyse(summaries, out, analysis, spark_master)
     _finish(sc, summaries, out, as_json)
     _strict_exit(summaries, strict)
@@ -539,17 +575,20 @@ def demo(
     analysis: AnalysisOpt = Analysis.auto,
     spark_master: SparkMasterOpt = None,
     strict: StrictOpt = False,
+    scale: ScaleOpt = "auto",
 ) -> None:
     """The main job: correlated sensors on a local cluster, once placed by load balancing
     (LB) and once by SRTM; the traces analysed by the Spark pipeline; a comparison table,
     and OUT/report.html with plots."""
     sc = _load("correlated-sensors")
     started = time.monotonic()
+    console.print(f"[bold]{sc.name}[/bold]: {sc.description}")
+    sc, how = sized(sc, scale)
     console.print(
-        f"[bold]{sc.name}[/bold]: {sc.description}\nSLO p99 ≤ {sc.slo_p99_ms:g} ms; "
-        f"{sc.brokers} brokers on 127.0.0.1; {duration:g} s measured per policy."
+        f"SLO p99 ≤ {sc.slo_p99_ms:g} ms; {sc.brokers} brokers on 127.0.0.1; "
+        f"{duration:g} s measured per policy."
     )
-    summaries = run_policies(sc, ["lb", "srtm"], out, duration, warmup)
+    summaries = run_policies(sc, ["lb", "srtm"], out, duration, warmup, how)
     analyse(summaries, out, analysis, spark_master)
     _finish(sc, summaries, out, as_json)
     console.print(f"finished in {time.monotonic() - started:.0f} s")

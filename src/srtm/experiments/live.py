@@ -30,6 +30,7 @@ import numpy as np
 from srtm.analysis import profile_bucket
 from srtm.experiments import analysis, host
 from srtm.experiments.scenarios import Scenario
+from srtm.experiments.sizing import Sizing
 from srtm.experiments.validity import RunFigures, Validity, check
 from srtm.launch import LocalCluster, die_with_parent, start_cluster
 from srtm.placement import Policy, parse_policy
@@ -44,8 +45,14 @@ FIT_BUDGET_S = 60.0
 #: Traffic after fitting before the measured window starts (moves settle, adaptor acts).
 SETTLE_S = 2.0
 #: The emulator skips (and counts) events it could only send this late: on a busy
-#: machine a stalled scheduler would otherwise release them as one burst.
+#: machine a stalled scheduler would otherwise release them as one burst. A scenario
+#: slowed in time (``Scenario.time_scale``) divides it by its scale, as its other
+#: queueing durations (``max_late_s``).
 MAX_SEND_LATE_S = 0.01
+
+
+def max_late_s(sc: Scenario) -> float:
+    return MAX_SEND_LATE_S / sc.time_scale
 
 
 #: The emulator's schedule starts this long after the driver starts it.
@@ -92,9 +99,12 @@ def run(
     duration_s: float | None = None,
     warmup_s: float | None = None,
     on_progress: OnProgress | None = None,
+    sizing: Sizing | None = None,
 ) -> dict[str, Any]:
     """Run ``sc`` under ``policy``; write traces under ``out/traces`` and the summary to
-    ``out/<run>.json``; return the summary. Nothing is left running, even on Ctrl-C."""
+    ``out/<run>.json``; return the summary. Nothing is left running, even on Ctrl-C.
+    ``sizing``: how ``sc`` was sized to this machine (``srtm.experiments.sizing``), kept
+    in the summary."""
     policy = parse_policy(policy)  # callers from untyped input
     duration = sc.duration_s if duration_s is None else duration_s
     warmup = sc.warmup_s if warmup_s is None else warmup_s
@@ -123,6 +133,7 @@ def run(
         cluster.stop()  # brokers flush their traces on the way out
     progress("analysing", 0, 1)
     summary = _summarize(sc, info, traces, duration)
+    summary["sizing"] = (sizing or Sizing(sc.time_scale)).to_json()
     (traces / "runs").mkdir(parents=True, exist_ok=True)
     (traces / "runs" / f"{name}.json").write_text(json.dumps(_metadata(sc, info), indent=2))
     save_summary(out, summary)
@@ -200,7 +211,7 @@ async def _drive(
             total_s = warmup + duration + (FIT_BUDGET_S if "fit" in doc else 0.0)
             schedule = build(specs, total_s, spread_s=sc.spread_ms / 1e3, seed=sc.seed)
             emulator = Emulator(
-                schedule, sc.topic, {}, message_size=sc.message_size, max_late_s=MAX_SEND_LATE_S
+                schedule, sc.topic, {}, message_size=sc.message_size, max_late_s=max_late_s(sc)
             )
             emulator.route(routes_of(plan))  # the first routes; later plans are followed
             following = asyncio.create_task(follow_plan(emulator, url, sc.topic, 0.1))
@@ -366,7 +377,7 @@ def _validity(
     q = quantiles(late, (0.99, 0.999), scale=1e6, empty=0.0)
     figures = RunFigures(
         slo_p99_ms=sc.slo_p99_ms,
-        max_late_ms=MAX_SEND_LATE_S * 1e3,
+        max_late_ms=max_late_s(sc) * 1e3,
         send_late_p99_ms=q["p99"],
         send_late_p999_ms=q["p999"],
         due=int(in_window.sum()),
@@ -491,6 +502,7 @@ def _metadata(sc: Scenario, info: LiveRun) -> dict[str, Any]:
         "policy": info.policy,
         "scenario": sc.name,
         "slo_p99_ms": sc.slo_p99_ms,
+        "time_scale": sc.time_scale,
         "topic": sc.topic,
         "rate": info.rate,
         "burst": info.burst,
@@ -531,7 +543,7 @@ def _summarize(sc: Scenario, info: LiveRun, traces: Path, duration: float) -> di
         summary["emulator"] = {
             "scheduled_sent": rep.sent, "acknowledged": rep.acknowledged, "failed": rep.failed,
             "unrouted": rep.unrouted, "skipped_late": rep.skipped_late,
-            "max_late_ms": MAX_SEND_LATE_S * 1e3, "rate": rep.rate,
+            "max_late_ms": max_late_s(sc) * 1e3, "rate": rep.rate,
             "send_lateness": rep.lateness_summary(),
         }  # fmt: skip
     if info.validity is not None:

@@ -72,6 +72,9 @@ class Scenario:
     message_size: int = 100
     fit: Fit | None = field(default_factory=Fit)
     preload: tuple[Preload, ...] = ()
+    #: How much slower in time than its file this scenario runs (``sizing.scaled``):
+    #: rates were multiplied by it and queueing durations divided by it.
+    time_scale: float = 1.0
 
     @property
     def rate(self) -> float:
@@ -125,7 +128,7 @@ def load(name_or_path: str | Path) -> Scenario:
 
 def parse(doc: dict[str, Any], where: str = "scenario") -> Scenario:
     """Check every field, naming the first one that is wrong."""
-    known = set(Scenario.__dataclass_fields__) - {"publishers", "fit", "preload"}
+    known = set(Scenario.__dataclass_fields__) - {"publishers", "fit", "preload", "time_scale"}
     unknown = set(doc) - known - {"publishers", "fit", "preload"}
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
