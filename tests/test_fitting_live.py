@@ -4,7 +4,12 @@ brokers while real publishers keep publishing and a subscriber consumes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,14 +86,62 @@ async def test_a_topic_within_its_slo_is_confirmed_in_one_round(
 
 
 @pytest.mark.slow
-async def test_an_impossible_slo_sheds_everything_and_terminates(
+async def test_an_impossible_slo_terminates_where_it_started(
     cluster: LocalCluster,
 ) -> None:
     ctrl = cluster.controller
     state = await fit_with_traffic(ctrl, "hard", slo_ms=0.000_1)  # 100 ns: always violated
     fitting = state["fitting"]
     assert fitting["state"] == "done"
-    assert len(fitting["rounds"]) == 2 and all(r >= 2 for r in fitting["rounds"])
-    assert sorted(fitting["full"]) == ["1", "2"]
-    assert {s["verdict"] for s in fitting["steps"]} <= {"violate", "unknown"}
-    assert state["status"] == "short" and len(state["unassigned"]) == 6
+    # A loop lags more than 100 ns, so its rounds are disturbed, or, if one is judged,
+    # shedding to the other broker does not lower the p99: either way fitting ends at the
+    # placement it began with, every publisher served, and says why.
+    assert fitting["outcome"] in ("taken back", "disturbed"), fitting
+    assert fitting["note"]
+    assert {s["verdict"] for s in fitting["steps"]} <= {"violate", "unknown", "disturbed"}
+    assert state["status"] == "placed" and not state["unassigned"]
+    assert len(state["brokers"]) == 1
+
+
+@contextlib.contextmanager
+def stalled(pids: list[int], stop_s: float, run_s: float) -> Iterator[None]:
+    """The processes stopped for ``stop_s`` every ``stop_s + run_s`` while inside: a broker
+    on a machine too busy to give it a CPU."""
+    done = threading.Event()
+
+    def cycle() -> None:
+        while not done.is_set():
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            time.sleep(stop_s)
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+            done.wait(run_s)
+
+    t = threading.Thread(target=cycle, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+async def test_rounds_on_a_stalled_broker_are_repeated_not_acted_on(
+    cluster: LocalCluster,
+) -> None:
+    # The wandering of a slow machine: a broker whose loop gets the CPU late measures a
+    # p99 over the SLO although it has room; fitting used to shed publishers to every
+    # other broker it had. Now such a round is repeated, and fitting ends where it began.
+    ctrl = cluster.controller
+    pids = [b.proc.pid for b in cluster.brokers]
+    with stalled(pids, stop_s=0.08, run_s=0.08):
+        state = await fit_with_traffic(ctrl, "stalled", slo_ms=50.0)
+    fitting = state["fitting"]
+    verdicts = [s["verdict"] for s in fitting["steps"]]
+    assert "disturbed" in verdicts and "violate" not in verdicts, fitting["steps"]
+    assert state["status"] == "placed" and len(state["brokers"]) == 1
+    assert sorted(state["brokers"][0]["publishers"]) == sorted(f"p{i}" for i in range(6))

@@ -450,6 +450,11 @@ class MeasureAnswer(Doc):
     samples: int
     p99_ms: float | None = Field(description="null without samples")
     p50_ms: float | None = Field(description="null without samples")
+    loop_lag_p99_ms: float | None = Field(
+        None,
+        description="p99 of how late the broker's event loop woke for its 10 ms ticks "
+        "during the round: a starved loop adds this to what the round measured",
+    )
 
 
 class AdmissionClassDoc(Doc):

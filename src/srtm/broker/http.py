@@ -676,11 +676,12 @@ class BrokerHttp:
             m = await self.broker.measure(q.topic, pubs, int(q.window_ms * 1_000_000))
         except MeasurementsBusy as exc:
             raise HttpError(429, "TOO_MANY_MEASUREMENTS", str(exc)) from None
-        s = m.latency.summary()
+        s, lag = m.latency.summary(), m.lag.summary()
         return _json(
             MeasureAnswer(topic=q.topic, window_ms=q.window_ms, samples=int(s["count"]),
                           p99_ms=s["p99"] / 1e6 if s["count"] else None,
-                          p50_ms=s["p50"] / 1e6 if s["count"] else None)
+                          p50_ms=s["p50"] / 1e6 if s["count"] else None,
+                          loop_lag_p99_ms=lag["p99"] / 1e6 if lag["count"] else None)
         )  # fmt: skip
 
     async def openapi(self, request: web.Request) -> web.Response:

@@ -21,6 +21,10 @@ from srtm.broker.stats import Recorder
 MIN_MEASURE_NS = 1_000_000
 MAX_MEASURE_NS = 60_000_000_000
 MAX_MEASUREMENTS = 16
+#: A round wakes this often to see how late its event loop runs (``Measurement.lag``):
+#: a loop starved of CPU adds its lag to every latency the round measures, and whoever
+#: judges the round should know (online fitting repeats such a round instead).
+LAG_TICK_NS = 10_000_000
 
 
 class MeasurementsBusy(RuntimeError):
@@ -37,6 +41,8 @@ class Measurement:
     publishers: frozenset[str] | None
     until_ns: int
     latency: Recorder = field(default_factory=Recorder)
+    #: How late the broker's loop woke for each ``LAG_TICK_NS`` tick of the round.
+    lag: Recorder = field(default_factory=Recorder)
 
 
 class MeasuredClient(Protocol):
@@ -104,7 +110,16 @@ class Measurements:
         m = Measurement(topic, publishers, time.time_ns() + window_ns)
         self.running.append(m)
         try:
-            await asyncio.sleep(window_ns / 1e9)
+            await _ticks(m, LAG_TICK_NS)
         finally:
             self.running.remove(m)
         return m
+
+
+async def _ticks(m: Measurement, tick_ns: int) -> None:
+    """Sleep until the round ends, in ticks, recording how late each one woke."""
+    while (left := m.until_ns - time.time_ns()) > 0:
+        step = min(tick_ns, left)
+        due = time.monotonic_ns() + step
+        await asyncio.sleep(step / 1e9)
+        m.lag.add(max(1, time.monotonic_ns() - due))

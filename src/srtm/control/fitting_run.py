@@ -19,7 +19,7 @@ from typing import Any
 from srtm.control.actions import Action
 from srtm.control.state import Controller
 from srtm.placement import Finished, Fitting, Predict, RoundResult
-from srtm.placement.fitting import Command, Profile, UseBrokers
+from srtm.placement.fitting import Command, Outcome, Profile, UseBrokers
 
 #: Carries out actions (pushes, orders) and returns when they are done.
 Execute = Callable[[list[Action]], Awaitable[None]]
@@ -90,10 +90,15 @@ async def fit_topic(
                     topic,
                     {b: list(ps) for b, ps in done.assignment.items()},
                     list(done.unassigned),
-                    f"fitted in {sum(done.rounds)} rounds over {len(done.rounds)} iterations",
+                    f"fitted in {sum(done.rounds)} rounds over {len(done.rounds)} iterations"
+                    + ("" if done.outcome is Outcome.FITTED else f" ({done.outcome.value})"),
                 )
             )
             progress["state"] = "done"
+            progress["outcome"] = done.outcome.value
+            progress["note"] = done.note
+            if done.note:
+                ctrl.topics[topic].events.append(f"fitting {done.outcome.value}: {done.note}")
             return done
         profiles = [c for c in cmds if isinstance(c, Profile)]
         assignment = round_assignment(ctrl, topic, fitting, profiles)
@@ -129,5 +134,9 @@ def _finite(x: float) -> float | None:
 
 
 def as_result(doc: Mapping[str, Any]) -> RoundResult:
-    p99 = doc.get("p99_ms")
-    return RoundResult(float("nan") if p99 is None else float(p99), int(doc.get("samples", 0)))
+    p99, lag = doc.get("p99_ms"), doc.get("loop_lag_p99_ms")
+    return RoundResult(
+        float("nan") if p99 is None else float(p99),
+        int(doc.get("samples", 0)),
+        0.0 if lag is None else float(lag),
+    )

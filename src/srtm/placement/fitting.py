@@ -32,6 +32,15 @@ from srtm.placement.policies import Policy, place
 ACCEPT_BAND = (0.8, 1.0)
 #: A model-assisted search that violates first steps down by this share of its trial.
 FIRST_STEP = 0.1
+#: A round whose broker's event loop woke later than this share of the SLO (p99) measured
+#: the machine, not the placement: it is repeated, never acted on. (The verdict band is
+#: 0.2 × SLO wide; a lag of a quarter of the SLO added to every latency can move a p99
+#: across it.)
+MAX_LAG_SLO_SHARE = 0.25
+#: A round is made long enough to expect this many times the samples it needs.
+SAMPLE_MARGIN = 1.25
+#: The longest a round may be (the broker's own limit is 60 s).
+MAX_WINDOW_S = 30.0
 
 #: ``(broker, publishers it keeps already, candidates in search order)`` -> how many of
 #: the candidates (a prefix) it is predicted to keep within the SLO; None: no prediction.
@@ -43,9 +52,14 @@ class Verdict(enum.Enum):
     BELOW = "below"  # p99 < 0.8 × SLO: room for more
     OK = "ok"  # in the band: stop here
     UNKNOWN = "unknown"  # too few samples to tell
+    DISTURBED = "disturbed"  # the broker's loop lagged: the round measured the machine
 
 
-def judge(p99_ms: float, samples: int, slo_ms: float, min_samples: int) -> Verdict:
+def judge(
+    p99_ms: float, samples: int, slo_ms: float, min_samples: int, lag_ms: float = 0.0
+) -> Verdict:
+    if lag_ms > MAX_LAG_SLO_SHARE * slo_ms:
+        return Verdict.DISTURBED
     if samples < min_samples or math.isnan(p99_ms):
         return Verdict.UNKNOWN
     if p99_ms > ACCEPT_BAND[1] * slo_ms:
@@ -57,10 +71,12 @@ def judge(p99_ms: float, samples: int, slo_ms: float, min_samples: int) -> Verdi
 
 @dataclass(frozen=True, slots=True)
 class RoundResult:
-    """One broker's measurement over a round: p99 latency and how many messages it saw."""
+    """One broker's measurement over a round: p99 latency, how many messages it saw, and
+    the p99 of how late its event loop woke meanwhile."""
 
     p99_ms: float
     samples: int
+    loop_lag_p99_ms: float = 0.0
 
 
 # -- commands --------------------------------------------------------------------------
@@ -100,14 +116,36 @@ class MarkFull:
     broker: str
 
 
+class Outcome(enum.Enum):
+    """How fitting ended."""
+
+    FITTED = "fitted"  # the searches settled; their plan was the best measured
+    BEST = "best"  # the searches settled on a plan worse than one measured earlier
+    TAKEN_BACK = "taken back"  # adding brokers did not lower the p99: the step is undone
+    DISTURBED = "disturbed"  # rounds kept measuring the machine: stopped at the best plan
+
+
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """Fitting is over: where everyone ended up, who could not be placed, and the rounds
-    each iteration took (a row of the paper's Table I)."""
+    """Fitting is over: where everyone ended up, who could not be placed, the rounds each
+    iteration took (a row of the paper's Table I), how it ended and why (``note``)."""
 
     assignment: Mapping[str, tuple[str, ...]]
     unassigned: tuple[str, ...]
     rounds: tuple[int, ...]
+    outcome: Outcome = Outcome.FITTED
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredPlan:
+    """A whole plan fitting measured: every publisher placed somewhere, and the worst
+    p99 of its brokers (each broker's latest round with exactly its publishers)."""
+
+    assignment: Mapping[str, tuple[str, ...]]
+    unassigned: tuple[str, ...]
+    p99_ms: float
+    iteration: int
 
 
 Command = UseBrokers | Profile | Keep | Shed | MarkFull | Finished
@@ -137,6 +175,9 @@ class _Search:
     hi: int = 0  # fewest known to violate (set on the first violation)
     trial: int = 0
     unknowns: int = 0
+    disturbed: int = 0
+    #: p99 measured at each trial (judged rounds only).
+    measured: dict[int, float] = field(default_factory=dict)
     violated: bool = False
     done: bool = False
     #: Search down from a violating trial in doubling steps (model-assisted) instead of
@@ -188,6 +229,8 @@ class Fitting:
     min_samples: int = 100
     #: Rounds a broker may repeat for want of samples before its trial is taken as fitting.
     max_unknown: int = 2
+    #: Disturbed rounds a broker may repeat in a row before fitting stops at its best plan.
+    max_disturbed: int = 3
     seed: int = 0
     #: Model-assisted fitting (see the module docstring); None: measure only.
     predict: Predict | None = None
@@ -199,6 +242,13 @@ class Fitting:
     done: bool = False
     _searches: dict[str, _Search] = field(default_factory=dict)
     _shed: list[PublisherLoad] = field(default_factory=list)
+    #: The p99 each broker that settled was measured at with what it keeps.
+    _settled_p99: dict[str, float] = field(default_factory=dict)
+    #: The whole plan each iteration starts with, until its first round is judged.
+    _opening: MeasuredPlan | None = None
+    #: The best whole plan measured so far, and the policy's placement fitting began with.
+    best: MeasuredPlan | None = None
+    start_plan: MeasuredPlan | None = None
 
     def start(self) -> list[Command]:
         return self._iterate(list(self.topic.publishers))
@@ -282,8 +332,22 @@ class Fitting:
             s.gallop = self.predict is not None
             s.quantum = search_quantum(candidates)
             self._searches[broker] = s
-            cmds.append(Profile(broker, s.publishers(), self.window_s))
+            cmds.append(self._profile(s))
+        whole = {b: tuple(p.id for p in ps) for b, ps in self.kept.items() if ps}
+        for b, ps in planned.items():
+            whole[b] = (*whole.get(b, ()), *(p.id for p in ps))
+        self._opening = MeasuredPlan(
+            whole, tuple(p.id for p in self.unassigned), math.nan, len(self.rounds)
+        )
+        if self.start_plan is None:
+            self.start_plan = self._opening
         return cmds
+
+    def _profile(self, s: _Search) -> Profile:
+        """Measure ``s``'s trial, for long enough to expect the samples a verdict needs."""
+        rate = math.fsum(p.rate for p in s.fixed + s.candidates[: s.trial])
+        needed = SAMPLE_MARGIN * self.min_samples / rate if rate > 0 else 0.0
+        return Profile(s.broker, s.publishers(), max(self.window_s, min(needed, MAX_WINDOW_S)))
 
     def on_round(self, results: Mapping[str, RoundResult]) -> list[Command]:
         """The measurements of the round just run; returns what to do next.
@@ -298,17 +362,70 @@ class Fitting:
                 continue
             r = results.get(s.broker)
             if r is None:
-                cmds.append(Profile(s.broker, s.publishers(), self.window_s))
+                cmds.append(self._profile(s))
                 continue
-            v = judge(r.p99_ms, r.samples, self.topic.slo_p99_ms, self.min_samples)
+            v = judge(
+                r.p99_ms, r.samples, self.topic.slo_p99_ms, self.min_samples, r.loop_lag_p99_ms
+            )
             self.history.append(
                 Step(len(self.rounds), self.rounds[-1], s.broker, s.trial, r.p99_ms, r.samples, v)
             )
+            if v is Verdict.DISTURBED:
+                s.disturbed += 1
+                if s.disturbed > self.max_disturbed:
+                    note = (f"broker {s.broker}'s loop lagged {r.loop_lag_p99_ms:.1f} ms (p99) "
+                            f"in {s.disturbed} rounds in a row: the machine is too busy to "
+                            "measure on")  # fmt: skip
+                    return [self._stop(Outcome.DISTURBED, note)]
+                cmds.append(self._profile(s))
+                continue
+            s.disturbed = 0
+            if v is not Verdict.UNKNOWN:
+                s.measured[s.trial] = r.p99_ms
             cmds += self._advance(s, v)
+        taken_back = self._judge_opening()
+        if taken_back is not None:
+            return [taken_back]
         if all(s.done for s in self._searches.values()):
             pool, self._shed = self._shed, []
             cmds += self._iterate(pool) if pool else [self._finish()]
         return cmds
+
+    def _judge_opening(self) -> Finished | None:
+        """Once every broker of an iteration's opening plan has a judged first round, that
+        plan is measured: it becomes the best if it is, and an iteration that added
+        brokers without lowering the best p99 is taken back (None: go on)."""
+        opening = self._opening
+        if opening is None:
+            return None
+        firsts: dict[str, float] = {}
+        for s in self._searches.values():
+            first = s.measured.get(len(s.candidates))
+            if first is None:
+                if not s.done:
+                    return None  # not judged yet
+                continue  # settled without a judged round (too few samples): unknown
+            firsts[s.broker] = first
+        self._opening = None
+        known = [*firsts.values(), *(self._settled_p99.get(b, math.nan) for b in opening.assignment
+                                     if b not in firsts)]  # fmt: skip
+        known = [x for x in known if not math.isnan(x)]
+        if not known:
+            return None
+        measured = replace(opening, p99_ms=max(known))
+        best = self.best
+        if best is None or measured.p99_ms < best.p99_ms:
+            self.best = measured
+            return None
+        if measured.iteration > 1:
+            new = sorted(set(measured.assignment) - set(best.assignment))
+            note = (
+                f"adding broker{'s' if len(new) != 1 else ''} {', '.join(new) or '(none)'} "
+                f"did not lower the p99 ({measured.p99_ms:.1f} ms against "
+                f"{best.p99_ms:.1f} ms): back to iteration {best.iteration}'s plan"
+            )
+            return self._stop(Outcome.TAKEN_BACK, note)
+        return None
 
     def _advance(self, s: _Search, v: Verdict) -> list[Command]:
         if v is Verdict.UNKNOWN:
@@ -341,6 +458,8 @@ class Fitting:
         s.trial = n
         keep, shed = s.candidates[:n], s.candidates[n:]
         self.kept[s.broker] = s.fixed + keep
+        if n in s.measured:
+            self._settled_p99[s.broker] = s.measured[n]
         cmds: list[Command] = [Keep(s.broker, s.publishers())]
         if shed:
             self._shed += shed
@@ -351,6 +470,25 @@ class Fitting:
         return cmds
 
     def _finish(self) -> Finished:
+        """The searches settled: their plan, unless a whole plan measured earlier had a
+        lower p99 than every settled broker's (fitting never ends worse than it was)."""
         self.done = True
         assignment = {b: tuple(p.id for p in ps) for b, ps in self.kept.items() if ps}
-        return Finished(assignment, tuple(p.id for p in self.unassigned), tuple(self.rounds))
+        unassigned = tuple(p.id for p in self.unassigned)
+        settled = [self._settled_p99[b] for b in assignment if b in self._settled_p99]
+        worst = max(settled, default=math.nan)
+        best = self.best
+        if best is not None and not math.isnan(worst) and best.p99_ms < worst:
+            note = (
+                f"the settled plan's worst broker measured {worst:.1f} ms, iteration "
+                f"{best.iteration}'s whole plan {best.p99_ms:.1f} ms: that one is kept"
+            )
+            return self._stop(Outcome.BEST, note)
+        return Finished(assignment, unassigned, tuple(self.rounds))
+
+    def _stop(self, outcome: Outcome, note: str) -> Finished:
+        """End now with the best whole plan measured (else the placement it began with)."""
+        self.done = True
+        plan = self.best or self.start_plan
+        assert plan is not None  # start() made the first plan
+        return Finished(plan.assignment, plan.unassigned, tuple(self.rounds), outcome, note)
