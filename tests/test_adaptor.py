@@ -75,3 +75,55 @@ def test_any_reports_keep_the_invariants(rows: list[tuple[float, float, bool]]) 
     for b, (_, _, fresh) in zip(brokers, rows, strict=True):
         if not fresh:
             assert new[b] == current[b]
+
+
+# -- queues behind a sub-bucket (issue 28) ------------------------------------------------
+def test_a_small_share_handed_a_backlog_gets_the_headroom_to_drain_it() -> None:
+    # b carries 1,000 msg/s on 1,100: a queue of 500 would drain at 100/s (5 s), delaying
+    # everything behind it; the topic's 1,000/s of headroom drains it in about a second.
+    current = {"a": BucketParams(9_900, 180), "b": BucketParams(1_100, 20)}
+    reports = {"a": WindowReport(9_000, 90, at_s=0), "b": WindowReport(1_000, 10, 0, waiting=500)}
+    new = adapt(TOTAL, current, reports, now_s=0)
+    assert new["b"].rate == pytest.approx(1_550)
+    assert new["a"].rate == pytest.approx(9_450) and new["a"].rate > 9_000  # a keeps up
+    assert math.fsum(p.rate for p in new.values()) == pytest.approx(TOTAL.rate, rel=1e-12)
+
+
+def test_a_deep_queue_moves_rate_while_the_plan_settles() -> None:
+    # Just after a plan change the windows under-report; only a queue deeper than its
+    # bucket moves rate, at most max_take of the other shares.
+    current = {"a": BucketParams(10_000, 180), "b": BucketParams(1_000, 20)}
+    reports = {"a": WindowReport(2_000, 9, at_s=0), "b": WindowReport(100, 1, 0, waiting=300)}
+    new = adapt(TOTAL, current, reports, now_s=0, settling=True)
+    assert new["b"].rate == pytest.approx(1_000 * 10_700 / 11_000 + 300)
+    assert new["a"].rate >= 0.95 * current["a"].rate
+    assert new["a"].burst == current["a"].burst and new["b"].burst == current["b"].burst
+    assert math.fsum(p.rate for p in new.values()) == pytest.approx(TOTAL.rate, rel=1e-12)
+    # Without a deep queue, nothing moves while settling (the windows cannot be trusted).
+    calm = {**reports, "b": WindowReport(100, 1, 0, waiting=5)}
+    assert adapt(TOTAL, current, calm, now_s=0, settling=True) == current
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 1e5), st.floats(0, 1e3), st.floats(0, 1e5), st.booleans()),
+        min_size=1,
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_any_queues_keep_the_invariants(
+    rows: list[tuple[float, float, float, bool]], settling: bool
+) -> None:
+    brokers = [f"b{i}" for i in range(len(rows))]
+    current = even(brokers)
+    reports = {
+        b: WindowReport(rate, backlog, at_s=0 if fresh else -100, waiting=waiting)
+        for b, (rate, backlog, waiting, fresh) in zip(brokers, rows, strict=True)
+    }
+    new = adapt(TOTAL, current, reports, now_s=0, settling=settling)
+    assert all(p.burst >= 1 and p.rate > 0 for p in new.values())
+    assert math.fsum(p.rate for p in new.values()) == pytest.approx(TOTAL.rate, rel=1e-12)
+    assert math.fsum(p.burst for p in new.values()) == pytest.approx(TOTAL.burst, rel=1e-12)
+    if settling:  # no share loses more than max_take of itself
+        assert all(new[b].rate >= 0.95 * current[b].rate - 1e-9 for b in brokers)

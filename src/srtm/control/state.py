@@ -284,7 +284,7 @@ class Controller:
             self.replace_pending = True
         info.load, info.last_seen_s, info.down = load, self.awake(now), False
         for name, (rate, backlog) in topics.items():
-            info.reports[name] = WindowReport(rate, backlog, now)
+            info.reports[name] = WindowReport(rate, backlog, now, (waiting or {}).get(name, 0))
         if depths is not None:
             info.depths = {name: d for name, d in depths.items() if d > 0}
         info.reports_seen += 1
@@ -958,7 +958,7 @@ class Controller:
         if topic.version != topic.adapted_version:  # a new plan: let the windows refill
             topic.adapted_version = topic.version
             topic.adapt_after_s = now + self.adaptor.settle_s
-        if len(topic.buckets) < 2 or now < topic.adapt_after_s or topic.routing.replicated:
+        if len(topic.buckets) < 2 or topic.routing.replicated:
             return []  # a replica shapes the whole stream: nothing to re-split
         reports = {
             b: self.brokers[b].reports[topic.spec.name]
@@ -967,7 +967,8 @@ class Controller:
         }
         total = merge(topic.buckets.values())
         total_was = dict(topic.buckets)
-        new = adapt(total, topic.buckets, reports, now, self.adaptor)
+        settling = now < topic.adapt_after_s  # only a deep queue moves rate meanwhile
+        new = adapt(total, topic.buckets, reports, now, self.adaptor, settling=settling)
         changed = [b for b in new if new[b] != topic.buckets[b]]
         topic.buckets = new
         return [SetBucket(b, topic.spec.name, new[b], total_was.get(b)) for b in changed]
