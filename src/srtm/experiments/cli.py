@@ -195,12 +195,15 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str) -> None:
         same = "=" if acc["published"] == acc["delivered"] and acc["lost"] == 0 else "≠"
         out_console.print(
             f"{s['policy']}: published {acc['published']:,} {same} delivered "
-            f"{acc['delivered']:,} ({report.loss_text(s)}, duplicates {acc['duplicates']}); "
+            f"{acc['delivered']:,} ({report.loss_text(s)}, duplicates {acc['duplicates']}"
+            f"{report.unsent_text(s)}); "
             f"{s['emulator']['skipped_late']:,} events skipped as over "
             f"{s['emulator']['max_late_ms']:g} ms late; measured window: "
             f"{report.checks_line(s)}",
             highlight=False,
         )
+    for line in report.findings_lines(summaries):
+        out_console.print(line, style="yellow", highlight=False, markup=False)
     _print_verdict(summaries)
 
 

@@ -532,6 +532,12 @@ def _summarize(sc: Scenario, info: LiveRun, traces: Path, duration: float) -> di
         "rate": info.rate,
         "burst": info.burst,
         "brokers_assigned": len(info.plan.get("brokers", [])),
+        "brokers_available": sc.brokers,
+        # Who the final plan left without a broker (``validity.findings``).
+        "publishers": len(sc.specs()),
+        "unplaced_publishers": (
+            len(info.plan["unassigned"]) if "unassigned" in info.plan else None
+        ),
         "fitting_rounds": (info.fitting or {}).get("rounds", []),
         "fitting_state": (info.fitting or {}).get("state"),
         "analysis": dict(analysis.ENGINE),

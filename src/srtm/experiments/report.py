@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from srtm.experiments import analysis
+from srtm.experiments import analysis, validity
+from srtm.experiments.validity import Finding
 
 #: (heading, how to read it from a run summary, format)
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -18,6 +19,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("SLO", "slo_met", "{}"),
     ("run", "validity", "{}"),
     ("brokers", "brokers_used", "{}"),
+    ("placed", "placed", "{}"),
     ("tokens", "token_share_tail", "{:.0%}"),
     ("rounds", "fitting_rounds", "{}"),
     ("published", "accounting.published", "{:,}"),
@@ -25,7 +27,9 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 #: What the short headings mean (printed under the table).
 LEGEND = (
-    "SLO: p99 within the SLO; brokers: brokers that carried the topic; tokens: share of the "
+    "SLO: p99 within the SLO, on every broker, with every publisher served (a finding under "
+    "the table says why not); brokers: brokers that carried the topic; placed: publishers "
+    "the final plan gave a broker, of the topic's; tokens: share of the "
     "slowest 1 % of messages' latency spent waiting for tokens (the DRL penalty); rounds: "
     "measurement rounds of online fitting (LB is not fitted); run: whether the run's own "
     "checks (send and release lateness, events skipped, CPU waits) found the machine "
@@ -41,11 +45,27 @@ def status(summary: dict[str, Any]) -> str:
     return str(doc["status"]) if doc else "unchecked"
 
 
+def findings(summary: dict[str, Any]) -> tuple[Finding, ...]:
+    """What the policy did that the p99 alone does not say (``validity.findings``)."""
+    return validity.findings(validity.policy_figures(summary))
+
+
+def within_slo(summary: dict[str, Any]) -> bool | None:
+    """Whether the policy met the SLO: p99 within it, and no finding that rules it out (a
+    starved broker, publishers left unserved, an unfinished fitting); None when the run
+    was disturbed (not judged)."""
+    if status(summary) == "disturbed":
+        return None
+    met = float(summary["e2e_ms"]["p99"]) <= summary["slo_p99_ms"]
+    return met and not any(f.fails_slo for f in findings(summary))
+
+
 def value(summary: dict[str, Any], path: str) -> Any:
     if path == "slo_met":
-        if status(summary) == "disturbed":
-            return "n/a"
-        return "yes" if summary["e2e_ms"]["p99"] <= summary["slo_p99_ms"] else "no"
+        return {None: "n/a", True: "yes", False: "no"}[within_slo(summary)]
+    if path == "placed":
+        total, unplaced = summary.get("publishers"), summary.get("unplaced_publishers")
+        return "-" if total is None or unplaced is None else f"{total - unplaced:,}/{total:,}"
     if path == "validity":
         return {"valid": "ok", "disturbed": "DISTURBED"}.get(status(summary), "-")
     if path == "fitting_rounds":
@@ -69,6 +89,13 @@ def loss_text(summary: dict[str, Any]) -> str:
     if summary.get("drained", True) or lost == 0:
         return f"lost {lost}"
     return f"{lost} undelivered when the drain ended (lost or still late)"
+
+
+def unsent_text(summary: dict[str, Any]) -> str:
+    """'; N never sent: …' when the emulator had messages it could not route: they
+    count in neither published nor delivered, so published = delivered does not show them."""
+    unrouted = (summary.get("emulator") or {}).get("unrouted", 0)
+    return f"; {unrouted:,} never sent: their publishers had no broker" if unrouted else ""
 
 
 def checks_line(summary: dict[str, Any]) -> str:
@@ -99,24 +126,45 @@ def disturbances(summaries: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
     }
 
 
+def failures(summary: dict[str, Any]) -> list[str]:
+    """The findings that keep the policy from being within the SLO or compared."""
+    return [f.text for f in findings(summary) if f.fails_slo]
+
+
 def conclusion(summaries: Sequence[dict[str, Any]]) -> str | None:
     """What the comparison shows, in one sentence; None when any run was disturbed (the
-    figures of a starved machine have shown the opposite of the truth)."""
+    figures of a starved machine have shown the opposite of the truth). A policy with a
+    failing finding is outside the SLO, with the finding said, and its p99 is not ranked:
+    the p99s compared are those of runs that served the whole workload on healthy brokers."""
     if not summaries or disturbances(summaries):
         return None
     slo = summaries[0]["slo_p99_ms"]
     p99 = {s["policy"]: float(s["e2e_ms"]["p99"]) for s in summaries}
-    meet = [p.upper() for p, v in p99.items() if v <= slo]
-    miss = [p.upper() for p, v in p99.items() if v > slo]
+    failed = {s["policy"]: failures(s) for s in summaries}
+    meet = [s["policy"].upper() for s in summaries if within_slo(s)]
+    miss = [_named(s["policy"], failed[s["policy"]]) for s in summaries if not within_slo(s)]
     text = (
         f"Within the SLO (p99 ≤ {slo:g} ms): {', '.join(meet) or 'none'}; "
         f"outside it: {', '.join(miss) or 'none'}."
     )
-    if len(p99) > 1:
-        best = min(p99, key=lambda p: p99[p])
-        others = ", ".join(f"{p.upper()} {v:.1f} ms" for p, v in p99.items() if p != best)
-        text += f" Lowest p99: {best.upper()} {p99[best]:.1f} ms ({others})."
+    ranked = {p: v for p, v in p99.items() if not failed[p]}
+    if len(ranked) > 1:
+        best = min(ranked, key=lambda p: ranked[p])
+        others = ", ".join(f"{p.upper()} {v:.1f} ms" for p, v in ranked.items() if p != best)
+        text += f" Lowest p99: {best.upper()} {ranked[best]:.1f} ms ({others})."
+    unranked = [p.upper() for p in p99 if failed[p]]
+    if unranked and len(p99) > 1:
+        text += f" Not compared by p99: {', '.join(unranked)}."
     return text
+
+
+def _named(policy: str, why: list[str]) -> str:
+    return policy.upper() + (f" ({'; '.join(why)})" if why else "")
+
+
+def findings_lines(summaries: Sequence[dict[str, Any]]) -> list[str]:
+    """'policy: finding' for every finding of every run."""
+    return [f"{s['policy']}: {f.text}" for s in summaries for f in findings(s)]
 
 
 def disturbed_note(summaries: Sequence[dict[str, Any]]) -> str | None:
@@ -138,7 +186,8 @@ def disturbed_note(summaries: Sequence[dict[str, Any]]) -> str | None:
 
 def compact(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The comparison as one JSON document: per policy p50, p95, p99 (ms), brokers used,
-    whether the run was disturbed (and why); the conclusion, or null if any run was."""
+    whether the run was disturbed (and why), whether it met the SLO, its findings and the
+    figures they come from; the conclusion, or null if any run was disturbed."""
     found = disturbances(summaries)
     return {
         "scenario": summaries[0]["scenario"] if summaries else None,
@@ -157,10 +206,24 @@ def compact(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "delivered": s["accounting"]["delivered"],
                 "validity": status(s),
                 "disturbed_by": found.get(s["policy"], []),
+                "within_slo": within_slo(s),
+                "findings": [f.to_json() for f in findings(s)],
+                "publishers": s.get("publishers"),
+                "unplaced_publishers": s.get("unplaced_publishers"),
+                "unrouted_messages": (s.get("emulator") or {}).get("unrouted", 0),
+                "brokers_available": s.get("brokers_available"),
+                "worst_broker": _worst_json(s),
             }
             for s in summaries
         },
     }
+
+
+def _worst_json(summary: dict[str, Any]) -> dict[str, Any] | None:
+    worst = validity.policy_figures(summary).worst_broker
+    if worst is None:
+        return None
+    return {"broker": worst.broker, "messages": worst.messages, "p99_ms": worst.p99_ms}
 
 
 def engine(summaries: Sequence[dict[str, Any]]) -> str:
@@ -230,8 +293,14 @@ def write_html(
     accounting = "".join(
         f"<li>{html.escape(s['policy'])}: published {s['accounting']['published']:,}, "
         f"delivered {s['accounting']['delivered']:,}, {html.escape(loss_text(s))}, "
-        f"duplicates {s['accounting']['duplicates']}</li>"
+        f"duplicates {s['accounting']['duplicates']}{html.escape(unsent_text(s))}</li>"
         for s in summaries
+    )
+    found = findings_lines(summaries)
+    found_html = (
+        "<h2>Findings</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in found) + "</ul>"
+        if found
+        else ""
     )
     note = disturbed_note(summaries)
     verdict = (
@@ -254,6 +323,7 @@ img{{max-width:100%}}
 per policy, after a warm-up in which the controller places (and, except for LB, fits) the
 topic. {html.escape(LEGEND)}</p>
 {verdict}
+{found_html}
 <table><tr>{head}</tr>{body}</table>
 <p>Latency figures computed by: {html.escape(engine(summaries))}.</p>
 <h2>Every message accounted for</h2><ul>{accounting}</ul>
