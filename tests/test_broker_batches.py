@@ -89,7 +89,7 @@ def test_consumers_share_what_is_queued_within_their_rdy() -> None:
     ch = topic.channel("c")
     c1, c2, c3 = FakeConsumer(rdy=100), FakeConsumer(rdy=3), FakeConsumer(rdy=0)
     for c in (c1, c2, c3):
-        ch.add_consumer(c)
+        ch.add_consumer(c, 0)
     put(topic, 40)
     out = ch.take(0)
     got = {id(c): recs for c, recs in out}
@@ -104,7 +104,7 @@ def test_a_batch_in_flight_times_out_together_except_what_was_touched_or_finishe
     topic = Topic("t", memory_queues())
     ch = topic.channel("c")
     c = FakeConsumer(rdy=10)
-    ch.add_consumer(c)
+    ch.add_consumer(c, 0)
     put(topic, 4)
     ((_, recs),) = ch.take(0)
     ids = [r[0] for r in recs]

@@ -302,10 +302,10 @@ def test_a_run_of_fins_settles_each_origin_once_per_run() -> None:
     ch = Channel("t", "c", MessageQueue(100))
     ch.queue.extend([(*rec(i)[:7], o) for i, o in enumerate(origins)])
     mine, other = FakeConsumer(rdy=6), FakeConsumer(rdy=10)
-    ch.add_consumer(mine)
+    ch.add_consumer(mine, 0)
     ((_, recs),) = ch.take(0)
     ch.remove_consumer(mine)
-    ch.add_consumer(other)
+    ch.add_consumer(other, 0)
     ((_, theirs),) = ch.take(0)
     failed = ch.fin_many([r[0] for r in recs] + [theirs[0][0], b"unknown"], mine)
     assert [mid for mid, _ in failed] == [theirs[0][0], b"unknown"]

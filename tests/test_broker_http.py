@@ -128,6 +128,10 @@ async def test_metrics_are_prometheus_text(broker_api: BrokerApi) -> None:
     assert status == 200
     assert 'srtm_topic_messages_total{topic="m"} 3.0' in text
     assert 'srtm_bucket_rate{topic="m"} 50.0' in text
+    # No subscriber yet: what waits for one is backlog, and nothing is a delivery.
+    (age,) = (ln for ln in text.splitlines() if ln.startswith("srtm_topic_backlog_age_seconds{"))
+    assert float(age.split()[-1]) > 0
+    assert 'srtm_topic_delivery_seconds{quantile="0.99",topic="m"}' not in text
 
 
 async def test_bucket_get_set_delete(broker_api: BrokerApi) -> None:

@@ -76,7 +76,7 @@ def test_in_flight_keeps_per_message_semantics(script: list[tuple[object, ...]])
     ch = topic.channel("c")
     cs = [FakeConsumer(), FakeConsumer()]
     for c in cs:
-        ch.add_consumer(c)
+        ch.add_consumer(c, 0)
     model = Model()
     known: list[bytes] = []
     now = 0
@@ -140,7 +140,7 @@ def test_in_flight_keeps_per_message_semantics(script: list[tuple[object, ...]])
         elif kind == "leave":
             ch.remove_consumer(cs[op[1]])  # type: ignore[index]
         elif kind == "join" and cs[op[1]] not in ch.consumers:  # type: ignore[index]
-            ch.add_consumer(cs[op[1]])  # type: ignore[index]
+            ch.add_consumer(cs[op[1]], 0)  # type: ignore[index]
         # After every step: the same messages in the same places, the same counts.
         assert set(ch.in_flight) == set(model.flying) and len(ch.in_flight) == len(model.flying)
         for i, c in enumerate(cs):
@@ -159,7 +159,7 @@ def test_settled_deadlines_are_compacted_and_a_touch_survives_it() -> None:
     topic = Topic("t", memory_queues())
     ch = topic.channel("c")
     c = FakeConsumer(rdy=10)
-    ch.add_consumer(c)
+    ch.add_consumer(c, 0)
     for i in range(3_000):
         topic.put(Message(b"%016x" % i, b"b", 0, 0))
     topic.release(0)
@@ -193,7 +193,7 @@ def test_a_redelivered_message_keeps_only_its_new_deadline() -> None:
     topic = Topic("t", memory_queues())
     ch = topic.channel("c")
     c = FakeConsumer(rdy=1)
-    ch.add_consumer(c)
+    ch.add_consumer(c, 0)
     topic.put(Message(b"%016x" % 1, b"b", 0, 0))
     topic.release(0)
     ((_, m),) = ch.dispatch(0)

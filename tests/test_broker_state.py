@@ -43,8 +43,8 @@ def test_every_channel_gets_a_copy() -> None:
     assert a.depth == b.depth == 3
     assert [m.body for m in a.queue.memory()] == [m.body for m in b.queue.memory()]
     ca, cb = FakeConsumer(rdy=1), FakeConsumer(rdy=1)
-    a.add_consumer(ca)
-    b.add_consumer(cb)
+    a.add_consumer(ca, 0)
+    b.add_consumer(cb, 0)
     ((_, ma),) = a.dispatch(0)
     ((_, mb),) = b.dispatch(0)
     assert ma is not mb and ma.attempts == mb.attempts == 1  # own attempts, own deadlines
@@ -54,8 +54,8 @@ def test_each_message_goes_to_one_consumer_within_rdy() -> None:
     topic = new_topic()
     ch = topic.channel("c")
     c1, c2 = FakeConsumer(rdy=2), FakeConsumer(rdy=1)
-    ch.add_consumer(c1)
-    ch.add_consumer(c2)
+    ch.add_consumer(c1, 0)
+    ch.add_consumer(c2, 0)
     publish(topic, 5)
     out = ch.dispatch(0)
     assert len(out) == 3  # RDY 2 + RDY 1
@@ -82,10 +82,10 @@ def test_fin_req_touch_only_for_the_holder() -> None:
     topic = new_topic()
     ch = topic.channel("c")
     holder, other = FakeConsumer(rdy=5), FakeConsumer(rdy=5)
-    ch.add_consumer(holder)
+    ch.add_consumer(holder, 0)
     publish(topic, 1)
     ((_, m),) = ch.dispatch(0)
-    ch.add_consumer(other)
+    ch.add_consumer(other, 0)
     for op in (lambda: ch.fin(m.id, other), lambda: ch.touch(m.id, other, 0)):
         with pytest.raises(DeliveryError):
             op()
@@ -100,7 +100,7 @@ def test_req_with_delay_comes_back_later_with_one_more_attempt() -> None:
     topic = new_topic()
     ch = topic.channel("c")
     c = FakeConsumer(rdy=5)
-    ch.add_consumer(c)
+    ch.add_consumer(c, 0)
     publish(topic, 1)
     ((_, m),) = ch.dispatch(0)
     ch.req(m.id, c, 100 * MS, now=0)
@@ -115,7 +115,7 @@ def test_timeouts_requeue_with_attempts_plus_one_and_touch_extends() -> None:
     topic = new_topic()
     ch = topic.channel("c")
     c = FakeConsumer(rdy=5, msg_timeout_ns=1_000 * MS)
-    ch.add_consumer(c)
+    ch.add_consumer(c, 0)
     publish(topic, 2)
     (_, m1), (_, m2) = ch.dispatch(0)
     ch.touch(m2.id, c, 600 * MS)  # m2's deadline moves to 1,600 ms
@@ -132,8 +132,8 @@ def test_a_disconnect_leaves_in_flight_until_its_timeout() -> None:
     topic = new_topic()
     ch = topic.channel("c")
     gone, stays = FakeConsumer(rdy=2), FakeConsumer(rdy=0)
-    ch.add_consumer(gone)
-    ch.add_consumer(stays)
+    ch.add_consumer(gone, 0)
+    ch.add_consumer(stays, 0)
     publish(topic, 3)
     taken = [m.id for _, m in ch.dispatch(0)]
     ch.remove_consumer(gone)
@@ -151,7 +151,7 @@ def test_paused_topic_and_channel_hold_messages() -> None:
     topic = new_topic()
     ch = topic.channel("c")
     c = FakeConsumer(rdy=5)
-    ch.add_consumer(c)
+    ch.add_consumer(c, 0)
     topic.paused = True
     topic.put(message(0))
     assert topic.release(0) == [] and topic.depth == 1
@@ -229,7 +229,7 @@ def test_channel_head_lists_in_flight_then_queue_then_deferred() -> None:
     topic = new_topic()
     ch: Channel = topic.channel("c")
     c = FakeConsumer(rdy=1)
-    ch.add_consumer(c)
+    ch.add_consumer(c, 0)
     publish(topic, 3)
     ((_, first),) = ch.dispatch(0)
     ch.defer(message(7), 42)
@@ -246,7 +246,7 @@ def test_finished_messages_do_not_pile_up_deadlines() -> None:
     topic = new_topic()
     ch = topic.channel("c")
     c = FakeConsumer(rdy=10)
-    ch.add_consumer(c)
+    ch.add_consumer(c, 0)
     for i in range(5_000):
         topic.put(message(i))
         topic.release(0)

@@ -272,8 +272,8 @@ def test_a_fanout_settles_once_per_channel(tmp_path: Path) -> None:
         rdy, in_flight, msg_timeout_ns = 100, 0, 10**12
 
     ca, cb = C(), C()
-    a.add_consumer(ca)
-    b.add_consumer(cb)
+    a.add_consumer(ca, 0)
+    b.add_consumer(cb, 0)
     for m in [m for _, m in a.dispatch(0)]:
         a.fin(m.id, ca)
     # Channel a is done, b has not even started: the segments stay for b.

@@ -89,13 +89,15 @@ def test_the_state_document_carries_ledger_slo_p99_plan_and_penalty() -> None:
         assert (b.allocated, b.measured, b.rcap) == (
             ledger[b.id].allocated, ledger[b.id].measured, ledger[b.id].rcap)  # fmt: skip
     t, quiet = (next(x for x in state.topics if x.name == n) for n in ("t", "quiet"))
-    # The largest p99 of the topic's brokers, against its SLO.
-    assert t.p99_ms == 2.0 + len(topic.buckets) - 1 and t.samples == 100 * len(topic.buckets)
-    assert t.slo_met is (t.p99_ms <= 5.0)
+    # The largest delivery p99 of the topic's brokers, against its SLO.
+    assert t.delivery_p99_ms == 2.0 + len(topic.buckets) - 1
+    assert t.deliveries == 100 * len(topic.buckets)
+    assert t.slo_met is (t.delivery_p99_ms <= 5.0)
     assert [s.id for s in t.brokers] == list(topic.assignment)
     assert all(s.bucket is not None and s.rate == 150.0 for s in t.brokers)
     assert t.drl.penalty_ms is not None
-    assert quiet.p99_ms is None and quiet.slo_met is None and quiet.drl.note == "no traffic"
+    assert quiet.delivery_p99_ms is None and quiet.slo_met is None
+    assert quiet.drl.note == "no traffic"
 
 
 def test_a_missed_slo_is_marked() -> None:
@@ -103,16 +105,38 @@ def test_a_missed_slo_is_marked() -> None:
     (b, *_) = c.topics["t"].buckets
     doc = console_state(c, {b: {"t": Latency(9.0, 10)}}, {}, 0.0)
     (t,) = (x for x in doc["topics"] if x["name"] == "t")
-    assert (t["p99_ms"], t["slo_met"]) == (9.0, False)
+    assert (t["delivery_p99_ms"], t["slo_met"]) == (9.0, False)
 
 
-def test_latencies_read_the_p99_of_each_topic_of_a_stats_document() -> None:
+def test_waits_for_a_subscriber_are_backlog_not_a_missed_slo() -> None:
+    c = _controller()
+    b0, b1 = sorted(c.topics["t"].buckets)
+    readings = {b0: {"t": Latency(1.0, 50, 1649.0, 1, 0.0)},
+                b1: {"t": Latency(None, 0, None, 0, 30_000.0)}}  # fmt: skip
+    (t,) = (x for x in console_state(c, readings, {}, 0.0)["topics"] if x["name"] == "t")
+    assert (t["delivery_p99_ms"], t["deliveries"], t["slo_met"]) == (1.0, 50, True)
+    assert (t["wait_p99_ms"], t["waits"], t["backlog_age_ms"]) == (1649.0, 1, 30_000.0)
+
+
+def _summary(count: int, p99: int) -> dict[str, int]:
+    return {"count": count, "mean": p99 // 2, "p50": p99 // 2, "p95": p99, "p99": p99,
+            "p999": p99}  # fmt: skip
+
+
+def test_latencies_read_each_topics_delivery_window_of_a_stats_document() -> None:
     stats = {"topics": [
+        # nsqd's figure counts waits for a subscriber since start: not read
         {"topic_name": "a", "e2e_processing_latency": {"count": 3, "percentiles": [
-            {"quantile": 0.5, "value": 1_000_000}, {"quantile": 0.99, "value": 2_500_000}]}},
-        {"topic_name": "b", "e2e_processing_latency": {"count": 0, "percentiles": None}},
-    ]}  # fmt: skip
-    assert latencies(stats) == {"a": Latency(2.5, 3), "b": Latency(None, 0)}
+            {"quantile": 0.99, "value": 1_649_000_000}]}}],
+        "srtm": {"topics": [
+            {"topic": "a", "delivery_ns": _summary(3, 2_500_000),
+             "subscriber_wait_ns": _summary(1, 1_649_000_000), "backlog_age_ns": 0},
+            {"topic": "b", "delivery_ns": _summary(0, 0), "subscriber_wait_ns": _summary(0, 0),
+             "backlog_age_ns": 12_000_000},
+            {"topic": "old", "latency_ns": _summary(3, 5)},  # an older broker's: no reading
+        ]}}  # fmt: skip
+    assert latencies(stats) == {
+        "a": Latency(2.5, 3, 1649.0, 1, 0.0), "b": Latency(None, 0, None, 0, 12.0)}  # fmt: skip
 
 
 async def test_the_page_and_its_files_are_served(controller_api: ControllerClient) -> None:

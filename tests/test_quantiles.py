@@ -61,6 +61,8 @@ async def test_the_broker_shows_the_reported_quantiles(make_broker: MakeBroker) 
     ours = doc["srtm"]["topics"][0]["token_wait_ns"]
     assert list(ours) == ["count", "mean", "p50", "p95", "p99", "p999"]
     assert ours["p999"] == nsqd[-1]["value"]
-    (family,) = (m for m in BrokerCollector(broker).collect() if m.name.endswith("wait_seconds"))
+    (family,) = (
+        m for m in BrokerCollector(broker).collect() if m.name == "srtm_topic_token_wait_seconds"
+    )
     labels = [s.labels["quantile"] for s in family.samples if s.labels["topic"] == "q"]
     assert labels == ["0.5", "0.95", "0.99", "0.999"]

@@ -413,7 +413,7 @@ class Broker:
             waits.discard(topic_name)
             if not waits:
                 del self._refused[client]
-        ch.add_consumer(client)
+        ch.add_consumer(client, time.time_ns())
         return ch
 
     def _stop_waiting(self, topic_name: str, client: Client) -> None:
@@ -723,7 +723,10 @@ class Broker:
         lateness = shaped and self.releaser.server is None
         records = out[0][1] if len(out) == 1 else [r for _, rs in out for r in rs]
         stats = self.stats.topic(ch.topic)
-        stats.dispatched(ch.name, records, now, shaped, first_channel, lateness)
+        unserved = ch.unserved_before_ns
+        stats.dispatched(ch.name, records, now, shaped, first_channel, lateness, unserved)
+        if unserved and not topic.may_hold_before(ch, unserved):
+            ch.unserved_before_ns = 0  # nothing from before its subscriber is left
         if not first_channel or (self.traces is None and not self.measurements.running):
             return
         # Traces and measurement rounds take messages (as sent: attempts counted).

@@ -627,8 +627,29 @@ class SrtmTopicDoc(Doc):
     rate_1s: float
     window: WindowDoc
     token_wait_ns: LatencySummaryDoc
-    latency_ns: LatencySummaryDoc
+    latency_ns: LatencySummaryDoc = Field(
+        description="Dispatch − arrival of first attempts on its first channel since the "
+        "broker started, waits for a subscriber included (nsqd's e2e_processing_latency)"
+    )
     release_lateness_ns: LatencySummaryDoc
+    delivery_window_s: float = Field(
+        description="delivery_ns and subscriber_wait_ns cover the last this many seconds "
+        "(the current 10 s step and the five before it)"
+    )
+    delivery_ns: LatencySummaryDoc = Field(
+        description="Dispatch − arrival of first attempts on every channel, over the "
+        "window, of the messages that arrived while their channel had a subscriber and "
+        "kept one until dispatched: what the controller judges the SLO on"
+    )
+    subscriber_wait_ns: LatencySummaryDoc = Field(
+        description="The same of every other first attempt: messages that waited for a "
+        "subscriber (arrived before their channel had one, or it had none for a while)"
+    )
+    backlog_age_ns: int = Field(
+        description="Age of the oldest message waiting to be delivered (shaping, held for "
+        "a first channel, or queued on a channel; of the queues' heads in memory; "
+        "deferred ones not counted); 0: none"
+    )
     dropped: int
     channels: list[SrtmChannelDoc]
     admission: list[AdmissionClassDoc] = Field(

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from srtm.broker.stats import Recorder
 from srtm.quantiles import REPORTED
 
 if TYPE_CHECKING:
@@ -43,8 +42,24 @@ class BrokerCollector(Collector):
         )
         lat = GaugeMetricFamily(
             "srtm_topic_latency_seconds",
-            "In-broker latency (dispatch − arrival) quantiles",
+            "In-broker latency (dispatch − arrival) quantiles since start",
             labels=[*t_labels, "quantile"],
+        )
+        served = GaugeMetricFamily(
+            "srtm_topic_delivery_seconds",
+            "In-broker latency of deliveries to subscribers that were there, over the "
+            "delivery window: the SLO's figure",
+            labels=[*t_labels, "quantile"],
+        )
+        waited = GaugeMetricFamily(
+            "srtm_topic_subscriber_wait_seconds",
+            "In-broker latency of deliveries that waited for a subscriber, over the window",
+            labels=[*t_labels, "quantile"],
+        )
+        age = GaugeMetricFamily(
+            "srtm_topic_backlog_age_seconds",
+            "Age of the oldest message waiting to be delivered",
+            labels=t_labels,
         )
         c_depth = GaugeMetricFamily("srtm_channel_depth", "Queued messages", labels=c_labels)
         c_flight = GaugeMetricFamily("srtm_channel_in_flight", "In flight", labels=c_labels)
@@ -62,8 +77,12 @@ class BrokerCollector(Collector):
             if t.bucket is not None:
                 b_rate.add_metric([t.name], t.bucket.rate)
                 b_burst.add_metric([t.name], t.bucket.burst)
-            _quantiles(wait, [t.name], ts.token_wait)
-            _quantiles(lat, [t.name], ts.latency)
+            _quantiles(wait, [t.name], ts.token_wait.summary())
+            _quantiles(lat, [t.name], ts.latency.summary())
+            _quantiles(served, [t.name], ts.delivery.summary(now))
+            _quantiles(waited, [t.name], ts.subscriber_wait.summary(now))
+            oldest = t.oldest_arrival_ns()
+            age.add_metric([t.name], 0.0 if oldest is None else max(0, now - oldest) / 1e9)
             for ch in list(t.channels.values()):
                 lv = [t.name, ch.name]
                 c_depth.add_metric(lv, ch.depth)
@@ -74,12 +93,12 @@ class BrokerCollector(Collector):
                 c_cli.add_metric(lv, len(ch.consumers))
         clients = GaugeMetricFamily("srtm_clients", "Connected clients")
         clients.add_metric([], len(b.clients))
-        yield from (msgs, depth, rate, avg, backlog, b_rate, b_burst, wait, lat)
+        yield from (msgs, depth, rate, avg, backlog, b_rate, b_burst, wait, lat, served, waited)
+        yield age
         yield from (c_depth, c_flight, c_msgs, c_req, c_to, c_cli, clients)
 
 
-def _quantiles(family: GaugeMetricFamily, labels: list[str], rec: Recorder) -> None:
-    s = rec.summary()
+def _quantiles(family: GaugeMetricFamily, labels: list[str], s: dict[str, float]) -> None:
     if not s["count"]:
         return
     for key, q in REPORTED:

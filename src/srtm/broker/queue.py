@@ -225,6 +225,11 @@ class MessageQueue:
             self._refill()
         return self._mem[0][3] if self._mem else None
 
+    def head_arrival_ns(self) -> int | None:
+        """The head's arrival if the head is in memory (None: empty, or the head is in the
+        backend, which is not asked: a reader of the stats must not move messages)."""
+        return self._mem[0][3] if self._mem else None
+
     def set_head_release(self, release_ns: int) -> None:
         """Book the head's release time (the queue must not be empty)."""
         r = self._mem[0]

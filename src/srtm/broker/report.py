@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from srtm.broker.relay import counters_of
-from srtm.broker.stats import Recorder
+from srtm.broker.stats import Recorder, WindowRecorder
 from srtm.quantiles import REPORTED
 
 if TYPE_CHECKING:
@@ -43,7 +43,15 @@ def _percentiles(rec: Recorder) -> Doc:
 
 def latency_summary(rec: Recorder) -> Doc:
     """count, mean, p50, p95, p99, p999 in ns."""
-    s = rec.summary()
+    return _summary_doc(rec.summary())
+
+
+def window_summary(rec: WindowRecorder, now: int) -> Doc:
+    """``latency_summary`` of the values in ``rec``'s window at ``now``."""
+    return _summary_doc(rec.summary(now))
+
+
+def _summary_doc(s: dict[str, float]) -> Doc:
     return dict(
         count=int(s["count"]),
         mean=int(s["mean"]),
@@ -131,6 +139,10 @@ def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
         token_wait_ns=latency_summary(ts.token_wait),
         latency_ns=latency_summary(ts.latency),
         release_lateness_ns=latency_summary(ts.lateness),
+        delivery_window_s=ts.delivery.seconds,
+        delivery_ns=window_summary(ts.delivery, now),
+        subscriber_wait_ns=window_summary(ts.subscriber_wait, now),
+        backlog_age_ns=0 if (oldest := t.oldest_arrival_ns()) is None else max(0, now - oldest),
         dropped=t.shaping.dropped
         + t.held.dropped
         + sum(ch.queue.dropped for ch in t.channels.values()),

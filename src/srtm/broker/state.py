@@ -98,6 +98,10 @@ class Channel:
     #: Where the channel puts itself when it gets a deferred message or an in-flight
     #: deadline (the broker's scan then looks at these channels only, not at every one).
     watch: set[Channel] | None = field(default=None, repr=False)
+    #: A message that arrived before this (ns) waited for a subscriber: when the channel
+    #: last got a consumer while it had none (0: neither it nor its topic holds one
+    #: that old). One that arrived since, while a consumer stayed, was served.
+    unserved_before_ns: int = 0
 
     @property
     def ephemeral(self) -> bool:
@@ -131,7 +135,11 @@ class Channel:
         self.defer(msg, due_ns)
 
     # -- consumers -----------------------------------------------------------------------
-    def add_consumer(self, consumer: Consumer) -> None:
+    def add_consumer(self, consumer: Consumer, now: int) -> None:
+        """A consumer subscribes at ``now``: the first one (the channel had none) makes
+        whatever arrived before it one that waited for a subscriber."""
+        if not self.consumers:
+            self.unserved_before_ns = now
         self.consumers.append(consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:
@@ -411,6 +419,26 @@ class Topic:
                     ch.put_deferred(msg, due)
                 self.held_deferred.clear()
         return ch
+
+    def may_hold_before(self, ch: Channel, arrival_ns: int) -> bool:
+        """Whether the topic or ``ch``, one of its channels, may still hold a message that
+        arrived before ``arrival_ns`` (queues are FIFO, so their heads tell: one whose head
+        is not in memory may, as may anything deferred or held for a first channel)."""
+        if ch.deferred_count or self.held_deferred or len(self.held):
+            return True
+        for q in (ch.queue, self.shaping):
+            if len(q) and ((head := q.head_arrival_ns()) is None or head < arrival_ns):
+                return True
+        return False
+
+    def oldest_arrival_ns(self) -> int | None:
+        """The arrival of the oldest message waiting to be delivered here, of the queues'
+        heads in memory (shaping, held for a first channel, each channel's queue, where a
+        requeued message counts from its first arrival); None: none. Deferred messages
+        (DPUB, delayed REQ) wait by request and are not counted."""
+        heads = [self.shaping.head_arrival_ns(), self.held.head_arrival_ns()]
+        heads += [ch.queue.head_arrival_ns() for ch in self.channels.values()]
+        return min((h for h in heads if h is not None), default=None)
 
     def shape(self, rate: float, burst: float, clock: Callable[[], int]) -> TokenBucket:
         """Give the topic its sub-bucket, or retune it keeping its state (both checked

@@ -69,22 +69,32 @@ def _index_values(hist_shape: tuple[int, int, int, int]) -> tuple[np.ndarray, np
     return sub << (bucket + unit), np.left_shift(1, bucket + unit)
 
 
-def summarise(hist: HdrHistogram) -> dict[str, float]:
-    """count, mean and the REPORTED quantiles of ``hist``: the values
-    ``get_value_at_percentile`` gives, computed with numpy over the counts (hdrh loops over
-    33,792 counts in Python per call)."""
-    total = int(hist.total_count)
-    out: dict[str, float] = {"count": total, "mean": 0.0}
-    if not total:
-        return out | _EMPTY_QUANTILES
-    shape = (
+def _shape(hist: HdrHistogram) -> tuple[int, int, int, int]:
+    return (
         hist.counts_len,
         hist.sub_bucket_half_count_magnitude,
         hist.sub_bucket_half_count,
         hist.unit_magnitude,
     )
-    lowest, width = _index_values(shape)
-    counts = np.ctypeslib.as_array(hist.counts).astype(np.int64)
+
+
+def summarise(hist: HdrHistogram) -> dict[str, float]:
+    """count, mean and the REPORTED quantiles of ``hist``: the values
+    ``get_value_at_percentile`` gives, computed with numpy over the counts (hdrh loops over
+    33,792 counts in Python per call)."""
+    return summarise_many([hist])
+
+
+def summarise_many(hists: Sequence[HdrHistogram]) -> dict[str, float]:
+    """``summarise`` of the sum of ``hists``, histograms of one shape (none: empty)."""
+    total = sum(int(h.total_count) for h in hists)
+    out: dict[str, float] = {"count": total, "mean": 0.0}
+    if not total:
+        return out | _EMPTY_QUANTILES
+    lowest, width = _index_values(_shape(hists[0]))
+    counts = np.ctypeslib.as_array(hists[0].counts).astype(np.int64)
+    for h in hists[1:]:
+        counts += np.ctypeslib.as_array(h.counts)
     cum = np.cumsum(counts)
     out["mean"] = float((counts * (lowest + (width >> 1))).sum() / total)
     for name, q in REPORTED:
@@ -138,6 +148,8 @@ class Recorder:
     """
 
     __slots__ = ("_hist", "pending")
+    #: The histogram's significant digits and bytes per count.
+    DIGITS, WORD = 3, 8
 
     def __init__(self) -> None:
         self._hist: HdrHistogram | None = None
@@ -147,7 +159,12 @@ class Recorder:
     def hist(self) -> HdrHistogram:
         """The histogram (made now if nothing was recorded yet)."""
         if self._hist is None:
-            self._hist = HdrHistogram(1, _MAX_NS, 3)
+            self._hist = HdrHistogram(1, _MAX_NS, self.DIGITS, word_size=self.WORD)
+        return self._hist
+
+    def recorded(self) -> HdrHistogram | None:
+        """The histogram, flushed (None: nothing was ever recorded)."""
+        self.flush()
         return self._hist
 
     def add(self, value_ns: int) -> None:
@@ -180,6 +197,78 @@ class Recorder:
 
 _EMPTY_QUANTILES: dict[str, float] = {name: 0 for name, _ in REPORTED}
 _EMPTY_SUMMARY: dict[str, float] = {"count": 0, "mean": 0.0} | _EMPTY_QUANTILES
+
+
+class StepRecorder(Recorder):
+    """A ``Recorder`` of 2 significant digits in 32-bit counts: 18 KB of counts, not 270 KB
+    (a window keeps several per topic; 1 % is finer than an SLO is judged at)."""
+
+    __slots__ = ()
+    DIGITS, WORD = 2, 4
+
+
+#: The window SLO latency is judged over: ``WINDOW_STEPS`` steps of ``WINDOW_STEP_NS``, the
+#: current one included (the last 50 to 60 s).
+WINDOW_STEP_NS = 10 * NS_PER_S
+WINDOW_STEPS = 6
+
+
+class WindowRecorder:
+    """A sliding window of recorders: the values of the last ``steps`` steps of
+    ``step_ns``, the current step included.
+
+    A value costs what it costs a ``Recorder`` (appended to the current step's pending
+    array). The window moves by the clock each call is given, not per value: a call in a
+    later step starts a new one, and steps that left the window are dropped unread (a
+    step's values are flushed into its histogram once ``FLUSH_AT`` wait, or when read).
+    """
+
+    __slots__ = ("_old", "_until", "current", "step_ns", "steps")
+
+    def __init__(self, step_ns: int = WINDOW_STEP_NS, steps: int = WINDOW_STEPS) -> None:
+        if step_ns <= 0 or steps <= 0:
+            raise ValueError(f"a window of {steps} steps of {step_ns} ns")
+        self.step_ns, self.steps = step_ns, steps
+        #: The recorder of the current step, where values go.
+        self.current = StepRecorder()
+        #: When the current step ends (ns; 0: none begun).
+        self._until = 0
+        #: Earlier steps still in the window, oldest first: (when it ended, its recorder).
+        self._old: deque[tuple[int, StepRecorder]] = deque()
+
+    @property
+    def seconds(self) -> float:
+        """The window's length (s): the current step, however far on, and those before."""
+        return self.step_ns * self.steps / NS_PER_S
+
+    def extend(self, values_ns: array[int], now: int) -> None:
+        """Values (int64) recorded at ``now``."""
+        if now >= self._until:
+            self._move(now)
+        self.current.pending.extend(values_ns)
+
+    def _move(self, now: int) -> None:
+        """Begin the step ``now`` is in, keeping the current one if it has values; drop
+        the steps that left the window."""
+        cur = self.current
+        if cur.pending or cur._hist is not None:
+            self._old.append((self._until, cur))
+            self.current = StepRecorder()
+        self._until = (now // self.step_ns + 1) * self.step_ns
+        start = self._until - self.steps * self.step_ns
+        while self._old and self._old[0][0] <= start:
+            self._old.popleft()
+
+    def recorders(self) -> list[Recorder]:
+        return [self.current]
+
+    def summary(self, now: int) -> dict[str, float]:
+        """count, mean and p50/p95/p99/p999 in ns of the values in the window at ``now``
+        (0 when empty)."""
+        if now >= self._until:
+            self._move(now)
+        steps = [r for _, r in self._old] + [self.current]
+        return summarise_many([h for r in steps if (h := r.recorded()) is not None])
 
 
 @dataclass
@@ -246,6 +335,11 @@ class TopicStats:
     #: dispatch − GCRA release time, first attempts of shaped messages
     lateness: Recorder = field(default_factory=Recorder)
     channels: dict[str, ChannelStats] = field(default_factory=dict)
+    #: dispatch − arrival of first attempts on every channel, over the recent window: of
+    #: messages that arrived while their channel had a subscriber, which kept one until
+    #: the dispatch (what an SLO is judged on), and of the others, which waited for one
+    delivery: WindowRecorder = field(default_factory=WindowRecorder)
+    subscriber_wait: WindowRecorder = field(default_factory=WindowRecorder)
 
     def channel(self, name: str) -> ChannelStats:
         cs = self.channels.get(name)
@@ -261,18 +355,28 @@ class TopicStats:
         shaped: bool,
         first_channel: bool,
         lateness: bool,
+        unserved_before_ns: int = 0,
     ) -> None:
         """Account the first attempts among ``records`` (as queued: attempts 0), dispatched
         by ``channel`` at ``now`` (a redelivery is not a new message): the channel's rate,
-        latency and (``shaped``) token wait; where it is the topic's first channel, the
-        topic's latency and (with ``lateness``) its release lateness too, so that a message
-        counts once. One array per kind of value, not a call per value."""
+        latency and (``shaped``) token wait, and the topic's delivery window (those that
+        arrived before ``unserved_before_ns`` waited for a subscriber: see
+        ``Channel.unserved_before_ns``; 0: none did); where it is the topic's first
+        channel, the topic's latency and (with ``lateness``) its release lateness too, so
+        that a message counts once. One array per kind of value, not a call per value."""
         cs = self.channel(channel)
         count, latency, token_wait, late = first_attempt_times(records, now)
         if not count:
             return
         cs.window.add(now, count, 0.0)
         cs.latency.extend(latency)
+        # Only while the channel may still hold messages from before its subscriber.
+        if unserved_before_ns and max(latency) > now - unserved_before_ns:
+            cutoff = now - unserved_before_ns
+            self.delivery.extend(array("q", [v for v in latency if v <= cutoff]), now)
+            self.subscriber_wait.extend(array("q", [v for v in latency if v > cutoff]), now)
+        else:
+            self.delivery.extend(latency, now)
         if shaped:
             cs.token_wait.extend(token_wait)
         if first_channel:
@@ -282,6 +386,7 @@ class TopicStats:
 
     def recorders(self) -> list[Recorder]:
         out = [self.token_wait, self.latency, self.lateness]
+        out += self.delivery.recorders() + self.subscriber_wait.recorders()
         for cs in self.channels.values():
             out += [cs.token_wait, cs.latency]
         return out

@@ -423,8 +423,8 @@ class ControllerAPI:
 
     async def ui_state(self, request: web.Request) -> web.Response:
         """Everything the console shows: brokers with their ledger, topics with SLO,
-        measured p99 (from the brokers' /stats), plan, sub-buckets, DRL penalty, fitting
-        and events."""
+        delivery p99 and backlog (from the brokers' /stats), plan, sub-buckets, DRL
+        penalty, fitting and events."""
         readings = await self.latency.read(self.ctrl.up())
         drl = await asyncio.to_thread(console.drl_penalties, console.drl_inputs(self.ctrl))
         doc = console.console_state(self.ctrl, readings, self.service.info(), time.monotonic(), drl)

@@ -2,6 +2,11 @@
 built by a pure function (``console_state``) from the controller's state and what its
 brokers' ``/stats`` say of latency (``LatencyReader``, the only I/O here).
 
+A topic's SLO is judged on its brokers' *delivery* latency: time in broker of the messages
+that arrived while their channel had a subscriber, over the brokers' recent window (the
+last 50 to 60 s). Time spent waiting for a subscriber is shown apart, as backlog, and
+never judged against the SLO.
+
 The page itself is static (``srtm/control/ui/``: HTML, CSS, plain JS, no build step)
 and polls ``GET /ui/state``."""
 
@@ -43,14 +48,31 @@ MAX_LOAD = 0.995
 
 @dataclass(frozen=True, slots=True)
 class Latency:
-    """One broker's reading of one topic's latency (``/stats``: e2e_processing_latency,
-    dispatch − arrival of first attempts, since the broker started)."""
+    """One broker's reading of one topic (its ``/stats``, ``srtm`` section), over the
+    broker's window: the p99 of dispatch − arrival of deliveries to subscribers that were
+    there (``delivery_ns``) and of those that waited for one (``subscriber_wait_ns``),
+    with their counts, and the age of the oldest message waiting (``backlog_age_ns``)."""
 
-    p99_ms: float | None
-    samples: int
+    delivery_p99_ms: float | None
+    deliveries: int
+    wait_p99_ms: float | None = None
+    waits: int = 0
+    backlog_age_ms: float = 0.0
 
 
 # -- the document ----------------------------------------------------------------------------
+_DELIVERY = (
+    "p99 of time in broker (dispatch − arrival, token wait included) of first deliveries "
+    "to subscribers that were there: the message arrived while its channel had a "
+    "subscriber, and it kept one until the delivery; over the broker's last 50 to 60 s"
+)
+_WAIT = (
+    "p99 of time in broker of the other first deliveries, those that waited for a "
+    "subscriber, over the same window"
+)
+_AGE = "age of the oldest message the broker holds undelivered for the topic (0: none)"
+
+
 class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -71,8 +93,11 @@ class ConsoleShare(_Doc):
     draining: bool
     rate: float | None = Field(description="msg/s it last reported for the topic (window)")
     backlog: float | None = Field(description="tokens owed, largest in its window")
-    p99_ms: float | None = Field(description="time in broker, p99 since it started")
-    samples: int
+    delivery_p99_ms: float | None = Field(description=_DELIVERY)
+    deliveries: int = Field(description="deliveries delivery_p99_ms is taken over")
+    wait_p99_ms: float | None = Field(description=_WAIT)
+    waits: int = Field(description="deliveries wait_p99_ms is taken over")
+    backlog_age_ms: float | None = Field(description=_AGE)
 
 
 class Drl(_Doc):
@@ -96,9 +121,18 @@ class ConsoleTopic(_Doc):
     burst: float
     publishers: int
     unassigned: int
-    p99_ms: float | None = Field(description="the largest p99 of its brokers' readings")
-    samples: int
-    slo_met: bool | None = Field(description="p99_ms <= slo_p99_ms; null without samples")
+    delivery_p99_ms: float | None = Field(
+        description="the largest delivery p99 of its brokers' readings: " + _DELIVERY
+    )
+    deliveries: int = Field(description="deliveries over its brokers' windows")
+    slo_met: bool | None = Field(
+        description="delivery_p99_ms <= slo_p99_ms; null without deliveries in the window"
+    )
+    wait_p99_ms: float | None = Field(
+        description="the largest of its brokers' (not judged against the SLO): " + _WAIT
+    )
+    waits: int = Field(description="deliveries that waited for a subscriber, in the window")
+    backlog_age_ms: float | None = Field(description="the largest of its brokers': " + _AGE)
     brokers: list[ConsoleShare]
     drl: Drl
     adaptor: str = Field(description="the TB Adaptor: settling after a plan change, or on")
@@ -171,21 +205,29 @@ def _topic(
     name = t.spec.name
     ids = list(t.assignment) + [b for b in t.buckets if b not in t.assignment]
     shares = [_share(ctrl.brokers.get(b), b, t, latency.get(b, {}).get(name)) for b in ids]
-    readings = [s for s in shares if s["samples"] and s["p99_ms"] is not None]
-    p99 = max((s["p99_ms"] for s in readings), default=None)
+    p99 = _largest(shares, "delivery_p99_ms", "deliveries")
     return {
         "name": name, "status": t.status, "policy": str(t.policy), "version": t.version,
         "open": t.open, "slo_p99_ms": t.spec.slo_p99_ms, "rate": t.spec.rate,
         "burst": t.spec.burst, "publishers": len(t.spec.publishers),
-        "unassigned": len(t.unassigned), "p99_ms": p99,
-        "samples": sum(s["samples"] for s in readings),
+        "unassigned": len(t.unassigned), "delivery_p99_ms": p99,
+        "deliveries": sum(s["deliveries"] for s in shares),
         "slo_met": None if p99 is None else p99 <= t.spec.slo_p99_ms,
+        "wait_p99_ms": _largest(shares, "wait_p99_ms", "waits"),
+        "waits": sum(s["waits"] for s in shares),
+        "backlog_age_ms": max((a for s in shares if (a := s["backlog_age_ms"]) is not None),
+                              default=None),
         "brokers": shares,
         "drl": drl.get(name, _NOT_YET),
         "adaptor": _adaptor(t, now),
         "fitting": t.fitting,
         "events": t.events[-EVENTS_PER_TOPIC:],
     }  # fmt: skip
+
+
+def _largest(shares: list[dict[str, Any]], p99: str, count: str) -> float | None:
+    """The largest ``p99`` of the shares that have values (``count``); None: none has."""
+    return max((s[p99] for s in shares if s[count] and s[p99] is not None), default=None)
 
 
 def _share(
@@ -200,8 +242,11 @@ def _share(
         "draining": broker in t.draining,
         "rate": None if report is None else report.rate,
         "backlog": None if report is None else report.backlog,
-        "p99_ms": None if reading is None else reading.p99_ms,
-        "samples": 0 if reading is None else reading.samples,
+        "delivery_p99_ms": None if reading is None else reading.delivery_p99_ms,
+        "deliveries": 0 if reading is None else reading.deliveries,
+        "wait_p99_ms": None if reading is None else reading.wait_p99_ms,
+        "waits": 0 if reading is None else reading.waits,
+        "backlog_age_ms": None if reading is None else reading.backlog_age_ms,
     }
 
 
@@ -317,17 +362,26 @@ class LatencyReader:
 
 
 def latencies(stats: Any) -> dict[str, Latency]:
-    """Per topic of a broker's ``/stats`` document: the p99 of e2e_processing_latency."""
+    """Per topic of a broker's ``/stats`` document (its ``srtm`` section): the delivery
+    and subscriber-wait p99s over its window, and its backlog age. A broker that reports
+    no delivery window (older than this controller) gives no reading: nsqd's
+    e2e_processing_latency counts waits for a subscriber since the broker started."""
     out = {}
-    for t in stats.get("topics", []) if isinstance(stats, dict) else []:
-        lat = t.get("e2e_processing_latency") or {}
-        p99 = next(
-            (p["value"] for p in lat.get("percentiles") or [] if p.get("quantile") == 0.99), None
-        )
-        out[str(t.get("topic_name"))] = Latency(
-            None if p99 is None else p99 / 1e6, int(lat.get("count") or 0)
-        )
+    srtm = stats.get("srtm") if isinstance(stats, dict) else None
+    for t in srtm.get("topics", []) if isinstance(srtm, dict) else []:
+        if not isinstance(t, dict) or not isinstance(t.get("delivery_ns"), dict):
+            continue
+        served, waited = t["delivery_ns"], t.get("subscriber_wait_ns") or {}
+        out[str(t.get("topic"))] = Latency(
+            _ms(served), int(served.get("count") or 0), _ms(waited),
+            int(waited.get("count") or 0), float(t.get("backlog_age_ns") or 0) / 1e6,
+        )  # fmt: skip
     return out
+
+
+def _ms(summary: dict[str, Any]) -> float | None:
+    """The p99 of a latency summary (ns) in ms; None without values."""
+    return float(summary["p99"]) / 1e6 if summary.get("count") and "p99" in summary else None
 
 
 def asset(name: str) -> bytes:

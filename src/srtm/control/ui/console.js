@@ -49,15 +49,23 @@ function renderBrokers(brokers) {
 }
 
 function sloMark(t) {
-  if (t.slo_met === null) return el("span", { class: "none" }, "no samples");
+  if (t.slo_met === null) return el("span", { class: "none" }, "no deliveries");
   return t.slo_met ? el("span", { class: "met" }, "✔ met") : el("span", { class: "missed" }, "✘ missed");
 }
 
 function share(s) {
   const bucket = s.bucket ? `${num(s.bucket.rate, 1)}/${num(s.bucket.burst, 1)}` : "held";
-  const text = `${s.id} · ${s.publishers} pub · ${bucket} · ${num(s.rate, 1)} msg/s · ${ms(s.p99_ms)}`;
+  const text = `${s.id} · ${s.publishers} pub · ${bucket} · ${num(s.rate, 1)} msg/s · ${ms(s.delivery_p99_ms)}`;
   return el("div", { class: s.draining ? "share draining" : "share", "data-broker": s.id },
     s.draining ? `${text} (draining)` : text);
+}
+
+// Waits for a subscriber, apart from the SLO: the oldest message waiting now, and the
+// p99 of the deliveries in the window that had waited for one.
+function backlog(t) {
+  const waited = t.waits ? `${ms(t.wait_p99_ms)} p99 of ${num(t.waits)} that waited` : "none waited";
+  const age = t.backlog_age_ms ? `${ms(t.backlog_age_ms)} oldest` : (t.backlog_age_ms === 0 ? "none waiting" : "—");
+  return [age, el("div", { class: "note" }, waited)];
 }
 
 function fitting(f) {
@@ -73,8 +81,9 @@ function renderTopics(topics) {
       `${t.policy} · v${t.version} · r ${num(t.rate, 1)} · b ${num(t.burst, 1)} · ${t.publishers} publishers`)),
     el("td", {}, t.status, t.unassigned ? el("div", { class: "note" }, `${t.unassigned} unassigned`) : ""),
     el("td", { class: "num slo" }, ms(t.slo_p99_ms)),
-    el("td", { class: "num p99" }, ms(t.p99_ms), el("div", { class: "note" }, `${num(t.samples)} samples`)),
+    el("td", { class: "num p99" }, ms(t.delivery_p99_ms), el("div", { class: "note" }, `${num(t.deliveries)} deliveries`)),
     el("td", { class: "verdict" }, sloMark(t)),
+    el("td", { class: "num backlog" }, ...backlog(t)),
     el("td", { class: "plan" }, ...t.brokers.map(share)),
     el("td", { class: "num drl", title: t.drl.note },
       ms(t.drl.penalty_ms), el("div", { class: "note" }, t.drl.note)),
