@@ -5,6 +5,7 @@ have the declared shapes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,79 @@ async def test_a_bad_document_is_refused_naming_the_field(
     status, body = await controller_api.call("POST", path, doc)
     assert status == 400 and body["message"].startswith(where), body
     Error.model_validate(body)
+
+
+#: Every controller endpoint that takes a JSON body (topic t exists where one is needed).
+JSON_BODIES = [
+    ("POST", "/brokers"),
+    ("POST", "/brokers/a/report"),
+    ("POST", "/topics"),
+    ("PATCH", "/topics/t"),
+    ("POST", "/topics/t/publishers"),
+    ("POST", "/topics/t/move"),
+    ("POST", "/topics/t/replicas"),
+]
+
+
+async def raw_call(
+    client: ControllerClient, method: str, path: str, body: bytes
+) -> tuple[int, Any]:
+    async with client.http.request(method, client.base + path, data=body) as resp:
+        return resp.status, await resp.json()
+
+
+@pytest.mark.parametrize(("method", "path"), JSON_BODIES)
+async def test_a_body_that_is_not_json_is_refused_naming_line_and_column(
+    controller_api: ControllerClient, method: str, path: str
+) -> None:
+    assert (await controller_api.call("POST", "/brokers", REGISTRATION))[0] == 200
+    assert (await controller_api.call("POST", "/topics", topic_doc("t")))[0] == 201
+
+    async def unchanged() -> tuple[int, list[str], int]:
+        _, topic = await controller_api.call("GET", "/topics/t")
+        return topic["version"], topic["events"], topic["publishers"]
+
+    before = await unchanged()
+    # A topic document with one value left out, as a user might send it with curl -d.
+    text = b'{"name": "u", "slo_p99_ms": 5, "burst": 20,\n "publishers": [{"id": "p", "rate": }]}'
+    for body, says in [
+        (text, "body is not JSON: expecting value at line 2 column 37"),
+        (b'{"count": 2,}', "body is not JSON: expecting property name enclosed in double "
+         "quotes at line 1 column 13"),
+        (b'{"count": 2} {"count": 3}', "body is not JSON: extra data at line 1 column 14"),
+        (b"", "body is empty, not JSON"),
+        (b"\xff", "body is not JSON: not UTF-8 text at byte 0"),
+        (b"[" * 5_000, "body is nested too deeply to be read as JSON"),
+        (b"[1]", "body must be a JSON object, got an array"),
+        (b'"text"', "body must be a JSON object, got a string"),
+        (b"NaN", "body must be a JSON object, got a number"),
+    ]:  # fmt: skip
+        status, doc = await raw_call(controller_api, method, path, body)
+        assert (status, doc) == (400, {"message": says}), body
+    assert await unchanged() == before
+    assert [b["id"] for b in (await controller_api.call("GET", "/brokers"))[1]["brokers"]] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("path", "doc", "where"),
+    [
+        ("/topics", {**topic_doc("t"), "slo_p99_ms": float("nan")}, "slo_p99_ms: "),
+        ("/topics", {**topic_doc("t"), "burst": float("inf")}, "burst: "),
+        ("/topics", {**topic_doc("t"), "rate": float("-inf")}, "rate: "),
+        ("/topics", {**topic_doc("t"), "publishers": [{"id": "p", "rate": float("nan")}]},
+         "publishers[0].rate: "),
+        ("/brokers/a/report", {"load": float("nan")}, "load: "),
+        ("/brokers", {**REGISTRATION, "mcap": float("inf")}, "mcap: "),
+        ("/topics/t/replicas", {"count": float("nan")}, "count: "),
+    ],
+)  # fmt: skip
+async def test_non_finite_numbers_are_refused_naming_the_field(
+    controller_api: ControllerClient, path: str, doc: dict[str, Any], where: str
+) -> None:
+    assert (await controller_api.call("POST", "/brokers", REGISTRATION))[0] == 200
+    body = json.dumps(doc).encode()  # NaN and Infinity, as Python writes them
+    status, answer = await raw_call(controller_api, "POST", path, body)
+    assert status == 400 and answer["message"].startswith(where), answer
 
 
 async def test_the_first_failing_field_is_named_and_the_rest_counted(

@@ -23,6 +23,7 @@ from srtm.broker.options import BrokerOptions
 from srtm.config import Address, Setting, SettingError, read_table, resolve, settings
 from srtm.control.options import ENV_PREFIX as CONTROLLER_ENV
 from srtm.control.options import ControllerOptions
+from srtm.jsondoc import parse as parse_json
 from srtm.version import package_version
 
 if TYPE_CHECKING:
@@ -274,11 +275,11 @@ _server_command(
 
 def _read_json(path: Path, flag: str) -> object:
     try:
-        return json.loads(path.read_text())
+        return parse_json(path.read_bytes(), str(path))
     except OSError as exc:
         raise typer.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint=flag) from exc
-    except json.JSONDecodeError as exc:
-        raise typer.BadParameter(f"{path} is not JSON: {exc}", param_hint=flag) from exc
+    except ValueError as exc:  # "PATH is not JSON: … at line L column C"
+        raise typer.BadParameter(str(exc), param_hint=flag) from exc
 
 
 @app.command("place")
@@ -568,3 +569,4 @@ app.add_typer(pipeline_app, name="pipeline")
 from srtm.utility_cli import app as utility_app  # noqa: E402
 
 app.add_typer(utility_app, name="utility")
+
