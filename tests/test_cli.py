@@ -208,3 +208,16 @@ def test_place_names_where_a_file_stops_being_json(tmp_path: Path) -> None:
     result = runner.invoke(app, args, env=wide)
     assert result.exit_code == 2 and f"{brokers} is empty, not JSON" in _said(result)
 
+
+def test_place_quotes_the_publisher_rate_behind_a_refused_topic_rate(tmp_path: Path) -> None:
+    brokers, topic = _place_files(tmp_path, [0], 1)
+    doc = {"name": "t", "slo_p99_ms": 5, "burst": 20, "publishers": [{"id": "p1", "rate": 1e9}]}
+    topic.write_text(json.dumps(doc))
+    result = runner.invoke(
+        app, ["place", "--brokers", str(brokers), "--topic", str(topic)], env={"COLUMNS": "1000"}
+    )
+    assert result.exit_code == 2
+    assert (
+        "topic: publisher 'p1' rate 1e+09 msg/s gives the topic a rate of 1.1e+09 msg/s "
+        "(1.1 × the sum of its publishers), over the limit of 1e+09 msg/s" in _said(result)
+    ), result.output

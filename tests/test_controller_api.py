@@ -202,6 +202,75 @@ async def test_non_finite_numbers_are_refused_naming_the_field(
     assert status == 400 and answer["message"].startswith(where), answer
 
 
+def one_topic(publishers: list[tuple[str, float]], **extra: Any) -> dict[str, Any]:
+    pubs = [{"id": p, "rate": r} for p, r in publishers]
+    return {"name": "t", "slo_p99_ms": 5.0, "burst": 20, "publishers": pubs, **extra}
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (one_topic([("p1", 1e9)]),
+         "topic: publisher 'p1' rate 1e+09 msg/s gives the topic a rate of 1.1e+09 msg/s "
+         "(1.1 × the sum of its publishers), over the limit of 1e+09 msg/s"),
+        (one_topic([("p0", 4e8), ("p1", 6e8)]),
+         "topic: the rates of its 2 publishers (the largest 'p1' 6e+08 msg/s) sum to 1e+09 "
+         "msg/s, which gives the topic a rate of 1.1e+09 msg/s (1.1 × the sum of its "
+         "publishers), over the limit of 1e+09 msg/s"),
+        (one_topic([("p1", 1e-4)]),
+         "topic: publisher 'p1' rate 0.0001 msg/s gives the topic a rate of 0.00011 msg/s "
+         "(1.1 × the sum of its publishers), under the least of 0.001 msg/s"),
+        (one_topic([("p1", 0.001)], burst=1e9),
+         "topic: publisher 'p1' rate 0.001 msg/s gives the topic a rate of 0.0011 msg/s "
+         "(1.1 × the sum of its publishers); burst 1e+09 at rate 0.0011 is 9.09e+11 s of "
+         "tokens; at most 1e+09 s (burst/rate) is allowed"),
+        (one_topic([("p1", 10)], rate=1e10),
+         "topic: rate must be between 0.001 and 1e+09 per second, got 10000000000.0"),
+        (one_topic([("p1", 10)], burst=1e30),
+         'burst: must be a number from 1 (a bucket holds one token) to 1e+09, or "profile", '
+         "got 1e+30"),
+    ],
+)  # fmt: skip
+async def test_a_refused_bucket_quotes_what_was_sent_and_what_came_of_it(
+    controller_api: ControllerClient, doc: dict[str, Any], message: str
+) -> None:
+    assert (await controller_api.call("POST", "/brokers", REGISTRATION))[0] == 200
+    assert await controller_api.call("POST", "/topics", doc) == (400, {"message": message})
+
+
+async def test_joining_publishers_are_refused_when_the_rate_they_give_the_topic_is(
+    controller_api: ControllerClient,
+) -> None:
+    """A rate that follows the publishers is checked as they join (by POST and by
+    /assign), quoting their rates; before, it became the topic's and every broker's."""
+    big = {**REGISTRATION, "mcap": 1e12}
+    assert (await controller_api.call("POST", "/brokers", big))[0] == 200
+    doc = {"name": "o", "slo_p99_ms": 5.0, "burst": 20, "open": True}
+    assert (await controller_api.call("POST", "/topics", doc))[0] == 201
+    joining = {"publishers": [{"id": "x", "rate": 5e8}, {"id": "y", "rate": 5e8}]}
+    assert await controller_api.call("POST", "/topics/o/publishers", joining) == (
+        400,
+        {"message": "publishers: the rates of its 2 publishers (the largest 'x' 5e+08 msg/s) "
+         "sum to 1e+09 msg/s, which gives the topic a rate of 1.1e+09 msg/s (1.1 × the sum "
+         "of its publishers), over the limit of 1e+09 msg/s"},
+    )  # fmt: skip
+    assert await controller_api.call("GET", "/assign?topic=o&publisher=z&rate=1e9") == (
+        400,
+        {"message": "rate: publisher 'z' rate 1e+09 msg/s gives the topic a rate of 1.1e+09 "
+         "msg/s (1.1 × the sum of its publishers), over the limit of 1e+09 msg/s"},
+    )  # fmt: skip
+    _, topic = await controller_api.call("GET", "/topics/o")
+    assert (topic["publishers"], topic["rate"], topic["version"]) == (0, 0.0, 1)
+    assert (await controller_api.call("GET", "/assign?topic=o&publisher=z&rate=0.001"))[0] == 200
+    status, body = await controller_api.call("PATCH", "/topics/o", {"burst": 1e9})
+    assert (status, body) == (
+        400,
+        {"message": "topic: publisher 'z' rate 0.001 msg/s gives the topic a rate of 0.0011 "
+         "msg/s (1.1 × the sum of its publishers); burst 1e+09 at rate 0.0011 is 9.09e+11 s "
+         "of tokens; at most 1e+09 s (burst/rate) is allowed"},
+    )  # fmt: skip
+
+
 async def test_the_first_failing_field_is_named_and_the_rest_counted(
     controller_api: ControllerClient,
 ) -> None:
