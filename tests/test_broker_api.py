@@ -116,8 +116,6 @@ def test_the_document_describes_each_query_and_resolves_every_reference() -> Non
          "INVALID_PUBLISHERS", "publishers[1]"),
         ("/srtm/measure?topic=t&window_ms=5", b'{"publishers": "a"}',
          "INVALID_PUBLISHERS", "publishers"),
-        ("/srtm/measure?topic=t&window_ms=5", b"{", "INVALID_BODY", "body"),
-        ("/srtm/measure?topic=t&window_ms=5", b"[1]", "INVALID_BODY", "body"),
         ("/pub?topic=bad*", b"x", "INVALID_TOPIC", "topic"),
         ("/pub?topic=t&defer=x", b"x", "INVALID_DEFER", "defer"),
         ("/mpub", b"x", "MISSING_ARG_TOPIC", "topic"),
@@ -131,6 +129,76 @@ async def test_refusals_name_the_field(
     assert (status, doc["message"]) == (400, code), doc
     assert doc["detail"].startswith(f"{field}: "), doc
     assert not broker.measurements and all(t.message_count == 0 for t in broker.topics.values())
+
+
+#: Every broker endpoint that takes a JSON body, with a query it accepts.
+JSON_BODIES = [
+    ("POST", "/srtm/route"),
+    ("POST", "/srtm/admission?topic=t"),
+    ("POST", "/srtm/measure?topic=t&window_ms=5"),
+    ("POST", "/srtm/bucket?topic=t&rate=5&burst=5"),
+    ("POST", "/srtm/bucket/hold?topic=t"),
+    ("PUT", "/config/nsqlookupd_tcp_addresses"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), JSON_BODIES)
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b'{"topic": "t",\n "self": }', "is not JSON: expecting value at line 2 column 10"),
+        (b'{"classes": {"a": 1,}}', "is not JSON: expecting property name enclosed in double "
+         "quotes at line 1 column 21"),
+        (b'{"topic": "t"} {}', "is not JSON: extra data at line 1 column 16"),
+        (b'{"topic": "\xff"}', "is not JSON: not UTF-8 text at byte 11"),
+        (b"[" * 5_000, "is nested too deeply to be read as JSON"),
+    ],
+)  # fmt: skip
+async def test_a_body_that_is_not_json_is_refused_naming_line_and_column(
+    broker_api: BrokerApi, method: str, path: str, body: bytes, says: str
+) -> None:
+    broker, s = broker_api
+    status, doc = await call(s, method, path, body)
+    assert status == 400, doc
+    assert doc["message"] in ("INVALID_BODY", "INVALID_VALUE"), doc
+    assert doc["detail"] == f"body {says}", doc
+    assert "t" not in broker.topics and not broker.admission and broker.relay.get_route("t") is None
+
+
+@pytest.mark.parametrize(("method", "path"), JSON_BODIES[:-1])
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [(b"[1]", "an array"), (b"null", "null"), (b'"t"', "a string"), (b"NaN", "a number")],
+)
+async def test_json_that_is_not_an_object_is_refused_saying_what_it_is(
+    broker_api: BrokerApi, method: str, path: str, body: bytes, kind: str
+) -> None:
+    _, s = broker_api
+    status, doc = await call(s, method, path, body)
+    assert (status, doc["message"]) == (400, "INVALID_BODY"), doc
+    assert doc["detail"] == f"body must be a JSON object, got {kind}", doc
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "code"),
+    [
+        ("/srtm/route", b'{"topic": "t", "self": "a", "forward": {"grace_s": NaN}}',
+         "INVALID_FORWARD"),
+        ("/srtm/route", b'{"topic": "t", "self": "a", "forward": {"grace_s": 1e999}}',
+         "INVALID_FORWARD"),
+        ("/srtm/route", b'{"topic": 5, "self": "a"}', "INVALID_TOPIC"),
+        ("/srtm/admission?topic=t", b'{"classes": {"a": NaN}}', "INVALID_CLASSES"),
+        ("/srtm/admission?topic=t", b'{"classes": {"a": -Infinity}}', "INVALID_CLASSES"),
+        ("/srtm/admission?topic=t", b'{"classes": []}', "INVALID_CLASSES"),
+        ("/srtm/measure?topic=t&window_ms=5", b'{"publishers": [NaN]}', "INVALID_PUBLISHERS"),
+    ],
+)  # fmt: skip
+async def test_non_finite_numbers_and_wrong_types_are_refused_not_a_500(
+    broker_api: BrokerApi, path: str, body: bytes, code: str
+) -> None:
+    _, s = broker_api
+    status, doc = await call(s, "POST", path, body)
+    assert (status, doc["message"]) == (400, code), doc
 
 
 async def test_methods_a_path_does_not_take_are_405_as_in_nsqd(broker_api: BrokerApi) -> None:

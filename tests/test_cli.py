@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -180,3 +181,43 @@ def test_place_several_topics_counts_what_each_was_promised(tmp_path: Path) -> N
     )
     table = runner.invoke(app, args, env={"COLUMNS": "200"})
     assert table.exit_code == 0 and table.output.count("ledger after") == 2
+
+
+def _said(result: Any) -> str:
+    """What a command printed, its lines and boxes undone (rich wraps its error panel)."""
+    return " ".join(result.output.replace("│", " ").split())
+
+
+def test_place_names_where_a_file_stops_being_json(tmp_path: Path) -> None:
+    brokers, topic = _place_files(tmp_path, [0], 1)
+    args = ["place", "--brokers", str(brokers), "--topic", str(topic)]
+    wide = {"COLUMNS": "1000"}
+    topic.write_text('{"name": "t", "slo_p99_ms": 5, "burst": 20,\n "publishers": [{"id": "p",]}')
+    result = runner.invoke(app, args, env=wide)
+    assert result.exit_code == 2
+    assert (
+        f"Invalid value for --topic: {topic} is not JSON: expecting property name enclosed in "
+        "double quotes at line 2 column 28" in _said(result)
+    ), result.output
+    topic.write_bytes(b'{"name": "\xff"}')
+    result = runner.invoke(app, args, env=wide)
+    assert result.exit_code == 2 and f"{topic} is not JSON: not UTF-8 text at byte 10" in _said(
+        result
+    )
+    brokers.write_text("")
+    result = runner.invoke(app, args, env=wide)
+    assert result.exit_code == 2 and f"{brokers} is empty, not JSON" in _said(result)
+
+
+def test_place_quotes_the_publisher_rate_behind_a_refused_topic_rate(tmp_path: Path) -> None:
+    brokers, topic = _place_files(tmp_path, [0], 1)
+    doc = {"name": "t", "slo_p99_ms": 5, "burst": 20, "publishers": [{"id": "p1", "rate": 1e9}]}
+    topic.write_text(json.dumps(doc))
+    result = runner.invoke(
+        app, ["place", "--brokers", str(brokers), "--topic", str(topic)], env={"COLUMNS": "1000"}
+    )
+    assert result.exit_code == 2
+    assert (
+        "topic: publisher 'p1' rate 1e+09 msg/s gives the topic a rate of 1.1e+09 msg/s "
+        "(1.1 × the sum of its publishers), over the limit of 1e+09 msg/s" in _said(result)
+    ), result.output

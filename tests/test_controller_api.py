@@ -5,6 +5,7 @@ have the declared shapes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,148 @@ async def test_a_bad_document_is_refused_naming_the_field(
     status, body = await controller_api.call("POST", path, doc)
     assert status == 400 and body["message"].startswith(where), body
     Error.model_validate(body)
+
+
+#: Every controller endpoint that takes a JSON body (topic t exists where one is needed).
+JSON_BODIES = [
+    ("POST", "/brokers"),
+    ("POST", "/brokers/a/report"),
+    ("POST", "/topics"),
+    ("PATCH", "/topics/t"),
+    ("POST", "/topics/t/publishers"),
+    ("POST", "/topics/t/move"),
+    ("POST", "/topics/t/replicas"),
+]
+
+
+async def raw_call(
+    client: ControllerClient, method: str, path: str, body: bytes
+) -> tuple[int, Any]:
+    async with client.http.request(method, client.base + path, data=body) as resp:
+        return resp.status, await resp.json()
+
+
+@pytest.mark.parametrize(("method", "path"), JSON_BODIES)
+async def test_a_body_that_is_not_json_is_refused_naming_line_and_column(
+    controller_api: ControllerClient, method: str, path: str
+) -> None:
+    assert (await controller_api.call("POST", "/brokers", REGISTRATION))[0] == 200
+    assert (await controller_api.call("POST", "/topics", topic_doc("t")))[0] == 201
+
+    async def unchanged() -> tuple[int, list[str], int]:
+        _, topic = await controller_api.call("GET", "/topics/t")
+        return topic["version"], topic["events"], topic["publishers"]
+
+    before = await unchanged()
+    # A topic document with one value left out, as a user might send it with curl -d.
+    text = b'{"name": "u", "slo_p99_ms": 5, "burst": 20,\n "publishers": [{"id": "p", "rate": }]}'
+    for body, says in [
+        (text, "body is not JSON: expecting value at line 2 column 37"),
+        (b'{"count": 2,}', "body is not JSON: expecting property name enclosed in double "
+         "quotes at line 1 column 13"),
+        (b'{"count": 2} {"count": 3}', "body is not JSON: extra data at line 1 column 14"),
+        (b"", "body is empty, not JSON"),
+        (b"\xff", "body is not JSON: not UTF-8 text at byte 0"),
+        (b"[" * 5_000, "body is nested too deeply to be read as JSON"),
+        (b"[1]", "body must be a JSON object, got an array"),
+        (b'"text"', "body must be a JSON object, got a string"),
+        (b"NaN", "body must be a JSON object, got a number"),
+    ]:  # fmt: skip
+        status, doc = await raw_call(controller_api, method, path, body)
+        assert (status, doc) == (400, {"message": says}), body
+    assert await unchanged() == before
+    assert [b["id"] for b in (await controller_api.call("GET", "/brokers"))[1]["brokers"]] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("path", "doc", "where"),
+    [
+        ("/topics", {**topic_doc("t"), "slo_p99_ms": float("nan")}, "slo_p99_ms: "),
+        ("/topics", {**topic_doc("t"), "burst": float("inf")}, "burst: "),
+        ("/topics", {**topic_doc("t"), "rate": float("-inf")}, "rate: "),
+        ("/topics", {**topic_doc("t"), "publishers": [{"id": "p", "rate": float("nan")}]},
+         "publishers[0].rate: "),
+        ("/brokers/a/report", {"load": float("nan")}, "load: "),
+        ("/brokers", {**REGISTRATION, "mcap": float("inf")}, "mcap: "),
+        ("/topics/t/replicas", {"count": float("nan")}, "count: "),
+    ],
+)  # fmt: skip
+async def test_non_finite_numbers_are_refused_naming_the_field(
+    controller_api: ControllerClient, path: str, doc: dict[str, Any], where: str
+) -> None:
+    assert (await controller_api.call("POST", "/brokers", REGISTRATION))[0] == 200
+    body = json.dumps(doc).encode()  # NaN and Infinity, as Python writes them
+    status, answer = await raw_call(controller_api, "POST", path, body)
+    assert status == 400 and answer["message"].startswith(where), answer
+
+
+def one_topic(publishers: list[tuple[str, float]], **extra: Any) -> dict[str, Any]:
+    pubs = [{"id": p, "rate": r} for p, r in publishers]
+    return {"name": "t", "slo_p99_ms": 5.0, "burst": 20, "publishers": pubs, **extra}
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (one_topic([("p1", 1e9)]),
+         "topic: publisher 'p1' rate 1e+09 msg/s gives the topic a rate of 1.1e+09 msg/s "
+         "(1.1 × the sum of its publishers), over the limit of 1e+09 msg/s"),
+        (one_topic([("p0", 4e8), ("p1", 6e8)]),
+         "topic: the rates of its 2 publishers (the largest 'p1' 6e+08 msg/s) sum to 1e+09 "
+         "msg/s, which gives the topic a rate of 1.1e+09 msg/s (1.1 × the sum of its "
+         "publishers), over the limit of 1e+09 msg/s"),
+        (one_topic([("p1", 1e-4)]),
+         "topic: publisher 'p1' rate 0.0001 msg/s gives the topic a rate of 0.00011 msg/s "
+         "(1.1 × the sum of its publishers), under the least of 0.001 msg/s"),
+        (one_topic([("p1", 0.001)], burst=1e9),
+         "topic: publisher 'p1' rate 0.001 msg/s gives the topic a rate of 0.0011 msg/s "
+         "(1.1 × the sum of its publishers); burst 1e+09 at rate 0.0011 is 9.09e+11 s of "
+         "tokens; at most 1e+09 s (burst/rate) is allowed"),
+        (one_topic([("p1", 10)], rate=1e10),
+         "topic: rate must be between 0.001 and 1e+09 per second, got 10000000000.0"),
+        (one_topic([("p1", 10)], burst=1e30),
+         'burst: must be a number from 1 (a bucket holds one token) to 1e+09, or "profile", '
+         "got 1e+30"),
+    ],
+)  # fmt: skip
+async def test_a_refused_bucket_quotes_what_was_sent_and_what_came_of_it(
+    controller_api: ControllerClient, doc: dict[str, Any], message: str
+) -> None:
+    assert (await controller_api.call("POST", "/brokers", REGISTRATION))[0] == 200
+    assert await controller_api.call("POST", "/topics", doc) == (400, {"message": message})
+
+
+async def test_joining_publishers_are_refused_when_the_rate_they_give_the_topic_is(
+    controller_api: ControllerClient,
+) -> None:
+    """A rate that follows the publishers is checked as they join (by POST and by
+    /assign), quoting their rates; before, it became the topic's and every broker's."""
+    big = {**REGISTRATION, "mcap": 1e12}
+    assert (await controller_api.call("POST", "/brokers", big))[0] == 200
+    doc = {"name": "o", "slo_p99_ms": 5.0, "burst": 20, "open": True}
+    assert (await controller_api.call("POST", "/topics", doc))[0] == 201
+    joining = {"publishers": [{"id": "x", "rate": 5e8}, {"id": "y", "rate": 5e8}]}
+    assert await controller_api.call("POST", "/topics/o/publishers", joining) == (
+        400,
+        {"message": "publishers: the rates of its 2 publishers (the largest 'x' 5e+08 msg/s) "
+         "sum to 1e+09 msg/s, which gives the topic a rate of 1.1e+09 msg/s (1.1 × the sum "
+         "of its publishers), over the limit of 1e+09 msg/s"},
+    )  # fmt: skip
+    assert await controller_api.call("GET", "/assign?topic=o&publisher=z&rate=1e9") == (
+        400,
+        {"message": "rate: publisher 'z' rate 1e+09 msg/s gives the topic a rate of 1.1e+09 "
+         "msg/s (1.1 × the sum of its publishers), over the limit of 1e+09 msg/s"},
+    )  # fmt: skip
+    _, topic = await controller_api.call("GET", "/topics/o")
+    assert (topic["publishers"], topic["rate"], topic["version"]) == (0, 0.0, 1)
+    assert (await controller_api.call("GET", "/assign?topic=o&publisher=z&rate=0.001"))[0] == 200
+    status, body = await controller_api.call("PATCH", "/topics/o", {"burst": 1e9})
+    assert (status, body) == (
+        400,
+        {"message": "topic: publisher 'z' rate 0.001 msg/s gives the topic a rate of 0.0011 "
+         "msg/s (1.1 × the sum of its publishers); burst 1e+09 at rate 0.0011 is 9.09e+11 s "
+         "of tokens; at most 1e+09 s (burst/rate) is allowed"},
+    )  # fmt: skip
 
 
 async def test_the_first_failing_field_is_named_and_the_rest_counted(

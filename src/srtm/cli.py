@@ -23,6 +23,7 @@ from srtm.broker.options import BrokerOptions
 from srtm.config import Address, Setting, SettingError, read_table, resolve, settings
 from srtm.control.options import ENV_PREFIX as CONTROLLER_ENV
 from srtm.control.options import ControllerOptions
+from srtm.jsondoc import parse as parse_json
 from srtm.version import package_version
 
 if TYPE_CHECKING:
@@ -274,11 +275,11 @@ _server_command(
 
 def _read_json(path: Path, flag: str) -> object:
     try:
-        return json.loads(path.read_text())
+        return parse_json(path.read_bytes(), str(path))
     except OSError as exc:
         raise typer.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint=flag) from exc
-    except json.JSONDecodeError as exc:
-        raise typer.BadParameter(f"{path} is not JSON: {exc}", param_hint=flag) from exc
+    except ValueError as exc:  # "PATH is not JSON: … at line L column C"
+        raise typer.BadParameter(str(exc), param_hint=flag) from exc
 
 
 @app.command("place")
@@ -568,3 +569,51 @@ app.add_typer(pipeline_app, name="pipeline")
 from srtm.utility_cli import app as utility_app  # noqa: E402
 
 app.add_typer(utility_app, name="utility")
+
+
+# -- how typer's rich help shows the commands above ------------------------------------------
+def _unwrapped(text: str) -> str:
+    """``text`` with each paragraph on one line (blank lines part paragraphs; a paragraph
+    that starts with click's ``\\b`` keeps its lines)."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(
+        p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
+        for p in paragraphs
+    )
+
+
+def _unwrap_help(group: typer.Typer) -> None:
+    """Typer's rich help keeps the single line breaks of a command's help (its docstring,
+    wrapped at the source's width), in the command's description and in its group's list
+    of commands, so that they showed as ragged lines at any other width. Each paragraph is
+    made one line here, once, for rich to wrap to the terminal. Options need nothing:
+    typer joins an option help's lines itself."""
+    if isinstance(group.info.help, str):
+        group.info.help = _unwrapped(group.info.help)
+    for command in group.registered_commands:
+        text = command.help if command.help is not None else inspect.getdoc(command.callback)
+        if text:
+            command.help = _unwrapped(text)
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _unwrap_help(sub.typer_instance)
+
+
+def _plain_flags() -> None:
+    """Show a flag as ``--json``, not ``--json <bool>``: typer's rich help (0.29) gives
+    every option a type in its help, a flag too, as if it took a value; its plain help
+    (click's) leaves a flag's out. Every other option keeps its type."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:  # an older typer, whose rich help shows no type for a flag
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag or self.count else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_unwrap_help(app)
+_plain_flags()

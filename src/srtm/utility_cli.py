@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from srtm.jsondoc import parse as parse_json
+
 app = typer.Typer(
     help="Utility-aware allocation (Bhola et al.): a request-response flow's rate utility "
     "from MVA, and the greedy benefit/cost optimizer on a given set of flows.",
@@ -137,11 +139,11 @@ def optimize_command(
     from srtm.utility import allocation_doc, optimize, parse_problem
 
     try:
-        doc = json.loads(flows.read_text())
+        doc = parse_json(flows.read_bytes(), str(flows))
     except OSError as exc:
         raise _fail(f"--flows: cannot read {flows}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise _fail(f"--flows: {flows} is not JSON: {exc}") from None
+    except ValueError as exc:  # "FLOWS is not JSON: … at line L column C"
+        raise _fail(f"--flows: {exc}") from None
     if rate_step is not None and not rate_step > 0:
         raise _fail(f"--rate-step must be > 0, got {rate_step}")
     if consumer_step is not None and consumer_step < 1:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import struct
 import time
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from srtm.broker.documents import (
     NAME_RULE,
@@ -72,6 +71,8 @@ from srtm.broker.report import admission_rows, bucket_now, memory_document, stat
 from srtm.broker.routes import Forward, Replicas, TopicRoute
 from srtm.broker.state import LeaseExpired, LimitReached
 from srtm.broker.tls import http_requires_tls
+from srtm.jsondoc import parse as parse_json
+from srtm.jsondoc import parse_object
 from srtm.openapi import OpenApiDoc, Route, document
 from srtm.protocol import ProtocolError, errors, is_valid_name
 from srtm.protocol.session import (
@@ -88,6 +89,7 @@ if TYPE_CHECKING:
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Q = TypeVar("Q", bound=Query)
+B = TypeVar("B", bound=BaseModel)
 
 #: Methods that change nothing: open even when the broker has a token.
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -216,6 +218,19 @@ def parse_query(model: type[Q], query: Mapping[str, str]) -> Q:
         return model.model_validate({k: query[k] for k in query})
     except ValidationError as err:
         raise refusal(err, model.absent_is_invalid) from None
+
+
+def parse_body(model: type[B], body: bytes) -> B:
+    """``body`` as ``model``: INVALID_BODY where it is not JSON (the detail naming the line
+    and column) or not an object, then the model's refusal naming the field."""
+    try:
+        doc = parse_object(body)
+    except ValueError as exc:
+        raise HttpError(400, "INVALID_BODY", str(exc)) from None
+    try:
+        return model.model_validate(doc)
+    except ValidationError as err:
+        raise refusal(err) from None
 
 
 # -- /pub and /mpub: their queries checked by hand (no model per message), by the rules
@@ -462,14 +477,14 @@ class BrokerHttp:
             raise HttpError(413, "INVALID_VALUE")
         if opt == "nsqlookupd_tcp_addresses":
             try:
-                addresses = json.loads(body)
-            except ValueError:
-                raise HttpError(400, "INVALID_VALUE") from None
+                addresses = parse_json(body)
+            except ValueError as exc:
+                raise HttpError(400, "INVALID_VALUE", str(exc)) from None
             ok = addresses is None or (
                 isinstance(addresses, list) and all(isinstance(a, str) for a in addresses)
             )
             if not ok:
-                raise HttpError(400, "INVALID_VALUE")
+                raise HttpError(400, "INVALID_VALUE", "body must be null or an array of strings")
             self.lookupd_tcp_addresses = addresses
         elif opt == "log_level":
             level = LOG_LEVELS.get(body.decode(errors="replace").lower())
@@ -593,10 +608,7 @@ class BrokerHttp:
         class's count is refused (E_SUB_FAILED, not fatal). Does not create the topic."""
         name = parse_query(TopicQuery, request.query).topic
         body = await _bounded_body(request, _ADMISSION_BODY)
-        try:
-            b = AdmissionBody.model_validate_json(body or b"null")
-        except ValidationError as err:
-            raise refusal(err) from None
+        b = parse_body(AdmissionBody, body)
         adm, out = self.broker.set_admission(name, dict(b.classes), list(b.order))
         return _json(
             AdmissionAnswer(topic=name, order=adm.order, classes=_classes(adm), disconnected=out)
@@ -629,10 +641,7 @@ class BrokerHttp:
 
     def _route_of(self, body: bytes) -> TopicRoute:
         """The route a RouteBody describes (refused: 400), not yet set."""
-        try:
-            b = RouteBody.model_validate_json(body or b"null")
-        except ValidationError as err:
-            raise refusal(err) from None
+        b = parse_body(RouteBody, body)
         forward = replicas = None
         if b.forward is not None:
             forward = Forward(b.forward.to, dict(b.forward.publishers), b.forward.grace_s)
@@ -667,10 +676,7 @@ class BrokerHttp:
         pubs = None
         body = await _bounded_body(request, self.limits.max_msg_size)
         if body:
-            try:
-                listed = MeasureBody.model_validate_json(body).publishers
-            except ValidationError as err:
-                raise refusal(err) from None
+            listed = parse_body(MeasureBody, body).publishers
             pubs = None if listed is None else frozenset(listed)
         try:
             m = await self.broker.measure(q.topic, pubs, int(q.window_ms * 1_000_000))

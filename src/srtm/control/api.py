@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import os
 import stat
@@ -56,6 +55,8 @@ from srtm.control.documents import (
 )
 from srtm.control.state import BrokerInfo, ControlError
 from srtm.control.validate import parse_address
+from srtm.jsondoc import parse as parse_json
+from srtm.jsondoc import parse_object
 from srtm.openapi import OpenApiDoc, Route, document
 from srtm.placement import TopicSpec, place
 from srtm.protocol import is_valid_name
@@ -569,18 +570,15 @@ def _auth(token: str | None) -> Any:
 
 
 async def _json(request: web.Request) -> dict[str, Any]:
-    """The body as a JSON object; a big one is decoded off the event loop."""
+    """The body as a JSON object (refused naming the line and column where it stops being
+    JSON); a big one is decoded off the event loop."""
     body = await request.read()
     try:
         if len(body) > _THREADED_JSON_BYTES:
-            doc = await asyncio.to_thread(json.loads, body)
-        else:
-            doc = json.loads(body)
-    except (ValueError, RecursionError):
-        raise ControlError(400, "body must be a JSON object") from None
-    if not isinstance(doc, dict):
-        raise ControlError(400, "body must be a JSON object")
-    return doc
+            return await asyncio.to_thread(parse_object, body)
+        return parse_object(body)
+    except ValueError as exc:
+        raise ControlError(400, str(exc)) from None
 
 
 def _query(request: web.Request, model: type[Q]) -> Q:
@@ -662,6 +660,10 @@ def _read_model(choice: str) -> BrokerModel:
     if len(data) > MAX_MODEL_BYTES:
         raise ControlError(400, f"fit.model: larger than {MAX_MODEL_BYTES} bytes")
     try:
-        return BrokerModel.from_json(json.loads(data))
+        doc = parse_json(data, "fit.model")
+    except ValueError as exc:
+        raise ControlError(400, str(exc)) from None
+    try:
+        return BrokerModel.from_json(doc)
     except (ValueError, TypeError, KeyError) as exc:
         raise ControlError(400, f"fit.model: {exc}") from None

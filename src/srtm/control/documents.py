@@ -38,11 +38,11 @@ from typing_extensions import TypedDict
 from srtm.analysis import profile_bucket
 from srtm.control.actions import HELD, Share
 from srtm.control.validate import ControlError, split_address
-from srtm.placement import Policy, PublisherLoad, TopicSpec
+from srtm.placement import Policy, PublisherLoad, TopicSpec, topic_bucket
 from srtm.placement.fitting import Outcome, Verdict
 from srtm.placement.model import RATE_MARGIN
 from srtm.protocol.names import MAX_NAME_LENGTH
-from srtm.ratelimit import BucketParams, check_bucket
+from srtm.ratelimit import MAX_BURST, BucketParams, check_bucket
 from srtm.utility.cluster import parse_topic_utility
 
 #: What the ``utility`` field of a topic is.
@@ -77,9 +77,10 @@ def _burst(value: Any) -> float | str:
     if value == "profile":
         return "profile"
     number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (number and math.isfinite(value) and value >= 1):
+    if not (number and math.isfinite(value) and 1 <= value <= MAX_BURST):
         raise ValueError(
-            f'must be a finite number >= 1 (a bucket holds one token) or "profile", got {value!r}'
+            f"must be a number from 1 (a bucket holds one token) to {MAX_BURST:g}, or "
+            f'"profile", got {value!r}'
         )
     return float(value)
 
@@ -99,7 +100,9 @@ TopicName = Annotated[
 Burst = Annotated[
     float | Literal["profile"],
     PlainValidator(_burst),
-    WithJsonSchema({"anyOf": [{"type": "number", "minimum": 1}, {"const": "profile"}]}),
+    WithJsonSchema(
+        {"anyOf": [{"type": "number", "minimum": 1, "maximum": MAX_BURST}, {"const": "profile"}]}
+    ),
 ]
 
 
@@ -315,22 +318,33 @@ class NewTopic(_Request):
             raise ValueError(f"publishers: duplicate ids {dup}")
         if not self.publishers and not self.open:
             raise ValueError('publishers: at least one (or "open": true)')
+        # A bucket that no broker could schedule is refused here, not by every broker; the
+        # refusal quotes what was sent, and what was derived from it, as derived.
         if self.burst == "profile":
             if self.arrivals_ns is None or len(self.arrivals_ns) < 2:
                 raise ValueError('arrivals_ns: burst "profile" needs a list of >= 2 timestamps')
             params = profile_bucket(self.arrivals_ns)
             rate, burst = params.rate, max(1.0, math.ceil(params.burst))
-        else:
-            load = math.fsum(p["rate"] for p in self.publishers)
-            rate, burst = (RATE_MARGIN * load if self.rate is None else self.rate), self.burst
-        if rate == 0:  # open, no publishers yet, rate following them: no bucket to check
-            self._bucket = (0.0, burst)
+            try:
+                check_bucket(rate, burst)
+            except ValueError as exc:
+                raise ValueError(
+                    f"arrivals_ns: the bucket profiled from its {len(self.arrivals_ns)} "
+                    f"timestamps (rate {rate:g} msg/s, burst {burst:g}) cannot be a "
+                    f"broker's: {exc}"
+                ) from None
+            self._bucket = (rate, burst)
             return self
-        try:  # a bucket that no broker could schedule is refused here, not by every broker
-            check_bucket(rate, burst)
+        if self.rate is None and not self.publishers:
+            # open, no publishers yet, rate following them: no bucket to check
+            self._bucket = (0.0, self.burst)
+            return self
+        loads = [PublisherLoad(p["id"], p["rate"]) for p in self.publishers]
+        try:
+            bucket = topic_bucket(loads, self.rate, self.burst)
         except ValueError as exc:
             raise ValueError(f"topic: {exc}") from None
-        self._bucket = (rate, burst)
+        self._bucket = (bucket.rate, bucket.burst)
         return self
 
     @model_validator(mode="after")
@@ -388,7 +402,7 @@ class TopicChange(_Request):
 
     slo_p99_ms: float | None = Field(None, gt=0)
     rate: float | None = Field(None, gt=0)
-    burst: float | None = Field(None, ge=1)
+    burst: float | None = Field(None, ge=1, le=MAX_BURST)
     policy: Policy | None = None
     utility: dict[str, Any] | None = Field(None, description=UTILITY_HELP + "; null removes it")
 

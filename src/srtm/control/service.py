@@ -49,6 +49,7 @@ from srtm.control.provision import (
 from srtm.control.state import BrokerInfo, Controller
 from srtm.control.store import Store
 from srtm.control.utility import UtilityControl, UtilitySettings
+from srtm.jsondoc import parse as parse_json
 from srtm.placement import RoundResult
 from srtm.security import bearer_header, check_token, require_loopback_without_token
 from srtm.utility.cost import model_from_doc
@@ -107,7 +108,8 @@ class ControllerService:
         #: The utility optimizer's last run and rate control (docs/utility.md).
         self.utility = UtilityControl(UtilitySettings(opts.cpu_capacity, opts.egress_max))
         if opts.cost_model is not None:
-            self.utility.model = model_from_doc(json.loads(opts.cost_model.read_text()))
+            doc = parse_json(opts.cost_model.read_bytes(), f"--cost-model {opts.cost_model}")
+            self.utility.model = model_from_doc(doc)
         self._utility_tasks: list[asyncio.Task[None]] = []
         self._optimizing = False
         if opts.rebalance:

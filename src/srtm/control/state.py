@@ -42,6 +42,7 @@ from srtm.placement import (
     join,
     ledger,
     place,
+    topic_bucket,
 )
 from srtm.ratelimit import BucketParams, check_bucket, merge, split_floored
 
@@ -636,8 +637,11 @@ class Controller:
         new_rate = spec.rate if rate is None else rate
         new_burst = spec.burst if burst is None else burst
         if rate is not None or burst is not None:
-            try:
-                check_bucket(new_rate, new_burst)
+            try:  # a rate that follows the publishers is quoted with the rates it came from
+                if rate is None and topic.rate_auto:
+                    topic_bucket(spec.publishers, None, new_burst)
+                else:
+                    check_bucket(new_rate, new_burst)
             except ValueError as exc:
                 raise ControlError(400, f"topic: {exc}") from None
         changed = [
@@ -709,10 +713,13 @@ class Controller:
             if not same_bucket(p, old[b])
         ]
 
-    def add_publishers(self, name: str, publishers: list[PublisherLoad]) -> list[Action]:
+    def add_publishers(
+        self, name: str, publishers: list[PublisherLoad], field: str = "publishers"
+    ) -> list[Action]:
         """Join ``publishers`` to the topic by its policy's incremental rule
         (``srtm.placement.joining``): nobody already placed moves; who fits nowhere is
-        unassigned (status ``short``). Then the bucket is re-split."""
+        unassigned (status ``short``). Then the bucket is re-split. A refusal names
+        ``field``, where the request carried them."""
         topic = self._changeable(name)
         if not publishers:
             raise ControlError(400, "publishers: at least one")
@@ -725,6 +732,11 @@ class Controller:
             raise ControlError(
                 413, f"publishers: {len(known) + len(publishers)} > {self.max_publishers} per topic"
             )
+        if topic.rate_auto:  # the rate follows them: refused before anything changes
+            try:
+                topic_bucket([*topic.spec.publishers, *publishers], None, topic.spec.burst)
+            except ValueError as exc:
+                raise ControlError(400, f"{field}: {exc}") from None
         fleet = self.fleet(exclude=name)
         if not fleet:
             raise ControlError(503, "no broker is registered and up")
@@ -770,7 +782,7 @@ class Controller:
             raise ControlError(404, f"publisher {publisher!r} is not in topic {name!r}")
         if rate is None:
             raise ControlError(400, f"rate: required to join open topic {name!r}")
-        return self.add_publishers(name, [PublisherLoad(publisher, rate, group)])
+        return self.add_publishers(name, [PublisherLoad(publisher, rate, group)], "rate")
 
     def _set_publishers(self, topic: TopicState, publishers: list[PublisherLoad]) -> None:
         spec = topic.spec

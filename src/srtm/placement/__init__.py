@@ -23,6 +23,7 @@ from srtm.placement.model import (
     TopicSpec,
     parse_brokers,
     parse_topic,
+    topic_bucket,
 )
 from srtm.placement.policies import POLICIES, Policy, parse_policy, place
 
@@ -55,4 +56,5 @@ __all__ = [
     "parse_topic",
     "place",
     "search_quantum",
+    "topic_bucket",
 ]

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from srtm.ratelimit import BucketParams, check_bucket
+from srtm.ratelimit import MAX_RATE, MIN_RATE, BucketParams, check_bucket
 
 #: The topic rate is this much above its publishers' total, as the paper configures topics.
 RATE_MARGIN = 1.1
@@ -60,6 +60,47 @@ class TopicSpec:
         return TopicSpec(
             self.name, tuple(publishers), self.burst * share, self.slo_p99_ms, self.rate * share
         )
+
+
+def topic_bucket(
+    publishers: Sequence[PublisherLoad], rate: float | None, burst: float
+) -> BucketParams:
+    """The topic's bucket, checked as every broker will check it (``check_bucket``): its
+    ``rate`` if given, else ``RATE_MARGIN`` × its publishers' total. A refusal quotes what
+    was given; a rate derived from the publishers is named as such, with the rates it
+    came from, since nobody typed it."""
+    if rate is not None:
+        return check_bucket(rate, burst)
+    derived = RATE_MARGIN * math.fsum(p.rate for p in publishers)
+    whence = derivation(publishers, derived)
+    if derived > MAX_RATE:
+        raise ValueError(f"{whence}, over the limit of {MAX_RATE:g} msg/s")
+    if derived < MIN_RATE:
+        raise ValueError(f"{whence}, under the least of {MIN_RATE:g} msg/s")
+    try:
+        return check_bucket(derived, burst)
+    except ValueError as exc:  # the burst, alone or as seconds of tokens at this rate
+        raise ValueError(f"{whence}; {exc}") from None
+
+
+def derivation(publishers: Sequence[PublisherLoad], rate: float) -> str:
+    """How ``rate`` (``RATE_MARGIN`` × the publishers' total) came from ``publishers``."""
+    margin = f"({RATE_MARGIN:g} × the sum of its publishers)"
+    if not publishers:
+        return f"with no publishers the topic's rate is {rate:g} msg/s {margin}"
+    if len(publishers) == 1:
+        (p,) = publishers
+        return (
+            f"publisher {p.id!r} rate {p.rate:g} msg/s gives the topic a rate of "
+            f"{rate:g} msg/s {margin}"
+        )
+    top = max(publishers, key=lambda p: p.rate)
+    total = math.fsum(p.rate for p in publishers)
+    return (
+        f"the rates of its {len(publishers)} publishers (the largest {top.id!r} "
+        f"{top.rate:g} msg/s) sum to {total:g} msg/s, which gives the topic a rate of "
+        f"{rate:g} msg/s {margin}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,10 +217,10 @@ def parse_topic(doc: Any) -> TopicSpec:
     burst = _number(doc, "burst", "topic")
     if burst < 1:
         raise ValueError(f"topic.burst must be >= 1 (a bucket holds one token), got {burst!r}")
-    load = math.fsum(p.rate for p in publishers)
-    rate = _number(doc, "rate", "topic") if "rate" in doc else RATE_MARGIN * load
+    given = _number(doc, "rate", "topic") if "rate" in doc else None
     try:  # a bucket that no broker could schedule is refused here, not by every broker
-        check_bucket(rate, burst)
+        bucket = topic_bucket(publishers, given, burst)
     except ValueError as exc:
         raise ValueError(f"topic: {exc}") from None
-    return TopicSpec(name, tuple(publishers), burst, _number(doc, "slo_p99_ms", "topic"), rate)
+    slo = _number(doc, "slo_p99_ms", "topic")
+    return TopicSpec(name, tuple(publishers), burst, slo, bucket.rate)

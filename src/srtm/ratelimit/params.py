@@ -75,7 +75,7 @@ def check_bucket(rate: float, burst: float) -> BucketParams:
         raise ValueError(f"burst must be at most {MAX_BURST:g}, got {burst!r}")
     if (Fraction(b) - 1) * math.ceil(NS_PER_S / Fraction(r)) > MAX_TOLERANCE_NS:
         raise ValueError(
-            f"burst {burst!r} at rate {rate!r} is {(b - 1) / r:.3g} s of tokens; "
+            f"burst {burst:g} at rate {rate:g} is {(b - 1) / r:.3g} s of tokens; "
             f"at most {MAX_TOLERANCE_NS / NS_PER_S:.3g} s (burst/rate) is allowed"
         )
     return BucketParams(r, b)

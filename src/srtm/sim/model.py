@@ -21,6 +21,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from srtm.jsondoc import parse as parse_json
+
 FloatArray = npt.NDArray[np.float64]
 DistKind = Literal["constant", "quantiles"]
 #: Models shipped with the package, by name.
@@ -176,13 +178,15 @@ class BrokerModel:
 
 def load(path_or_name: str | Path) -> BrokerModel:
     """A model from a JSON file, or a built-in one by name (``paper``)."""
+    text: str | bytes
     if str(path_or_name) in BUILTIN:
         text = resources.files("srtm.sim").joinpath(f"models/{path_or_name}.json").read_text()
     else:
-        text = Path(path_or_name).read_text()
+        text = Path(path_or_name).read_bytes()  # not decoded here: parse_json names bad bytes
+    doc = parse_json(text, str(path_or_name))  # "PATH is not JSON: … at line L column C"
     try:
-        return BrokerModel.from_json(json.loads(text))
-    except (json.JSONDecodeError, TypeError, ValueError) as exc:
+        return BrokerModel.from_json(doc)
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"{path_or_name}: {exc}") from None
 
 
