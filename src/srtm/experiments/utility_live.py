@@ -66,13 +66,13 @@ ORDER = ["gold", "silver", "bronze"]
 #: counts, decided from the costs and capacity each topic declares (the model, not this
 #: machine's CPU); the machine enters only through the broker's own congestion flag
 #: (``--cpu-congested``, 0.85 core), and the broker measured 0.08-0.19 core in these runs:
-#: 0.4 core on a machine half as fast. The declared costs cap their traffic at about 250
-#: msg/s published and 1,700 deliveries a second (capacity ÷ B), a third of the demo's
-#: message work (3,000 msg/s in and out, about one of the development machine's two
-#: CPUs). All 11 verdicts held on the 2-core machine with other processes using 26-91 %
-#: of its CPUs (docs/results/utility.md, the u19 rerun): a busy machine is a slower one.
-#: A producer starved of CPU marks the run DISTURBED; ``host.run_cpus`` records what the
-#: run's processes used.
+#: 0.4 core on a machine half as fast. The flows' r_max and the declared capacity cap
+#: their traffic at about 250 msg/s published and 1,700 deliveries a second (capacity ÷
+#: B), a third of the demo's message work (3,000 msg/s in and out, about one of the
+#: development machine's two CPUs). All 11 verdicts held on the 2-core machine with
+#: other processes using 26-91 % of its CPUs (docs/results/utility.md, the u19 rerun): a
+#: busy machine is a slower one. A producer starved of CPU marks the run DISTURBED;
+#: ``host.run_cpus`` records what the run's processes used.
 NOT_SIZED = (
     "at most about 250 msg/s published and 1,700 deliveries a second, rates and admission "
     "decided by declared costs, the broker far below its 0.85-core congestion flag: not "
