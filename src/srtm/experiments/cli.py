@@ -79,7 +79,10 @@ ScaleOpt = Annotated[
         "scenario in time by its speed relative to the development machine (rates times "
         "the scale, the SLO and other queueing durations divided by it; never above 1), "
         "so that a slower machine runs the same experiment with the same headroom. A "
-        "number in (0, 1] gives the scale instead (1: the scenario as written)."
+        "number in (0, 1] gives the scale instead (1: the scenario as written). The "
+        "shipped scenarios and multi-tenant are sized; diurnal, trading-day, "
+        "excess-capacity and latency-effects are not CPU-bound and run as written "
+        "('auto' or 1). Not with --sim."
     ),
 ]
 #: The exit code of --strict when a run was disturbed.
@@ -138,23 +141,49 @@ def _load(name: str) -> scenarios.Scenario:
         raise typer.Exit(2) from exc
 
 
+def _auto(scale: str) -> bool:
+    return scale.strip().lower() == "auto"
+
+
+def sizing_of(scale: str) -> Sizing:
+    """The sizing ``--scale`` asks for: this machine measured for 'auto', else the scale
+    given. Each live family slows its own scenario by it."""
+    from srtm.experiments import sizing
+
+    if _auto(scale):
+        with console.status("measuring this machine's speed (about a second)"):
+            return sizing.choose(None)
+    try:
+        return sizing.choose(float(scale))
+    except ValueError as exc:
+        raise typer.BadParameter(
+            f"'auto' or a number in (0, 1], got {scale!r}", param_hint="--scale"
+        ) from exc
+
+
 def sized(sc: scenarios.Scenario, scale: str) -> tuple[scenarios.Scenario, Sizing]:
     """``sc`` at the scale ``--scale`` asks for (measuring this machine for 'auto')."""
     from srtm.experiments import sizing
 
-    if scale.strip().lower() == "auto":
-        with console.status("measuring this machine's speed (about a second)"):
-            out, how = sizing.size(sc, None)
-    else:
-        try:
-            value = float(scale)
-            out, how = sizing.size(sc, value)
-        except ValueError as exc:
-            raise typer.BadParameter(
-                f"'auto' or a number in (0, 1], got {scale!r}", param_hint="--scale"
-            ) from exc
+    how = sizing_of(scale)
+    out = sizing.scaled(sc, how.scale)
     console.print(how.describe(out), highlight=False)
     return out, how
+
+
+def unsized(scale: str, name: str, why: str) -> None:
+    """An experiment not sized to the machine (``why``): it runs as written, which
+    ``--scale`` may say ('auto', 1) but not change."""
+    try:
+        as_written = _auto(scale) or float(scale) == 1.0
+    except ValueError:
+        as_written = False
+    if not as_written:
+        raise typer.BadParameter(
+            f"{name} is not sized to the machine ({why}); 'auto' or 1, got {scale!r}",
+            param_hint="--scale",
+        )
+    console.print(f"{name} runs as written, not sized to this machine: {why}.", highlight=False)
 
 
 def run_policies(
@@ -340,16 +369,24 @@ def run_cmd(
 ) -> None:
     """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
     the workload, collect traces, stop everything, and print the summary."""
+    if sim and not _auto(scale):
+        # Nothing simulated depends on this machine's speed: a scale there would be
+        # ignored, and a command that ignores what it is told misleads.
+        raise typer.BadParameter(
+            f"sizes live runs to this machine; --sim simulates at the paper's scale "
+            f"(leave --scale out), got {scale!r}",
+            param_hint="--scale",
+        )
     if scenario == "multi-tenant":
-        _run_tenancy(out, sim, _policies(policy), as_json, strict)
+        _run_tenancy(out, sim, _policies(policy), as_json, strict, scale)
         return
     if scenario == "diurnal":
-        _run_diurnal(out, sim, as_json, duration, only)
+        _run_diurnal(out, sim, as_json, duration, only, scale)
         return
     from srtm.experiments import utility_sim
 
     if scenario in utility_sim.EXPERIMENTS:
-        _run_utility(scenario, out, sim, as_json, quick, decide, strict)
+        _run_utility(scenario, out, sim, as_json, quick, decide, strict, scale)
         return
     if sim:
         _run_sim(scenario, out, as_json)
@@ -404,26 +441,33 @@ def _finish(
 
 
 def _run_tenancy(
-    out: Path, sim: bool, policies: Sequence[Policy], as_json: bool, strict: bool
-) -> None:
-    """``multi-tenant``: simulated (SRTM against LB), or live under each policy; exit 1
-    when a live run fails a check."""
-    from srtm.experiments import tenancy_cli
+    out: Path, sim: bool, policies: Sequence[Policy], as_json: bool, strict: bool,
+    scale: str = "auto",
+) -> None:  # fmt: skip
+    """``multi-tenant``: simulated (SRTM against LB), or live under each policy, sized to
+    this machine (``--scale``); exit 1 when a live run fails a check."""
+    from srtm.experiments import tenancy, tenancy_cli
 
     if sim:
         tenancy_cli.run_sim(out, as_json, console, out_console)
         return
+    how = sizing_of(scale)
+    sc = tenancy.scaled(tenancy.live_scale(), how.scale)
+    console.print(tenancy_cli.sized_line(how, sc), highlight=False)
     failed = False
     for policy in policies:
-        summary = tenancy_cli.run_live(out, policy, as_json, console, out_console)
+        summary = tenancy_cli.run_live(
+            out, policy, as_json, console, out_console, sc=sc, sizing=how
+        )
         failed |= not all(c["ok"] for c in summary["checks"])
     if failed and strict:
         raise typer.Exit(1)
 
 
 def _run_utility(
-    name: str, out: Path, sim: bool, as_json: bool, quick: bool, decide: str, strict: bool
-) -> None:
+    name: str, out: Path, sim: bool, as_json: bool, quick: bool, decide: str, strict: bool,
+    scale: str = "auto",
+) -> None:  # fmt: skip
     """The utility-aware allocation paper's experiments: simulated, or live at small scale
     (exit 1 with --strict when a verdict fails, 3 when the run was disturbed)."""
     from srtm.experiments import utility_sim
@@ -435,6 +479,7 @@ def _run_utility(
 
     if decide not in utility_live.MODES:
         raise typer.BadParameter(f"'controller' or 'driver', got {decide!r}", param_hint="--decide")
+    unsized(scale, name, utility_live.NOT_SIZED)
     exp = utility_scale.EXPERIMENTS[name]()
     mode: utility_live.Mode = "driver" if decide == "driver" else "controller"
     with _progress(f"{name} live ({decide})") as update:
@@ -467,13 +512,14 @@ def _run_utility(
 
 
 def _run_diurnal(
-    out: Path, sim: bool, as_json: bool, duration: float | None, only: str | None = None
-) -> None:
+    out: Path, sim: bool, as_json: bool, duration: float | None, only: str | None = None,
+    scale: str = "auto",
+) -> None:  # fmt: skip
     """``diurnal``: the rebalancer's loop on and off over a compressed day, simulated
     (``--sim``) or live on local brokers (``--duration``: the day's length in s; ``--only
-    on|off``: one of the two live runs)."""
+    on|off``: one of the two live runs; not sized to the machine, ``--scale``)."""
     from srtm.experiments import diurnal_cli
-    from srtm.experiments.diurnal_live import RUNS
+    from srtm.experiments.diurnal_live import NOT_SIZED, RUNS
 
     if only is not None and only not in RUNS:
         console.print(f"[red]error:[/red] --only must be one of {', '.join(RUNS)}, got {only!r}")
@@ -482,6 +528,7 @@ def _run_diurnal(
     if sim:
         diurnal_cli.run_sim(out, as_json, console, out_console)
         return
+    unsized(scale, "diurnal", NOT_SIZED)
     from dataclasses import replace
 
     from srtm.experiments.diurnal_live import LiveDiurnal

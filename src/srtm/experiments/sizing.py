@@ -18,6 +18,11 @@ emulator's lateness limit) divided by it. In units of the brokers' service time 
 is the same experiment: the same publishers, groups, bucket in tokens, broker count and
 SLO relative to service time, at a rate this machine carries with the headroom the
 reference machine has.
+
+``choose`` is the measurement every live family starts from; each slows its own
+scenario: ``scaled`` here, ``tenancy.scaled`` the multi-tenant one. The diurnal day and
+the utility paper's live experiments are not CPU-bound and run as written (why:
+``diurnal_live.NOT_SIZED``, ``utility_live.NOT_SIZED``).
 """
 
 from __future__ import annotations
@@ -74,6 +79,14 @@ class Sizing:
     machine: MachineSpeed | None = None
 
     def describe(self, sc: Scenario) -> str:
+        return self.explain(
+            f"brokers process {sc.capacity:,.0f} msg/s, the topic offers {sc.rate:,.0f} "
+            f"msg/s, SLO p99 ≤ {sc.slo_p99_ms:.3g} ms"
+        )
+
+    def explain(self, slowed: str) -> str:
+        """What was measured and chosen; ``slowed``: what the slowed run's rates and SLO
+        are (said only when it is slowed)."""
         where = (
             "scale given"
             if self.machine is None
@@ -84,11 +97,7 @@ class Sizing:
         )
         if self.scale == 1.0:
             return f"{where}: the scenario runs at full scale."
-        return (
-            f"{where}: the scenario runs {self.scale:g}× slower in time: brokers process "
-            f"{sc.capacity:,.0f} msg/s, the topic offers {sc.rate:,.0f} msg/s, "
-            f"SLO p99 ≤ {sc.slo_p99_ms:.3g} ms."
-        )
+        return f"{where}: the scenario runs {self.scale:g}× slower in time: {slowed}."
 
     def to_json(self) -> dict[str, object]:
         m = self.machine
@@ -138,13 +147,22 @@ def _class(c: PublisherClass, s: float) -> PublisherClass:
     return replace(c, rate=c.rate * s)
 
 
+def choose(scale: float | None) -> Sizing:
+    """``scale`` as given, or (None) the scale this machine's speed calls for: the one
+    measurement every live family's sizing starts from (each slows its own scenario by
+    ``Sizing.scale``: ``scaled`` here, ``tenancy.scaled``)."""
+    if scale is not None:
+        if not (0 < scale <= 1):
+            raise ValueError(f"scale must be in (0, 1], got {scale!r}")
+        return Sizing(scale)
+    machine = measure()
+    return Sizing(scale_for(machine.units_per_s), machine)
+
+
 def size(sc: Scenario, scale: float | None) -> tuple[Scenario, Sizing]:
     """``sc`` at ``scale``, or (None) at the scale this machine's speed calls for."""
-    if scale is not None:
-        return scaled(sc, scale), Sizing(scale)
-    machine = measure()
-    s = scale_for(machine.units_per_s)
-    return scaled(sc, s), Sizing(s, machine)
+    how = choose(scale)
+    return scaled(sc, how.scale), how
 
 
 # -- the measurement -------------------------------------------------------------------

@@ -77,6 +77,9 @@ class TenancyScenario:
     tenants: tuple[Tenant, ...]
     #: Per-broker processing capacity of the live brokers (``--capacity``); 0 in the sim.
     capacity: float = 0.0
+    #: How much slower in time than ``live_scale`` writes it this scenario runs
+    #: (``scaled``): rates were multiplied by it and queueing durations divided by it.
+    time_scale: float = 1.0
 
     def broker_ids(self) -> list[str]:
         return [f"b{i + 1}" for i in range(self.brokers)]
@@ -135,6 +138,39 @@ def live_scale() -> TenancyScenario:
         Tenant("events", 80.0, 40, 10.0, "poisson", 1, 20, 25.0),
     )
     return TenancyScenario("multi-tenant", 3, 1_200.0, tenants, capacity=2_000.0)
+
+
+def scaled(sc: TenancyScenario, s: float) -> TenancyScenario:
+    """``sc`` slowed in time by ``s`` (0 < s <= 1) for a slower machine, as
+    ``srtm.experiments.sizing.scaled`` slows a live scenario: every rate (the sensors',
+    the brokers' ``capacity`` and ``mcap``) × s, every SLO ÷ s, so that each topic's SLO in
+    the brokers' service times, its sensors, groups and bucket in tokens, and which topics
+    fit on which broker (its load ratio) are unchanged. The emulator's lateness limit
+    follows ``time_scale`` (``tenancy_live.max_late_s``).
+
+    The timeline stays in wall seconds: arrivals 5 s apart, sensors joining a second
+    apart, the deletion at 30 s, the settling and tail times. They are the scenario's
+    shape and the control plane's times (a plan reaching the emulator, a subscriber
+    connecting, ``GET /brokers`` each second), not queueing ones: a topic's bucket starts
+    full, so nothing queued needs the 2 s of settling, and the longest memory of its
+    queueing, a drained bucket refilling (b / r: 15-500 ms at full scale, 1 s at most at
+    0.5, a machine half as fast), stays well inside the 5 s between arrivals and the
+    2 s of settling. Kept, a slowed run takes as long as the full
+    one and each topic's p99 comes from s times its messages (the fewest, ``sensors``,
+    about 2,700 at full scale: 1,350 at 0.5)."""
+    if not (0 < s <= 1):
+        raise ValueError(f"scale must be in (0, 1], got {s!r}")
+    if s == 1:
+        return sc
+    tenants = tuple(
+        # Three significant digits, as sizing.scaled: 41.7 ms, not 41.666…
+        replace(t, rate=t.rate * s, slo_p99_ms=float(f"{t.slo_p99_ms / s:.3g}"))
+        for t in sc.tenants
+    )
+    return replace(
+        sc, mcap=sc.mcap * s, capacity=sc.capacity * s, tenants=tenants,
+        time_scale=sc.time_scale * s,
+    )  # fmt: skip
 
 
 # -- events --------------------------------------------------------------------------------

@@ -6,13 +6,17 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from srtm.placement import Policy
+
+if TYPE_CHECKING:
+    from srtm.experiments.sizing import Sizing
+    from srtm.experiments.tenancy import TenancyScenario
 
 NAME = "multi-tenant"
 DESCRIPTION = (
@@ -96,10 +100,21 @@ def run_sim(out_dir: Path, as_json: bool, console: Console, out: Console) -> Non
         print(json.dumps(data))
 
 
+def sized_line(how: Sizing, sc: TenancyScenario) -> str:
+    """What ``--scale`` chose for the live scenario, and what the slowed one runs at."""
+    slos = "/".join(f"{s:g}" for s in sorted({t.slo_p99_ms for t in sc.tenants}))
+    return how.explain(
+        f"brokers process {sc.capacity:,.0f} msg/s (mcap {sc.mcap:,.0f}), the tenants "
+        f"offer {sum(t.load for t in sc.tenants):,.0f} msg/s, SLOs p99 ≤ {slos} ms"
+    )
+
+
 def run_live(
-    out_dir: Path, policy: Policy, as_json: bool, console: Console, out: Console
-) -> dict[str, Any]:
-    """The live scenario on local brokers under ``policy``; returns its summary."""
+    out_dir: Path, policy: Policy, as_json: bool, console: Console, out: Console,
+    sc: TenancyScenario | None = None, sizing: Sizing | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The live scenario (``sc``, by default ``tenancy.live_scale()``) on local brokers
+    under ``policy``; returns its summary."""
     from srtm.experiments import tenancy_live, tenancy_report
 
     with _bar(console, f"{NAME} / {policy}") as bar:
@@ -109,7 +124,7 @@ def run_live(
             share = done / total if total > 0 else 1.0
             bar.update(task, description=phase, completed=min(1.0, max(0.0, share)))
 
-        summary = tenancy_live.run(out_dir, policy, on_progress=update)
+        summary = tenancy_live.run(out_dir, policy, sc=sc, on_progress=update, sizing=sizing)
         bar.update(task, description="done", completed=1.0)
     table = Table(title=f"{NAME}, live: {summary['brokers']} brokers of "
                   f"{summary['capacity']:g} msg/s, mcap {summary['mcap']:g}")  # fmt: skip

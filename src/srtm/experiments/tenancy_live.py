@@ -30,6 +30,7 @@ from srtm.analysis import profile_bucket
 from srtm.experiments import analysis, host, validity
 from srtm.experiments.figures.common import BURST_MARGIN
 from srtm.experiments.live import OnProgress, Sink, _run_async
+from srtm.experiments.sizing import Sizing
 from srtm.experiments.tenancy import TenancyScenario, Tenant, events, live_scale
 from srtm.launch import LocalCluster, start_cluster
 from srtm.placement import Policy
@@ -44,7 +45,15 @@ TAIL_S = 5.0
 #: emulator with the next plan poll).
 JOIN_LEAD_S = 0.5
 DRAIN_S = 30.0
+#: The emulator skips (and counts) sends it could only make this late; a scenario slowed
+#: in time (``tenancy.scaled``) divides it by its scale, as its SLOs (``max_late_s``).
 MAX_LATE_S = 0.01
+#: Seconds of a topic's schedule its (r, b) is profiled on, at full scale.
+PROFILE_S = 20.0
+
+
+def max_late_s(sc: TenancyScenario) -> float:
+    return MAX_LATE_S / sc.time_scale
 
 
 @dataclass
@@ -72,11 +81,13 @@ class LiveTenancy:
     end_s: float = 0.0
 
 
-def profile(t: Tenant, seed: int) -> tuple[float, float]:
+def profile(t: Tenant, seed: int, seconds: float = PROFILE_S) -> tuple[float, float]:
     """The topic's (r, b) profiled as the paper does on its own workload: the schedule its
     sensors will send (all of them; periodic sensors keep their phases), with
-    ``BURST_MARGIN`` on the burst as the simulated figures have."""
-    sample = build(t.specs(), 20.0, seed=seed)
+    ``BURST_MARGIN`` on the burst as the simulated figures have. A scenario slowed in
+    time profiles ``PROFILE_S / time_scale`` seconds: the same sends, slowed, so the same
+    burst in tokens."""
+    sample = build(t.specs(), seconds, seed=seed)
     b = profile_bucket(sample.arrivals_ns())
     return b.rate, max(1.0, float(math.ceil(b.burst * BURST_MARGIN)))
 
@@ -98,10 +109,11 @@ def schedule_of(t: Tenant, end_s: float, seed: int) -> Schedule:
 
 def run(
     out: Path, policy: Policy = "srtm", *, sc: TenancyScenario | None = None,
-    seed: int = 0, on_progress: OnProgress | None = None,
+    seed: int = 0, on_progress: OnProgress | None = None, sizing: Sizing | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the live scenario under ``policy``; traces under ``out/traces``; the summary
-    is returned and written to ``out/multi-tenant-<policy>.json``."""
+    is returned and written to ``out/multi-tenant-<policy>.json``. ``sizing``: how ``sc``
+    was sized to this machine (``srtm.experiments.sizing``), kept in the summary."""
     sc = sc or live_scale()
     name = f"{sc.name}-{policy}"
     traces = out / "traces"
@@ -125,6 +137,7 @@ def run(
         cluster.stop()
     progress("analysing", 0, 1)
     summary = summarize(sc, info, traces)
+    summary["sizing"] = (sizing or Sizing(sc.time_scale)).to_json()
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(summary, indent=2))
     progress("analysing", 1, 1)
@@ -139,7 +152,7 @@ async def _drive(
     evs = events(sc)
     info.end_s = evs[-1].t_s + TAIL_S
     for i, tenant in enumerate(sc.tenants):
-        rate, burst = profile(tenant, seed + i)
+        rate, burst = profile(tenant, seed + i, PROFILE_S / sc.time_scale)
         info.topics[tenant.name] = TopicRun(tenant, rate, burst, seed + i)
     tasks: list[asyncio.Task[Any]] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
@@ -154,7 +167,7 @@ async def _drive(
                 topic = info.topics[ev.topic]
                 if ev.what == "create":
                     await _create(http, url, headers, policy, topic, ev, info)
-                    tasks += await _start_topic(url, traces, info, topic)
+                    tasks += await _start_topic(url, traces, info, topic, max_late_s(sc))
                 elif ev.what == "join":
                     doc = {"publishers": [{"id": p.id, "rate": p.rate, "group": p.group}
                                           for p in ev.publishers]}  # fmt: skip
@@ -204,7 +217,7 @@ async def _create(
 
 
 async def _start_topic(
-    url: str, traces: Path, info: LiveTenancy, topic: TopicRun
+    url: str, traces: Path, info: LiveTenancy, topic: TopicRun, max_late: float
 ) -> list[asyncio.Task[Any]]:
     t = topic.tenant
     until = t.delete_s if t.delete_s is not None else info.end_s
@@ -212,7 +225,7 @@ async def _start_topic(
     await sink.wait_brokers(1)
     schedule = schedule_of(t, until, topic.seed)
     emulator = topic.emulator = Emulator(
-        schedule, t.name, {}, name=f"tenant-{t.name}", max_late_s=MAX_LATE_S
+        schedule, t.name, {}, name=f"tenant-{t.name}", max_late_s=max_late
     )
     start = info.t0_ns + int(t.arrive_s * 1e9)
     emulator.stop_at(info.t0_ns + int(until * 1e9))
@@ -290,14 +303,16 @@ def summarize(sc: TenancyScenario, info: LiveTenancy, traces: Path) -> dict[str,
         "mcap": sc.mcap, "capacity": sc.capacity, "end_s": info.end_s, "topics": topics,
         "ledger": info.ledger, "refused": info.refused,
     }  # fmt: skip
-    summary["disturbed"] = disturbed(topics, info.host)
+    summary["disturbed"] = disturbed(topics, info.host, max_late_s(sc))
     if info.host is not None:
         summary["host"] = dataclasses.asdict(info.host)
     summary["checks"] = checks(topics, over, info.refused)
     return summary
 
 
-def disturbed(topics: list[dict[str, Any]], figures: host.HostFigures | None) -> str | None:
+def disturbed(
+    topics: list[dict[str, Any]], figures: host.HostFigures | None, max_late: float = MAX_LATE_S
+) -> str | None:
     """Why the run measured the machine rather than the brokers, if it did, by the
     thresholds of ``srtm.experiments.validity``: send events skipped as too late, a run
     process (driver, controller, broker) waiting for a CPU, stolen CPU time."""
@@ -305,7 +320,7 @@ def disturbed(topics: list[dict[str, Any]], figures: host.HostFigures | None) ->
     sent = sum(t["accounting"]["published"] for t in topics) or 1
     why = []
     if skipped > validity.SKIPPED_SHARE * sent:
-        why.append(f"{skipped:,} send events skipped as over {MAX_LATE_S * 1e3:g} ms late "
+        why.append(f"{skipped:,} send events skipped as over {max_late * 1e3:g} ms late "
                    f"({skipped / sent:.1%} of the messages sent)")  # fmt: skip
     if figures is not None:
         wait = figures.run_queue_wait
