@@ -12,10 +12,10 @@ from srtm.placement import BrokerCapacity, Predict, PublisherLoad, TopicSpec, se
 from srtm.placement.fitting import (
     Command,
     Finished,
+    FitOutcome,
     Fitting,
     Keep,
     MarkFull,
-    Outcome,
     Profile,
     RoundResult,
     Shed,
@@ -272,7 +272,7 @@ def test_adding_brokers_that_do_not_lower_the_p99_is_taken_back() -> None:
     done, log = run(fitting, busy_machine())
     start = fitting.start_plan
     assert start is not None
-    assert done.outcome is Outcome.TAKEN_BACK, done
+    assert done.outcome is FitOutcome.TAKEN_BACK, done
     assert dict(done.assignment) == dict(start.assignment)  # the policy's own placement
     assert not done.unassigned
     assert len(done.assignment) == 3 and "did not lower the p99" in done.note
@@ -293,7 +293,7 @@ def test_fitting_ends_at_the_best_plan_it_measured() -> None:
     fitting = Fitting(brokers, topic_of(20, group_size=20))
     done, _ = run(fitting, oracle)
     assert fitting.best is not None and fitting.best.p99_ms == 1.2
-    assert done.outcome is Outcome.TAKEN_BACK
+    assert done.outcome is FitOutcome.TAKEN_BACK
     assert dict(done.assignment) == dict(fitting.best.assignment) == {"a": done.assignment["a"]}
     assert len(done.assignment["a"]) == 20
 
@@ -320,7 +320,7 @@ def test_rounds_that_keep_measuring_the_machine_stop_at_the_start_plan() -> None
         assert not any(isinstance(c, Finished) for c in cmds)
         cmds = fitting.on_round({"b0": RoundResult(9.0, 10_000, loop_lag_p99_ms=0.3)})
     done = cmds[-1]
-    assert isinstance(done, Finished) and done.outcome is Outcome.DISTURBED
+    assert isinstance(done, Finished) and done.outcome is FitOutcome.DISTURBED
     start = fitting.start_plan
     assert start is not None and dict(done.assignment) == dict(start.assignment)
     assert "too busy" in done.note

@@ -39,7 +39,7 @@ from srtm.analysis import profile_bucket
 from srtm.control.actions import HELD, Share
 from srtm.control.validate import ControlError, split_address
 from srtm.placement import Policy, PublisherLoad, TopicSpec, topic_bucket
-from srtm.placement.fitting import Outcome, Verdict
+from srtm.placement.fitting import FitOutcome, Verdict
 from srtm.placement.model import RATE_MARGIN
 from srtm.protocol.names import MAX_NAME_LENGTH
 from srtm.ratelimit import MAX_BURST, BucketParams, check_bucket
@@ -510,7 +510,7 @@ class FittingStatus(_Answer):
     steps: list[FittingStep] = []
     full: list[str] = []
     iteration_brokers: list[str] | None = None
-    outcome: Outcome | None = Field(
+    outcome: FitOutcome | None = Field(
         None,
         description="once done: 'fitted' (the searches settled), 'taken back' (adding "
         "brokers did not lower the p99: back to the best plan measured), 'best' (the "

@@ -19,7 +19,7 @@ from typing import Any
 from srtm.control.actions import Action
 from srtm.control.state import Controller
 from srtm.placement import Finished, Fitting, Predict, RoundResult
-from srtm.placement.fitting import Command, Outcome, Profile, UseBrokers
+from srtm.placement.fitting import Command, FitOutcome, Profile, UseBrokers
 
 #: Carries out actions (pushes, orders) and returns when they are done.
 Execute = Callable[[list[Action]], Awaitable[None]]
@@ -91,7 +91,7 @@ async def fit_topic(
                     {b: list(ps) for b, ps in done.assignment.items()},
                     list(done.unassigned),
                     f"fitted in {sum(done.rounds)} rounds over {len(done.rounds)} iterations"
-                    + ("" if done.outcome is Outcome.FITTED else f" ({done.outcome.value})"),
+                    + ("" if done.outcome is FitOutcome.FITTED else f" ({done.outcome.value})"),
                 )
             )
             progress["state"] = "done"

@@ -116,7 +116,7 @@ class MarkFull:
     broker: str
 
 
-class Outcome(enum.Enum):
+class FitOutcome(enum.Enum):
     """How fitting ended."""
 
     FITTED = "fitted"  # the searches settled; their plan was the best measured
@@ -133,7 +133,7 @@ class Finished:
     assignment: Mapping[str, tuple[str, ...]]
     unassigned: tuple[str, ...]
     rounds: tuple[int, ...]
-    outcome: Outcome = Outcome.FITTED
+    outcome: FitOutcome = FitOutcome.FITTED
     note: str = ""
 
 
@@ -376,7 +376,7 @@ class Fitting:
                     note = (f"broker {s.broker}'s loop lagged {r.loop_lag_p99_ms:.1f} ms (p99) "
                             f"in {s.disturbed} rounds in a row: the machine is too busy to "
                             "measure on")  # fmt: skip
-                    return [self._stop(Outcome.DISTURBED, note)]
+                    return [self._stop(FitOutcome.DISTURBED, note)]
                 cmds.append(self._profile(s))
                 continue
             s.disturbed = 0
@@ -424,7 +424,7 @@ class Fitting:
                 f"did not lower the p99 ({measured.p99_ms:.1f} ms against "
                 f"{best.p99_ms:.1f} ms): back to iteration {best.iteration}'s plan"
             )
-            return self._stop(Outcome.TAKEN_BACK, note)
+            return self._stop(FitOutcome.TAKEN_BACK, note)
         return None
 
     def _advance(self, s: _Search, v: Verdict) -> list[Command]:
@@ -483,10 +483,10 @@ class Fitting:
                 f"the settled plan's worst broker measured {worst:.1f} ms, iteration "
                 f"{best.iteration}'s whole plan {best.p99_ms:.1f} ms: that one is kept"
             )
-            return self._stop(Outcome.BEST, note)
+            return self._stop(FitOutcome.BEST, note)
         return Finished(assignment, unassigned, tuple(self.rounds))
 
-    def _stop(self, outcome: Outcome, note: str) -> Finished:
+    def _stop(self, outcome: FitOutcome, note: str) -> Finished:
         """End now with the best whole plan measured (else the placement it began with)."""
         self.done = True
         plan = self.best or self.start_plan
