@@ -21,6 +21,12 @@ def test_a_machine_as_fast_as_the_reference_runs_the_scenario_as_written() -> No
     assert sizing.scale_for(0.5 * ref) == 0.5
     assert sizing.scale_for(0.64 * ref) == 0.6  # rounded down to a step
     assert sizing.scale_for(0.01 * ref) == sizing.MIN_SCALE
+    # A quota throttles in bursts: a quota'd machine of the same speed keeps more headroom.
+    assert sizing.scale_for(0.57 * ref) == 0.55
+    assert sizing.scale_for(0.57 * ref, throttled=True) == 0.4
+    assert sizing.MachineSpeed(1.0, 2, 1.0, 1.0).throttled
+    assert not sizing.MachineSpeed(1.0, 2, 2.0, 1.0).throttled
+    assert not sizing.MachineSpeed(1.0, 1, None, 1.0).throttled
     for bad in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="units_per_s"):
             sizing.scale_for(bad)
