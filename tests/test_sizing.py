@@ -23,7 +23,7 @@ def test_a_machine_as_fast_as_the_reference_runs_the_scenario_as_written() -> No
     assert sizing.scale_for(0.01 * ref) == sizing.MIN_SCALE
     # A quota throttles in bursts: a quota'd machine of the same speed keeps more headroom.
     assert sizing.scale_for(0.57 * ref) == 0.55
-    assert sizing.scale_for(0.57 * ref, throttled=True) == 0.4
+    assert sizing.scale_for(0.61 * ref, throttled=True) == 0.35
     assert sizing.MachineSpeed(1.0, 2, 1.0, 1.0).throttled
     assert not sizing.MachineSpeed(1.0, 2, 2.0, 1.0).throttled
     assert not sizing.MachineSpeed(1.0, 1, None, 1.0).throttled
