@@ -483,8 +483,8 @@ class BrokerHttp:
             ok = addresses is None or (
                 isinstance(addresses, list) and all(isinstance(a, str) for a in addresses)
             )
-            if not ok:
-                raise HttpError(400, "INVALID_VALUE", "body must be null or an array of strings")
+            if not ok:  # JSON, not a list: nsqd's answer exactly (test_nsqd_parity)
+                raise HttpError(400, "INVALID_VALUE")
             self.lookupd_tcp_addresses = addresses
         elif opt == "log_level":
             level = LOG_LEVELS.get(body.decode(errors="replace").lower())
