@@ -33,8 +33,9 @@ lint: $(VENV)/.test-installed
 typecheck: $(VENV)/.test-installed
 	$(BIN)/mypy $(CORE)
 
+# Two workers, each taking whole files (fixtures and fixed ports stay within a file).
 test: lint typecheck browser
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile
 
 # Installed only when missing (a file target without prerequisites): quiet, idempotent.
 browser: $(CHROMIUM) $(CHROMEDRIVER)
