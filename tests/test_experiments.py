@@ -450,3 +450,23 @@ async def test_preload_returns_once_the_controller_sees_the_brokers_load(tmp_pat
         assert measured["1"] == 0.0
     finally:
         await asyncio.to_thread(cluster.stop)
+
+
+def test_after_ctrl_c_an_error_of_a_stopping_server_is_the_interrupt() -> None:
+    """Ctrl-C reaches the run's servers too; when the run's own cleanup then fails (a
+    broker that died of the same Ctrl-C), the demo still ends as interrupted (130), not
+    with that error's traceback (exit 1)."""
+    import signal
+
+    from srtm.experiments import cli
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), cli._ctrl_c_wins():
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the interrupt is raised here
+        except KeyboardInterrupt:
+            raise RuntimeError("broker 3 exited with code 130") from None
+    with pytest.raises(RuntimeError, match="no Ctrl-C"), cli._ctrl_c_wins():
+        raise RuntimeError("no Ctrl-C: an error stays itself")
+    assert signal.getsignal(signal.SIGINT) is before

@@ -4,6 +4,7 @@ plots and an HTML report; ``srtm calibrate``: a broker model measured on this ma
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -186,6 +187,29 @@ def unsized(scale: str, name: str, why: str) -> None:
     console.print(f"{name} runs as written, not sized to this machine: {why}.", highlight=False)
 
 
+@contextmanager
+def _ctrl_c_wins() -> Iterator[None]:
+    """Ctrl-C reaches the run's servers too (one process group): one that dies of it
+    first can make the run raise its own error (a broker gone, a subscriber that exited)
+    before the interrupt does. Once Ctrl-C was pressed, any error is the interrupt
+    (typer exits 130), never a traceback about a server that was told to stop."""
+    pressed: list[int] = []
+
+    def on_int(signum: int, frame: Any) -> None:
+        pressed.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    before = signal.signal(signal.SIGINT, on_int)
+    try:
+        yield
+    except Exception:
+        if pressed:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def run_policies(
     sc: scenarios.Scenario,
     policies: Sequence[Policy],
@@ -198,7 +222,7 @@ def run_policies(
 
     summaries = []
     for policy in policies:
-        with _progress(f"{sc.name} / {policy}") as update:
+        with _progress(f"{sc.name} / {policy}") as update, _ctrl_c_wins():
             summaries.append(
                 live.run(
                     sc, policy, out, duration_s=duration, warmup_s=warmup, on_progress=update,
