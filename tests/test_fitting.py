@@ -337,3 +337,8 @@ def test_a_round_is_long_enough_for_the_samples_it_needs() -> None:
     many = Fitting(brokers, topic_of(200), window_s=2.0, min_samples=500)
     (_, profile) = many.start()
     assert isinstance(profile, Profile) and profile.window_s == 2.0
+    # So are the search's later, smaller trials (a broker that holds 30 of the 200).
+    _, log = run(many, capacity_oracle({"a": 30}))
+    trials = [c for c in log if isinstance(c, Profile)]
+    assert min(len(c.publishers) for c in trials) < 50
+    assert all(c.window_s >= min(30.0, 1.25 * 500 / (10 * len(c.publishers))) for c in trials)

@@ -431,7 +431,7 @@ class Fitting:
         if v is Verdict.UNKNOWN:
             s.unknowns += 1
             if s.unknowns <= self.max_unknown:
-                return [Profile(s.broker, s.publishers(), self.window_s)]
+                return [self._profile(s)]
             v = Verdict.OK  # never enough traffic to tell: it does not overload the broker
         s.unknowns = 0
         if v is Verdict.OK:
@@ -451,7 +451,7 @@ class Fitting:
             s.trial = max(s.lo + q, s.hi - s.step)
         else:
             s.trial = s.lo + (s.hi - s.lo) // (2 * q) * q
-        return [Profile(s.broker, s.publishers(), self.window_s)]
+        return [self._profile(s)]
 
     def _settle(self, s: _Search, n: int) -> list[Command]:
         s.done = True
