@@ -60,7 +60,8 @@ def test_a_slowed_scenario_is_the_same_experiment_in_units_of_its_service_time()
 
 def test_a_given_scale_measures_nothing() -> None:
     sc = scenarios.load("correlated-sensors")
-    slow, how = sizing.size(sc, 0.25)
+    how = sizing.choose(0.25)
+    slow = sizing.scaled(sc, how.scale)
     assert how.machine is None and how.scale == 0.25 and slow.capacity == sc.capacity / 4
     assert "0.25× slower" in how.describe(slow)
     assert how.to_json()["scale"] == 0.25

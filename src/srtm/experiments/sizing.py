@@ -173,12 +173,6 @@ def choose(scale: float | None) -> Sizing:
     return Sizing(scale_for(machine.units_per_s, machine.throttled), machine)
 
 
-def size(sc: Scenario, scale: float | None) -> tuple[Scenario, Sizing]:
-    """``sc`` at ``scale``, or (None) at the scale this machine's speed calls for."""
-    how = choose(scale)
-    return scaled(sc, how.scale), how
-
-
 # -- the measurement -------------------------------------------------------------------
 _PACK = struct.Struct(">qHq")
 
