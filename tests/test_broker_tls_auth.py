@@ -89,8 +89,9 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 # -- an auth server -------------------------------------------------------------------------
 @dataclass
 class AuthServer:
-    """Answers GET /auth: secret "good" gets ``grants``; anything else 403. ``gate`` (when
-    set) holds every answer until it is set."""
+    """Answers GET /auth: secret "good" gets ``grants`` (as ``klass``: SRTM's srtm_class,
+    when set), "relay" the same grants as another broker's relay link (SRTM's srtm_relay);
+    anything else 403. ``gate`` (when set) holds every answer until it is set."""
 
     grants: list[dict[str, Any]] = field(
         default_factory=lambda: [
@@ -98,6 +99,7 @@ class AuthServer:
         ]
     )
     ttl: int = 3600
+    klass: str | None = None
     queries: list[dict[str, str]] = field(default_factory=list)
     gate: asyncio.Event | None = None
     address: str = ""
@@ -108,14 +110,19 @@ class AuthServer:
             await self.gate.wait()
         if request.query.get("secret") == "huge":  # a 2 MiB answer, over the broker's limit
             return web.json_response({"ttl": 5, "identity": "x" * (2 << 20)})
-        if request.query.get("secret") != "good":
+        secret = request.query.get("secret")
+        if secret not in ("good", "relay"):
             return web.json_response({"message": "NOT_AUTHORIZED"}, status=403)
-        doc = {
+        doc: dict[str, Any] = {
             "ttl": self.ttl,
-            "identity": "alice",
+            "identity": "alice" if secret == "good" else "broker",
             "identity_url": "https://example.invalid/alice",
             "authorizations": self.grants,
         }
+        if secret == "relay":
+            doc["srtm_relay"] = True
+        elif self.klass is not None:
+            doc["srtm_class"] = self.klass
         return web.json_response(doc)
 
 

@@ -148,15 +148,31 @@ async def test_forwarding_to_a_peer_with_an_auth_server_sends_auth(
 ) -> None:
     b = await make(auth_http_address=(auth_server.address,))
     secret = tmp_path / "relay.secret"
-    secret.write_text("good\n")
+    secret.write_text("relay\n")
     a = await make(relay_auth_secret_file=secret)
     forward(a, "allowed_t", b)
     await publish(a, "allowed_t", 12)
     assert counters_of(a.relay.routes["allowed_t"])["forwarded"] == 12
     assert count(b, "allowed_t") == 12
-    assert [q["secret"] for q in auth_server.queries] == ["good"]
+    assert [q["secret"] for q in auth_server.queries] == ["relay"]
     (link,) = relay_clients(b)
-    assert link.gate is not None and link.gate.state.identity == "alice"
+    assert link.relay and link.gate is not None and link.gate.state.identity == "broker"
+
+
+async def test_a_secret_the_auth_server_does_not_vouch_for_as_a_relay_is_refused(
+    make: MakeBroker, auth_server: AuthServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # "good" is a tenant's secret: its answer has no srtm_relay, so the link is not one.
+    b = await make(auth_http_address=(auth_server.address,))
+    a = await make(relay_auth_secret="good")
+    forward(a, "allowed_t", b)
+    with caplog.at_level(logging.ERROR, "srtm.broker.relay"):
+        await publish(a, "allowed_t", 4)
+    assert (count(a, "allowed_t"), count(b, "allowed_t")) == (4, 0)  # kept here
+    assert any(
+        tcp(b) in m and "does not take it for a relay link" in m
+        for m in (r.getMessage() for r in caplog.records)
+    )
 
 
 async def test_a_bad_secret_falls_back_here_and_retries(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from srtm.protocol import Auth, Dpub, Identify, Mpub, ProtocolError, Pub, Sub, errors
-from srtm.protocol.session import SessionState, command_name
+from srtm.protocol.session import Keys, SessionState, command_name, is_valid_class
 
 if TYPE_CHECKING:
     import aiohttp
@@ -69,6 +69,10 @@ class AuthState:
     identity_url: str
     expires_ns: int
     authorizations: tuple[Authorization, ...]
+    #: SRTM's fields of the answer: the consumer class of this identity (``srtm_class``;
+    #: None: ``default``) and whether it is a relay link of another broker (``srtm_relay``).
+    klass: str | None = None
+    relay: bool = False
 
     def expired(self, now_ns: int) -> bool:
         return now_ns >= self.expires_ns
@@ -78,11 +82,13 @@ class AuthState:
 
     def reply(self) -> bytes:
         """AUTH's response body, as nsqd sends it."""
-        doc = {
+        doc: dict[str, Any] = {
             "identity": self.identity,
             "identity_url": self.identity_url,
             "permission_count": len(self.authorizations),
         }
+        if self.relay:  # SRTM's: this identity may be a relay link (the relay checks it)
+            doc["srtm_relay"] = True
         return json.dumps(doc).encode()
 
 
@@ -127,12 +133,29 @@ def parse_reply(body: bytes, now_ns: int) -> AuthState:
     auths = doc.get("authorizations") or []
     if not isinstance(auths, list):
         raise AuthError("authorizations must be a list")
+    klass = doc.get("srtm_class")
+    if klass is not None and not is_valid_class(klass):
+        raise AuthError(f"srtm_class {str(klass)[:40]!r} is not a class name")
+    relay = doc.get("srtm_relay", False)
+    if not isinstance(relay, bool):
+        raise AuthError(f"srtm_relay must be true or false, not {relay!r}")
     return AuthState(
         identity=str(doc.get("identity", "")),
         identity_url=str(doc.get("identity_url", "")),
         expires_ns=now_ns + min(ttl, 10**9) * 1_000_000_000,
         authorizations=tuple(_authorization(a) for a in auths),
+        klass=klass,
+        relay=relay,
     )
+
+
+#: What the cluster's own connections (AUTH with the token or relay secret) may do: all.
+EVERYTHING = Authorization(re.compile(""), (re.compile(""),), PERMISSIONS)
+
+
+def operator_state(now_ns: int) -> AuthState:
+    """The cluster's own connection: checked here, not by the auth server, and for good."""
+    return AuthState("srtm-cluster", "", now_ns + 10**18, (EVERYTHING,), relay=True)
 
 
 def auth_url(address: str, remote_ip: str, tls: bool, secret: str, common_name: str) -> str:
@@ -216,6 +239,7 @@ class Gated(Protocol):
     def finishing(self) -> bool: ...
     def send_error(self, err: ProtocolError) -> None: ...
     def respond(self, body: bytes) -> None: ...
+    def granted(self, operator: bool, relay: bool, klass: str | None) -> None: ...
     def hold_reads(self) -> None: ...
     def release_reads(self) -> None: ...
     def run(self, event: object, arrival: int) -> None: ...
@@ -231,12 +255,15 @@ class Gate:
         client: Gated,
         tls_required: bool,
         auth: Authenticator | None,
+        keys: Keys | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.client = client
         self.clock_ns = clock_ns
         self.tls_required = tls_required
         self.auth = auth
+        #: The token and relay secret: checked here, never sent to the auth server.
+        self.keys = Keys() if keys is None else keys
         self.secret: str | None = None
         self.state: AuthState | None = None
         self.held: collections.deque[tuple[object, int]] = collections.deque()
@@ -299,6 +326,11 @@ class Gate:
         if self.state is not None and self.state.authorizations:
             raise ProtocolError(errors.E_INVALID, "AUTH already set")
         self.secret = body.decode(errors="replace")
+        if self.keys.is_operator(self.secret):
+            self.state = operator_state(self.clock_ns())
+            self.client.granted(True, False, None)
+            self.client.respond(self.state.reply())
+            return
         self._ask(first=True)
 
     def _ask(self, first: bool) -> None:
@@ -339,6 +371,7 @@ class Gate:
                     ProtocolError(errors.E_UNAUTHORIZED, "AUTH no authorizations found")
                 )
                 return
+            client.granted(False, state.relay, state.klass)
             client.respond(state.reply())
         self._replay()
 

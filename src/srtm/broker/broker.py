@@ -33,7 +33,7 @@ from srtm.broker.release import Releaser
 from srtm.broker.state import Channel, LeaseExpired, LimitReached, Topic
 from srtm.broker.stats import BrokerStats
 from srtm.broker.tcp import Client, enable_kernel_timestamps
-from srtm.broker.tls import server_context
+from srtm.broker.tls import identity_keys, server_context
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_valid_name
 from srtm.protocol.header import publisher_of
@@ -102,6 +102,8 @@ class Broker:
         self.measurements = Measurements()
         #: Forwarding and replication routes, and the links to other brokers.
         self.relay = Relay(self)
+        #: What proves a relay link or a consumer class (docs/security.md, "Identities").
+        self.keys = identity_keys(self.options, self.relay.security.secret)
         #: Shares armed for a handoff from another broker (``arm``, ``take_handoff``).
         self.arms = Arms()
 

@@ -247,6 +247,13 @@ class BrokerOptions:
         None,
         "File holding --relay-auth-secret (read at start; a trailing newline is dropped).",
     )
+    class_secret: tuple[str, ...] = setting(
+        (),
+        "CLASS=SECRET: a consumer class above 'default' is served only with its secret "
+        "(IDENTIFY srtm_class_secret, or AUTH) or the token; repeat per class (the "
+        "variable, preferred as a command line is visible to every local user: "
+        "space-separated).",
+    )
     max_topics: int = setting(
         10_000,
         "Topics this broker holds at most; creating one more fails (PUB: E_PUB_FAILED, "

@@ -15,7 +15,9 @@ A ``PeerLink`` is one connection to one peer, opened on first use: it IDENTIFYs 
 and sends AUTH where the peer's answer asks for them (``--relay-tls*``,
 ``--relay-auth-secret``: a peer with ``--tls-required`` or an auth server is relayed to as
 any NSQ client would publish to it; one that cannot be is logged and its share falls back
-here, retried with the backoff), sends what is
+here, retried with the backoff). A peer with a token or relay secret checks that a link
+saying ``srtm_relay`` is one (its answer's ``srtm_relay_auth``): the link AUTHs with the
+relay secret, else the cluster token. Then it sends what is
 queued as PUB, or MPUB when a backlog built up (DPUB for a deferred message, with the
 time it has left), one command in flight, and reconnects with
 a backoff; while down, what comes falls back at once.
@@ -243,15 +245,24 @@ class PeerLink:
             how = [f"TLS {ssl_object.version() if ssl_object is not None else ''}".rstrip()]
         elif sec.tls == RelayTls.REQUIRED:
             raise LinkRefused("TLS: the peer offers none (--relay-tls required)")
-        if features.get("auth_required") is True:
-            if sec.secret is None:
-                raise LinkRefused("the peer requires AUTH and no --relay-auth-secret is set")
-            writer.write(encode_command(Auth(sec.secret.encode())))
+        # A peer that checks relay links itself (its token or relay secret) says so: a
+        # link that does not prove itself may not say srtm_relay there.
+        checks = features.get("srtm_relay_auth") is True
+        if features.get("auth_required") is True or checks:
+            secret = sec.proof(checks)
+            if secret is None:
+                raise LinkRefused(
+                    "the peer requires AUTH and neither --relay-auth-secret nor --token is set"
+                )
+            writer.write(encode_command(Auth(secret.encode())))
             try:
                 answer = _features(await self._response(reader, writer, frames))
             except ProtocolError as exc:
                 raise LinkRefused(f"AUTH refused: {exc.code} {exc.message}") from exc
-            how.append(f"AUTH as {str(answer.get('identity', '?'))[:100]!r}")
+            who = f"AUTH as {str(answer.get('identity', '?'))[:100]!r}"
+            if answer.get("srtm_relay") is not True:
+                raise LinkRefused(f"{who}: the peer does not take it for a relay link")
+            how.append(who)
         return frames, ", ".join(how)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -654,7 +665,7 @@ class Relay:
             return self._local(route, bodies, arrival, publisher, due_s)
         who = publisher  # over HTTP: its ?publisher=
         if client is not None:
-            if client.identity.get("srtm_relay") is True:  # never relayed again
+            if client.relay:  # never relayed again
                 return self._local(route, bodies, arrival, publisher, due_s)
             who = str(client.identity.get("srtm_publisher") or "")  # a plain one has none
         to = route.forward_target(who, self.clock())

@@ -32,7 +32,7 @@ from srtm.broker.state import DeliveryError
 from srtm.broker.tls import tcp_requires_tls
 from srtm.protocol import Event, Fins, Parser, ProtocolError, errors, frames
 from srtm.protocol.frames import MESSAGE_HEAD as _MESSAGE_HEAD
-from srtm.protocol.session import Session, SessionSettings, SessionState
+from srtm.protocol.session import Keys, Session, SessionSettings, SessionState
 
 if TYPE_CHECKING:
     from srtm.broker.options import BrokerOptions
@@ -108,6 +108,9 @@ class BrokerPort(Protocol):
     @property
     def authenticator(self) -> Authenticator | None: ...
 
+    @property
+    def keys(self) -> Keys: ...
+
     def publish(
         self,
         topic_name: str,
@@ -158,6 +161,7 @@ def session_settings(broker: BrokerPort) -> SessionSettings:
         broker_id=str(opts.broker_id),
         tls=broker.tls_context is not None,
         auth=broker.authenticator is not None,
+        keys=broker.keys,
     )
 
 
@@ -209,7 +213,9 @@ class Client:
         self._inflate: Callable[[bytes], bytes] | None = None
         self.gate: Gate | None = None
         if broker.tls_context is not None or broker.authenticator is not None:
-            self.gate = Gate(self, tcp_requires_tls(broker.options), broker.authenticator)
+            self.gate = Gate(
+                self, tcp_requires_tls(broker.options), broker.authenticator, broker.keys
+            )
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.loop.add_reader(sock.fileno(), self._on_readable)
@@ -236,6 +242,15 @@ class Client:
     def consumer_class(self) -> str:
         """Its class for admission control (IDENTIFY ``srtm_class``, else ``default``)."""
         return self.session.consumer_class
+
+    @property
+    def relay(self) -> bool:
+        """Whether it is another broker's relay link (IDENTIFY ``srtm_relay``, proven)."""
+        return self.session.relay
+
+    def granted(self, operator: bool, relay: bool, klass: str | None) -> None:
+        """The gate's AUTH proved an identity (srtm.broker.auth)."""
+        self.session.granted(operator, relay, klass)
 
     @property
     def sent_bytes(self) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from srtm.broker.options import BrokerOptions, RelayTls, TlsClientAuthPolicy, TlsRequired
+from srtm.protocol.session import DEFAULT_CLASS, Keys, is_valid_class
 
 _READ_SIZE = 64 * 1024
 
@@ -74,9 +75,22 @@ class RelaySecurity:
     tls: RelayTls = RelayTls.FALSE
     context: ssl.SSLContext | None = None
     secret: str | None = None
+    #: The cluster token: sent as AUTH to a peer that checks relay links itself
+    #: (IDENTIFY's answer ``srtm_relay_auth``) when no relay secret is set.
+    token: str | None = None
 
-    def __repr__(self) -> str:  # never the secret, in a log or a traceback
-        return f"RelaySecurity(tls={self.tls.value!r}, auth={self.secret is not None})"
+    def proof(self, peer_checks: bool) -> str | None:
+        """What to AUTH with: the relay secret; else the token, to a peer that checks it
+        itself (never to a peer's auth server, which has no business knowing it)."""
+        if self.secret is not None:
+            return self.secret
+        return self.token if peer_checks else None
+
+    def __repr__(self) -> str:  # never a secret, in a log or a traceback
+        return (
+            f"RelaySecurity(tls={self.tls.value!r}, auth={self.secret is not None}, "
+            f"token={self.token is not None})"
+        )
 
 
 def relay_security(opts: BrokerOptions) -> RelaySecurity:
@@ -88,7 +102,26 @@ def relay_security(opts: BrokerOptions) -> RelaySecurity:
         )
     if (opts.relay_tls_cert is None) != (opts.relay_tls_key is None):
         raise ValueError("--relay-tls-cert and --relay-tls-key go together")
-    return RelaySecurity(RelayTls(opts.relay_tls), _relay_context(opts), _relay_secret(opts))
+    return RelaySecurity(
+        RelayTls(opts.relay_tls), _relay_context(opts), _relay_secret(opts), opts.token
+    )
+
+
+def identity_keys(opts: BrokerOptions, relay_secret: str | None) -> Keys:
+    """What proves an identity here: the token and relay secret (a relay link, any
+    class), and --class-secret's. Raises ValueError naming the bad entry."""
+    classes: dict[str, str] = {}
+    for entry in opts.class_secret:
+        klass, sep, secret = entry.partition("=")
+        if not sep or not secret:
+            raise ValueError(f"--class-secret wants CLASS=SECRET, not {klass!r}")
+        if not is_valid_class(klass) or klass == DEFAULT_CLASS:
+            raise ValueError(f"--class-secret: {klass[:40]!r} is not a class above default")
+        if klass in classes:
+            raise ValueError(f"--class-secret: class {klass!r} given twice")
+        classes[klass] = secret
+    operator = tuple(k for k in (opts.token, relay_secret) if k)
+    return Keys(operator, classes)
 
 
 def _relay_context(opts: BrokerOptions) -> ssl.SSLContext | None:

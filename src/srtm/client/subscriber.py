@@ -4,10 +4,13 @@ takes fixed addresses, FINs each message and records end-to-end latency from the
 measurement header in an HDR histogram; with ``trace_dir``, it writes subscriber-side
 trace rows.
 
-With ``consumer_class`` it names its class in IDENTIFY (``srtm_class``); a SUB its class
-is not admitted for (E_SUB_FAILED, which leaves the connection open) is sent again on the
-same connection after a backoff doubling from ``retry_s`` up to ``max_retry_s``, for as
-long as the subscriber runs (logged once per connection)."""
+With ``consumer_class`` it names its class in IDENTIFY (``srtm_class``), and with
+``class_secret`` proves it (``srtm_class_secret``: the class's ``--class-secret``, or the
+cluster token; a broker with keys refuses a class above ``default`` without proof, with
+E_AUTH_FAILED). A SUB its class is not admitted for (E_SUB_FAILED, which leaves the
+connection open) is sent again on the same connection after a backoff doubling from
+``retry_s`` up to ``max_retry_s``, for as long as the subscriber runs (logged once per
+connection)."""
 
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ class Subscriber:
         trace_dir: Path | None = None,
         run: str = "default",
         consumer_class: str | None = None,
+        class_secret: str | None = None,
         retry_s: float = 0.5,
         max_retry_s: float = 30.0,
     ) -> None:
@@ -64,6 +68,7 @@ class Subscriber:
         self.max_in_flight = max_in_flight
         self.refresh_s = refresh_s
         self.consumer_class = consumer_class
+        self._class_secret = class_secret
         self.retry_s, self.max_retry_s = retry_s, max_retry_s
         #: SUBs refused because the class was not admitted (each retry counts).
         self.refused = 0
@@ -116,6 +121,8 @@ class Subscriber:
         fields: dict[str, object] = {"client_id": f"srtm-sub-{self.channel}"}
         if self.consumer_class is not None:
             fields["srtm_class"] = self.consumer_class
+            if self._class_secret is not None:
+                fields["srtm_class_secret"] = self._class_secret
         reply = await conn.identify(**fields, heartbeat_interval=5_000)
         self._broker_ids[address] = str(reply.get("srtm_broker_id", address))
         self._conns[address] = conn  # also while waiting to be admitted: not opened twice

@@ -1,8 +1,9 @@
 """The utility-aware allocation paper's experiments live on 127.0.0.1, at the small scale of
 ``srtm.experiments.utility_scale``: a controller and a broker as child processes, one
 ``srtm.client.Publisher`` per flow, one ``srtm.client.Subscriber`` per consumer (its own
-ephemeral channel, its class in IDENTIFY ``srtm_class``), the stages one after another,
-consumers of each class joining and leaving as the stage's population says.
+ephemeral channel, its class in IDENTIFY ``srtm_class``, proven by the cluster token), the
+stages one after another, consumers of each class joining and leaving as the stage's
+population says.
 
 Who decides (``mode``):
 
@@ -241,6 +242,9 @@ async def _populate(url: str, info: Run, stage: Stage) -> None:
     removes (the newest leave first)."""
     wanted = {(f.name, c, i) for f in stage.flows for c, n in f.consumers.items()
               for i in range(n)}  # fmt: skip
+    # The driver is the cluster's operator: its token proves every class (the brokers
+    # refuse a class above default without proof).
+    token = info.cluster.token if info.cluster is not None else None
     keep: list[ClassedConsumer] = []
     leaving: list[ClassedConsumer] = []
     for c in info.consumers:
@@ -252,7 +256,7 @@ async def _populate(url: str, info: Run, stage: Stage) -> None:
     for flow, klass, i in sorted(wanted - have):
         sub = Subscriber(
             flow, f"{klass}-{i}#ephemeral", controller=url, consumer_class=klass,
-            max_in_flight=100, retry_s=0.25, max_retry_s=1.0,
+            class_secret=token, max_in_flight=100, retry_s=0.25, max_retry_s=1.0,
         )  # fmt: skip
         new.append(ClassedConsumer(flow, klass, i, sub))
     await asyncio.gather(*(c.sub.start() for c in new), return_exceptions=True)

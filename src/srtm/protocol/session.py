@@ -10,9 +10,10 @@ reads no clock (times are passed in) and starts nothing.
 from __future__ import annotations
 
 import enum
+import hmac
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,7 +35,7 @@ from srtm.protocol.commands import (
     Sub,
     Touch,
 )
-from srtm.protocol.errors import ProtocolError
+from srtm.protocol.errors import E_AUTH_FAILED, ProtocolError
 from srtm.protocol.frames import CLOSE_WAIT, HEARTBEAT, error, response
 from srtm.protocol.limits import Limits
 
@@ -183,6 +184,41 @@ class SessionHost(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Keys:
+    """What proves an identity on this broker (see docs/security.md, "Identities").
+
+    ``operator``: the cluster token and the relay secret; a connection that AUTHs with one
+    is the cluster's own (a relay link may say ``srtm_relay``, and it may name any class).
+    ``classes``: each class's secret (``--class-secret``), given as IDENTIFY
+    ``srtm_class_secret`` or as AUTH. A broker with no key and no auth server has nothing
+    to check a claim against and takes it as said (as its HTTP API without a token)."""
+
+    operator: tuple[str, ...] = ()
+    classes: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.operator or self.classes)
+
+    def is_operator(self, secret: str) -> bool:
+        given = secret.encode()
+        # Each compared in constant time, and all of them, whichever matches.
+        return sum(hmac.compare_digest(given, k.encode()) for k in self.operator) > 0
+
+    def class_of(self, secret: str) -> str | None:
+        """The class ``secret`` is the secret of (None: none)."""
+        given = secret.encode()
+        found = None
+        for klass, key in self.classes.items():
+            if hmac.compare_digest(given, key.encode()):
+                found = klass
+        return found
+
+    def __repr__(self) -> str:  # never a secret, in a log or a traceback
+        return f"Keys(operator={len(self.operator)}, classes={sorted(self.classes)})"
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSettings:
     """The server's side of a session (what IDENTIFY negotiates against)."""
 
@@ -195,6 +231,12 @@ class SessionSettings:
     tls: bool = False
     #: An auth server decides AUTH (the connection's gate answers it, not the session).
     auth: bool = False
+    keys: Keys = field(default_factory=Keys)
+
+    @property
+    def checks_identities(self) -> bool:
+        """Whether a relay link or a class above ``default`` must prove itself."""
+        return self.auth or self.keys.any
 
 
 _Handler = Callable[["Session", Any, int], None]
@@ -219,8 +261,19 @@ class Session:
         #: measurement header names (a workload emulator multiplexes many on one connection).
         self.attributed_to: str | None = ""
         self.takes_orders = False
-        #: The consumer class IDENTIFY named (srtm_class), for admission control.
+        #: The consumer class, for admission control: what IDENTIFY named (srtm_class),
+        #: or what AUTH proved; checked, and fixed, at SUB.
         self.consumer_class = DEFAULT_CLASS
+        #: What IDENTIFY claimed (srtm_class, srtm_relay) and what proved an identity.
+        self.claimed_class: str | None = None
+        self.claims_relay = False
+        self.operator = False
+        self.relay_granted = False
+        self.proven_classes: set[str] = set()
+        #: A relay link (IDENTIFY srtm_relay, proven): what it sends is never relayed again.
+        self.relay = False
+        #: Claims srtm_relay without proof: its publishes and HANDOFFs are refused.
+        self.fake_relay = False
         self.tls = False
         self.deflate_level = 0
         self.snappy = False
@@ -276,8 +329,14 @@ class Session:
         klass = config.get("srtm_class")
         if klass is not None and not is_valid_class(klass):
             raise _invalid(f"srtm_class ({str(klass)[: MAX_CLASS_LENGTH + 8]!r})")
+        proof = config.get("srtm_class_secret")
+        if proof is not None:
+            self._prove_class(klass, proof)
         self.identity = config
+        self.claimed_class = klass
         self.consumer_class = klass or DEFAULT_CLASS
+        self.claims_relay = config.get("srtm_relay") is True
+        self._settle_relay()
         self.heartbeat_ns = heartbeat_ns
         self.output_buffer_size, self.output_buffer_timeout_ms = size, timeout_ms
         if sample_rate != self.sample_rate:
@@ -361,22 +420,99 @@ class Session:
             # nsqd does not say it; a client that knows it refuses a too-big body itself
             # instead of being disconnected for it.
             "srtm_max_msg_size": s.limits.max_msg_size,
+            # A relay link must AUTH with the token or relay secret to say srtm_relay.
+            "srtm_relay_auth": s.keys.any,
         }
 
+    # -- identities (docs/security.md) ----------------------------------------------------
+    def _prove_class(self, klass: object, proof: object) -> None:
+        """IDENTIFY ``srtm_class_secret``: the secret of the class it names, or the token."""
+        keys = self.settings.keys
+        if not self.settings.checks_identities:
+            return  # nothing to check it against: the class is taken as named
+        if not isinstance(proof, str):
+            raise ProtocolError(E_AUTH_FAILED, "srtm_class_secret must be a string")
+        if not isinstance(klass, str):
+            raise ProtocolError(E_AUTH_FAILED, "srtm_class_secret needs srtm_class")
+        if keys.is_operator(proof):
+            self.operator = True
+        elif keys.class_of(proof) == klass:
+            self.proven_classes.add(klass)
+        else:
+            raise ProtocolError(E_AUTH_FAILED, f"srtm_class_secret is not class {klass!r}'s")
+
+    def granted(self, operator: bool, relay: bool, klass: str | None) -> None:
+        """AUTH proved an identity: the cluster's own (``operator``), a relay link the
+        auth server vouches for, a class (its secret, or the auth server's answer)."""
+        self.operator = self.operator or operator
+        self.relay_granted = self.relay_granted or relay
+        if klass is not None:
+            self.proven_classes.add(klass)
+        self._settle_relay()
+
+    def _settle_relay(self) -> None:
+        proven = self.operator or self.relay_granted or not self.settings.checks_identities
+        self.relay = self.claims_relay and proven
+        self.fake_relay = self.claims_relay and not proven
+
+    def _class_at_sub(self) -> str:
+        """The class this SUB is admitted in: the one claimed, if proven (or nothing is
+        checked here), else the one AUTH proved; a claim without proof is refused."""
+        claimed = self.claimed_class
+        proven = self.proven_classes
+        if claimed is None or claimed == DEFAULT_CLASS:
+            # Not claimed: the class AUTH proved, if one (the auth server's says who).
+            return next(iter(proven)) if claimed is None and len(proven) == 1 else DEFAULT_CLASS
+        if self.operator or claimed in proven or not self.settings.checks_identities:
+            return claimed
+        raise ProtocolError(
+            E_AUTH_FAILED,
+            f"consumer class {claimed!r} is not proven: give its secret "
+            "(IDENTIFY srtm_class_secret, or AUTH)",
+        )
+
+    def _refuse_fake_relay(self) -> None:
+        raise ProtocolError(
+            E_AUTH_FAILED, "srtm_relay needs AUTH with the cluster token or the relay secret"
+        )
+
     def _auth(self, cmd: Auth, arrival_ns: int) -> None:
-        raise ProtocolError(E_AUTH_DISABLED, "AUTH disabled")
+        """AUTH without an auth server (with one, the connection's gate answers it): the
+        token or relay secret, or a class's secret; nsqd's E_AUTH_DISABLED where the
+        broker has no key at all."""
+        keys = self.settings.keys
+        if not keys.any:
+            raise ProtocolError(E_AUTH_DISABLED, "AUTH disabled")
+        secret = cmd.secret.decode(errors="replace")
+        if keys.is_operator(secret):
+            identity = "srtm-cluster"
+            self.granted(True, False, None)
+        elif (klass := keys.class_of(secret)) is not None:
+            identity = f"srtm-class:{klass}"
+            self.granted(False, False, klass)
+        else:
+            raise ProtocolError(E_AUTH_FAILED, "AUTH failed")
+        doc: dict[str, Any] = {"identity": identity, "identity_url": "", "permission_count": 0}
+        if self.operator:  # as srtm.broker.auth's answer: the relay checks it
+            doc["srtm_relay"] = True
+        self.conn.write(response(json.dumps(doc).encode()))
 
     def _sub(self, cmd: Sub, arrival_ns: int) -> None:
         if self.heartbeat_ns == 0:
             raise ProtocolError(errors.E_INVALID, "cannot SUB with heartbeats disabled")
+        self.consumer_class = self._class_at_sub()
         self.conn.subscribe(cmd.topic, cmd.channel)
         self.conn.write(OK_FRAME)
 
     def _pub(self, cmd: Pub, arrival_ns: int) -> None:
+        if self.fake_relay:
+            self._refuse_fake_relay()
         self.conn.publish(cmd.topic, [cmd.body], arrival_ns)
         self.conn.write(OK_FRAME)
 
     def _mpub(self, cmd: Mpub, arrival_ns: int) -> None:
+        if self.fake_relay:
+            self._refuse_fake_relay()
         try:
             self.conn.publish(cmd.topic, cmd.bodies, arrival_ns)
         except ProtocolError as err:
@@ -384,6 +520,8 @@ class Session:
         self.conn.write(OK_FRAME)
 
     def _dpub(self, cmd: Dpub, arrival_ns: int) -> None:
+        if self.fake_relay:
+            self._refuse_fake_relay()
         try:
             self.conn.publish_deferred(cmd.topic, cmd.body, cmd.defer_ms, arrival_ns)
         except ProtocolError as err:
@@ -424,7 +562,9 @@ class Session:
     def _handoff(self, cmd: Handoff, arrival_ns: int) -> None:
         # Only a broker's relay link hands a share over; any other client is refused as
         # for a command it has no business sending (the token is the real check).
-        if self.identity.get("srtm_relay") is not True:
+        if self.fake_relay:
+            self._refuse_fake_relay()
+        if not self.relay:
             raise ProtocolError(errors.E_INVALID, "HANDOFF is for relay links")
         self.conn.handoff(cmd.topic, cmd.token)
         self.conn.write(OK_FRAME)
