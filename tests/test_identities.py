@@ -24,6 +24,7 @@ from srtm.broker.reporter import report_document
 from srtm.broker.routes import Replicas, TopicRoute
 from srtm.client import Subscriber
 from srtm.protocol import Auth, Handoff, Identify, Pub, Sub
+from srtm.protocol.session import Keys, Session, SessionSettings
 from support import tcp_address as tcp
 from test_broker_tls_auth import AuthServer
 
@@ -250,3 +251,27 @@ async def test_bad_class_secrets_are_refused_with_the_flag_named(tmp_path: Path)
     assert GOLD not in repr(
         Broker(BrokerOptions(data_dir=tmp_path, class_secret=(f"gold={GOLD}",))).keys
     )
+
+
+# -- the session, sans-I/O ------------------------------------------------------------------
+class _Host:
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def negotiated(self, heartbeat_changed: bool) -> None:
+        pass
+
+
+def test_the_session_believes_claims_only_where_it_has_nothing_to_check() -> None:
+    keyless = Session(_Host(), SessionSettings())  # type: ignore[arg-type]
+    keyless.receive(Identify({"srtm_relay": True}), 0)
+    assert keyless.relay and not keyless.fake_relay
+    keyed = Session(_Host(), SessionSettings(keys=Keys((TOKEN,))))  # type: ignore[arg-type]
+    keyed.receive(Identify({"srtm_relay": True}), 0)
+    assert not keyed.relay and keyed.fake_relay
+    keyed.receive(Auth(TOKEN.encode()), 0)
+    assert keyed.relay and not keyed.fake_relay
+    assert repr(Keys((TOKEN,), {"gold": GOLD})) == "Keys(operator=1, classes=['gold'])"

@@ -253,6 +253,9 @@ class PeerLink:
             if secret is None:
                 raise LinkRefused(
                     "the peer requires AUTH and neither --relay-auth-secret nor --token is set"
+                    if checks
+                    else "the peer requires AUTH (its auth server) and no --relay-auth-secret "
+                    "is set (the token goes only to a peer that checks it itself)"
                 )
             writer.write(encode_command(Auth(secret.encode())))
             try:
