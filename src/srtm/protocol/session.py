@@ -439,7 +439,9 @@ class Session:
         elif keys.class_of(proof) == klass:
             self.proven_classes.add(klass)
         else:
-            raise ProtocolError(E_AUTH_FAILED, f"srtm_class_secret is not class {klass!r}'s")
+            raise ProtocolError(
+                E_AUTH_FAILED, f"srtm_class_secret is not the secret of class {klass!r}"
+            )
 
     def granted(self, operator: bool, relay: bool, klass: str | None) -> None:
         """AUTH proved an identity: the cluster's own (``operator``), a relay link the
