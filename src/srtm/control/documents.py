@@ -37,12 +37,18 @@ from typing_extensions import TypedDict
 
 from srtm.analysis import profile_bucket
 from srtm.control.actions import HELD, Share
-from srtm.control.validate import ControlError, split_address
+from srtm.control.validate import (
+    MAX_PUBLISHER_ID,
+    MIN_JOIN_SECRET,
+    PUBLISHER_ID_PATTERN,
+    ControlError,
+    split_address,
+)
 from srtm.placement import Policy, PublisherLoad, TopicSpec, topic_bucket
 from srtm.placement.fitting import FitOutcome, Verdict
 from srtm.placement.model import RATE_MARGIN
 from srtm.protocol.names import MAX_NAME_LENGTH
-from srtm.ratelimit import MAX_BURST, BucketParams, check_bucket
+from srtm.ratelimit import MAX_BURST, MAX_RATE, BucketParams, check_bucket
 from srtm.utility.cluster import parse_topic_utility
 
 #: What the ``utility`` field of a topic is.
@@ -50,6 +56,13 @@ UTILITY_HELP = (
     "the topic's utility spec: one flow of `srtm utility optimize`'s FLOWS.json without "
     "name and brokers (kind, r_min, r_max, utility, classes, rr, cost; costs cpu in "
     "core-seconds and network in bytes, per message and per consumer); docs/utility.md"
+)
+
+#: What the ``max_publisher_rate`` field of a topic is.
+MAX_PUBLISHER_RATE_HELP = (
+    "the most msg/s an unknown publisher may declare to join this open topic by GET "
+    "/assign (400 naming rate beyond); default: the topic's rate, or with a rate that "
+    "follows the publishers, what keeps it within a broker's limit"
 )
 
 #: Topics one report may carry (a broker with more is refused, not truncated).
@@ -95,6 +108,26 @@ HostPort = Annotated[
 #: that they agree); checked by pydantic itself, as a report may name 100,000 topics.
 TopicName = Annotated[
     str, StringConstraints(pattern=r"^[.a-zA-Z0-9_-]+(#ephemeral)?$", max_length=MAX_NAME_LENGTH)
+]
+#: A publisher's id: a topic name's characters and ``: @ / + =`` (host:port, user@host,
+#: base64), at most ``MAX_PUBLISHER_ID`` of them; it is logged, shown by the console and
+#: kept in every plan, so nothing else (no spaces, no markup, no control characters).
+PublisherId = Annotated[
+    str,
+    StringConstraints(pattern=PUBLISHER_ID_PATTERN, max_length=MAX_PUBLISHER_ID),
+    Field(description=f"1-{MAX_PUBLISHER_ID} of [.a-zA-Z0-9_:@/+=-]"),
+]
+#: A publisher's rate (msg/s): no more than a bucket may have.
+PublisherRate = Annotated[float, Field(gt=0, le=MAX_RATE)]
+#: A topic's join secret: what an unknown publisher gives to join it (never answered).
+JoinSecret = Annotated[
+    str,
+    StringConstraints(pattern=r"^[\x21-\x7e]+$", min_length=MIN_JOIN_SECRET, max_length=256),
+    Field(
+        description=f"{MIN_JOIN_SECRET}-256 printable ASCII characters: an unknown publisher "
+        "joins this open topic only with it (X-SRTM-Join-Secret header or join_secret "
+        "query parameter of GET /assign) or the cluster token; never shown by any GET"
+    ),
 ]
 #: The topic's bucket depth, or ``"profile"``: derived from ``arrivals_ns``.
 Burst = Annotated[
@@ -229,9 +262,9 @@ class BrokerReport(_Request):
 class PublisherDoc(TypedDict):
     """A publisher of a new topic; publishers of one ``group`` fire together."""
 
-    id: Annotated[str, Field(min_length=1)]
-    rate: Annotated[float, Field(gt=0)]
-    group: NotRequired[str | None]
+    id: PublisherId
+    rate: PublisherRate
+    group: NotRequired[Annotated[str, Field(min_length=1, max_length=256)] | None]
 
 
 class FitSettings(_Request):
@@ -304,6 +337,10 @@ class NewTopic(_Request):
     open: bool = Field(
         False, description="unknown publishers may join by GET /assign with their rate"
     )
+    max_publisher_rate: float | None = Field(
+        None, gt=0, le=MAX_RATE, description=MAX_PUBLISHER_RATE_HELP
+    )
+    join_secret: JoinSecret | None = None
     utility: dict[str, Any] | None = Field(None, description=UTILITY_HELP)
 
     _bucket: tuple[float, float] = PrivateAttr()
@@ -373,8 +410,8 @@ class ReplicaCount(_Request):
 class Move(_Request):
     """``POST /topics/{name}/move``: move publishers to a broker."""
 
-    publishers: list[str]
-    to: str = Field(description="a broker id")
+    publishers: list[PublisherId]
+    to: str = Field(min_length=1, max_length=256, description="a broker id")
 
 
 class NewPublishers(_Request):
@@ -405,11 +442,18 @@ class TopicChange(_Request):
     burst: float | None = Field(None, ge=1, le=MAX_BURST)
     policy: Policy | None = None
     utility: dict[str, Any] | None = Field(None, description=UTILITY_HELP + "; null removes it")
+    max_publisher_rate: float | None = Field(
+        None, gt=0, le=MAX_RATE, description=MAX_PUBLISHER_RATE_HELP + "; null: the default"
+    )
+    join_secret: JoinSecret | None = Field(None, description="the join secret; null removes it")
 
     @model_validator(mode="after")
     def _some(self) -> TopicChange:
         if not self.model_fields_set:
-            raise ValueError("give at least one of slo_p99_ms, rate, burst, policy, utility")
+            raise ValueError(
+                "give at least one of slo_p99_ms, rate, burst, policy, utility, "
+                "max_publisher_rate, join_secret"
+            )
         if self.utility is not None:
             parse_topic_utility(self.utility, "topic")
         return self
@@ -436,12 +480,19 @@ class TombstoneParams(TopicParam):
 class AssignQuery(TopicParam):
     """``GET /assign``: the publisher asking which broker to use."""
 
-    publisher: str = Field(min_length=1, description="its id")
+    publisher: PublisherId
     rate: float | None = Field(
-        None, gt=0, description="msg/s it sends: needed to join an open topic"
-    )
+        None, gt=0, le=MAX_RATE,
+        description="msg/s it sends: needed to join an open topic (at most the topic's "
+        "max_publisher_rate)",
+    )  # fmt: skip
     group: str | None = Field(
         None, min_length=1, max_length=256, description="its correlation group, if any"
+    )
+    join_secret: JoinSecret | None = Field(
+        None,
+        description="the open topic's join secret, if it has one (or the X-SRTM-Join-Secret "
+        "header, which keeps it out of access logs)",
     )
 
 
@@ -530,6 +581,12 @@ class TopicStatus(Plan):
     events: list[str]
     fitting: FittingStatus | None
     open: bool = Field(description="unknown publishers may join by GET /assign")
+    max_publisher_rate: float | None = Field(
+        description="the most msg/s an unknown publisher may declare to join (null: not open)"
+    )
+    join_secret_set: bool = Field(
+        description="joining needs the topic's join secret (the secret itself is never shown)"
+    )
     replicas: list[str] = Field(
         description="ALL_PUBLISHERS replica set, primary first (empty: not replicated)"
     )

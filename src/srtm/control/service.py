@@ -670,7 +670,8 @@ class ControllerService:
     # -- HTTP ----------------------------------------------------------------------------
     def app(self) -> web.Application:
         """The HTTP API (``srtm.control.api``) serving this controller."""
-        return make_app(self, self.options.token, self.options.models_dir)
+        opts = self.options
+        return make_app(self, opts.token, opts.models_dir, opts.joins_need_auth)
 
     def info(self) -> dict[str, Any]:
         """What /info answers (``documents.Info``)."""
