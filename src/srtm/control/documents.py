@@ -65,6 +65,14 @@ MAX_PUBLISHER_RATE_HELP = (
     "follows the publishers, what keeps it within a broker's limit"
 )
 
+#: A broker's largest ``mcap``, and the largest rate or backlog a report may tell: far
+#: beyond any machine, small enough that sums over a fleet stay finite.
+MAX_MCAP = 1e15
+#: The longest p99 SLO a topic may have (ms): a day.
+MAX_SLO_MS = 86_400_000.0
+#: The largest count a report may tell (nsqd's counters are 64-bit).
+MAX_COUNT = 2**63 - 1
+
 #: Topics one report may carry (a broker with more is refused, not truncated).
 MAX_REPORT_TOPICS = 100_000
 
@@ -90,7 +98,7 @@ def _burst(value: Any) -> float | str:
     if value == "profile":
         return "profile"
     number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (number and math.isfinite(value) and 1 <= value <= MAX_BURST):
+    if not (number and 1 <= value <= MAX_BURST):  # no float(): 10**400 has none
         raise ValueError(
             f"must be a number from 1 (a bucket holds one token) to {MAX_BURST:g}, or "
             f'"profile", got {value!r}'
@@ -146,7 +154,7 @@ class Registration(_Request):
     id: str = Field(min_length=1, max_length=256)
     tcp_address: HostPort
     http_address: HostPort
-    mcap: float = Field(gt=0, description="messages/s it can process")
+    mcap: float = Field(gt=0, le=MAX_MCAP, description="messages/s it can process")
 
 
 # TypedDicts, not models, where a document may hold 100,000 entries (a report's topics,
@@ -160,21 +168,21 @@ class TopicWindow(TypedDict):
     messages accepted since the broker started (none new between two reports, and none
     waiting: a draining broker has settled)."""
 
-    rate: NotRequired[Annotated[float, Field(ge=0)]]
-    backlog: NotRequired[Annotated[float, Field(ge=0)]]
-    depth: NotRequired[Annotated[int, Field(ge=0)]]
-    waiting: NotRequired[Annotated[int, Field(ge=0)]]
-    arrived: NotRequired[Annotated[int, Field(ge=0)]]
+    rate: NotRequired[Annotated[float, Field(ge=0, le=MAX_MCAP)]]
+    backlog: NotRequired[Annotated[float, Field(ge=0, le=MAX_MCAP)]]
+    depth: NotRequired[Annotated[int, Field(ge=0, le=MAX_COUNT)]]
+    waiting: NotRequired[Annotated[int, Field(ge=0, le=MAX_COUNT)]]
+    arrived: NotRequired[Annotated[int, Field(ge=0, le=MAX_COUNT)]]
     #: Its channels (the registry's: /lookup, /channels); absent from an older broker.
     channels: NotRequired[list[TopicName]]
     #: Its share here: the sub-bucket, or none; ``held``: managed, no share here.
     bucket: NotRequired[ShareBucket | None]
     held: NotRequired[bool]
     #: Bytes of the messages counted by ``arrived`` (their mean size: network costs).
-    arrived_bytes: NotRequired[Annotated[int, Field(ge=0)]]
+    arrived_bytes: NotRequired[Annotated[int, Field(ge=0, le=MAX_COUNT)]]
     #: Consumers per class that asked for it: connected, and refused ones still waiting
     #: (admission control's demand, the optimizer's ``available``).
-    demand: NotRequired[dict[str, Annotated[int, Field(ge=0)]]]
+    demand: NotRequired[dict[str, Annotated[int, Field(ge=0, le=MAX_COUNT)]]]
 
 
 @with_config(_STRICT)
@@ -191,8 +199,8 @@ class BrokerResources(TypedDict):
     """A broker's use of its resources over its last report interval: ``cpu`` the
     fraction of one core its process used, ``egress_bps`` bytes/s written to clients."""
 
-    cpu: Annotated[float, Field(ge=0)]
-    egress_bps: Annotated[float, Field(ge=0)]
+    cpu: Annotated[float, Field(ge=0, le=MAX_MCAP)]
+    egress_bps: Annotated[float, Field(ge=0, le=MAX_MCAP)]
     congested: Congestion
 
 
@@ -200,18 +208,18 @@ class BrokerResources(TypedDict):
 class ShareBucket(TypedDict):
     """A topic's sub-bucket on a broker, as its report tells it."""
 
-    rate: Annotated[float, Field(ge=0)]
-    burst: Annotated[float, Field(ge=0)]
+    rate: Annotated[float, Field(ge=0, le=MAX_MCAP)]
+    burst: Annotated[float, Field(ge=0, le=MAX_MCAP)]
 
 
 class BrokerReport(_Request):
     """``POST /brokers/{id}/report``, every second: load and each topic's window. A bad
     report is refused whole (never half stored)."""
 
-    load: float = Field(0.0, ge=0)
+    load: float = Field(0.0, ge=0, le=MAX_MCAP)
     topics: dict[TopicName, TopicWindow] = Field(default_factory=dict, max_length=MAX_REPORT_TOPICS)
     #: 2: each topic tells its ``channels``, ``bucket`` and ``held`` (1: an older broker).
-    version: int = Field(1, ge=1)
+    version: int = Field(1, ge=1, le=1000)
     resources: BrokerResources | None = None
 
     def demand(self) -> dict[str, dict[str, int]]:
@@ -319,7 +327,7 @@ class NewTopic(_Request):
     """``POST /topics``: a topic, its SLO, its publishers and how to place it."""
 
     name: TopicName
-    slo_p99_ms: float = Field(gt=0)
+    slo_p99_ms: float = Field(gt=0, le=MAX_SLO_MS)
     burst: Burst
     rate: float | None = Field(
         None, gt=0, description=f"the topic's token rate (default {RATE_MARGIN} × the "
@@ -437,7 +445,7 @@ class TopicChange(_Request):
 
     model_config = ConfigDict(extra="forbid")
 
-    slo_p99_ms: float | None = Field(None, gt=0)
+    slo_p99_ms: float | None = Field(None, gt=0, le=MAX_SLO_MS)
     rate: float | None = Field(None, gt=0)
     burst: float | None = Field(None, ge=1, le=MAX_BURST)
     policy: Policy | None = None

@@ -31,6 +31,7 @@ from srtm.placement import (
     RATE_MARGIN,
     AdaptorSettings,
     BrokerCapacity,
+    Joined,
     LedgerEntry,
     Placement,
     Policy,
@@ -38,7 +39,6 @@ from srtm.placement import (
     TopicSpec,
     WindowReport,
     adapt,
-    Joined,
     for_topic,
     join,
     ledger,
@@ -899,8 +899,8 @@ class Controller:
         self,
         name: str,
         *,
-        max_publisher_rate: float | None | bool = False,
-        join_secret: str | None | bool = False,
+        max_publisher_rate: float | bool | None = False,
+        join_secret: str | bool | None = False,
     ) -> None:
         """PATCH: how unknown publishers join (``False``: left as it is; None: removed)."""
         topic = self._changeable(name)
