@@ -106,6 +106,8 @@ class Service(Protocol):
 
     def save_state(self) -> asyncio.Future[None]: ...
 
+    def save_topic(self, name: str) -> asyncio.Future[None]: ...
+
     def start_fitting(self, topic: str, fit: FitSettings, model: BrokerModel | None) -> None: ...
 
     def info(self) -> dict[str, Any]: ...
@@ -255,7 +257,7 @@ class ControllerAPI:
         if actions:
             self.service.execute(actions)
         else:
-            self.service.save_state()
+            self.service.save_topic(name)
         return web.json_response(self._topic(name))
 
     def _new_topic(self, doc: dict[str, Any]) -> tuple[NewTopic, TopicSpec]:

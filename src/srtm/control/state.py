@@ -2,7 +2,8 @@
 
 Every method takes the controller's clock (``now``, seconds) and returns the actions for
 the service to carry out (set a broker's sub-bucket; a plan changed). The service
-persists ``to_json()`` after each change and rebuilds with ``from_json`` on restart.
+persists what a change touched (``topic_json`` of its topics, ``brokers_json``) and
+rebuilds with ``restore`` on restart.
 """
 
 from __future__ import annotations
@@ -1247,39 +1248,42 @@ class Controller:
 
     # -- persistence ---------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
+        """Everything that is saved (``brokers_json`` and each ``topic_json``)."""
+        return {"brokers": self.brokers_json(), "topics": [self.topic_json(n) for n in self.topics]}
+
+    def brokers_json(self) -> list[dict[str, Any]]:
+        return [
+            {"id": b.id, "tcp_address": b.tcp_address, "http_address": b.http_address,
+             "mcap": b.mcap}
+            for b in self.brokers.values()
+        ]  # fmt: skip
+
+    def topic_json(self, name: str) -> dict[str, Any]:
+        """One topic as it is saved (its own row: a change of it rewrites only this)."""
+        t = self.topics[name]
         return {
-            "brokers": [
-                {"id": b.id, "tcp_address": b.tcp_address, "http_address": b.http_address,
-                 "mcap": b.mcap}
-                for b in self.brokers.values()
+            "name": t.spec.name,
+            "policy": t.policy,
+            "slo_p99_ms": t.spec.slo_p99_ms,
+            "rate": t.spec.rate,
+            "burst": t.spec.burst,
+            "publishers": [
+                {"id": p.id, "rate": p.rate, "group": p.group} for p in t.spec.publishers
             ],
-            "topics": [
-                {
-                    "name": t.spec.name,
-                    "policy": t.policy,
-                    "slo_p99_ms": t.spec.slo_p99_ms,
-                    "rate": t.spec.rate,
-                    "burst": t.spec.burst,
-                    "publishers": [
-                        {"id": p.id, "rate": p.rate, "group": p.group} for p in t.spec.publishers
-                    ],
-                    "version": t.version,
-                    "assignment": t.assignment,
-                    "buckets": {b: _bucket(p) for b, p in t.buckets.items()},
-                    "unassigned": t.unassigned,
-                    "events": t.events,
-                    "fitting": t.fitting,
-                    "open": t.open,
-                    "max_publisher_rate": t.max_publisher_rate,
-                    "join_secret": t.join_secret,
-                    "rate_auto": t.rate_auto,
-                    "draining": t.draining,
-                    "routing": t.routing.to_json(),
-                    "utility": t.utility,
-                }
-                for t in self.topics.values()
-            ],
-        }  # fmt: skip
+            "version": t.version,
+            "assignment": t.assignment,
+            "buckets": {b: _bucket(p) for b, p in t.buckets.items()},
+            "unassigned": t.unassigned,
+            "events": t.events,
+            "fitting": t.fitting,
+            "open": t.open,
+            "max_publisher_rate": t.max_publisher_rate,
+            "join_secret": t.join_secret,
+            "rate_auto": t.rate_auto,
+            "draining": t.draining,
+            "routing": t.routing.to_json(),
+            "utility": t.utility,
+        }
 
     def restore(self, doc: dict[str, Any], now: float) -> None:
         """Rebuild from ``to_json``; brokers get a full timeout to report again."""
