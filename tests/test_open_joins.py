@@ -182,3 +182,17 @@ async def test_ids_with_the_allowed_characters_join(controller_api: ControllerCl
         params = {"topic": "O", "publisher": publisher, "rate": "1"}
         async with controller_api.http.get(controller_api.base + "/assign", params=params) as r:
             assert r.status == 200 and (await r.json())["publisher"] == publisher
+
+
+async def test_the_openapi_document_describes_joining(controller_api: ControllerClient) -> None:
+    _, doc = await controller_api.call("GET", "/openapi.json")
+    assign = doc["paths"]["/assign"]["get"]
+    params = {p["name"]: p for p in assign["parameters"]}
+    assert {"publisher", "rate", "join_secret"} <= set(params)
+    assert "max_publisher_rate" in params["rate"]["description"]
+    assert "401" in assign["responses"] and "X-SRTM-Join-Secret" in assign["description"]
+    schemas = doc["components"]["schemas"]
+    assert {"max_publisher_rate", "join_secret"} <= set(schemas["NewTopic"]["properties"])
+    assert {"max_publisher_rate", "join_secret"} <= set(schemas["TopicChange"]["properties"])
+    status = next(s for n, s in schemas.items() if n.startswith("TopicStatus"))
+    assert "join_secret" not in status["properties"] and "join_secret_set" in status["properties"]

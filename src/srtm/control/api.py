@@ -298,11 +298,13 @@ class ControllerAPI:
         return self.ctrl.topic_doc(name) | {"in_place": self.service.in_place(name)}
 
     async def assign(self, request: web.Request) -> web.Response:
-        """The broker a publisher should use; an unknown one of an open topic joins first,
-        with the rate (required, at most the topic's ``max_publisher_rate``) and group it
-        tells, and the topic's join secret if it has one (``X-SRTM-Join-Secret`` header
-        or ``join_secret`` parameter; the cluster token as ``Authorization: Bearer`` also
-        does). A join that cannot be placed is refused (503) and changes nothing."""
+        """The broker a publisher should use; an unknown one of an open topic joins first.
+
+        A joiner tells its rate (required, at most the topic's ``max_publisher_rate``) and
+        group, and the topic's join secret if it has one (the ``X-SRTM-Join-Secret``
+        header or the ``join_secret`` parameter; the cluster token as ``Authorization:
+        Bearer`` also does: 401 without). A join that cannot be placed is refused (503)
+        and changes nothing."""
         q = _query(request, AssignQuery)
         topic = self.ctrl.topics.get(q.topic)
         if topic is not None and topic.open and not self.ctrl.is_publisher(q.topic, q.publisher):
