@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from srtm.control.service import ControllerOptions, ControllerService
+from srtm.control.service import WRITE_INTERVAL_S, ControllerOptions, ControllerService
 from srtm.control.state import MAX_EVENTS, ControlError, Controller
 from srtm.control.store import Store
 from srtm.placement import PublisherLoad, TopicSpec
@@ -75,8 +75,36 @@ async def test_a_burst_of_2000_joins_encodes_its_topic_once_and_stays_bounded(
         await service.stop()
 
 
+async def test_joins_one_after_another_encode_their_topic_at_most_every_interval(
+    tmp_path: Path,
+) -> None:
+    """2,000 joins, each in its own turn of the loop as requests come: the topic's row is
+    encoded at most once per ``WRITE_INTERVAL_S`` (a count the code bounds, whatever the
+    machine's speed: a slower run only allows more)."""
+    service = service_at(tmp_path / "c.db")
+    await service.start()
+    loop = asyncio.get_running_loop()
+    try:
+        populate(service, others=5)
+        await service.save_state()
+        encodes, size, start = service.encodes, service.encoded_bytes, loop.time()
+        for i in range(2000):
+            service.execute(service.ctrl.join_open("O", joiner(i), 1.0, None))
+            await asyncio.sleep(0)
+        await service.save_topic("O")
+        elapsed = loop.time() - start
+        assert service.encodes - encodes <= elapsed / WRITE_INTERVAL_S + 2
+        # Each encode is O's row alone: the bytes encoded per join stay a fraction of
+        # what encoding O after every join would cost (the whole state, before).
+        row = len(json.dumps(service.ctrl.topic_json("O")))
+        assert service.encoded_bytes - size <= (service.encodes - encodes) * row
+        assert len(service.ctrl.topics["O"].events) == MAX_EVENTS
+    finally:
+        await service.stop()
+
+
 async def test_each_join_writes_only_its_topics_rows(tmp_path: Path) -> None:
-    """Joins one by one (each written before the next): every write carries O's rows and
+    """Joins one by one (each written before the next, a write interval apart): every write carries O's rows and
     nothing else, however big the rest of the state is."""
     service = service_at(tmp_path / "c.db")
     batches: list[list[str]] = []
@@ -94,11 +122,11 @@ async def test_each_join_writes_only_its_topics_rows(tmp_path: Path) -> None:
         whole = len(json.dumps(service.ctrl.to_json()))
         batches.clear()
         size = service.encoded_bytes
-        for i in range(100):
+        for i in range(20):
             service.execute(service.ctrl.join_open("O", joiner(i), 1.0, None))
             await service.save_topic("O")
         assert batches and all(set(b) <= {"topic:O", "buckets:O"} for b in batches), batches[:3]
-        per_join = (service.encoded_bytes - size) / 100
+        per_join = (service.encoded_bytes - size) / 20
         assert per_join < whole / 10, (per_join, whole)
     finally:
         await service.stop()

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import json
 import logging
+import math
 import secrets
 import ssl
 import time
@@ -62,6 +63,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("srtm.controller")
 
+#: Batches of rows go to the writer thread at most this often (s): the most a change
+#: waits to be saved (and its plan to reach brokers) while changes come faster than this.
+WRITE_INTERVAL_S = 0.05
+
 
 class ControllerService:
     def __init__(self, options: ControllerOptions | None = None) -> None:
@@ -86,6 +91,7 @@ class ControllerService:
         self._dirty_topics: set[str] = set()
         self._dirty_buckets: set[str] = set()
         self._dirty_brokers = False
+        self._last_flush = -math.inf
         #: Documents encoded for the store, and their bytes (what a change costs).
         self.encodes = 0
         self.encoded_bytes = 0
@@ -371,10 +377,21 @@ class ControllerService:
             loop = asyncio.get_running_loop()
             self._next_write = loop.create_future()
             if self._writing is None:
-                loop.call_soon(self._flush)
+                self._schedule_flush()
         # Shielded: a caller cancelled while it waits (a task ended at stop) must not
         # cancel the write every other caller of this batch waits for.
         return asyncio.shield(self._next_write)
+
+    def _schedule_flush(self) -> None:
+        """The next batch goes now, or ``WRITE_INTERVAL_S`` after the last one began:
+        under a flood of changes a topic's row is encoded at most that often, however
+        many joins come meanwhile; a change after a quiet spell is written at once."""
+        loop = asyncio.get_running_loop()
+        wait = self._last_flush + WRITE_INTERVAL_S - loop.time()
+        if wait > 0:
+            loop.call_later(wait, self._flush)
+        else:
+            loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         """Encode the marked rows, on the loop (a snapshot of state it owns), and hand
@@ -382,6 +399,7 @@ class ControllerService:
         done, self._next_write = self._next_write, None
         if done is None:
             return
+        self._last_flush = asyncio.get_running_loop().time()
         rows = self._rows()
         loop = asyncio.get_running_loop()
         self._writing = loop.run_in_executor(self._writer, self.store.write, rows)
@@ -429,7 +447,7 @@ class ControllerService:
                 log.error("could not save %d rows to the controller's database: %s", rows, exc)
             done.set_result(None)
         if self._next_write is not None:  # marked meanwhile: the next batch
-            self._flush()
+            self._schedule_flush()
 
     def save_state(self) -> asyncio.Future[None]:
         """Have everything written: brokers and every topic (a broker registering)."""
