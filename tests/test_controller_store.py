@@ -104,8 +104,8 @@ async def test_joins_one_after_another_encode_their_topic_at_most_every_interval
 
 
 async def test_each_join_writes_only_its_topics_rows(tmp_path: Path) -> None:
-    """Joins one by one (each written before the next, a write interval apart): every write carries O's rows and
-    nothing else, however big the rest of the state is."""
+    """Joins one by one (each written before the next, a write interval apart): every
+    write carries O's rows and nothing else, however big the rest of the state is."""
     service = service_at(tmp_path / "c.db")
     batches: list[list[str]] = []
     write = service.store.write
@@ -236,3 +236,25 @@ async def test_an_old_single_row_state_file_is_read_and_rewritten_as_rows(
     assert loaded is not None
     assert [t["name"] for t in loaded["topics"]] == ["O", "t0", "t1"]
     assert any(p["id"] == "late" for p in loaded["topics"][0]["publishers"])
+
+
+def test_the_broken_state_of_the_finding_is_repaired_at_restore() -> None:
+    """A state saved by the old controller after ``rate=1e308`` joins (a topic with no
+    sub-buckets, every sum over it overflowing) loads as a working topic."""
+    ctrl = Controller()
+    ctrl.register("a", "127.0.0.1:9", "127.0.0.1:9", 1e6, 0.0)
+    ctrl.create_topic(TopicSpec("O", (PublisherLoad("p1", 10.0),), 20, 5.0, 100.0), "srtm", 0.0,
+                      open=True)  # fmt: skip
+    doc = ctrl.to_json()
+    (topic,) = doc["topics"]
+    topic["publishers"] += [{"id": "big", "rate": 1e308, "group": None},
+                            {"id": "big2", "rate": 1e308, "group": None}]  # fmt: skip
+    topic["unassigned"], topic["buckets"] = ["big", "big2"], {}
+    again = Controller()
+    again.restore(doc, 0.0)
+    t = again.topics["O"]
+    assert [p.id for p in t.spec.publishers] == ["p1"] and t.unassigned == []
+    assert t.status == "placed" and t.buckets["a"].rate == pytest.approx(100.0)
+    assert "rate no bucket can carry" in t.events[-1]
+    again.join_open("O", "p2", 5.0, None)  # joins work again (an OverflowError before)
+    assert again.assign("O", "p2")["broker"] == "a"

@@ -1313,8 +1313,34 @@ class Controller:
                 utility=t.get("utility"),
             )
             self._restore_routes(self.topics[spec.name])
+            self._drop_impossible(self.topics[spec.name])
             if t["unassigned"]:
                 self.replace_pending = True
+
+    def _drop_impossible(self, topic: TopicState) -> None:
+        """A state saved before joins were bounded may hold a publisher whose rate no
+        bucket can carry (``rate=1e308`` by an anonymous ``/assign``): its topic lost
+        its sub-buckets and every sum over it overflows. Such publishers leave the topic
+        at restore (an event says so) and it gets a new plan; the brokers get their
+        shares back by the repairs of their next reports."""
+        bad = [
+            p
+            for p in topic.spec.publishers
+            if not (isinstance(p.rate, int | float) and 0 < p.rate <= MAX_RATE)
+        ]
+        if not bad:
+            return
+        gone = {p.id for p in bad}
+        self._set_publishers(topic, [p for p in topic.spec.publishers if p.id not in gone])
+        topic.assignment = {
+            b: [p for p in ps if p not in gone] for b, ps in topic.assignment.items()
+        }
+        topic.unassigned = [p for p in topic.unassigned if p not in gone]
+        topic.events.append(
+            f"at restore: {len(bad)} publishers with a rate no bucket can carry removed "
+            f"({', '.join(repr(p.id) for p in bad[:3])})"
+        )
+        self._new_plan(topic)
 
     def _restore_routes(self, topic: TopicState) -> None:
         """After a restart: brokers kept the routes they were given, which the record
