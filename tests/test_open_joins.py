@@ -196,3 +196,23 @@ async def test_the_openapi_document_describes_joining(controller_api: Controller
     assert {"max_publisher_rate", "join_secret"} <= set(schemas["TopicChange"]["properties"])
     status = next(s for n, s in schemas.items() if n.startswith("TopicStatus"))
     assert "join_secret" not in status["properties"] and "join_secret_set" in status["properties"]
+
+
+async def test_the_client_publisher_joins_with_the_topics_secret(
+    controller_api: ControllerClient,
+) -> None:
+    from srtm.client.publisher import Publisher
+
+    await setup(controller_api, {**OPEN, "join_secret": SECRET})
+    for secret, joined in ((None, False), (SECRET, True)):
+        pub = Publisher("O", "sensor-1", controller=controller_api.base, rate=2.0,
+                        join_secret=secret)  # fmt: skip
+        pub._session = aiohttp.ClientSession()
+        try:
+            if joined:
+                assert await pub._where() == "127.0.0.1:9"
+            else:
+                with pytest.raises(ConnectionError, match="join_secret"):
+                    await pub._where()
+        finally:
+            await pub._session.close()
