@@ -68,6 +68,9 @@ async def test_a_burst_of_2000_joins_encodes_its_topic_once_and_stays_bounded(
         assert service.encodes - encodes == 1  # topic:O, once (its buckets in it)
         row = len(json.dumps(service.ctrl.topic_json("O")))
         assert service.encoded_bytes - size < row + 1000  # not the other 20 topics
+        # What the topic holds per publisher: its id twice (spec, plan) and a few numbers,
+        # nothing that grows with the number of joins (events are capped).
+        assert row / 2001 < 2 * LONG + 100
         topic = service.ctrl.topics["O"]
         assert len(topic.events) == MAX_EVENTS
         assert len(topic.spec.publishers) == 2001

@@ -62,7 +62,8 @@ UTILITY_HELP = (
 MAX_PUBLISHER_RATE_HELP = (
     "the most msg/s an unknown publisher may declare to join this open topic by GET "
     "/assign (400 naming rate beyond); default: the topic's rate, or with a rate that "
-    "follows the publishers, what keeps it within a broker's limit"
+    "follows the publishers 1e9 (a broker's limit; the topic's resulting rate is checked "
+    "too)"
 )
 
 #: A broker's largest ``mcap``, and the largest rate or backlog a report may tell: far

@@ -91,6 +91,7 @@ class ControllerService:
         self._dirty_topics: set[str] = set()
         self._dirty_buckets: set[str] = set()
         self._dirty_brokers = False
+        #: When the last batch began (the loop's clock).
         self._last_flush = -math.inf
         #: Documents encoded for the store, and their bytes (what a change costs).
         self.encodes = 0
@@ -365,11 +366,12 @@ class ControllerService:
         self, topics: Iterable[str] = (), buckets: Iterable[str] = (), brokers: bool = False
     ) -> asyncio.Future[None]:
         """Have these rows written (``srtm.control.store``): the future of the write that
-        will carry them. Rows marked while a write is on its way wait for it and go in
-        the next one, encoded once however many changes touched them meanwhile (a failed
-        write is logged; its future completes all the same): a burst
-        of joins costs one encoding of its topic, and at most one batch waits for the
-        writer thread (memory stays bounded however fast changes come)."""
+        will carry them (a failed write is logged; its future completes all the same).
+        Rows marked while a write is on its way, or within ``WRITE_INTERVAL_S`` of the
+        last one, go in the next batch, encoded once however many changes touched them
+        meanwhile: a burst of joins costs one encoding of its topic, and at most one
+        batch waits for the writer thread (memory stays bounded however fast changes
+        come)."""
         self._dirty_topics.update(topics)
         self._dirty_buckets.update(buckets)
         self._dirty_brokers = self._dirty_brokers or brokers
