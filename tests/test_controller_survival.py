@@ -546,13 +546,13 @@ def test_the_database_is_written_off_the_event_loop_in_order(tmp_path: Path) -> 
     state is never overwritten by an earlier one."""
     service = ControllerService(ControllerOptions(db=tmp_path / "c.db", http_port=0))
     writes: list[tuple[int, str]] = []
-    put = service.store.put_text
+    write = service.store.write
 
-    def recording_put(key: str, text: str) -> None:
-        writes.append((threading.get_ident(), key))
-        put(key, text)
+    def recording_write(rows: list[tuple[str, str | None]]) -> None:
+        writes.extend((threading.get_ident(), key) for key, _ in rows)
+        write(rows)
 
-    service.store.put_text = recording_put  # type: ignore[method-assign]
+    service.store.write = recording_write  # type: ignore[method-assign]
     loop_thread = threading.get_ident()
 
     async def run() -> None:

@@ -63,6 +63,7 @@ class Publisher:
         address: str | None = None,
         group: str | None = None,
         rate: float | None = None,
+        join_secret: str | None = None,
         max_pending: int = 1_000,
         message_size: int = header.SIZE,
     ) -> None:
@@ -71,6 +72,8 @@ class Publisher:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.topic, self.id, self.group, self.rate = topic, publisher_id, group, rate
+        #: An open topic's join secret, sent as a header (out of the controller's logs).
+        self.join_secret = join_secret
         self.controller = controller.rstrip("/") if controller else None
         self.address = address
         self.message_size = message_size
@@ -115,7 +118,8 @@ class Publisher:
             params["rate"] = repr(float(self.rate))
         if self.group:
             params["group"] = self.group
-        async with self._session.get(url, params=params) as r:
+        headers = {"X-SRTM-Join-Secret": self.join_secret} if self.join_secret else None
+        async with self._session.get(url, params=params, headers=headers) as r:
             doc: dict[str, Any] = await r.json()
             if r.status != 200:
                 raise ConnectionError(f"controller: {doc.get('message')}")

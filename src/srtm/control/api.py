@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import logging
 import os
 import stat
@@ -77,6 +78,9 @@ Q = TypeVar("Q", bound=BaseModel)
 #: nsqlookupd's (and nsqd's) mark on a v1 answer.
 NSQ_CONTENT_TYPE = "nsq; version=1.0"
 
+#: The header a publisher joining an open topic shows its join secret in.
+JOIN_SECRET_HEADER = "X-SRTM-Join-Secret"
+
 #: What a request may do without the cluster token: read.
 READ_METHODS = ("GET", "HEAD")
 
@@ -102,6 +106,8 @@ class Service(Protocol):
 
     def save_state(self) -> asyncio.Future[None]: ...
 
+    def save_topic(self, name: str) -> asyncio.Future[None]: ...
+
     def start_fitting(self, topic: str, fit: FitSettings, model: BrokerModel | None) -> None: ...
 
     def info(self) -> dict[str, Any]: ...
@@ -114,8 +120,17 @@ class Service(Protocol):
 
 
 class ControllerAPI:
-    def __init__(self, service: Service, models_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        service: Service,
+        models_dir: Path | None = None,
+        token: str | None = None,
+        joins_need_auth: bool = False,
+    ) -> None:
         self.service = service
+        #: The cluster token (it also lets a publisher join any open topic), and whether
+        #: a join needs it or the topic's secret even where the topic has no secret.
+        self.token, self.joins_need_auth = token, joins_need_auth
         self.ctrl = service.ctrl
         #: ``fit.model`` may name a file under this directory (None: built-in models only).
         self.models_dir = models_dir
@@ -178,6 +193,7 @@ class ControllerAPI:
             actions = self.ctrl.create_topic(
                 spec, new.policy, time.monotonic(), placement, placed_on=fleet,
                 open=new.open, rate_auto=new.rate_auto, utility=new.utility,
+                max_publisher_rate=new.max_publisher_rate, join_secret=new.join_secret,
             )  # fmt: skip
         self.service.execute(actions)
         if new.fit is not None:
@@ -207,6 +223,10 @@ class ControllerAPI:
             )  # fmt: skip
             if "utility" in doc.model_fields_set:
                 self.ctrl.set_utility(name, doc.utility)
+            joining = {k: getattr(doc, k) for k in ("max_publisher_rate", "join_secret")
+                       if k in doc.model_fields_set}  # fmt: skip
+            if joining:
+                self.ctrl.set_join(name, **joining)
         return self._changed(name, actions)
 
     async def utility(self, request: web.Request) -> web.Response:
@@ -237,7 +257,7 @@ class ControllerAPI:
         if actions:
             self.service.execute(actions)
         else:
-            self.service.save_state()
+            self.service.save_topic(name)
         return web.json_response(self._topic(name))
 
     def _new_topic(self, doc: dict[str, Any]) -> tuple[NewTopic, TopicSpec]:
@@ -278,11 +298,17 @@ class ControllerAPI:
         return self.ctrl.topic_doc(name) | {"in_place": self.service.in_place(name)}
 
     async def assign(self, request: web.Request) -> web.Response:
-        """The broker a publisher should use; an unknown one of an open topic joins first,
-        with the rate (required) and group it tells."""
+        """The broker a publisher should use; an unknown one of an open topic joins first.
+
+        A joiner tells its rate (required, at most the topic's ``max_publisher_rate``) and
+        group, and the topic's join secret if it has one (the ``X-SRTM-Join-Secret``
+        header or the ``join_secret`` parameter; the cluster token as ``Authorization:
+        Bearer`` also does: 401 without). A join that cannot be placed is refused (503)
+        and changes nothing."""
         q = _query(request, AssignQuery)
         topic = self.ctrl.topics.get(q.topic)
-        if topic is not None and topic.open:
+        if topic is not None and topic.open and not self.ctrl.is_publisher(q.topic, q.publisher):
+            self._may_join(request, topic.join_secret, q)
             async with self.placing:
                 actions = self.ctrl.join_open(q.topic, q.publisher, q.rate, q.group)
             if actions:
@@ -290,6 +316,23 @@ class ControllerAPI:
                     log.warning("topic %s: %s", q.topic, note)
                 self.service.execute(actions)
         return web.json_response(self.ctrl.assign(q.topic, q.publisher))
+
+    def _may_join(self, request: web.Request, secret: str | None, q: AssignQuery) -> None:
+        """401 unless the joiner shows the topic's secret or the cluster token (a topic
+        with no secret: anyone, unless ``--joins-need-auth``)."""
+        if secret is None and not self.joins_need_auth:
+            return
+        if self.token is not None and bearer_matches(
+            request.headers.get("Authorization"), self.token
+        ):
+            return
+        given = request.headers.get(JOIN_SECRET_HEADER) or q.join_secret
+        if secret is not None and given is not None and _same(given, secret):
+            return
+        raise ControlError(
+            401, f"join_secret: joining topic {q.topic!r} needs its join secret "
+            f"({JOIN_SECRET_HEADER} or join_secret) or the cluster token",
+        )  # fmt: skip
 
     # -- nsqlookupd's ----------------------------------------------------------------------
     async def lookup(self, request: web.Request) -> web.Response:
@@ -435,12 +478,14 @@ class ControllerAPI:
 #: What each refusal means, for every route that can answer it (401: ``srtm.openapi``).
 _REFUSALS = {
     400: "A malformed request: the message names the field",
+    401: "Joining this open topic needs its join secret or the cluster token",
     404: "No such topic, broker or publisher",
     409: "The topic or publisher id exists, the topic is being fitted, the broker id is "
     "registered at another address and up, or a replicated topic's publishers would leave "
     "its one broker (or a topic to replicate is on several)",
     413: "More publishers than the controller's --max-publishers",
-    503: "No broker up, or the publisher is unassigned (capacity is short)",
+    503: "No broker up, or the publisher is unassigned (capacity is short), or a joining "
+    "publisher cannot be placed (the topic is left unchanged)",
 }
 
 
@@ -474,7 +519,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/plan", ControllerAPI.plan, query=TopicParam, answer=Plan,
           errors=_refusals(400, 404)),
     Route("GET", "/assign", ControllerAPI.assign, query=AssignQuery, answer=PublisherAssignment,
-          errors=_refusals(400, 404, 409, 413, 503)),
+          errors=_refusals(400, 401, 404, 409, 413, 503)),
     Route("GET", "/lookup", ControllerAPI.lookup, query=TopicParam, answer=Lookup,
           errors=_refusals(400, 404)),
     Route("GET", "/topics", ControllerAPI.topics, answer=TopicList),
@@ -505,10 +550,13 @@ ROUTES: tuple[Route, ...] = (
 
 
 def make_app(
-    service: Service, token: str | None = None, models_dir: Path | None = None
+    service: Service,
+    token: str | None = None,
+    models_dir: Path | None = None,
+    joins_need_auth: bool = False,
 ) -> web.Application:
     """The aiohttp app serving ``ROUTES`` for ``service``."""
-    api = ControllerAPI(service, models_dir)
+    api = ControllerAPI(service, models_dir, token, joins_need_auth)
     app = web.Application(middlewares=[_errors, _auth(token)], client_max_size=64 << 20)
     app.on_response_prepare.append(_nsq_content_type)
     for route in ROUTES:
@@ -596,6 +644,11 @@ def _query(request: web.Request, model: type[Q]) -> Q:
         return model.model_validate(values, strict=False)
     except ValidationError as exc:
         raise ControlError(400, describe(exc)) from None
+
+
+def _same(given: str, secret: str) -> bool:
+    """Compared in constant time: the answer's timing tells nothing of the secret."""
+    return hmac.compare_digest(given.encode(), secret.encode())
 
 
 def _arg(request: web.Request, key: str) -> str:

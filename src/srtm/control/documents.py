@@ -37,12 +37,18 @@ from typing_extensions import TypedDict
 
 from srtm.analysis import profile_bucket
 from srtm.control.actions import HELD, Share
-from srtm.control.validate import ControlError, split_address
+from srtm.control.validate import (
+    MAX_PUBLISHER_ID,
+    MIN_JOIN_SECRET,
+    PUBLISHER_ID_PATTERN,
+    ControlError,
+    split_address,
+)
 from srtm.placement import Policy, PublisherLoad, TopicSpec, topic_bucket
 from srtm.placement.fitting import FitOutcome, Verdict
 from srtm.placement.model import RATE_MARGIN
 from srtm.protocol.names import MAX_NAME_LENGTH
-from srtm.ratelimit import MAX_BURST, BucketParams, check_bucket
+from srtm.ratelimit import MAX_BURST, MAX_RATE, BucketParams, check_bucket
 from srtm.utility.cluster import parse_topic_utility
 
 #: What the ``utility`` field of a topic is.
@@ -51,6 +57,22 @@ UTILITY_HELP = (
     "name and brokers (kind, r_min, r_max, utility, classes, rr, cost; costs cpu in "
     "core-seconds and network in bytes, per message and per consumer); docs/utility.md"
 )
+
+#: What the ``max_publisher_rate`` field of a topic is.
+MAX_PUBLISHER_RATE_HELP = (
+    "the most msg/s an unknown publisher may declare to join this open topic by GET "
+    "/assign (400 naming rate beyond); default: the topic's rate, or with a rate that "
+    "follows the publishers 1e9 (a broker's limit; the topic's resulting rate is checked "
+    "too)"
+)
+
+#: A broker's largest ``mcap``, and the largest rate or backlog a report may tell: far
+#: beyond any machine, small enough that sums over a fleet stay finite.
+MAX_MCAP = 1e15
+#: The longest p99 SLO a topic may have (ms): a day.
+MAX_SLO_MS = 86_400_000.0
+#: The largest count a report may tell (nsqd's counters are 64-bit).
+MAX_COUNT = 2**63 - 1
 
 #: Topics one report may carry (a broker with more is refused, not truncated).
 MAX_REPORT_TOPICS = 100_000
@@ -77,7 +99,7 @@ def _burst(value: Any) -> float | str:
     if value == "profile":
         return "profile"
     number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not (number and math.isfinite(value) and 1 <= value <= MAX_BURST):
+    if not (number and 1 <= value <= MAX_BURST):  # no float(): 10**400 has none
         raise ValueError(
             f"must be a number from 1 (a bucket holds one token) to {MAX_BURST:g}, or "
             f'"profile", got {value!r}'
@@ -96,6 +118,26 @@ HostPort = Annotated[
 TopicName = Annotated[
     str, StringConstraints(pattern=r"^[.a-zA-Z0-9_-]+(#ephemeral)?$", max_length=MAX_NAME_LENGTH)
 ]
+#: A publisher's id: a topic name's characters and ``: @ / + =`` (host:port, user@host,
+#: base64), at most ``MAX_PUBLISHER_ID`` of them; it is logged, shown by the console and
+#: kept in every plan, so nothing else (no spaces, no markup, no control characters).
+PublisherId = Annotated[
+    str,
+    StringConstraints(pattern=PUBLISHER_ID_PATTERN, max_length=MAX_PUBLISHER_ID),
+    Field(description=f"1-{MAX_PUBLISHER_ID} of [.a-zA-Z0-9_:@/+=-]"),
+]
+#: A publisher's rate (msg/s): no more than a bucket may have.
+PublisherRate = Annotated[float, Field(gt=0, le=MAX_RATE)]
+#: A topic's join secret: what an unknown publisher gives to join it (never answered).
+JoinSecret = Annotated[
+    str,
+    StringConstraints(pattern=r"^[\x21-\x7e]+$", min_length=MIN_JOIN_SECRET, max_length=256),
+    Field(
+        description=f"{MIN_JOIN_SECRET}-256 printable ASCII characters: an unknown publisher "
+        "joins this open topic only with it (X-SRTM-Join-Secret header or join_secret "
+        "query parameter of GET /assign) or the cluster token; never shown by any GET"
+    ),
+]
 #: The topic's bucket depth, or ``"profile"``: derived from ``arrivals_ns``.
 Burst = Annotated[
     float | Literal["profile"],
@@ -113,7 +155,7 @@ class Registration(_Request):
     id: str = Field(min_length=1, max_length=256)
     tcp_address: HostPort
     http_address: HostPort
-    mcap: float = Field(gt=0, description="messages/s it can process")
+    mcap: float = Field(gt=0, le=MAX_MCAP, description="messages/s it can process")
 
 
 # TypedDicts, not models, where a document may hold 100,000 entries (a report's topics,
@@ -127,21 +169,21 @@ class TopicWindow(TypedDict):
     messages accepted since the broker started (none new between two reports, and none
     waiting: a draining broker has settled)."""
 
-    rate: NotRequired[Annotated[float, Field(ge=0)]]
-    backlog: NotRequired[Annotated[float, Field(ge=0)]]
-    depth: NotRequired[Annotated[int, Field(ge=0)]]
-    waiting: NotRequired[Annotated[int, Field(ge=0)]]
-    arrived: NotRequired[Annotated[int, Field(ge=0)]]
+    rate: NotRequired[Annotated[float, Field(ge=0, le=MAX_MCAP)]]
+    backlog: NotRequired[Annotated[float, Field(ge=0, le=MAX_MCAP)]]
+    depth: NotRequired[Annotated[int, Field(ge=0, le=MAX_COUNT)]]
+    waiting: NotRequired[Annotated[int, Field(ge=0, le=MAX_COUNT)]]
+    arrived: NotRequired[Annotated[int, Field(ge=0, le=MAX_COUNT)]]
     #: Its channels (the registry's: /lookup, /channels); absent from an older broker.
     channels: NotRequired[list[TopicName]]
     #: Its share here: the sub-bucket, or none; ``held``: managed, no share here.
     bucket: NotRequired[ShareBucket | None]
     held: NotRequired[bool]
     #: Bytes of the messages counted by ``arrived`` (their mean size: network costs).
-    arrived_bytes: NotRequired[Annotated[int, Field(ge=0)]]
+    arrived_bytes: NotRequired[Annotated[int, Field(ge=0, le=MAX_COUNT)]]
     #: Consumers per class that asked for it: connected, and refused ones still waiting
     #: (admission control's demand, the optimizer's ``available``).
-    demand: NotRequired[dict[str, Annotated[int, Field(ge=0)]]]
+    demand: NotRequired[dict[str, Annotated[int, Field(ge=0, le=MAX_COUNT)]]]
 
 
 @with_config(_STRICT)
@@ -158,8 +200,8 @@ class BrokerResources(TypedDict):
     """A broker's use of its resources over its last report interval: ``cpu`` the
     fraction of one core its process used, ``egress_bps`` bytes/s written to clients."""
 
-    cpu: Annotated[float, Field(ge=0)]
-    egress_bps: Annotated[float, Field(ge=0)]
+    cpu: Annotated[float, Field(ge=0, le=MAX_MCAP)]
+    egress_bps: Annotated[float, Field(ge=0, le=MAX_MCAP)]
     congested: Congestion
 
 
@@ -167,18 +209,18 @@ class BrokerResources(TypedDict):
 class ShareBucket(TypedDict):
     """A topic's sub-bucket on a broker, as its report tells it."""
 
-    rate: Annotated[float, Field(ge=0)]
-    burst: Annotated[float, Field(ge=0)]
+    rate: Annotated[float, Field(ge=0, le=MAX_MCAP)]
+    burst: Annotated[float, Field(ge=0, le=MAX_MCAP)]
 
 
 class BrokerReport(_Request):
     """``POST /brokers/{id}/report``, every second: load and each topic's window. A bad
     report is refused whole (never half stored)."""
 
-    load: float = Field(0.0, ge=0)
+    load: float = Field(0.0, ge=0, le=MAX_MCAP)
     topics: dict[TopicName, TopicWindow] = Field(default_factory=dict, max_length=MAX_REPORT_TOPICS)
     #: 2: each topic tells its ``channels``, ``bucket`` and ``held`` (1: an older broker).
-    version: int = Field(1, ge=1)
+    version: int = Field(1, ge=1, le=1000)
     resources: BrokerResources | None = None
 
     def demand(self) -> dict[str, dict[str, int]]:
@@ -229,9 +271,9 @@ class BrokerReport(_Request):
 class PublisherDoc(TypedDict):
     """A publisher of a new topic; publishers of one ``group`` fire together."""
 
-    id: Annotated[str, Field(min_length=1)]
-    rate: Annotated[float, Field(gt=0)]
-    group: NotRequired[str | None]
+    id: PublisherId
+    rate: PublisherRate
+    group: NotRequired[Annotated[str, Field(min_length=1, max_length=256)] | None]
 
 
 class FitSettings(_Request):
@@ -286,7 +328,7 @@ class NewTopic(_Request):
     """``POST /topics``: a topic, its SLO, its publishers and how to place it."""
 
     name: TopicName
-    slo_p99_ms: float = Field(gt=0)
+    slo_p99_ms: float = Field(gt=0, le=MAX_SLO_MS)
     burst: Burst
     rate: float | None = Field(
         None, gt=0, description=f"the topic's token rate (default {RATE_MARGIN} × the "
@@ -304,6 +346,10 @@ class NewTopic(_Request):
     open: bool = Field(
         False, description="unknown publishers may join by GET /assign with their rate"
     )
+    max_publisher_rate: float | None = Field(
+        None, gt=0, le=MAX_RATE, description=MAX_PUBLISHER_RATE_HELP
+    )
+    join_secret: JoinSecret | None = None
     utility: dict[str, Any] | None = Field(None, description=UTILITY_HELP)
 
     _bucket: tuple[float, float] = PrivateAttr()
@@ -373,8 +419,8 @@ class ReplicaCount(_Request):
 class Move(_Request):
     """``POST /topics/{name}/move``: move publishers to a broker."""
 
-    publishers: list[str]
-    to: str = Field(description="a broker id")
+    publishers: list[PublisherId]
+    to: str = Field(min_length=1, max_length=256, description="a broker id")
 
 
 class NewPublishers(_Request):
@@ -400,16 +446,23 @@ class TopicChange(_Request):
 
     model_config = ConfigDict(extra="forbid")
 
-    slo_p99_ms: float | None = Field(None, gt=0)
+    slo_p99_ms: float | None = Field(None, gt=0, le=MAX_SLO_MS)
     rate: float | None = Field(None, gt=0)
     burst: float | None = Field(None, ge=1, le=MAX_BURST)
     policy: Policy | None = None
     utility: dict[str, Any] | None = Field(None, description=UTILITY_HELP + "; null removes it")
+    max_publisher_rate: float | None = Field(
+        None, gt=0, le=MAX_RATE, description=MAX_PUBLISHER_RATE_HELP + "; null: the default"
+    )
+    join_secret: JoinSecret | None = Field(None, description="the join secret; null removes it")
 
     @model_validator(mode="after")
     def _some(self) -> TopicChange:
         if not self.model_fields_set:
-            raise ValueError("give at least one of slo_p99_ms, rate, burst, policy, utility")
+            raise ValueError(
+                "give at least one of slo_p99_ms, rate, burst, policy, utility, "
+                "max_publisher_rate, join_secret"
+            )
         if self.utility is not None:
             parse_topic_utility(self.utility, "topic")
         return self
@@ -436,12 +489,19 @@ class TombstoneParams(TopicParam):
 class AssignQuery(TopicParam):
     """``GET /assign``: the publisher asking which broker to use."""
 
-    publisher: str = Field(min_length=1, description="its id")
+    publisher: PublisherId
     rate: float | None = Field(
-        None, gt=0, description="msg/s it sends: needed to join an open topic"
-    )
+        None, gt=0, le=MAX_RATE,
+        description="msg/s it sends: needed to join an open topic (at most the topic's "
+        "max_publisher_rate)",
+    )  # fmt: skip
     group: str | None = Field(
         None, min_length=1, max_length=256, description="its correlation group, if any"
+    )
+    join_secret: JoinSecret | None = Field(
+        None,
+        description="the open topic's join secret, if it has one (or the X-SRTM-Join-Secret "
+        "header, which keeps it out of access logs)",
     )
 
 
@@ -530,6 +590,12 @@ class TopicStatus(Plan):
     events: list[str]
     fitting: FittingStatus | None
     open: bool = Field(description="unknown publishers may join by GET /assign")
+    max_publisher_rate: float | None = Field(
+        description="the most msg/s an unknown publisher may declare to join (null: not open)"
+    )
+    join_secret_set: bool = Field(
+        description="joining needs the topic's join secret (the secret itself is never shown)"
+    )
     replicas: list[str] = Field(
         description="ALL_PUBLISHERS replica set, primary first (empty: not replicated)"
     )

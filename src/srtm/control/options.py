@@ -78,6 +78,11 @@ class ControllerOptions:
         "loopback --http-address.",
         env="SRTM_INSECURE_LOOPBACK",
     )
+    joins_need_auth: bool = setting(
+        False,
+        "Every join of an open topic by GET /assign needs the topic's join_secret or the "
+        "cluster token (off: only topics with a join_secret ask for one).",
+    )
     tls_cert: Path | None = setting(None, "HTTPS: PEM certificate chain (with --tls-key).")
     tls_key: Path | None = setting(None, "HTTPS: PEM private key.")
     models_dir: Path | None = setting(

@@ -2,7 +2,8 @@
 
 Every method takes the controller's clock (``now``, seconds) and returns the actions for
 the service to carry out (set a broker's sub-bucket; a plan changed). The service
-persists ``to_json()`` after each change and rebuilds with ``from_json`` on restart.
+persists what a change touched (``topic_json`` of its topics, ``brokers_json``) and
+rebuilds with ``restore`` on restart.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ from srtm.control.actions import (
 )
 from srtm.control.registry import LookupRegistry
 from srtm.control.routes import FORWARD_GRACE_S, Routing, changes, home_channels, routes
-from srtm.control.validate import ControlError, parse_address, topic_name
+from srtm.control.validate import ControlError, parse_address, publisher_id, topic_name
 from srtm.placement import (
     RATE_MARGIN,
     AdaptorSettings,
     BrokerCapacity,
+    Joined,
     LedgerEntry,
     Placement,
     Policy,
@@ -44,7 +46,7 @@ from srtm.placement import (
     place,
     topic_bucket,
 )
-from srtm.ratelimit import BucketParams, check_bucket, merge, split_floored
+from srtm.ratelimit import MAX_RATE, BucketParams, check_bucket, merge, split_floored
 
 __all__ = ["BrokerInfo", "ControlError", "Controller", "TopicState"]
 
@@ -101,6 +103,26 @@ class BrokerInfo:
         return parse_address(self.http_address, "http_address")
 
 
+#: Events a topic keeps (the latest): a flood of joins or plan changes must not grow the
+#: state, its saved row or the console's answer without bound.
+MAX_EVENTS = 200
+
+
+class Events(list[str]):
+    """A topic's events, the latest ``MAX_EVENTS`` of them."""
+
+    def append(self, event: str) -> None:
+        super().append(event)
+        if len(self) > MAX_EVENTS:
+            del self[: len(self) - MAX_EVENTS]
+
+    def __iadd__(self, events: Any) -> Events:  # type: ignore[override,misc]
+        super().__iadd__(events)
+        if len(self) > MAX_EVENTS:
+            del self[: len(self) - MAX_EVENTS]
+        return self
+
+
 @dataclass
 class TopicState:
     spec: TopicSpec
@@ -110,7 +132,7 @@ class TopicState:
     assignment: dict[str, list[str]] = field(default_factory=dict)
     buckets: dict[str, BucketParams] = field(default_factory=dict)
     unassigned: list[str] = field(default_factory=list)
-    events: list[str] = field(default_factory=list)
+    events: Events = field(default_factory=Events)
     #: Online fitting's progress (None: not asked for).
     fitting: dict[str, Any] | None = None
     #: The plan version the TB Adaptor last saw, and until when it leaves it alone.
@@ -118,6 +140,10 @@ class TopicState:
     adapt_after_s: float = 0.0
     #: Unknown publishers may join by ``/assign`` (self-registration).
     open: bool = False
+    #: The most msg/s a joining publisher may declare (None: ``join_rate_limit``'s default).
+    max_publisher_rate: float | None = None
+    #: What a joining publisher must show (or the cluster token); never answered by a GET.
+    join_secret: str | None = None
     #: The rate was not given: it follows the publishers (RATE_MARGIN × their total).
     rate_auto: bool = False
     #: Draining members: brokers out of the plan that may still hold messages waiting
@@ -136,6 +162,15 @@ class TopicState:
     #: Its part of the optimizer's last run (``srtm.utility.cluster.flow_doc`` and
     #: ``t_s``), and the rate rate control gave it since (not saved).
     allocation: dict[str, Any] | None = None
+
+    def join_rate_limit(self) -> float:
+        """The most msg/s an unknown publisher may declare to join: ``max_publisher_rate``,
+        else the topic's rate (one publisher never declares more than the whole bucket),
+        else (a rate that follows the publishers) ``MAX_RATE`` (and the topic's rate it
+        makes is checked as any bucket)."""
+        if self.max_publisher_rate is not None:
+            return self.max_publisher_rate
+        return MAX_RATE if self.rate_auto else self.spec.rate
 
     @property
     def status(self) -> str:
@@ -403,6 +438,8 @@ class Controller:
         open: bool = False,
         rate_auto: bool = False,
         utility: dict[str, Any] | None = None,
+        max_publisher_rate: float | None = None,
+        join_secret: str | None = None,
     ) -> list[Action]:
         """Create and place ``spec``; ``placement``, when given, was computed off the
         event loop (``place(policy, placed_on, spec, seed)`` with ``placed_on =
@@ -417,8 +454,9 @@ class Controller:
         elif placed_on is not None and _overtaken(placement, placed_on, fleet):
             placement = place(policy, fleet, spec, self.seed)
         topic = self.topics[spec.name] = TopicState(
-            spec, policy, open=open, rate_auto=rate_auto, utility=utility
-        )
+            spec, policy, open=open, rate_auto=rate_auto, utility=utility,
+            max_publisher_rate=max_publisher_rate, join_secret=join_secret,
+        )  # fmt: skip
         for a in placement.assignments:
             topic.assignment[a.broker] = list(a.publishers)
         topic.unassigned = list(placement.unassigned)
@@ -714,15 +752,32 @@ class Controller:
         ]
 
     def add_publishers(
-        self, name: str, publishers: list[PublisherLoad], field: str = "publishers"
+        self,
+        name: str,
+        publishers: list[PublisherLoad],
+        field: str = "publishers",
+        *,
+        whole: bool = False,
     ) -> list[Action]:
         """Join ``publishers`` to the topic by its policy's incremental rule
         (``srtm.placement.joining``): nobody already placed moves; who fits nowhere is
         unassigned (status ``short``). Then the bucket is re-split. A refusal names
-        ``field``, where the request carried them."""
+        ``field``, where the request carried them. ``whole``: all placed, with a
+        sub-bucket each, or nothing changes (503): an anonymous join never makes a topic
+        short, nor takes its existing publishers' shares."""
         topic = self._changeable(name)
         if not publishers:
             raise ControlError(400, "publishers: at least one")
+        for i, p in enumerate(publishers):
+            where = field if field != "publishers" else f"publishers[{i}]"
+            publisher_id(p.id, f"{where}.id" if field == "publishers" else "publisher")
+            if isinstance(p.rate, bool) or not (
+                isinstance(p.rate, int | float) and 0 < p.rate <= MAX_RATE
+            ):  # NaN fails both comparisons
+                rate_field = f"{where}.rate" if field == "publishers" else field
+                raise ControlError(
+                    400, f"{rate_field}: must be a number > 0 and <= {MAX_RATE:g}, got {p.rate!r}"
+                )
         known = {p.id for p in topic.spec.publishers}
         ids = [p.id for p in publishers]
         taken = sorted({i for i in ids if i in known or ids.count(i) > 1})[:5]
@@ -732,19 +787,21 @@ class Controller:
             raise ControlError(
                 413, f"publishers: {len(known) + len(publishers)} > {self.max_publishers} per topic"
             )
-        if topic.rate_auto:  # the rate follows them: refused before anything changes
-            try:
-                topic_bucket([*topic.spec.publishers, *publishers], None, topic.spec.burst)
-            except ValueError as exc:
-                raise ControlError(400, f"{field}: {exc}") from None
+        spec, after = topic.spec, [*topic.spec.publishers, *publishers]
+        try:  # refused before anything changes (a rate that follows them: quoted)
+            bucket = topic_bucket(after, None if topic.rate_auto else spec.rate, spec.burst)
+        except ValueError as exc:
+            raise ControlError(400, f"{field}: {exc}") from None
         fleet = self.fleet(exclude=name)
         if not fleet:
             raise ControlError(503, "no broker is registered and up")
-        by_id = {p.id: p for p in topic.spec.publishers}
+        by_id = {p.id: p for p in spec.publishers}
         current = {b: [by_id[p] for p in ps] for b, ps in topic.assignment.items()}
-        self._set_publishers(topic, [*topic.spec.publishers, *publishers])
-        scale = topic.spec.rate / topic.spec.load  # what the ledger counts per msg/s
-        joined = join(topic.policy, fleet, current, publishers, scale)
+        load = math.fsum(p.rate for p in after)
+        joined = join(topic.policy, fleet, current, publishers, bucket.rate / load)
+        if whole:
+            self._check_whole(topic, joined, publishers, bucket, load)
+        self._set_publishers(topic, after)
         for b, ps in joined.placed.items():
             topic.assignment.setdefault(b, []).extend(ps)
         topic.unassigned += joined.unassigned
@@ -754,6 +811,49 @@ class Controller:
             + (f"; {len(joined.unassigned)} unassigned" if joined.unassigned else "")
         )
         return self._new_plan(topic)
+
+    def _check_whole(
+        self,
+        topic: TopicState,
+        joined: Joined,
+        publishers: list[PublisherLoad],
+        bucket: BucketParams,
+        load: float,
+    ) -> None:
+        """503 unless ``joined`` places every newcomer and the topic's bucket still splits
+        into one sub-bucket per member (``_new_plan``'s split), so that refusing changes
+        nothing: the plan, its buckets and delivery stay as they are."""
+        name = topic.spec.name
+        if joined.unassigned:
+            who = ", ".join(repr(p) for p in joined.unassigned[:3])
+            raise ControlError(
+                503, f"publisher {who} cannot be placed: no broker up has room for its rate; "
+                f"topic {name!r} is unchanged",
+            )  # fmt: skip
+        rate_of = {p.id: p.rate for p in publishers}
+        weights = {
+            b: math.fsum(p.rate for p in (ps or ())) for b, ps in self._members(topic).items()
+        }
+        primary = topic.routing.replicas[0] if topic.routing.replicated else None
+        for b, ps in joined.placed.items():
+            b = primary or b  # a replicated topic's joiners go to its primary
+            weights[b] = weights.get(b, 0.0) + math.fsum(rate_of[p] for p in ps)
+        weights = {b: w for b, w in weights.items() if w > 0} | topic.draining
+        placed = 1.0
+        if topic.unassigned:
+            placed = min(1.0, math.fsum(weights.values()) / load)
+        try:
+            split_floored(
+                bucket.rate * placed, max(1.0, bucket.burst * placed), list(weights.values())
+            )
+        except ValueError as exc:
+            raise ControlError(
+                503, f"publisher cannot be placed: {exc}; topic {name!r} is unchanged"
+            ) from None
+
+    def _members(self, topic: TopicState) -> dict[str, list[PublisherLoad]]:
+        by_id = {p.id: p for p in topic.spec.publishers}
+        return {b: [by_id[p] for p in ps if p in by_id] for b, ps in topic.assignment.items()}
 
     def remove_publisher(self, name: str, publisher: str) -> list[Action]:
         """The publisher leaves: out of the topic and its plan, the bucket re-split over
@@ -774,15 +874,48 @@ class Controller:
         self, name: str, publisher: str, rate: float | None, group: str | None
     ) -> list[Action]:
         """Self-registration on ``/assign``: an unknown publisher of an ``open`` topic
-        joins with the rate and group it tells (no rate: 400). A known one: nothing."""
+        joins with the rate and group it tells (no rate: 400), at most the topic's
+        ``join_rate_limit`` (400 naming ``rate``). It is placed whole or refused (503)
+        with the topic unchanged. A known one: nothing."""
         topic = self._topic(name)
+        publisher_id(publisher)
         if any(p.id == publisher for p in topic.spec.publishers):
             return []
         if not topic.open:
             raise ControlError(404, f"publisher {publisher!r} is not in topic {name!r}")
         if rate is None:
             raise ControlError(400, f"rate: required to join open topic {name!r}")
-        return self.add_publishers(name, [PublisherLoad(publisher, rate, group)], "rate")
+        limit = topic.join_rate_limit()
+        number = isinstance(rate, int | float) and not isinstance(rate, bool)
+        if not (number and 0 < rate <= limit):  # NaN fails both comparisons
+            raise ControlError(
+                400, f"rate: an unknown publisher of topic {name!r} may declare more than 0 "
+                f"and at most {limit:g} msg/s (its max_publisher_rate), got "
+                + (f"{rate:g}" if number else repr(rate)),
+            )  # fmt: skip
+        load = PublisherLoad(publisher, float(rate), group)
+        return self.add_publishers(name, [load], "rate", whole=True)
+
+    def set_join(
+        self,
+        name: str,
+        *,
+        max_publisher_rate: float | bool | None = False,
+        join_secret: str | bool | None = False,
+    ) -> None:
+        """PATCH: how unknown publishers join (``False``: left as it is; None: removed)."""
+        topic = self._changeable(name)
+        if max_publisher_rate is not False:
+            assert not isinstance(max_publisher_rate, bool)
+            topic.max_publisher_rate = max_publisher_rate
+            topic.events.append(
+                "max_publisher_rate "
+                + ("default" if max_publisher_rate is None else f"{max_publisher_rate:g}")
+            )
+        if join_secret is not False:
+            assert not isinstance(join_secret, bool)
+            topic.join_secret = join_secret
+            topic.events.append("join secret " + ("removed" if join_secret is None else "set"))
 
     def _set_publishers(self, topic: TopicState, publishers: list[PublisherLoad]) -> None:
         spec = topic.spec
@@ -1012,6 +1145,10 @@ class Controller:
             "unassigned": topic.unassigned,
         }
 
+    def is_publisher(self, name: str, publisher: str) -> bool:
+        topic = self.topics.get(name)
+        return topic is not None and any(p.id == publisher for p in topic.spec.publishers)
+
     def assign(self, name: str, publisher: str) -> dict[str, Any]:
         topic = self._topic(name)
         for b, ps in topic.assignment.items():
@@ -1038,6 +1175,8 @@ class Controller:
             "events": topic.events,
             "fitting": topic.fitting,
             "open": topic.open,
+            "max_publisher_rate": topic.join_rate_limit() if topic.open else None,
+            "join_secret_set": topic.join_secret is not None,
             "replicas": topic.routing.replicas,
             "homes": topic.routing.homes,
             "forwarding": {b: sorted(d) for b, d in topic.routing.left.items()},
@@ -1109,37 +1248,42 @@ class Controller:
 
     # -- persistence ---------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
+        """Everything that is saved (``brokers_json`` and each ``topic_json``)."""
+        return {"brokers": self.brokers_json(), "topics": [self.topic_json(n) for n in self.topics]}
+
+    def brokers_json(self) -> list[dict[str, Any]]:
+        return [
+            {"id": b.id, "tcp_address": b.tcp_address, "http_address": b.http_address,
+             "mcap": b.mcap}
+            for b in self.brokers.values()
+        ]  # fmt: skip
+
+    def topic_json(self, name: str) -> dict[str, Any]:
+        """One topic as it is saved (its own row: a change of it rewrites only this)."""
+        t = self.topics[name]
         return {
-            "brokers": [
-                {"id": b.id, "tcp_address": b.tcp_address, "http_address": b.http_address,
-                 "mcap": b.mcap}
-                for b in self.brokers.values()
+            "name": t.spec.name,
+            "policy": t.policy,
+            "slo_p99_ms": t.spec.slo_p99_ms,
+            "rate": t.spec.rate,
+            "burst": t.spec.burst,
+            "publishers": [
+                {"id": p.id, "rate": p.rate, "group": p.group} for p in t.spec.publishers
             ],
-            "topics": [
-                {
-                    "name": t.spec.name,
-                    "policy": t.policy,
-                    "slo_p99_ms": t.spec.slo_p99_ms,
-                    "rate": t.spec.rate,
-                    "burst": t.spec.burst,
-                    "publishers": [
-                        {"id": p.id, "rate": p.rate, "group": p.group} for p in t.spec.publishers
-                    ],
-                    "version": t.version,
-                    "assignment": t.assignment,
-                    "buckets": {b: _bucket(p) for b, p in t.buckets.items()},
-                    "unassigned": t.unassigned,
-                    "events": t.events,
-                    "fitting": t.fitting,
-                    "open": t.open,
-                    "rate_auto": t.rate_auto,
-                    "draining": t.draining,
-                    "routing": t.routing.to_json(),
-                    "utility": t.utility,
-                }
-                for t in self.topics.values()
-            ],
-        }  # fmt: skip
+            "version": t.version,
+            "assignment": t.assignment,
+            "buckets": {b: _bucket(p) for b, p in t.buckets.items()},
+            "unassigned": t.unassigned,
+            "events": t.events,
+            "fitting": t.fitting,
+            "open": t.open,
+            "max_publisher_rate": t.max_publisher_rate,
+            "join_secret": t.join_secret,
+            "rate_auto": t.rate_auto,
+            "draining": t.draining,
+            "routing": t.routing.to_json(),
+            "utility": t.utility,
+        }
 
     def restore(self, doc: dict[str, Any], now: float) -> None:
         """Rebuild from ``to_json``; brokers get a full timeout to report again."""
@@ -1158,17 +1302,45 @@ class Controller:
                 {b: list(ps) for b, ps in t["assignment"].items()},
                 {b: BucketParams(x["rate"], x["burst"]) for b, x in t["buckets"].items() if x},
                 list(t["unassigned"]),
-                list(t.get("events", [])),
+                Events(list(t.get("events", []))[-MAX_EVENTS:]),
                 _interrupted(t.get("fitting")),
                 open=bool(t.get("open", False)),
+                max_publisher_rate=t.get("max_publisher_rate"),
+                join_secret=t.get("join_secret"),
                 rate_auto=bool(t.get("rate_auto", False)),
                 draining={b: float(w) for b, w in t.get("draining", {}).items()},
                 routing=Routing.from_json(t.get("routing")),
                 utility=t.get("utility"),
             )
             self._restore_routes(self.topics[spec.name])
+            self._drop_impossible(self.topics[spec.name])
             if t["unassigned"]:
                 self.replace_pending = True
+
+    def _drop_impossible(self, topic: TopicState) -> None:
+        """A state saved before joins were bounded may hold a publisher whose rate no
+        bucket can carry (``rate=1e308`` by an anonymous ``/assign``): its topic lost
+        its sub-buckets and every sum over it overflows. Such publishers leave the topic
+        at restore (an event says so) and it gets a new plan; the brokers get their
+        shares back by the repairs of their next reports."""
+        bad = [
+            p
+            for p in topic.spec.publishers
+            if not (isinstance(p.rate, int | float) and 0 < p.rate <= MAX_RATE)
+        ]
+        if not bad:
+            return
+        gone = {p.id for p in bad}
+        self._set_publishers(topic, [p for p in topic.spec.publishers if p.id not in gone])
+        topic.assignment = {
+            b: [p for p in ps if p not in gone] for b, ps in topic.assignment.items()
+        }
+        topic.unassigned = [p for p in topic.unassigned if p not in gone]
+        topic.events.append(
+            f"at restore: {len(bad)} publishers with a rate no bucket can carry removed "
+            f"({', '.join(repr(p.id) for p in bad[:3])})"
+        )
+        self._new_plan(topic)
 
     def _restore_routes(self, topic: TopicState) -> None:
         """After a restart: brokers kept the routes they were given, which the record

@@ -1,5 +1,5 @@
 """Rules for values that reach the controller from the network, with no I/O: broker
-addresses and topic names. The documents (``srtm.control.documents``) apply them to
+addresses, topic names and publisher ids. The documents (``srtm.control.documents``) apply them to
 requests; the state applies them again to what it stores and what it reads back from an
 old state file. ``ControlError`` is what the controller answers a refused request with."""
 
@@ -72,4 +72,30 @@ def topic_name(value: Any, field: str = "name") -> str:
     """A topic name every broker accepts (NSQ's rule: 1–64 of ``[.a-zA-Z0-9_-]``)."""
     if not isinstance(value, str) or not is_valid_name(value):
         raise ControlError(400, f"{field}: {value!r} is not a valid topic name")
+    return value
+
+
+#: A publisher id's longest (characters).
+MAX_PUBLISHER_ID = 128
+#: A topic name's characters (NSQ's) and ``: @ / + =``: room for ``host:port``,
+#: ``user@host`` and base64, none for spaces, markup or control characters.
+PUBLISHER_ID_PATTERN = r"^[.a-zA-Z0-9_:@/+=-]+$"
+_PUBLISHER_ID = re.compile(PUBLISHER_ID_PATTERN)
+#: A join secret's shortest (characters): guessing one is not a way in.
+MIN_JOIN_SECRET = 16
+
+
+def publisher_id(value: Any, field: str = "publisher") -> str:
+    """A publisher id by ``PUBLISHER_ID_PATTERN``, 1–``MAX_PUBLISHER_ID`` characters."""
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_PUBLISHER_ID
+        or not _PUBLISHER_ID.fullmatch(value)
+    ):
+        shown = repr(value)[:80]
+        raise ControlError(
+            400,
+            f"{field}: {shown} is not a valid publisher id (1-{MAX_PUBLISHER_ID} of "
+            "[.a-zA-Z0-9_:@/+=-])",
+        )
     return value
