@@ -622,6 +622,14 @@ class Broker:
         self.persistence.save_meta()
         self.releaser.release_all(topic)
 
+    def managed(self, topic_name: str) -> bool:
+        """Whether the controller manages the topic here: it has a sub-bucket, a hold or
+        a relay route (a topic it does not have is not)."""
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            return False
+        return topic.bucket is not None or topic.on_hold or topic_name in self.relay.routes
+
     def pause_topic(self, name: str, paused: bool) -> None:
         topic = self.topics[name]
         topic.paused = paused
