@@ -44,8 +44,8 @@ from srtm.ratelimit import TokenBucket, check_bucket
 log = logging.getLogger("srtm.broker")
 
 
-#: How long one slice of a sliced publish should take (s): a loop turn, and answering
-#: /ping takes a few; the first slice's size, and the smallest.
+#: How long the slices of sliced publishes should take per loop turn, all together (s):
+#: answering /ping takes a few turns; a first slice's size, and the smallest.
 _SLICE_S = 0.002
 _FIRST_SLICE = 512
 _MIN_SLICE = 64
@@ -687,11 +687,12 @@ class Broker:
 
     def _take_in_slices(self, take: _Take) -> asyncio.Future[Any]:
         """A publish of more than ``PUBLISH_SLICE`` messages: one slice now, one per loop
-        turn after, each sized to take about ``_SLICE_S``, so that the loop serves
-        everyone else in between (one 5 MiB MPUB is a million messages: seconds of work
-        in one turn; shaped, each is booked on the meter on its own). Whatever was checked
-        before the first slice holds for all: none is refused once the first is taken.
-        Returns a future done once every slice is taken and written, as ``publish``'s."""
+        turn after, sized so that the slices of all such publishes take about
+        ``_SLICE_S`` per turn together, so that the loop serves everyone else in between
+        (one 5 MiB MPUB is a million messages: seconds of work in one turn; shaped, each
+        is booked on the meter on its own). Whatever was checked before the first slice
+        holds for all: none is refused once the first is taken. Returns a future done
+        once every slice is taken and written, as ``publish``'s."""
         self._take_slice(take, _FIRST_SLICE)
         task = asyncio.ensure_future(self._take_rest(take))
         self._takes[take] = task
@@ -718,7 +719,9 @@ class Broker:
                 start = time.perf_counter()
                 self._take_slice(take, n)
                 spent = time.perf_counter() - start
-                n = max(_MIN_SLICE, min(PUBLISH_SLICE, int(n * _SLICE_S / max(spent, 1e-6))))
+                # Takes running together share a turn's time (one each per turn).
+                share = _SLICE_S / len(self._takes)
+                n = max(_MIN_SLICE, min(PUBLISH_SLICE, int(n * share / max(spent, 1e-6))))
         finally:
             self._takes.pop(take, None)
         if take.writes:
