@@ -23,7 +23,7 @@ from srtm.broker import Broker, BrokerOptions
 from srtm.broker.queue import PUBLISH_SLICE
 from srtm.launch import BrokerProcess
 from srtm.protocol import Fin, Mpub, Pub, Rdy, Sub
-from support import MakeBroker, eventually
+from support import BrokerApi, MakeBroker, call, eventually
 
 #: As many one-byte messages as fit in nsqd's default 5 MiB MPUB body.
 MILLION = (5 * 1024 * 1024 - 4) // 5
@@ -193,3 +193,23 @@ async def test_stop_while_taking_saves_the_whole_mpub(tmp_path: Path) -> None:
         assert again.topics["t"].depth == n
     finally:
         await again.stop()
+
+
+async def test_http_binary_mpub_of_mixed_sizes_is_all_or_nothing(
+    broker_api: BrokerApi,
+) -> None:
+    """Bodies of different sizes are cut by a loop that lets the broker's loop turn
+    between pieces: a body found bad at its end is still refused whole."""
+    broker, s = broker_api
+    n = 3 * 16384 + 7
+    msgs = [b"x" * (1 + i % 3) for i in range(n)]
+    body = struct.pack(">I", n) + b"".join(struct.pack(">I", len(m)) + m for m in msgs)
+    status, doc = await call(s, "POST", "/mpub?topic=v&binary=true", body + b"!")
+    assert (status, doc) == (
+        400,
+        {"message": "INVALID_BODY", "detail": "bytes left after the last message"},
+    )
+    assert "v" not in broker.topics
+    assert await call(s, "POST", "/mpub?topic=v&binary=true", body) == (200, "OK")
+    topic = broker.topics["v"]
+    assert topic.message_count == n and topic.held.head_arrival_ns() is not None
