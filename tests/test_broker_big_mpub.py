@@ -11,18 +11,20 @@ of it, and all of it or nothing across a stop.
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.queue import PUBLISH_SLICE
 from srtm.launch import BrokerProcess
-from srtm.protocol import Fin, Mpub, Pub, Rdy, Sub
+from srtm.protocol import Auth, Fin, Mpub, Pub, Rdy, Sub
 from support import BrokerApi, MakeBroker, call, eventually
 
 #: As many one-byte messages as fit in nsqd's default 5 MiB MPUB body.
@@ -213,3 +215,45 @@ async def test_http_binary_mpub_of_mixed_sizes_is_all_or_nothing(
     assert await call(s, "POST", "/mpub?topic=v&binary=true", body) == (200, "OK")
     topic = broker.topics["v"]
     assert topic.message_count == n and topic.held.head_arrival_ns() is not None
+
+
+async def test_behind_auth_what_follows_a_big_mpub_still_waits_for_it(
+    make_broker: MakeBroker,
+) -> None:
+    """Commands held while the auth server answers are run one by one when it does: the
+    ones after a big MPUB wait for it there too (the gate's replay path)."""
+    answer = asyncio.Event()
+    grant = {"topic": ".*", "channels": [".*"], "permissions": ["publish", "subscribe"]}
+
+    asked: list[str] = []
+
+    async def auth(request: web.Request) -> web.Response:
+        asked.append(request.query["secret"])
+        await answer.wait()
+        return web.json_response({"ttl": 3600, "identity": "a", "authorizations": [grant]})
+
+    app = web.Application()
+    app.router.add_get("/auth", auth)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        broker = await make_broker(auth_http_address=(f"{host}:{port}",))
+        # Under one read (32 KiB) with AUTH: the gate holds all of it, not the socket.
+        n = PUBLISH_SLICE + 3
+        bodies = [struct.pack(">H", i) for i in range(n)]
+        c = await RawClient.connect(*broker.tcp_address)  # type: ignore[misc]
+        await c.identify()
+        await c.send(Auth(b"secret"), Mpub("t", bodies), Pub("t", b"after"))
+        await eventually(lambda: asked, "the auth server asked")  # the rest waits
+        answer.set()
+        assert json.loads(await c.response())["permission_count"] == 1
+        assert [await c.response() for _ in range(2)] == [b"OK", b"OK"]
+        held = [m.body for m in broker.topics["t"].held.memory()]
+        assert held == [*bodies, b"after"]
+        await c.close()
+    finally:
+        answer.set()
+        await runner.cleanup()
