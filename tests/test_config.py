@@ -81,7 +81,9 @@ def sample(s: Setting) -> Sample:
         return Sample([flag, "127.0.0.2:7"], "127.0.0.2:7", '"127.0.0.2:7"',
                       dict(zip(s.fields, ("127.0.0.2", 7), strict=True)))  # fmt: skip
     if kind is bool:
-        return Sample([flag], "1", "true", {s.name: not s.default})
+        if s.default:  # on unless turned off: --no-FLAG
+            return Sample([f"--no-{flag[2:]}"], "0", "false", {s.name: False})
+        return Sample([flag], "1", "true", {s.name: True})
     if kind is tuple:
         both = ("a:1", "http://b:2")
         return Sample([flag, both[0], flag, both[1]], " ".join(both), json.dumps(both),

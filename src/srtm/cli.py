@@ -174,8 +174,11 @@ def _parameters(s: Setting) -> list[inspect.Parameter]:
         notes.append(f"default: {default}")
     if s.spec.aliases:
         notes.append(f"formerly {', '.join(s.flags[1:])}")
+    flag = s.flags[0]
+    if s.kind is bool and s.default is True:  # on unless turned off
+        flag = f"{flag}/--no-{flag[2:]}"
     shown = typer.Option(
-        s.flags[0],
+        flag,
         help=escape(f"{s.spec.help} " + " ".join(f"[{n}]" for n in notes)),
         metavar=_metavar(s),
         show_default=False,

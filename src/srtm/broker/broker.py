@@ -18,6 +18,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from srtm.broker.accept import AcceptBackoff, refuse
@@ -27,7 +28,7 @@ from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.persistence import Persistence, SavedTopic
-from srtm.broker.queue import Record, attempted
+from srtm.broker.queue import PUBLISH_SLICE, Record, attempted
 from srtm.broker.relay import Arms, Relay
 from srtm.broker.release import Releaser
 from srtm.broker.state import Channel, LeaseExpired, LimitReached, Topic
@@ -41,6 +42,26 @@ from srtm.protocol.session import E_SUB_FAILED
 from srtm.ratelimit import TokenBucket, check_bucket
 
 log = logging.getLogger("srtm.broker")
+
+
+#: How long the slices of sliced publishes should take per loop turn, all together (s):
+#: answering /ping takes a few turns; a first slice's size, and the smallest.
+_SLICE_S = 0.002
+_FIRST_SLICE = 512
+_MIN_SLICE = 64
+
+
+@dataclass(eq=False)
+class _Take:
+    """A publish taken in slices (``Broker._take_in_slices``): ``taken`` messages so far,
+    and the writes their OK waits for."""
+
+    topic: Topic
+    bodies: list[bytes]
+    arrival: int
+    publisher: str | None
+    taken: int = 0
+    writes: list[asyncio.Future[Any]] = field(default_factory=list)
 
 
 class Broker:
@@ -106,6 +127,8 @@ class Broker:
         self.keys = identity_keys(self.options, self.relay.security.secret)
         #: Shares armed for a handoff from another broker (``arm``, ``take_handoff``).
         self.arms = Arms()
+        #: Publishes being taken in slices, and the tasks taking them.
+        self._takes: dict[_Take, asyncio.Task[None]] = {}
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -162,6 +185,7 @@ class Broker:
         for client in list(self.clients):
             client.close()  # in-flight messages go back to their channel's queue
         self.releaser.processed(None)  # what the emulated server still holds is owed too
+        self._finish_takes()
         await self.persistence.persist()
         await close_quietly(self.authenticator)
         if self.traces is not None:
@@ -600,6 +624,14 @@ class Broker:
         self.persistence.save_meta()
         self.releaser.release_all(topic)
 
+    def managed(self, topic_name: str) -> bool:
+        """Whether the controller manages the topic here: it has a sub-bucket, a hold or
+        a relay route (a topic it does not have is not)."""
+        topic = self.topics.get(topic_name)
+        if topic is None:
+            return False
+        return topic.bucket is not None or topic.on_hold or topic_name in self.relay.routes
+
     def pause_topic(self, name: str, paused: bool) -> None:
         topic = self.topics[name]
         topic.paused = paused
@@ -626,24 +658,85 @@ class Broker:
         """Accept messages that arrived at ``arrival``; ``publisher`` None: each one is
         attributed to the publisher its measurement header names. Returns a future done
         once what overflowed to disk is written (None: nothing to wait for): the publish
-        is acknowledged only then. A topic with a relay route (``client``: the connection
+        is acknowledged only then. More than ``PUBLISH_SLICE`` messages are taken in
+        slices, over loop turns: the future is then done once all are taken and written.
+        A topic with a relay route (``client``: the connection
         it came on) is the relay's to forward or replicate; ``local``: accept it here."""
         if not local and topic_name in self.relay.routes:
             return self.relay.publish(topic_name, bodies, arrival, publisher, client)
         topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
+        bodies = bodies if isinstance(bodies, list) else list(bodies)
+        if len(bodies) > PUBLISH_SLICE:
+            return self._take_in_slices(_Take(topic, bodies, arrival, publisher))
+        return self._put(topic, bodies, arrival, publisher)
+
+    def _put(
+        self, topic: Topic, bodies: list[bytes], arrival: int, publisher: str | None
+    ) -> asyncio.Future[Any] | None:
+        """``publish``'s work, in one go (at most ``PUBLISH_SLICE`` messages)."""
         pushed = self.persistence.pushed
         pushed.clear()
-        bodies = bodies if isinstance(bodies, list) else list(bodies)
         n = len(bodies)
         now = time.time_ns()
         backlog = topic.put_many(
             self.ids.take(n), bodies, now, arrival, publisher, self.releaser.direct
         )
-        self.stats.topic(topic_name).window.add(arrival, n, backlog)
+        self.stats.topic(topic.name).window.add(arrival, n, backlog)
         self.releaser.kick(topic)
         if pushed:
             return self.persistence.write_through()
         return None
+
+    def _take_in_slices(self, take: _Take) -> asyncio.Future[Any]:
+        """A publish of more than ``PUBLISH_SLICE`` messages: one slice now, one per loop
+        turn after, sized so that the slices of all such publishes take about
+        ``_SLICE_S`` per turn together, so that the loop serves everyone else in between
+        (one 5 MiB MPUB is a million messages: seconds of work in one turn; shaped, each
+        is booked on the meter on its own). Whatever was checked before the first slice
+        holds for all: none is refused once the first is taken. Returns a future done
+        once every slice is taken and written, as ``publish``'s."""
+        self._take_slice(take, _FIRST_SLICE)
+        task = asyncio.ensure_future(self._take_rest(take))
+        self._takes[take] = task
+        return task
+
+    def _take_slice(self, take: _Take, n: int) -> None:
+        start, end = take.taken, min(take.taken + n, len(take.bodies))
+        take.taken = end
+        if self.topics.get(take.topic.name) is not take.topic:
+            # Deleted meanwhile: as if deleted after the publish, with what it held.
+            take.taken = len(take.bodies)
+            return
+        written = self._put(take.topic, take.bodies[start:end], take.arrival, take.publisher)
+        if written is not None:
+            take.writes.append(written)
+
+    async def _take_rest(self, take: _Take) -> None:
+        n = _FIRST_SLICE
+        try:
+            while True:
+                await asyncio.sleep(0)  # a loop turn for everyone else
+                if take.taken >= len(take.bodies):  # ``stop`` may have taken the rest
+                    break
+                start = time.perf_counter()
+                self._take_slice(take, n)
+                spent = time.perf_counter() - start
+                # Takes running together share a turn's time (one each per turn).
+                share = _SLICE_S / len(self._takes)
+                n = max(_MIN_SLICE, min(PUBLISH_SLICE, int(n * share / max(spent, 1e-6))))
+        finally:
+            self._takes.pop(take, None)
+        if take.writes:
+            await asyncio.gather(*take.writes)
+
+    def _finish_takes(self) -> None:
+        """At stop: what sliced publishes have left is taken now, so that each is saved
+        whole (never acknowledged: their connections are closed)."""
+        for take, task in list(self._takes.items()):
+            while take.taken < len(take.bodies):
+                self._take_slice(take, PUBLISH_SLICE)
+            task.cancel()
+        self._takes.clear()
 
     def publish_deferred(
         self,

@@ -709,12 +709,27 @@ class DiskQueue:
         pending = self._pending
         batch: list[Record] = []
         encoded: bytes | None = None
+        count = len(pending)
         if size + self._pending_bytes < self.segment_bytes:
             # All of it fits (the usual case): no loop per record; encoded when pushed.
             if self._encoded_n == len(pending):
                 encoded = b"".join([data for _, data in self._encoded])
             else:
                 batch = list(pending)
+        elif self._encoded_n == len(pending):
+            # What fits of what was encoded when pushed, in whole pushes (an MPUB's
+            # overflow is one, so a segment may end past its size by one MPUB's body):
+            # not a size per record (a segment holds 250,000 small ones, a quarter of a
+            # second of work on the event loop).
+            chunks: list[bytes] = []
+            count = 0
+            for n, data in self._encoded:
+                if chunks and size >= self.segment_bytes:
+                    break
+                chunks.append(data)
+                count += n
+                size += len(data)
+            encoded = b"".join(chunks)
         else:
             batch = []
             for r in pending:
@@ -731,7 +746,7 @@ class DiskQueue:
         # for that contention too (batched publishes ran at half speed).
         try:
             if encoded is not None:
-                data, count = header + encoded, len(pending)
+                data = header + encoded
             else:
                 data, count = header + encode_batch(batch), len(batch)
         except (struct.error, OverflowError, ValueError) as e:  # a field out of range
@@ -803,6 +818,8 @@ class DiskQueue:
             and k <= READ_AHEAD_RECORDS
             and size <= READ_AHEAD_BYTES
         )
+        # The records' own bytes (``_pending_bytes`` counts no file header).
+        records_size = size - len(FILE_HEADER) if seg.end == 0 and size else size
         seg.end += size
         seg.records += k
         origin: _Origin | None = None
@@ -822,7 +839,7 @@ class DiskQueue:
         else:
             popleft = pending.popleft
             done = [popleft() for _ in range(k)]
-            self._pending_bytes -= _pending_bytes(done)
+            self._pending_bytes -= records_size
         for settled in filter(None, map(_origins, done)):
             settled.settle()  # durable here now: its own segment may go
         if origin is not None:

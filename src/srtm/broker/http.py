@@ -75,6 +75,7 @@ from srtm.jsondoc import parse as parse_json
 from srtm.jsondoc import parse_object
 from srtm.openapi import OpenApiDoc, Route, document
 from srtm.protocol import ProtocolError, errors, is_valid_name
+from srtm.protocol.parser import same_size_bodies
 from srtm.protocol.session import (
     MAX_DEFLATE_LEVEL,
     MAX_HEARTBEAT_MS,
@@ -93,11 +94,18 @@ B = TypeVar("B", bound=BaseModel)
 
 #: Methods that change nothing: open even when the broker has a token.
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: nsqd's endpoints that drop a topic's or a channel's messages or stop their delivery:
+#: under --protect-managed, on a managed topic, they need the token too.
+DESTRUCTIVE = frozenset(
+    f"/{kind}/{action}" for kind in ("topic", "channel")
+    for action in ("delete", "empty", "pause", "unpause")
+)  # fmt: skip
 
 
 def needs_token(method: str, path: str) -> bool:
     """Mutating ``/srtm/*`` requests need the token; nsqd's own endpoints stay open, as in
-    nsqd, for NSQ's tools. (The auth middleware and the document both ask this.)"""
+    nsqd, for NSQ's tools (but see ``_protect_managed``: on a managed topic, the
+    destructive ones need it too). (The auth middleware and the document both ask this.)"""
     return path.startswith("/srtm/") and method not in READS
 
 
@@ -177,6 +185,27 @@ def _auth(token: str | None) -> Middleware:
         return await handler(request)
 
     return auth
+
+
+def _protect_managed(broker: Broker, token: str) -> Middleware:
+    """--protect-managed: nsqd's ``DESTRUCTIVE`` endpoints need the token on a topic the
+    controller manages here (its tenant's acknowledged messages and SLO are at stake);
+    on any other topic they stay open, as nsqd's, for NSQ's tools."""
+
+    @web.middleware
+    async def protect(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if (
+            request.method == "POST"
+            and request.path in DESTRUCTIVE
+            and broker.managed(name := request.query.get("topic", ""))
+            and not bearer_matches(request.headers.get("Authorization"), token)
+        ):
+            headers = {"WWW-Authenticate": 'Bearer realm="srtm"'}
+            detail = f"topic {name} is managed: {request.path} needs the cluster token"
+            return _error(401, E_UNAUTHORIZED, detail, headers=headers)
+        return await handler(request)
+
+    return protect
 
 
 @web.middleware
@@ -264,16 +293,27 @@ async def _bounded_body(request: web.Request, most: int) -> bytes:
     return body
 
 
-def split_mpub(body: bytes, binary: bool, max_msg: int) -> list[bytes]:
+#: Binary /mpub messages of different sizes cut per loop turn (about 5 ms).
+_CUT_PER_TURN = 16384
+
+
+async def split_mpub(body: bytes, binary: bool, max_msg: int) -> list[bytes]:
     """/mpub bodies: newline-separated text, or nsqd's binary ``[count]([size][body])*``."""
+    # Cut and checked in C where it can be (a million messages in milliseconds, not a
+    # second of the event loop's time): the loop below runs only for what C does not
+    # take, and lets the loop turn between pieces.
     if not binary:
-        msgs = [m for m in body.split(b"\n") if m]
+        msgs = list(filter(None, body.split(b"\n")))
+    elif len(body) < 4:
+        raise HttpError(400, "INVALID_BODY", "binary body shorter than its count")
+    elif (same := same_size_bodies(body, struct.unpack_from(">I", body)[0], max_msg)) is not None:
+        msgs = same
     else:
-        if len(body) < 4:
-            raise HttpError(400, "INVALID_BODY", "binary body shorter than its count")
         (count,) = struct.unpack_from(">I", body)
         msgs, pos = [], 4
         for i in range(count):
+            if i % _CUT_PER_TURN == _CUT_PER_TURN - 1:
+                await asyncio.sleep(0)
             if pos + 4 > len(body):
                 raise HttpError(400, "INVALID_BODY", f"message {i}: size missing")
             (size,) = struct.unpack_from(">I", body, pos)
@@ -286,9 +326,9 @@ def split_mpub(body: bytes, binary: bool, max_msg: int) -> list[bytes]:
             raise HttpError(400, "INVALID_BODY", "bytes left after the last message")
     if not msgs:
         raise HttpError(400, "MSG_EMPTY")
-    for m in msgs:
-        if len(m) > max_msg:
-            raise HttpError(413, "MSG_TOO_BIG", f"{len(m)} > {max_msg} bytes")
+    if max(map(len, msgs)) > max_msg:
+        too_big = next(len(m) for m in msgs if len(m) > max_msg)
+        raise HttpError(413, "MSG_TOO_BIG", f"{too_big} > {max_msg} bytes")
     return msgs
 
 
@@ -391,7 +431,7 @@ class BrokerHttp:
         body = await request.read()
         if len(body) > limits.max_body_size:
             raise HttpError(413, "BODY_TOO_BIG")
-        msgs = split_mpub(body, flag(query.get("binary", "false")), limits.max_msg_size)
+        msgs = await split_mpub(body, flag(query.get("binary", "false")), limits.max_msg_size)
         with _pub_failed():
             written = self.broker.publish(topic, msgs, arrival, query.get("publisher", ""))
         if written is not None:
@@ -699,6 +739,8 @@ _TEXT = "text/plain"  # nsqd's "OK", and /stats without format=json
 _BYTES = "application/octet-stream"  # message bodies, as they are
 _NO_TOPIC = {404: "TOPIC_NOT_FOUND"}
 _NO_CHANNEL = {404: "TOPIC_NOT_FOUND, CHANNEL_NOT_FOUND"}
+#: ``DESTRUCTIVE`` endpoints on a managed topic without the token (--protect-managed).
+_MANAGED = {401: "E_UNAUTHORIZED: a managed topic, without the cluster token"}
 _FULL = {403: "TOO_MANY_TOPICS, TOO_MANY_CHANNELS"}  # --max-topics, --max-channels-per-topic
 _PUB = {**_FULL, 503: "E_PUB_FAILED"}
 _H = BrokerHttp
@@ -722,23 +764,23 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/topic/create", _H.topic_create,
           query=TopicQuery, errors=_FULL),
     Route("POST", "/topic/delete", _H.topic_delete,
-          query=TopicQuery, errors=_NO_TOPIC),
+          query=TopicQuery, errors={**_MANAGED, **_NO_TOPIC}),
     Route("POST", "/topic/empty", _H.topic_empty,
-          query=TopicQuery, errors=_NO_TOPIC),
+          query=TopicQuery, errors={**_MANAGED, **_NO_TOPIC}),
     Route("POST", "/topic/pause", _H.topic_pause,
-          query=TopicQuery, errors=_NO_TOPIC),
+          query=TopicQuery, errors={**_MANAGED, **_NO_TOPIC}),
     Route("POST", "/topic/unpause", _H.topic_unpause,
-          query=TopicQuery, errors=_NO_TOPIC),
+          query=TopicQuery, errors={**_MANAGED, **_NO_TOPIC}),
     Route("POST", "/channel/create", _H.channel_create,
           query=ChannelQuery, errors={**_FULL, **_NO_TOPIC}),
     Route("POST", "/channel/delete", _H.channel_delete,
-          query=ChannelQuery, errors=_NO_CHANNEL),
+          query=ChannelQuery, errors={**_MANAGED, **_NO_CHANNEL}),
     Route("POST", "/channel/empty", _H.channel_empty,
-          query=ChannelQuery, errors=_NO_CHANNEL),
+          query=ChannelQuery, errors={**_MANAGED, **_NO_CHANNEL}),
     Route("POST", "/channel/pause", _H.channel_pause,
-          query=ChannelQuery, errors=_NO_CHANNEL),
+          query=ChannelQuery, errors={**_MANAGED, **_NO_CHANNEL}),
     Route("POST", "/channel/unpause", _H.channel_unpause,
-          query=ChannelQuery, errors=_NO_CHANNEL),
+          query=ChannelQuery, errors={**_MANAGED, **_NO_CHANNEL}),
     Route("GET", "/config/{opt}", _H.config_get,
           answer=ConfigValue, errors={400: "INVALID_OPTION"}),
     Route("PUT", "/config/{opt}", _H.config_put,
@@ -798,7 +840,10 @@ def api_document() -> OpenApiDoc:
 def make_app(broker: Broker) -> web.Application:
     """ROUTES bound to one ``BrokerHttp``, behind the error, token and TLS middlewares."""
     handlers = BrokerHttp(broker)
-    middlewares = [_errors, _auth(broker.options.token)]
+    opts = broker.options
+    middlewares = [_errors, _auth(opts.token)]
+    if opts.protect_managed and opts.token is not None:
+        middlewares.append(_protect_managed(broker, opts.token))
     if http_requires_tls(broker.options):
         middlewares.insert(0, _tls_required)
     # No body beyond the largest the protocol takes (an MPUB's) is ever read.

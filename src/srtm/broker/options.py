@@ -268,8 +268,16 @@ class BrokerOptions:
     token: str | None = setting(
         None,
         "Cluster token: mutating /srtm/* HTTP requests must carry 'Authorization: Bearer "
-        "TOKEN' (nsqd's own endpoints stay open). Required by srtm broker unless "
-        "--insecure-loopback.",
+        "TOKEN' (nsqd's own endpoints stay open, but see --protect-managed). Required by "
+        "srtm broker unless --insecure-loopback.",
+    )
+    protect_managed: bool = setting(
+        True,
+        "nsqd's destructive HTTP endpoints (/topic/delete, /topic/empty, /topic/pause, "
+        "/topic/unpause and their /channel/ ones) need the cluster token on a managed "
+        "topic (a sub-bucket, a hold or a relay route here): 401 E_UNAUTHORIZED without "
+        "it. Unmanaged topics, and every topic of a broker without a token, answer as "
+        "nsqd's do; --no-protect-managed: nsqd's behaviour on every topic.",
     )
     insecure_loopback: bool = setting(
         False,

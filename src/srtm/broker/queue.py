@@ -21,6 +21,12 @@ from srtm.broker.message import Message, Origin
 #: fields
 Record = tuple[bytes, bytes, int, int, int, int, str, Origin | None]
 
+#: A publish of more messages than this is taken this many at a time, one slice per loop
+#: turn (``Broker.publish``), and its connection runs nothing else until it is done: a
+#: slice costs milliseconds, even shaped (a booking per message), and an ordinary MPUB
+#: is one slice.
+PUBLISH_SLICE = 4096
+
 
 def to_record(m: Message) -> Record:
     return (

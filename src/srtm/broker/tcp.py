@@ -23,11 +23,12 @@ import struct
 import sys
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from srtm.broker.auth import Authenticator, Gate
-from srtm.broker.queue import Record
+from srtm.broker.queue import PUBLISH_SLICE, Record
 from srtm.broker.state import DeliveryError
 from srtm.broker.tls import tcp_requires_tls
 from srtm.protocol import Event, Fins, Parser, ProtocolError, errors, frames
@@ -202,6 +203,10 @@ class Client:
         self._in_read = False
         self._close_when_flushed = False
         self._heartbeat: asyncio.TimerHandle | None = None
+        #: A publish taken in slices (``PUBLISH_SLICE``): until it is done, what comes
+        #: after it waits in ``_later`` (event, arrival, whether the gate passed it).
+        self._taking: asyncio.Future[Any] | None = None
+        self._later: deque[tuple[Event, int, bool]] = deque()
         #: Set while closing after a fatal error (see _linger).
         self._lingering: asyncio.TimerHandle | None = None
         self._init_limits(broker.options)
@@ -304,7 +309,7 @@ class Client:
         gate = self.gate
         work = 0
         check = 32
-        for event in events:
+        for i, event in enumerate(events):
             if (
                 type(event) is Fins
                 and len(ids := event.message_ids) > _FIN_CHUNK
@@ -326,6 +331,9 @@ class Client:
                 return
             self._run_one(event, arrival, gate)
             work += len(event.message_ids) if type(event) is Fins else 1
+            if self._taking is not None:  # the rest runs once it is taken
+                self._later.extend((e, arrival, False) for e in events[i + 1 :])
+                return
 
     def _run_one(self, event: Event, arrival: int, gate: Gate | None) -> None:
         if gate is not None and gate.consumes(event, arrival):
@@ -339,6 +347,9 @@ class Client:
 
     def run(self, event: object, arrival: int) -> None:
         """Run a command the gate held back (read earlier, in order)."""
+        if self._taking is not None:
+            self._later.append((event, arrival, True))  # type: ignore[arg-type]
+            return
         try:
             self.session.receive(event, arrival)  # type: ignore[arg-type]
         except ProtocolError as err:
@@ -356,6 +367,8 @@ class Client:
         written = self.broker.publish(topic, bodies, arrival_ns, self.session.attributed_to, self)
         if written is not None:
             self._hold_until(written)
+            if len(bodies) > PUBLISH_SLICE:
+                self._run_after(written)
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
 
     def publish_deferred(self, topic: str, body: bytes, defer_ms: int, arrival_ns: int) -> None:
@@ -515,6 +528,43 @@ class Client:
         for mid in dropped:
             channel.fin(mid, self)
         self.broker.mark_ready(channel)
+
+    # -- running nothing else while a publish is taken in slices ----------------------------
+    def _run_after(self, taken: asyncio.Future[Any]) -> None:
+        """The publish just run is taken over loop turns: the commands after it run (and
+        the socket is read) once it is done, as nsqd runs a connection's commands one
+        after another."""
+        self._taking = taken
+        fd = self.sock.fileno()
+        if fd >= 0 and not self.finishing:
+            self.loop.remove_reader(fd)
+        taken.add_done_callback(self._taken)
+
+    def _taken(self, _: asyncio.Future[Any]) -> None:
+        self._taking = None
+        later, self._later = self._later, deque()
+        if self.finishing:
+            return
+        self._in_read = True
+        try:
+            while later and self._taking is None and not self.finishing:
+                event, arrival, gated = later.popleft()
+                if gated:
+                    self.run(event, arrival)
+                else:
+                    self._run_one(event, arrival, self.gate)
+        finally:
+            self._in_read = False
+            if self._send_scheduled:
+                self._send()
+        if later:  # another publish is taken in slices: the rest waits for it too
+            later.extend(self._later)
+            self._later = later
+        elif not self.finishing and (self.gate is None or not self.gate.waiting):
+            # (else AUTH's answer resumes reading; ``release_reads`` waits for a take)
+            # A command it had begun could not progress meanwhile: its deadline restarts.
+            self._partial_since_ns = time.time_ns() if self.parser.incomplete else 0
+            self.release_reads()
 
     # -- holding answers until their publish is on disk ------------------------------------
     def _hold_until(self, written: asyncio.Future[Any]) -> None:
@@ -729,7 +779,8 @@ class Client:
             return
         # Its command could not progress while it was not read: the deadline restarts.
         self._partial_since_ns = time.time_ns() if self.parser.incomplete else 0
-        if self.gate is None or not self.gate.waiting:  # else AUTH resumes reading
+        waits = self._taking is not None or (self.gate is not None and self.gate.waiting)
+        if not waits:  # else what it waits for resumes reading
             self.loop.add_reader(self.sock.fileno(), self._on_readable)
         if self.channel is not None and self.rdy:
             self.broker.mark_ready(self.channel)
@@ -759,6 +810,7 @@ class Client:
             since
             and self._read_timeout_ns
             and not self._paused
+            and self._taking is None
             and not self._close_when_flushed
             and now - since >= self._read_timeout_ns
         ):
@@ -829,7 +881,8 @@ class Client:
             self.loop.remove_reader(fd)
 
     def release_reads(self) -> None:
-        if not self.finishing and not self._paused:  # paused: the output drain resumes
+        # paused: the output drain resumes; taking a publish: its end does
+        if not self.finishing and not self._paused and self._taking is None:
             # What waited in the socket meanwhile was the broker's delay, not silence.
             self.last_read_ns = time.time_ns()
             self.loop.add_reader(self.sock.fileno(), self._on_readable)
