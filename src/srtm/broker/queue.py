@@ -11,6 +11,8 @@ which only the records of messages read back from disk hold.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
@@ -252,4 +254,98 @@ class MessageQueue:
         self._mem.clear()
         if self.overflow is not None:
             self.overflow.clear()
+        return n
+
+
+class DeferredQueue:
+    """Messages due later (DPUB), soonest first, bounded in memory as a ``MessageQueue``.
+
+    Up to ``spill.mem_size`` wait in memory, in a heap by due time; beyond that they go to
+    ``spill``'s backend (a disk queue: ``topic@deferred``) in the order they came, and
+    once anything is there later ones follow it until memory has caught up. They come
+    back, in that order, as memory has room. So each is given out no earlier than it is
+    due, and in due order among those in memory; one on disk waits for its turn to come
+    back, which may be after it is due. A record's ``release_ns`` holds its due time
+    (the disk format keeps it). Without a backend (ephemeral) the excess is dropped and
+    counted in ``spill.dropped``.
+    """
+
+    __slots__ = ("_heap", "_seq", "spill")
+
+    def __init__(self, spill: MessageQueue) -> None:
+        #: (due, sequence, record): the sequence keeps equal due times in arrival order.
+        self._heap: list[tuple[int, int, Record]] = []
+        self._seq = itertools.count()
+        #: Only its bound, its backend and its drop count are used (its deque stays empty).
+        self.spill = spill
+
+    def __len__(self) -> int:
+        return len(self._heap) + self.spill.backend_depth
+
+    @property
+    def memory_depth(self) -> int:
+        return len(self._heap)
+
+    @property
+    def backend_depth(self) -> int:
+        return self.spill.backend_depth
+
+    def push(self, msg: Message, due_ns: int) -> bool:
+        """Keep ``msg`` until ``due_ns``; False if it had to be dropped (no backend, full)."""
+        msg.release_ns = due_ns
+        ov = self.spill.overflow
+        if len(self._heap) < self.spill.mem_size and (ov is None or not len(ov)):
+            heapq.heappush(self._heap, (due_ns, next(self._seq), to_record(msg)))
+            return True
+        if ov is not None:
+            ov.push(msg)
+            return True
+        self.spill.dropped += 1
+        settle(msg.origin)
+        return False
+
+    def restore(self, msgs: Iterable[Message]) -> None:
+        """Put back what a graceful stop saved (``release_ns``: due), whatever the bound."""
+        for m in msgs:
+            heapq.heappush(self._heap, (m.release_ns, next(self._seq), to_record(m)))
+
+    def _refill(self) -> None:
+        ov = self.spill.overflow
+        if ov is None or not len(ov):
+            return
+        room = max(1, self.spill.mem_size) - len(self._heap)
+        if room > 0:
+            for r in ov.pop_records(room):
+                heapq.heappush(self._heap, (r[4], next(self._seq), r))
+
+    def next_due_ns(self) -> int | None:
+        """When the soonest one in memory is due (None: none there now)."""
+        self._refill()
+        return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, now: int) -> list[Message]:
+        """Those due by ``now``, soonest first (their ``release_ns`` still the due time)."""
+        heap = self._heap
+        out: list[Message] = []
+        while True:
+            self._refill()  # each one taken makes room for the oldest on disk
+            if not heap or heap[0][0] > now:
+                return out
+            out.append(Message(*heapq.heappop(heap)[2]))
+
+    def memory(self) -> list[tuple[Message, int | None]]:
+        """What is held in memory (read ahead of the disk too), with due times."""
+        out: list[tuple[Message, int | None]] = [
+            (Message(*r), due) for due, _, r in sorted(self._heap)
+        ]
+        if self.spill.overflow is not None:
+            out += [(m, m.release_ns) for m in self.spill.overflow.read_ahead()]
+        return out
+
+    def clear(self) -> int:
+        n = len(self)
+        for _, _, r in self._heap:
+            settle(r[7])
+        self._heap.clear()
+        self.spill.clear()
         return n
