@@ -152,6 +152,7 @@ def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
         backlog_age_ns=0 if (oldest := t.oldest_arrival_ns()) is None else max(0, now - oldest),
         dropped=t.shaping.dropped
         + t.held.dropped
+        + t.deferred.spill.dropped
         + sum(ch.queue.dropped for ch in t.channels.values()),
         channels=[
             dict(
