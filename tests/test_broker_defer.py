@@ -57,20 +57,40 @@ class ListOverflow:
 
 
 # -- the deferred queue --------------------------------------------------------------------
-def test_deferred_messages_beyond_the_memory_bound_go_to_the_backend() -> None:
+def test_the_soonest_due_stay_in_memory_the_rest_go_to_the_backend() -> None:
     disk = ListOverflow()
     q = DeferredQueue(MessageQueue(2, disk))
     for i, due in enumerate((300, 100, 200, 50)):
         q.push(message(i), due)
     assert (q.memory_depth, q.backend_depth, len(q)) == (2, 2, 4)
-    assert [r[4] for r in disk.records] == [200, 50]  # on disk in arrival order, due kept
-    assert q.next_due_ns() == 100
-    assert q.pop_due(99) == []
-    # Due order in memory; from disk, in arrival order as memory frees room: the one
-    # due at 50 comes back behind the one due at 200 (docs/durability.md's rule).
-    assert [m.release_ns for m in q.pop_due(250)] == [100, 200, 50]
-    assert (q.memory_depth, q.backend_depth) == (1, 0)
-    assert [m.body for m in q.pop_due(300)] == [b"body0"]
+    assert [r[4] for r in disk.records] == [300, 200]  # pushed out, due kept in the record
+    assert q.next_due_ns() == 50
+    assert [m.release_ns for m in q.pop_due(99)] == [50]
+    assert [m.release_ns for m in q.pop_due(250)] == [100, 200]
+    assert [m.body for m in q.pop_due(300)] == [b"body0"] and len(q) == 0
+
+
+def test_a_short_deferral_is_not_held_behind_long_ones_past_the_bound() -> None:
+    """Found by test_fuzz_session: four DPUBs of an hour filled memory (4 messages), and
+    a DPUB of 0 waited on disk behind them, for an hour."""
+    for mem in (0, 2):
+        q = DeferredQueue(MessageQueue(mem, ListOverflow()))
+        for i in range(3):
+            q.push(message(i), 3_600 * S)
+        q.push(message(9), 5)
+        assert q.next_due_ns() == 5
+        assert [m.body for m in q.pop_due(5)] == [b"body9"], mem
+
+
+def test_a_pass_finds_what_is_due_on_disk_behind_later_ones() -> None:
+    disk = ListOverflow()
+    q = DeferredQueue(MessageQueue(1, disk))
+    for i, due in enumerate((100, 200, 50)):  # memory: 50; disk: 200, then 100
+        q.push(message(i), due)
+    assert [m.release_ns for m in q.pop_due(50)] == [50]
+    assert q.next_due_ns() == 100  # 200 came back to memory; 100 may be due on disk
+    assert [m.release_ns for m in q.pop_due(100)] == [100]  # on time, not behind 200
+    assert [m.release_ns for m in q.pop_due(200)] == [200]
 
 
 def test_without_a_backend_the_excess_is_dropped_and_counted() -> None:
@@ -79,13 +99,45 @@ def test_without_a_backend_the_excess_is_dropped_and_counted() -> None:
     assert len(q) == 1 and q.spill.dropped == 1
 
 
-def test_a_memory_bound_of_zero_keeps_everything_on_the_backend() -> None:
+def test_a_memory_bound_of_zero_writes_every_one_and_reads_back_a_few() -> None:
     disk = ListOverflow()
-    q = DeferredQueue(MessageQueue(0, disk))
-    for i in range(3):
+    q = DeferredQueue(MessageQueue(0, disk), read_back=2)
+    for i in range(5):
         q.push(message(i), 10 * i)
-    assert (q.memory_depth, q.backend_depth) == (0, 3)
-    assert [m.body for m in q.pop_due(20)] == [b"body0", b"body1", b"body2"]
+    assert (q.memory_depth, q.backend_depth) == (0, 5)  # acknowledged means written
+    assert q.next_due_ns() == 0 and q.memory_depth == 2  # read back: still on disk too
+    assert [m.body for m in q.pop_due(40)] == [b"body%d" % i for i in range(5)]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 50), st.integers(0, 200)), max_size=60),
+    st.integers(0, 3),
+    st.integers(1, 3),
+)
+def test_every_deferred_message_comes_out_exactly_when_due(
+    pushes: list[tuple[int, int]], mem: int, read_back: int
+) -> None:
+    """Whatever the bound: driven by ``next_due_ns``, each comes out at its due time."""
+    q = DeferredQueue(MessageQueue(mem, ListOverflow()), read_back=read_back)
+    now, due, out = 0, {}, []
+
+    def run_until(t: int) -> None:
+        nonlocal now
+        while (nxt := q.next_due_ns()) is not None and nxt <= t:
+            now = max(now, nxt)
+            out.extend((now, m) for m in q.pop_due(now))
+        now = max(now, t)
+
+    for i, (gap, delay) in enumerate(pushes):
+        run_until(now + gap)
+        m = message(i)
+        due[m.id] = now + delay
+        q.push(m, due[m.id])
+        out.extend((now, m) for m in q.pop_due(now))
+    run_until(1 << 40)
+    assert sorted(m.id for _, m in out) == sorted(due)
+    assert all(t == due[m.id] for t, m in out)
+    assert len(q) == 0
 
 
 # -- the pure topic ------------------------------------------------------------------------
@@ -300,8 +352,9 @@ async def test_a_flood_of_dpub_0_on_a_shaped_topic_is_released_at_its_pace(
         await asyncio.sleep(max(0.0, start + 2.0 - time.monotonic()))
         in_2s = consumer.within(start, 2.0)
         assert 150 <= in_2s <= 10 + 100 * 2.0 + 15, in_2s  # b + r t, and a loop's slack
-        topic = broker.topics["t"]
-        assert len(consumer.got) + topic.depth + topic.deferred_count == 2_000  # none lost
+        topic, ch = broker.topics["t"], broker.topics["t"].channels["c"]
+        owed = topic.depth + topic.deferred_count + ch.depth + len(ch.in_flight)
+        assert owed == 2_000  # none lost (none FIN'd: each is still somewhere)
     finally:
         await pub.close()
         await consumer.close()
