@@ -1,12 +1,11 @@
 """What a broker keeps across restarts, under ``data_dir``.
 
-Each durable queue (a topic's held, shaping and deferred queues, each channel's) overflows to a
-disk queue, ``queues/q-<key>``, made on first need; ``meta.json`` lists the topics,
-channels, pauses and buckets, the relay's routes (``srtm.broker.routes``: a restarted
-broker forwards and replicates before the controller sets them again), and the next
-message id. At a graceful stop everything
-held in memory is written to the disk queues (their *head*); a restart reads it all
-back. Topics and channels themselves stay the broker's: it hands their registry in
+Each durable queue (a topic's held, shaping and deferred queues, each channel's)
+overflows to a disk queue, ``queues/q-<key>``, made on first need; ``meta.json`` lists
+the topics, channels, pauses and buckets, the relay's routes (``srtm.broker.routes``: a
+restarted broker forwards and replicates before the controller sets them again), and the
+next message id. At a graceful stop everything held in memory is written to the disk
+queues (their *head*); a restart reads it all back. Topics and channels themselves stay the broker's: it hands their registry in
 (``Registry``) and rebuilds it from what ``Persistence.load`` finds.
 """
 
@@ -307,8 +306,8 @@ class Persistence:
     # -- queues --------------------------------------------------------------------------
     def queue(self, key: str) -> MessageQueue:
         """Keys are ``topic``, ``topic@shaping``, ``topic@deferred`` or ``topic:channel``;
-        a queue is durable
-        unless its topic or channel is ephemeral (those are never persisted)."""
+        a queue is durable unless its topic or channel is ephemeral (those are never
+        persisted)."""
         mem = self._options.mem_queue_size
         if any(is_ephemeral(part) for part in re.split("[:@]", key)):
             return MessageQueue(mem)

@@ -593,7 +593,8 @@ class Topic:
         return self.deferred.push(msg, due_ns)
 
     def next_deferred_ns(self) -> int | None:
-        """When the soonest deferred message in memory is due (None: none there now)."""
+        """When the soonest deferred message is due, or one on disk may be (None: none
+        known now)."""
         return self.deferred.next_due_ns()
 
     def tick(self, now: int) -> bool:
