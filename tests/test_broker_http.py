@@ -32,7 +32,11 @@ async def test_pub_mpub_text_and_binary(broker_api: BrokerApi) -> None:
     assert await call(s, "POST", "/pub?topic=h&defer=60000", b"later") == (200, "OK")
     ch = broker.topics["h"].channels["c"]
     assert [m.body for m in ch.queue.memory()] == [b"one", b"two", b"three", b"4", b"5\n5"]
-    assert ch.deferred_count == 1
+    assert broker.topics["h"].deferred_count == 1  # in the topic until due, then shaped
+    status, doc = await call(s, "GET", "/stats?format=json&topic=h")
+    assert status == 200
+    (channel,) = doc["topics"][0]["channels"]
+    assert channel["deferred_count"] == 1 and channel["depth"] == 5  # as nsqd's channel
 
 
 @pytest.mark.parametrize(

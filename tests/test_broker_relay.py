@@ -120,10 +120,17 @@ async def publish(c: RawClient, topic: str, bodies: list[bytes]) -> None:
 
 
 def deferred(node: Node, topic: str, channel: str) -> list[tuple[bytes, int]]:
-    """The channel's deferred messages on ``node`` with their due times (ns, wall)."""
+    """The channel's deferred messages on ``node`` with their due times (ns, wall): its
+    own (a fallback's copies), then the topic's DPUB'd ones it gets once they are due
+    (and shaped), if this replica serves it."""
     t = node.broker.topics.get(topic)
     ch = None if t is None else t.channels.get(channel)
-    return [] if ch is None else [(m.body, due) for m, due in ch.head() if due is not None]
+    if t is None or ch is None:
+        return []
+    owed = [(m.body, due) for m, due in ch.head() if due is not None]
+    if t.homing is None or t.homing.keeps(channel):
+        owed += [(m.body, due) for m, due in t.deferred.memory() if due is not None]
+    return owed
 
 
 LONG_MS = 600_000  # a defer no test outlives: the message stays deferred while checked
@@ -432,6 +439,34 @@ async def test_a_dpub_is_copied_to_each_replica_and_deferred_there(cluster: Clus
     await pub.close()
     for c in consumers.values():
         await c.close()
+
+
+async def test_what_arrives_over_a_relay_link_is_paced_by_the_bucket_there(
+    cluster: Cluster,
+) -> None:
+    """PUB, MPUB and DPUB copied to a replica over its link wait for that replica's
+    sub-bucket like any publish there (issue 29: every way in is shaped)."""
+    a, b = await cluster(2)
+    reps = replicas([a, b], {"c1": "1"})  # c0: the primary, A (unshaped here)
+    for i, n in enumerate((a, b)):
+        await n.route({"topic": "t", "self": str(i), "replicas": reps})
+    b.broker.set_bucket("t", 100.0, 10.0)
+    c0, c1 = await Consumer.on(a, "t", "c0"), await Consumer.on(b, "t", "c1")
+    pub = await raw(a)
+    start = time.monotonic()
+    await pub.send(
+        Mpub("t", [b"m%d" % i for i in range(300)]),
+        *(Pub("t", b"p%d" % i) for i in range(100)),
+        *(Dpub("t", 0, b"d%d" % i) for i in range(100)),
+    )
+    assert [await pub.response() for _ in range(201)] == [b"OK"] * 201
+    await eventually(lambda: len(c0.bodies), "all at A", until=lambda n: n == 500)
+    await asyncio.sleep(max(0.0, start + 1.0 - time.monotonic()))
+    got, elapsed = len(c1.bodies), time.monotonic() - start
+    assert 50 <= got <= 10 + 100 * elapsed + 15, (got, elapsed)  # b + r t, not 500
+    await pub.close()
+    await c0.close()
+    await c1.close()
 
 
 async def test_a_dpub_a_dead_replica_cannot_take_waits_here_deferred(cluster: Cluster) -> None:

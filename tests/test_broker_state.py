@@ -71,9 +71,13 @@ def test_messages_wait_for_the_first_channel() -> None:
     topic = new_topic()
     publish(topic, 4)
     topic.defer(message(9), 5 * MS)
-    assert topic.depth == 5
+    assert topic.depth == 4 and topic.deferred_count == 1
+    assert not topic.tick(5 * MS - 1)
+    assert topic.tick(5 * MS)  # due: it joins the topic's queue, then waits too
+    topic.release(5 * MS)
+    assert topic.depth == 5 and topic.deferred_count == 0
     ch = topic.channel("late")
-    assert ch.depth == 4 and ch.deferred_count == 1
+    assert ch.depth == 5
     assert topic.depth == 0
     assert topic.channel("later").depth == 0  # only the first channel gets what was held
 

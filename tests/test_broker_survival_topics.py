@@ -20,7 +20,8 @@ import pytest
 
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
-from srtm.broker.state import Channel
+from srtm.broker.message import Message
+from srtm.broker.state import Channel, Topic
 from srtm.launch import BrokerProcess, start_broker
 from srtm.protocol import Fin, Mpub, Pub, Rdy, Sub
 from srtm.ratelimit import MAX_RATE, MIN_RATE, TokenBucket, check_bucket
@@ -144,24 +145,31 @@ async def test_the_periodic_scan_visits_only_channels_with_timers(
     broker_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every 10 ms the scan looked at every channel of every topic (10,000 idle topics:
-    about half a core)."""
+    about half a core); it visits the topics with deferred messages (DPUB) and the
+    channels with timers (a delayed REQ, in-flight deadlines) only."""
     broker = Broker(BrokerOptions(data_dir=broker_dir))
     broker_dir.mkdir(parents=True)
     for i in range(500):
         broker.channel(f"idle{i}", "c")
     broker.publish_deferred("busy", b"later", 1, time.time_ns(), "p")
     ch = broker.channel("busy", "c")
+    ch.defer(Message(b"%016x" % 1, b"requeued", 0, 0), 1)  # as a delayed REQ does
     visited: list[object] = []
-    real = Channel.next_due_ns
+    real_ch, real_topic = Channel.next_due_ns, Topic.next_deferred_ns
 
     def next_due_ns(self: Channel) -> int | None:
         visited.append(self)
-        return real(self)
+        return real_ch(self)
+
+    def next_deferred_ns(self: Topic) -> int | None:
+        visited.append(self)
+        return real_topic(self)
 
     monkeypatch.setattr(Channel, "next_due_ns", next_due_ns)
+    monkeypatch.setattr(Topic, "next_deferred_ns", next_deferred_ns)
     broker._scan(time.time_ns() + 10**9)
-    assert visited and set(visited) <= {ch}, f"{len(visited)} channels visited"
-    assert ch.depth == 1  # the deferred message came due
+    assert set(visited) == {ch, broker.topics["busy"]}, f"{len(visited)} visited"
+    assert ch.depth == 2  # the deferred message and the requeued one came due
     await broker.stop()
 
 

@@ -102,6 +102,8 @@ class Broker:
         self._dirty: set[Channel] = set()
         #: Channels with deferred messages or in-flight deadlines: all that _scan visits.
         self._timed: set[Channel] = set()
+        #: Topics with deferred messages (DPUB): the scan moves them on when due.
+        self._deferring: set[Topic] = set()
         self._flush_scheduled = False
         self._tasks: list[asyncio.Task[None]] = []
         self._listener: socket.socket | None = None
@@ -204,7 +206,9 @@ class Broker:
         self.relay.restore(saved.routes, saved.saved_at_s)
         self.persistence.save_meta()
         restored = sum(
-            t.depth + sum(c.depth + c.deferred_count for c in t.channels.values())
+            t.depth
+            + t.deferred_count
+            + sum(c.depth + c.deferred_count for c in t.channels.values())
             for t in self.topics.values()
         )
         if restored:
@@ -234,6 +238,8 @@ class Broker:
             ch.paused = c.paused
             self.persistence.restore_channel(ch)
         self.persistence.restore_topic(topic)
+        if topic.deferred_count:
+            self._deferring.add(topic)
 
     # -- background tasks ----------------------------------------------------------------
     async def _accept_loop(self, listener: socket.socket) -> None:
@@ -304,6 +310,17 @@ class Broker:
                 self._timed.discard(ch)  # it puts itself back when it gets a timer
             elif due <= now and ch.tick(now):
                 self.mark_ready(ch)
+        for topic in list(self._deferring):
+            self._tick_topic(topic, now)
+
+    def _tick_topic(self, topic: Topic, now: int) -> None:
+        """Deferred messages of ``topic`` due by ``now`` join its shaping queue."""
+        if self.topics.get(topic.name) is not topic or not topic.deferred_count:
+            self._deferring.discard(topic)  # deleted, or nothing deferred left
+            return
+        due = topic.next_deferred_ns()
+        if due is not None and due <= now and topic.tick(now):
+            self.releaser.kick(topic)
 
     async def _housekeeping_loop(self) -> None:
         """Every 100 ms, move the measured values of each histogram holding
@@ -514,6 +531,8 @@ class Broker:
             self.persistence.remove(f"{name}:{ch_name}")
         self.persistence.remove(name)
         self.persistence.remove(f"{name}@shaping")
+        self.persistence.remove(f"{name}@deferred")
+        self._deferring.discard(topic)
         self.stats.drop_topic(name)
         if not topic.ephemeral:
             self.persistence.save_meta()
@@ -634,7 +653,7 @@ class Broker:
 
     def pause_topic(self, name: str, paused: bool) -> None:
         topic = self.topics[name]
-        topic.paused = paused
+        topic.set_paused(paused, time.time_ns())
         self.persistence.save_meta()
         if not paused:
             self.releaser.kick(topic)
@@ -748,14 +767,17 @@ class Broker:
         client: Client | None = None,
         local: bool = False,
     ) -> asyncio.Future[Any] | None:
-        """DPUB: one message due in ``defer_ms``. A topic with a relay route is the
-        relay's, as in ``publish`` (what it returns is waited for before the OK); else
-        accepted here at once (None)."""
+        """DPUB: one message due in ``defer_ms``, then shaped like a PUB (see
+        ``Topic.tick``). A topic with a relay route is the relay's, as in ``publish``;
+        returns what to wait for before the OK (its write to disk, past the memory
+        bound; None: nothing)."""
         if not local and topic_name in self.relay.routes:
             return self.relay.publish_deferred(
                 topic_name, body, defer_ms, arrival, publisher, client
             )
         topic = self._publish_topic(topic_name, "DPUB", errors.E_DPUB_FAILED)
+        pushed = self.persistence.pushed
+        pushed.clear()
         now = time.time_ns()
         who = publisher_of(body) if publisher is None else publisher
         topic.defer(
@@ -763,6 +785,10 @@ class Broker:
             now + defer_ms * 1_000_000,
         )
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
+        self._deferring.add(topic)
+        self._tick_topic(topic, now)  # DPUB 0 joins the shaping queue at once
+        if pushed:
+            return self.persistence.write_through()
         return None
 
     def _publish_topic(self, name: str, what: str, limit_code: str) -> Topic:
@@ -848,6 +874,8 @@ class Broker:
                 for msg in topic.held.drain():
                     first.put(msg)
                 self.mark_ready(first)
+        elif name.endswith("@deferred"):
+            self._deferring.add(topic)  # the scan takes what was read back when due
         elif not sep:
             self.releaser.kick(topic)
         elif (ch := topic.channels.get(channel)) is not None:

@@ -1,12 +1,11 @@
 """What a broker keeps across restarts, under ``data_dir``.
 
-Each durable queue (a topic's held and shaping queues, each channel's) overflows to a
-disk queue, ``queues/q-<key>``, made on first need; ``meta.json`` lists the topics,
-channels, pauses and buckets, the relay's routes (``srtm.broker.routes``: a restarted
-broker forwards and replicates before the controller sets them again), and the next
-message id. At a graceful stop everything
-held in memory is written to the disk queues (their *head*); a restart reads it all
-back. Topics and channels themselves stay the broker's: it hands their registry in
+Each durable queue (a topic's held, shaping and deferred queues, each channel's)
+overflows to a disk queue, ``queues/q-<key>``, made on first need; ``meta.json`` lists
+the topics, channels, pauses and buckets, the relay's routes (``srtm.broker.routes``: a
+restarted broker forwards and replicates before the controller sets them again), and the
+next message id. At a graceful stop everything held in memory is written to the disk
+queues (their *head*); a restart reads it all back. Topics and channels themselves stay the broker's: it hands their registry in
 (``Registry``) and rebuilds it from what ``Persistence.load`` finds.
 """
 
@@ -306,8 +305,9 @@ class Persistence:
 
     # -- queues --------------------------------------------------------------------------
     def queue(self, key: str) -> MessageQueue:
-        """Keys are ``topic``, ``topic@shaping`` or ``topic:channel``; a queue is durable
-        unless its topic or channel is ephemeral (those are never persisted)."""
+        """Keys are ``topic``, ``topic@shaping``, ``topic@deferred`` or ``topic:channel``;
+        a queue is durable unless its topic or channel is ephemeral (those are never
+        persisted)."""
         mem = self._options.mem_queue_size
         if any(is_ephemeral(part) for part in re.split("[:@]", key)):
             return MessageQueue(mem)
@@ -351,7 +351,7 @@ class Persistence:
     def refuse_if_failing(self, topic: Topic, what: str) -> None:
         """E_PUB_FAILED while a disk queue of ``topic`` cannot write (disk full...): what
         was acknowledged waits in memory, and nothing more is taken until writing works."""
-        keys = [topic.name, f"{topic.name}@shaping"]
+        keys = [topic.name, f"{topic.name}@shaping", f"{topic.name}@deferred"]
         keys += [f"{topic.name}:{name}" for name in topic.channels]
         for key in keys:
             disk = self.disks.get(key)
@@ -480,7 +480,13 @@ class Persistence:
         """What ``topic`` itself held (for its first channel, or waiting for tokens)."""
         held = self.disks[topic.name].take_head()
         topic.held.extendleft([m for m, due in held if due is None])
-        topic.held_deferred += [(m, due) for m, due in held if due is not None]
+        # What waited, deferred, for a first channel is shaped when due, as DPUBs are.
+        deferred = [m for m, _ in self.disks[f"{topic.name}@deferred"].take_head()]
+        for msg, due in held:
+            if due is not None:
+                msg.release_ns = due
+                deferred.append(msg)
+        topic.deferred.restore(deferred)
         shaping = [m for m, _ in self.disks[f"{topic.name}@shaping"].take_head()]
         for msg in shaping:
             msg.release_ns = UNBOOKED  # booked on the old run's bucket

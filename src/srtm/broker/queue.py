@@ -6,11 +6,14 @@ collection, so a queue a million deep costs full collections nothing (as objects
 made the broker spend a third of its time in collections, with pauses of 250 ms).
 A record is immutable, so every channel of a topic can share the same one. A message
 read from disk also carries its ``origin`` (settled when it is FIN'd or written again),
-which only the records of messages read back from disk hold.
+which only the records of messages read back from disk hold. ``DeferredQueue`` keeps
+deferred messages by due time under the same bound, over the same kind of backend.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
@@ -258,4 +261,155 @@ class MessageQueue:
         self._mem.clear()
         if self.overflow is not None:
             self.overflow.clear()
+        return n
+
+
+#: Later than any due time (ns).
+_FOREVER = 2**63 - 1
+
+
+class DeferredQueue:
+    """Messages due later (DPUB), soonest first, bounded in memory as a ``MessageQueue``.
+
+    Memory keeps the soonest due, up to ``spill.mem_size`` (a sorted list); one due later
+    than all of them, or pushed out by one due sooner, goes to ``spill``'s backend (a disk
+    queue, ``topic@deferred``: a FIFO, the due time in each record's ``release_ns``).
+    Records come back from the backend as memory has room, and all of them pass through
+    memory again (a *pass*: the soonest stay, the others are written back) once the
+    earliest due time the backend may hold has come: so none is given out before it is
+    due, nor later than the pass that finds it. With ``mem_size`` 0 every push goes to the
+    backend (acknowledged means written) and up to ``read_back`` records read back are
+    held in memory (they stay on disk until settled). Without a backend (ephemeral) what
+    does not fit is dropped and counted in ``spill.dropped``.
+    """
+
+    __slots__ = ("_disk_min", "_mem", "_pass_left", "_pass_min", "_seq", "read_back", "spill")
+
+    def __init__(self, spill: MessageQueue, read_back: int = 256) -> None:
+        #: (-due, -sequence, record), ascending: the soonest due last (``pop`` gives it),
+        #: the latest first; the sequence keeps equal due times in arrival order.
+        self._mem: list[tuple[int, int, Record]] = []
+        self._seq = itertools.count()
+        #: Only its bound, its backend and its drop count are used (its deque stays empty).
+        self.spill = spill
+        self.read_back = read_back
+        #: No record in the backend is due before this (0: not known, after a restart).
+        self._disk_min = 0 if spill.backend_depth else _FOREVER
+        #: Records a pass still has to take from the backend (0: no pass), and the
+        #: earliest due time of those written to the backend since the pass began.
+        self._pass_left = 0
+        self._pass_min = _FOREVER
+
+    def __len__(self) -> int:
+        return len(self._mem) + self.spill.backend_depth
+
+    @property
+    def memory_depth(self) -> int:
+        return len(self._mem)
+
+    @property
+    def backend_depth(self) -> int:
+        return self.spill.backend_depth
+
+    def _hold(self) -> int:
+        """How many records read back memory may hold."""
+        return self.spill.mem_size or self.read_back
+
+    def push(self, msg: Message, due_ns: int) -> bool:
+        """Keep ``msg`` until ``due_ns``; False if it had to be dropped (no backend, full)."""
+        msg.release_ns = due_ns
+        mem, ov = self._mem, self.spill.overflow
+        entry = (-due_ns, -next(self._seq), to_record(msg))
+        if len(mem) < self.spill.mem_size:
+            bisect.insort(mem, entry)
+            return True
+        if ov is None:
+            self.spill.dropped += 1
+            settle(msg.origin)
+            return False
+        if self.spill.mem_size and mem and entry > mem[0]:
+            entry, mem[0] = mem[0], entry  # due sooner than the latest kept: that one goes
+            mem.sort()  # one element out of place: timsort's linear case
+        self._write(entry)
+        return True
+
+    def _write(self, entry: tuple[int, int, Record]) -> None:
+        ov = self.spill.overflow
+        assert ov is not None
+        ov.push(Message(*entry[2]))
+        due = -entry[0]
+        self._disk_min = min(self._disk_min, due)
+        self._pass_min = min(self._pass_min, due)
+
+    def restore(self, msgs: Iterable[Message]) -> None:
+        """Put back what a graceful stop saved (``release_ns``: due), whatever the bound."""
+        for m in msgs:
+            bisect.insort(self._mem, (-m.release_ns, -next(self._seq), to_record(m)))
+
+    def _refill(self, now: int | None) -> None:
+        """Take records back from the backend: as many as memory has room for, or, once
+        one there may be due by ``now``, all of them (a pass, as they can be read)."""
+        ov = self.spill.overflow
+        if ov is None or not len(ov):
+            self._disk_min, self._pass_left = _FOREVER, 0
+            return
+        mem, hold = self._mem, self._hold()
+        if not self._pass_left and now is not None and self._disk_min <= now:
+            self._pass_left, self._pass_min = len(ov), _FOREVER
+        want = max(self._pass_left, hold - len(mem))
+        if want <= 0:
+            return
+        records = ov.pop_records(want)
+        if self._pass_left:
+            self._pass_left = max(0, self._pass_left - len(records))
+            passed = not self._pass_left
+        else:
+            passed = False
+        for r in records:
+            entry = (-r[4], -next(self._seq), r)
+            if len(mem) < hold:
+                bisect.insort(mem, entry)
+            elif entry > mem[0]:
+                entry, mem[0] = mem[0], entry
+                mem.sort()
+                self._write(entry)
+            else:
+                self._write(entry)
+        if passed:
+            self._disk_min = self._pass_min  # what the backend holds now was written since
+
+    def next_due_ns(self) -> int | None:
+        """When the soonest one is due, or one in the backend may be (None: none known)."""
+        self._refill(None)
+        due = -self._mem[-1][0] if self._mem else None
+        if len(self.spill.overflow or ()):
+            due = self._disk_min if due is None else min(due, self._disk_min)
+        return due
+
+    def pop_due(self, now: int) -> list[Message]:
+        """Those due by ``now``, soonest first (their ``release_ns`` still the due time)."""
+        mem = self._mem
+        out: list[Message] = []
+        while True:
+            self._refill(now)  # each one taken makes room for one from the backend
+            if not mem or -mem[-1][0] > now:
+                return out
+            out.append(Message(*mem.pop()[2]))
+
+    def memory(self) -> list[tuple[Message, int | None]]:
+        """What is held in memory (read ahead of the disk too), with due times."""
+        out: list[tuple[Message, int | None]] = [
+            (Message(*r), -d) for d, _, r in reversed(self._mem)
+        ]
+        if self.spill.overflow is not None:
+            out += [(m, m.release_ns) for m in self.spill.overflow.read_ahead()]
+        return out
+
+    def clear(self) -> int:
+        n = len(self)
+        for _, _, r in self._mem:
+            settle(r[7])
+        self._mem.clear()
+        self.spill.clear()
+        self._disk_min, self._pass_left = _FOREVER, 0
         return n

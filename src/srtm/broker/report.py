@@ -98,6 +98,11 @@ def client_doc(c: Client) -> Doc:
     )
 
 
+def _topic_deferred(topic: Topic, ch: Channel) -> int:
+    homing = topic.homing
+    return topic.deferred_count if homing is None or homing.keeps(ch.name) else 0
+
+
 def channel_doc(broker: Broker, topic: Topic, ch: Channel, clients: bool) -> Doc:
     cs = broker.stats.topic(topic.name).channel(ch.name)
     return dict(
@@ -105,7 +110,9 @@ def channel_doc(broker: Broker, topic: Topic, ch: Channel, clients: bool) -> Doc
         depth=ch.depth,
         backend_depth=ch.queue.backend_depth,
         in_flight_count=len(ch.in_flight),
-        deferred_count=ch.deferred_count,
+        # DPUB'd messages wait in the topic until due (then shaped); each is this
+        # channel's once released, so it counts them as nsqd's channel does.
+        deferred_count=ch.deferred_count + _topic_deferred(topic, ch),
         message_count=ch.message_count,
         requeue_count=ch.requeue_count,
         timeout_count=ch.timeout_count,
@@ -145,6 +152,7 @@ def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
         backlog_age_ns=0 if (oldest := t.oldest_arrival_ns()) is None else max(0, now - oldest),
         dropped=t.shaping.dropped
         + t.held.dropped
+        + t.deferred.spill.dropped
         + sum(ch.queue.dropped for ch in t.channels.values()),
         channels=[
             dict(

@@ -26,11 +26,13 @@ log = logging.getLogger("srtm.broker")
 
 
 def topic_depth(topic: Topic) -> int:
-    """Messages ``topic`` still holds anywhere on this broker: waiting for its bucket or
-    a first channel, and per channel queued, deferred and in flight (a message copied to
+    """Messages ``topic`` still holds anywhere on this broker: deferred, waiting for its
+    bucket or a first channel, and per channel queued, deferred and in flight (a message copied to
     two channels counts twice: what matters is whether anything is left to read)."""
-    return topic.depth + sum(
-        ch.depth + ch.deferred_count + len(ch.in_flight) for ch in topic.channels.values()
+    return (
+        topic.depth
+        + topic.deferred_count
+        + sum(ch.depth + ch.deferred_count + len(ch.in_flight) for ch in topic.channels.values())
     )
 
 

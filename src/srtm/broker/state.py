@@ -16,12 +16,20 @@ from operator import itemgetter
 from typing import Protocol
 
 from srtm.broker.message import Message, Origin
-from srtm.broker.queue import MessageQueue, Record, attempted, fresh_records, settle
+from srtm.broker.queue import (
+    DeferredQueue,
+    MessageQueue,
+    Record,
+    attempted,
+    fresh_records,
+    settle,
+)
 from srtm.protocol import ProtocolError, is_ephemeral
 from srtm.protocol.header import publisher_of
 from srtm.ratelimit import Reservation, TokenBucket
 
-#: Makes the queue for a key: ``topic`` (held), ``topic@shaping``, ``topic:channel``.
+#: Makes the queue for a key: ``topic`` (held), ``topic@shaping``, ``topic@deferred``
+#: (only its bound and backend are used: see ``DeferredQueue``), ``topic:channel``.
 QueueFactory = Callable[[str], MessageQueue]
 
 
@@ -365,6 +373,10 @@ class Topic:
     is FIFO), but a retuned bucket paces what already waits, not only what comes next.
     A second bucket, the *meter*, books every arrival at once to measure the virtual
     backlog the TB Adaptor asks for.
+
+    A deferred message (DPUB) waits in ``deferred`` until it is due, then joins the
+    shaping queue like a message arriving then (``tick``): it is paced by the bucket,
+    held while the topic is on hold or paused, and released at once when unmanaged.
     """
 
     name: str
@@ -385,8 +397,11 @@ class Topic:
     shaping: MessageQueue = field(init=False)
     #: Released before the topic had any channel: kept for the first one, never dropped.
     held: MessageQueue = field(init=False)
-    #: DPUB'd before the topic had any channel, with their due times.
+    #: Deferred copies kept for a replica's channels before the topic had any (the
+    #: relay's fallback), with their due times: the first channel defers them.
     held_deferred: list[tuple[Message, int]] = field(default_factory=list)
+    #: DPUB'd, waiting until due to join ``shaping`` (bounded in memory, then on disk).
+    deferred: DeferredQueue = field(init=False)
     #: Which channels get messages here (None: all): a replicated topic's channel is
     #: served by one replica only (srtm.broker.routes.TopicRoute is one).
     homing: Homing | None = None
@@ -394,6 +409,7 @@ class Topic:
     def __post_init__(self) -> None:
         self.shaping = self.queues(f"{self.name}@shaping")
         self.held = self.queues(self.name)
+        self.deferred = DeferredQueue(self.queues(f"{self.name}@deferred"))
 
     @property
     def ephemeral(self) -> bool:
@@ -406,6 +422,11 @@ class Topic:
     @property
     def backend_depth(self) -> int:
         return self.shaping.backend_depth + self.held.backend_depth
+
+    @property
+    def deferred_count(self) -> int:
+        """DPUB'd messages not due yet (each goes to every channel once due)."""
+        return len(self.deferred)
 
     def channel(self, name: str) -> Channel:
         """The channel ``name``, created on first use (receiving what the topic held)."""
@@ -424,7 +445,7 @@ class Topic:
         """Whether the topic or ``ch``, one of its channels, may still hold a message that
         arrived before ``arrival_ns`` (queues are FIFO, so their heads tell: one whose head
         is not in memory may, as may anything deferred or held for a first channel)."""
-        if ch.deferred_count or self.held_deferred or len(self.held):
+        if ch.deferred_count or self.held_deferred or len(self.held) or len(self.deferred):
             return True
         for q in (ch.queue, self.shaping):
             if len(q) and ((head := q.head_arrival_ns()) is None or head < arrival_ns):
@@ -446,6 +467,9 @@ class Topic:
         if self.bucket is None or self.meter is None:
             TokenBucket(rate, burst)
             self.on_hold = False
+            # What waited (held, paused) is booked from now: booked at its arrival, a
+            # long wait's backlog would all be due at once.
+            self.book_not_before_ns = max(self.book_not_before_ns, clock())
             self.bucket = TokenBucket(rate, burst, clock=clock)
             self.meter = TokenBucket(rate, burst, clock=clock)
         else:
@@ -475,6 +499,21 @@ class Topic:
         if self._head_booking is not None:
             self.shaping.set_head_release(UNBOOKED)
         self.bucket = self.meter = self._head_booking = None
+
+    def set_paused(self, paused: bool, now: int) -> None:
+        """Pause or unpause at ``now``: nothing is released while paused, and what
+        waited is booked from the unpause on (not at its arrival: no burst)."""
+        self.paused = paused
+        if not paused:
+            self.book_not_before_ns = max(self.book_not_before_ns, now)
+        elif self._head_booking is not None:
+            # Booked before the pause: booked again after it (its token given back if
+            # it can be, else spent twice: slower, never faster than the bucket).
+            if self.bucket is not None:
+                self.bucket.cancel(self._head_booking)
+            if self.shaping.memory_depth:
+                self.shaping.set_head_release(UNBOOKED)
+            self._head_booking = None
 
     def put(self, msg: Message) -> float:
         """Accept a message at its arrival time.
@@ -531,7 +570,9 @@ class Topic:
             backlog = max(backlog, self._queue(Message(*r)))
         return backlog
 
-    def _queue(self, msg: Message) -> float:
+    def _queue(self, msg: Message, joined_ns: int | None = None) -> float:
+        """Into the shaping queue; ``joined_ns``: when it joins, if later than its
+        arrival (a deferred message, when due)."""
         backlog = 0.0
         if self.on_hold:
             msg.release_ns = UNBOOKED  # booked by the bucket that releases it
@@ -539,19 +580,34 @@ class Topic:
             msg.release_ns = msg.arrival_ns
         else:
             msg.release_ns = UNBOOKED
-            backlog = self.meter.reserve(at=msg.arrival_ns).backlog_ns * self.meter.rate / 1e9
+            at = msg.arrival_ns if joined_ns is None else joined_ns
+            backlog = self.meter.reserve(at=at).backlog_ns * self.meter.rate / 1e9
         self.shaping.append(msg)
         return backlog
 
-    def defer(self, msg: Message, due_ns: int) -> None:
-        """DPUB: straight to each channel's deferred set (nsqd does not shape it either)."""
+    def defer(self, msg: Message, due_ns: int) -> bool:
+        """DPUB: keep ``msg`` until ``due_ns``, then it is shaped like a PUB (``tick``).
+        False if it had to be dropped (ephemeral, beyond the memory bound)."""
         self.message_count += 1
         self.message_bytes += len(msg.body)
-        msg.release_ns = msg.arrival_ns
-        if not self.channels:
-            self.held_deferred.append((msg, due_ns))
-        for ch in self._targets():
-            ch.put_deferred(msg.copy(), due_ns)
+        return self.deferred.push(msg, due_ns)
+
+    def next_deferred_ns(self) -> int | None:
+        """When the soonest deferred message is due, or one on disk may be (None: none
+        known now)."""
+        return self.deferred.next_due_ns()
+
+    def tick(self, now: int) -> bool:
+        """Deferred messages due by ``now`` join the shaping queue, as if they arrived
+        now: none is booked on the bucket before ``now`` (booked at their arrival, a
+        backlog deferred together would be due at once, all of it). True if any joined."""
+        due = self.deferred.pop_due(now)
+        if not due:
+            return False
+        self.book_not_before_ns = max(self.book_not_before_ns, now)
+        for msg in due:
+            self._queue(msg, now)
+        return True
 
     def next_release_ns(self) -> int | None:
         """When the head of the queue is due (booking it on the bucket if need be); None
@@ -614,10 +670,12 @@ class Topic:
         held: list[tuple[Message, int | None]] = [(m, None) for m in self.held.memory()]
         held += [(m, due) for m, due in self.held_deferred]
         yield self.name, held
+        yield f"{self.name}@deferred", self.deferred.memory()
 
     def empty(self) -> None:
         self.shaping.clear()
         self.held.clear()
+        self.deferred.clear()
         for msg, _ in self.held_deferred:
             settle(msg.origin)
         self.held_deferred.clear()

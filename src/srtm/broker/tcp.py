@@ -375,7 +375,7 @@ class Client:
         written = self.broker.publish_deferred(
             topic, body, defer_ms, arrival_ns, self.session.attributed_to, self
         )
-        if written is not None:  # forwarded or copied by the relay: OK once answered
+        if written is not None:  # written to disk, or relayed: OK once done
             self._hold_until(written)
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + 1
 
