@@ -39,6 +39,7 @@ from srtm.protocol import ProtocolError, errors, is_valid_name
 from srtm.protocol.header import publisher_of
 from srtm.protocol.session import E_SUB_FAILED
 from srtm.ratelimit import TokenBucket, check_bucket
+from srtm.ratelimit.overflow import Bound, Overflow, check_bound, refusal
 
 log = logging.getLogger("srtm.broker")
 
@@ -104,6 +105,10 @@ class Broker:
         self.relay = Relay(self)
         #: Shares armed for a handoff from another broker (``arm``, ``take_handoff``).
         self.arms = Arms()
+        #: Per topic over its bound under ``block``: the connections not read until it is
+        #: within it again, and the timer that looks again (``_recheck_blocked``).
+        self.blocked: dict[str, set[Client]] = {}
+        self._block_timers: dict[str, asyncio.TimerHandle] = {}
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -187,6 +192,12 @@ class Broker:
     def _restore_topic(self, saved: SavedTopic, now: int) -> None:
         topic = self.topic(saved.name)
         topic.paused = saved.paused
+        if isinstance(saved.bound, dict):
+            try:
+                b = saved.bound
+                topic.bound = check_bound(b.get("max_wait_ms"), b.get("overflow"))
+            except ValueError as exc:
+                log.error("topic %s: saved bound %r ignored (%s)", topic.name, saved.bound, exc)
         # What waited for tokens is booked again, not as if it arrived before this
         # run: a restart must not burst.
         topic.book_not_before_ns = now
@@ -566,9 +577,15 @@ class Broker:
         be used until ``since + lease_s``."""
         self.lease_until = since + lease_s
 
-    def apply_shares(self, buckets: dict[str, tuple[float, float]], held: list[str]) -> None:
-        """What a registration answer says this broker carries: these sub-buckets, and a
-        hold on these other managed topics. Any other topic keeps its state."""
+    def apply_shares(
+        self,
+        buckets: dict[str, tuple[float, float]],
+        held: list[str],
+        bounds: dict[str, Bound] | None = None,
+    ) -> None:
+        """What a registration answer says this broker carries: these sub-buckets (with
+        their topics' bounds), and a hold on these other managed topics. Any other topic
+        keeps its state."""
         for name in held:
             if is_valid_name(name):
                 self.hold_topic(name)
@@ -578,6 +595,9 @@ class Broker:
             except (ValueError, OverflowError, ProtocolError) as exc:
                 log.error("topic %s: bucket %r from the controller refused: %s",
                           name, (rate, burst), exc)  # fmt: skip
+                continue
+            if bounds is not None and name in bounds:
+                self.set_bound(name, bounds[name])
 
     def hold_topic(self, topic_name: str) -> None:
         """The topic is managed but this broker has no share of it: what comes is kept
@@ -629,16 +649,29 @@ class Broker:
         if not local and topic_name in self.relay.routes:
             return self.relay.publish(topic_name, bodies, arrival, publisher, client)
         topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
-        pushed = self.persistence.pushed
-        pushed.clear()
         bodies = bodies if isinstance(bodies, list) else list(bodies)
         n = len(bodies)
+        bound = topic.bound
+        policed = bound is not None and topic.meter is not None
+        if policed and bound.overflow is Overflow.REFUSE:  # type: ignore[union-attr]
+            over = topic.over_bound_ns(arrival)
+            if over > 0:
+                assert bound is not None
+                topic.refused_over_bound += n
+                why = refusal(topic_name, over + bound.max_wait_ns, bound)
+                raise ProtocolError(errors.E_PUB_FAILED, f"PUB failed: {why}")
+        pushed = self.persistence.pushed
+        pushed.clear()
         now = time.time_ns()
         backlog = topic.put_many(
             self.ids.take(n), bodies, now, arrival, publisher, self.releaser.direct
         )
         self.stats.topic(topic_name).window.add(arrival, n, backlog)
         self.releaser.kick(topic)
+        if policed and client is not None and bound.overflow is Overflow.BLOCK:  # type: ignore[union-attr]
+            over = topic.over_bound_ns(now)
+            if over > 0:
+                self._block(client, topic_name, over)
         if pushed:
             return self.persistence.write_through()
         return None
@@ -669,6 +702,74 @@ class Broker:
         )
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
         return None
+
+    # -- policing: topics over their bound (srtm.ratelimit.overflow) ---------------------------
+    def set_bound(self, topic_name: str, bound: Bound | None) -> None:
+        """The topic's bound and overflow policy (it acts while the topic is shaped);
+        connections it blocked are looked at again at once."""
+        topic = self.topic(topic_name)
+        if topic.bound != bound:
+            topic.bound = bound
+            self.persistence.save_meta()
+        if topic_name in self.blocked:
+            self._recheck_blocked(topic_name)
+
+    def _block(self, client: Client, topic_name: str, over_ns: int) -> None:
+        """``block``: ``client`` published to a topic now over its bound by ``over_ns``:
+        not read until the topic is within it again."""
+        client.block_reads()
+        self.blocked.setdefault(topic_name, set()).add(client)
+        if topic_name not in self._block_timers:
+            self._arm_recheck(topic_name, over_ns)
+
+    def _arm_recheck(self, topic_name: str, over_ns: int) -> None:
+        # The wait falls as time passes: look again when it should be within the bound,
+        # and at least every second (a retuned, unshaped, held or deleted topic, a
+        # closed connection: nobody stays blocked for a stale reason).
+        delay = min(max(over_ns, 0) / 1e9, 1.0) + 0.001
+        loop = asyncio.get_running_loop()
+        self._block_timers[topic_name] = loop.call_later(delay, self._recheck_blocked, topic_name)
+
+    def _recheck_blocked(self, topic_name: str) -> None:
+        timer = self._block_timers.pop(topic_name, None)
+        if timer is not None:
+            timer.cancel()
+        clients = self.blocked.get(topic_name)
+        if not clients:
+            self.blocked.pop(topic_name, None)
+            return
+        topic = self.topics.get(topic_name)
+        over = 0
+        if topic is not None and topic.bound is not None and topic.bound.overflow is Overflow.BLOCK:
+            over = topic.over_bound_ns(time.time_ns())
+        live = {c for c in clients if not c.finishing}
+        if over > 0 and live:
+            self.blocked[topic_name] = live
+            self._arm_recheck(topic_name, over)
+            return
+        del self.blocked[topic_name]
+        for client in live:
+            if not any(client in cs for cs in self.blocked.values()):
+                client.unblock_reads()
+
+    async def within_bound(self, topic_name: str) -> None:
+        """HTTP's ``block``: the publish (and its answer) waits until the topic is within
+        its bound, as a TCP publisher's reads do; past ``max_wait_ms`` more of waiting,
+        E_PUB_FAILED naming the limit (HTTP 503)."""
+        topic = self.topics.get(topic_name)
+        bound = None if topic is None else topic.bound
+        if topic is None or topic.meter is None or bound is None:
+            return
+        if bound.overflow is not Overflow.BLOCK:
+            return
+        give_up = time.monotonic() + bound.max_wait_ms / 1000
+        while (over := topic.over_bound_ns(time.time_ns())) > 0:
+            if time.monotonic() >= give_up:
+                why = refusal(topic_name, over + bound.max_wait_ns, bound)
+                raise ProtocolError(errors.E_PUB_FAILED, f"PUB failed: {why}")
+            await asyncio.sleep(min(over / 1e9, give_up - time.monotonic(), 1.0) + 0.001)
+            if self.topics.get(topic_name) is not topic or topic.bound is not bound:
+                return  # deleted, or its bound changed: published as it is now
 
     def _publish_topic(self, name: str, what: str, limit_code: str) -> Topic:
         """The topic to publish to, or E_PUB_FAILED if it cannot take messages now

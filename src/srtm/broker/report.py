@@ -123,11 +123,31 @@ def admission_rows(adm: Admission | None) -> list[Doc]:
     return [dict(name=k, admitted=n, connected=c) for k, n, c in adm.counts()]
 
 
+def bound_doc(broker: Broker, t: Topic, now: int) -> Doc | None:
+    """``BoundDoc``: the topic's bound, how long a message would wait now, what acted
+    (None: it has no bound)."""
+    bound = t.bound
+    if bound is None:
+        return None
+    over = t.over_bound_ns(now)
+    wait_ns = over + bound.max_wait_ns if t.meter is not None and not t.on_hold else 0
+    return dict(
+        max_wait_ms=bound.max_wait_ms,
+        overflow=bound.overflow.value,
+        wait_ms=max(0, wait_ns) / 1e6,
+        over=over > 0,
+        dropped=t.dropped_over_bound,
+        refused=t.refused_over_bound,
+        blocked_connections=len(broker.blocked.get(t.name, ())),
+    )
+
+
 def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
     ts = broker.stats.topic(t.name)
     return dict(
         topic=t.name,
         bucket=bucket_now(t.bucket),
+        bound=bound_doc(broker, t, now),
         held=t.on_hold,
         shaping_depth=len(t.shaping),
         rate_1s=ts.window.rate_1s(now),

@@ -139,7 +139,7 @@ class ControllerAPI:
         buckets, held = self.ctrl.shares(doc.id)
         return web.json_response({
             "id": doc.id, "registered": True, "lease_s": self.ctrl.lease_s,
-            "buckets": {n: {"rate": p.rate, "burst": p.burst} for n, p in buckets.items()},
+            "buckets": {n: self.ctrl.bucket_doc(n, p) for n, p in buckets.items()},
             "held": held,
         })  # fmt: skip
 
@@ -178,6 +178,7 @@ class ControllerAPI:
             actions = self.ctrl.create_topic(
                 spec, new.policy, time.monotonic(), placement, placed_on=fleet,
                 open=new.open, rate_auto=new.rate_auto, utility=new.utility,
+                bound=new.bound,
             )  # fmt: skip
         self.service.execute(actions)
         if new.fit is not None:
@@ -203,7 +204,7 @@ class ControllerAPI:
         async with self.placing:
             actions = self.ctrl.change_topic(
                 name, slo_p99_ms=doc.slo_p99_ms, rate=doc.rate, burst=doc.burst,
-                policy=doc.policy,
+                policy=doc.policy, max_wait_ms=doc.max_wait_ms, overflow=doc.overflow,
             )  # fmt: skip
             if "utility" in doc.model_fields_set:
                 self.ctrl.set_utility(name, doc.utility)
