@@ -15,12 +15,15 @@ import pytest
 
 from nsq_raw import RawClient
 from srtm.broker.message import Message
+from srtm.broker.report import stats_document
 from srtm.broker.reporter import apply_registration
 from srtm.broker.state import Topic, memory_queues
 from srtm.broker.tcp import TURN_BUDGET, Client
 from srtm.control.actions import SetBucket
+from srtm.control.console import ConsoleState, console_state, latencies
 from srtm.control.state import Controller
 from srtm.control.validate import ControlError
+from srtm.placement import PublisherLoad, TopicSpec
 from srtm.protocol import Nop, Pub
 from srtm.ratelimit import TokenBucket, check_conformance
 from srtm.ratelimit.overflow import (
@@ -218,6 +221,9 @@ async def test_block_stops_reading_the_publisher_and_resumes_as_it_drains(
         await eventually(lambda: broker.blocked.get("t"), "the publisher blocked")
         client = client_of(broker)
         assert client.blocked and topic.message_count < 60
+        bound = stats_document(broker, "t")["srtm"]["topics"][0]["bound"]
+        assert bound["blocked_connections"] == 1, bound
+        assert [x["blocked"] for x in bound["senders"]] == [True], bound
         for _ in range(60):
             assert await pub.response() == b"OK"
         # 60 at 100/s with 50 ms allowed to wait: accepted at the rate, not at once.
@@ -356,3 +362,39 @@ async def test_a_registration_answer_gives_the_broker_its_topics_bounds(
     apply_registration(broker, time.monotonic(), answer)
     assert broker.topics["a"].bound == Bound(75, Overflow.REFUSE)
     assert broker.topics["b"].bucket is not None and broker.topics["b"].bound is None
+
+
+# -- the console marks a topic over its envelope, and who sends it --------------------------
+def _console_controller() -> Controller:
+    ctrl = registered(2, mcap=400)
+    pubs = tuple(PublisherLoad(f"p{i}", 100.0, f"g{i % 2}") for i in range(4))
+    ctrl.create_topic(TopicSpec("t", pubs, 40.0, 5.0, 440.0), "maxmin", 0.0)
+    return ctrl
+
+
+def test_the_console_marks_a_topic_sent_faster_than_its_sub_bucket_and_its_publishers() -> None:
+    ctrl = _console_controller()
+    topic = ctrl.topics["t"]
+    flooded, calm = sorted(topic.buckets)
+    ctrl.report(flooded, 13_000.0, {"t": (13_000.0, 0.0)}, 1.0)  # against ~220 allocated
+    ctrl.report(calm, 150.0, {"t": (150.0, 0.0)}, 1.0)
+    doc = ConsoleState.model_validate(console_state(ctrl, {}, {}, 2.0))
+    (t,) = doc.topics
+    assert t.over_envelope and t.measured_rate == pytest.approx(13_150.0)
+    shares = {s.id: s for s in t.brokers}
+    assert shares[flooded].over_envelope and not shares[calm].over_envelope
+    assert t.senders == sorted(topic.assignment[flooded])  # the plan's, none named
+
+
+def test_the_console_names_the_senders_a_broker_reports_over_the_bound() -> None:
+    ctrl = _console_controller()
+    b = sorted(ctrl.topics["t"].buckets)[0]
+    stats = {"srtm": {"topics": [{
+        "topic": "t", "delivery_ns": {"count": 0}, "backlog_age_ns": 0,
+        "bound": {"over": True, "senders": [{"publisher": "flooder", "remote_address": "x"}]},
+    }]}}  # fmt: skip
+    readings = {b: latencies(stats)}
+    assert readings[b]["t"].over_bound and readings[b]["t"].senders == ("flooder",)
+    (t,) = console_state(ctrl, readings, {}, 0.0)["topics"]
+    assert t["over_envelope"] and t["senders"] == ["flooder"]
+    assert not console_state(ctrl, {}, {}, 0.0)["topics"][0]["over_envelope"]

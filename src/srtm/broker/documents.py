@@ -637,6 +637,13 @@ class SrtmChannelDoc(Doc):
     latency_ns: LatencySummaryDoc
 
 
+class SenderDoc(Doc):
+    publisher: str = Field(description="IDENTIFY srtm_publisher, else client_id")
+    remote_address: str
+    count: int = Field(description="Messages it published to the topic since it connected")
+    blocked: bool = Field(description="Not read now: the topic is over its bound (block)")
+
+
 class BoundDoc(Doc):
     """The topic's bound on what waits behind its sub-bucket (srtm.ratelimit.overflow)."""
 
@@ -650,6 +657,10 @@ class BoundDoc(Doc):
     dropped: int = Field(description="Waiting messages dropped over the bound (drop-oldest)")
     refused: int = Field(description="Messages refused over the bound (refuse)")
     blocked_connections: int = Field(description="Connections not read now (block)")
+    senders: list[SenderDoc] = Field(
+        description="While over (or a connection is blocked): the connections that "
+        "published the most to it"
+    )
 
 
 class SrtmTopicDoc(Doc):

@@ -138,8 +138,24 @@ def bound_doc(broker: Broker, t: Topic, now: int) -> Doc | None:
         over=over > 0,
         dropped=t.dropped_over_bound,
         refused=t.refused_over_bound,
-        blocked_connections=len(broker.blocked.get(t.name, ())),
+        blocked_connections=len(blocked := broker.blocked.get(t.name, ())),
+        senders=_senders(broker, t.name) if over > 0 or blocked else [],
     )
+
+
+#: Senders a topic over its bound names (those that published the most to it).
+MAX_SENDERS = 5
+
+
+def _senders(broker: Broker, topic: str) -> list[Doc]:
+    """Who sends ``topic`` (over its bound: only then, the clients are walked): its
+    connections' publishers, by messages published to it since they connected."""
+    counts = [(n, c) for c in list(broker.clients) if (n := c.pub_counts.get(topic, 0))]
+    counts.sort(key=lambda nc: -nc[0])
+    return [
+        dict(publisher=c.publisher, remote_address=c.remote, count=n, blocked=c.blocked)
+        for n, c in counts[:MAX_SENDERS]
+    ]
 
 
 def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
