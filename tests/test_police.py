@@ -256,6 +256,27 @@ async def test_a_blocked_publisher_is_read_again_when_its_topic_is_unshaped(
         await pub.close()
 
 
+async def test_an_http_publish_over_a_blocking_bound_waits_until_it_drains(
+    broker_api: BrokerApi,
+) -> None:
+    broker, session = broker_api
+    broker.set_bucket("t", 10.0, 1.0)
+    broker.set_bound("t", Bound(150, Overflow.BLOCK))
+    assert (await call(session, "POST", "/pub?topic=t", b"first"))[0] == 200
+    assert (await call(session, "POST", "/pub?topic=t", b"second"))[0] == 200
+    start = time.monotonic()
+    # The third would wait 200 ms behind the bucket: its answer waits until it would
+    # wait 150 ms, 50 ms from now.
+    assert (await call(session, "POST", "/pub?topic=t", b"third"))[0] == 200
+    assert time.monotonic() - start >= 0.04
+    assert broker.topics["t"].message_count == 3
+    # Waiting longer than max_wait_ms more for it: 503, naming the limit.
+    broker.set_bound("t", Bound(10, Overflow.BLOCK))
+    status, doc = await call(session, "POST", "/pub?topic=t", b"fourth")
+    assert status == 503 and "max_wait_ms 10" in str(doc), doc
+    assert broker.topics["t"].message_count == 3
+
+
 async def test_a_flooding_connection_runs_a_bounded_number_of_commands_per_loop_turn(
     broker_api: BrokerApi,
 ) -> None:
