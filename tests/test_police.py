@@ -256,6 +256,21 @@ async def test_a_blocked_publisher_is_read_again_when_its_topic_is_unshaped(
         await pub.close()
 
 
+async def test_a_relay_link_is_never_blocked(broker_api: BrokerApi) -> None:
+    broker, _ = broker_api
+    broker.set_bucket("t", 1.0, 1.0)
+    broker.set_bound("t", Bound(10, Overflow.BLOCK))
+    link = await RawClient.connect(*broker.tcp_address)
+    try:
+        await link.identify(srtm_relay=True, srtm_header_publisher=True)
+        await link.send(*[Pub("t", b"m%d" % i) for i in range(10)])
+        for _ in range(10):
+            assert (await link.frame(2.0)).data == b"OK"
+        assert not broker.blocked and broker.topics["t"].message_count == 10
+    finally:
+        await link.close()
+
+
 async def test_an_http_publish_over_a_blocking_bound_waits_until_it_drains(
     broker_api: BrokerApi,
 ) -> None:

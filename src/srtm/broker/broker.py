@@ -670,7 +670,9 @@ class Broker:
         self.releaser.kick(topic)
         if policed and client is not None and bound.overflow is Overflow.BLOCK:  # type: ignore[union-attr]
             over = topic.over_bound_ns(now)
-            if over > 0:
+            # A relay link carries other topics too (and what it brings was acknowledged
+            # at the broker it came from): it is never blocked, it counts toward the bound.
+            if over > 0 and client.identity.get("srtm_relay") is not True:
                 self._block(client, topic_name, over)
         if pushed:
             return self.persistence.write_through()
