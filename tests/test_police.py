@@ -434,3 +434,14 @@ def test_the_console_names_the_senders_a_broker_reports_over_the_bound() -> None
     (t,) = console_state(ctrl, readings, {}, 0.0)["topics"]
     assert t["over_envelope"] and t["senders"] == ["flooder"]
     assert not console_state(ctrl, {}, {}, 0.0)["topics"][0]["over_envelope"]
+
+
+async def test_a_topics_bound_survives_a_restart(make_broker: MakeBroker) -> None:
+    first = await make_broker()
+    first.set_bucket("t", 10.0, 2.0)
+    first.set_bound("t", Bound(75, Overflow.DROP_OLDEST))
+    first.set_bucket("u", 10.0, 2.0)  # no bound given: none
+    await first.stop()
+    second = await make_broker()
+    assert second.topics["t"].bound == Bound(75, Overflow.DROP_OLDEST)
+    assert second.topics["u"].bound is None
