@@ -42,7 +42,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from srtm.launch import BrokerProcess, start_broker
+from srtm.launch import BrokerProcess, die_with_parent, start_broker
 from srtm.protocol import MAGIC_V2, Fin, FrameReader, FrameType, Pub, Rdy, Sub, decode_message
 from srtm.protocol.commands import encode_command
 from srtm.ratelimit.overflow import DEFAULT_MAX_WAIT_MS, DEFAULT_OVERFLOW
@@ -177,7 +177,7 @@ def _counts(broker: BrokerProcess) -> tuple[int, int]:
 
 def _one(args: dict[str, Any]) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        broker = start_broker(Path(tmp), new_session=True)
+        broker = start_broker(Path(tmp), new_session=True, preexec_fn=die_with_parent)
         stop = multiprocessing.Event()
         flood: multiprocessing.Process | None = None
         try:
