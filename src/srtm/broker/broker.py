@@ -40,6 +40,7 @@ from srtm.protocol import ProtocolError, errors, is_valid_name
 from srtm.protocol.header import publisher_of
 from srtm.protocol.session import E_SUB_FAILED
 from srtm.ratelimit import TokenBucket, check_bucket
+from srtm.ratelimit.overflow import Bound, OverflowPolicy, check_bound, refusal
 
 log = logging.getLogger("srtm.broker")
 
@@ -131,6 +132,10 @@ class Broker:
         self.arms = Arms()
         #: Publishes being taken in slices, and the tasks taking them.
         self._takes: dict[_Take, asyncio.Task[None]] = {}
+        #: Per topic over its bound under ``block``: the connections not read until it is
+        #: within it again, and the timer that looks again (``_recheck_blocked``).
+        self.blocked: dict[str, set[Client]] = {}
+        self._block_timers: dict[str, asyncio.TimerHandle] = {}
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -217,6 +222,12 @@ class Broker:
     def _restore_topic(self, saved: SavedTopic, now: int) -> None:
         topic = self.topic(saved.name)
         topic.paused = saved.paused
+        if isinstance(saved.bound, dict):
+            try:
+                b = saved.bound
+                topic.bound = check_bound(b.get("max_wait_ms"), b.get("overflow"))
+            except ValueError as exc:
+                log.error("topic %s: saved bound %r ignored (%s)", topic.name, saved.bound, exc)
         # What waited for tokens is booked again, not as if it arrived before this
         # run: a restart must not burst.
         topic.book_not_before_ns = now
@@ -611,9 +622,15 @@ class Broker:
         be used until ``since + lease_s``."""
         self.lease_until = since + lease_s
 
-    def apply_shares(self, buckets: dict[str, tuple[float, float]], held: list[str]) -> None:
-        """What a registration answer says this broker carries: these sub-buckets, and a
-        hold on these other managed topics. Any other topic keeps its state."""
+    def apply_shares(
+        self,
+        buckets: dict[str, tuple[float, float]],
+        held: list[str],
+        bounds: dict[str, Bound] | None = None,
+    ) -> None:
+        """What a registration answer says this broker carries: these sub-buckets (with
+        their topics' bounds), and a hold on these other managed topics. Any other topic
+        keeps its state."""
         for name in held:
             if is_valid_name(name):
                 self.hold_topic(name)
@@ -623,6 +640,9 @@ class Broker:
             except (ValueError, OverflowError, ProtocolError) as exc:
                 log.error("topic %s: bucket %r from the controller refused: %s",
                           name, (rate, burst), exc)  # fmt: skip
+                continue
+            if bounds is not None and name in bounds:
+                self.set_bound(name, bounds[name])
 
     def hold_topic(self, topic_name: str) -> None:
         """The topic is managed but this broker has no share of it: what comes is kept
@@ -685,9 +705,43 @@ class Broker:
             return self.relay.publish(topic_name, bodies, arrival, publisher, client)
         topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
         bodies = bodies if isinstance(bodies, list) else list(bodies)
+        self._refuse_over_bound(topic, len(bodies), arrival)
+        done: asyncio.Future[Any] | None
         if len(bodies) > PUBLISH_SLICE:
-            return self._take_in_slices(_Take(topic, bodies, arrival, publisher))
-        return self._put(topic, bodies, arrival, publisher)
+            done = self._take_in_slices(_Take(topic, bodies, arrival, publisher))
+        else:
+            done = self._put(topic, bodies, arrival, publisher)
+        self._block_over_bound(topic, client)
+        return done
+
+    def _refuse_over_bound(
+        self, topic: Topic, n: int, arrival: int, code: str = errors.E_PUB_FAILED
+    ) -> None:
+        """Under ``refuse``, a publish to a topic over its bound fails whole (before any
+        of it is taken, so that a publish taken in slices is never refused half-way)."""
+        bound = topic.bound
+        if bound is None or topic.meter is None or bound.overflow is not OverflowPolicy.REFUSE:
+            return
+        over = topic.over_bound_ns(arrival)
+        if over > 0:
+            topic.refused_over_bound += n
+            why = refusal(topic.name, over + bound.max_wait_ns, bound)
+            verb = code.removeprefix("E_").removesuffix("_FAILED")
+            raise ProtocolError(code, f"{verb} failed: {why}")
+
+    def _block_over_bound(self, topic: Topic, client: Client | None) -> None:
+        """Under ``block``, the connection of a publish that left its topic over the
+        bound is not read until the topic is within it again."""
+        bound = topic.bound
+        if bound is None or topic.meter is None or client is None:
+            return
+        if bound.overflow is not OverflowPolicy.BLOCK:
+            return
+        over = topic.over_bound_ns(time.time_ns())
+        # A relay link carries other topics too (and what it brings was acknowledged at
+        # the broker it came from): it is never blocked, it counts toward the bound.
+        if over > 0 and client.identity.get("srtm_relay") is not True:
+            self._block(client, topic.name, over)
 
     def _put(
         self, topic: Topic, bodies: list[bytes], arrival: int, publisher: str | None
@@ -776,6 +830,9 @@ class Broker:
                 topic_name, body, defer_ms, arrival, publisher, client
             )
         topic = self._publish_topic(topic_name, "DPUB", errors.E_DPUB_FAILED)
+        # Bounded as a PUB is: what waits behind the bucket now is what it joins (a
+        # DPUB 0 at once; a longer delay is judged by the wait it would join now).
+        self._refuse_over_bound(topic, 1, arrival, errors.E_DPUB_FAILED)
         pushed = self.persistence.pushed
         pushed.clear()
         now = time.time_ns()
@@ -787,9 +844,82 @@ class Broker:
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
         self._deferring.add(topic)
         self._tick_topic(topic, now)  # DPUB 0 joins the shaping queue at once
+        self._block_over_bound(topic, client)
         if pushed:
             return self.persistence.write_through()
         return None
+
+    # -- policing: topics over their bound (srtm.ratelimit.overflow) ---------------------------
+    def set_bound(self, topic_name: str, bound: Bound | None) -> None:
+        """The topic's bound and overflow policy (it acts while the topic is shaped);
+        connections it blocked are looked at again at once."""
+        topic = self.topic(topic_name)
+        if topic.bound != bound:
+            topic.bound = bound
+            self.persistence.save_meta()
+        if topic_name in self.blocked:
+            self._recheck_blocked(topic_name)
+
+    def _block(self, client: Client, topic_name: str, over_ns: int) -> None:
+        """``block``: ``client`` published to a topic now over its bound by ``over_ns``:
+        not read until the topic is within it again."""
+        client.block_reads()
+        self.blocked.setdefault(topic_name, set()).add(client)
+        if topic_name not in self._block_timers:
+            self._arm_recheck(topic_name, over_ns)
+
+    def _arm_recheck(self, topic_name: str, over_ns: int) -> None:
+        # The wait falls as time passes: look again when it should be within the bound,
+        # and at least every second (a retuned, unshaped, held or deleted topic, a
+        # closed connection: nobody stays blocked for a stale reason).
+        delay = min(max(over_ns, 0) / 1e9, 1.0) + 0.001
+        loop = asyncio.get_running_loop()
+        self._block_timers[topic_name] = loop.call_later(delay, self._recheck_blocked, topic_name)
+
+    def _recheck_blocked(self, topic_name: str) -> None:
+        timer = self._block_timers.pop(topic_name, None)
+        if timer is not None:
+            timer.cancel()
+        clients = self.blocked.get(topic_name)
+        if not clients:
+            self.blocked.pop(topic_name, None)
+            return
+        topic = self.topics.get(topic_name)
+        over = 0
+        if (
+            topic is not None
+            and topic.bound is not None
+            and topic.bound.overflow is OverflowPolicy.BLOCK
+        ):
+            over = topic.over_bound_ns(time.time_ns())
+        live = {c for c in clients if not c.finishing}
+        if over > 0 and live:
+            self.blocked[topic_name] = live
+            self._arm_recheck(topic_name, over)
+            return
+        del self.blocked[topic_name]
+        for client in live:
+            if not any(client in cs for cs in self.blocked.values()):
+                client.unblock_reads()
+
+    async def within_bound(self, topic_name: str) -> None:
+        """HTTP's ``block``: the publish (and its answer) waits until the topic is within
+        its bound, as a TCP publisher's reads do; past ``max_wait_ms`` more of waiting,
+        E_PUB_FAILED naming the limit (HTTP 503)."""
+        topic = self.topics.get(topic_name)
+        bound = None if topic is None else topic.bound
+        if topic is None or topic.meter is None or bound is None:
+            return
+        if bound.overflow is not OverflowPolicy.BLOCK:
+            return
+        give_up = time.monotonic() + bound.max_wait_ms / 1000
+        while (over := topic.over_bound_ns(time.time_ns())) > 0:
+            if time.monotonic() >= give_up:
+                why = refusal(topic_name, over + bound.max_wait_ns, bound)
+                raise ProtocolError(errors.E_PUB_FAILED, f"PUB failed: {why}")
+            await asyncio.sleep(min(over / 1e9, give_up - time.monotonic(), 1.0) + 0.001)
+            if self.topics.get(topic_name) is not topic or topic.bound is not bound:
+                return  # deleted, or its bound changed: published as it is now
 
     def _publish_topic(self, name: str, what: str, limit_code: str) -> Topic:
         """The topic to publish to, or E_PUB_FAILED if it cannot take messages now

@@ -29,6 +29,7 @@ from srtm.broker.measurement import MAX_MEASURE_NS, MIN_MEASURE_NS
 from srtm.protocol import is_valid_name
 from srtm.protocol.names import MAX_NAME_LENGTH, is_valid_token
 from srtm.protocol.session import MAX_CLASS_LENGTH, is_valid_class
+from srtm.ratelimit.overflow import MAX_MAX_WAIT_MS, OverflowName
 
 NAME_RULE = f"1-{MAX_NAME_LENGTH} characters of [.a-zA-Z0-9_-], optionally ending in #ephemeral"
 MAX_VERSION = 2**63 - 1
@@ -239,10 +240,19 @@ HandoffToken = Annotated[
 
 
 class BucketSetQuery(BucketQuery):
-    """A sub-bucket, and where a decrease hands the share over (both or neither)."""
+    """A sub-bucket, its topic's bound and overflow policy (absent: as they are), and
+    where a decrease hands the share over (both or neither)."""
 
     handoff: HandoffTo = None
     token: HandoffToken = None
+    max_wait_ms: Annotated[
+        Finite | None,
+        Field(gt=0, le=MAX_MAX_WAIT_MS, description="Longest a message may wait behind the "
+              "sub-bucket before the overflow policy acts"),
+    ] = None  # fmt: skip
+    overflow: Annotated[OverflowName | None, Field(description="What happens over the bound")] = (
+        None
+    )
 
 
 class HoldQuery(TopicQuery):
@@ -425,6 +435,17 @@ class BucketAnswer(Doc):
     handoff: bool = Field(
         default=False, description="A HANDOFF to the destination was queued after this change"
     )
+
+
+class BoundSetDoc(Doc):
+    max_wait_ms: float = Field(description="Longest a message may wait behind the sub-bucket")
+    overflow: OverflowName = Field(description="What happens over the bound")
+
+
+class BucketSetAnswer(BucketAnswer):
+    """POST /srtm/bucket's answer: the bucket, and the topic's bound (null: none)."""
+
+    bound: BoundSetDoc | None
 
 
 class ArmAnswer(Doc):
@@ -616,9 +637,36 @@ class SrtmChannelDoc(Doc):
     latency_ns: LatencySummaryDoc
 
 
+class SenderDoc(Doc):
+    publisher: str = Field(description="IDENTIFY srtm_publisher, else client_id")
+    remote_address: str
+    count: int = Field(description="Messages it published to the topic since it connected")
+    blocked: bool = Field(description="Not read now: the topic is over its bound (block)")
+
+
+class BoundDoc(Doc):
+    """The topic's bound on what waits behind its sub-bucket (srtm.ratelimit.overflow)."""
+
+    max_wait_ms: float
+    overflow: OverflowName
+    wait_ms: float = Field(
+        description="How long a message arriving now would wait behind the sub-bucket "
+        "(0 unshaped or held: nothing bounds those)"
+    )
+    over: bool = Field(description="wait_ms is over max_wait_ms: the policy acts")
+    dropped: int = Field(description="Waiting messages dropped over the bound (drop-oldest)")
+    refused: int = Field(description="Messages refused over the bound (refuse)")
+    blocked_connections: int = Field(description="Connections not read now (block)")
+    senders: list[SenderDoc] = Field(
+        description="While over (or a connection is blocked): the connections that "
+        "published the most to it"
+    )
+
+
 class SrtmTopicDoc(Doc):
     topic: str
     bucket: BucketNowDoc | None
+    bound: BoundDoc | None = Field(description="null: no bound (none was given)")
     held: bool = Field(
         description="Managed by the controller with no share on this broker: what arrives "
         "waits (shaping_depth) until a sub-bucket or unmanaging releases it"

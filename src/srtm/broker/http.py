@@ -34,10 +34,12 @@ from srtm.broker.documents import (
     AdmissionDoc,
     ArmAnswer,
     ArmQuery,
+    BoundSetDoc,
     BucketAnswer,
     BucketDoc,
     BucketNowDoc,
     BucketReading,
+    BucketSetAnswer,
     BucketSetQuery,
     ChannelQuery,
     ConfigValue,
@@ -82,6 +84,7 @@ from srtm.protocol.session import (
     MAX_OUTPUT_BUFFER_SIZE,
     MAX_OUTPUT_BUFFER_TIMEOUT_MS,
 )
+from srtm.ratelimit.overflow import DEFAULT_BOUND, check_bound
 from srtm.security import E_UNAUTHORIZED, bearer_matches, require_loopback_without_token
 
 if TYPE_CHECKING:
@@ -410,6 +413,8 @@ class BrokerHttp:
         if len(body) > limits.max_msg_size:
             raise HttpError(413, "MSG_TOO_BIG")
         publisher = query.get("publisher", "")
+        with _pub_failed():
+            await self.broker.within_bound(topic)
         if "defer" in query:
             ms = defer_param(query["defer"], limits.max_req_timeout_ms)
             with _pub_failed():
@@ -433,6 +438,7 @@ class BrokerHttp:
             raise HttpError(413, "BODY_TOO_BIG")
         msgs = await split_mpub(body, flag(query.get("binary", "false")), limits.max_msg_size)
         with _pub_failed():
+            await self.broker.within_bound(topic)
             written = self.broker.publish(topic, msgs, arrival, query.get("publisher", ""))
         if written is not None:
             await asyncio.shield(written)  # acknowledged once on disk (the OS)
@@ -575,9 +581,20 @@ class BrokerHttp:
             raise HttpError(400, "INVALID_BUCKET", str(exc)) from None
         except LeaseExpired:
             raise HttpError(409, "LEASE_EXPIRED") from None
+        bound = self.broker.topics[q.topic].bound
+        if q.max_wait_ms is not None or q.overflow is not None:
+            was = bound or DEFAULT_BOUND
+            bound = check_bound(
+                was.max_wait_ms if q.max_wait_ms is None else q.max_wait_ms,
+                was.overflow if q.overflow is None else q.overflow,
+            )
+            self.broker.set_bound(q.topic, bound)
         handed = self._hand_over(q.topic, q.handoff, q.token)
         bucket = BucketDoc(rate=b.rate, burst=b.burst)
-        return _json(BucketAnswer(topic=q.topic, bucket=bucket, handoff=handed))
+        bound_doc = None if bound is None else BoundSetDoc(
+            max_wait_ms=bound.max_wait_ms, overflow=bound.overflow.value
+        )  # fmt: skip
+        return _json(BucketSetAnswer(topic=q.topic, bucket=bucket, handoff=handed, bound=bound_doc))
 
     async def bucket_hold(self, request: web.Request) -> web.Response:
         """Hold the topic: the controller manages it but gives this broker no share. What
@@ -791,7 +808,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/srtm/bucket", _H.bucket_get,
           query=TopicQuery, answer=BucketReading, errors=_NO_TOPIC),
     Route("POST", "/srtm/bucket", _H.bucket_set,
-          query=BucketSetQuery, body=RouteBody, body_required=False, answer=BucketAnswer,
+          query=BucketSetQuery, body=RouteBody, body_required=False, answer=BucketSetAnswer,
           errors={400: "INVALID_BUCKET, INVALID_HANDOFF, " + _ROUTE_REFUSALS,
                   409: "LEASE_EXPIRED", 413: "BODY_TOO_BIG"}),
     Route("POST", "/srtm/bucket/hold", _H.bucket_hold,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from srtm.broker.report import bound_doc
 from srtm.quantiles import REPORTED
 
 if TYPE_CHECKING:
@@ -61,6 +62,25 @@ class BrokerCollector(Collector):
             "Age of the oldest message waiting to be delivered",
             labels=t_labels,
         )
+        bound_wait = GaugeMetricFamily(
+            "srtm_topic_bound_wait_seconds",
+            "How long a message arriving now would wait behind the sub-bucket",
+            labels=t_labels,
+        )
+        bound_max = GaugeMetricFamily(
+            "srtm_topic_bound_max_wait_seconds", "The topic's bound on that wait", labels=t_labels
+        )
+        dropped = CounterMetricFamily(
+            "srtm_topic_over_bound_dropped", "Waiting messages dropped over the bound",
+            labels=t_labels,
+        )  # fmt: skip
+        refused = CounterMetricFamily(
+            "srtm_topic_over_bound_refused", "Messages refused over the bound", labels=t_labels
+        )
+        blocked = GaugeMetricFamily(
+            "srtm_topic_blocked_connections", "Connections not read: topic over its bound",
+            labels=t_labels,
+        )  # fmt: skip
         c_depth = GaugeMetricFamily("srtm_channel_depth", "Queued messages", labels=c_labels)
         c_flight = GaugeMetricFamily("srtm_channel_in_flight", "In flight", labels=c_labels)
         c_msgs = CounterMetricFamily("srtm_channel_messages", "Messages queued", labels=c_labels)
@@ -83,6 +103,14 @@ class BrokerCollector(Collector):
             _quantiles(waited, [t.name], ts.subscriber_wait.summary(now))
             oldest = t.oldest_arrival_ns()
             age.add_metric([t.name], 0.0 if oldest is None else max(0, now - oldest) / 1e9)
+            bd = bound_doc(b, t, now)
+            if bd is None:
+                continue
+            bound_wait.add_metric([t.name], bd["wait_ms"] / 1e3)
+            bound_max.add_metric([t.name], bd["max_wait_ms"] / 1e3)
+            dropped.add_metric([t.name], bd["dropped"])
+            refused.add_metric([t.name], bd["refused"])
+            blocked.add_metric([t.name], bd["blocked_connections"])
             for ch in list(t.channels.values()):
                 lv = [t.name, ch.name]
                 c_depth.add_metric(lv, ch.depth)
@@ -94,7 +122,7 @@ class BrokerCollector(Collector):
         clients = GaugeMetricFamily("srtm_clients", "Connected clients")
         clients.add_metric([], len(b.clients))
         yield from (msgs, depth, rate, avg, backlog, b_rate, b_burst, wait, lat, served, waited)
-        yield age
+        yield from (age, bound_wait, bound_max, dropped, refused, blocked)
         yield from (c_depth, c_flight, c_msgs, c_req, c_to, c_cli, clients)
 
 

@@ -5,8 +5,9 @@ overflows to a disk queue, ``queues/q-<key>``, made on first need; ``meta.json``
 the topics, channels, pauses and buckets, the relay's routes (``srtm.broker.routes``: a
 restarted broker forwards and replicates before the controller sets them again), and the
 next message id. At a graceful stop everything held in memory is written to the disk
-queues (their *head*); a restart reads it all back. Topics and channels themselves stay the broker's: it hands their registry in
-(``Registry``) and rebuilds it from what ``Persistence.load`` finds.
+queues (their *head*); a restart reads it all back. Topics and channels themselves stay
+the broker's: it hands their registry in (``Registry``) and rebuilds it from what
+``Persistence.load`` finds.
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ def _meta_doc(
                 "paused": topic.paused,
                 "bucket": None if bucket is None else {"rate": bucket.rate, "burst": bucket.burst},
                 "held": topic.on_hold,
+                "bound": None
+                if (bound := topic.bound) is None
+                else {"max_wait_ms": bound.max_wait_ms, "overflow": bound.overflow.value},
                 "channels": [
                     {"name": ch.name, "paused": ch.paused} for ch in channels if not ch.ephemeral
                 ],
@@ -242,6 +246,8 @@ class SavedTopic:
     channels: list[SavedChannel] = field(default_factory=list)
     #: Managed with no share here (``Topic.on_hold``).
     held: bool = False
+    #: As saved ({"max_wait_ms", "overflow"}), unchecked: a bad one is logged when applied.
+    bound: Any = None
 
 
 @dataclass(frozen=True)
@@ -599,6 +605,7 @@ def _saved_topic(t: dict[str, Any], on_disk: list[str]) -> SavedTopic:
             if _valid(c.get("name")) and not is_ephemeral(c["name"])
         ],
         bool(t.get("held")),
+        t.get("bound"),
     )
 
 

@@ -130,11 +130,47 @@ def admission_rows(adm: Admission | None) -> list[Doc]:
     return [dict(name=k, admitted=n, connected=c) for k, n, c in adm.counts()]
 
 
+def bound_doc(broker: Broker, t: Topic, now: int) -> Doc | None:
+    """``BoundDoc``: the topic's bound, how long a message would wait now, what acted
+    (None: it has no bound)."""
+    bound = t.bound
+    if bound is None:
+        return None
+    over = t.over_bound_ns(now)
+    wait_ns = over + bound.max_wait_ns if t.meter is not None and not t.on_hold else 0
+    return dict(
+        max_wait_ms=bound.max_wait_ms,
+        overflow=bound.overflow.value,
+        wait_ms=max(0, wait_ns) / 1e6,
+        over=over > 0,
+        dropped=t.dropped_over_bound,
+        refused=t.refused_over_bound,
+        blocked_connections=len(blocked := broker.blocked.get(t.name, ())),
+        senders=_senders(broker, t.name) if over > 0 or blocked else [],
+    )
+
+
+#: Senders a topic over its bound names (those that published the most to it).
+MAX_SENDERS = 5
+
+
+def _senders(broker: Broker, topic: str) -> list[Doc]:
+    """Who sends ``topic`` (over its bound: only then, the clients are walked): its
+    connections' publishers, by messages published to it since they connected."""
+    counts = [(n, c) for c in list(broker.clients) if (n := c.pub_counts.get(topic, 0))]
+    counts.sort(key=lambda nc: -nc[0])
+    return [
+        dict(publisher=c.publisher, remote_address=c.remote, count=n, blocked=c.blocked)
+        for n, c in counts[:MAX_SENDERS]
+    ]
+
+
 def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
     ts = broker.stats.topic(t.name)
     return dict(
         topic=t.name,
         bucket=bucket_now(t.bucket),
+        bound=bound_doc(broker, t, now),
         held=t.on_hold,
         shaping_depth=len(t.shaping),
         rate_1s=ts.window.rate_1s(now),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from srtm.ratelimit.overflow import Bound, check_bound
 from srtm.security import bearer_header
 
 if TYPE_CHECKING:
@@ -194,7 +195,14 @@ def apply_registration(broker: Broker, sent: float, answer: Any) -> float | None
         if isinstance(b, dict) and "rate" in b and "burst" in b
     }
     held = [n for n in answer.get("held") or [] if isinstance(n, str)]
-    broker.apply_shares(shares, held)
+    bounds: dict[str, Bound] = {}
+    for name, b in buckets.items():
+        if name in shares and ("max_wait_ms" in b or "overflow" in b):
+            try:
+                bounds[name] = check_bound(b.get("max_wait_ms"), b.get("overflow"))
+            except ValueError as exc:
+                log.error("topic %s: bound from the controller refused: %s", name, exc)
+    broker.apply_shares(shares, held, bounds)
     return float(lease)
 
 

@@ -27,6 +27,7 @@ from srtm.broker.queue import (
 from srtm.protocol import ProtocolError, is_ephemeral
 from srtm.protocol.header import publisher_of
 from srtm.ratelimit import Reservation, TokenBucket
+from srtm.ratelimit.overflow import Bound, OverflowPolicy, over_by_ns
 
 #: Makes the queue for a key: ``topic`` (held), ``topic@shaping``, ``topic@deferred``
 #: (only its bound and backend are used: see ``DeferredQueue``), ``topic:channel``.
@@ -405,6 +406,14 @@ class Topic:
     #: Which channels get messages here (None: all): a replicated topic's channel is
     #: served by one replica only (srtm.broker.routes.TopicRoute is one).
     homing: Homing | None = None
+    #: The bound on what waits behind the sub-bucket, and what happens over it
+    #: (``srtm.ratelimit.overflow``); it acts only while the topic is shaped. None: no
+    #: bound (a bucket given without one; the controller always sends its topic's).
+    bound: Bound | None = None
+    #: Waiting messages dropped to make room (``drop-oldest``), and publishes refused
+    #: (``refuse``, messages), over the bound.
+    dropped_over_bound: int = 0
+    refused_over_bound: int = 0
 
     def __post_init__(self) -> None:
         self.shaping = self.queues(f"{self.name}@shaping")
@@ -580,10 +589,41 @@ class Topic:
             msg.release_ns = msg.arrival_ns
         else:
             msg.release_ns = UNBOOKED
+            meter = self.meter
             at = msg.arrival_ns if joined_ns is None else joined_ns
-            backlog = self.meter.reserve(at=at).backlog_ns * self.meter.rate / 1e9
+            booked = meter.reserve(at=at)
+            bound = self.bound
+            if (
+                bound is not None
+                and booked.wait_ns > bound.max_wait_ns
+                and bound.overflow is OverflowPolicy.DROP_OLDEST
+                and self._drop_oldest()
+            ):
+                meter.cancel(booked)  # it takes the dropped one's place: no more waits
+            backlog = booked.backlog_ns * meter.rate / 1e9
         self.shaping.append(msg)
         return backlog
+
+    def _drop_oldest(self) -> bool:
+        """``drop-oldest``: the oldest message waiting behind the sub-bucket goes (its
+        booking, if it has one, given back); False if none waits."""
+        if not self.shaping:
+            return False
+        if self._head_booking is not None and self.bucket is not None:
+            self.bucket.cancel(self._head_booking)
+        self._head_booking = None
+        settle(self.shaping.popleft().origin)
+        self.dropped_over_bound += 1
+        return True
+
+    def over_bound_ns(self, at: int) -> int:
+        """How much longer than its bound a message arriving at ``at`` would wait behind
+        the sub-bucket (<= 0: within it, or the topic is not shaped); also how long until
+        it is back within it, if nothing more arrives."""
+        meter, bound = self.meter, self.bound
+        if meter is None or bound is None or self.on_hold:
+            return 0
+        return over_by_ns(meter, bound, at)
 
     def defer(self, msg: Message, due_ns: int) -> bool:
         """DPUB: keep ``msg`` until ``due_ns``, then it is shaped like a PUB (``tick``).

@@ -61,6 +61,12 @@ _MESSAGE = int(frames.FrameType.MESSAGE)
 _MESSAGE_OVERHEAD = 30
 #: FINs of a run (``Fins``) run at a time, with due releases looked at in between.
 _FIN_CHUNK = 32
+#: Commands one connection runs per loop turn (a FIN of a run counting one, as in
+#: ``_run_all``): what one read completed beyond it waits for the next turn, and the
+#: socket is not read meanwhile, so a flooding connection gets a turn as long as any
+#: other's, not 32 KiB of commands (~900 PUBs) per turn. A loop turn more per 64
+#: commands costs a busy connection a few per cent at most; MPUBs are few per read.
+TURN_BUDGET = 64
 
 
 def frame_records_py(out: bytearray, records: list[Record]) -> None:
@@ -202,6 +208,15 @@ class Client:
         #: not a loop callback later (a synchronous PUB's OK a whole loop turn sooner).
         self._in_read = False
         self._close_when_flushed = False
+        #: What the last read completed and this turn's budget left for later, from
+        #: ``_pending_at`` (None: nothing), and that read's arrival stamp.
+        self._pending: list[Event] | None = None
+        self._pending_at = 0
+        self._pending_arrival = 0
+        #: Not read (nor its pending commands run) while a topic it published to is over
+        #: its bound under ``block`` (``block_reads``); how often that happened.
+        self._blocked = False
+        self.blocks = 0
         self._heartbeat: asyncio.TimerHandle | None = None
         #: A publish taken in slices (``PUBLISH_SLICE``): until it is done, what comes
         #: after it waits in ``_later`` (event, arrival, whether the gate passed it).
@@ -270,6 +285,8 @@ class Client:
 
     # -- reading -------------------------------------------------------------------------
     def _on_readable(self) -> None:
+        if self._pending:
+            return  # what the last read completed runs first (``_run_pending``)
         try:
             data, ancdata, _, _ = self.sock.recvmsg(_READ_SIZE, _ANC_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -293,23 +310,46 @@ class Client:
             return
         events = self.parser.feed(data)
         self._note_partial(bool(events), user_ns)
+        self._run_turn(events, 0, arrival)
+
+    def _run_turn(self, events: list[Event], start: int, arrival: int) -> None:
+        """Run ``events[start:]`` up to this turn's budget; the rest waits for the next
+        turn (``_run_pending``), or for the topic to be within its bound where its
+        publishes block this connection."""
         self._in_read = True
         try:
-            self._run_all(events, arrival)
+            done = self._run_all(events, start, arrival)
         finally:
             self._in_read = False
             if self._send_scheduled:
                 self._send()
+        if done < len(events) and not self.finishing:
+            self._pending, self._pending_at, self._pending_arrival = events, done, arrival
+            if not self._blocked:
+                self.loop.call_soon(self._run_pending)
+        else:
+            self._pending = None
 
-    def _run_all(self, events: list[Event], arrival: int) -> None:
-        """Run what one read completed, in order. Due shaped releases are looked at every
-        32 commands, a FIN of a run (``Fins``, one per message a consumer got) counting
-        as one: while releases wait, a long run is run 32 FINs at a time (else at once:
-        FINs release nothing)."""
+    def _run_pending(self) -> None:
+        events = self._pending
+        if events is None or self._blocked or self.finishing:
+            return
+        self._run_turn(events, self._pending_at, self._pending_arrival)
+
+    def _run_all(self, events: list[Event], start: int, arrival: int) -> int:
+        """Run what one read completed, in order, from ``start``, until ``TURN_BUDGET``
+        commands ran or a publish blocked the connection; how far it got. Due shaped
+        releases are looked at every 32 commands, a FIN of a run (``Fins``, one per
+        message a consumer got) counting as one: while releases wait, a long run is run
+        32 FINs at a time (else at once: FINs release nothing)."""
         gate = self.gate
         work = 0
         check = 32
-        for i, event in enumerate(events):
+        end = min(len(events), start + TURN_BUDGET)
+        for i in range(start, end):
+            if self._blocked:
+                return i
+            event = events[i]
             if (
                 type(event) is Fins
                 and len(ids := event.message_ids) > _FIN_CHUNK
@@ -320,7 +360,7 @@ class Client:
                         check = work + 32
                         self.broker.release_due()
                     if self.session.state is _CLOSED or self._close_when_flushed:
-                        return  # closed, or a fatal error: nsqd runs nothing after one
+                        return len(events)  # closed, or a fatal error: nothing after it
                     self._run_one(Fins(ids[k : k + _FIN_CHUNK]), arrival, gate)
                     work += _FIN_CHUNK
                 continue
@@ -328,12 +368,13 @@ class Client:
                 check = work + 32
                 self.broker.release_due()
             if self.session.state is _CLOSED or self._close_when_flushed:
-                return
+                return len(events)
             self._run_one(event, arrival, gate)
             work += len(event.message_ids) if type(event) is Fins else 1
             if self._taking is not None:  # the rest runs once it is taken
                 self._later.extend((e, arrival, False) for e in events[i + 1 :])
-                return
+                return len(events)
+        return end
 
     def _run_one(self, event: Event, arrival: int, gate: Gate | None) -> None:
         if gate is not None and gate.consumes(event, arrival):
@@ -542,12 +583,17 @@ class Client:
 
     def _taken(self, _: asyncio.Future[Any]) -> None:
         self._taking = None
+        self._run_later()
+
+    def _run_later(self) -> None:
+        """Run what waited for a publish taken in slices, until another such publish,
+        or a block (``unblock_reads`` runs the rest)."""
         later, self._later = self._later, deque()
-        if self.finishing:
+        if self.finishing or self._taking is not None:
             return
         self._in_read = True
         try:
-            while later and self._taking is None and not self.finishing:
+            while later and self._taking is None and not self._blocked and not self.finishing:
                 event, arrival, gated = later.popleft()
                 if gated:
                     self.run(event, arrival)
@@ -557,7 +603,7 @@ class Client:
             self._in_read = False
             if self._send_scheduled:
                 self._send()
-        if later:  # another publish is taken in slices: the rest waits for it too
+        if later:  # another publish taken in slices, or a block: the rest waits for it
             later.extend(self._later)
             self._later = later
         elif not self.finishing and (self.gate is None or not self.gate.waiting):
@@ -728,7 +774,9 @@ class Client:
     def _beat(self) -> None:
         if self.closed:
             return
-        frame = self.session.beat(time.time_ns(), self.last_read_ns)
+        now = time.time_ns()
+        # Not read while blocked: the broker's doing, not the client's silence.
+        frame = self.session.beat(now, now if self._blocked else self.last_read_ns)
         if frame is None:
             self.close()  # silent for too long: gone
             return
@@ -779,9 +827,9 @@ class Client:
             return
         # Its command could not progress while it was not read: the deadline restarts.
         self._partial_since_ns = time.time_ns() if self.parser.incomplete else 0
-        waits = self._taking is not None or (self.gate is not None and self.gate.waiting)
-        if not waits:  # else what it waits for resumes reading
-            self.loop.add_reader(self.sock.fileno(), self._on_readable)
+        waits = self._taking is not None or self._blocked
+        if not waits and (self.gate is None or not self.gate.waiting):
+            self.loop.add_reader(self.sock.fileno(), self._on_readable)  # else they resume it
         if self.channel is not None and self.rdy:
             self.broker.mark_ready(self.channel)
 
@@ -811,6 +859,7 @@ class Client:
             and self._read_timeout_ns
             and not self._paused
             and self._taking is None
+            and not self._blocked
             and not self._close_when_flushed
             and now - since >= self._read_timeout_ns
         ):
@@ -881,11 +930,49 @@ class Client:
             self.loop.remove_reader(fd)
 
     def release_reads(self) -> None:
-        # paused: the output drain resumes; taking a publish: its end does
-        if not self.finishing and not self._paused and self._taking is None:
+        # paused: the output drain resumes; taking a publish: its end does; blocked:
+        # ``unblock_reads`` does
+        waits = self._paused or self._taking is not None or self._blocked
+        if not self.finishing and not waits:
             # What waited in the socket meanwhile was the broker's delay, not silence.
             self.last_read_ns = time.time_ns()
             self.loop.add_reader(self.sock.fileno(), self._on_readable)
 
     def respond(self, body: bytes) -> None:
         self.write(frames.response(body))
+
+    # -- policing: a topic over its bound under ``block`` (srtm.ratelimit.overflow) -------------
+    @property
+    def blocked(self) -> bool:
+        return self._blocked
+
+    def block_reads(self) -> None:
+        """Stop reading, and running what was read, until ``unblock_reads``: TCP pushes
+        back on the publisher once the socket's buffers fill."""
+        if self._blocked or self.finishing:
+            return
+        self._blocked = True
+        self.blocks += 1
+        fd = self.sock.fileno()
+        if fd >= 0:
+            self.loop.remove_reader(fd)
+
+    def unblock_reads(self) -> None:
+        """Read again (unless output back-pressure or AUTH still hold it), and run first
+        what was read before the block."""
+        if not self._blocked:
+            return
+        self._blocked = False
+        if self.finishing:
+            return
+        self._partial_since_ns = time.time_ns() if self.parser.incomplete else 0
+        if self._taking is not None:
+            return  # its end runs what waits and reads again
+        if self._later:
+            self.loop.call_soon(self._run_later)  # which reads again once they ran
+            return
+        if self._pending is not None:
+            self.loop.call_soon(self._run_pending)
+        if not self._paused and (self.gate is None or not self.gate.waiting):
+            self.last_read_ns = time.time_ns()
+            self.loop.add_reader(self.sock.fileno(), self._on_readable)

@@ -154,7 +154,7 @@ class ControllerAPI:
         buckets, held = self.ctrl.shares(doc.id)
         return web.json_response({
             "id": doc.id, "registered": True, "lease_s": self.ctrl.lease_s,
-            "buckets": {n: {"rate": p.rate, "burst": p.burst} for n, p in buckets.items()},
+            "buckets": {n: self.ctrl.bucket_doc(n, p) for n, p in buckets.items()},
             "held": held,
         })  # fmt: skip
 
@@ -194,6 +194,7 @@ class ControllerAPI:
                 spec, new.policy, time.monotonic(), placement, placed_on=fleet,
                 open=new.open, rate_auto=new.rate_auto, utility=new.utility,
                 max_publisher_rate=new.max_publisher_rate, join_secret=new.join_secret,
+                bound=new.bound,
             )  # fmt: skip
         self.service.execute(actions)
         if new.fit is not None:
@@ -219,7 +220,7 @@ class ControllerAPI:
         async with self.placing:
             actions = self.ctrl.change_topic(
                 name, slo_p99_ms=doc.slo_p99_ms, rate=doc.rate, burst=doc.burst,
-                policy=doc.policy,
+                policy=doc.policy, max_wait_ms=doc.max_wait_ms, overflow=doc.overflow,
             )  # fmt: skip
             if "utility" in doc.model_fields_set:
                 self.ctrl.set_utility(name, doc.utility)
@@ -256,8 +257,8 @@ class ControllerAPI:
             log.warning("topic %s: %s", name, note)
         if actions:
             self.service.execute(actions)
-        else:
-            self.service.save_topic(name)
+        # Its own row too: a change without a new plan (a bound, a join secret) lives there.
+        self.service.save_topic(name)
         return web.json_response(self._topic(name))
 
     def _new_topic(self, doc: dict[str, Any]) -> tuple[NewTopic, TopicSpec]:

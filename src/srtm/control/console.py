@@ -58,6 +58,10 @@ class Latency:
     wait_p99_ms: float | None = None
     waits: int = 0
     backlog_age_ms: float = 0.0
+    #: Its bound says a message arriving now would wait longer than allowed, and who
+    #: sends it most (the broker names them only then).
+    over_bound: bool = False
+    senders: tuple[str, ...] = ()
 
 
 # -- the document ----------------------------------------------------------------------------
@@ -84,6 +88,15 @@ class ConsoleBroker(BrokerLoad):
     topics: int = Field(description="topics whose plan gives it a sub-bucket")
 
 
+_OVER = (
+    "over its envelope: it arrives faster than its sub-bucket's rate (by the broker's "
+    "report, over 5 % more), or the broker's bound says a message would wait longer than "
+    "max_wait_ms"
+)
+#: Arrivals over a sub-bucket's rate by more than this fraction are over the envelope.
+OVER_MARGIN = 0.05
+
+
 class ConsoleShare(_Doc):
     """A topic on one broker of its plan (or draining there)."""
 
@@ -98,6 +111,8 @@ class ConsoleShare(_Doc):
     wait_p99_ms: float | None = Field(description=_WAIT)
     waits: int = Field(description="deliveries wait_p99_ms is taken over")
     backlog_age_ms: float | None = Field(description=_AGE)
+    over_envelope: bool = Field(description=_OVER)
+    senders: list[str] = Field(description="who sends it most there, while over its bound")
 
 
 class Drl(_Doc):
@@ -133,6 +148,14 @@ class ConsoleTopic(_Doc):
     )
     waits: int = Field(description="deliveries that waited for a subscriber, in the window")
     backlog_age_ms: float | None = Field(description="the largest of its brokers': " + _AGE)
+    over_envelope: bool = Field(description="on any of its brokers: " + _OVER)
+    measured_rate: float | None = Field(
+        description="msg/s its brokers last reported (the ledger's measured), against rate"
+    )
+    senders: list[str] = Field(
+        description="who sends it over: the publishers its over brokers name, else the ones "
+        "the plan puts there"
+    )
     brokers: list[ConsoleShare]
     drl: Drl
     adaptor: str = Field(description="the TB Adaptor: settling after a plan change, or on")
@@ -206,6 +229,11 @@ def _topic(
     ids = list(t.assignment) + [b for b in t.buckets if b not in t.assignment]
     shares = [_share(ctrl.brokers.get(b), b, t, latency.get(b, {}).get(name)) for b in ids]
     p99 = _largest(shares, "delivery_p99_ms", "deliveries")
+    over = [s for s in shares if s["over_envelope"]]
+    senders = sorted({p for s in over for p in s["senders"]})
+    if over and not senders:  # the brokers named none: the plan says who publishes there
+        senders = sorted({p for s in over for p in t.assignment.get(s["id"], [])})
+    rates = [s["rate"] for s in shares if s["rate"] is not None]
     return {
         "name": name, "status": t.status, "policy": str(t.policy), "version": t.version,
         "open": t.open, "slo_p99_ms": t.spec.slo_p99_ms, "rate": t.spec.rate,
@@ -217,6 +245,9 @@ def _topic(
         "waits": sum(s["waits"] for s in shares),
         "backlog_age_ms": max((a for s in shares if (a := s["backlog_age_ms"]) is not None),
                               default=None),
+        "over_envelope": bool(over),
+        "measured_rate": math.fsum(rates) if rates else None,
+        "senders": senders,
         "brokers": shares,
         "drl": drl.get(name, _NOT_YET),
         "adaptor": _adaptor(t, now),
@@ -247,6 +278,13 @@ def _share(
         "wait_p99_ms": None if reading is None else reading.wait_p99_ms,
         "waits": 0 if reading is None else reading.waits,
         "backlog_age_ms": None if reading is None else reading.backlog_age_ms,
+        "over_envelope": (reading is not None and reading.over_bound)
+        or (
+            bucket is not None
+            and report is not None
+            and report.rate > bucket.rate * (1 + OVER_MARGIN)
+        ),
+        "senders": [] if reading is None else list(reading.senders),
     }
 
 
@@ -372,9 +410,13 @@ def latencies(stats: Any) -> dict[str, Latency]:
         if not isinstance(t, dict) or not isinstance(t.get("delivery_ns"), dict):
             continue
         served, waited = t["delivery_ns"], t.get("subscriber_wait_ns") or {}
+        bound = b if isinstance(b := t.get("bound"), dict) else {}
+        senders = [s.get("publisher") or s.get("remote_address") for s in
+                   bound.get("senders") or [] if isinstance(s, dict)]  # fmt: skip
         out[str(t.get("topic"))] = Latency(
             _ms(served), int(served.get("count") or 0), _ms(waited),
             int(waited.get("count") or 0), float(t.get("backlog_age_ns") or 0) / 1e6,
+            bound.get("over") is True, tuple(str(s) for s in senders if s),
         )  # fmt: skip
     return out
 

@@ -49,6 +49,14 @@ from srtm.placement.fitting import FitOutcome, Verdict
 from srtm.placement.model import RATE_MARGIN
 from srtm.protocol.names import MAX_NAME_LENGTH
 from srtm.ratelimit import MAX_BURST, MAX_RATE, BucketParams, check_bucket
+from srtm.ratelimit.overflow import (
+    DEFAULT_MAX_WAIT_MS,
+    DEFAULT_OVERFLOW,
+    MAX_MAX_WAIT_MS,
+    Bound,
+    OverflowName,
+    check_bound,
+)
 from srtm.utility.cluster import parse_topic_utility
 
 #: What the ``utility`` field of a topic is.
@@ -324,6 +332,15 @@ def _or_boolean(schema: dict[str, Any]) -> None:
     schema["anyOf"] = [{"type": "boolean"}, *schema.get("anyOf", [])]
 
 
+_MAX_WAIT_HELP = (
+    "the longest a message may wait behind a broker's sub-bucket (ms); over it, overflow acts"
+)
+_OVERFLOW_HELP = (
+    "over max_wait_ms: block (the publisher's connection is not read until it drains), "
+    "refuse (E_PUB_FAILED naming the limit; HTTP 503) or drop-oldest (the oldest waiting go)"
+)
+
+
 class NewTopic(_Request):
     """``POST /topics``: a topic, its SLO, its publishers and how to place it."""
 
@@ -351,6 +368,15 @@ class NewTopic(_Request):
     )
     join_secret: JoinSecret | None = None
     utility: dict[str, Any] | None = Field(None, description=UTILITY_HELP)
+    max_wait_ms: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_MAX_WAIT_MS,
+        description=_MAX_WAIT_HELP + f" (default {DEFAULT_MAX_WAIT_MS:g})",
+    )
+    overflow: OverflowName | None = Field(
+        None, description=_OVERFLOW_HELP + f" (default {DEFAULT_OVERFLOW.value})"
+    )
 
     _bucket: tuple[float, float] = PrivateAttr()
 
@@ -398,6 +424,10 @@ class NewTopic(_Request):
         if self.utility is not None:
             parse_topic_utility(self.utility, self.name)
         return self
+
+    @property
+    def bound(self) -> Bound:
+        return check_bound(self.max_wait_ms, self.overflow)
 
     @property
     def rate_auto(self) -> bool:
@@ -455,13 +485,15 @@ class TopicChange(_Request):
         None, gt=0, le=MAX_RATE, description=MAX_PUBLISHER_RATE_HELP + "; null: the default"
     )
     join_secret: JoinSecret | None = Field(None, description="the join secret; null removes it")
+    max_wait_ms: float | None = Field(None, gt=0, le=MAX_MAX_WAIT_MS, description=_MAX_WAIT_HELP)
+    overflow: OverflowName | None = Field(None, description=_OVERFLOW_HELP)
 
     @model_validator(mode="after")
     def _some(self) -> TopicChange:
         if not self.model_fields_set:
             raise ValueError(
                 "give at least one of slo_p99_ms, rate, burst, policy, utility, "
-                "max_publisher_rate, join_secret"
+                "max_publisher_rate, join_secret, max_wait_ms, overflow"
             )
         if self.utility is not None:
             parse_topic_utility(self.utility, "topic")
@@ -515,6 +547,13 @@ class Bucket(_Answer):
     burst: float = Field(ge=1)
 
 
+class BrokerBucket(Bucket):
+    """A sub-bucket as a broker is given it: with its topic's bound, which it polices by."""
+
+    max_wait_ms: float = Field(description=_MAX_WAIT_HELP)
+    overflow: OverflowName = Field(description=_OVERFLOW_HELP)
+
+
 class Registered(_Answer):
     """The broker's lease (s) and what it carries: its sub-bucket per topic, and the
     other managed topics, which it holds (docs/controller.md, "No holes in (r, b)")."""
@@ -522,7 +561,7 @@ class Registered(_Answer):
     id: str
     registered: bool
     lease_s: float
-    buckets: dict[str, Bucket]
+    buckets: dict[str, BrokerBucket]
     held: list[str]
 
 
@@ -586,6 +625,8 @@ class TopicStatus(Plan):
     slo_p99_ms: float
     rate: float
     burst: float
+    max_wait_ms: float = Field(description=_MAX_WAIT_HELP)
+    overflow: OverflowName = Field(description=_OVERFLOW_HELP)
     publishers: int = Field(description="how many publishers it has")
     events: list[str]
     fitting: FittingStatus | None

@@ -701,8 +701,11 @@ class ControllerService:
         extra: dict[str, str] | None = None,
         body: dict[str, Any] | None = None,
     ) -> bool:
-        params = {"topic": action.topic, "rate": repr(action.bucket.rate),
-                  "burst": repr(action.bucket.burst), **(extra or {})}  # fmt: skip
+        params = {
+            k: repr(v) if isinstance(v, float) else str(v)
+            for k, v in self.ctrl.bucket_doc(action.topic, action.bucket).items()
+        }
+        params = {"topic": action.topic, **params, **(extra or {})}  # fmt: skip
         return await self._post_to_broker(
             action.broker, "/srtm/bucket", params, action.topic, taken=(200, 400, 409),
             body=body,

@@ -47,6 +47,7 @@ from srtm.placement import (
     topic_bucket,
 )
 from srtm.ratelimit import MAX_RATE, BucketParams, check_bucket, merge, split_floored
+from srtm.ratelimit.overflow import DEFAULT_BOUND, Bound, check_bound
 
 __all__ = ["BrokerInfo", "ControlError", "Controller", "TopicState"]
 
@@ -162,6 +163,9 @@ class TopicState:
     #: Its part of the optimizer's last run (``srtm.utility.cluster.flow_doc`` and
     #: ``t_s``), and the rate rate control gave it since (not saved).
     allocation: dict[str, Any] | None = None
+    #: The bound on what waits behind its sub-buckets and its overflow policy (every
+    #: broker shaping it polices by it: ``srtm.ratelimit.overflow``).
+    bound: Bound = DEFAULT_BOUND
 
     def join_rate_limit(self) -> float:
         """The most msg/s an unknown publisher may declare to join: ``max_publisher_rate``,
@@ -275,6 +279,14 @@ class Controller:
             t.routing.pushed.pop(broker_id, None)
             actions += self._routes(t)
         return actions
+
+    def bucket_doc(self, topic: str, bucket: BucketParams) -> dict[str, Any]:
+        """A sub-bucket as brokers are given it (a push, a registration answer): with its
+        topic's bound and overflow policy, which the broker polices by."""
+        t = self.topics.get(topic)
+        bound = DEFAULT_BOUND if t is None else t.bound
+        return {"rate": bucket.rate, "burst": bucket.burst,
+                "max_wait_ms": bound.max_wait_ms, "overflow": bound.overflow.value}  # fmt: skip
 
     def shares(self, broker_id: str) -> tuple[dict[str, BucketParams], list[str]]:
         """What ``broker_id`` carries: its sub-bucket per topic, and the managed topics it
@@ -440,6 +452,7 @@ class Controller:
         utility: dict[str, Any] | None = None,
         max_publisher_rate: float | None = None,
         join_secret: str | None = None,
+        bound: Bound = DEFAULT_BOUND,
     ) -> list[Action]:
         """Create and place ``spec``; ``placement``, when given, was computed off the
         event loop (``place(policy, placed_on, spec, seed)`` with ``placed_on =
@@ -455,7 +468,7 @@ class Controller:
             placement = place(policy, fleet, spec, self.seed)
         topic = self.topics[spec.name] = TopicState(
             spec, policy, open=open, rate_auto=rate_auto, utility=utility,
-            max_publisher_rate=max_publisher_rate, join_secret=join_secret,
+            max_publisher_rate=max_publisher_rate, join_secret=join_secret, bound=bound,
         )  # fmt: skip
         for a in placement.assignments:
             topic.assignment[a.broker] = list(a.publishers)
@@ -664,11 +677,23 @@ class Controller:
         rate: float | None = None,
         burst: float | None = None,
         policy: Policy | None = None,
+        max_wait_ms: float | None = None,
+        overflow: str | None = None,
     ) -> list[Action]:
         """PATCH: a new SLO is recorded; a new rate or burst re-splits the bucket over the
         same brokers; a new policy places the topic again as a whole (migration orders
-        for the publishers that move). No actions: nothing to push (save the state)."""
+        for the publishers that move); a new bound or overflow policy goes to every
+        broker with its sub-bucket. No actions: nothing to push (save the state)."""
         topic = self._changeable(name)
+        bound = topic.bound
+        if max_wait_ms is not None or overflow is not None:
+            try:
+                bound = check_bound(
+                    bound.max_wait_ms if max_wait_ms is None else max_wait_ms,
+                    bound.overflow if overflow is None else overflow,
+                )
+            except ValueError as exc:
+                raise ControlError(400, f"topic: {exc}") from None
         if policy is not None and policy != topic.policy and topic.routing.replicated:
             raise ControlError(409, f"topic {name!r} is replicated: it is not placed again")
         spec = topic.spec
@@ -684,9 +709,12 @@ class Controller:
                 raise ControlError(400, f"topic: {exc}") from None
         changed = [
             f"{k} {v:g}"
-            for k, v in (("slo_p99_ms", slo_p99_ms), ("rate", rate), ("burst", burst))
+            for k, v in (("slo_p99_ms", slo_p99_ms), ("rate", rate), ("burst", burst),
+                         ("max_wait_ms", max_wait_ms))
             if v is not None
-        ]
+        ] + ([f"overflow {overflow}"] if overflow is not None else [])  # fmt: skip
+        rebound = bound != topic.bound
+        topic.bound = bound
         topic.spec = dataclasses.replace(
             spec,
             slo_p99_ms=spec.slo_p99_ms if slo_p99_ms is None else slo_p99_ms,
@@ -708,7 +736,8 @@ class Controller:
             return []
         topic.events.append(f"changed {', '.join(changed)}")
         if rate is None and burst is None:
-            return []
+            # The same sub-buckets again, with the new bound (retuning keeps their state).
+            return [SetBucket(b, name, p, p) for b, p in topic.buckets.items()] if rebound else []
         return self._new_plan(topic)
 
     def set_utility(self, name: str, utility: dict[str, Any] | None) -> None:
@@ -1171,6 +1200,8 @@ class Controller:
             "slo_p99_ms": topic.spec.slo_p99_ms,
             "rate": topic.spec.rate,
             "burst": topic.spec.burst,
+            "max_wait_ms": topic.bound.max_wait_ms,
+            "overflow": topic.bound.overflow.value,
             "publishers": len(topic.spec.publishers),
             "events": topic.events,
             "fitting": topic.fitting,
@@ -1283,6 +1314,7 @@ class Controller:
             "draining": t.draining,
             "routing": t.routing.to_json(),
             "utility": t.utility,
+            "bound": {"max_wait_ms": t.bound.max_wait_ms, "overflow": t.bound.overflow.value},
         }
 
     def restore(self, doc: dict[str, Any], now: float) -> None:
@@ -1311,6 +1343,7 @@ class Controller:
                 draining={b: float(w) for b, w in t.get("draining", {}).items()},
                 routing=Routing.from_json(t.get("routing")),
                 utility=t.get("utility"),
+                bound=_restored_bound(t.get("bound")),
             )
             self._restore_routes(self.topics[spec.name])
             self._drop_impossible(self.topics[spec.name])
@@ -1378,6 +1411,13 @@ def _interrupted(fitting: dict[str, Any] | None) -> dict[str, Any] | None:
     if fitting is not None and fitting.get("state") == "running":
         return fitting | {"state": "interrupted"}
     return fitting
+
+
+def _restored_bound(doc: Any) -> Bound:
+    """A saved bound (absent, from before bounds: the default)."""
+    if not isinstance(doc, dict):
+        return DEFAULT_BOUND
+    return check_bound(doc.get("max_wait_ms"), doc.get("overflow"))
 
 
 def _bucket(p: BucketParams | None) -> dict[str, float] | None:

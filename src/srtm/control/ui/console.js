@@ -56,8 +56,18 @@ function sloMark(t) {
 function share(s) {
   const bucket = s.bucket ? `${num(s.bucket.rate, 1)}/${num(s.bucket.burst, 1)}` : "held";
   const text = `${s.id} · ${s.publishers} pub · ${bucket} · ${num(s.rate, 1)} msg/s · ${ms(s.delivery_p99_ms)}`;
-  return el("div", { class: s.draining ? "share draining" : "share", "data-broker": s.id },
-    s.draining ? `${text} (draining)` : text);
+  const cls = ["share", s.draining ? "draining" : "", s.over_envelope ? "over-envelope" : ""];
+  return el("div", { class: cls.filter(Boolean).join(" "), "data-broker": s.id },
+    s.draining ? `${text} (draining)` : text,
+    s.over_envelope ? el("span", { class: "over-envelope" }, " · over its envelope") : "");
+}
+
+// A topic sent faster than its envelope: what its brokers measure against its rate, and who.
+function envelope(t) {
+  if (!t.over_envelope) return "";
+  const who = t.senders.length ? ` · sent by ${t.senders.join(", ")}` : "";
+  return el("div", { class: "over-envelope" },
+    `over its envelope: ${num(t.measured_rate, 1)} msg/s measured, r ${num(t.rate, 1)}${who}`);
 }
 
 // Waits for a subscriber, apart from the SLO: the oldest message waiting now, and the
@@ -78,7 +88,8 @@ function renderTopics(topics) {
   const body = document.querySelector("#topics tbody");
   body.replaceChildren(...topics.map((t) => el("tr", { "data-topic": t.name },
     el("td", {}, t.name, el("div", { class: "note" },
-      `${t.policy} · v${t.version} · r ${num(t.rate, 1)} · b ${num(t.burst, 1)} · ${t.publishers} publishers`)),
+      `${t.policy} · v${t.version} · r ${num(t.rate, 1)} · b ${num(t.burst, 1)} · ${t.publishers} publishers`),
+      envelope(t)),
     el("td", {}, t.status, t.unassigned ? el("div", { class: "note" }, `${t.unassigned} unassigned`) : ""),
     el("td", { class: "num slo" }, ms(t.slo_p99_ms)),
     el("td", { class: "num p99" }, ms(t.delivery_p99_ms), el("div", { class: "note" }, `${num(t.deliveries)} deliveries`)),
