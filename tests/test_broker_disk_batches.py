@@ -240,3 +240,29 @@ def test_without_a_backend_what_does_not_fit_is_dropped_and_counted() -> None:
     q.extend([rec(i) for i in range(3, 7)])
     assert q.memory_depth == 4 and q.dropped == 3
     assert [r[0] for r in q.take(10)] == [b"%016x" % i for i in range(4)]
+
+
+def test_a_big_backlog_is_written_in_bounded_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write's completion settles its records on the event loop one by one: a write
+    takes at most MAX_WRITE_RECORDS (in whole pushes), and all of them still land, in
+    order."""
+    counts: list[int] = []
+    write_batch = diskqueue._write_batch
+
+    def counting(*args: object) -> object:
+        counts.append(args[-1])  # type: ignore[arg-type]
+        return write_batch(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(diskqueue, "_write_batch", counting)
+    q = DiskQueue(tmp_path / "q", flush_bytes=1 << 30)
+    push = 10_000
+    for k in range(4):
+        q.push_many([rec(i) for i in range(k * push, (k + 1) * push)])
+    while q.flush() and q._pending:
+        pass
+    assert sum(counts) == 4 * push
+    assert len(counts) >= 2 and max(counts) <= diskqueue.MAX_WRITE_RECORDS + push, counts
+    again = DiskQueue(tmp_path / "q")
+    assert [m.id for m in iter(again.pop, None)] == [b"%016x" % i for i in range(4 * push)]
