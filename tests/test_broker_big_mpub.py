@@ -11,6 +11,7 @@ of it, and all of it or nothing across a stop.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import struct
 import time
@@ -22,6 +23,7 @@ from aiohttp import web
 
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
+from srtm.broker.broker import _GEN2_THRESHOLD, _TAKE_GEN2_THRESHOLD
 from srtm.broker.queue import PUBLISH_SLICE
 from srtm.launch import BrokerProcess
 from srtm.protocol import Auth, Fin, Mpub, Pub, Rdy, Sub
@@ -139,8 +141,11 @@ async def test_mpub_is_taken_in_slices_and_what_follows_waits(
     slices: list[int] = []
     take_slice = Broker._take_slice
 
+    thresholds: list[int] = []
+
     def counted(self: Broker, take: object, n: int) -> None:
         slices.append(n)
+        thresholds.append(gc.get_threshold()[2])
         take_slice(self, take, n)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Broker, "_take_slice", counted)
@@ -156,6 +161,9 @@ async def test_mpub_is_taken_in_slices_and_what_follows_waits(
         assert await pub.response() == b"OK"
         assert await pub.response() == b"OK"
         assert len(slices) > 1
+        # Full collections wait while it is taken, and come back as they were after.
+        assert set(thresholds) == {_TAKE_GEN2_THRESHOLD}
+        assert gc.get_threshold()[2] == _GEN2_THRESHOLD != _TAKE_GEN2_THRESHOLD
         await sub.send(Rdy(1000))
         got: list[bytes] = []
         while len(got) < n + 1:
