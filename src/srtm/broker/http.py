@@ -310,7 +310,7 @@ async def split_mpub(body: bytes, binary: bool, max_msg: int) -> list[bytes]:
     elif len(body) < 4:
         raise HttpError(400, "INVALID_BODY", "binary body shorter than its count")
     elif (same := same_size_bodies(body, struct.unpack_from(">I", body)[0], max_msg)) is not None:
-        msgs = same
+        return same  # one size, within max_msg: checked as cut (a loop over a million: 20 ms)
     else:
         (count,) = struct.unpack_from(">I", body)
         msgs, pos = [], 4
