@@ -59,6 +59,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+# benchmarks/broker.py: where NSQ 1.3.0 is found beside this checkout (or a worktree's)
+from broker import nsq_dirs
 from srtm.launch import BrokerProcess, die_with_parent, start_broker
 from srtm.protocol import MAGIC_V2
 
@@ -195,22 +197,6 @@ class Broker:
         doc = json.loads(self.request(f"/stats?format=json&topic={TOPIC}"))
         found = [t for t in doc["topics"] if t["topic_name"] == TOPIC]
         return int(found[0]["message_count"]) if found else 0
-
-
-def nsq_dirs() -> list[Path]:
-    """``../shared/anchors/nsq-1.3.0`` beside this checkout, and beside the main checkout
-    when this is a git worktree."""
-    dirs = [REPO.parent / "shared" / "anchors" / "nsq-1.3.0"]
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        common = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--path-format=absolute", "--git-common-dir"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-        if common:
-            dirs.append(Path(common).parent.parent / "shared" / "anchors" / "nsq-1.3.0")
-    return dirs
 
 
 def find_nsqd(path: Path | None) -> Path:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import test_broker_tls_auth
+import test_relay_security
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.relay import counters_of
@@ -33,26 +34,8 @@ TOKEN = "cluster-token-for-tests"
 GOLD = "gold-secret"
 #: test_broker_tls_auth's auth server (secret "good": alice; "relay": a relay link).
 auth_server = test_broker_tls_auth.auth_server
-
-
-@pytest.fixture
-async def make(tmp_path: Path) -> AsyncIterator[MakeBroker]:
-    """``await make(**options)``: a broker on ephemeral ports, its own data dir."""
-    started: list[Broker] = []
-
-    async def start(**options: Any) -> Broker:
-        n = len(started)
-        opts = BrokerOptions(
-            tcp_port=0, http_port=0, broker_id=n, data_dir=tmp_path / f"b{n}", **options
-        )
-        broker = Broker(opts)
-        await broker.start()
-        started.append(broker)
-        return broker
-
-    yield start
-    for b in reversed(started):
-        await b.stop()
+#: ``await make(**options)``: a broker on ephemeral ports, its own data dir.
+make = test_relay_security.make
 
 
 async def connect(broker: Broker, **ident: Any) -> RawClient:
