@@ -899,7 +899,7 @@ class Controller:
         joined = join(topic.policy, fleet, sums, publishers, bucket.rate / load)
         if whole:
             self._check_whole(topic, joined, publishers, bucket, load)
-        self._set_publishers(topic, (*spec.publishers, *publishers), after)
+        self._set_publishers(topic, spec.publishers + tuple(publishers), after)  # one copy
         sums.joined(publishers)
         for b, ps in joined.placed.items():
             topic.assignment.setdefault(b, []).extend(ps)
