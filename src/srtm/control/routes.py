@@ -25,7 +25,7 @@ may be delivered twice while homes change, never not at all).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +60,9 @@ class Routing:
     def replicated(self) -> bool:
         return len(self.replicas) > 1
 
-    def note_plan(self, assignment: Mapping[str, Iterable[str]], publishers: set[str]) -> None:
+    def note_plan(
+        self, assignment: Mapping[str, Iterable[str]], publishers: Container[str]
+    ) -> None:
         """A new plan: who moved off a broker is forwarded from it; who came back, or left
         the topic, is not any more."""
         now = {p: b for b, ps in assignment.items() for p in ps}
@@ -74,6 +76,13 @@ class Routing:
             else:
                 del self.left[b]
         self.where = now
+
+    def note_joined(self, placed: Mapping[str, Iterable[str]]) -> None:
+        """A new plan that only added publishers (broker -> the new ids) to the plan last
+        noted: ``note_plan``'s outcome, without its pass over every publisher (nobody
+        moved or left, so nobody starts or stops being forwarded)."""
+        for b, ps in placed.items():
+            self.where.update(dict.fromkeys(ps, b))
 
     def drop_replica(self, broker: str) -> None:
         """``broker`` leaves the replica set (its homes move at the next ``home_channels``);
@@ -132,9 +141,11 @@ def routes(
     buckets: Mapping[str, BucketParams],
     tcp: Mapping[str, str],
     grace_s: float = FORWARD_GRACE_S,
+    where: Mapping[str, str] | None = None,
 ) -> dict[str, RouteDoc]:
     """What every broker should have for ``topic`` (a broker absent: no route). ``tcp``:
-    broker id -> its ``HOST:PORT`` for NSQ (brokers up)."""
+    broker id -> its ``HOST:PORT`` for NSQ (brokers up). ``where``: publisher -> its
+    broker in ``assignment``, if known (``Routing.where`` just noted)."""
     out: dict[str, RouteDoc] = {}
     members = [b for b, ps in assignment.items() if ps and b in tcp]
     reps = routing.replicas if routing.replicated else []
@@ -143,7 +154,8 @@ def routes(
         members, key=lambda b: (buckets[b].rate if b in buckets else -math.inf, -members.index(b)),
         default=None,
     )  # fmt: skip
-    where = {p: b for b, ps in assignment.items() for p in ps}
+    if where is None:
+        where = {p: b for b, ps in assignment.items() for p in ps}
     for b in sorted(set(routing.left) | set(reps)):
         if b not in tcp:
             continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,8 @@ from srtm.placement import (
     Placement,
     Policy,
     PublisherLoad,
+    RateSum,
+    Sums,
     TopicSpec,
     WindowReport,
     adapt,
@@ -124,6 +127,25 @@ class Events(list[str]):
         return self
 
 
+@dataclass(frozen=True, eq=False)
+class Shape:
+    """``TopicState.shape``: compared by identity, never by content (O(brokers))."""
+
+    publishers: tuple[PublisherLoad, ...]
+    lists: tuple[tuple[str, list[str], int], ...]
+
+    def same(self, other: Shape | None) -> bool:
+        return (
+            other is not None
+            and self.publishers is other.publishers
+            and len(self.lists) == len(other.lists)
+            and all(
+                b == b2 and ps is ps2 and n == n2
+                for (b, ps, n), (b2, ps2, n2) in zip(self.lists, other.lists, strict=True)
+            )
+        )
+
+
 @dataclass
 class TopicState:
     spec: TopicSpec
@@ -166,6 +188,21 @@ class TopicState:
     #: The bound on what waits behind its sub-buckets and its overflow policy (every
     #: broker shaping it polices by it: ``srtm.ratelimit.overflow``).
     bound: Bound = DEFAULT_BOUND
+    #: Its running sums (``Controller.sums``) and the shape of the publishers and
+    #: assignment they were taken over; the shape at the last ``Routing.note_plan``.
+    sums: Sums | None = field(default=None, repr=False, compare=False)
+    sums_shape: Shape | None = field(default=None, repr=False, compare=False)
+    noted_shape: Shape | None = field(default=None, repr=False, compare=False)
+
+    def shape(self) -> Shape:
+        """What its publishers and plan are made of, by identity (not content): its
+        publishers' tuple and, per broker of ``assignment``, its list and that list's
+        length. Every change to them replaces the tuple, replaces a list, or grows or
+        shrinks one (lists are never edited in place otherwise), so an unchanged shape
+        means unchanged publishers and plan. O(brokers)."""
+        return Shape(
+            self.spec.publishers, tuple((b, ps, len(ps)) for b, ps in self.assignment.items())
+        )
 
     def join_rate_limit(self) -> float:
         """The most msg/s an unknown publisher may declare to join: ``max_publisher_rate``,
@@ -479,18 +516,30 @@ class Controller:
         )
         return self._new_plan(topic)
 
-    def _new_plan(self, topic: TopicState, released: frozenset[str] = frozenset()) -> list[Action]:
+    def _new_plan(
+        self,
+        topic: TopicState,
+        released: frozenset[str] = frozenset(),
+        joined: Mapping[str, Sequence[str]] | None = None,
+    ) -> list[Action]:
         """Re-split the topic's bucket over its brokers by assigned rate, and over its
         draining members by their weight; a new version. A broker up dropped from the
         plan drains (unless ``released``: it settled, it holds the topic now). Each replica
         of a replicated topic shapes the whole stream: its sub-bucket is all of ``(r, b)``.
-        Then the routes that changed (forwarding from brokers publishers left, replicas)."""
+        Then the routes that changed (forwarding from brokers publishers left, replicas).
+        ``joined``: the publishers ``add_publishers`` appended (broker -> ids), if that is
+        all that changed since the last plan."""
         self._fold_replicas(topic)
-        rate_of = {p.id: p.rate for p in topic.spec.publishers}
-        members = {b: math.fsum(rate_of[p] for p in ps) for b, ps in topic.assignment.items() if ps}
-        topic.assignment = {b: topic.assignment[b] for b in members}
+        topic.assignment = {b: ps for b, ps in topic.assignment.items() if ps}
+        shape = topic.shape()
+        # Only ``joined`` changed since the last note (``add_publishers`` checked, and
+        # left the shape its sums were brought to): nobody moved, left, or was folded.
+        only_joined = joined is not None and shape.same(topic.sums_shape)
+        sums = self.sums(topic)
+        members = {b: sums.rate(b) for b in topic.assignment}
         replicas = dict.fromkeys(topic.routing.replicas, 0.0)
-        self._update_draining(topic, members | replicas, released)
+        load = sums.rate_sum().total
+        self._update_draining(topic, members | replicas, released, load)
         rates = members | topic.draining
         topic.version += 1
         old, topic.buckets = topic.buckets, {}
@@ -498,7 +547,7 @@ class Controller:
             spec = topic.spec
             placed = 1.0
             if topic.unassigned:  # a draining member's weight counts as placed load
-                placed = min(1.0, math.fsum(rates.values()) / spec.load)
+                placed = min(1.0, math.fsum(rates.values()) / load)
             try:
                 parts = split_floored(
                     spec.rate * placed, max(1.0, spec.burst * placed), list(rates.values())
@@ -516,18 +565,37 @@ class Controller:
             Hold(b.id, name, old.get(b.id)) for b in self.up() if b.id not in topic.buckets
         ]
         actions += [SetBucket(b, name, p, old.get(b)) for b, p in topic.buckets.items()]
-        topic.routing.note_plan(topic.assignment, {p.id for p in topic.spec.publishers})
-        return [*actions, *self._routes(topic), PlanChanged(name, topic.version)]
+        if only_joined:
+            assert joined is not None
+            topic.routing.note_joined(joined)
+        else:
+            topic.routing.note_plan(topic.assignment, sums.by_id)
+        topic.noted_shape = shape
+        return [*actions, *self._routes(topic, noted=True), PlanChanged(name, topic.version)]
 
-    def _routes(self, topic: TopicState) -> list[Action]:
+    def _routes(self, topic: TopicState, noted: bool = False) -> list[Action]:
         """The route changes that bring brokers up to date with ``topic``'s plan, replica
-        set and channels (homes placed by the replicas' reported egress)."""
+        set and channels (homes placed by the replicas' reported egress). ``noted``: the
+        plan was just noted (``Routing.where`` is the plan's)."""
         r, name = topic.routing, topic.spec.name
         egress = {b: self.brokers[b].usage()[1] for b in r.replicas if b in self.brokers}
         r.homes = home_channels(r.homes, r.replicas, self.registry.channels(name), egress)
         tcp = {b.id: b.tcp_address for b in self.up()}
-        want = routes(name, r, topic.assignment, topic.buckets, tcp, self.forward_grace_s)
+        want = routes(
+            name, r, topic.assignment, topic.buckets, tcp, self.forward_grace_s,
+            where=r.where if noted else None,
+        )  # fmt: skip
         return list(changes(r, want))
+
+    def sums(self, topic: TopicState) -> Sums:
+        """``topic``'s running sums (``srtm.placement.joining.Sums``): kept up to date by
+        the join path, taken again from scratch when anything else changed its
+        publishers or plan (its shape)."""
+        shape = topic.shape()
+        if topic.sums is None or not shape.same(topic.sums_shape):
+            topic.sums = Sums.of(topic.spec.publishers, topic.assignment)
+            topic.sums_shape = shape
+        return topic.sums
 
     def _fold_replicas(self, topic: TopicState) -> None:
         """Keep a replicated topic's plan on its primary: a replica down leaves the set
@@ -551,13 +619,13 @@ class Controller:
             topic.assignment = {r.replicas[0]: [p for b in plan for p in topic.assignment[b]]}
 
     def _update_draining(
-        self, topic: TopicState, members: dict[str, float], released: frozenset[str]
+        self, topic: TopicState, members: dict[str, float], released: frozenset[str], load: float
     ) -> None:
         """Brokers up that had a share and are not members any more drain, weighted by
         what their queue needs (``drain_weight``); a member again, a broker down or
-        ``released`` stops draining."""
+        ``released`` stops draining. ``load``: the publishers' total rate."""
         spec, up = topic.spec, {b.id for b in self.up()}
-        scale = spec.load / spec.rate if spec.rate > 0 else 1.0
+        scale = load / spec.rate if spec.rate > 0 else 1.0
         for b, p in topic.buckets.items():
             if b not in topic.draining and b not in members and b in up and b not in released:
                 waiting = self.brokers[b].waiting.get(spec.name, 0)
@@ -575,7 +643,6 @@ class Controller:
         whose report sent after its drop shows the topic settled leaves the split."""
         name, actions = topic.spec.name, []
         members = {b for b, ps in topic.assignment.items() if ps}
-        rate_of = {p.id: p.rate for p in topic.spec.publishers}
         new = {
             b.id
             for b in self.up()
@@ -586,7 +653,7 @@ class Controller:
         }
         for b in new:
             report = self.brokers[b].reports.get(name)
-            weights = [math.fsum(rate_of[p] for p in ps) for ps in topic.assignment.values()]
+            weights = [self.sums(topic).rate(b) for b in topic.assignment]
             floor = min(weights, default=1.0)
             topic.draining[b] = max(report.rate if report else 0.0, floor, 1e-9)
             topic.drain_since[b] = self.brokers[b].reports_seen - 2  # its report is news
@@ -807,7 +874,11 @@ class Controller:
                 raise ControlError(
                     400, f"{rate_field}: must be a number > 0 and <= {MAX_RATE:g}, got {p.rate!r}"
                 )
-        known = {p.id for p in topic.spec.publishers}
+        sums = self.sums(topic)
+        # The record of forwarding is the plan's as last noted: the new plan may be
+        # noted by the newcomers alone (``_new_plan``).
+        noted = topic.shape().same(topic.noted_shape)
+        known = sums.by_id
         ids = [p.id for p in publishers]
         taken = sorted({i for i in ids if i in known or ids.count(i) > 1})[:5]
         if taken:
@@ -816,7 +887,7 @@ class Controller:
             raise ControlError(
                 413, f"publishers: {len(known) + len(publishers)} > {self.max_publishers} per topic"
             )
-        spec, after = topic.spec, [*topic.spec.publishers, *publishers]
+        spec, after = topic.spec, sums.rate_sum(publishers)
         try:  # refused before anything changes (a rate that follows them: quoted)
             bucket = topic_bucket(after, None if topic.rate_auto else spec.rate, spec.burst)
         except ValueError as exc:
@@ -824,22 +895,23 @@ class Controller:
         fleet = self.fleet(exclude=name)
         if not fleet:
             raise ControlError(503, "no broker is registered and up")
-        by_id = {p.id: p for p in spec.publishers}
-        current = {b: [by_id[p] for p in ps] for b, ps in topic.assignment.items()}
-        load = math.fsum(p.rate for p in after)
-        joined = join(topic.policy, fleet, current, publishers, bucket.rate / load)
+        load = after.total
+        joined = join(topic.policy, fleet, sums, publishers, bucket.rate / load)
         if whole:
             self._check_whole(topic, joined, publishers, bucket, load)
-        self._set_publishers(topic, after)
+        self._set_publishers(topic, spec.publishers + tuple(publishers), after)  # one copy
+        sums.joined(publishers)
         for b, ps in joined.placed.items():
             topic.assignment.setdefault(b, []).extend(ps)
+            sums.placed(b, ps)
+        topic.sums_shape = topic.shape()  # brought up to date: no need to take them again
         topic.unassigned += joined.unassigned
         where = ", ".join(f"{len(ps)} on {b}" for b, ps in joined.placed.items())
         topic.events.append(
             f"{len(publishers)} publishers joined: {where or 'none placed'}"
             + (f"; {len(joined.unassigned)} unassigned" if joined.unassigned else "")
         )
-        return self._new_plan(topic)
+        return self._new_plan(topic, joined=joined.placed if noted else None)
 
     def _check_whole(
         self,
@@ -860,9 +932,8 @@ class Controller:
                 f"topic {name!r} is unchanged",
             )  # fmt: skip
         rate_of = {p.id: p.rate for p in publishers}
-        weights = {
-            b: math.fsum(p.rate for p in (ps or ())) for b, ps in self._members(topic).items()
-        }
+        sums = self.sums(topic)
+        weights = {b: sums.rate(b) for b in topic.assignment}
         primary = topic.routing.replicas[0] if topic.routing.replicated else None
         for b, ps in joined.placed.items():
             b = primary or b  # a replicated topic's joiners go to its primary
@@ -879,10 +950,6 @@ class Controller:
             raise ControlError(
                 503, f"publisher cannot be placed: {exc}; topic {name!r} is unchanged"
             ) from None
-
-    def _members(self, topic: TopicState) -> dict[str, list[PublisherLoad]]:
-        by_id = {p.id: p for p in topic.spec.publishers}
-        return {b: [by_id[p] for p in ps if p in by_id] for b, ps in topic.assignment.items()}
 
     def remove_publisher(self, name: str, publisher: str) -> list[Action]:
         """The publisher leaves: out of the topic and its plan, the bucket re-split over
@@ -908,7 +975,7 @@ class Controller:
         with the topic unchanged. A known one: nothing."""
         topic = self._topic(name)
         publisher_id(publisher)
-        if any(p.id == publisher for p in topic.spec.publishers):
+        if publisher in self.sums(topic).by_id:
             return []
         if not topic.open:
             raise ControlError(404, f"publisher {publisher!r} is not in topic {name!r}")
@@ -946,9 +1013,19 @@ class Controller:
             topic.join_secret = join_secret
             topic.events.append("join secret " + ("removed" if join_secret is None else "set"))
 
-    def _set_publishers(self, topic: TopicState, publishers: list[PublisherLoad]) -> None:
+    def _set_publishers(
+        self,
+        topic: TopicState,
+        publishers: Sequence[PublisherLoad],
+        summed: RateSum | None = None,
+    ) -> None:
+        """The topic's publishers are ``publishers`` (``summed``: their ``RateSum``, if
+        known); a rate that follows them follows."""
         spec = topic.spec
-        rate = RATE_MARGIN * math.fsum(p.rate for p in publishers) if topic.rate_auto else spec.rate
+        rate = spec.rate
+        if topic.rate_auto:
+            total = math.fsum(p.rate for p in publishers) if summed is None else summed.total
+            rate = RATE_MARGIN * total
         topic.spec = dataclasses.replace(spec, publishers=tuple(publishers), rate=rate)
 
     def over(self) -> list[LedgerEntry]:
@@ -1176,11 +1253,16 @@ class Controller:
 
     def is_publisher(self, name: str, publisher: str) -> bool:
         topic = self.topics.get(name)
-        return topic is not None and any(p.id == publisher for p in topic.spec.publishers)
+        return topic is not None and publisher in self.sums(topic).by_id
 
     def assign(self, name: str, publisher: str) -> dict[str, Any]:
         topic = self._topic(name)
-        for b, ps in topic.assignment.items():
+        if topic.shape().same(topic.noted_shape):  # the plan as noted: where it is, at once
+            where = topic.routing.where.get(publisher)
+            placed = [] if where is None else [(where, [publisher])]
+        else:
+            placed = list(topic.assignment.items())
+        for b, ps in placed:
             if publisher in ps:
                 info = self.brokers[b]
                 return {

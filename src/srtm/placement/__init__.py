@@ -12,7 +12,7 @@ from srtm.placement.fitting import (
     judge,
     search_quantum,
 )
-from srtm.placement.joining import Joined, join
+from srtm.placement.joining import Joined, Sums, join
 from srtm.placement.ledger import LedgerEntry, allocated, for_topic, ledger
 from srtm.placement.model import (
     RATE_MARGIN,
@@ -20,6 +20,7 @@ from srtm.placement.model import (
     BrokerCapacity,
     Placement,
     PublisherLoad,
+    RateSum,
     TopicSpec,
     parse_brokers,
     parse_topic,
@@ -41,7 +42,9 @@ __all__ = [
     "Policy",
     "Predict",
     "PublisherLoad",
+    "RateSum",
     "RoundResult",
+    "Sums",
     "TopicSpec",
     "Verdict",
     "WindowReport",

@@ -18,18 +18,24 @@ newcomer, largest rate first, goes where its policy would have put it:
 
 A newcomer that fits nowhere is listed as unassigned. Leaving needs no rule here: the
 publisher is taken out and the bucket re-split; nobody else moves. Pure: no I/O.
+
+``join`` reads the current placement only through its sums (per broker, per group, per
+group on a broker), so a caller that keeps them (``Sums``, the controller's per topic)
+places a newcomer at a cost independent of the topic's publishers. Sums are exact
+(``exact``): the same, to the last bit, as ``math.fsum`` over every rate, whatever the
+order publishers came in.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from srtm.placement.model import BrokerCapacity, PublisherLoad
+from srtm.placement.model import BrokerCapacity, PublisherLoad, RateSum
 from srtm.placement.policies import Policy, maxmin_quotas, parse_policy
 
-__all__ = ["Joined", "join"]
+__all__ = ["Exact", "Joined", "Sums", "exact", "join", "value"]
 
 _EPS = 1e-9
 
@@ -42,29 +48,131 @@ class Joined:
     unassigned: tuple[str, ...] = ()
 
 
+#: An exact sum: non-overlapping floats, largest first, whose exact total is the exact
+#: total of what was summed (empty: 0). Its first term is that total correctly rounded.
+Exact = tuple[float, ...]
+
+
+def exact(values: Iterable[float]) -> Exact:
+    """The exact sum of ``values``: each term is ``math.fsum`` (correctly rounded) of what
+    the terms before it left. Canonical: equal totals give equal tuples, so a running sum
+    (``exact((*s, x))``) equals the sum taken again from scratch."""
+    rest, terms = list(values), []
+    while (s := math.fsum(rest)) != 0.0:
+        terms.append(s)
+        if not math.isfinite(s):  # nothing is left to peel off an inf or a NaN
+            break
+        rest.append(-s)
+    return tuple(terms)
+
+
+def value(s: Exact) -> float:
+    """The exact sum ``s`` correctly rounded: what ``math.fsum`` gives over its values."""
+    return s[0] if s else 0.0
+
+
+@dataclass(eq=True)
+class Sums:
+    """A placed topic's running sums: its publishers by id, their exact total and the
+    largest; per broker of ``assignment`` (broker -> publisher ids) its publishers'
+    exact rate and count; per group (None: on its own) the placed publishers' exact rate,
+    overall and per broker. ``Sums.of`` takes them from scratch (linear); ``joined`` and
+    ``placed`` bring them up to date as publishers join and are appended to a broker."""
+
+    by_id: dict[str, PublisherLoad] = field(default_factory=dict)
+    total: Exact = ()
+    top: PublisherLoad | None = None
+    broker: dict[str, Exact] = field(default_factory=dict)
+    size: dict[str, int] = field(default_factory=dict)
+    group: dict[str | None, Exact] = field(default_factory=dict)
+    group_broker: dict[tuple[str | None, str], Exact] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls, publishers: Sequence[PublisherLoad], assignment: Mapping[str, Sequence[str]]
+    ) -> Sums:
+        """Taken from scratch: ``assignment`` is broker -> publisher ids."""
+        by_id = {p.id: p for p in publishers}
+        placed = {b: [by_id[i] for i in ids if i in by_id] for b, ids in assignment.items()}
+        return cls.placed_as(publishers, placed)
+
+    @classmethod
+    def placed_as(
+        cls, publishers: Sequence[PublisherLoad], placed: Mapping[str, Sequence[PublisherLoad]]
+    ) -> Sums:
+        """Taken from scratch: ``placed`` is broker -> its publishers."""
+        groups: dict[str | None, list[float]] = {}
+        pairs: dict[tuple[str | None, str], list[float]] = {}
+        for b, ps in placed.items():
+            for p in ps:
+                groups.setdefault(p.group, []).append(p.rate)
+                pairs.setdefault((p.group, b), []).append(p.rate)
+        return cls(
+            {p.id: p for p in publishers},
+            exact(p.rate for p in publishers),
+            max(publishers, key=lambda p: p.rate) if publishers else None,
+            {b: exact(p.rate for p in ps) for b, ps in placed.items()},
+            {b: len(ps) for b, ps in placed.items()},
+            {g: exact(rs) for g, rs in groups.items()},
+            {k: exact(rs) for k, rs in pairs.items()},
+        )
+
+    def rate_sum(self, new: Sequence[PublisherLoad] = ()) -> RateSum:
+        """The publishers', with ``new`` joined after them."""
+        top = self.top
+        for p in new:
+            if top is None or p.rate > top.rate:  # ``max`` keeps the first of equals
+                top = p
+        total = exact((*self.total, *(p.rate for p in new))) if new else self.total
+        return RateSum(len(self.by_id) + len(new), value(total), top)
+
+    def rate(self, broker: str) -> float:
+        """The rate of the publishers on ``broker`` (``math.fsum`` of theirs)."""
+        return value(self.broker.get(broker, ()))
+
+    def joined(self, new: Sequence[PublisherLoad]) -> None:
+        """``new`` joined the topic (placed or not)."""
+        self.top = self.rate_sum(new).top
+        self.total = exact((*self.total, *(p.rate for p in new)))
+        self.by_id.update((p.id, p) for p in new)
+
+    def placed(self, broker: str, ids: Sequence[str]) -> None:
+        """Publishers ``ids`` (joined) were appended to ``broker``'s list."""
+        ps = [self.by_id[i] for i in ids]
+        self.broker[broker] = exact((*self.broker.get(broker, ()), *(p.rate for p in ps)))
+        self.size[broker] = self.size.get(broker, 0) + len(ids)
+        for p in ps:
+            self.group[p.group] = exact((*self.group.get(p.group, ()), p.rate))
+            k = (p.group, broker)
+            self.group_broker[k] = exact((*self.group_broker.get(k, ()), p.rate))
+
+
 def join(
     policy: Policy,
     fleet: Sequence[BrokerCapacity],
-    current: Mapping[str, Sequence[PublisherLoad]],
+    current: Mapping[str, Sequence[PublisherLoad]] | Sums,
     new: Sequence[PublisherLoad],
     scale: float = 1.0,
 ) -> Joined:
     """Place ``new`` beside ``current`` under ``policy`` (see the module's rules).
     Brokers of ``current`` missing from ``fleet`` (down) take nobody. ``scale``: what the
     ledger counts per msg/s of publisher rate (the topic's ``rate / load``, e.g. 1.1), so
-    that a join never promises a broker more than its ``rcap``."""
+    that a join never promises a broker more than its ``rcap``. ``current``: broker ->
+    its publishers, or their ``Sums`` (then the work is independent of how many)."""
     policy = parse_policy(policy)
+    if not isinstance(current, Sums):
+        current = Sums.placed_as([p for ps in current.values() for p in ps], current)
     by_id = {b.id: b for b in fleet}
-    load = {b.id: 0.0 for b in fleet}
-    got: dict[tuple[str | None, str], float] = {}  # (group, broker) -> rate
-    group_rate: dict[str | None, float] = {}
-    for broker, pubs in current.items():
-        for p in pubs:
-            group_rate[p.group] = group_rate.get(p.group, 0.0) + p.rate
-            if broker in load:
-                load[broker] += p.rate
-                got[p.group, broker] = got.get((p.group, broker), 0.0) + p.rate
-    used = [b.id for b in fleet if load[b.id] > 0 or current.get(b.id)]
+    load = {b.id: current.rate(b.id) for b in fleet}
+    groups = {p.group for p in new}
+    got = {  # (group, broker) -> rate, for the newcomers' groups
+        (g, b.id): value(current.group_broker[g, b.id])
+        for g in groups
+        for b in fleet
+        if (g, b.id) in current.group_broker
+    }
+    group_rate = {g: value(current.group[g]) for g in groups if g in current.group}
+    used = [b.id for b in fleet if load[b.id] > 0 or current.size.get(b.id)]
     placed: dict[str, list[str]] = {}
     unassigned: list[str] = []
     for p in sorted(new, key=lambda p: -p.rate):  # stable: equal rates keep their order

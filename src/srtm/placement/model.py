@@ -62,16 +62,33 @@ class TopicSpec:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class RateSum:
+    """A topic's publishers as its derived rate needs them: how many, their total rate
+    (``math.fsum``) and the largest (the first of equals)."""
+
+    count: int
+    total: float
+    top: PublisherLoad | None
+
+    @classmethod
+    def of(cls, publishers: Sequence[PublisherLoad]) -> RateSum:
+        top = max(publishers, key=lambda p: p.rate) if publishers else None
+        return cls(len(publishers), math.fsum(p.rate for p in publishers), top)
+
+
 def topic_bucket(
-    publishers: Sequence[PublisherLoad], rate: float | None, burst: float
+    publishers: Sequence[PublisherLoad] | RateSum, rate: float | None, burst: float
 ) -> BucketParams:
     """The topic's bucket, checked as every broker will check it (``check_bucket``): its
     ``rate`` if given, else ``RATE_MARGIN`` × its publishers' total. A refusal quotes what
     was given; a rate derived from the publishers is named as such, with the rates it
-    came from, since nobody typed it."""
+    came from, since nobody typed it. ``publishers`` may be given as their ``RateSum``."""
     if rate is not None:
         return check_bucket(rate, burst)
-    derived = RATE_MARGIN * math.fsum(p.rate for p in publishers)
+    if not isinstance(publishers, RateSum):
+        publishers = RateSum.of(publishers)
+    derived = RATE_MARGIN * publishers.total
     whence = derivation(publishers, derived)
     if derived > MAX_RATE:
         raise ValueError(f"{whence}, over the limit of {MAX_RATE:g} msg/s")
@@ -83,21 +100,21 @@ def topic_bucket(
         raise ValueError(f"{whence}; {exc}") from None
 
 
-def derivation(publishers: Sequence[PublisherLoad], rate: float) -> str:
+def derivation(publishers: Sequence[PublisherLoad] | RateSum, rate: float) -> str:
     """How ``rate`` (``RATE_MARGIN`` × the publishers' total) came from ``publishers``."""
+    if not isinstance(publishers, RateSum):
+        publishers = RateSum.of(publishers)
     margin = f"({RATE_MARGIN:g} × the sum of its publishers)"
-    if not publishers:
+    top, total = publishers.top, publishers.total
+    if top is None:
         return f"with no publishers the topic's rate is {rate:g} msg/s {margin}"
-    if len(publishers) == 1:
-        (p,) = publishers
+    if publishers.count == 1:
         return (
-            f"publisher {p.id!r} rate {p.rate:g} msg/s gives the topic a rate of "
+            f"publisher {top.id!r} rate {top.rate:g} msg/s gives the topic a rate of "
             f"{rate:g} msg/s {margin}"
         )
-    top = max(publishers, key=lambda p: p.rate)
-    total = math.fsum(p.rate for p in publishers)
     return (
-        f"the rates of its {len(publishers)} publishers (the largest {top.id!r} "
+        f"the rates of its {publishers.count} publishers (the largest {top.id!r} "
         f"{top.rate:g} msg/s) sum to {total:g} msg/s, which gives the topic a rate of "
         f"{rate:g} msg/s {margin}"
     )
