@@ -4,7 +4,7 @@ The broker polices by it, the controller carries it to brokers. A shaped topic's
 books every arrival at once (``srtm.broker.state.Topic``): the wait a
 message arriving at ``at`` would have behind the sub-bucket is the meter's virtual
 backlog then, in time (tokens owed / rate). A message that would wait longer than
-``max_wait_ms`` is over the bound, and the topic's ``OverflowPolicy`` policy says what
+``max_wait_ms`` is over the bound, and the topic's ``OverflowPolicy`` says what
 happens: the publisher's connection stops being read (``block``), the publish is
 refused (``refuse``), or the oldest waiting messages make room (``drop-oldest``).
 Unshaped and held topics have no meter: nothing bounds them (nothing is released
