@@ -588,8 +588,10 @@ class Client:
     def _run_later(self) -> None:
         """Run what waited for a publish taken in slices, until another such publish,
         or a block (``unblock_reads`` runs the rest)."""
+        if self._taking is not None:
+            return  # another publish is taken meanwhile: its end runs them
         later, self._later = self._later, deque()
-        if self.finishing or self._taking is not None:
+        if self.finishing:
             return
         self._in_read = True
         try:
