@@ -49,8 +49,9 @@ SLOW = {
 }
 #: What a document's blocks may leave in the directory they run from (besides the links).
 MAY_WRITE = {"out"}
-#: Patience for one document's blocks together, and for its ports to be free.
-SESSION_TIMEOUT_S = 300.0
+#: Patience for one document's blocks together, and for its ports to be free: under
+#: pytest-timeout's 300 s, so that a session that hangs fails with its own output.
+SESSION_TIMEOUT_S = 230.0
 PORTS_TIMEOUT_S = 60.0
 
 
