@@ -38,7 +38,6 @@ import json
 import multiprocessing
 import os
 import platform
-import re
 import signal
 import socket
 import statistics
@@ -60,11 +59,13 @@ from rich.console import Console
 from rich.table import Table
 
 # benchmarks/broker.py: where NSQ 1.3.0 is found beside this checkout (or a worktree's)
-from broker import nsq_dirs
+from broker import nsq_dirs, start_nsqd
 from srtm.launch import BrokerProcess, die_with_parent, start_broker
 from srtm.protocol import MAGIC_V2
 
 REPO = Path(__file__).resolve().parent.parent
+#: nsqd 1.3.0's default --mem-queue-size.
+NSQD_MEM_QUEUE_SIZE = 10_000
 #: nsqd's default --max-body-size (and the srtm broker's limit).
 MAX_BODY = 5 * 1024 * 1024
 #: One-byte messages in a body of at most MAX_BODY: a 4-byte count, then 4 + 1 each.
@@ -209,45 +210,19 @@ def find_nsqd(path: Path | None) -> Path:
 
 @contextlib.contextmanager
 def nsqd_started(binary: Path, workdir: Path) -> Iterator[Broker]:
-    """nsqd at its defaults, bar the addresses and the data path."""
-    data = workdir / "nsqd-data"
-    data.mkdir()
-    log = workdir / "nsqd.log"
-    cmd = [
-        str(binary), "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
-        "--https-address=", "--broadcast-address=127.0.0.1", f"--data-path={data}",
-    ]  # fmt: skip
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # a Ctrl-C on the terminal reaches only us; we stop it
-            preexec_fn=die_with_parent,
-        )
+    """nsqd at its defaults, bar the addresses and the data path (benchmarks/broker.py
+    starts it; its default memory queue, 10,000, given as it is)."""
+    try:
+        nsqd = start_nsqd(binary, workdir, NSQD_MEM_QUEUE_SIZE)
+    except RuntimeError as exc:  # it did not start: this row fails, as before
+        raise BenchError(str(exc)) from exc
 
     def stop() -> None:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            nsqd.stop()
 
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            text = log.read_text(errors="replace")
-            tcp = re.search(r"TCP: listening on ([\d.]+):(\d+)", text)
-            web = re.search(r"HTTP: listening on ([\d.]+):(\d+)", text)
-            if tcp and web:
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise BenchError(f"nsqd did not start (exit code {proc.poll()}):\n{text[-800:]}")
-            time.sleep(0.02)
-        yield Broker("nsqd", (tcp[1], int(tcp[2])), (web[1], int(web[2])), stop, {})
+        yield Broker("nsqd", nsqd.tcp, nsqd.http, stop, {})
     finally:
         stop()
 
