@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from srtm.control.service import WRITE_INTERVAL_S, ControllerOptions, ControllerService
+from srtm.control.service import ControllerOptions, ControllerService
 from srtm.control.state import MAX_EVENTS, ControlError, Controller
 from srtm.control.store import Store
+from srtm.control.store_writer import WRITE_INTERVAL_S
 from srtm.placement import PublisherLoad, TopicSpec
 
 #: The longest publisher id there is: the finding's flood used 211 characters.
@@ -59,15 +60,15 @@ async def test_a_burst_of_2000_joins_encodes_its_topic_once_and_stays_bounded(
     try:
         populate(service, others=20)
         await service.save_state()
-        encodes, size = service.encodes, service.encoded_bytes
+        encodes, size = service.writer.encodes, service.writer.encoded_bytes
         for i in range(2000):
             service.execute(service.ctrl.join_open("O", joiner(i), 1.0, None))
         # Nothing is encoded in the burst itself; the write after it encodes O's rows.
-        assert service.encodes == encodes
+        assert service.writer.encodes == encodes
         await service.save_topic("O")
-        assert service.encodes - encodes == 1  # topic:O, once (its buckets in it)
+        assert service.writer.encodes - encodes == 1  # topic:O, once (its buckets in it)
         row = len(json.dumps(service.ctrl.topic_json("O")))
-        assert service.encoded_bytes - size < row + 1000  # not the other 20 topics
+        assert service.writer.encoded_bytes - size < row + 1000  # not the other 20 topics
         # What the topic holds per publisher: its id twice (spec, plan) and a few numbers,
         # nothing that grows with the number of joins (events are capped).
         assert row / 2001 < 2 * LONG + 100
@@ -90,17 +91,17 @@ async def test_joins_one_after_another_encode_their_topic_at_most_every_interval
     try:
         populate(service, others=5)
         await service.save_state()
-        encodes, size, start = service.encodes, service.encoded_bytes, loop.time()
+        encodes, size, start = service.writer.encodes, service.writer.encoded_bytes, loop.time()
         for i in range(2000):
             service.execute(service.ctrl.join_open("O", joiner(i), 1.0, None))
             await asyncio.sleep(0)
         await service.save_topic("O")
         elapsed = loop.time() - start
-        assert service.encodes - encodes <= elapsed / WRITE_INTERVAL_S + 2
+        assert service.writer.encodes - encodes <= elapsed / WRITE_INTERVAL_S + 2
         # Each encode is O's row alone: the bytes encoded per join stay a fraction of
         # what encoding O after every join would cost (the whole state, before).
         row = len(json.dumps(service.ctrl.topic_json("O")))
-        assert service.encoded_bytes - size <= (service.encodes - encodes) * row
+        assert service.writer.encoded_bytes - size <= (service.writer.encodes - encodes) * row
         assert len(service.ctrl.topics["O"].events) == MAX_EVENTS
     finally:
         await service.stop()
@@ -124,12 +125,12 @@ async def test_each_join_writes_only_its_topics_rows(tmp_path: Path) -> None:
         await service.save_state()
         whole = len(json.dumps(service.ctrl.to_json()))
         batches.clear()
-        size = service.encoded_bytes
+        size = service.writer.encoded_bytes
         for i in range(20):
             service.execute(service.ctrl.join_open("O", joiner(i), 1.0, None))
             await service.save_topic("O")
         assert batches and all(set(b) <= {"topic:O", "buckets:O"} for b in batches), batches[:3]
-        per_join = (service.encoded_bytes - size) / 20
+        per_join = (service.writer.encoded_bytes - size) / 20
         assert per_join < whole / 10, (per_join, whole)
     finally:
         await service.stop()
@@ -157,14 +158,14 @@ async def test_writes_wait_in_one_batch_while_the_writer_is_busy(tmp_path: Path)
         waiting = set()
         for i in range(500):
             service.execute(service.ctrl.join_open("O", joiner(i), 1.0, None))
-            waiting.add(id(service._next_write))
+            waiting.add(id(service.writer._next_write))
             await asyncio.sleep(0)
         assert len(waiting) == 1  # every join joined the one waiting batch
-        encodes = service.encodes
+        encodes = service.writer.encodes
         release.set()
         await first
         await service.save_topic("O")
-        assert service.encodes - encodes <= 4 and len(loop_writes) <= 3
+        assert service.writer.encodes - encodes <= 4 and len(loop_writes) <= 3
     finally:
         release.set()
         await service.stop()

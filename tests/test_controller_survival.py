@@ -21,7 +21,8 @@ import pytest
 
 from nsq_raw import RawClient
 from srtm.control import Controller, PlanChanged
-from srtm.control.service import ControllerOptions, ControllerService, _broker_url
+from srtm.control.push import _broker_url
+from srtm.control.service import ControllerOptions, ControllerService
 from srtm.control.state import BrokerInfo
 from srtm.control.store import Store
 from srtm.launch import ServerProcess, start_broker, start_cluster, start_controller

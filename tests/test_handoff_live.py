@@ -82,7 +82,7 @@ async def test_a_move_to_a_broker_that_held_the_topic_is_handed_over(tmp_path: P
         # only get it from broker 1's handoff meanwhile.
         gate = asyncio.Event()
         waiting: list[SetBucket] = []
-        push = service._push_share
+        push = service.pusher._push_share
 
         async def held_back(action: SetBucket | Hold, *args: Any) -> bool:
             if isinstance(action, SetBucket) and action.broker == "2" and not gate.is_set():
@@ -90,7 +90,7 @@ async def test_a_move_to_a_broker_that_held_the_topic_is_handed_over(tmp_path: P
                 await gate.wait()
             return await push(action, *args)
 
-        service._push_share = held_back  # type: ignore[method-assign,assignment]
+        service.pusher._push_share = held_back  # type: ignore[method-assign,assignment]
 
         got: Counter[tuple[str, int]] = Counter()
 

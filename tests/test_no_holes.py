@@ -80,7 +80,7 @@ async def run_scenario(tmp_path: Path, ordered: bool, drain: bool = True) -> dic
             tick_s=0.2, adapt_settle_s=0.5, hysteresis=0.01,
         )
     )  # fmt: skip
-    service.ordered = ordered
+    service.pusher.ordered = ordered
     if not drain:  # a dropped broker holds at once, as before draining members
         service.ctrl._update_draining = lambda *_: None  # type: ignore[method-assign]
         service.ctrl._drain = lambda _: []  # type: ignore[method-assign]

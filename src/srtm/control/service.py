@@ -1,45 +1,24 @@
 """``srtm controller``: the controller's state behind its HTTP API (``srtm.control.api``),
 a 1 s tick (down brokers, TB Adaptor), sub-buckets and migration orders pushed to
-brokers, online fitting driven, everything kept in SQLite."""
+brokers (``srtm.control.push``), online fitting driven, the elastic and utility loops,
+everything kept in SQLite (``srtm.control.store_writer``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import json
 import logging
-import math
-import secrets
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from aiohttp import web
-from yarl import URL
 
-from srtm.control.actions import (
-    Action,
-    DropRoute,
-    Handover,
-    Hold,
-    Migrate,
-    PlanChanged,
-    SetBucket,
-    SetRoute,
-    Unmanage,
-    forwarding_first,
-    handover,
-    phases,
-)
+from srtm.control.actions import Action, Hold, PlanChanged, SetBucket
 from srtm.control.api import make_app
 from srtm.control.elastic import Elastic, ElasticStep
-from srtm.control.fitting_run import as_result, fit_topic
+from srtm.control.fitting_run import fit_topic
 from srtm.control.options import ControllerOptions
 from srtm.control.provision import (
     CommandProvisioner,
@@ -47,12 +26,14 @@ from srtm.control.provision import (
     Provisioner,
     ProvisionError,
 )
-from srtm.control.state import BrokerInfo, Controller
-from srtm.control.store import BROKERS_KEY, BUCKETS_PREFIX, LEGACY_KEY, TOPIC_PREFIX, Store
+from srtm.control.push import Pusher
+from srtm.control.state import Controller
+from srtm.control.store import Store
+from srtm.control.store_writer import StoreWriter
 from srtm.control.utility import UtilityControl, UtilitySettings
 from srtm.jsondoc import parse as parse_json
 from srtm.placement import RoundResult
-from srtm.security import bearer_header, check_token, require_loopback_without_token
+from srtm.security import check_token, require_loopback_without_token
 from srtm.utility.cost import model_from_doc
 from srtm.utility.optimizer import optimize
 from srtm.version import __version__
@@ -62,10 +43,6 @@ if TYPE_CHECKING:
     from srtm.sim.model import BrokerModel
 
 log = logging.getLogger("srtm.controller")
-
-#: Batches of rows go to the writer thread at most this often (s): the most a change
-#: waits to be saved (and its plan to reach brokers) while changes come faster than this.
-WRITE_INTERVAL_S = 0.05
 
 
 class ControllerService:
@@ -83,40 +60,21 @@ class ControllerService:
             forward_grace_s=opts.forward_grace_s,
         )
         self.store = Store(opts.db)
-        #: SQLite writes leave the event loop, in order, in this one thread: the batch
-        #: being written, and the one that gathers rows marked meanwhile (``_mark``).
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="srtm-store")
-        self._writing: asyncio.Future[None] | None = None
-        self._next_write: asyncio.Future[None] | None = None
-        self._dirty_topics: set[str] = set()
-        self._dirty_buckets: set[str] = set()
-        self._dirty_brokers = False
-        #: When the last batch began (the loop's clock).
-        self._last_flush = -math.inf
-        #: Documents encoded for the store, and their bytes (what a change costs).
-        self.encodes = 0
-        self.encoded_bytes = 0
+        self.writer = StoreWriter(self.ctrl, self.store)
         self.ctrl.registry.tombstone_s = opts.tombstone_s
         saved = self.store.load()
         if saved:
             self.ctrl.restore(saved, time.monotonic())
         self.http_address: tuple[str, int] | None = None
         self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
+        #: What goes to brokers: actions carried out, probes, measurements, admissions.
+        self.pusher = Pusher(self.ctrl, opts.token, retry_s=min(0.5, opts.tick_s))
         self._tasks: set[asyncio.Task[None]] = set()
         self._tick: asyncio.Task[None] | None = None
         #: Silent brokers being asked whether their address still answers.
         self._probing: set[str] = set()
-        #: Per topic: held while its share changes are carried out, so that changes of
-        #: two plans never interleave (one plan's increase after the next one's decrease).
-        self._shares: dict[str, asyncio.Lock] = {}
         #: Per topic: share changes issued and not yet carried out (a repair waits for 0).
         self._busy: dict[str, int] = {}
-        #: How soon a decrease a broker did not take is tried again (s).
-        self.retry_s = min(0.5, opts.tick_s)
-        #: Off only to show what the order prevents (tests/test_no_holes.py): every share
-        #: change pushed at once, as before.
-        self.ordered = True
         #: Elasticity (``--rebalance``): the pure glue and how brokers are started.
         self.elastic: Elastic | None = None
         self.provisioner: Provisioner | None = None
@@ -137,7 +95,7 @@ class ControllerService:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        self.pusher.open()
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(
@@ -182,12 +140,8 @@ class ControllerService:
             await self.provisioner.close()  # every local child stopped
         if self._runner is not None:
             await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
-        while (pending := self._next_write or self._writing) is not None:
-            with contextlib.suppress(Exception):  # a failed write is logged
-                await pending  # every marked row written
-        await asyncio.to_thread(self._writer.shutdown, wait=True)
+        await self.pusher.close()
+        await self.writer.close()
         self.store.close()
 
     def _ssl_context(self) -> ssl.SSLContext | None:
@@ -221,7 +175,7 @@ class ControllerService:
     def _probe_silent(self) -> None:
         """Ask every broker silent for ``--probe-after-s`` (one request each at a time)."""
         after = self.options.probe_after_s
-        if after <= 0 or self._session is None:
+        if after <= 0 or self.pusher.session is None:
             return
         for b in self.ctrl.silent(time.monotonic(), after):
             if b not in self._probing:
@@ -235,18 +189,10 @@ class ControllerService:
         error: it may be alive and cut off, so the timeout decides as before."""
         try:
             info = self.ctrl.brokers.get(broker_id)
-            if info is None or info.down or self._session is None:
+            if info is None or info.down or self.pusher.session is None:
                 return
             address = info.http_address
-            try:
-                timeout = aiohttp.ClientTimeout(total=1.0)
-                async with self._session.get(_broker_url(info, "/ping"), timeout=timeout) as r:
-                    await r.read()
-                return
-            except aiohttp.ClientConnectorError as exc:
-                if getattr(exc.os_error, "errno", None) != errno.ECONNREFUSED:
-                    return
-            except (aiohttp.ClientError, TimeoutError, ValueError):
+            if not await self.pusher.refuses(info):
                 return
             actions = self.ctrl.gone(broker_id, address, time.monotonic(), after_s)
             if actions is not None:
@@ -322,7 +268,7 @@ class ControllerService:
         if problem.flows:
             self.save_state()  # the topics' rates
         for broker, topic, body in orders:
-            self._spawn(self._post_admission(broker, topic, body))
+            self._spawn(self.pusher.post_admission(broker, topic, body))
 
     async def _rate_control_loop(self) -> None:
         """Every ``rate_control_interval_s``: one rate control step (none while the
@@ -337,150 +283,29 @@ class ControllerService:
             except Exception:
                 log.exception("a rate control step failed; the next one runs")
 
-    async def _post_admission(self, broker: str, topic: str, body: dict[str, Any]) -> None:
-        info = self.ctrl.brokers.get(broker)
-        if info is None or self._session is None or info.down:
-            return
-        try:
-            url = _broker_url(info, "/srtm/admission")
-            request = self._session.post(
-                url, params={"topic": topic}, json=body, headers=self._headers()
-            )
-            async with request as r:
-                if r.status != 200:
-                    log.warning("broker %s refused admission of %s: %s", broker, topic,
-                                await r.text())  # fmt: skip
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("broker %s unreachable for admission of %s: %s", broker, topic, exc)
-
     def utility_doc(self) -> dict[str, Any]:
         """``GET /utility``: the optimizer's last run."""
         return self.utility.doc()
 
-    def _headers(self) -> dict[str, str]:
-        """What the controller sends to brokers: the cluster token, if any."""
-        return bearer_header(self.options.token)
-
     # -- actions -------------------------------------------------------------------------
-    def _mark(
-        self, topics: Iterable[str] = (), buckets: Iterable[str] = (), brokers: bool = False
-    ) -> asyncio.Future[None]:
-        """Have these rows written (``srtm.control.store``): the future of the write that
-        will carry them (a failed write is logged; its future completes all the same).
-        Rows marked while a write is on its way, or within ``WRITE_INTERVAL_S`` of the
-        last one, go in the next batch, encoded once however many changes touched them
-        meanwhile: a burst of joins costs one encoding of its topic, and at most one
-        batch waits for the writer thread (memory stays bounded however fast changes
-        come)."""
-        self._dirty_topics.update(topics)
-        self._dirty_buckets.update(buckets)
-        self._dirty_brokers = self._dirty_brokers or brokers
-        if self._next_write is None:
-            loop = asyncio.get_running_loop()
-            self._next_write = loop.create_future()
-            if self._writing is None:
-                self._schedule_flush()
-        # Shielded: a caller cancelled while it waits (a task ended at stop) must not
-        # cancel the write every other caller of this batch waits for.
-        return asyncio.shield(self._next_write)
-
-    def _schedule_flush(self) -> None:
-        """The next batch goes now, or ``WRITE_INTERVAL_S`` after the last one began:
-        under a flood of changes a topic's row is encoded at most that often, however
-        many joins come meanwhile; a change after a quiet spell is written at once."""
-        loop = asyncio.get_running_loop()
-        wait = self._last_flush + WRITE_INTERVAL_S - loop.time()
-        if wait > 0:
-            loop.call_later(wait, self._flush)
-        else:
-            loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        """Encode the marked rows, on the loop (a snapshot of state it owns), and hand
-        them to the writer thread as one batch."""
-        done, self._next_write = self._next_write, None
-        if done is None:
-            return
-        self._last_flush = asyncio.get_running_loop().time()
-        rows = self._rows()
-        loop = asyncio.get_running_loop()
-        self._writing = loop.run_in_executor(self._writer, self.store.write, rows)
-        self._writing.add_done_callback(partial(self._written, done, len(rows)))
-
-    def _rows(self) -> list[tuple[str, str | None]]:
-        topics, buckets = self._dirty_topics, self._dirty_buckets
-        self._dirty_topics, self._dirty_buckets = set(), set()
-        rows: list[tuple[str, str | None]] = []
-        if self.store.legacy:  # an old file's single row: replaced by rows, all of them
-            self.store.legacy = False
-            topics |= set(self.ctrl.topics)
-            self._dirty_brokers = True
-            rows.append((LEGACY_KEY, None))
-        if self._dirty_brokers:
-            self._dirty_brokers = False
-            rows.append((BROKERS_KEY, self._encode(self.ctrl.brokers_json())))
-        for name in sorted(topics):
-            if name in self.ctrl.topics:
-                rows.append((TOPIC_PREFIX + name, self._encode(self.ctrl.topic_json(name))))
-                rows.append((BUCKETS_PREFIX + name, None))  # the row above has them
-            else:  # deleted
-                rows += [(TOPIC_PREFIX + name, None), (BUCKETS_PREFIX + name, None)]
-        for name in sorted(buckets - topics):
-            topic = self.ctrl.topics.get(name)
-            if topic is not None:
-                doc = {b: {"rate": p.rate, "burst": p.burst} for b, p in topic.buckets.items()}
-                rows.append((BUCKETS_PREFIX + name, self._encode(doc)))
-        return rows
-
-    def _encode(self, doc: Any) -> str:
-        text = json.dumps(doc)
-        self.encodes += 1
-        self.encoded_bytes += len(text)
-        return text
-
-    def _written(
-        self, done: asyncio.Future[None], rows: int, written: asyncio.Future[None]
-    ) -> None:
-        self._writing = None
-        if written.cancelled():
-            done.cancel()
-        else:
-            if (exc := written.exception()) is not None:  # the plan held still goes out
-                log.error("could not save %d rows to the controller's database: %s", rows, exc)
-            done.set_result(None)
-        if self._next_write is not None:  # marked meanwhile: the next batch
-            self._schedule_flush()
-
     def save_state(self) -> asyncio.Future[None]:
         """Have everything written: brokers and every topic (a broker registering)."""
-        return self._mark(self.ctrl.topics, brokers=True)
+        return self.writer.mark(self.ctrl.topics, brokers=True)
 
     def save_topic(self, name: str) -> asyncio.Future[None]:
         """Have one topic's row written."""
-        return self._mark([name])
-
-    def _persist(self, actions: list[Action]) -> asyncio.Future[None] | None:
-        """Have what ``actions`` changed written: the rows of the topics whose plan or
-        routes changed, the buckets of those whose shares did; the future of that write
-        (None: nothing to write)."""
-        topics = {
-            a.topic for a in actions if isinstance(a, PlanChanged | Unmanage | SetRoute | DropRoute)
-        }
-        buckets = {a.topic for a in actions if isinstance(a, SetBucket | Hold)}
-        if not topics and not buckets:
-            return None
-        return self._mark(topics, buckets)
+        return self.writer.mark([name])
 
     def execute(self, actions: list[Action]) -> None:
         """Persist, then carry the actions out in order in the background (sub-buckets
         before migration orders, so a destination shapes from the first message)."""
-        written = self._persist(actions)
+        written = self.writer.persist(actions)
         if any(not isinstance(a, PlanChanged) for a in actions):
             self._spawn(self._carry_out(actions, written, self._take(actions)))
 
     async def _execute_now(self, actions: list[Action]) -> None:
         """``execute``, awaited: the fitting driver must know the plan is in place."""
-        await self._carry_out(actions, self._persist(actions), self._take(actions))
+        await self._carry_out(actions, self.writer.persist(actions), self._take(actions))
 
     def repair(self, actions: list[Action]) -> None:
         """Put back shares a broker lost (``Controller.repairs``), but only of topics
@@ -506,28 +331,6 @@ class ControllerService:
             self._busy[t] = self._busy.get(t, 0) + 1
         return topics
 
-    async def _measure(
-        self, topic: str, broker: str, publishers: Sequence[str], window_s: float
-    ) -> RoundResult:
-        info = self.ctrl.brokers.get(broker)
-        if info is None or self._session is None:
-            return RoundResult(float("nan"), 0)
-        params = {"topic": topic, "window_ms": repr(window_s * 1000)}
-        timeout = aiohttp.ClientTimeout(total=window_s + 10)
-        try:
-            url = _broker_url(info, "/srtm/measure")
-            async with self._session.post(
-                url,
-                params=params,
-                json={"publishers": list(publishers)},
-                timeout=timeout,
-                headers=self._headers(),
-            ) as resp:
-                return as_result(await resp.json())
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("measurement on %s failed: %s", broker, exc)
-            return RoundResult(float("nan"), 0)
-
     async def _carry_out(
         self,
         actions: list[Action],
@@ -535,118 +338,12 @@ class ControllerService:
         busy: Sequence[str] = (),
     ) -> None:
         try:
-            await self._carry_out_now(actions, written)
+            await self.pusher.carry_out(actions, written)
         finally:
             for t in busy:
                 self._busy[t] -= 1
                 if not self._busy[t]:
                     del self._busy[t]
-
-    async def _carry_out_now(
-        self, actions: list[Action], written: asyncio.Future[None] | None
-    ) -> None:
-        if written is not None:
-            # Brokers hear of a plan once it would survive a restart; if it cannot be
-            # written (logged), the controller still runs on the plan it holds.
-            with contextlib.suppress(Exception):
-                await written
-        by_topic: dict[str, list[Action]] = {}
-        for a in actions:
-            if isinstance(a, SetBucket | Hold | SetRoute | DropRoute):
-                by_topic.setdefault(a.topic, []).append(a)
-        await asyncio.gather(*(self._change_shares(t, acts) for t, acts in by_topic.items()))
-        await asyncio.gather(*(self._unmanage(a) for a in actions if isinstance(a, Unmanage)))
-        for a in actions:
-            if isinstance(a, Migrate):
-                await self._order_migration(a)
-            elif isinstance(a, PlanChanged):
-                log.info("plan of %s is now version %d", a.topic, a.version)
-
-    async def _change_shares(self, topic: str, actions: list[Action]) -> None:
-        """Carry out one topic's share changes without a hole in its ``(r, b)``: every
-        decrease first, each retried until its broker took it or is down (its lease then
-        lapsed: it holds everything); only then the increases still in the plan."""
-        routed = [a for a in actions if isinstance(a, SetRoute | DropRoute)]
-        if not self.ordered:
-            shares = [a for a in actions if isinstance(a, SetBucket | Hold)]
-            await asyncio.gather(*(self._push_share(a) for a in shares))
-            for r in routed:
-                await self._route(r)
-            return
-        lock = self._shares.setdefault(topic, asyncio.Lock())
-        async with lock:
-            down, up = phases(actions)
-            # A broker losing publishers forwards before its share shrinks: what they
-            # still send it meanwhile is shaped by their new broker, not its drain share.
-            first, routed = forwarding_first(routed, down)
-            # One source, one destination: the destination is armed first, then the
-            # source's decrease (with its forwarding route, one step) hands the share
-            # over on their relay link, so what it forwards is shaped at once, not held
-            # there until our own increase push (docs/controller.md, "Push order").
-            plan, rest = handover(down, up, first)
-            push = None if plan is None else await self._arm(plan)
-            if push is not None:
-                first = rest
-            for r in first:
-                await self._route(r)
-            await asyncio.gather(
-                *(self._decrease(a, push if push and a is push.plan.source else None) for a in down)
-            )
-            # Every increase still in the plan, the handed-over one too (the same bucket:
-            # a handoff lost with its link or its source costs only today's wait).
-            await asyncio.gather(*(self._push_share(a) for a in up if self._current(a)))
-            # Other routes once the shares are in place (a broker relays only to brokers
-            # shaping with their new share), one by one in the order given (a broker
-            # gaining a channel's home hears before the one losing it).
-            for r in routed:
-                await self._route(r)
-        if topic not in self.ctrl.topics and not lock.locked():
-            self._shares.pop(topic, None)  # no lock kept per topic ever deleted
-
-    def _current(self, action: SetBucket) -> bool:
-        """Is this increase still what the topic's plan gives the broker? (A later plan
-        or adaptation replaced it: that one's own changes carry it out.)"""
-        topic = self.ctrl.topics.get(action.topic)
-        return topic is not None and topic.buckets.get(action.broker) == action.bucket
-
-    async def _arm(self, plan: Handover) -> _HandoffPush | None:
-        """Arm the destination of ``plan`` with its new share under a fresh token; None
-        if it did not take it (the change then goes as without a handover)."""
-        dest = plan.dest
-        info = self.ctrl.brokers.get(dest.broker)
-        if info is None or info.down:
-            return None
-        token = secrets.token_hex(16)
-        params = {"topic": dest.topic, "rate": repr(dest.bucket.rate),
-                  "burst": repr(dest.bucket.burst), "token": token}  # fmt: skip
-        if not await self._post_to_broker(dest.broker, "/srtm/bucket/arm", params, dest.topic):
-            return None
-        return _HandoffPush(plan, info.tcp_address, token)
-
-    async def _decrease(self, action: SetBucket | Hold, push: _HandoffPush | None = None) -> None:
-        while not await self._push_share(action, push):
-            info = self.ctrl.brokers.get(action.broker)
-            if info is None or info.down or action.topic not in self.ctrl.topics:
-                return  # down: its lease lapsed, it holds every topic
-            await asyncio.sleep(self.retry_s)
-
-    async def _push_share(self, action: SetBucket | Hold, push: _HandoffPush | None = None) -> bool:
-        """Push one share change; True once the broker has it (or holds the topic). With
-        ``push``: the source's decrease, which sets its forwarding route and hands its
-        share over to the armed destination in the same step."""
-        extra: dict[str, str] = {}
-        body = None
-        if push is not None:
-            extra = {"handoff": push.to, "token": push.token}
-            body = None if push.plan.route is None else push.plan.route.doc
-        if isinstance(action, Hold):
-            params = {"topic": action.topic, **extra}
-            # A refused route (400) would be refused again: taken, logged.
-            return await self._post_to_broker(
-                action.broker, "/srtm/bucket/hold", params, action.topic,
-                taken=(200, 400), body=body,
-            )  # fmt: skip
-        return await self._push_bucket(action, extra, body)
 
     def start_fitting(self, topic: str, fit: FitSettings, model: BrokerModel | None) -> None:
         """Online fitting of ``topic`` in the background; its progress is the topic's
@@ -663,7 +360,7 @@ class ControllerService:
         model: BrokerModel | None = None,
     ) -> None:
         async def measure(broker: str, publishers: Sequence[str], window: float) -> RoundResult:
-            return await self._measure(topic, broker, publishers, window)
+            return await self.pusher.measure(topic, broker, publishers, window)
 
         try:
             predict = None
@@ -690,89 +387,6 @@ class ControllerService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _order_migration(self, action: Migrate) -> None:
-        params = {"topic": action.topic, "publisher": action.publisher, "to": action.to,
-                  "version": str(action.version)}  # fmt: skip
-        await self._post_to_broker(action.broker, "/srtm/migrate", params, "a migration")
-
-    async def _push_bucket(
-        self,
-        action: SetBucket,
-        extra: dict[str, str] | None = None,
-        body: dict[str, Any] | None = None,
-    ) -> bool:
-        params = {
-            k: repr(v) if isinstance(v, float) else str(v)
-            for k, v in self.ctrl.bucket_doc(action.topic, action.bucket).items()
-        }
-        params = {"topic": action.topic, **params, **(extra or {})}  # fmt: skip
-        return await self._post_to_broker(
-            action.broker, "/srtm/bucket", params, action.topic, taken=(200, 400, 409),
-            body=body,
-        )  # fmt: skip
-
-    async def _route(self, action: SetRoute | DropRoute) -> None:
-        """Push one route (``POST /srtm/route``) or drop it (``DELETE``; 404: none there).
-        A broker that does not take it is logged; it gets its routes again when it
-        registers."""
-        info = self.ctrl.brokers.get(action.broker)
-        if info is None or self._session is None or info.down:
-            return
-        try:
-            url = _broker_url(info, "/srtm/route")
-            if isinstance(action, SetRoute):
-                request = self._session.post(url, json=action.doc, headers=self._headers())
-            else:
-                params = {"topic": action.topic}
-                request = self._session.delete(url, params=params, headers=self._headers())
-            async with request as r:
-                if r.status not in (200, 404) or (r.status == 404 and isinstance(action, SetRoute)):
-                    log.warning("broker %s refused the route of %s: %s", action.broker,
-                                action.topic, await r.text())  # fmt: skip
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("broker %s unreachable for the route of %s: %s",
-                        action.broker, action.topic, exc)  # fmt: skip
-
-    async def _unmanage(self, action: Unmanage) -> None:
-        """The broker drops the topic's sub-bucket and releases what it holds of it (404:
-        it never had the topic, nothing to drop)."""
-        params = {"topic": action.topic}
-        await self._post_to_broker(
-            action.broker, "/srtm/bucket", params, action.topic, "DELETE", fine=(200, 404)
-        )
-
-    async def _post_to_broker(
-        self,
-        broker: str,
-        path: str,
-        params: dict[str, str],
-        what: str,
-        method: str = "POST",
-        fine: tuple[int, ...] = (200,),
-        taken: tuple[int, ...] = (200,),
-        body: dict[str, Any] | None = None,
-    ) -> bool:
-        """Send an order to a broker (``fine``: statuses not worth a warning); a refusal
-        or an unreachable broker is logged, not raised (a re-registering broker gets its
-        sub-buckets again). True when the answer's status is in ``taken``: nothing to try
-        again (a bucket refused as invalid (400) never will be; a broker whose lease
-        lapsed (409) holds the topic)."""
-        info = self.ctrl.brokers.get(broker)
-        if info is None or self._session is None:
-            return True
-        try:
-            url = _broker_url(info, path)
-            request = self._session.request(
-                method, url, params=params, json=body, headers=self._headers()
-            )
-            async with request as r:
-                if r.status not in fine:
-                    log.warning("broker %s refused %s: %s", broker, params, await r.text())
-                return r.status in taken
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("broker %s unreachable for %s: %s", broker, what, exc)
-            return False
-
     # -- HTTP ----------------------------------------------------------------------------
     def app(self) -> web.Application:
         """The HTTP API (``srtm.control.api``) serving this controller."""
@@ -785,23 +399,6 @@ class ControllerService:
                 "stalled_s": self.ctrl.stalled_s, "tls": self.options.tls_cert is not None,
                 "auth": self.options.token is not None,
                 **({"elastic": self.elastic.to_json()} if self.elastic else {})}  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class _HandoffPush:
-    """A handover with its destination armed: where the source sends HANDOFF, and the
-    token it carries."""
-
-    plan: Handover
-    to: str
-    token: str
-
-
-def _broker_url(info: BrokerInfo, path: str) -> URL:
-    """A URL on a broker's HTTP API built from its parsed host and port (never pasted
-    from the registered text, which could carry a path, user info or another host)."""
-    host, port = info.http_endpoint()
-    return URL.build(scheme="http", host=host, port=port, path=path)
 
 
 async def serve(options: ControllerOptions, on_ready: Callable[[ControllerService], None]) -> None:
