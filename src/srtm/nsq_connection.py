@@ -67,7 +67,9 @@ class Handshake:
     and waits for its answer (a heartbeat is answered on the way, an error frame raised
     as ``BrokerError``, the connection closed under it as ``ConnectionError``)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str):
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str
+    ) -> None:
         self.reader, self.writer, self.address = reader, writer, address
         self._frames = FrameReader()
         #: Frames read and not answers to the handshake: the reader takes them first.
@@ -155,7 +157,7 @@ def _document(answer: bytes) -> dict[str, Any]:
         return {}
     try:
         doc = json.loads(answer)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise HandshakeError(f"unreadable answer {answer[:100]!r}") from exc
     return doc if isinstance(doc, dict) else {}
 

@@ -10,8 +10,9 @@ keeps its due time wherever it goes. Nothing acknowledged is
 dropped: the publisher's OK waits until the target answered OK, and whatever a peer cannot
 take (unreachable, over its bound, an error) is accepted here instead (``fallback_local``).
 
-A ``PeerLink`` is one connection to one peer, opened on first use: it IDENTIFYs with
-``srtm_relay: true`` (what arrives on it is never relayed again: no loops), upgrades to TLS
+A ``PeerLink`` is one connection (``srtm.nsq_connection``) to one peer, opened on first
+use: it IDENTIFYs with ``srtm_relay: true`` (what arrives on it is never relayed again: no
+loops), upgrades to TLS
 and sends AUTH where the peer's answer asks for them (``--relay-tls*``,
 ``--relay-auth-secret``: a peer with ``--tls-required`` or an auth server is relayed to as
 any NSQ client would publish to it; one that cannot be is logged and its share falls back
