@@ -156,7 +156,7 @@ async def test_an_answer_to_a_command_given_up_on_keeps_the_reader_alive() -> No
     its own answer, and the connection keeps reading."""
     import struct
 
-    from srtm.client.connection import BrokerError, Connection
+    from srtm.nsq_connection import BrokerError, Connection
     from srtm.protocol import FrameType
     from srtm.protocol.commands import Pub
     from srtm.protocol.frames import frame
@@ -200,7 +200,7 @@ def test_a_command_on_a_reset_connection_fails_its_future_not_its_caller() -> No
     experiment's load generator at the broker kill."""
     import uvloop
 
-    from srtm.client.connection import Connection
+    from srtm.nsq_connection import Connection
     from srtm.protocol.commands import Nop, Pub
 
     async def main() -> None:

@@ -105,4 +105,4 @@ def test_every_allowed_exception_is_still_needed() -> None:
 def test_the_walk_sees_io_at_the_edge() -> None:
     assert ("srtm.experiments.calibrate", "socket") in io_imports("srtm.experiments")
     # through an srtm import: the emulator is reached from the launch-free workload root
-    assert ("srtm.client.connection", "asyncio") in io_imports("srtm.workload.emulator")
+    assert ("srtm.nsq_connection", "asyncio") in io_imports("srtm.workload.emulator")

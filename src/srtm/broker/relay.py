@@ -10,8 +10,9 @@ keeps its due time wherever it goes. Nothing acknowledged is
 dropped: the publisher's OK waits until the target answered OK, and whatever a peer cannot
 take (unreachable, over its bound, an error) is accepted here instead (``fallback_local``).
 
-A ``PeerLink`` is one connection to one peer, opened on first use: it IDENTIFYs with
-``srtm_relay: true`` (what arrives on it is never relayed again: no loops), upgrades to TLS
+A ``PeerLink`` is one connection (``srtm.nsq_connection``) to one peer, opened on first
+use: it IDENTIFYs with ``srtm_relay: true`` (what arrives on it is never relayed again: no
+loops), upgrades to TLS
 and sends AUTH where the peer's answer asks for them (``--relay-tls*``,
 ``--relay-auth-secret``: a peer with ``--tls-required`` or an auth server is relayed to as
 any NSQ client would publish to it; one that cannot be is logged and its share falls back
@@ -26,9 +27,7 @@ a backoff; while down, what comes falls back at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
-import json
 import logging
 import math
 import ssl
@@ -42,9 +41,9 @@ from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import RelayTls
 from srtm.broker.routes import RouteTable, TopicRoute, restored_route
 from srtm.broker.tls import RelaySecurity, relay_security
+from srtm.nsq_connection import BrokerError, Connection, Handshake, HandshakeError
 from srtm.protocol import ProtocolError
-from srtm.protocol.commands import Auth, Dpub, Handoff, Identify, Mpub, Nop, Pub, encode_command
-from srtm.protocol.frames import FrameReader, FrameType
+from srtm.protocol.commands import Command, Dpub, Handoff, Mpub, Pub
 
 if TYPE_CHECKING:
     from srtm.broker.options import BrokerOptions
@@ -71,8 +70,6 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
 ARM_TTL_S = 5.0
 #: Armed shares kept at most (topics): beyond, the one armed first goes.
 MAX_ARMED = 4096
-_HEARTBEAT = b"_heartbeat_"
-_OK = b"OK"
 
 Done = Callable[[bool], None]
 
@@ -114,7 +111,6 @@ class PeerLink:
         self._closing = False
         #: A command is written and its answer not read yet.
         self._in_flight = False
-        self._frames = FrameReader()
 
     def send(self, topic: str, bodies: list[bytes], done: Done, due_s: float | None = None) -> bool:
         """Queue a copy for the peer; ``done(ok)`` once it answered. False (nothing
@@ -178,73 +174,59 @@ class PeerLink:
             if self._closing or not self.queue:
                 continue
             try:
-                reader, writer = await self._connect()
+                conn = await self._connect()
             except LinkRefused as exc:
                 self._failed(str(exc), logging.ERROR)
                 continue
-            except (OSError, TimeoutError, ProtocolError, ValueError) as exc:
+            except (OSError, TimeoutError, BrokerError, ValueError) as exc:
                 self._failed(f"cannot connect: {exc}")
                 continue
             try:
-                await self._serve(reader, writer)
-            except (OSError, TimeoutError, ProtocolError, ValueError) as exc:
+                await self._serve(conn)
+            except (OSError, TimeoutError, ValueError) as exc:
                 self._failed(f"connection lost: {exc}")
             finally:
                 self.connected = False
-                writer.close()
+                conn.close_nowait()
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        host, _, port = self.address.rpartition(":")
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, int(port)), CONNECT_TIMEOUT_S
-        )
+    async def _connect(self) -> Connection:
+        hs = await asyncio.wait_for(Handshake.start(self.address), CONNECT_TIMEOUT_S)
         try:
-            frames, how = await asyncio.wait_for(
-                self._negotiate(reader, writer, host.strip("[]")), ANSWER_TIMEOUT_S
-            )
+            how = await asyncio.wait_for(self._negotiate(hs), ANSWER_TIMEOUT_S)
         except BaseException:
-            writer.close()
+            hs.close()
             raise
-        self._frames = frames
         self.connected = True
         self.connects += 1
         self._backoff = BACKOFF_MIN_S
         self.down_until = 0.0
         log.info("relay to %s connected (%s)", self.address, how)
-        return reader, writer
+        return hs.connection()
 
-    async def _negotiate(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str
-    ) -> tuple[FrameReader, str]:
+    async def _negotiate(self, hs: Handshake) -> str:
         """IDENTIFY as a real NSQ client would (feature negotiation: the answer says
         whether the peer offers TLS and wants AUTH), then the TLS upgrade and AUTH where
-        due. Returns the frame reader to go on with and how the link is secured. A peer
-        that cannot be relayed to as configured raises ``LinkRefused``."""
+        due. Returns how the link is secured. A peer that cannot be relayed to as
+        configured raises ``LinkRefused``."""
         sec = self.security
-        tls = sec.context is not None
         # Each message is attributed at the target to the publisher its measurement header
         # names, as on the broker it was published to (traces, measurement rounds).
         identity = {"client_id": self.client_id, "srtm_relay": True, "srtm_header_publisher": True,
-                    "feature_negotiation": True, "tls_v1": tls}  # fmt: skip
-        writer.write(b"  V2" + encode_command(Identify(identity)))
-        frames = FrameReader()
+                    "tls_v1": sec.context is not None}  # fmt: skip
         try:
-            features = _features(await self._response(reader, writer, frames))
-        except ProtocolError as exc:
-            raise LinkRefused(f"IDENTIFY refused: {exc.code} {exc.message}") from exc
-        how = ["plain text"]
+            features = await hs.identify(identity)
+        except (BrokerError, HandshakeError) as exc:
+            raise LinkRefused(f"IDENTIFY refused: {exc}") from exc
         if features.get("tls_v1") is True and sec.context is not None:
             try:
-                await writer.start_tls(sec.context, server_hostname=host)
+                await hs.upgrade(sec.context)
             except (ssl.SSLError, ssl.CertificateError) as exc:
                 raise LinkRefused(f"TLS handshake failed: {exc}") from exc
-            frames = FrameReader()  # nothing else came before the handshake
-            if await self._response(reader, writer, frames) != _OK:
-                raise LinkRefused("TLS: no OK after the upgrade")
-            ssl_object = writer.get_extra_info("ssl_object")
-            how = [f"TLS {ssl_object.version() if ssl_object is not None else ''}".rstrip()]
+            except HandshakeError as exc:
+                raise LinkRefused(f"TLS: {exc}") from exc
         elif sec.tls == RelayTls.REQUIRED:
             raise LinkRefused("TLS: the peer offers none (--relay-tls required)")
+        how = [hs.secured]
         # A peer that checks relay links itself (its token or relay secret) says so: a
         # link that does not prove itself may not say srtm_relay there.
         checks = features.get("srtm_relay_auth") is True
@@ -257,30 +239,26 @@ class PeerLink:
                     else "the peer requires AUTH (its auth server) and no --relay-auth-secret "
                     "is set (the token goes only to a peer that checks it itself)"
                 )
-            writer.write(encode_command(Auth(secret.encode())))
             try:
-                answer = _features(await self._response(reader, writer, frames))
-            except ProtocolError as exc:
-                raise LinkRefused(f"AUTH refused: {exc.code} {exc.message}") from exc
+                answer = await hs.auth(secret)
+            except (BrokerError, HandshakeError) as exc:
+                raise LinkRefused(f"AUTH refused: {exc}") from exc
             who = f"AUTH as {str(answer.get('identity', '?'))[:100]!r}"
             if answer.get("srtm_relay") is not True:
                 raise LinkRefused(f"{who}: the peer does not take it for a relay link")
             how.append(who)
-        return frames, ", ".join(how)
+        return ", ".join(how)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, conn: Connection) -> None:
         """Send the queue, one command at a time, until it is empty; then wait for more
-        (answering the peer's heartbeats meanwhile)."""
+        (the connection answers the peer's heartbeats meanwhile)."""
         while True:
             while self.queue and not self._closing:
                 batch = self._batch()
-                writer.write(_encode(batch))
                 self._in_flight = True
                 try:
-                    await asyncio.wait_for(
-                        self._answer(reader, writer, self._frames), ANSWER_TIMEOUT_S
-                    )
-                except ProtocolError:
+                    await asyncio.wait_for(conn.request(_command(batch)), ANSWER_TIMEOUT_S)
+                except BrokerError:
                     self._settle(batch, False)  # refused (not fatal for us): kept here
                     continue
                 except BaseException:
@@ -291,62 +269,20 @@ class PeerLink:
                 self._settle(batch, True)
             if self._closing:
                 return
-            chunk = await self._idle(reader)
-            if chunk is None:
-                continue  # more to send
-            if not chunk:
+            await self._idle(conn)
+            if conn.closed.is_set():
                 raise ConnectionError("closed by the peer")
-            self._idle_frames(chunk, writer)
 
-    async def _idle(self, reader: asyncio.StreamReader) -> bytes | None:
-        """Wait for more to send (None) or for what the peer sends meanwhile."""
-        idle = asyncio.ensure_future(self._wake.wait())
-        data = asyncio.ensure_future(reader.read(4096))
+    async def _idle(self, conn: Connection) -> None:
+        """Wait for more to send, or for the connection to end."""
+        wake = asyncio.ensure_future(self._wake.wait())
+        lost = asyncio.ensure_future(conn.closed.wait())
         try:
-            await asyncio.wait({idle, data}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({wake, lost}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            idle.cancel()
-            if not data.done():
-                data.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await data
+            wake.cancel()
+            lost.cancel()
         self._wake.clear()
-        if data.cancelled():
-            return None
-        return data.result()
-
-    def _idle_frames(self, chunk: bytes, writer: asyncio.StreamWriter) -> None:
-        for f in self._frames.feed(chunk):
-            if f.kind is FrameType.RESPONSE and f.data == _HEARTBEAT:
-                writer.write(encode_command(Nop()))
-            elif f.kind is FrameType.ERROR:
-                raise ConnectionError(f"peer error: {f.data[:200]!r}")
-
-    async def _answer(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frames: FrameReader
-    ) -> None:
-        """Wait for the answer to the one command in flight: OK, or an error (raised as a
-        ProtocolError); heartbeats are answered on the way."""
-        while (data := await self._response(reader, writer, frames)) != _OK:
-            log.debug("relay to %s: unexpected answer %r", self.address, data[:100])
-
-    async def _response(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frames: FrameReader
-    ) -> bytes:
-        """The next response that is not a heartbeat (answered on the way); an error frame
-        is raised as a ProtocolError."""
-        while True:
-            chunk = await reader.read(65536)
-            if not chunk:
-                raise ConnectionError("closed by the peer")
-            for f in frames.feed(chunk):
-                if f.kind is FrameType.RESPONSE and f.data == _HEARTBEAT:
-                    writer.write(encode_command(Nop()))
-                elif f.kind is FrameType.RESPONSE:
-                    return f.data
-                elif f.kind is FrameType.ERROR:
-                    code, _, detail = f.data.decode(errors="replace").partition(" ")
-                    raise ProtocolError(code, detail)
 
     def _batch(self) -> list[_Item]:
         """The head of the queue, plus what follows it for the same topic while a batch
@@ -394,26 +330,15 @@ class PeerLink:
             self._settle([self.queue.popleft()], False)
 
 
-def _features(data: bytes) -> dict[str, Any]:
-    """IDENTIFY's (or AUTH's) JSON answer; an older peer's plain OK says nothing."""
-    if data == _OK:
-        return {}
-    try:
-        doc = json.loads(data)
-    except ValueError as exc:
-        raise LinkRefused(f"unreadable answer {data[:100]!r}") from exc
-    return doc if isinstance(doc, dict) else {}
-
-
-def _encode(batch: list[_Item]) -> bytes:
+def _command(batch: list[_Item]) -> Command:
     if (token := batch[0].token) is not None:
-        return encode_command(Handoff(batch[0].topic, token))
+        return Handoff(batch[0].topic, token)
     if (due := batch[0].due_s) is not None:
-        return encode_command(Dpub(batch[0].topic, left_ms(due), batch[0].bodies[0]))
+        return Dpub(batch[0].topic, left_ms(due), batch[0].bodies[0])
     bodies = [b for item in batch for b in item.bodies]
     if len(bodies) == 1:
-        return encode_command(Pub(batch[0].topic, bodies[0]))
-    return encode_command(Mpub(batch[0].topic, bodies))
+        return Pub(batch[0].topic, bodies[0])
+    return Mpub(batch[0].topic, bodies)
 
 
 def left_ms(due_s: float) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from srtm.client.connection import BrokerError, Connection
+from srtm.nsq_connection import BrokerError, Connection, client_context
 from srtm.protocol import Pub, header
 from srtm.version import __version__
 
@@ -66,6 +67,8 @@ class Publisher:
         join_secret: str | None = None,
         max_pending: int = 1_000,
         message_size: int = header.SIZE,
+        tls: ssl.SSLContext | bool = False,
+        auth_secret: str | None = None,
     ) -> None:
         if (controller is None) == (address is None):
             raise ValueError("give exactly one of controller (URL) or address (HOST:PORT)")
@@ -77,6 +80,8 @@ class Publisher:
         self.controller = controller.rstrip("/") if controller else None
         self.address = address
         self.message_size = message_size
+        self._tls = client_context(tls)
+        self._auth_secret = auth_secret
         self.seq = 0
         self.migrations = 0
         self.reconnects = 0
@@ -126,18 +131,17 @@ class Publisher:
             return str(doc["tcp_address"])
 
     async def _open(self, address: str) -> Connection:
-        conn = await Connection.open(address, on_order=self._on_order, on_close=self._lost)
         fields = {"srtm_publisher": self.id, "srtm_orders": True, "client_id": self.id,
                   "user_agent": f"srtm-client/{__version__}"}  # fmt: skip
         if self.group:
             fields["srtm_group"] = self.group
         if self.rate:
             fields["srtm_rate"] = self.rate
-        try:
-            doc = await conn.identify(**fields)
-        except BaseException:
-            await conn.close()
-            raise
+        conn = await Connection.open(
+            address, fields, tls=self._tls, auth_secret=self._auth_secret,
+            on_order=self._on_order, on_close=self._lost,
+        )  # fmt: skip
+        doc = conn.features
         size = doc.get("srtm_max_msg_size", doc.get("max_msg_size"))
         conn.max_msg_size = size if isinstance(size, int) and size > 0 else None
         return conn

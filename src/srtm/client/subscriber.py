@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,8 +26,8 @@ from pathlib import Path
 import aiohttp
 from hdrh.histogram import HdrHistogram
 
-from srtm.client.connection import BrokerError, Connection
 from srtm.client.traces import SubscriberTraces
+from srtm.nsq_connection import BrokerError, Connection, client_context
 from srtm.protocol import Fin, MessageFrame, Rdy, Sub, header
 from srtm.protocol.session import E_SUB_FAILED
 
@@ -58,6 +59,8 @@ class Subscriber:
         class_secret: str | None = None,
         retry_s: float = 0.5,
         max_retry_s: float = 30.0,
+        tls: ssl.SSLContext | bool = False,
+        auth_secret: str | None = None,
     ) -> None:
         if controller is None and not addresses:
             raise ValueError("give a controller (URL) or broker addresses")
@@ -69,6 +72,8 @@ class Subscriber:
         self.refresh_s = refresh_s
         self.consumer_class = consumer_class
         self._class_secret = class_secret
+        self._tls = client_context(tls)
+        self._auth_secret = auth_secret
         self.retry_s, self.max_retry_s = retry_s, max_retry_s
         #: SUBs refused because the class was not admitted (each retry counts).
         self.refused = 0
@@ -113,17 +118,21 @@ class Subscriber:
             await self.refresh()
 
     async def _subscribe(self, address: str) -> None:
-        conn = await Connection.open(
-            address,
-            on_message=lambda m: self._message(address, m),
-            on_close=lambda c: self._conns.pop(address, None),
-        )
-        fields: dict[str, object] = {"client_id": f"srtm-sub-{self.channel}"}
+        fields: dict[str, object] = {"client_id": f"srtm-sub-{self.channel}",
+                                     "heartbeat_interval": 5_000}  # fmt: skip
         if self.consumer_class is not None:
             fields["srtm_class"] = self.consumer_class
             if self._class_secret is not None:
                 fields["srtm_class_secret"] = self._class_secret
-        reply = await conn.identify(**fields, heartbeat_interval=5_000)
+        conn = await Connection.open(
+            address,
+            fields,
+            tls=self._tls,
+            auth_secret=self._auth_secret,
+            on_message=lambda m: self._message(address, m),
+            on_close=lambda c: self._conns.pop(address, None),
+        )
+        reply = conn.features
         self._broker_ids[address] = str(reply.get("srtm_broker_id", address))
         self._conns[address] = conn  # also while waiting to be admitted: not opened twice
         try:

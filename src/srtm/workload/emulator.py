@@ -26,7 +26,7 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
-from srtm.client.connection import BrokerError, Connection
+from srtm.nsq_connection import BrokerError, Connection
 from srtm.protocol import Mpub, header
 from srtm.quantiles import quantiles
 from srtm.version import __version__
@@ -202,16 +202,11 @@ class Emulator:
         return await conn.request(Mpub(self.topic, bodies))
 
     async def _open(self, address: str) -> Connection:
+        identity = {"client_id": self.name, "srtm_publisher": self.name,
+                    "srtm_header_publisher": True,
+                    "user_agent": f"srtm-emulator/{__version__}"}  # fmt: skip
         try:
-            conn = await Connection.open(address)
-            try:
-                await conn.identify(
-                    client_id=self.name, srtm_publisher=self.name, srtm_header_publisher=True,
-                    user_agent=f"srtm-emulator/{__version__}",
-                )  # fmt: skip
-            except BaseException:
-                await conn.close()
-                raise
+            conn = await Connection.open(address, identity)
         finally:
             # A failed attempt is not kept: the next send to this address tries again.
             self._opening.pop(address, None)
