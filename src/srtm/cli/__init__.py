@@ -6,7 +6,7 @@ import enum
 import inspect
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -28,7 +28,6 @@ from srtm.version import package_version
 
 if TYPE_CHECKING:
     from srtm.placement import LedgerEntry, Placement, TopicSpec
-    from srtm.ratelimit import BucketParams
 
 T = TypeVar("T")
 
@@ -329,7 +328,8 @@ def place_command(
     then the capacity ledger: per broker mcap, allocated (the sub-bucket rates promised so
     far), measured (the brokers file's load) and rcap = mcap - max(allocated, measured).
     """
-    from srtm.placement import for_topic, ledger, parse_brokers, parse_policy, parse_topic, place
+    from srtm.placement import parse_brokers, parse_policy, parse_topic
+    from srtm.placement.whatif import place_in_order
 
     try:
         chosen = parse_policy(policy)
@@ -341,21 +341,15 @@ def place_command(
     except ValueError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    measured = [(b.id, b.mcap, b.load) for b in fleet]
-    plans: list[dict[str, BucketParams]] = []
-    docs = []
-    console = Console(width=None if Console().is_terminal else 120)
-    for spec in specs:
-        before = ledger(measured, plans)
-        result = place(chosen, for_topic(spec, [e.capacity() for e in before]), spec, seed)
-        plans.append({a.broker: a.bucket for a in result.assignments if a.bucket is not None})
-        after = ledger(measured, plans)
-        docs.append(result.to_json() | {"topic": spec.name, "ledger": _ledger_doc(after)})
-        if not as_json:
-            _print_placement(console, spec, policy, result, before)
-            _print_ledger(console, spec.name, after)
+    placed = place_in_order(chosen, fleet, specs, seed)
     if as_json:
+        docs = [p.to_json() for p in placed]
         print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+        return
+    console = Console(width=None if Console().is_terminal else 120)
+    for p in placed:
+        _print_placement(console, p.spec, policy, p.placement, p.before)
+        _print_ledger(console, p.spec.name, p.after)
 
 
 def _topic_docs(path: Path) -> list[Any]:
@@ -363,16 +357,12 @@ def _topic_docs(path: Path) -> list[Any]:
     return doc if isinstance(doc, list) else [doc]
 
 
-def _ledger_doc(entries: list[LedgerEntry]) -> list[dict[str, Any]]:
-    return [
-        {"id": e.id, "mcap": e.mcap, "allocated": e.allocated, "measured": e.measured,
-         "rcap": e.rcap}
-        for e in entries
-    ]  # fmt: skip
-
-
 def _print_placement(
-    console: Console, spec: TopicSpec, policy: str, result: Placement, before: list[LedgerEntry]
+    console: Console,
+    spec: TopicSpec,
+    policy: str,
+    result: Placement,
+    before: Sequence[LedgerEntry],
 ) -> None:
     table = Table(
         title=f"{spec.name}: {len(spec.publishers)} publishers, {spec.load:,.6g} msg/s, "
@@ -403,7 +393,7 @@ def _print_placement(
         )
 
 
-def _print_ledger(console: Console, name: str, entries: list[LedgerEntry]) -> None:
+def _print_ledger(console: Console, name: str, entries: Sequence[LedgerEntry]) -> None:
     table = Table(title=f"ledger after {name} (msg/s)")
     for column in ("broker", "mcap", "allocated", "measured", "rcap"):
         table.add_column(column, justify="left" if column == "broker" else "right")
@@ -471,8 +461,8 @@ def rebalance_command(
     a despawn when the average load ratio stays under --despawn-below without a broker.
     Prints the decisions and each broker's load ratio before and after them.
     """
-    from srtm.placement.rebalance import RebalanceSettings, apply, load_ratios, parse_state
-    from srtm.placement.rebalance import rebalance as decide
+    from srtm.placement.rebalance import RebalanceSettings
+    from srtm.placement.whatif import rebalance_what_if
 
     doc = _read_json(state, "--state")
     try:
@@ -485,29 +475,18 @@ def rebalance_command(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     try:
-        parsed = parse_state(doc)
-        when = now
-        if when is None:
-            raw = doc.get("now_s", 0.0) if isinstance(doc, dict) else 0.0
-            if isinstance(raw, bool) or not isinstance(raw, int | float):
-                raise ValueError(f"now_s must be a number, got {raw!r}")
-            when = float(raw)
+        result = rebalance_what_if(doc, settings, now)
     except ValueError as exc:
         Console(stderr=True).print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    decisions = decide(parsed, settings, when)
-    before = load_ratios(parsed, settings)
-    after = load_ratios(apply(parsed, decisions, settings, when), settings)
-    rows = [{"id": b, "before": lr, "after": after.get(b)} for b, lr in before.items()]
     if as_json:
-        out = {"now_s": when, "decisions": [d.to_json() for d in decisions], "brokers": rows}
-        print(json.dumps(out, indent=2))
+        print(json.dumps(result.to_json(), indent=2))
         return
     console = Console(width=None if Console().is_terminal else 120)
-    table = Table(title=f"decisions at t = {when:g} s")
+    table = Table(title=f"decisions at t = {result.now_s:g} s")
     for column in ("#", "action", "topic", "publishers", "from", "to / n"):
         table.add_column(column)
-    for i, d in enumerate(decisions, 1):
+    for i, d in enumerate(result.decisions, 1):
         j = d.to_json()
         pubs = j.get("publishers")
         shown = "" if pubs is None else ", ".join(pubs[:6]) + (" …" if len(pubs) > 6 else "")
@@ -517,15 +496,13 @@ def rebalance_command(
             str(i), j["action"] + extra, j.get("topic", ""), shown, j.get("from", ""),
             escape(str(target_cell)),
         )  # fmt: skip
-    console.print(table if decisions else "[green]no decisions: nothing to do[/green]")
+    console.print(table if result.decisions else "[green]no decisions: nothing to do[/green]")
     ratios = Table(title=f"load ratio (overload > {overload:g}, target < {target:g})")
     for column in ("broker", "before", "after"):
         ratios.add_column(column, justify="left" if column == "broker" else "right")
-    for row in rows:
-        lr = row["after"]
-        ratios.add_row(
-            str(row["id"]), f"{row['before']:.3f}", "despawned" if lr is None else f"{lr:.3f}"
-        )
+    for b in result.brokers:
+        after = "despawned" if b.after is None else f"{b.after:.3f}"
+        ratios.add_row(b.broker, f"{b.before:.3f}", after)
     console.print(ratios)
 
 
