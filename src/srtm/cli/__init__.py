@@ -1,5 +1,6 @@
-"""The ``srtm`` command line: the app, assembled from the command groups in ``srtm.cli.*``
-(each command there only parses flags and calls a package)."""
+"""The ``srtm`` command line: the app, assembled. Each command lives in a module named for
+its group (``srtm.cli.analysis``, ``serve``, ``placement``, ``pipeline``, ``utility``; the
+experiments' in ``srtm.experiments.cli``), where it only parses flags and calls a package."""
 
 from __future__ import annotations
 
