@@ -72,7 +72,7 @@ def frame_of(text: str) -> tuple[str, str]:
 def stage_of(stack: list[str]) -> str:
     for text in reversed(stack):
         path, func = frame_of(text)
-        if "srtm/" not in path or path.endswith(("srtm/__main__.py", "srtm/cli.py")):
+        if "srtm/" not in path or "srtm/cli/" in path or path.endswith("srtm/__main__.py"):
             continue
         if path.endswith("srtm/broker/server.py"):
             return LOOP

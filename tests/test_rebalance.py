@@ -28,9 +28,9 @@ from srtm.placement.rebalance import (
     Unreplicate,
     apply,
     load_ratios,
-    parse_state,
     rebalance,
 )
+from srtm.placement.whatif import parse_state
 
 NOW = 100.0
 SETTINGS = RebalanceSettings()

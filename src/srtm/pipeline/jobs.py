@@ -13,14 +13,29 @@ import pyarrow.dataset as ds
 
 from srtm.pipeline import JOBS, adaptor, correlation, latency, profile, report
 from srtm.pipeline.dataset import Side, Traces, open_traces, write_output
-from srtm.pipeline.session import size_shuffle
+from srtm.pipeline.session import (
+    SparkSettings,
+    executor_ids,
+    get_session,
+    size_shuffle,
+    stop_session,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-__all__ = ["JOBS", "READS", "JobResult", "Options", "run_job", "run_jobs"]
+__all__ = [
+    "JOBS",
+    "READS",
+    "JobResult",
+    "Options",
+    "PipelineRun",
+    "run_job",
+    "run_jobs",
+    "run_pipeline",
+]
 
 #: Job → the trace sides it reads (for sizing and rows/s).
 READS: dict[str, tuple[Side, ...]] = {
@@ -135,3 +150,42 @@ def run_jobs(
             on_start(job)
         results.append(run_job(job, spark, traces, out, opts))
     return results
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """What ``run_pipeline`` did, and where: the Spark application and its executors."""
+
+    results: list[JobResult]
+    application: str
+    #: Executor ids (none: the driver JVM ran the tasks).
+    executors: list[str]
+
+
+def run_pipeline(
+    jobs: Sequence[str],
+    traces: Path,
+    out: Path,
+    settings: SparkSettings,
+    options: Options | None = None,
+    on_start: Callable[[str], None] | None = None,
+) -> PipelineRun:
+    """``run_jobs`` in a session on ``settings``: the traces are checked before Spark
+    starts (errors come at once); a session started here is stopped with its JVM at the
+    end, one already running (a notebook, tests) is left running."""
+    from pyspark.sql import SparkSession
+
+    opts = options or Options()
+    owned = SparkSession.getActiveSession() is None
+    spark = None
+    try:
+        checked = open_traces(traces, opts.runs)
+        spark = get_session(settings.master, settings)
+        app_id = spark.sparkContext.applicationId
+        results = run_jobs(jobs, spark, checked, out, opts, on_start)
+        # After the jobs: on a cluster, executors register while the first job waits.
+        executors = executor_ids(spark)
+    finally:
+        if owned and spark is not None:
+            stop_session(spark)
+    return PipelineRun(results, app_id, executors)

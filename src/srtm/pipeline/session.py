@@ -242,3 +242,30 @@ def _parent(pid: int) -> int:
     except OSError:
         return -1
     return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """Where a session runs its tasks (``srtm pipeline info``)."""
+
+    version: str
+    master: str | None
+    #: Pid of the driver JVM ("?" when pyspark does not say).
+    driver_jvm: str
+    #: Executor ids (none in local mode, where the driver JVM runs the tasks).
+    executors: list[str]
+    #: (Python worker pid, pid of the JVM that started it), from a few tiny tasks.
+    tasks: list[tuple[int, int]]
+
+
+def session_info(settings: SparkSettings) -> SessionInfo:
+    """Starts a session on ``settings``, asks where tasks run, and stops it."""
+    from pyspark import SparkContext
+
+    spark = get_session(settings.master, settings)
+    ids = executor_ids(spark)
+    driver_jvm = getattr(getattr(SparkContext._gateway, "proc", None), "pid", "?")
+    pids = task_processes(spark)
+    info = SessionInfo(spark.version, spark.sparkContext.master, str(driver_jvm), ids, pids)
+    stop_session(spark)
+    return info

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from srtm.placement.ledger import LedgerEntry, for_topic
-from srtm.placement.model import BrokerCapacity, PublisherLoad, TopicSpec, parse_topic
+from srtm.placement.model import BrokerCapacity, PublisherLoad, TopicSpec
 from srtm.placement.policies import fill_by_group
 
 __all__ = [
@@ -58,8 +58,9 @@ __all__ = [
     "TopicLoad",
     "Unreplicate",
     "apply",
+    "egress_of",
+    "ingress_of",
     "load_ratios",
-    "parse_state",
     "rebalance",
 ]
 
@@ -263,7 +264,7 @@ class _Load:
         self.egress = max(0.0, self.egress + msgs * topic.subscribers * topic.message_bytes)
 
 
-def _egress_of(topic: TopicLoad, broker: str) -> float:
+def egress_of(topic: TopicLoad, broker: str) -> float:
     """Bytes/s ``topic`` sends out of ``broker`` under its plan and replicas."""
     if topic.replicas:
         n = len(topic.carriers())
@@ -280,7 +281,8 @@ def _allocated_of(topic: TopicLoad, broker: str) -> float:
     return topic.part(broker) * topic.scale
 
 
-def _ingress_of(topic: TopicLoad, broker: str) -> float:
+def ingress_of(topic: TopicLoad, broker: str) -> float:
+    """Publisher msg/s ``topic`` sends into ``broker`` (a replica takes the whole stream)."""
     if topic.replicas:
         return topic.load if broker in topic.carriers() else 0.0
     return topic.part(broker)
@@ -397,8 +399,8 @@ def _contribution(load: _Load, topic: TopicLoad) -> float:
     b = load.window.id
     return max(
         _allocated_of(topic, b) / load.window.mcap,
-        _egress_of(topic, b) / load.egress_max,
-        _ingress_of(topic, b) * load.cpu_per_msg,
+        egress_of(topic, b) / load.egress_max,
+        ingress_of(topic, b) * load.cpu_per_msg,
     )
 
 
@@ -603,10 +605,10 @@ def _set_replicas(run: _Pass, topic: TopicLoad, replicas: tuple[str, ...]) -> No
         if b not in run.loads:
             continue
         load = run.loads[b]
-        d_in = _ingress_of(new, b) - _ingress_of(topic, b)
+        d_in = ingress_of(new, b) - ingress_of(topic, b)
         load.allocated = max(0.0, load.allocated + _allocated_of(new, b) - _allocated_of(topic, b))
         load.ingress = max(0.0, load.ingress + d_in)
-        load.egress = max(0.0, load.egress + _egress_of(new, b) - _egress_of(topic, b))
+        load.egress = max(0.0, load.egress + egress_of(new, b) - egress_of(topic, b))
         load.cpu = max(0.0, load.cpu + d_in * _cpu_per_msg(run, load))
     run.topics[topic.name] = new
     run.changed.add(topic.name)
@@ -734,107 +736,3 @@ class LoadAverager:
             streak += 1
             i -= 1
         return streak
-
-
-# -- parsing --------------------------------------------------------------------------------
-def _num(doc: Mapping[str, Any], key: str, where: str, default: float | None = None) -> float:
-    if key not in doc:
-        if default is None:
-            raise ValueError(f"{where}: missing field {key!r}")
-        return default
-    value = doc[key]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{where}.{key} must be a finite number, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{where}.{key} must be >= 0, got {value!r}")
-    return float(value)
-
-
-def parse_state(doc: Any) -> RebalanceState:
-    """The what-if state (format in docs/controller.md, "Rebalancing (what-if)"); errors
-    name the field. A broker's ``ingress``/``egress`` default to what its plans send it."""
-    if not isinstance(doc, dict):
-        raise ValueError("state must be a JSON object")
-    topics_doc = doc.get("topics", [])
-    if not isinstance(topics_doc, list):
-        raise ValueError("topics must be an array")
-    brokers_doc = doc.get("brokers")
-    if not isinstance(brokers_doc, list) or not brokers_doc:
-        raise ValueError("brokers must be a non-empty array of objects")
-    ids: list[str] = []
-    for i, item in enumerate(brokers_doc):
-        if not isinstance(item, dict):
-            raise ValueError(f"brokers[{i}] must be an object, got {item!r}")
-        bid = item.get("id")
-        if not isinstance(bid, str) or not bid:
-            raise ValueError(f"brokers[{i}].id must be a non-empty string, got {bid!r}")
-        ids.append(bid)
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"brokers: duplicate ids {sorted({i for i in ids if ids.count(i) > 1})}")
-    topics = tuple(_parse_topic(t, i, set(ids)) for i, t in enumerate(topics_doc))
-    names = [t.name for t in topics]
-    if len(set(names)) != len(names):
-        raise ValueError(
-            f"topics: duplicate names {sorted({n for n in names if names.count(n) > 1})}"
-        )
-    brokers = []
-    for i, item in enumerate(brokers_doc):
-        where = f"brokers[{i}]"
-        mcap = _num(item, "mcap", where)
-        if mcap <= 0:
-            raise ValueError(f"{where}.mcap must be > 0, got {mcap!r}")
-        ingress = _num(item, "ingress", where, math.fsum(_ingress_of(t, ids[i]) for t in topics))
-        egress = _num(item, "egress", where, math.fsum(_egress_of(t, ids[i]) for t in topics))
-        cpu = _num(item, "cpu", where, 0.0)
-        streak = _num(item, "slo_streak", where, 0.0)
-        if streak != int(streak):
-            raise ValueError(f"{where}.slo_streak must be an integer, got {streak!r}")
-        emax = _num(item, "egress_max", where) if "egress_max" in item else None
-        if emax is not None and emax <= 0:
-            raise ValueError(f"{where}.egress_max must be > 0, got {emax!r}")
-        stoppable = item.get("stoppable", True)
-        if not isinstance(stoppable, bool):
-            raise ValueError(f"{where}.stoppable must be true or false, got {stoppable!r}")
-        brokers.append(
-            BrokerWindow(ids[i], mcap, ingress, egress, cpu, int(streak), emax, stoppable)
-        )
-    spawning = _num(doc, "spawning", "state", 0.0)
-    return RebalanceState(tuple(brokers), topics, int(spawning))
-
-
-def _parse_topic(doc: Any, i: int, brokers: set[str]) -> TopicLoad:
-    where = f"topics[{i}]"
-    try:
-        spec = parse_topic(doc)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    assert isinstance(doc, dict)
-    plan_doc = doc.get("plan")
-    if not isinstance(plan_doc, dict) or not plan_doc:
-        raise ValueError(f"{where}.plan must be an object: broker id -> [publisher ids]")
-    known = {p.id for p in spec.publishers}
-    seen: set[str] = set()
-    plan: dict[str, tuple[str, ...]] = {}
-    for b, pubs in plan_doc.items():
-        if b not in brokers:
-            raise ValueError(f"{where}.plan: unknown broker {b!r}")
-        if not isinstance(pubs, list) or not all(isinstance(p, str) for p in pubs):
-            raise ValueError(f"{where}.plan.{b} must be an array of publisher ids")
-        for p in pubs:
-            if p not in known:
-                raise ValueError(f"{where}.plan.{b}: unknown publisher {p!r}")
-            if p in seen:
-                raise ValueError(f"{where}.plan: publisher {p!r} on two brokers")
-            seen.add(p)
-        plan[b] = tuple(pubs)
-    replicas = doc.get("replicas", [])
-    if not isinstance(replicas, list) or any(r not in brokers for r in replicas):
-        raise ValueError(f"{where}.replicas must be an array of known broker ids")
-    if replicas and len(plan) != 1:
-        raise ValueError(f"{where}.replicas: an ALL_PUBLISHERS topic has a one-broker plan")
-    subs = _num(doc, "subscribers", where, 1.0)
-    if subs != int(subs):
-        raise ValueError(f"{where}.subscribers must be an integer, got {subs!r}")
-    size = _num(doc, "message_bytes", where, 100.0)
-    last = _num(doc, "last_change_s", where) if "last_change_s" in doc else None
-    return TopicLoad(spec, plan, int(subs), size, tuple(replicas), last)

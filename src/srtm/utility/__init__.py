@@ -11,7 +11,13 @@ from srtm.utility.cost import (
     fit_cost,
     flow_costs,
 )
-from srtm.utility.document import allocation_doc, parse_flow, parse_problem, request_response
+from srtm.utility.document import (
+    allocation_doc,
+    parse_flow,
+    parse_problem,
+    request_response,
+    rr_doc,
+)
 from srtm.utility.model import (
     MvaPoint,
     RequestResponse,
@@ -53,6 +59,7 @@ __all__ = [
     "parse_flow",
     "parse_problem",
     "request_response",
+    "rr_doc",
     "total_utility",
     "usage",
 ]

@@ -1,5 +1,6 @@
 """The what-if input of ``srtm utility optimize`` (a JSON document, parsed here with errors
-that name the field) and the allocation as JSON. Pure: dicts in, dicts out."""
+that name the field), the allocation as JSON, and a request-response flow's curve as JSON
+(``srtm utility rr``). Pure: dicts in, dicts out."""
 
 from __future__ import annotations
 
@@ -208,4 +209,19 @@ def allocation_doc(problem: Problem, alloc: Allocation) -> dict[str, Any]:
             {"broker": b, "resource": r, "used": u, "capacity": problem.capacity[b][r]}
             for (b, r), u in used.items()
         ],
+    }
+
+
+def rr_doc(rr: RequestResponse, servers: int | None = None) -> dict[str, Any]:
+    """``rr``'s curve: ``r_min``, ``r_max``, its breakpoints, and MVA at 1..``servers``
+    servers (default: up to the first at or above ``r_max``); times in ms."""
+    count = servers or max(1, -int(-rr.r_max * rr.exec_s // 1))
+    mva = [rr.mva(m) for m in range(1, count + 1)]
+    return {
+        "r_min": rr.r_min,
+        "r_max": rr.r_max,
+        "points": [
+            {"rate": p.rate, "t_rt_ms": p.t_rt_s * 1e3, "utility": p.utility} for p in rr.points()
+        ],
+        "mva": [{"servers": p.servers, "rate": p.rate, "t_rt_ms": p.t_rt_s * 1e3} for p in mva],
     }

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from srtm.cli.common import fail, wide_console
 from srtm.jsondoc import parse as parse_json
 
 app = typer.Typer(
@@ -18,18 +18,6 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-
-_err = Console(stderr=True)
-
-
-def _fail(message: str) -> typer.Exit:
-    _err.print(f"[red]error:[/red] {message}")
-    return typer.Exit(2)
-
-
-def _console() -> Console:
-    return Console(width=None if Console().is_terminal else 120)
-
 
 _H_CLIENTS = "N: request senders (the closed network's customers)."
 _H_THINK = "T_think: mean think time between a response and the next request, ms."
@@ -59,33 +47,24 @@ def rr_command(
     r_min = N/(T_think + D) (utility 0), r_max = 1.1·N/(T_exec + T_think) (utility
     C·(1 − T_exec/D)). The points are the utility's breakpoints.
     """
-    from srtm.utility import RequestResponse
+    from srtm.utility import RequestResponse, rr_doc
 
     if clients < 1:
-        raise _fail(f"--clients must be >= 1, got {clients}")
+        raise fail(f"--clients must be >= 1, got {clients}")
     if servers is not None and servers < 1:
-        raise _fail(f"--servers must be >= 1, got {servers}")
+        raise fail(f"--servers must be >= 1, got {servers}")
     try:
         rr = RequestResponse(clients, think_ms / 1e3, exec_ms / 1e3, deadline_ms / 1e3, c)
     except ValueError as exc:
         starts = {"think": "--think-ms", "execution": "--exec-ms", "deadline": "--deadline-ms",
                   "c ": "--c"}  # fmt: skip
         hint = next((f for w, f in starts.items() if str(exc).startswith(w)), "input")
-        raise _fail(f"{hint}: {exc}") from None
-    count = servers or max(1, -int(-rr.r_max * rr.exec_s // 1))
-    mva = [rr.mva(m) for m in range(1, count + 1)]
-    doc: dict[str, Any] = {
-        "r_min": rr.r_min,
-        "r_max": rr.r_max,
-        "points": [
-            {"rate": p.rate, "t_rt_ms": p.t_rt_s * 1e3, "utility": p.utility} for p in rr.points()
-        ],
-        "mva": [{"servers": p.servers, "rate": p.rate, "t_rt_ms": p.t_rt_s * 1e3} for p in mva],
-    }
+        raise fail(f"{hint}: {exc}") from None
+    doc = rr_doc(rr, servers)
     if as_json:
         print(json.dumps(doc, indent=2))
         return
-    console = _console()
+    console = wide_console(120)
     table = Table(
         title=f"request-response: N={clients}, think {think_ms:g} ms, exec {exec_ms:g} ms, "
         f"D={deadline_ms:g} ms, C={c:g} — r_min {rr.r_min:.2f}, r_max {rr.r_max:.2f} msg/s"
@@ -141,17 +120,17 @@ def optimize_command(
     try:
         doc = parse_json(flows.read_bytes(), str(flows))
     except OSError as exc:
-        raise _fail(f"--flows: cannot read {flows}: {exc.strerror}") from None
+        raise fail(f"--flows: cannot read {flows}: {exc.strerror}") from None
     except ValueError as exc:  # "FLOWS is not JSON: … at line L column C"
-        raise _fail(f"--flows: {exc}") from None
+        raise fail(f"--flows: {exc}") from None
     if rate_step is not None and not rate_step > 0:
-        raise _fail(f"--rate-step must be > 0, got {rate_step}")
+        raise fail(f"--rate-step must be > 0, got {rate_step}")
     if consumer_step is not None and consumer_step < 1:
-        raise _fail(f"--consumer-step must be >= 1, got {consumer_step}")
+        raise fail(f"--consumer-step must be >= 1, got {consumer_step}")
     try:
         problem = parse_problem(doc)
     except ValueError as exc:
-        raise _fail(f"{flows}: {exc}") from None
+        raise fail(f"{flows}: {exc}") from None
     alloc = optimize(problem, rate_step=rate_step, consumer_step=consumer_step)
     out = allocation_doc(problem, alloc)
     if as_json:
@@ -163,7 +142,7 @@ def optimize_command(
 
 
 def _print_allocation(doc: dict[str, Any]) -> None:
-    console = _console()
+    console = wide_console(120)
     table = Table(
         title=f"allocation — total utility {doc['total_utility']:,.6g} (primary {doc['primary']})"
     )

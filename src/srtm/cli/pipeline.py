@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from srtm.cli.common import fail, wide_console
 from srtm.pipeline import JOBS
 
 if TYPE_CHECKING:
@@ -92,13 +93,11 @@ def _options(
 def _run(
     jobs: Sequence[str], traces: Path, out: Path, master: str, memory: str, opts: Options
 ) -> None:
-    from pyspark.sql import SparkSession
+    from srtm.pipeline.dataset import SchemaError
+    from srtm.pipeline.jobs import run_pipeline
+    from srtm.pipeline.session import SparkSettings
 
-    from srtm.pipeline.dataset import SchemaError, open_traces
-    from srtm.pipeline.jobs import run_jobs
-    from srtm.pipeline.session import SparkSettings, executor_ids, get_session, stop_session
-
-    console = Console(width=None if Console().is_terminal else 132)
+    console = wide_console(132)
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -107,33 +106,20 @@ def _run(
         transient=True,
     ) as progress:
         task = progress.add_task(f"starting Spark ({master})", total=None)
-        # A session this command starts is stopped with its JVM at the end; one that was
-        # already running (a notebook, tests) is left running.
-        owned = SparkSession.getActiveSession() is None
-        spark = None
         try:
-            checked = open_traces(traces, opts.runs)  # before Spark: errors come at once
-            spark = get_session(master, SparkSettings(master=master, driver_memory=memory))
-            app_id = spark.sparkContext.applicationId
-            results = run_jobs(
+            run = run_pipeline(
                 jobs,
-                spark,
-                checked,
+                traces,
                 out,
+                SparkSettings(master=master, driver_memory=memory),
                 opts,
                 on_start=lambda job: progress.update(task, description=f"job {job}"),
             )
-            # After the jobs: on a cluster, executors register while the first job waits.
-            executors = executor_ids(spark)
         except (SchemaError, ValueError) as exc:
             progress.stop()
-            _err.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from exc
-        finally:
-            if owned and spark is not None:
-                stop_session(spark)
-    _print_results(console, results, f"{master} (application {app_id})", executors)
-    _print_tables(console, out, results)
+            raise fail(str(exc)) from exc
+    _print_results(console, run.results, f"{master} (application {run.application})", run.executors)
+    _print_tables(console, out, run.results)
 
 
 def _print_results(
@@ -256,27 +242,16 @@ def info(
     Python worker (distinct JVM pids: separate executor processes)."""
     import os
 
-    from pyspark import SparkContext
+    from srtm.pipeline.session import SparkSettings, session_info
 
-    from srtm.pipeline.session import (
-        SparkSettings,
-        executor_ids,
-        get_session,
-        stop_session,
-        task_processes,
-    )
-
-    spark = get_session(master, SparkSettings(master=master, driver_memory=driver_memory))
-    ids = executor_ids(spark)
-    driver_jvm = getattr(getattr(SparkContext._gateway, "proc", None), "pid", "?")
-    pids = task_processes(spark)
-    table = Table(title=f"Spark {spark.version} on {spark.sparkContext.master}")
-    stop_session(spark)
+    info = session_info(SparkSettings(master=master, driver_memory=driver_memory))
+    table = Table(title=f"Spark {info.version} on {info.master}")
     table.add_column("what")
     table.add_column("value")
     table.add_row("Python driver pid", str(os.getpid()))
-    table.add_row("driver JVM pid", str(driver_jvm))
-    table.add_row("executor ids", ", ".join(ids) or "none (local mode: the driver JVM runs tasks)")
-    table.add_row("JVM pids that ran tasks", ", ".join(sorted({str(j) for _, j in pids})))
-    table.add_row("Python worker pids", ", ".join(str(p) for p, _ in pids))
+    table.add_row("driver JVM pid", info.driver_jvm)
+    ids = ", ".join(info.executors)
+    table.add_row("executor ids", ids or "none (local mode: the driver JVM runs tasks)")
+    table.add_row("JVM pids that ran tasks", ", ".join(sorted({str(j) for _, j in info.tasks})))
+    table.add_row("Python worker pids", ", ".join(str(p) for p, _ in info.tasks))
     Console().print(table)

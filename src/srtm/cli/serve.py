@@ -1,0 +1,171 @@
+"""``srtm broker`` and ``srtm controller``: the servers, one flag per setting of their
+options type (``srtm.config`` resolves flags, variables and the file)."""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.markup import escape
+
+from srtm.broker.options import ENV_PREFIX as BROKER_ENV
+from srtm.broker.options import BrokerOptions
+from srtm.cli.common import fail
+from srtm.config import Address, Setting, SettingError, read_table, resolve, settings
+from srtm.control.options import ENV_PREFIX as CONTROLLER_ENV
+from srtm.control.options import ControllerOptions
+
+T = TypeVar("T")
+
+_PRECEDENCE = (
+    "Each setting is a flag, an environment variable ({prefix}NAME unless shown otherwise) "
+    "and a key of the --config file; a flag wins over the variable, the variable over the "
+    "file, the file over the default."
+)
+
+
+def _parameters(s: Setting) -> list[inspect.Parameter]:
+    """The typer options of setting ``s``, its older names hidden: each value as typed (None:
+    not given), parsed with the environment's and the file's by ``srtm.config.resolve``."""
+    annotation: Any = str | None
+    if s.kind is bool:
+        annotation = bool | None
+    elif s.kind is tuple:
+        annotation = list[str] | None
+    default = s.default.value if isinstance(s.default, enum.Enum) else s.default
+    notes = [f"env var: {', '.join(s.env)}"]
+    if default is not None and default is not False and default not in ((), ""):
+        notes.append(f"default: {default}")
+    if s.spec.aliases:
+        notes.append(f"formerly {', '.join(s.flags[1:])}")
+    flag = s.flags[0]
+    if s.kind is bool and s.default is True:  # on unless turned off
+        flag = f"{flag}/--no-{flag[2:]}"
+    shown = typer.Option(
+        flag,
+        help=escape(f"{s.spec.help} " + " ".join(f"[{n}]" for n in notes)),
+        metavar=_metavar(s),
+        show_default=False,
+    )
+    aliases = [typer.Option(flag, hidden=True) for flag in s.flags[1:]]
+    return [
+        inspect.Parameter(
+            key, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[annotation, o]
+        )
+        for key, o in zip(s.keys, [shown, *aliases], strict=True)
+    ]
+
+
+def _metavar(s: Setting) -> str | None:
+    if issubclass(s.kind, enum.Enum):
+        return "CHOICE"  # each setting's help explains its choices; a list here is too wide
+    names = {Address: "HOST:PORT", int: "INTEGER", float: "NUMBER", Path: "PATH"}
+    return names.get(s.kind, None if s.kind is bool else "TEXT")
+
+
+def _server_command(
+    name: str, options_type: type[T], env_prefix: str, serve: Callable[[T], None], doc: str
+) -> Callable[..., None]:
+    """The command ``srtm NAME``: one option per setting of ``options_type``, and
+    ``--config``; its help is ``doc`` and how the settings are read."""
+
+    def command(config: Path | None = None, **cli: Any) -> None:
+        try:
+            file = read_table(config, name, options_type, env_prefix) if config else {}
+            options = resolve(
+                options_type, env_prefix, cli=cli, environ=os.environ, file=file,
+                file_name=str(config),
+            )  # fmt: skip
+        except SettingError as exc:
+            flag = exc.where.startswith("--")  # quoted as click quotes flags
+            hint = f"'{exc.where}'" if flag else exc.where
+            raise typer.BadParameter(exc.message, param_hint=hint) from None
+        try:
+            serve(options)
+        except (ValueError, OSError) as exc:
+            raise fail(escape(str(exc))) from exc
+
+    config = typer.Option(
+        metavar="FILE",
+        help=escape(
+            f"TOML file of settings: its [{name}] table, or its top level; keys named like "
+            "the flags (without --). Unknown keys are an error."
+        ),
+    )
+    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(
+                "config",
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None,
+                annotation=Annotated[Path | None, config],
+            ),
+            *(p for s in settings(options_type, env_prefix) for p in _parameters(s)),
+        ]
+    )
+    command.__doc__ = f"{inspect.cleandoc(doc)}\n\n{_PRECEDENCE.format(prefix=env_prefix)}"
+    return command
+
+
+def _serve_broker(options: BrokerOptions) -> None:
+    from srtm.broker.server import run
+    from srtm.security import require_auth_choice
+
+    require_auth_choice(
+        options.token, options.insecure_loopback, [options.tcp_host, options.http_host]
+    )
+
+    def ready(b: object) -> None:
+        from srtm.broker import Broker
+
+        assert isinstance(b, Broker) and b.tcp_address and b.http_address
+        t, h = b.tcp_address, b.http_address
+        s = f" https={b.https_address[0]}:{b.https_address[1]}" if b.https_address else ""
+        print(
+            f"srtm broker {options.broker_id} tcp={t[0]}:{t[1]} http={h[0]}:{h[1]}{s}", flush=True
+        )
+
+    run(options, ready)
+
+
+broker = _server_command(
+    "broker",
+    BrokerOptions,
+    BROKER_ENV,
+    _serve_broker,
+    """Run a broker: NSQ's TCP protocol V2 and nsqd's HTTP API, with per-topic shaping.
+
+    Stops on SIGTERM or Ctrl-C, writing queued, deferred and in-flight messages to
+    --data-dir for the next start.""",
+)
+
+
+def _serve_controller(options: ControllerOptions) -> None:
+    import asyncio
+
+    from srtm.control.service import ControllerService, serve
+    from srtm.security import require_auth_choice
+
+    require_auth_choice(options.token, options.insecure_loopback, [options.http_host])
+
+    def ready(service: ControllerService) -> None:
+        assert service.http_address is not None
+        h = service.http_address
+        print(f"srtm controller http={h[0]}:{h[1]}", flush=True)
+
+    asyncio.run(serve(options, ready))
+
+
+controller = _server_command(
+    "controller",
+    ControllerOptions,
+    CONTROLLER_ENV,
+    _serve_controller,
+    """Run the controller: broker registry, topics with SLOs, placement, plans, the TB
+    Adaptor, nsqlookupd's /lookup; its state lives in --db. Stops on SIGTERM or Ctrl-C.""",
+)
