@@ -62,8 +62,8 @@ def refusals(own: type[E], translate: Callable[[E], HttpError], allow_separator:
         except web.HTTPNotFound:
             return error_response(404, "NOT_FOUND")
         except own as exc:
-            err = translate(exc)
-            return error_response(err.status, err.code, err.detail)
+            refusal = translate(exc)
+            return error_response(refusal.status, refusal.code, refusal.detail)
 
     return refuse
 
