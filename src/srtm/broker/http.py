@@ -7,7 +7,9 @@ take is answered 405. The same table, with the documents each route takes and gi
 
 With a token (``BrokerOptions.token``) every mutating ``/srtm/*`` request needs
 ``Authorization: Bearer <token>``; nsqd's own endpoints stay open, as in nsqd, for NSQ's
-tools. Numbers must be finite, bodies and measurement rounds are bounded.
+tools. Numbers must be finite, bodies and measurement rounds are bounded. Requests are
+read and refused by ``srtm.broker.http_requests``; the refusals' answers, the token's
+middleware and the route binding are ``srtm.httpkit``'s, shared with the controller.
 """
 
 from __future__ import annotations
