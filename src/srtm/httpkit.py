@@ -45,7 +45,9 @@ def error_response(
     return web.json_response(doc, status=status, headers=headers)
 
 
-def refusals(own: type[E], translate: Callable[[E], HttpError], allow_separator: str) -> Middleware:
+def error_middleware(
+    own: type[E], translate: Callable[[E], HttpError], allow_separator: str
+) -> Middleware:
     """Answers what a handler raises: an ``HttpError``; the server's ``own`` exceptions,
     as ``translate`` makes them one; and aiohttp's 404 and 405 as nsqd's ``NOT_FOUND`` and
     ``METHOD_NOT_ALLOWED``, the ``Allow`` header's methods joined by ``allow_separator``."""

@@ -84,10 +84,10 @@ from srtm.httpkit import (
     HttpError,
     add_routes,
     empty,
+    error_middleware,
     error_response,
     has_token,
     ok,
-    refusals,
     token_required,
     unauthorized,
 )
@@ -714,7 +714,7 @@ def make_app(broker: Broker) -> web.Application:
     handlers = BrokerHttp(broker)
     opts = broker.options
     middlewares = [
-        refusals(LimitReached, _limit, allow_separator=","),
+        error_middleware(LimitReached, _limit, allow_separator=","),
         token_required(opts.token, needs_token, challenge=True),
     ]
     if opts.protect_managed and opts.token is not None:

@@ -54,7 +54,7 @@ from srtm.control.handlers import Service, read_json
 from srtm.control.lookupd import Lookupd, nsq_content_type
 from srtm.control.topics_api import TopicsApi
 from srtm.control.validate import ControlError
-from srtm.httpkit import HttpError, add_routes, ok, refusals, token_required
+from srtm.httpkit import HttpError, add_routes, error_middleware, ok, token_required
 from srtm.openapi import OpenApiDoc, Route, document
 
 log = logging.getLogger("srtm.control")
@@ -248,7 +248,7 @@ def make_app(
     api = ControllerAPI(service)
     topics = TopicsApi(service, models_dir, token, joins_need_auth)
     middlewares = [
-        refusals(ValueError, _refusal, allow_separator=", "),
+        error_middleware(ValueError, _refusal, allow_separator=", "),
         token_required(token, needs_token, challenge=False),
     ]
     app = web.Application(middlewares=middlewares, client_max_size=64 << 20)
