@@ -21,16 +21,9 @@ from srtm.broker.documents import (
     StatsDoc,
     TopicDoc,
 )
-from srtm.broker.http import (
-    ROUTES,
-    BrokerHttp,
-    HttpError,
-    api_document,
-    defer_param,
-    make_app,
-    parse_query,
-    topic_param,
-)
+from srtm.broker.http import ROUTES, BrokerHttp, api_document, make_app
+from srtm.broker.http_requests import defer_param, parse_query, topic_param
+from srtm.httpkit import HttpError
 from support import BrokerApi, call
 
 

@@ -161,7 +161,7 @@ async def test_concurrent_creations_do_not_double_book_a_broker(
 ) -> None:
     """Placement runs on a thread; made slow here, both requests are in flight together.
     Without the lock both read the same empty ledger and pick b0."""
-    import srtm.control.api as control_api
+    import srtm.control.topics_api as control_api
 
     real_place = control_api.place
 

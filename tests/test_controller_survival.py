@@ -241,8 +241,8 @@ def test_a_stopped_controller_keeps_its_plans_when_continued(tmp_path: Path) -> 
 def test_huge_topics_are_refused_and_placement_runs_off_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import srtm.control.api as api_mod
     import srtm.control.state as state_mod
+    import srtm.control.topics_api as api_mod
 
     opts = ControllerOptions(db=tmp_path / "c.db", http_port=0, max_publishers=100)
     service = ControllerService(opts)

@@ -70,7 +70,12 @@ def bearer_matches(header: str | None, token: str) -> bool:
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(given.strip().encode(), token.encode())
+    return same_secret(given.strip(), token)
+
+
+def same_secret(given: str, secret: str) -> bool:
+    """Compared in constant time: the answer's timing tells nothing of the secret."""
+    return hmac.compare_digest(given.encode(), secret.encode())
 
 
 def bearer_header(token: str | None) -> dict[str, str]:

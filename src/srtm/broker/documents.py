@@ -3,7 +3,7 @@ the measurement body), what it answers (/info, /stats, /srtm/*, errors) and the 
 sends publishers. The OpenAPI document is generated from these (``srtm.openapi``).
 
 Queries are validated by their model, except /pub's and /mpub's: those are parsed by hand
-per message in ``srtm.broker.http`` (a test holds both to the same answers). Answers are
+per message in ``srtm.broker.http_requests`` (a test holds both to the same answers). Answers are
 built as these models and dumped in their field order, which is nsqd's where nsqd has the
 field (NSQ's tools read /stats).
 """

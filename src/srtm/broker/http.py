@@ -7,7 +7,9 @@ take is answered 405. The same table, with the documents each route takes and gi
 
 With a token (``BrokerOptions.token``) every mutating ``/srtm/*`` request needs
 ``Authorization: Bearer <token>``; nsqd's own endpoints stay open, as in nsqd, for NSQ's
-tools. Numbers must be finite, bodies and measurement rounds are bounded.
+tools. Numbers must be finite, bodies and measurement rounds are bounded. Requests are
+read and refused by ``srtm.broker.http_requests``; the refusals' answers, the token's
+middleware and the route binding are ``srtm.httpkit``'s, shared with the controller.
 """
 
 from __future__ import annotations
@@ -16,18 +18,15 @@ import asyncio
 import contextlib
 import functools
 import logging
-import struct
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel, ValidationError
 
 from srtm.broker.documents import (
-    NAME_RULE,
     AdmissionAnswer,
     AdmissionBody,
     AdmissionClassDoc,
@@ -57,7 +56,6 @@ from srtm.broker.documents import (
     MpubQuery,
     OrderDoc,
     PubQuery,
-    Query,
     RouteBody,
     RouteDoc,
     StatsDoc,
@@ -66,6 +64,14 @@ from srtm.broker.documents import (
     flag,
     query_refusals,
 )
+from srtm.broker.http_requests import (
+    bounded_body,
+    defer_param,
+    parse_body,
+    parse_query,
+    split_mpub,
+    topic_param,
+)
 from srtm.broker.measurement import MeasurementsBusy
 from srtm.broker.metrics import BrokerCollector
 from srtm.broker.relay import ARM_TTL_S, route_document
@@ -73,11 +79,21 @@ from srtm.broker.report import admission_rows, bucket_now, memory_document, stat
 from srtm.broker.routes import Forward, Replicas, TopicRoute
 from srtm.broker.state import LeaseExpired, LimitReached
 from srtm.broker.tls import http_requires_tls
+from srtm.httpkit import (
+    Handler,
+    HttpError,
+    add_routes,
+    empty,
+    error_middleware,
+    error_response,
+    has_token,
+    ok,
+    token_required,
+    unauthorized,
+)
 from srtm.jsondoc import parse as parse_json
-from srtm.jsondoc import parse_object
 from srtm.openapi import OpenApiDoc, Route, document
-from srtm.protocol import ProtocolError, errors, is_valid_name
-from srtm.protocol.parser import same_size_bodies
+from srtm.protocol import ProtocolError, errors
 from srtm.protocol.session import (
     MAX_DEFLATE_LEVEL,
     MAX_HEARTBEAT_MS,
@@ -85,15 +101,11 @@ from srtm.protocol.session import (
     MAX_OUTPUT_BUFFER_TIMEOUT_MS,
 )
 from srtm.ratelimit.overflow import DEFAULT_BOUND, check_bound
-from srtm.security import E_UNAUTHORIZED, bearer_matches, require_loopback_without_token
+from srtm.security import require_loopback_without_token
 
 if TYPE_CHECKING:
     from srtm.broker.admission import Admission
     from srtm.broker.broker import Broker
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Q = TypeVar("Q", bound=Query)
-B = TypeVar("B", bound=BaseModel)
 
 #: Methods that change nothing: open even when the broker has a token.
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -112,33 +124,8 @@ def needs_token(method: str, path: str) -> bool:
     return path.startswith("/srtm/") and method not in READS
 
 
-class HttpError(Exception):
-    """An nsqd-style error reply: ``{"message": CODE}`` (with SRTM's ``detail``)."""
-
-    def __init__(self, status: int, code: str, detail: str = "") -> None:
-        super().__init__(code)
-        self.status, self.code, self.detail = status, code, detail
-
-
-def _error(
-    status: int, code: str, detail: str = "", headers: Mapping[str, str] | None = None
-) -> web.Response:
-    doc = ErrorDoc(message=code, detail=detail or None).model_dump(exclude_none=True)
-    return web.json_response(doc, status=status, headers=headers)
-
-
 def _json(doc: Doc) -> web.Response:
     return web.json_response(doc.model_dump())
-
-
-def _ok() -> web.Response:
-    """/ping's, /pub's and /mpub's answer, as nsqd's."""
-    return web.Response(text="OK")
-
-
-def _done() -> web.Response:
-    """nsqd's answer to the topic and channel actions: 200, an empty body, no type."""
-    return web.Response()  # no body, so aiohttp adds no Content-Type either
 
 
 #: nsqd's log levels by name (its lg.ParseLogLevel, any case), and Python's for each.
@@ -159,35 +146,9 @@ def _log_level() -> int:
     return max((n for n, py in _PY_LEVELS.items() if py <= level), default=1)
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except HttpError as err:
-        return _error(err.status, err.code, err.detail)
-    except LimitReached as err:  # --max-topics / --max-channels-per-topic
-        return _error(403, err.http_code, err.message)
-    except web.HTTPMethodNotAllowed as err:  # nsqd's answers where no route matches
-        return _error(405, "METHOD_NOT_ALLOWED", headers={"Allow": err.headers["Allow"]})
-    except web.HTTPNotFound:
-        return _error(404, "NOT_FOUND")
-
-
-def _auth(token: str | None) -> Middleware:
-    """Mutating ``/srtm/*`` requests need the token (when there is one)."""
-
-    @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if (
-            token is not None
-            and needs_token(request.method, request.path)
-            and not bearer_matches(request.headers.get("Authorization"), token)
-        ):
-            headers = {"WWW-Authenticate": 'Bearer realm="srtm"'}  # RFC 6750
-            return _error(401, E_UNAUTHORIZED, headers=headers)
-        return await handler(request)
-
-    return auth
+def _limit(err: LimitReached) -> HttpError:
+    """--max-topics / --max-channels-per-topic: 403 with the limit's code."""
+    return HttpError(403, err.http_code, err.message)
 
 
 def _protect_managed(broker: Broker, token: str) -> Middleware:
@@ -201,11 +162,10 @@ def _protect_managed(broker: Broker, token: str) -> Middleware:
             request.method == "POST"
             and request.path in DESTRUCTIVE
             and broker.managed(name := request.query.get("topic", ""))
-            and not bearer_matches(request.headers.get("Authorization"), token)
+            and not has_token(request, token)
         ):
-            headers = {"WWW-Authenticate": 'Bearer realm="srtm"'}
             detail = f"topic {name} is managed: {request.path} needs the cluster token"
-            return _error(401, E_UNAUTHORIZED, detail, headers=headers)
+            return unauthorized(detail, challenge=True)
         return await handler(request)
 
     return protect
@@ -215,7 +175,7 @@ def _protect_managed(broker: Broker, token: str) -> Middleware:
 async def _tls_required(request: web.Request, handler: Handler) -> web.StreamResponse:
     """nsqd's --tls-required=true: the plain HTTP API answers 403 TLS_REQUIRED."""
     if not request.secure:
-        return _error(403, "TLS_REQUIRED")
+        return error_response(403, "TLS_REQUIRED")
     return await handler(request)
 
 
@@ -228,111 +188,6 @@ def _pub_failed() -> Iterator[None]:
         if err.code != errors.E_PUB_FAILED or isinstance(err, LimitReached):
             raise  # a limit is the client's 403, not the disk's 503
         raise HttpError(503, err.code, err.message) from err
-
-
-def refusal(err: ValidationError, absent_is_invalid: frozenset[str] = frozenset()) -> HttpError:
-    """A document's first fault, nsqd's way: MISSING_ARG_<NAME> or INVALID_<NAME>, the
-    detail naming the field; a body that is not the document at all is INVALID_BODY."""
-    first = err.errors(include_url=False)[0]
-    loc = first["loc"]
-    if not loc:
-        return HttpError(400, "INVALID_BODY", f"body: {first['msg']}")
-    name = str(loc[0])
-    where = name + "".join(f"[{i}]" for i in loc[1:])
-    missing = first["type"] == "missing" and name not in absent_is_invalid
-    code = f"MISSING_ARG_{name.upper()}" if missing else f"INVALID_{name.upper()}"
-    return HttpError(400, code, f"{where}: {first['msg']}")
-
-
-def parse_query(model: type[Q], query: Mapping[str, str]) -> Q:
-    """``query`` (the first value of each parameter) as ``model``, or the refusal."""
-    try:
-        return model.model_validate({k: query[k] for k in query})
-    except ValidationError as err:
-        raise refusal(err, model.absent_is_invalid) from None
-
-
-def parse_body(model: type[B], body: bytes) -> B:
-    """``body`` as ``model``: INVALID_BODY where it is not JSON (the detail naming the line
-    and column) or not an object, then the model's refusal naming the field."""
-    try:
-        doc = parse_object(body)
-    except ValueError as exc:
-        raise HttpError(400, "INVALID_BODY", str(exc)) from None
-    try:
-        return model.model_validate(doc)
-    except ValidationError as err:
-        raise refusal(err) from None
-
-
-# -- /pub and /mpub: their queries checked by hand (no model per message), by the rules
-# their models declare (PubQuery, MpubQuery); tests hold both to the same answers.
-def topic_param(query: Mapping[str, str]) -> str:
-    name = query.get("topic")
-    if name is None:
-        raise HttpError(400, "MISSING_ARG_TOPIC", "topic: Field required")
-    if not name:
-        raise HttpError(400, "MISSING_ARG_TOPIC", "topic: is empty")
-    if not is_valid_name(name):
-        raise HttpError(400, "INVALID_TOPIC", "topic: must be " + NAME_RULE)
-    return name
-
-
-def defer_param(raw: str, most: int) -> int:
-    """A decimal integer 0..most (ASCII digits only: ``str.isdigit`` takes "²" and "४")."""
-    digits = raw.isascii() and raw.isdigit() and len(raw) <= len(str(most))  # int() caps
-    if not digits or int(raw) > most:  # strings at 4,300 digits with a ValueError
-        raise HttpError(400, "INVALID_DEFER", f"defer: must be an integer 0..{most}")
-    return int(raw)
-
-
-async def _bounded_body(request: web.Request, most: int) -> bytes:
-    """The body, refused with 413 beyond ``most`` bytes before it is read when declared."""
-    if request.content_length is not None and request.content_length > most:
-        raise HttpError(413, "BODY_TOO_BIG", f"{request.content_length} > {most} bytes")
-    body = await request.read()
-    if len(body) > most:
-        raise HttpError(413, "BODY_TOO_BIG", f"{len(body)} > {most} bytes")
-    return body
-
-
-#: Binary /mpub messages of different sizes cut per loop turn (about 5 ms).
-_CUT_PER_TURN = 16384
-
-
-async def split_mpub(body: bytes, binary: bool, max_msg: int) -> list[bytes]:
-    """/mpub bodies: newline-separated text, or nsqd's binary ``[count]([size][body])*``."""
-    # Cut and checked in C where it can be (a million messages in milliseconds, not a
-    # second of the event loop's time): the loop below runs only for what C does not
-    # take, and lets the loop turn between pieces.
-    if not binary:
-        msgs = list(filter(None, body.split(b"\n")))
-    elif len(body) < 4:
-        raise HttpError(400, "INVALID_BODY", "binary body shorter than its count")
-    elif (same := same_size_bodies(body, struct.unpack_from(">I", body)[0], max_msg)) is not None:
-        return same  # one size, within max_msg: checked as cut (a loop over a million: 20 ms)
-    else:
-        (count,) = struct.unpack_from(">I", body)
-        msgs, pos = [], 4
-        for i in range(count):
-            if i % _CUT_PER_TURN == _CUT_PER_TURN - 1:
-                await asyncio.sleep(0)
-            if pos + 4 > len(body):
-                raise HttpError(400, "INVALID_BODY", f"message {i}: size missing")
-            (size,) = struct.unpack_from(">I", body, pos)
-            pos += 4
-            if size == 0 or pos + size > len(body):
-                raise HttpError(400, "INVALID_BODY", f"message {i}: bad size {size}")
-            msgs.append(body[pos : pos + size])
-            pos += size
-        if pos != len(body):
-            raise HttpError(400, "INVALID_BODY", "bytes left after the last message")
-    if not msgs:
-        raise HttpError(400, "MSG_EMPTY")
-    if max(map(len, msgs)) > max_msg:
-        too_big = next(len(m) for m in msgs if len(m) > max_msg)
-        raise HttpError(413, "MSG_TOO_BIG", f"{too_big} > {max_msg} bytes")
-    return msgs
 
 
 #: The most a /srtm/admission body may be (MAX_CLASSES classes fit well within it).
@@ -376,7 +231,7 @@ class BrokerHttp:
         problem = self.broker.health()
         if problem is not None:
             return web.Response(status=500, text=f"NOK - {problem}")
-        return _ok()
+        return ok()
 
     async def info(self, request: web.Request) -> web.Response:
         """Version and addresses."""
@@ -424,7 +279,7 @@ class BrokerHttp:
                 written = self.broker.publish(topic, [body], arrival, publisher)
         if written is not None:
             await asyncio.shield(written)  # acknowledged once on disk (the OS) or relayed
-        return _ok()
+        return ok()
 
     async def mpub(self, request: web.Request) -> web.Response:
         """Publish several messages: one per line, or nsqd's binary form."""
@@ -442,7 +297,7 @@ class BrokerHttp:
             written = self.broker.publish(topic, msgs, arrival, query.get("publisher", ""))
         if written is not None:
             await asyncio.shield(written)  # acknowledged once on disk (the OS)
-        return _ok()
+        return ok()
 
     async def stats(self, request: web.Request) -> web.Response:
         """Topics, channels and clients (nsqd's document), and SRTM's section."""
@@ -459,27 +314,27 @@ class BrokerHttp:
     async def topic_create(self, request: web.Request) -> web.Response:
         """Create a topic (nothing changes if it exists)."""
         self.broker.topic(parse_query(TopicQuery, request.query).topic)
-        return _done()
+        return empty()
 
     async def topic_delete(self, request: web.Request) -> web.Response:
         """Delete a topic, its channels and their messages."""
         self.broker.delete_topic(self._known_topic(request))
-        return _done()
+        return empty()
 
     async def topic_empty(self, request: web.Request) -> web.Response:
         """Drop the messages waiting in the topic."""
         self.broker.topics[self._known_topic(request)].empty()
-        return _done()
+        return empty()
 
     async def topic_pause(self, request: web.Request) -> web.Response:
         """Stop copying the topic's messages to its channels."""
         self.broker.pause_topic(self._known_topic(request), True)
-        return _done()
+        return empty()
 
     async def topic_unpause(self, request: web.Request) -> web.Response:
         """Copy the topic's messages to its channels again."""
         self.broker.pause_topic(self._known_topic(request), False)
-        return _done()
+        return empty()
 
     async def channel_create(self, request: web.Request) -> web.Response:
         """Create a channel of an existing topic (nothing changes if it exists)."""
@@ -487,28 +342,28 @@ class BrokerHttp:
         if q.topic not in self.broker.topics:
             raise HttpError(404, "TOPIC_NOT_FOUND")
         self.broker.channel(q.topic, q.channel)
-        return _done()
+        return empty()
 
     async def channel_delete(self, request: web.Request) -> web.Response:
         """Delete a channel and its messages."""
         self.broker.delete_channel(*self._known_channel(request))
-        return _done()
+        return empty()
 
     async def channel_empty(self, request: web.Request) -> web.Response:
         """Drop the messages waiting in the channel."""
         topic, channel = self._known_channel(request)
         self.broker.topics[topic].channels[channel].empty()
-        return _done()
+        return empty()
 
     async def channel_pause(self, request: web.Request) -> web.Response:
         """Stop delivering the channel's messages."""
         self.broker.pause_channel(*self._known_channel(request), True)
-        return _done()
+        return empty()
 
     async def channel_unpause(self, request: web.Request) -> web.Response:
         """Deliver the channel's messages again."""
         self.broker.pause_channel(*self._known_channel(request), False)
-        return _done()
+        return empty()
 
     async def config_get(self, request: web.Request) -> web.Response:
         """An option's value: nsqlookupd_tcp_addresses, or log_level (nsqd's number)."""
@@ -629,7 +484,7 @@ class BrokerHttp:
         anything changes; and its handoff parameters, both or neither."""
         if (handoff is None) != (token is None):
             raise HttpError(400, "INVALID_HANDOFF", "handoff and token go together")
-        body = await _bounded_body(request, _ROUTE_BODY)
+        body = await bounded_body(request, _ROUTE_BODY)
         if not body:
             return None
         route = self._route_of(body)
@@ -664,7 +519,7 @@ class BrokerHttp:
         at once, the lowest class first and the newest of a class first; a SUB beyond its
         class's count is refused (E_SUB_FAILED, not fatal). Does not create the topic."""
         name = parse_query(TopicQuery, request.query).topic
-        body = await _bounded_body(request, _ADMISSION_BODY)
+        body = await bounded_body(request, _ADMISSION_BODY)
         b = parse_body(AdmissionBody, body)
         adm, out = self.broker.set_admission(name, dict(b.classes), list(b.order))
         return _json(
@@ -691,7 +546,7 @@ class BrokerHttp:
         goes to the plan's broker; ends after ``grace_s`` without any) and/or replication
         (every message published here is copied once to each peer; a channel is delivered
         only by its home replica). Creates the topic, and the channels homed here."""
-        route = self._route_of(await _bounded_body(request, _ROUTE_BODY))
+        route = self._route_of(await bounded_body(request, _ROUTE_BODY))
         relay = self.broker.relay
         route = relay.set_route(route)
         return _json(RouteDoc(**route_document(route, relay.clock())))
@@ -731,7 +586,7 @@ class BrokerHttp:
         cancels the handler)."""
         q = parse_query(MeasureQuery, request.query)
         pubs = None
-        body = await _bounded_body(request, self.limits.max_msg_size)
+        body = await bounded_body(request, self.limits.max_msg_size)
         if body:
             listed = parse_body(MeasureBody, body).publishers
             pubs = None if listed is None else frozenset(listed)
@@ -858,7 +713,10 @@ def make_app(broker: Broker) -> web.Application:
     """ROUTES bound to one ``BrokerHttp``, behind the error, token and TLS middlewares."""
     handlers = BrokerHttp(broker)
     opts = broker.options
-    middlewares = [_errors, _auth(opts.token)]
+    middlewares = [
+        error_middleware(LimitReached, _limit, allow_separator=","),
+        token_required(opts.token, needs_token, challenge=True),
+    ]
     if opts.protect_managed and opts.token is not None:
         middlewares.append(_protect_managed(broker, opts.token))
     if http_requires_tls(broker.options):
@@ -866,12 +724,7 @@ def make_app(broker: Broker) -> web.Application:
     # No body beyond the largest the protocol takes (an MPUB's) is ever read.
     limit = broker.options.limits.max_body_size + 1024
     app = web.Application(middlewares=middlewares, client_max_size=limit)
-    for route in ROUTES:
-        handler = functools.partial(route.handler, handlers)
-        if route.method == "GET":
-            app.router.add_get(route.path, handler)  # and HEAD, answered as GET is
-        else:
-            app.router.add_route(route.method, route.path, handler)
+    add_routes(app, ROUTES, handlers)
     return app
 
 

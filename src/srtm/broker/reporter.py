@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from srtm.httpkit import join_host_port
 from srtm.ratelimit.overflow import Bound, check_bound
 from srtm.security import bearer_header
 
@@ -106,8 +107,8 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
     headers = bearer_header(broker.options.token)
     me = {
         "id": str(broker.options.broker_id),
-        "tcp_address": _host_port(*broker.tcp_address),
-        "http_address": _host_port(*broker.http_address),
+        "tcp_address": join_host_port(*broker.tcp_address),
+        "http_address": join_host_port(*broker.http_address),
         "mcap": mcap,
     }
     base = controller.rstrip("/")
@@ -204,8 +205,3 @@ def apply_registration(broker: Broker, sent: float, answer: Any) -> float | None
                 log.error("topic %s: bound from the controller refused: %s", name, exc)
     broker.apply_shares(shares, held, bounds)
     return float(lease)
-
-
-def _host_port(host: str, port: int) -> str:
-    """``HOST:PORT``, an IPv6 host in brackets (what the controller parses)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
