@@ -56,7 +56,7 @@ STAGES: list[tuple[str, str, str]] = [
     ("srtm/broker/broker.py", "Broker._account", "stats"),
     ("srtm/broker/broker.py", "Broker.", "dispatch (RDY, in flight)"),
     ("srtm/broker/stats.py", "", "stats"),
-    ("srtm/broker/diskqueue.py", "", "disk hand-off (push, encode, submit)"),
+    ("srtm/broker/disk/", "", "disk hand-off (push, encode, submit)"),
     ("srtm/broker/persistence.py", "", "disk hand-off (push, encode, submit)"),
 ]
 LOOP = "event loop (uvloop C code)"
