@@ -34,12 +34,10 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
 
+from srtm.broker.disk.buffer import WriteBuffer
 from srtm.broker.disk.codec import (
     FILE_HEADER,
     CorruptRecord,
-    encode_batch,
-    record_bytes,
-    records_bytes,
 )
 from srtm.broker.disk.io import (
     READ_AHEAD_BYTES,
@@ -64,10 +62,6 @@ log = logging.getLogger("srtm.broker.disk")
 DEFAULT_SEGMENT_BYTES = 16 << 20
 #: Buffered pushes are written once they hold this many bytes (else at the next flush).
 DEFAULT_FLUSH_BYTES = 256 << 10
-#: At most this many records per write (in whole pushes): a write's completion settles
-#: its records on the event loop one by one, and a million one-byte messages of one MPUB
-#: in one write stalled the loop for 50-70 ms there.
-MAX_WRITE_RECORDS = 16_384
 #: A reader that catches up with the write segment moves writes to a new one only once
 #: this one holds this much (or a full segment): a queue whose consumer keeps up would
 #: otherwise create and delete a file per message. Its settled records go with it; a
@@ -146,19 +140,12 @@ class DiskQueue:
         #: Pushes so far, and publishes waiting for the write of the first ``n`` of them.
         self._pushed = 0
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        #: Pushed, not written yet, as records (their ``origin`` is settled once written).
-        self._pending: deque[Record] = deque()
-        self._pending_bytes = 0
-        #: The pending records encoded when pushed, as (records, bytes) chunks in order:
-        #: a write then only joins them (its encoding was done while the write before it
-        #: ran). Used only while they cover every pending record (``_encoded_n``).
-        self._encoded: deque[tuple[int, bytes]] = deque()
-        self._encoded_n = 0
+        self._buffer = WriteBuffer()
         self._open_failed = False
 
     # -- size ------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self._unread + len(self._ahead) + len(self._pending)
+        return self._unread + len(self._ahead) + len(self._buffer.records)
 
     @property
     def failing(self) -> bool:
@@ -167,7 +154,7 @@ class DiskQueue:
     @property
     def pending(self) -> int:
         """Messages pushed but not written yet."""
-        return len(self._pending)
+        return len(self._buffer.records)
 
     # -- running file work ------------------------------------------------------------------
     @property
@@ -189,7 +176,7 @@ class DiskQueue:
         """Publishes waiting for their records' write: done once they went through one."""
         if not self._waiters:
             return
-        done = self._pushed - len(self._pending)
+        done = self._pushed - len(self._buffer.records)
         keep = []
         for target, fut in self._waiters:
             if everyone or target <= done:
@@ -204,70 +191,31 @@ class DiskQueue:
         """Queue ``msg`` at the back. Never fails: while writing fails it waits in memory
         (the broker refuses new publishes meanwhile)."""
         # Its fields, not the object: the caller may hand the same one to other queues.
-        self._pending.append(
+        self._buffer.add(
             (msg.id, msg.body, msg.timestamp_ns, msg.arrival_ns, msg.release_ns, msg.attempts,
-             msg.publisher, msg.origin)
+             msg.publisher, msg.origin),
+            self.error is None,
         )  # fmt: skip
-        self._encode_ahead([self._pending[-1]], 1)
         self._pushed += 1
-        self._pending_bytes += record_bytes(self._pending[-1])
         self._pushed_more()
 
     def push_many(self, records: list[Record]) -> None:
         """``push`` of each (an MPUB's overflow): one extend, no ``Message`` per record."""
-        self._pending.extend(records)
-        encoded = self._encode_ahead(records, len(records))
+        self._buffer.extend(records, self.error is None)
         self._pushed += len(records)
-        # the length of their records, known once encoded
-        self._pending_bytes += encoded if encoded is not None else records_bytes(records)
         self._pushed_more()
-
-    def _encode_ahead(self, records: list[Record], n: int) -> int | None:
-        """Encode the ``n`` records just pushed, if every one before them is encoded (and
-        writing works: while it fails, what waits is encoded when written); their length
-        (None: not encoded)."""
-        if self._encoded_n + n != len(self._pending) or self.error is not None:
-            return None
-        try:
-            data = encode_batch(records)
-        except (struct.error, OverflowError, ValueError):
-            self._forget_encoded()  # encoded again when written: that write fails then
-            return None
-        self._encoded.append((n, data))
-        self._encoded_n += n
-        return len(data)
-
-    def _forget_encoded(self) -> None:
-        """The chunks no longer line up with the pending records (some were taken, or a
-        chunk was written in part): writes encode from the records until none is left."""
-        self._encoded.clear()
-        self._encoded_n = 0
-
-    def _take_encoded(self, k: int) -> None:
-        """The first ``k`` pending records are written (before they are taken)."""
-        enc = self._encoded
-        if self._encoded_n != len(self._pending):
-            if enc:
-                self._forget_encoded()
-            return
-        while k and enc and enc[0][0] <= k:
-            n = enc.popleft()[0]
-            k -= n
-            self._encoded_n -= n
-        if k:
-            self._forget_encoded()
 
     def _pushed_more(self) -> None:
         self._unflushed.add(self)
         self._pushed_to.add(self)
-        if self._pending_bytes >= self.flush_bytes and self.error is None:
+        if self._buffer.nbytes >= self.flush_bytes and self.error is None:
             self.flush()
 
     def written(self) -> asyncio.Future[None] | None:
         """Have what is buffered written; a future done once everything pushed so far went
         through a write (None: nothing to wait for, or already written inline). A queue
         that is failing is not waited for (the housekeeping loop retries it)."""
-        if not self._pending or self.error is not None:
+        if not self._buffer.records or self.error is not None:
             return None
         if not self.threaded:
             self.flush()
@@ -287,20 +235,20 @@ class DiskQueue:
             self._again = True
             return self.error is None
         if not self.threaded:
-            while self._pending:
+            while self._buffer.records:
                 self._start_write()
                 if self.error is not None and self._failed_last:
                     return False
             self._all_written()
             return True
-        if not self._pending:
+        if not self._buffer.records:
             self._all_written()
             return True
         self._start_write()
         return self.error is None
 
     def _all_written(self) -> None:
-        self._pending_bytes = 0
+        self._buffer.nbytes = 0
         self._unflushed.discard(self)
         if self.error is not None:
             log.info("%s: writing again after %s", self.directory, self.error)
@@ -316,37 +264,6 @@ class DiskQueue:
         seg = self._segments.write
         header = b"" if seg.end else FILE_HEADER
         size = seg.end + len(header)
-        pending = self._pending
-        batch: list[Record] = []
-        encoded: bytes | None = None
-        count = len(pending)
-        if size + self._pending_bytes < self.segment_bytes and count <= MAX_WRITE_RECORDS:
-            # All of it fits (the usual case): no loop per record; encoded when pushed.
-            if self._encoded_n == len(pending):
-                encoded = b"".join([data for _, data in self._encoded])
-            else:
-                batch = list(pending)
-        elif self._encoded_n == len(pending):
-            # What fits of what was encoded when pushed, in whole pushes (an MPUB's
-            # overflow is one, so a segment may end past its size by one MPUB's body):
-            # not a size per record (a segment holds 250,000 small ones, a quarter of a
-            # second of work on the event loop).
-            chunks: list[bytes] = []
-            count = 0
-            for n, data in self._encoded:
-                if chunks and (size >= self.segment_bytes or count >= MAX_WRITE_RECORDS):
-                    break
-                chunks.append(data)
-                count += n
-                size += len(data)
-            encoded = b"".join(chunks)
-        else:
-            batch = []
-            for r in pending:
-                if batch and (size >= self.segment_bytes or len(batch) >= MAX_WRITE_RECORDS):
-                    break
-                batch.append(r)
-                size += record_bytes(r)
         self._writing = True
         self._again = False
         gen, fd, path, end = self._gen, self._wfd, seg.path, seg.end
@@ -355,14 +272,12 @@ class DiskQueue:
         # contends for the GIL, and an acknowledgement waiting for this write waited
         # for that contention too (batched publishes ran at half speed).
         try:
-            if encoded is not None:
-                data = header + encoded
-            else:
-                data, count = header + encode_batch(batch), len(batch)
+            encoded, count = self._buffer.batch(size, self.segment_bytes)
         except (struct.error, OverflowError, ValueError) as e:  # a field out of range
             bad: WriteResult = (fd, 0, 0, OSError(errno.EINVAL, f"cannot encode: {e}"), False)
             self._run(lambda: bad, lambda res: self._write_done(gen, fd, seg, res))
             return
+        data = header + encoded
 
         def work() -> WriteResult:
             return write_batch(write, directory, path, fd, end, len(header), data, count)
@@ -397,7 +312,7 @@ class DiskQueue:
         else:
             if filled:
                 self._caught_up(self._segments.write)
-            if not self._pending:
+            if not self._buffer.records:
                 self._all_written()
             else:
                 self._resolve_waiters(False)
@@ -407,7 +322,7 @@ class DiskQueue:
                     self._again
                     or self._waiters
                     or self.error is not None
-                    or self._pending_bytes >= self.flush_bytes
+                    or self._buffer.nbytes >= self.flush_bytes
                 ):
                     self._start_write()
         if k and self.threaded and self._on_readable is not None:
@@ -428,7 +343,7 @@ class DiskQueue:
             and k <= READ_AHEAD_RECORDS
             and size <= READ_AHEAD_BYTES
         )
-        # The records' own bytes (``_pending_bytes`` counts no file header).
+        # The records' own bytes (the buffer's ``nbytes`` counts no file header).
         records_size = size - len(FILE_HEADER) if seg.end == 0 and size else size
         seg.end += size
         seg.records += k
@@ -440,16 +355,7 @@ class DiskQueue:
             origin = self._segments.origin(seg)
         else:
             self._unread += k
-        self._take_encoded(k)
-        pending = self._pending
-        if k == len(pending):
-            done = list(pending)
-            pending.clear()
-            self._pending_bytes = 0
-        else:
-            popleft = pending.popleft
-            done = [popleft() for _ in range(k)]
-            self._pending_bytes -= records_size
+        done = self._buffer.take(k, records_size)
         for settled in filter(None, map(_origins, done)):
             settled.settle()  # durable here now: its own segment may go
         if origin is not None:
@@ -458,13 +364,9 @@ class DiskQueue:
 
     def _failed(self, exc: OSError) -> None:
         if self.error is None:
-            log.error(
-                "%s: cannot write (%s): %d messages wait in memory; publishes to this "
-                "topic are refused until a write succeeds",
-                self.directory,
-                exc,
-                len(self._pending),
-            )
+            log.error("%s: cannot write (%s): %d messages wait in memory; publishes to this "
+                      "topic are refused until a write succeeds", self.directory, exc,
+                      len(self._buffer.records))  # fmt: skip
         self.error = exc
         self._failing.add(self)
 
@@ -522,17 +424,14 @@ class DiskQueue:
             return ahead.popleft()
         if self._unread or self._writing:
             return None  # being read, or being written (then read from memory)
-        pending = self._pending
+        pending = self._buffer.records
         if pending and pending[0][7] is None and self.error is None:
             self.flush()
             if self.threaded:
                 return None
             return self._pop_record()
         if pending:
-            if self._encoded:
-                self._forget_encoded()
-            r = pending.popleft()
-            self._pending_bytes -= record_bytes(r)
+            r = self._buffer.popleft()
             self._resolve_waiters(False)
             return r
         return None
@@ -628,11 +527,9 @@ class DiskQueue:
     def clear(self) -> None:
         """Drop everything queued (what was popped before stays with its holders)."""
         self._forget_files()
-        for origin in filter(None, map(_origins, self._pending)):
+        for origin in filter(None, map(_origins, self._buffer.records)):
             origin.settle()
-        self._pending.clear()
-        self._forget_encoded()
-        self._pending_bytes = 0
+        self._buffer.clear()
         self._segments.clear()
         self._unread = 0
         if self.error is not None:
@@ -658,7 +555,7 @@ class DiskQueue:
         written = self.flush()
         if not written:
             log.error("%s: %d acknowledged messages could not be written: %s",
-                      self.directory, len(self._pending), self.error)  # fmt: skip
+                      self.directory, len(self._buffer.records), self.error)  # fmt: skip
         if self._wfd is not None:
             with contextlib.suppress(OSError):
                 os.fsync(self._wfd)
@@ -674,7 +571,6 @@ class DiskQueue:
         self._forget_files()
         self._failing.discard(self)
         self._unflushed.discard(self)
-        self._pending.clear()
-        self._forget_encoded()
+        self._buffer.clear()
         self._segments.forget()
         self._run(lambda: remove_dir(self.directory))
