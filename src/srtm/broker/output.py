@@ -43,6 +43,8 @@ class Output:
         write_timeout_ms: int,
         remote: str,
         close: Callable[[], None],
+        on_pause: Callable[[], None],
+        on_resume: Callable[[], None],
     ) -> None:
         self._sock, self._loop, self._session, self._close = sock, loop, session, close
         self._remote = remote
@@ -64,8 +66,7 @@ class Output:
         self._low = self._high // 2
         #: Over the high-water mark, until below the low one.
         self.paused = False
-        self.on_pause: Callable[[], None] = lambda: None
-        self.on_resume: Callable[[], None] = lambda: None
+        self._on_pause, self._on_resume = on_pause, on_resume
         self.sent_bytes = 0
         self._write_timeout_ns = write_timeout_ms * 1_000_000
         #: Bytes sent at the last deadline check, and since when nothing more was.
@@ -121,7 +122,7 @@ class Output:
         self.sent_bytes += sent
         if self.paused and len(self.buf) <= self._low:
             self.paused = False
-            self.on_resume()
+            self._on_resume()
         if self.buf:
             return
         if self._writing:
@@ -132,7 +133,7 @@ class Output:
 
     def _pause(self) -> None:
         self.paused = True
-        self.on_pause()
+        self._on_pause()
 
     # -- holding answers until their publish is on disk ------------------------------------
     def hold_until(self, written: asyncio.Future[Any]) -> None:

@@ -229,9 +229,8 @@ class Client:
         self.remote = f"{host}:{port}"
         self.output = Output(
             sock, self.loop, self.session, opts.max_output_buffer_bytes, opts.write_timeout_ms,
-            self.remote, self.close,
+            self.remote, self.close, self._pause, self._resume,
         )  # fmt: skip
-        self.output.on_pause, self.output.on_resume = self._pause, self._resume
         #: The session's frames go straight to the output (an OK per PUB: no call between).
         self.write = self.output.write
         #: Over the output's high-water mark it gets no messages (RDY 0, the one it asked
@@ -299,6 +298,7 @@ class Client:
 
     @property
     def last_read_ns(self) -> int:
+        """When it was last read (or the broker's delay in reading it ended)."""
         return self.intake.last_read_ns
 
     # -- what the session asks (srtm.protocol.session.SessionHost) ---------------------------
