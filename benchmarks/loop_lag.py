@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from srtm.broker import Broker, BrokerOptions
-from srtm.broker.diskqueue import DiskQueue
+from srtm.broker.disk import DiskQueue
 from srtm.protocol import MAGIC_V2, Fin, FrameReader, FrameType, Mpub, Pub, Rdy, Sub, decode_message
 from srtm.protocol.commands import encode_command
 

@@ -35,12 +35,12 @@ STAGES: list[tuple[str, str, str]] = [
     ("srtm/protocol/parser.py", "", "parse"),
     ("srtm/protocol/session.py", "", "parse"),
     ("srtm/protocol/frames.py", "", "frame"),
-    ("srtm/broker/tcp.py", "Client._on_readable", "read (recvmsg, loop over commands)"),
-    ("srtm/broker/tcp.py", "Client._run", "read (recvmsg, loop over commands)"),
+    ("srtm/broker/intake.py", "", "read (recvmsg, loop over commands)"),
     ("srtm/broker/tcp.py", "Client.send_records", "frame"),
     ("srtm/broker/tcp.py", "Client.finish", "FIN"),
     ("srtm/broker/tcp.py", "Client.publish", "publish (Message, id, put)"),
     ("srtm/broker/tcp.py", "Client.", "write (buffer, send)"),
+    ("srtm/broker/output.py", "", "write (buffer, send)"),
     ("srtm/broker/queue.py", "", "queue"),
     ("srtm/broker/message.py", "", "publish (Message, id, put)"),
     ("srtm/broker/state.py", "Topic.put", "queue"),  # put and put_many
@@ -56,7 +56,7 @@ STAGES: list[tuple[str, str, str]] = [
     ("srtm/broker/broker.py", "Broker._account", "stats"),
     ("srtm/broker/broker.py", "Broker.", "dispatch (RDY, in flight)"),
     ("srtm/broker/stats.py", "", "stats"),
-    ("srtm/broker/diskqueue.py", "", "disk hand-off (push, encode, submit)"),
+    ("srtm/broker/disk/", "", "disk hand-off (push, encode, submit)"),
     ("srtm/broker/persistence.py", "", "disk hand-off (push, encode, submit)"),
 ]
 LOOP = "event loop (uvloop C code)"

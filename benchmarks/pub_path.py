@@ -2,7 +2,7 @@
 
 ``bench_writer --batch-size=1`` keeps one PUB in flight per connection, so its rate is
 set by the round trip, and every µs the broker spends on a PUB is on it. This drives
-the real read path in process (``Client._on_readable`` of a broker with uvloop, as
+the real read path in process (``Intake.on_readable`` of a client of a broker with uvloop, as
 ``srtm broker`` runs it) over a loopback TCP pair, one PUB and its OK at a time, and
 measures in the same run the anchor: the same four socket calls with no broker between.
 The difference is the broker's own cost per PUB (parse, session, queue, bucket check,
@@ -44,7 +44,7 @@ STAGES = {
     "  queue": "put_many",
     "  ids": "take",
     "  bucket check": "kick",
-    "write (OK and send)": "_send",
+    "write (OK and send)": "send",
 }
 
 
@@ -81,11 +81,11 @@ async def measure(count: int, profile: bool) -> tuple[float, float, pstats.Stats
                 broker.clients.add(client)
                 asyncio.get_running_loop().remove_reader(server.fileno())  # driven here
                 peer.sendall(b"  V2")
-                client._on_readable()
+                client.intake.on_readable()
 
                 def through_broker() -> None:
                     peer.send(PUB)
-                    client._on_readable()
+                    client.intake.on_readable()
                     if peer.recv(64) != OK:
                         raise RuntimeError("the broker did not answer OK")
 
@@ -114,7 +114,7 @@ def stage_shares(stats: pstats.Stats) -> dict[str, float]:
     cum: dict[str, float] = {}
     for (_, _, name), (_, _, _, ct, _) in stats.stats.items():  # type: ignore[attr-defined]
         cum[name] = max(cum.get(name, 0.0), ct)
-    total = cum.get("_on_readable", 0.0)
+    total = cum.get("on_readable", 0.0)
     out = {}
     for stage, fn in STAGES.items():
         # a builtin is named "<method 'recvmsg' of ...>"; the outermost of a name wins

@@ -15,19 +15,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from srtm.broker import diskqueue
-from srtm.broker.diskqueue import (
-    DiskQueue,
-    _record_bytes,
-    encode,
-    encode_batch,
-    encode_batch_py,
-)
+from srtm.broker.disk import DiskQueue, codec
+from srtm.broker.disk import queue as diskqueue
+from srtm.broker.disk.buffer import MAX_WRITE_RECORDS
+from srtm.broker.disk.codec import encode, encode_batch, encode_batch_py, record_bytes
 from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue, Record, to_record
 from support import queue_records
 
-c_encode_batch = diskqueue._c_encode_batch
+c_encode_batch = codec._c_encode_batch
 
 
 records = queue_records(min_body=1)
@@ -126,9 +122,7 @@ def test_batches_round_trip_exactly_in_order_through_torn_writes_and_a_crash(
     segments (a batch split across files): every message comes back once, in order, with
     every field; and what was written is read back after a crash (no close)."""
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
-        mp.setattr(
-            diskqueue, "_c_encode_batch", encoder if encoder is not encode_batch_py else None
-        )
+        mp.setattr(codec, "_c_encode_batch", encoder if encoder is not encode_batch_py else None)
         writer = ShortWriter()
         q = DiskQueue(Path(tmp) / "q", segment_bytes, flush_bytes=1 << 30, writer=writer)
         pushed: list[Record] = []
@@ -148,7 +142,7 @@ def test_batches_round_trip_exactly_in_order_through_torn_writes_and_a_crash(
                 writer.room = n
                 q.flush()
             # what the buffer counts is what its records take on disk
-            assert q._pending_bytes == sum(map(_record_bytes, q._pending))
+            assert q._buffer.nbytes == sum(map(record_bytes, q._buffer.records))
         writer.room = None
         assert q.flush() and not q.failing and q.pending == 0
         # kill -9 here: a fresh queue on the same files has everything, in order
@@ -164,9 +158,9 @@ def test_a_write_takes_the_batches_encoded_when_pushed(tmp_path: Path) -> None:
     q = DiskQueue(tmp_path / "q", flush_bytes=1 << 30, writer=writer)
     first = [rec(i) for i in range(5)]
     q.push_many(first)
-    assert q._encoded_n == 5
+    assert q._buffer.encoded == 5
     q.flush()
-    assert q._encoded_n == 0 and not q._encoded
+    assert q._buffer.encoded == 0 and not q._buffer.chunks
     writer.room = 0  # the disk is full
     later = [rec(i) for i in range(5, 9)]
     q.push_many(later)
@@ -249,20 +243,20 @@ def test_a_big_backlog_is_written_in_bounded_batches(
     takes at most MAX_WRITE_RECORDS (in whole pushes), and all of them still land, in
     order."""
     counts: list[int] = []
-    write_batch = diskqueue._write_batch
+    write_batch = diskqueue.write_batch
 
     def counting(*args: object) -> object:
         counts.append(args[-1])  # type: ignore[arg-type]
         return write_batch(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(diskqueue, "_write_batch", counting)
+    monkeypatch.setattr(diskqueue, "write_batch", counting)
     q = DiskQueue(tmp_path / "q", flush_bytes=1 << 30)
     push = 10_000
     for k in range(4):
         q.push_many([rec(i) for i in range(k * push, (k + 1) * push)])
-    while q.flush() and q._pending:
+    while q.flush() and q._buffer.records:
         pass
     assert sum(counts) == 4 * push
-    assert len(counts) >= 2 and max(counts) <= diskqueue.MAX_WRITE_RECORDS + push, counts
+    assert len(counts) >= 2 and max(counts) <= MAX_WRITE_RECORDS + push, counts
     again = DiskQueue(tmp_path / "q")
     assert [m.id for m in iter(again.pop, None)] == [b"%016x" % i for i in range(4 * push)]

@@ -14,24 +14,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from srtm.broker import diskqueue
-from srtm.broker.diskqueue import (
+from srtm.broker.disk import DiskQueue, codec
+from srtm.broker.disk.codec import (
     FILE_HEADER,
     FORMAT_VERSION,
-    READ_AHEAD_BYTES,
     CorruptRecord,
-    DiskQueue,
-    _read_batch,
     decode_batch_py,
     encode_batch,
     encode_v1,
 )
+from srtm.broker.disk.io import READ_AHEAD_BYTES, read_batch
 from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue, Record
 from srtm.broker.state import Channel
 from support import queue_records
 
-c_decode_batch = diskqueue._c_decode_batch
+c_decode_batch = codec._c_decode_batch
 
 #: The decoders: Python's always, C's where it was built at install.
 Decoder = Callable[..., tuple[list[Record], int, str | None]]
@@ -197,7 +195,7 @@ def decoders(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     if request.param == "c" and c_decode_batch is None:
         pytest.skip("srtm.broker._diskcodec not built")
     if request.param == "python":
-        monkeypatch.setattr(diskqueue, "_c_decode_batch", None)
+        monkeypatch.setattr(codec, "_c_decode_batch", None)
     return str(request.param)
 
 
@@ -220,13 +218,13 @@ def test_a_read_takes_records_across_buffer_ends_and_goes_on_where_it_stopped(
     got: list[Record] = []
     pos = 0
     while len(got) < len(batch):
-        recs, pos, exc, opened = _read_batch(path, pos, len(batch) - len(got), ORIGIN)
+        recs, pos, exc, opened = read_batch(path, pos, len(batch) - len(got), ORIGIN)
         assert exc is None and opened and recs
         assert sum(len(r[1]) for r in recs[:-1]) < READ_AHEAD_BYTES  # about the bytes asked
         got += recs
     assert got == carrying(batch, ORIGIN) and pos == path.stat().st_size
     # inline: one at a time
-    assert _read_batch(path, 0, 1, None)[0] == batch[:1]
+    assert read_batch(path, 0, 1, None)[0] == batch[:1]
 
 
 @pytest.mark.usefixtures("decoders")
@@ -236,20 +234,20 @@ def test_a_read_reports_a_file_cut_short_or_damaged_after_what_it_read(tmp_path:
     whole = path.read_bytes()
     size = (len(whole) - len(FILE_HEADER)) // 5
     path.write_bytes(whole[:-10])
-    recs, pos, exc, _ = _read_batch(path, 0, 5, None)
+    recs, pos, exc, _ = read_batch(path, 0, 5, None)
     assert recs == batch[:4] and pos == len(FILE_HEADER) + 4 * size
     assert isinstance(exc, CorruptRecord) and str(exc) == "record cut short"
     path.write_bytes(whole)
-    recs, pos, exc, _ = _read_batch(path, 0, 6, None)
+    recs, pos, exc, _ = read_batch(path, 0, 6, None)
     assert recs == batch and isinstance(exc, CorruptRecord)
     assert str(exc) == "end of file before the records counted"
     damaged = bytearray(whole)
     damaged[len(FILE_HEADER) + 2 * size + 70] ^= 1
     path.write_bytes(bytes(damaged))
-    recs, pos, exc, _ = _read_batch(path, 0, 5, None)
+    recs, pos, exc, _ = read_batch(path, 0, 5, None)
     assert recs == batch[:2] and pos == len(FILE_HEADER) + 2 * size
     assert isinstance(exc, CorruptRecord) and str(exc) == "checksum mismatch"
-    recs, pos, exc, _ = _read_batch(tmp_path / "missing.dat", 0, 5, None)
+    recs, pos, exc, _ = read_batch(tmp_path / "missing.dat", 0, 5, None)
     assert (recs, pos, isinstance(exc, FileNotFoundError)) == ([], 0, True)
 
 
@@ -266,11 +264,11 @@ def test_pop_records_gives_what_pops_give_in_order(tmp_path: Path) -> None:
     got = q.pop_records(3) + q.pop_records(0) + q.pop_records(6) + q.pop_records(100)
     assert [r[:7] for r in got] == [r[:7] for r in first + later]
     assert all(r[7] is not None for r in got) and q.pop_records(5) == [] and not len(q)
-    assert sum(s.outstanding for s in q._segments.values()) == len(got)
+    assert sum(s.outstanding for s in q._segments.by_n.values()) == len(got)
     for r in got:
         assert r[7] is not None
         r[7].settle()
-    assert sum(s.outstanding for s in q._segments.values()) == 0
+    assert sum(s.outstanding for s in q._segments.by_n.values()) == 0
 
 
 def test_a_message_queue_refills_from_its_disk_queue_in_order(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
-from srtm.broker.diskqueue import DiskQueue
+from srtm.broker.disk import DiskQueue
 from srtm.protocol import MAGIC_V2, Fin, Mpub, Pub, Rdy, Sub
 from srtm.protocol.commands import encode_command
 from support import MakeBroker, eventually

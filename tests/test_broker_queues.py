@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from srtm.broker.diskqueue import DiskQueue
+from srtm.broker.disk import DiskQueue
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.queue import MessageQueue
 

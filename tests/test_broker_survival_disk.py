@@ -28,15 +28,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nsq_raw import RawClient
-from srtm.broker.diskqueue import (
-    CATCH_UP_ROTATE_BYTES,
-    FILE_HEADER,
-    DiskQueue,
-    Reserve,
-    encode,
-    encode_v1,
-    scan,
-)
+from srtm.broker.disk import DiskQueue, Reserve
+from srtm.broker.disk.codec import FILE_HEADER, encode, encode_v1, scan
+from srtm.broker.disk.queue import CATCH_UP_ROTATE_BYTES
 from srtm.broker.message import Message
 from srtm.broker.queue import MessageQueue
 from srtm.broker.state import Topic
@@ -108,7 +102,7 @@ def test_reading_never_waits_for_a_write_that_fails(tmp_path: Path, err: int) ->
 _EFBIG_CHILD = """
 import resource, sys
 from pathlib import Path
-from srtm.broker.diskqueue import DiskQueue
+from srtm.broker.disk import DiskQueue
 from srtm.broker.message import Message
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # files cannot grow past 4 KiB
 q = DiskQueue(Path(sys.argv[1]), flush_bytes=10**9)

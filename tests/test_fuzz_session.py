@@ -236,7 +236,7 @@ async def hostile_session(broker: BrokerThread, pieces: list[bytes]) -> Outcome:
                 raise AssertionError(f"no answer in {PATIENCE_S} s: {events} / {frames}") from None
             except ConnectionResetError:
                 # After a fatal error the broker reads and discards for a second before it
-                # closes (tcp.Client._linger); a session still sending after that gets a
+                # closes (output.Output._linger); a session still sending after that gets a
                 # reset, which drops what we had not read yet. Only after a fatal error
                 # (the walk ends there), and what was lost counts as unacknowledged.
                 reset = True

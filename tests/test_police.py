@@ -14,11 +14,12 @@ import time
 import pytest
 
 from nsq_raw import RawClient
+from srtm.broker.intake import TURN_BUDGET
 from srtm.broker.message import Message
 from srtm.broker.report import stats_document
 from srtm.broker.reporter import apply_registration
 from srtm.broker.state import Topic, memory_queues
-from srtm.broker.tcp import TURN_BUDGET, Client
+from srtm.broker.tcp import Client
 from srtm.control.actions import SetBucket
 from srtm.control.console import ConsoleState, console_state, latencies
 from srtm.control.state import Controller

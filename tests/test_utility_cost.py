@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from srtm.broker.diskqueue import RECORD_OVERHEAD
+from srtm.broker.disk.codec import RECORD_OVERHEAD
 from srtm.protocol import Fin, Mpub, Pub, encode_command
 from srtm.protocol.frames import message, response
 from srtm.utility import (

@@ -1,7 +1,7 @@
 /* The disk queue's record codec in C: encode_batch(records) -> bytes, and
  * decode_batch(buf, pos, want, max_bytes, version, origin) -> (records, end, problem).
  *
- * The same bytes as srtm.broker.diskqueue.encode_batch_py (the reference, and the path
+ * The same bytes as srtm.broker.disk.codec.encode_batch_py (the reference, and the path
  * used where this module is not built): per record, CRC-32 of what follows it, then the
  * big-endian fields ">I qqqqH16sHI" (length, timestamp, arrival, release, due = -1,
  * attempts, id, publisher length, body length), the publisher (UTF-8), the body. A field
@@ -14,7 +14,7 @@
  * that overflows to disk, where the Python version's struct call, concatenations and
  * CRC call per message cost about 0.3 us each.
  *
- * The decoder gives what srtm.broker.diskqueue.decode_batch_py gives (the reference):
+ * The decoder gives what srtm.broker.disk.codec.decode_batch_py gives (the reference):
  * queue records read back from a segment, checked as _Cursor.next checks them. It runs on
  * the disk thread, whose Python per record (struct, crc32, a Message) held the GIL the
  * event loop needs for 1-2 us a record. */

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from srtm.broker.diskqueue import DiskIO, DiskQueue, Reserve
+from srtm.broker.disk import DiskIO, DiskQueue, Reserve
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import BrokerOptions
 from srtm.broker.queue import MessageQueue, Record

@@ -35,7 +35,7 @@ NETWORK_IN = "network_in"
 NETWORK_OUT = "network_out"
 STORAGE = "storage"
 
-# Wire and disk framing (checked against srtm.protocol and srtm.broker.diskqueue by the
+# Wire and disk framing (checked against srtm.protocol and srtm.broker.disk.codec by the
 # tests; this module may not import them).
 #: A message frame around the body: size 4, frame type 4, timestamp 8, attempts 2, id 16.
 MESSAGE_FRAME_BYTES = 34

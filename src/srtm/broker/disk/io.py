@@ -1,0 +1,280 @@
+"""The disk queue's file work and the thread it runs on.
+
+The operations on segment files (writing a batch, reading ahead, fsync in the background,
+atomic replacement, deleting) as plain functions, and ``DiskIO``, a broker's disk thread,
+which runs them one at a time in the order asked so that the event loop never waits for
+the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import errno
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from srtm.broker.disk.codec import (
+    CHUNK,
+    FILE_HEADER,
+    CorruptRecord,
+    decode_batch,
+    encode,
+    file_version,
+    whole_records,
+)
+from srtm.broker.message import Message, Origin
+from srtm.broker.queue import Record
+
+log = logging.getLogger("srtm.broker.disk")
+
+#: What a queue reads ahead on the disk thread at a time (about bytes).
+READ_AHEAD_BYTES = 256 << 10
+
+#: Writes ``data`` at the end of the open file ``fd``; returns how many bytes it wrote.
+Writer = Callable[[int, memoryview], int]
+
+_syncer: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def in_background(fn: Callable[[], None]) -> None:
+    """Run an fsync off the caller's thread (the broker's event loop must not wait for
+    the disk); errors are logged."""
+    global _syncer
+    if _syncer is None:
+        _syncer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="srtm-fsync")
+
+    def run() -> None:
+        try:
+            fn()
+        except OSError as exc:
+            log.warning("fsync failed: %s", exc)
+
+    _syncer.submit(run)
+
+
+def sync_and_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or a new file in ``directory`` survive a power loss."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` crash-safely: temporary file, fsync, rename, dir fsync."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
+
+
+def write_records(path: Path, records: list[tuple[Message, int | None]]) -> None:
+    """Write ``records`` to ``path`` atomically (a version-2 file)."""
+    write_atomic(path, FILE_HEADER + b"".join(encode(m, due) for m, due in records))
+
+
+def remove_dir(directory: Path) -> None:
+    for p in directory.iterdir():
+        p.unlink()
+    directory.rmdir()
+
+
+def close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+#: A write's result: the file's descriptor (None: it could not be opened), the bytes and
+#: records written whole, the error that stopped it, whether taking a torn tail back failed.
+WriteResult = tuple[int | None, int, int, OSError | None, bool]
+
+
+def write_batch(
+    write: Writer,
+    directory: Path,
+    path: Path,
+    fd: int | None,
+    end: int,
+    header: int,
+    data: bytes,
+    count: int,
+) -> WriteResult:
+    """Append ``data`` (a file header of ``header`` bytes, then ``count`` version-2 records) to the
+    segment ``path`` (opened if ``fd`` is None), which holds ``end`` good bytes. A failed
+    write is taken back to its last whole record (``ftruncate`` needs no space)."""
+    view = memoryview(data)
+    written = 0
+    exc: OSError | None = None
+    try:
+        if fd is None:
+            new = not path.exists()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            if new:  # the file's name survives a power loss
+                in_background(lambda: fsync_dir(directory))
+        while written < len(data):
+            n = write(fd, view[written:])
+            if n <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            written += n
+    except OSError as e:
+        exc = e
+    # What was written up to the last whole record counts; a torn one is taken back.
+    good = k = 0
+    if written == len(data):
+        good, k = written, count
+    elif written >= header:
+        good, k = whole_records(data, header, written)
+    truncate_failed = False
+    if exc is not None and fd is not None:
+        try:
+            os.ftruncate(fd, end + good)
+        except OSError:
+            truncate_failed = True
+    return fd, good, k, exc, truncate_failed
+
+
+#: A read's result: the records, the offset after the last one, the error that stopped it
+#: and whether the file could be opened.
+ReadResult = tuple[list[Record], int, Exception | None, bool]
+
+
+def read_batch(path: Path, pos: int, want: int, origin: Origin | None) -> ReadResult:
+    """Up to ``want`` records (and about ``READ_AHEAD_BYTES``) of ``path`` from ``pos``, as
+    queue records carrying ``origin``: the file's bytes read in one piece, decoded in one
+    call (in C where built), so the disk thread seldom holds the GIL."""
+    out: list[Record] = []
+    end = pos
+    try:
+        f = path.open("rb")
+    except OSError as exc:
+        return out, end, exc, isinstance(exc, FileNotFoundError)
+    try:
+        with f:
+            version = file_version(f)
+            if pos:
+                f.seek(pos)
+            start = end = f.tell()
+            # One record (inline): a chunk; else the bytes wanted and the record crossing them.
+            buf = f.read(CHUNK if want == 1 else READ_AHEAD_BYTES + CHUNK)
+            base = p = start  # file offset of buf[0], and where decoding goes on
+            while True:
+                recs, stop, problem = decode_batch(
+                    buf, p - base, want - len(out), READ_AHEAD_BYTES - (p - start), version, origin
+                )
+                out += recs
+                p = end = base + stop
+                if problem is not None:
+                    raise CorruptRecord(problem)
+                if len(out) >= want or p - start >= READ_AHEAD_BYTES:
+                    break
+                # The buffer ended (within a record whose rest it lacks, or cleanly).
+                rest = buf[stop:]
+                more = f.read(max(CHUNK, len(rest)))
+                if not more:
+                    raise CorruptRecord(
+                        "record cut short" if rest else "end of file before the records counted"
+                    )
+                buf, base = rest + more, p
+    except Exception as exc:  # anything unreadable is skipped (and logged)
+        return out, end, exc, True
+    return out, end, None, True
+
+
+_T = TypeVar("_T")
+#: A piece of the disk thread's work and what runs on the loop with its result.
+_Work = tuple[Callable[[], Any], Callable[[Any], None] | None]
+
+
+class DiskIO:
+    """A broker's disk thread: its disk queues' file work (encoding and writing batches,
+    reading ahead, opening, closing and deleting segments) runs there, one piece at a
+    time in the order asked (a queue's close or delete never overtakes its write), so
+    the event loop never waits for the disk; each completion runs back on the loop.
+
+    A thread of its own on a ``SimpleQueue``, not an executor: a hand-off is one ``put``
+    (no future, no lock), and the thread runs little Python, so it seldom waits for the
+    GIL the event loop holds (an MPUB that overflows waits for its write)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        #: Work submitted whose completion has not run yet.
+        self.outstanding = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        #: Set by ``quiesce``: queues then work inline (the graceful stop).
+        self.closed = False
+        # A daemon, stopped (after the work queued) at a graceful stop or at exit, as an
+        # executor's thread would be: an interpreter exit never waits for it forever.
+        self._thread = threading.Thread(target=self._serve, name="srtm-disk_0", daemon=True)
+        self._thread.start()
+        atexit.register(self._stop)
+
+    def submit(self, work: Callable[[], _T], done: Callable[[_T], None] | None = None) -> None:
+        self.outstanding += 1
+        self._idle.clear()
+        self._queue.put((work, done))
+
+    def _serve(self) -> None:
+        get, call = self._queue.get, self.loop.call_soon_threadsafe
+        while (item := get()) is not None:
+            work, done = item
+            try:
+                result = work()
+            except Exception:
+                log.exception("disk work failed")
+                result, done = None, None
+            with contextlib.suppress(RuntimeError):  # the loop is gone (interpreter exit)
+                call(self._finish, done, result)
+
+    def _finish(self, done: Callable[[Any], None] | None, result: object) -> None:
+        self.outstanding -= 1
+        try:
+            if done is not None:
+                done(result)
+        finally:
+            if not self.outstanding:
+                self._idle.set()
+
+    def _stop(self) -> None:
+        """Let the thread end after the work queued (at exit: and wait for it)."""
+        self._queue.put(None)
+        if not self.closed:
+            self._thread.join()
+
+    async def quiesce(self) -> None:
+        """Wait until no work is left, then have the queues work inline from now on."""
+        while self.outstanding:
+            await self._idle.wait()
+        self.closed = True
+        atexit.unregister(self._stop)
+        self._stop()

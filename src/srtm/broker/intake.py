@@ -1,0 +1,350 @@
+"""What one client connection reads, run as commands, in order (the publisher's side).
+
+Reads use ``recvmsg`` so each read carries the kernel's receive timestamp
+(SO_TIMESTAMPNS); every command completed by a read gets that read's stamp. A connection
+runs at most ``TURN_BUDGET`` commands per loop turn; nothing after a publish taken in
+slices (``PUBLISH_SLICE``) until it is taken; and nothing at all, nor reads, while a
+topic it published to is over its bound under ``block`` (``block``/``unblock``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from srtm.broker.output import Output
+from srtm.protocol import Event, Fins, Parser, ProtocolError, errors
+from srtm.protocol.session import Session, SessionState
+
+if TYPE_CHECKING:
+    from srtm.broker.auth import Gate
+    from srtm.broker.stats import BrokerStats
+
+log = logging.getLogger("srtm.broker")
+
+_TIMESPEC = struct.Struct("qq")
+# Small reads bound the work one callback does, so shaped releases are not held back.
+_READ_SIZE = 32 * 1024
+_ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
+_CLOSED = SessionState.CLOSED
+#: FINs of a run (``Fins``) run at a time, with due releases looked at in between.
+_FIN_CHUNK = 32
+#: Commands one connection runs per loop turn (a FIN of a run counting one, as in
+#: ``_run_all``): what one read completed beyond it waits for the next turn, and the
+#: socket is not read meanwhile, so a flooding connection gets a turn as long as any
+#: other's, not 32 KiB of commands (~900 PUBs) per turn. A loop turn more per 64
+#: commands costs a busy connection a few per cent at most; MPUBs are few per read.
+TURN_BUDGET = 64
+
+
+class Broker(Protocol):
+    """What ``Intake`` needs of the broker."""
+
+    @property
+    def stats(self) -> BrokerStats: ...
+
+    def release_due(self) -> bool: ...
+
+
+class Connection(Protocol):
+    """What ``Intake`` needs of its connection (``srtm.broker.tcp.Client``)."""
+
+    remote: str
+
+    @property
+    def finishing(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+    def send_error(self, err: ProtocolError) -> None: ...
+
+
+class Intake:
+    """Reads ``sock`` into ``parser`` and runs what it completes through ``session``
+    (past ``gate``, where there is one), writing through ``output``."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        broker: Broker,
+        sock: socket.socket,
+        session: Session,
+        parser: Parser,
+        gate: Gate | None,
+        output: Output,
+        read_timeout_ms: int,
+    ) -> None:
+        self._conn, self._broker, self._sock = conn, broker, sock
+        self._session, self._parser, self._gate, self._output = session, parser, gate, output
+        self._loop = asyncio.get_running_loop()
+        self.last_read_ns = time.time_ns()
+        #: What a read goes through before the parser once TLS or compression is on
+        #: (b"": nothing for the parser, or the connection closed).
+        self.unwrap: Callable[[bytes], bytes] | None = None
+        #: What the last read completed and this turn's budget left for later, from
+        #: ``_pending_at`` (None: nothing), and that read's arrival stamp.
+        self._pending: list[Event] | None = None
+        self._pending_at = 0
+        self._pending_arrival = 0
+        #: Not read (nor its pending commands run) while a topic it published to is over
+        #: its bound under ``block``; how often that happened.
+        self.blocked = False
+        self.blocks = 0
+        #: A publish taken in slices (``PUBLISH_SLICE``): until it is done, what comes
+        #: after it waits in ``_later`` (event, arrival, whether the gate passed it).
+        self._taking: asyncio.Future[Any] | None = None
+        self._later: deque[tuple[Event, int, bool]] = deque()
+        self._read_timeout_ns = read_timeout_ms * 1_000_000
+        #: When the first byte of a command still incomplete arrived (0: none pending).
+        self._partial_since_ns = 0
+
+    # -- reading ---------------------------------------------------------------------------
+    def on_readable(self) -> None:
+        if self._pending:
+            return  # what the last read completed runs first (``_run_pending``)
+        try:
+            data, ancdata, _, _ = self._sock.recvmsg(_READ_SIZE, _ANC_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._conn.close()
+            return
+        user_ns = time.time_ns()
+        if not data:
+            self._conn.close()
+            return
+        arrival = user_ns
+        if ancdata:
+            sec, nsec = _TIMESPEC.unpack_from(ancdata[0][2])
+            arrival = sec * 1_000_000_000 + nsec
+            self._broker.stats.stamp_gaps.add(user_ns - arrival)
+        self.last_read_ns = user_ns
+        if self.unwrap is not None and not (data := self.unwrap(data)):
+            return
+        events = self._parser.feed(data)
+        self._note_partial(bool(events), user_ns)
+        self._run_turn(events, 0, arrival)
+
+    def stop_reading(self) -> None:
+        fd = self._sock.fileno()
+        if fd >= 0 and not self._conn.finishing:
+            self._loop.remove_reader(fd)
+
+    def release(self) -> None:
+        """The gate's ``release_reads``: AUTH answered."""
+        # paused: the output drain resumes; taking a publish: its end does; blocked:
+        # ``unblock`` does
+        waits = self._output.paused or self._taking is not None or self.blocked
+        if not self._conn.finishing and not waits:
+            self.last_read_ns = time.time_ns()
+            self._loop.add_reader(self._sock.fileno(), self.on_readable)
+
+    def resumed(self) -> None:
+        """Output back-pressure is over: read again (unless something else holds it)."""
+        self.restart_deadline()
+        waits = self._taking is not None or self.blocked
+        if not waits and (self._gate is None or not self._gate.waiting):
+            self._loop.add_reader(self._sock.fileno(), self.on_readable)  # else they resume it
+
+    # -- running what was read -------------------------------------------------------------
+    def _run_turn(self, events: list[Event], start: int, arrival: int) -> None:
+        """Run ``events[start:]`` up to this turn's budget; the rest waits for the next
+        turn (``_run_pending``), or for the topic to be within its bound where its
+        publishes block this connection."""
+        out = self._output
+        out.in_read = True
+        try:
+            done = self._run_all(events, start, arrival)
+        finally:
+            out.in_read = False
+            if out.send_scheduled:
+                out.send()
+        if done < len(events) and not self._conn.finishing:
+            self._pending, self._pending_at, self._pending_arrival = events, done, arrival
+            if not self.blocked:
+                self._loop.call_soon(self._run_pending)
+        else:
+            self._pending = None
+
+    def _run_pending(self) -> None:
+        events = self._pending
+        if events is None or self.blocked or self._conn.finishing:
+            return
+        self._run_turn(events, self._pending_at, self._pending_arrival)
+
+    def _run_all(self, events: list[Event], start: int, arrival: int) -> int:
+        """Run what one read completed, in order, from ``start``, until ``TURN_BUDGET``
+        commands ran or a publish blocked the connection; how far it got. Due shaped
+        releases are looked at every 32 commands, a FIN of a run (``Fins``, one per
+        message a consumer got) counting as one: while releases wait, a long run is run
+        32 FINs at a time (else at once: FINs release nothing)."""
+        gate, session, out, broker = self._gate, self._session, self._output, self._broker
+        work = 0
+        check = 32
+        end = min(len(events), start + TURN_BUDGET)
+        for i in range(start, end):
+            if self.blocked:
+                return i
+            event = events[i]
+            if (
+                type(event) is Fins
+                and len(ids := event.message_ids) > _FIN_CHUNK
+                and broker.release_due()
+            ):
+                for k in range(0, len(ids), _FIN_CHUNK):
+                    if work >= check:
+                        check = work + 32
+                        broker.release_due()
+                    if session.state is _CLOSED or out.closing:
+                        return len(events)  # closed, or a fatal error: nothing after it
+                    self._run_one(Fins(ids[k : k + _FIN_CHUNK]), arrival, gate)
+                    work += _FIN_CHUNK
+                continue
+            if work >= check:
+                check = work + 32
+                broker.release_due()
+            if session.state is _CLOSED or out.closing:
+                return len(events)
+            self._run_one(event, arrival, gate)
+            work += len(event.message_ids) if type(event) is Fins else 1
+            if self._taking is not None:  # the rest runs once it is taken
+                self._later.extend((e, arrival, False) for e in events[i + 1 :])
+                return len(events)
+        return end
+
+    def _run_one(self, event: Event, arrival: int, gate: Gate | None) -> None:
+        if gate is not None and gate.consumes(event, arrival):
+            return  # refused, or held until the auth server answers
+        try:
+            self._session.receive(event, arrival)
+        except ProtocolError as err:
+            self._conn.send_error(err)
+        except Exception:
+            self._internal_error(event)
+
+    def run(self, event: object, arrival: int) -> None:
+        """Run a command the gate held back (read earlier, in order)."""
+        if self._taking is not None:
+            self._later.append((event, arrival, True))  # type: ignore[arg-type]
+            return
+        try:
+            self._session.receive(event, arrival)  # type: ignore[arg-type]
+        except ProtocolError as err:
+            self._conn.send_error(err)
+        except Exception:
+            self._internal_error(event)
+
+    def _internal_error(self, event: object) -> None:
+        # A broker bug costs this client its connection, not the whole loop.
+        log.exception("internal error on %s from %s", type(event).__name__, self._conn.remote)
+        self._conn.send_error(ProtocolError(errors.E_INVALID, "internal error"))
+
+    # -- running nothing else while a publish is taken in slices ----------------------------
+    def run_after(self, taken: asyncio.Future[Any]) -> None:
+        """The publish just run is taken over loop turns: the commands after it run (and
+        the socket is read) once it is done, as nsqd runs a connection's commands one
+        after another."""
+        self._taking = taken
+        self.stop_reading()
+        taken.add_done_callback(self._taken)
+
+    def _taken(self, _: asyncio.Future[Any]) -> None:
+        self._taking = None
+        self._run_later()
+
+    def _run_later(self) -> None:
+        """Run what waited for a publish taken in slices, until another such publish,
+        or a block (``unblock`` runs the rest)."""
+        if self._taking is not None:
+            return  # another publish is taken meanwhile: its end runs them
+        later, self._later = self._later, deque()
+        conn, out = self._conn, self._output
+        if conn.finishing:
+            return
+        out.in_read = True
+        try:
+            while later and self._taking is None and not self.blocked and not conn.finishing:
+                event, arrival, gated = later.popleft()
+                if gated:
+                    self.run(event, arrival)
+                else:
+                    self._run_one(event, arrival, self._gate)
+        finally:
+            out.in_read = False
+            if out.send_scheduled:
+                out.send()
+        if later:  # another publish taken in slices, or a block: the rest waits for it
+            later.extend(self._later)
+            self._later = later
+        elif not conn.finishing and (self._gate is None or not self._gate.waiting):
+            # (else AUTH's answer resumes reading; ``release`` waits for a take)
+            # A command it had begun could not progress meanwhile: its deadline restarts.
+            self.restart_deadline()
+            self.release()
+
+    # -- policing: a topic over its bound under ``block`` (srtm.ratelimit.overflow) -------------
+    def block(self) -> None:
+        """Stop reading, and running what was read, until ``unblock``: TCP pushes back on
+        the publisher once the socket's buffers fill."""
+        if self.blocked or self._conn.finishing:
+            return
+        self.blocked = True
+        self.blocks += 1
+        fd = self._sock.fileno()
+        if fd >= 0:
+            self._loop.remove_reader(fd)
+
+    def unblock(self) -> None:
+        """Read again (unless output back-pressure or AUTH still hold it), and run first
+        what was read before the block."""
+        if not self.blocked:
+            return
+        self.blocked = False
+        if self._conn.finishing:
+            return
+        self.restart_deadline()
+        if self._taking is not None:
+            return  # its end runs what waits and reads again
+        if self._later:
+            self._loop.call_soon(self._run_later)  # which reads again once they ran
+            return
+        if self._pending is not None:
+            self._loop.call_soon(self._run_pending)
+        if not self._output.paused and (self._gate is None or not self._gate.waiting):
+            self.last_read_ns = time.time_ns()
+            self._loop.add_reader(self._sock.fileno(), self.on_readable)
+
+    # -- the read deadline -----------------------------------------------------------------
+    def _note_partial(self, completed: bool, now: int) -> None:
+        """After a read: does a command wait for more bytes, and since when? A read that
+        completed commands started whatever is left over."""
+        if not self._parser.incomplete:
+            self._partial_since_ns = 0
+        elif completed or not self._partial_since_ns:
+            self._partial_since_ns = now
+
+    def restart_deadline(self) -> None:
+        """Its command could not progress while it was not read: the deadline restarts."""
+        self._partial_since_ns = time.time_ns() if self._parser.incomplete else 0
+
+    def overdue(self, now: int) -> int:
+        """The read timeout in ms where a command is still incomplete after it while the
+        connection was read all along (else 0)."""
+        since = self._partial_since_ns
+        if (
+            since
+            and self._read_timeout_ns
+            and not self._output.paused
+            and self._taking is None
+            and not self.blocked
+            and not self._output.closing
+            and now - since >= self._read_timeout_ns
+        ):
+            return self._read_timeout_ns // 1_000_000
+        return 0
