@@ -555,13 +555,13 @@ _server_command(
 )
 
 
-from srtm.experiments.cli import app as experiment_app  # noqa: E402
-from srtm.experiments.cli import demo  # noqa: E402
+from srtm.cli.demo import demo  # noqa: E402
+from srtm.cli.experiment import app as experiment_app  # noqa: E402
 
 app.add_typer(experiment_app, name="experiment")
 app.command("demo")(demo)
 
-from srtm.experiments.cli import calibrate  # noqa: E402
+from srtm.cli.calibrate import calibrate  # noqa: E402
 
 app.command("calibrate")(calibrate)
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from srtm.experiments.scenarios import Fit, Preload, PublisherClass, Scenario
+from srtm.experiments.scenarios.scenario import Fit, Preload, PublisherClass, Scenario
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue

@@ -40,9 +40,9 @@ import aiohttp
 import numpy as np
 
 from srtm.experiments import analysis, host, validity
-from srtm.experiments.diurnal import plot
+from srtm.experiments.diurnal.sim import plot
 from srtm.experiments.figures.common import pyplot
-from srtm.experiments.live import Sink, _run_async
+from srtm.experiments.scenarios.live import Sink, _run_async
 from srtm.experiments.sizing import Sizing
 from srtm.launch import LocalCluster, start_cluster
 from srtm.protocol import header

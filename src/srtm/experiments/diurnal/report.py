@@ -1,25 +1,21 @@
-"""``srtm experiment run diurnal [--sim]``: tables, verdicts and the JSON document."""
+"""The diurnal day in the terminal, simulated or live: the per-window table, the
+decisions and messages of each run, the verdicts. (The live run's PNG and HTML page are
+written by ``live``.)"""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from srtm.experiments.diurnal import DiurnalSettings, diurnal_sim
-from srtm.experiments.diurnal_live import RUNS, LiveDiurnal, diurnal_live, table_rows
+from srtm.experiments.diurnal.live import LiveDiurnal, table_rows
+from srtm.experiments.figures.common import FigureResult
 
 
-def run_sim(
-    out_dir: Path, as_json: bool, console: Console, out: Console,
-    settings: DiurnalSettings | None = None,
-) -> None:  # fmt: skip
-    """Both runs at the paper's scale; prints the per-window table, the counts and the
-    verdicts (and with ``as_json`` one JSON document on stdout)."""
-    with console.status("diurnal --sim: loop on, then off"):
-        result = diurnal_sim(out_dir, settings)
+def print_sim(result: FigureResult, console: Console, out: Console, as_json: bool) -> None:
+    """Both runs at the paper's scale: the per-window table, the counts and the verdicts
+    (on ``console`` with ``as_json``: stdout then holds the one JSON document)."""
     data = result.data
     out = console if as_json else out  # stdout holds the one JSON document
     table = Table(title=f"{result.title} (simulated in {result.elapsed_s:.1f} s)")
@@ -42,25 +38,13 @@ def run_sim(
         mark = "[green]✓[/green]" if c["ok"] else "[red]✗[/red]"
         out.print(f"{mark} {c['paper']}: {c['sim']}")
     out.print(f"files: {', '.join(str(f) for f in result.files)}")
-    if as_json:
-        print(json.dumps(data))
 
 
-def run_live(
-    out_dir: Path, as_json: bool, console: Console, out: Console,
-    settings: LiveDiurnal | None = None, loops: tuple[str, ...] = RUNS,
-) -> dict[str, object]:  # fmt: skip
-    """The live runs (``loops``: loop on, then off, by default) on local child processes;
-    prints the per-window table, the counts, whether each run was disturbed, the verdicts
-    (and with ``as_json`` one JSON document on stdout)."""
-    s = settings or LiveDiurnal()
-    which = ", then ".join(f"loop {x}" for x in loops)
-    with console.status(f"diurnal live: a {s.day_s:g}-s day, {which}") as status:
-
-        def progress(phase: str, done: float, total: float) -> None:
-            status.update(f"diurnal live: {phase} ({done:.0f} of {total:.0f} s)")
-
-        data = diurnal_live(out_dir, s, loops=loops, on_progress=progress)
+def print_live(
+    data: dict[str, Any], s: LiveDiurnal, console: Console, out: Console, as_json: bool
+) -> None:
+    """The live runs: the per-window table, the counts, whether each run was disturbed,
+    the verdicts (on ``console`` with ``as_json``)."""
     out = console if as_json else out  # stdout holds the one JSON document
     table = Table(
         title=f"Diurnal day, live: {data['scenario']['peak_msgs_per_s']:,.0f} msg/s "
@@ -93,10 +77,7 @@ def run_live(
         mark = "[green]✓[/green]" if c["ok"] else "[red]✗[/red]"
         out.print(f"{mark} {c['paper']}: {c['sim']}")
     out.print(f"files: {', '.join(data['files'])}")
-    if as_json:
-        print(json.dumps(data, default=_plain))
-    return data
 
 
-def _plain(x: object) -> object:
+def plain(x: object) -> object:
     return None if isinstance(x, float) else str(x)
