@@ -140,7 +140,7 @@ def policies_of(text: str) -> tuple[Policy, ...]:
 
 @app.command("list")
 def list_scenarios() -> None:
-    """The shipped live scenarios."""
+    """The shipped live scenarios, and the options each experiment takes."""
     from srtm.experiments import registry
 
     table = Table(title="live scenarios")
@@ -149,6 +149,12 @@ def list_scenarios() -> None:
     for row in registry.live_rows():
         table.add_row(*row)
     out_console.print(table)
+    takes = Table(title="what `srtm experiment run NAME` takes (others are refused)")
+    for col in registry.OPTION_COLUMNS:
+        takes.add_column(col)
+    for row in registry.option_rows():
+        takes.add_row(*row)
+    out_console.print(takes)
 
 
 @app.command("run")
@@ -163,7 +169,10 @@ def run_cmd(
     out: OutOpt = Path("out/experiments"),
     sim: Annotated[
         bool,
-        typer.Option(help="Simulate one of the paper's figures at full scale instead."),
+        typer.Option(
+            help="Simulate at the paper's scale instead: the figures, multi-tenant, diurnal "
+            "and the utility experiments."
+        ),
     ] = False,
     as_json: JsonOpt = False,
     analysis: AnalysisOpt = Analysis.auto,
@@ -195,8 +204,9 @@ def run_cmd(
     scale: ScaleOpt = "auto",
 ) -> None:
     """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
-    the workload, collect traces, stop everything, and print the summary. Each scenario
-    takes the options its help names; one it does not take is refused (exit 2)."""
+    the workload, collect traces, stop everything, and print the summary; with --sim,
+    simulate it instead. Each experiment takes only the options that apply to it (`srtm
+    experiment list` shows which); one it does not take is refused (exit 2)."""
     from srtm.experiments import registry
 
     given = [o for o in Option if given_on_command_line(ctx, o.name)]

@@ -176,9 +176,13 @@ def refuse(exp: Experiment, mode: Mode, given: Collection[Option]) -> None:
         raise UsageError("--sim", f"{exp.name} is only simulated; run it with --sim")
     extra = [o for o in Option if o in given and o not in taken]
     if extra:
-        how = f"{exp.name} --sim" if mode is Mode.sim else f"{exp.name} live (without --sim)"
-        takes = ", ".join([*(o.value for o in Option if o in taken), "--out", "--json"])
-        raise UsageError(extra[0].value, f"{how} does not take {extra[0].value}; it takes {takes}")
+        how = f"{exp.name} --sim" if mode is Mode.sim else f"a live {exp.name} run"
+        raise UsageError(extra[0].value, f"{how} does not take it (it takes {takes(taken)})")
+
+
+def takes(taken: Collection[Option]) -> str:
+    """The options a run takes, as the command line spells them."""
+    return ", ".join([*(o.value for o in Option if o in taken), "--out", "--json"])
 
 
 def verdict(*, disturbed: bool, ok: bool) -> Verdict:

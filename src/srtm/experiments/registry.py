@@ -4,7 +4,9 @@ scenarios ``srtm experiment list`` shows."""
 
 from __future__ import annotations
 
-from srtm.experiments.experiment import Experiment
+from pathlib import Path
+
+from srtm.experiments.experiment import Experiment, Mode, UsageError, options, takes
 
 
 def experiments() -> dict[str, Experiment]:
@@ -27,7 +29,42 @@ def find(name: str) -> Experiment:
     from srtm.experiments import scenarios
 
     known = experiments()
-    return known[name] if name in known else scenarios.find(name)
+    if name in known:
+        return known[name]
+    if not Path(name).exists():
+        raise UsageError(
+            "SCENARIO",
+            f"no experiment {name!r}: one of {', '.join(known)}, or a scenario's TOML file",
+        )
+    return scenarios.find(name)
+
+
+#: The columns of ``option_rows``.
+OPTION_COLUMNS = ("experiment", "simulated (--sim) takes", "live takes")
+
+
+def option_rows() -> list[tuple[str, str, str]]:
+    """Each experiment and the options it takes in either mode ("no": it does not run
+    so); the shipped live scenarios share one row."""
+    from srtm.experiments.scenarios import ScenarioExperiment
+
+    rows: list[tuple[str, str, str]] = []
+    for e in experiments().values():
+        if isinstance(e, ScenarioExperiment):
+            if any(r[0] == SHIPPED for r in rows):
+                continue
+            name = SHIPPED
+        else:
+            name = e.name
+        sim, live = (options(e, mode) for mode in (Mode.sim, Mode.live))
+        rows.append(
+            (name, "no" if sim is None else takes(sim), "no" if live is None else takes(live))
+        )
+    return rows
+
+
+#: The row of ``option_rows`` every shipped live scenario shares.
+SHIPPED = "a live scenario"
 
 
 #: The columns of ``live_rows``.
