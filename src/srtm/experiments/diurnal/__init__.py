@@ -1,6 +1,6 @@
 """The diurnal day: the rebalancer's loop on against off over a compressed day of sensor
-traffic. ``sim`` runs it at the paper's scale, ``live`` on local brokers (its PNG and HTML
-page too), ``report`` shows either in the terminal."""
+traffic. ``sim`` runs it at the paper's scale, ``live`` on local brokers, ``report`` shows
+either (terminal tables, the plot, the live run's HTML page)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import ClassVar
 from srtm.experiments.experiment import Mode, Option, Run, Summary, UsageError, unsized, verdict
 
 NAME = "diurnal"
+#: The two runs of the day: the rebalancer's loop on, then off.
+RUNS = ("on", "off")
 
 
 @dataclass(frozen=True)
@@ -37,13 +39,13 @@ class Diurnal:
     def live(self, run: Run) -> Summary:
         from srtm.experiments.diurnal import live, report
 
-        if run.only is not None and run.only not in live.RUNS:
-            raise UsageError("--only", f"one of {', '.join(live.RUNS)}, got {run.only!r}")
+        if run.only is not None and run.only not in RUNS:
+            raise UsageError("--only", f"one of {', '.join(RUNS)}, got {run.only!r}")
         unsized(run.scale, NAME, live.NOT_SIZED, run.term)
         s = live.LiveDiurnal()
         if run.duration_s is not None:
             s = replace(s, day_s=run.duration_s)
-        loops = live.RUNS if run.only is None else (run.only,)
+        loops = RUNS if run.only is None else (run.only,)
         which = ", then ".join(f"loop {x}" for x in loops)
         with run.term.err.status(f"diurnal live: a {s.day_s:g}-s day, {which}") as status:
 
@@ -51,7 +53,7 @@ class Diurnal:
                 status.update(f"diurnal live: {phase} ({done:.0f} of {total:.0f} s)")
 
             data = live.diurnal_live(run.out, s, loops=loops, on_progress=progress)
-        report.print_live(data, s, run.term.err, run.term.out, run.as_json)
+        report.print_live(data, s.mcap, s.slo_ms, run.term.err, run.term.out, run.as_json)
         ok = all(c["ok"] for c in data.get("claims", []))
         bad = any(data["disturbed"].values())
         document = json.dumps(data, default=report.plain)
