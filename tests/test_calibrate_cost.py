@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from srtm.cli import app
+from srtm.cli.calibrate import parse_list
 from srtm.experiments.calibrate_cost import QUICK, CostPlan, CostStep, document, fit, fitted
-from srtm.experiments.calibrate_cost_cli import parse_list
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from srtm.experiments.diurnal import DiurnalSettings, diurnal_sim, offered_fraction, run
+from srtm.experiments.diurnal.sim import DiurnalSettings, diurnal_sim, offered_fraction, run
 
 #: A small day: 1/10 of the paper's brokers and sensors, 12 windows, short simulations.
 SMALL = DiurnalSettings(windows=12, sim_s=0.5, warmup_s=0.1, topics=36, scale=10, slo_ms=60.0)
@@ -61,11 +61,11 @@ def test_loop_on_spawns_at_the_peak() -> None:
 def test_cli_sim_json_is_one_document(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: str
 ) -> None:
-    from srtm.experiments import diurnal_cli
-    from srtm.experiments.cli import app
+    from srtm.cli.experiment import app
+    from srtm.experiments.diurnal import sim as sim_module
 
-    real = diurnal_cli.diurnal_sim
-    monkeypatch.setattr(diurnal_cli, "diurnal_sim", lambda out, s=None: real(out, SMALL))
+    real = sim_module.diurnal_sim
+    monkeypatch.setattr(sim_module, "diurnal_sim", lambda out, s=None: real(out, SMALL))
     result = CliRunner().invoke(app, ["run", "diurnal", "--sim", flag, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout.strip().splitlines()[-1])

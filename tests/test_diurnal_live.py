@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from srtm.experiments.diurnal_live import LiveDiurnal, awake, diurnal_live, fraction, quick
+from srtm.experiments.diurnal.live import LiveDiurnal, awake, diurnal_live, fraction, quick
 
 
 def test_sensors_wake_and_sleep_with_the_day() -> None:
@@ -47,8 +47,8 @@ def test_a_short_live_day_spawns_and_delivers_every_acknowledged_message(
 def test_cli_runs_the_live_day_with_its_duration(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from srtm.experiments import diurnal_cli
-    from srtm.experiments.cli import app
+    from srtm.cli.experiment import app
+    from srtm.experiments.diurnal import live
 
     seen: list[LiveDiurnal] = []
     w = {"t_s": 0.0, "offered_msgs": 10, "brokers": 2, "p99_ms": 1.0, "slo_met": True}
@@ -61,7 +61,7 @@ def test_cli_runs_the_live_day_with_its_duration(
                 "disturbed": {"on": "busy"}, "claims": [], "files": [], "published": 10,
                 "delivered": 10, "spawned": 0, "despawned": 0}  # fmt: skip
 
-    monkeypatch.setattr(diurnal_cli, "diurnal_live", fake)
+    monkeypatch.setattr(live, "diurnal_live", fake)
     args = ["run", "diurnal", "--duration", "42", "--json", "--out", str(tmp_path)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -76,7 +76,7 @@ def own_envelope_misses(s: LiveDiurnal) -> list[tuple[str, float, float]]:
     sensors joined throughout the window and the one before), wait past the SLO at p99:
     (topic, window start, p99 ms). No broker, split or move takes part."""
     from srtm.analysis.delays import token_delays
-    from srtm.experiments.diurnal_live import LEAVE_LAG_S, schedule
+    from srtm.experiments.diurnal.live import LEAVE_LAG_S, schedule
 
     out = []
     for k, (topic, n, rate) in enumerate(s.topics):
@@ -104,8 +104,8 @@ def test_the_declared_buckets_carry_the_sensors_own_traffic_within_the_slo() -> 
 
 
 def test_cli_runs_only_the_loop_on_half(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from srtm.experiments import diurnal_cli
-    from srtm.experiments.cli import app
+    from srtm.cli.experiment import app
+    from srtm.experiments.diurnal import live
 
     seen: list[tuple[str, ...]] = []
     w = {"t_s": 0.0, "offered_msgs": 10, "brokers": 2, "p99_ms": 1.0, "slo_met": True}
@@ -118,7 +118,7 @@ def test_cli_runs_only_the_loop_on_half(tmp_path: Path, monkeypatch: pytest.Monk
                 "disturbed": {"on": None}, "claims": [], "files": [], "published": 10,
                 "delivered": 10, "spawned": 0, "despawned": 0}  # fmt: skip
 
-    monkeypatch.setattr(diurnal_cli, "diurnal_live", fake)
+    monkeypatch.setattr(live, "diurnal_live", fake)
     result = CliRunner().invoke(app, ["run", "diurnal", "--only", "on", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert seen == [("on",)]
@@ -127,7 +127,7 @@ def test_cli_runs_only_the_loop_on_half(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_a_windows_worst_part_is_the_share_with_the_highest_p99() -> None:
-    from srtm.experiments.diurnal_live import worst_part
+    from srtm.experiments.diurnal.live import worst_part
 
     parts = np.array(["hot@1"] * 100 + ["hot@2"] * 100)
     lat = np.concatenate([np.full(100, 1.0), np.r_[np.full(90, 1.0), np.full(10, 120.0)]])

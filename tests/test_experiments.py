@@ -405,18 +405,18 @@ def test_analysis_falls_back_in_process_only_when_asked_to(
     """auto keeps the in-process figures when Spark cannot run; spark fails instead."""
     import typer
 
-    from srtm.experiments import cli, spark_analysis
+    from srtm.experiments import experiment, spark_analysis
 
     def no_java(*_: object) -> None:
         raise RuntimeError("Java gateway process exited before sending its port number")
 
     monkeypatch.setattr(spark_analysis, "analyse", no_java)
     summaries = [_summary("r")]
-    cli.analyse(summaries, tmp_path, cli.Analysis.auto, None)  # type: ignore[arg-type]
+    scenarios.analyse(summaries, tmp_path, experiment.Analysis.auto, None)  # type: ignore[arg-type]
     assert summaries == [_summary("r")]
     assert "Spark is not available here" in " ".join(capsys.readouterr().err.split())
     with pytest.raises(typer.Exit) as stop:
-        cli.analyse(summaries, tmp_path, cli.Analysis.spark, None)  # type: ignore[arg-type]
+        scenarios.analyse(summaries, tmp_path, experiment.Analysis.spark, None)  # type: ignore[arg-type]
     assert stop.value.exit_code == 1
     assert "Java gateway" in " ".join(capsys.readouterr().err.split())
 
@@ -428,7 +428,7 @@ async def test_preload_returns_once_the_controller_sees_the_brokers_load(tmp_pat
 
     import aiohttp
 
-    from srtm.experiments import live
+    from srtm.experiments.scenarios import live
     from srtm.launch import start_cluster
 
     text = (resources.files(scenarios) / "correlated-sensors.toml").read_text()
@@ -458,15 +458,15 @@ def test_after_ctrl_c_an_error_of_a_stopping_server_is_the_interrupt() -> None:
     with that error's traceback (exit 1)."""
     import signal
 
-    from srtm.experiments import cli
+    from srtm.experiments import experiment
 
     before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt), cli._ctrl_c_wins():
+    with pytest.raises(KeyboardInterrupt), experiment.ctrl_c_wins():
         try:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)  # the interrupt is raised here
         except KeyboardInterrupt:
             raise RuntimeError("broker 3 exited with code 130") from None
-    with pytest.raises(RuntimeError, match="no Ctrl-C"), cli._ctrl_c_wins():
+    with pytest.raises(RuntimeError, match="no Ctrl-C"), experiment.ctrl_c_wins():
         raise RuntimeError("no Ctrl-C: an error stays itself")
     assert signal.getsignal(signal.SIGINT) is before

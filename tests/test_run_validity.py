@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from srtm.experiments import host, report, validity
+from srtm.experiments import host, validity
+from srtm.experiments.scenarios import report
 from srtm.experiments.validity import RunFigures, check
 
 # A calm run's figures (the demo's SRTM run on a calm machine, rounded).
@@ -168,15 +169,15 @@ def test_compare_prints_the_disturbance_and_fails_only_when_strict(
     """`srtm experiment compare` on injected runs: the disturbance and why instead of a
     conclusion, exit 0, or 3 with --strict."""
     from srtm.cli import app
-    from srtm.experiments import cli
+    from srtm.experiments import experiment, scenarios
 
     runs = [summary("lb", 41.8, QUIET), summary("srtm", 90.3, STARVED)]
-    monkeypatch.setattr(cli, "run_policies", lambda *_: runs)
+    monkeypatch.setattr(scenarios, "run_policies", lambda *_: runs)
     monkeypatch.setattr(report, "plots", lambda *_: [])
     args = ["experiment", "compare", "correlated-sensors", "--policies", "lb,srtm",
             "--out", str(tmp_path), "--analysis", "local", "--json"]  # fmt: skip
     result = CliRunner().invoke(app, args + (["--strict"] if strict else []))
-    assert result.exit_code == (cli.EXIT_DISTURBED if strict else 0), result.output
+    assert result.exit_code == (experiment.EXIT_DISTURBED if strict else 0), result.output
     text = " ".join(result.stdout.split())
     assert "No conclusion: the run of SRTM was disturbed" in text
     assert "a broker released late: p99 31.0 ms > 10 ms" in text
@@ -377,10 +378,10 @@ def test_compare_prints_the_findings(tmp_path: Path, monkeypatch: pytest.MonkeyP
     """`srtm experiment compare` on the slower machine's runs: each finding under the table,
     the conclusion without 'within' or 'lowest' for SRTM, the fields in the JSON."""
     from srtm.cli import app
-    from srtm.experiments import cli
+    from srtm.experiments import scenarios
 
     runs = [LB, run("srtm", 18.0, STARVED_BROKERS, **UNPLACED)]
-    monkeypatch.setattr(cli, "run_policies", lambda *_: runs)
+    monkeypatch.setattr(scenarios, "run_policies", lambda *_: runs)
     monkeypatch.setattr(report, "plots", lambda *_: [])
     args = ["experiment", "compare", "correlated-sensors", "--policies", "lb,srtm",
             "--out", str(tmp_path), "--analysis", "local", "--json"]  # fmt: skip
@@ -400,7 +401,8 @@ def test_compare_prints_the_findings(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_a_run_summary_records_what_the_findings_need(tmp_path: Path) -> None:
     """``live._summarize`` keeps the final plan's unassigned publishers, the cluster's
     brokers and the fitting's state (no traces here: the figures are empty)."""
-    from srtm.experiments import live, scenarios
+    from srtm.experiments import scenarios
+    from srtm.experiments.scenarios import live
 
     sc = scenarios.load("correlated-sensors")
     plan = {"brokers": [{"id": "1", "publishers": ["s0"]}], "unassigned": ["s1", "s2"]}

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from srtm.experiments import scenarios, sizing
-from srtm.experiments.live import max_late_s, profile
+from srtm.experiments.scenarios.live import max_late_s, profile
 
 
 def test_a_machine_as_fast_as_the_reference_runs_the_scenario_as_written() -> None:
@@ -108,7 +108,8 @@ def test_a_cpu_quota_is_read_from_either_cgroup_version(
 
 # -- the other live families -----------------------------------------------------------
 def test_a_slowed_multi_tenant_scenario_is_the_same_in_service_times() -> None:
-    from srtm.experiments import tenancy, tenancy_live
+    from srtm.experiments.tenancy import live as tenancy_live
+    from srtm.experiments.tenancy import scenario as tenancy
 
     sc = tenancy.live_scale()
     slow = tenancy.scaled(sc, 0.5)
@@ -143,7 +144,8 @@ def test_a_slowed_multi_tenant_scenario_is_the_same_in_service_times() -> None:
 def test_a_slowed_multi_tenant_scenario_is_placed_as_the_full_one() -> None:
     """The controller's decisions replayed (``tenancy.replay``): every topic on the same
     brokers, the ledger at the same share of ``mcap`` after every event."""
-    from srtm.experiments import tenancy, tenancy_live
+    from srtm.experiments.tenancy import live as tenancy_live
+    from srtm.experiments.tenancy import scenario as tenancy
     from srtm.placement import PublisherLoad, TopicSpec
 
     def declared(sc: tenancy.TenancyScenario) -> dict[str, TopicSpec]:
@@ -183,7 +185,7 @@ def _no_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _fake_tenancy(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    from srtm.experiments import tenancy_cli
+    from srtm.experiments import tenancy as tenancy_experiment
 
     seen: list[dict[str, Any]] = []
 
@@ -191,15 +193,15 @@ def _fake_tenancy(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         seen.append({"policy": policy, **kw})
         return {"checks": [{"check": "x", "ok": True, "detail": ""}]}
 
-    monkeypatch.setattr(tenancy_cli, "run_live", run_live)
+    monkeypatch.setattr(tenancy_experiment, "run_policy", run_live)
     return seen
 
 
 def test_multi_tenant_live_runs_at_the_scale_given(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from srtm.experiments import tenancy
-    from srtm.experiments.cli import app
+    from srtm.cli.experiment import app
+    from srtm.experiments.tenancy import scenario as tenancy
 
     _no_measuring(monkeypatch)
     seen = _fake_tenancy(monkeypatch)
@@ -217,7 +219,7 @@ def test_multi_tenant_live_runs_at_the_scale_given(
 def test_multi_tenant_live_measures_the_machine_by_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from srtm.experiments.cli import app
+    from srtm.cli.experiment import app
 
     half = sizing.MachineSpeed(0.52 * sizing.REFERENCE_UNITS_PER_S, 2, None, 1.0)
     monkeypatch.setattr(sizing, "measure", lambda seconds=1.0: half)
@@ -232,7 +234,7 @@ def test_multi_tenant_live_measures_the_machine_by_default(
 def test_a_bad_scale_exits_2_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scale: str
 ) -> None:
-    from srtm.experiments.cli import app
+    from srtm.cli.experiment import app
 
     _no_measuring(monkeypatch)
     seen = _fake_tenancy(monkeypatch)
@@ -245,7 +247,7 @@ def test_a_bad_scale_exits_2_naming_it(
 
 @pytest.mark.parametrize("name", ["multi-tenant", "diurnal", "trading-day", "fig4"])
 def test_a_scale_with_sim_is_refused(tmp_path: Path, name: str) -> None:
-    from srtm.experiments.cli import app
+    from srtm.cli.experiment import app
 
     res = CliRunner().invoke(app, ["run", name, "--sim", "--scale", "0.5", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "--scale" in res.output and "--sim" in res.output, res.output
@@ -260,14 +262,15 @@ class _Reached(Exception):
 def test_experiments_not_cpu_bound_run_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
-    from srtm.experiments import diurnal_cli, utility_live
-    from srtm.experiments.cli import app
+    from srtm.cli.experiment import app
+    from srtm.experiments.diurnal import live as diurnal_live
+    from srtm.experiments.utility import live as utility_live
 
     def reached(*args: object, **kw: object) -> None:
         raise _Reached
 
     _no_measuring(monkeypatch)  # 'auto' measures nothing for them
-    monkeypatch.setattr(diurnal_cli, "run_live", reached)
+    monkeypatch.setattr(diurnal_live, "diurnal_live", reached)
     monkeypatch.setattr(utility_live, "run", reached)
     for scale in ("auto", "1", "1.0"):
         res = CliRunner().invoke(app, ["run", name, "--scale", scale, "--out", str(tmp_path)])

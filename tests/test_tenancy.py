@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from srtm.experiments import tenancy
-from srtm.experiments.tenancy import Tenant, events, paper_scale, replay
-from srtm.experiments.tenancy_sim import claims, declare, interference, multi_tenant_sim
+from srtm.experiments.tenancy import scenario as tenancy
+from srtm.experiments.tenancy.scenario import Tenant, events, paper_scale, replay
+from srtm.experiments.tenancy.sim import claims, declare, interference, multi_tenant_sim
 from srtm.placement import PublisherLoad, TopicSpec
 from srtm.ratelimit import BucketParams
 from srtm.sim import Share, generate, homogeneous, paper, simulate

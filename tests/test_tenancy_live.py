@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from srtm.experiments import tenancy_live, tenancy_report
-from srtm.experiments.tenancy import TenancyScenario, Tenant
+from srtm.experiments.tenancy import live as tenancy_live
+from srtm.experiments.tenancy import report as tenancy_report
+from srtm.experiments.tenancy.scenario import TenancyScenario, Tenant
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The utility-aware allocation paper's experiments, simulated (srtm.experiments.utility_sim):
+"""The utility-aware allocation paper's experiments, simulated (srtm.experiments.utility.sim):
 the document's shape, verdicts computed from the run, the command line."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from srtm.experiments import utility_sim as u
-from srtm.experiments.cli import app
+from srtm.cli.experiment import app
+from srtm.experiments.utility import sim as u
 
 
 def oks(result: u.FigureResult) -> list[bool]:

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from srtm.experiments import utility_live, utility_report, utility_scale
-from srtm.experiments.cli import app
-from srtm.experiments.utility_scale import BROKER, CPU, LiveExperiment
-from srtm.experiments.utility_sim import live_claims
+from srtm.cli.experiment import app
+from srtm.experiments.utility import live as utility_live
+from srtm.experiments.utility import report as utility_report
+from srtm.experiments.utility import scenario as utility_scale
+from srtm.experiments.utility.scenario import BROKER, CPU, LiveExperiment
+from srtm.experiments.utility.sim import live_claims
 from srtm.utility import usage
 
 

@@ -1,6 +1,6 @@
 """The ``srtm`` command line: the app, assembled. Each command lives in a module named for
-its group (``srtm.cli.analysis``, ``serve``, ``placement``, ``pipeline``, ``utility``; the
-experiments' in ``srtm.experiments.cli``), where it only parses flags and calls a package."""
+its group (``srtm.cli.analysis``, ``serve``, ``placement``, ``pipeline``, ``utility``,
+``experiment``, ``demo``, ``calibrate``), where it only parses flags and calls a package."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from typing import Annotated
 import typer
 
 from srtm.cli import analysis, placement, serve
+from srtm.cli.calibrate import calibrate
+from srtm.cli.demo import demo
+from srtm.cli.experiment import app as experiment_app
 from srtm.cli.help import plain_flags, unwrap_help
 from srtm.cli.pipeline import app as pipeline_app
 from srtm.cli.utility import app as utility_app
@@ -44,18 +47,9 @@ app.command("broker")(serve.broker)
 app.command("place")(placement.place_command)
 app.command("rebalance")(placement.rebalance_command)
 app.command("controller")(serve.controller)
-
-
-from srtm.experiments.cli import app as experiment_app  # noqa: E402
-from srtm.experiments.cli import demo  # noqa: E402
-
 app.add_typer(experiment_app, name="experiment")
 app.command("demo")(demo)
-
-from srtm.experiments.cli import calibrate  # noqa: E402
-
 app.command("calibrate")(calibrate)
-
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(utility_app, name="utility")
 

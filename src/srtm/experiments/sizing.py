@@ -20,9 +20,9 @@ SLO relative to service time, at a rate this machine carries with the headroom t
 reference machine has.
 
 ``choose`` is the measurement every live family starts from; each slows its own
-scenario: ``scaled`` here, ``tenancy.scaled`` the multi-tenant one. The diurnal day and
+scenario: ``scaled`` here, ``tenancy.scenario.scaled`` the multi-tenant one. The diurnal day and
 the utility paper's live experiments are not CPU-bound and run as written (why:
-``diurnal_live.NOT_SIZED``, ``utility_live.NOT_SIZED``).
+``diurnal.live.NOT_SIZED``, ``utility.live.NOT_SIZED``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from srtm.experiments.scenarios import Fit, Preload, PublisherClass, Scenario
+from srtm.experiments.scenarios.scenario import Fit, Preload, PublisherClass, Scenario
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue

@@ -16,15 +16,19 @@ what the simulation shows and whether it agrees. ``quick=True`` shrinks every fi
 
 One module per figure; ``common`` (the paper's setup, one configuration simulated, the
 files and plotting every figure shares) and ``groups`` (what Figs. 7–9 share) below them;
-``validation`` compares live runs with the simulator.
+``validation`` compares live runs with the simulator; ``report`` prints a figure in the
+terminal. Each figure is a ``Simulated`` experiment (``EXPERIMENTS``).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from srtm.experiments.experiment import Mode, Option, Run, Summary, verdict
 from srtm.experiments.figures.common import FigureResult
 from srtm.experiments.figures.fig4 import fig4
 from srtm.experiments.figures.fig5 import fig5
@@ -55,8 +59,34 @@ def run_figure(name: str, out_dir: Path, **options: Any) -> FigureResult:
     return fn(out_dir, **options)
 
 
+@dataclass(frozen=True)
+class Figure:
+    """One of the paper's figures as an experiment: simulated only, at full scale."""
+
+    name: str
+    sim_options: ClassVar[frozenset[Option]] = frozenset()
+
+    @property
+    def description(self) -> str:
+        return "one of the paper's figures, simulated at full scale"
+
+    def sim(self, run: Run) -> Summary:
+        from srtm.experiments.figures.report import print_figure
+
+        result = run_figure(self.name, run.out)
+        print_figure(result, run.term)
+        ok = all(c["ok"] for c in result.data.get("claims", []))
+        return Summary(
+            self.name, Mode.sim, (json.dumps(result.data),), verdict(disturbed=False, ok=ok)
+        )
+
+
+EXPERIMENTS = tuple(Figure(name) for name in FIGURES)
+
 __all__ = [
+    "EXPERIMENTS",
     "FIGURES",
+    "Figure",
     "FigureResult",
     "fig4",
     "fig5",

@@ -32,7 +32,7 @@ def validate_live(
     the publishers' real timing, stalls included, on the same buckets) and **own** (the
     simulator places and fits by itself from the schedule)."""
     from srtm.experiments import analysis, scenarios
-    from srtm.experiments.live import profile
+    from srtm.experiments.scenarios.live import profile
     from srtm.sim.model import load
     from srtm.sim.scenario import LiveSetup, predict, replay
 

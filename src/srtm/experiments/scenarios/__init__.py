@@ -1,190 +1,214 @@
-"""Live scenarios: TOML files beside this module, each a scaled-down version of one of the
-paper's experiments (the file states the scale and why), loaded into ``Scenario``."""
+"""The shipped live scenarios (TOML files beside this package, loaded by ``scenario``):
+each one ``Live`` experiment, run under one policy (``srtm experiment run``), several side
+by side (``compare``) or LB against SRTM on correlated sensors (``demo``). ``live`` runs
+one policy, ``report`` makes the tables, plots and the HTML page."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import tomllib
-from dataclasses import dataclass, field
-from importlib import resources
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from srtm.protocol import is_valid_name
-from srtm.workload import PublisherSpec
-from srtm.workload.schedule import Process
+import typer
 
+from srtm.experiments.experiment import (
+    Analysis,
+    Mode,
+    Option,
+    Run,
+    Summary,
+    Terminal,
+    UsageError,
+    Verdict,
+    ctrl_c_wins,
+    progress,
+    sizing_of,
+)
+from srtm.experiments.scenarios.scenario import Scenario, available, load, parse
 
-@dataclass(frozen=True, slots=True)
-class PublisherClass:
-    """``count`` alike publishers, ``id`` = ``prefix`` + number; grouped ``group_size`` at
-    a time into correlation groups (0: independent)."""
+if TYPE_CHECKING:
+    from rich.console import Console
 
-    count: int
-    rate: float
-    process: str = "periodic"
-    batch: int = 1
-    group_size: int = 0
-    prefix: str = "s"
+    from srtm.experiments.sizing import Sizing
+    from srtm.placement import Policy
 
-
-@dataclass(frozen=True, slots=True)
-class Fit:
-    """Online fitting's settings (measurement window, samples needed, settle time)."""
-
-    window_s: float = 2.0
-    min_samples: int = 200
-    settle_s: float = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class Preload:
-    """Background load on one broker before the topic comes: an unshaped topic at
-    ``rate`` msg/s (Poisson), the paper's preloaded brokers."""
-
-    broker: int
-    rate: float
+__all__ = [
+    "Scenario",
+    "ScenarioExperiment",
+    "analyse",
+    "available",
+    "demo",
+    "find",
+    "load",
+    "parse",
+    "run_policies",
+]
 
 
 @dataclass(frozen=True)
-class Scenario:
-    name: str
-    description: str
-    #: How it relates to the paper's experiment, and the factor it is scaled by.
-    scale: str
-    brokers: int
-    #: Messages/s one broker processes (``srtm broker --capacity``: a smaller instance).
-    capacity: float
-    #: Messages/s a broker advertises to the controller: its capacity at the SLO.
-    mcap: float
-    topic: str
-    slo_p99_ms: float
-    publishers: tuple[PublisherClass, ...]
-    #: Members of a group fire spread evenly over this many ms (imprecise correlation).
-    spread_ms: float = 0.0
-    #: r = rate_factor × offered rate; b is profiled from a trace of the workload.
-    rate_factor: float = 1.1
-    duration_s: float = 30.0
-    #: Traffic before the measured window: fitting runs in it, the adaptor settles.
-    warmup_s: float = 5.0
-    seed: int = 1
-    message_size: int = 100
-    fit: Fit | None = field(default_factory=Fit)
-    preload: tuple[Preload, ...] = ()
-    #: How much slower in time than its file this scenario runs (``sizing.scaled``):
-    #: rates were multiplied by it and queueing durations divided by it.
-    time_scale: float = 1.0
+class ScenarioExperiment:
+    """One live scenario (shipped, or a TOML file) as an experiment."""
+
+    scenario: Scenario
+    live_options: ClassVar[frozenset[Option]] = frozenset(
+        {Option.policy, Option.duration, Option.warmup, Option.analysis,
+         Option.spark_master, Option.strict, Option.scale}
+    )  # fmt: skip
 
     @property
-    def rate(self) -> float:
-        """Offered messages/s of the topic."""
-        return math.fsum(c.count * c.rate for c in self.publishers)
+    def name(self) -> str:
+        return self.scenario.name
 
-    def specs(self) -> list[PublisherSpec]:
-        """The workload's publishers, groups numbered across classes."""
-        out: list[PublisherSpec] = []
-        group = 0
-        for c in self.publishers:
-            for i in range(c.count):
-                g = None
-                if c.group_size:
-                    if i % c.group_size == 0:
-                        group += 1
-                    g = f"g{group}"
-                process = cast(Process, c.process)  # PublisherSpec checks it
-                out.append(PublisherSpec(f"{c.prefix}{len(out)}", c.rate, process, c.batch, g))
-        return out
+    @property
+    def description(self) -> str:
+        return self.scenario.description
+
+    def live(self, run: Run) -> Summary:
+        """The scenario under each policy of ``run``, and their table (no HTML page)."""
+        import json
+
+        from srtm.experiments.scenarios import report
+
+        sc, how = sized(self.scenario, run.scale, run.term)
+        summaries = run_policies(
+            sc, run.policies, run.out, run.duration_s, run.warmup_s, how, run.term
+        )
+        analyse(summaries, run.out, run.analysis, run.spark_master, run.term.err)
+        report.print_table(summaries, f"{sc.name}: SLO p99 ≤ {sc.slo_p99_ms:g} ms", run.term.out)
+        run.term.err.print(f"summaries and traces under {run.out}")
+        return _summary(self.name, summaries, json.dumps(report.compact(summaries)))
+
+    def compare(self, run: Run) -> Summary:
+        """The scenario under each policy of ``run``, side by side, with plots and an HTML
+        report in ``run.out``."""
+        sc, how = sized(self.scenario, run.scale, run.term)
+        summaries = run_policies(
+            sc, run.policies, run.out, run.duration_s, run.warmup_s, how, run.term
+        )
+        analyse(summaries, run.out, run.analysis, run.spark_master, run.term.err)
+        return finish(sc, summaries, run.out, run.term)
 
 
-def available() -> list[str]:
-    """Names of the scenarios shipped with SRTM."""
-    return sorted(
-        p.name.removesuffix(".toml")
-        for p in resources.files(__name__).iterdir()
-        if p.name.endswith(".toml")
+def find(name: str) -> ScenarioExperiment:
+    """The shipped scenario ``name``, or the one in the TOML file ``name``."""
+    try:
+        return ScenarioExperiment(load(name))
+    except ValueError as exc:
+        raise UsageError("SCENARIO", str(exc)) from exc
+
+
+def shipped() -> list[ScenarioExperiment]:
+    return [ScenarioExperiment(load(name)) for name in available()]
+
+
+def demo(run: Run) -> Summary:
+    """The main job: correlated sensors under LB, then SRTM, with the HTML report."""
+    term = run.term
+    sc = find("correlated-sensors").scenario
+    started = time.monotonic()
+    term.err.print(f"[bold]{sc.name}[/bold]: {sc.description}")
+    sc, how = sized(sc, run.scale, term)
+    term.err.print(
+        f"SLO p99 ≤ {sc.slo_p99_ms:g} ms; {sc.brokers} brokers on 127.0.0.1; "
+        f"{run.duration_s:g} s measured per policy."
     )
+    summaries = run_policies(sc, run.policies, run.out, run.duration_s, run.warmup_s, how, term)
+    analyse(summaries, run.out, run.analysis, run.spark_master, term.err)
+    done = finish(sc, summaries, run.out, term)
+    term.err.print(f"finished in {time.monotonic() - started:.0f} s")
+    return done
 
 
-def load(name_or_path: str | Path) -> Scenario:
-    """A shipped scenario by name, or a TOML file by path."""
-    path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
-        text = path.read_text()
-        where = str(path)
-    else:
-        res = resources.files(__name__) / f"{name_or_path}.toml"
-        if not res.is_file():
-            raise ValueError(
-                f"no scenario {str(name_or_path)!r}; shipped: {', '.join(available())}"
+def sized(sc: Scenario, scale: str, term: Terminal) -> tuple[Scenario, Sizing]:
+    """``sc`` at the scale ``--scale`` asks for (measuring this machine for 'auto')."""
+    from srtm.experiments import sizing
+
+    how = sizing_of(scale, term)
+    out = sizing.scaled(sc, how.scale)
+    term.err.print(how.describe(out), highlight=False)
+    return out, how
+
+
+def run_policies(
+    sc: Scenario,
+    policies: Sequence[Policy],
+    out: Path,
+    duration: float | None,
+    warmup: float | None,
+    how: Sizing | None,
+    term: Terminal,
+) -> list[dict[str, Any]]:
+    from srtm.experiments.scenarios import live
+
+    summaries = []
+    for policy in policies:
+        with progress(term, f"{sc.name} / {policy}") as update, ctrl_c_wins():
+            summaries.append(
+                live.run(
+                    sc, policy, out, duration_s=duration, warmup_s=warmup, on_progress=update,
+                    sizing=how,
+                )
+            )  # fmt: skip
+    return summaries
+
+
+def analyse(
+    summaries: list[dict[str, Any]],
+    out: Path,
+    engine: Analysis,
+    master: str | None,
+    err: Console | None = None,
+) -> None:
+    """Recompute the summaries' latency figures with the Spark pipeline unless ``engine``
+    is local; with auto, fall back to the in-process figures if Spark fails (with spark,
+    exit 1)."""
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from srtm.experiments import spark_analysis
+    from srtm.experiments.scenarios import live
+
+    if engine is Analysis.local or not summaries:
+        return
+    console = err or Console(stderr=True)
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
+    ) as bar:
+        bar.add_task("analysing the traces with the Spark pipeline", total=None)
+        try:
+            done = spark_analysis.analyse(summaries, out / "traces", master)
+        except Exception as exc:  # no Java, no free port, a failed job: all mean "not here"
+            if engine is Analysis.spark:
+                console.print(f"[red]error:[/red] the Spark analysis failed: {exc}")
+                raise typer.Exit(1) from exc
+            console.print(
+                f"[yellow]Spark is not available here ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); the figures are "
+                "in-process.[/yellow]"
             )
-        text, where = res.read_text(), f"scenario {name_or_path}"
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    return parse(doc, where)
+            return
+    for s in summaries:
+        live.save_summary(out, s)
+    console.print(f"latency figures by the Spark pipeline ({done['master']}), {done['seconds']} s")
 
 
-def parse(doc: dict[str, Any], where: str = "scenario") -> Scenario:
-    """Check every field, naming the first one that is wrong."""
-    known = set(Scenario.__dataclass_fields__) - {"publishers", "fit", "preload", "time_scale"}
-    unknown = set(doc) - known - {"publishers", "fit", "preload"}
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
-    pubs = doc.get("publishers")
-    if not isinstance(pubs, list) or not pubs:
-        raise ValueError(f"{where}: publishers must be a non-empty array of tables")
-    classes = tuple(_publisher_class(p, f"{where}: publishers[{i}]") for i, p in enumerate(pubs))
-    fit_doc = doc.get("fit", {})
-    fit = None if fit_doc is False else Fit(**_table(fit_doc, Fit, f"{where}: fit"))
-    preload = tuple(
-        Preload(**_table(p, Preload, f"{where}: preload[{i}]"))
-        for i, p in enumerate(doc.get("preload", []))
-    )
-    fields = {k: v for k, v in doc.items() if k in known}
-    try:
-        sc = Scenario(publishers=classes, fit=fit, preload=preload, **fields)
-    except TypeError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    _check(sc, where)
-    return sc
+def finish(sc: Scenario, summaries: list[dict[str, Any]], out: Path, term: Terminal) -> Summary:
+    """The table, the plots and the HTML page of ``summaries``."""
+    import json
+
+    from srtm.experiments.scenarios import report
+
+    report.print_table(summaries, f"{sc.name}: SLO p99 ≤ {sc.slo_p99_ms:g} ms", term.out)
+    images = report.plots(summaries, out / "traces", out)
+    page = report.write_html(summaries, images, out, sc)
+    term.err.print(f"report: {page}")
+    return _summary(sc.name, summaries, json.dumps(report.compact(summaries)))
 
 
-def _table(doc: Any, cls: type, where: str) -> dict[str, Any]:
-    if not isinstance(doc, dict):
-        raise ValueError(f"{where} must be a table")
-    unknown = set(doc) - {f.name for f in dataclasses.fields(cls)}
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
-    return doc
+def _summary(name: str, summaries: Sequence[dict[str, Any]], document: str) -> Summary:
+    from srtm.experiments.scenarios import report
 
-
-def _publisher_class(doc: Any, where: str) -> PublisherClass:
-    c = PublisherClass(**_table(doc, PublisherClass, where))
-    if not (isinstance(c.count, int) and c.count >= 1):
-        raise ValueError(f"{where}.count must be an integer >= 1")
-    if not (c.rate > 0 and math.isfinite(c.rate)):
-        raise ValueError(f"{where}.rate must be > 0")
-    if c.group_size < 0:
-        raise ValueError(f"{where}.group_size must be >= 0")
-    return c
-
-
-def _check(sc: Scenario, where: str) -> None:
-    if not is_valid_name(sc.topic):
-        raise ValueError(f"{where}: topic {sc.topic!r} is not a valid NSQ name")
-    positive = {"brokers": sc.brokers, "capacity": sc.capacity, "mcap": sc.mcap,
-                "slo_p99_ms": sc.slo_p99_ms, "duration_s": sc.duration_s,
-                "rate_factor": sc.rate_factor}  # fmt: skip
-    for key, value in positive.items():
-        if not (isinstance(value, int | float) and value > 0):
-            raise ValueError(f"{where}: {key} must be > 0, got {value!r}")
-    if sc.mcap > sc.capacity:
-        raise ValueError(f"{where}: mcap ({sc.mcap}) cannot exceed capacity ({sc.capacity})")
-    if sc.spread_ms < 0 or sc.warmup_s < 0:
-        raise ValueError(f"{where}: spread_ms and warmup_s must be >= 0")
-    for p in sc.preload:
-        if not 1 <= p.broker <= sc.brokers:
-            raise ValueError(f"{where}: preload broker {p.broker} is not in 1..{sc.brokers}")
-    sc.specs()  # the publishers themselves (rates, processes, batches)
+    bad = bool(report.disturbances(summaries))
+    return Summary(name, Mode.live, (document,), Verdict.disturbed if bad else Verdict.ok)

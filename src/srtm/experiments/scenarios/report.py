@@ -1,4 +1,5 @@
-"""Comparisons of live runs: one row per policy, PNG plots and an HTML page."""
+"""Comparisons of live runs: one row per policy (the terminal's table), PNG plots and an
+HTML page."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+from rich.table import Table
 
 from srtm.experiments import analysis, validity
 from srtm.experiments.validity import Finding
@@ -333,3 +337,45 @@ topic. {html.escape(LEGEND)}</p>
     path = out / "report.html"
     path.write_text(page)
     return path
+
+
+def print_table(summaries: Sequence[dict[str, Any]], title: str, out: Console) -> None:
+    """The comparison table, what its headings mean, the accounting and findings of each
+    run, and the verdict."""
+    table = Table(title=title)
+    for heading, _, _ in COLUMNS:
+        table.add_column(heading, justify="left" if heading == "policy" else "right")
+    for row in rows(summaries):
+        table.add_row(*row)
+    out.print(table)
+    out.print(LEGEND, style="dim")
+    out.print(f"latency figures computed by: {engine(summaries)}", style="dim")
+    for s in summaries:
+        acc = s["accounting"]
+        same = "=" if acc["published"] == acc["delivered"] and acc["lost"] == 0 else "≠"
+        out.print(
+            f"{s['policy']}: published {acc['published']:,} {same} delivered "
+            f"{acc['delivered']:,} ({loss_text(s)}, duplicates {acc['duplicates']}"
+            f"{unsent_text(s)}); "
+            f"{s['emulator']['skipped_late']:,} events skipped as over "
+            f"{s['emulator']['max_late_ms']:g} ms late; measured window: "
+            f"{checks_line(s)}",
+            highlight=False,
+        )
+    for line in findings_lines(summaries):
+        out.print(line, style="yellow", highlight=False, markup=False)
+    _print_verdict(summaries, out)
+
+
+def _print_verdict(summaries: Sequence[dict[str, Any]], out: Console) -> None:
+    """The conclusion, or, when a run was disturbed, that and why instead."""
+    note = disturbed_note(summaries)
+    if note is not None:
+        first, *rest = note.splitlines()
+        out.print(f"[bold red]{first}[/bold red]", highlight=False)
+        for line in rest:
+            out.print(line, highlight=False, markup=False)
+        return
+    text = conclusion(summaries)
+    if text and len(summaries) > 1:
+        out.print(f"[bold]{text}[/bold]", highlight=False)

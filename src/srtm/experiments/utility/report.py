@@ -1,12 +1,15 @@
-"""The live utility experiments' report: per stage the consumers admitted per class and the
-rates measured (beside the optimizer's plan), the paper's conclusions checked, a PNG and
-an HTML page beside the summary."""
+"""The live utility experiments' report, in the terminal and on the page: per stage the
+consumers admitted per class and the rates measured (beside the optimizer's plan), the
+paper's conclusions checked; a PNG and an HTML page beside the summary."""
 
 from __future__ import annotations
 
 import html
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+from rich.table import Table
 
 from srtm.experiments.figures.common import pyplot
 
@@ -106,3 +109,23 @@ def write_markdown(summary: dict[str, Any], out: Path) -> Path:
     path = out / f"{summary['experiment']}-live.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def print_live(summary: dict[str, Any], out: Console) -> None:
+    """A live run in the terminal: the stage table, what was refused, whether the run was
+    disturbed, the paper's conclusions checked."""
+    by = summary["segments"][0]["expected"]["by"] if summary["segments"] else "n/a"
+    table = Table(title=f"{summary['title']} [decided by: {summary['mode']}; planned: {by}]")
+    for col in HEAD:
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for s in summary["segments"]:
+        table.add_row(*stage_row(s))
+    out.print(table)
+    for r in summary["refused"][:5]:
+        out.print(f"[yellow]refused:[/yellow] {r}", highlight=False)
+    if summary["disturbed"]:
+        out.print(f"[bold red]DISTURBED: the machine was too busy to measure on: "
+                  f"{summary['disturbed']}[/bold red]", highlight=False)  # fmt: skip
+    for c in summary["claims"]:
+        mark = "[green]✓[/green]" if c["ok"] else "[red]✗[/red]"
+        out.print(f"{mark} {c['paper']}: {c['sim']}", highlight=False)

@@ -40,9 +40,9 @@ import aiohttp
 import numpy as np
 
 from srtm.experiments import analysis, host, validity
-from srtm.experiments.diurnal import plot
+from srtm.experiments.diurnal import RUNS, report
 from srtm.experiments.figures.common import pyplot
-from srtm.experiments.live import Sink, _run_async
+from srtm.experiments.scenarios.live import Sink, _run_async
 from srtm.experiments.sizing import Sizing
 from srtm.launch import LocalCluster, start_cluster
 from srtm.protocol import header
@@ -52,7 +52,6 @@ from srtm.workload.emulator import Emulator, follow_plan
 __all__ = ["NOT_SIZED", "LiveDiurnal", "diurnal_live", "run", "verdicts"]
 
 OnProgress = Callable[[str, float, float], None]
-RUNS = ("on", "off")
 #: A waking sensor starts sending this long after its join (its route comes with the next
 #: plan poll); a sleeping one is removed this long after its last send.
 JOIN_LEAD_S = 2.0
@@ -557,77 +556,17 @@ def diurnal_live(
         data["claims"] = verdicts(data)
     out.mkdir(parents=True, exist_ok=True)
     png = out / "diurnal-live.png"
-    fig = plot(_for_plot(data))
+    fig = report.plot(report.for_plot(data))
     fig.savefig(png, dpi=100)
     pyplot().close(fig)
     data["files"] = [str(png), str(out / "diurnal-live.html"), str(out / "diurnal-live.json")]
     (out / "diurnal-live.json").write_text(json.dumps(data, indent=1, default=_nan))
-    write_html(data, png, out)
+    report.write_html(data, png, out)
     return data
 
 
 def _nan(x: Any) -> Any:
     return None if isinstance(x, float) and math.isnan(x) else str(x)
-
-
-def _for_plot(data: dict[str, Any]) -> dict[str, Any]:
-    """The document as ``diurnal.plot`` reads it (both columns; a missing run empty)."""
-    empty: dict[str, list[Any]] = {"windows": [], "events": []}
-    runs = {}
-    for name in RUNS:
-        r = data["runs"].get(name, empty)
-        nan = [{**w, "p99_ms": math.nan if w["p99_ms"] is None else w["p99_ms"]}
-               for w in r["windows"]]  # fmt: skip
-        runs[name] = {**r, "windows": nan}
-    return {**data, "runs": runs}
-
-
-def write_html(data: dict[str, Any], png: Path, out: Path) -> Path:
-    """``diurnal-live.html``: the verdicts, the per-window table of both runs, the plot."""
-    import html
-
-    esc = html.escape
-    claims = "".join(
-        f"<li>{'✓' if c['ok'] else '✗'} {esc(c['paper'])}: {esc(c['sim'])}</li>"
-        for c in data.get("claims", [])
-    )
-    notes = "".join(
-        f"<p><b>loop {esc(n)}: {'DISTURBED: ' + esc(d) if d else 'not disturbed'}</b></p>"
-        for n, d in data["disturbed"].items()
-    )
-    head = ["t s", "offered msgs"] + [f"{n}: {c}" for n in data["runs"]
-                                      for c in ("brokers", "p99 ms", "SLO")]  # fmt: skip
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in r) + "</tr>" for r in table_rows(data)
-    )
-    sc = data["scenario"]
-    page = (
-        "<!doctype html><meta charset='utf-8'><title>diurnal live</title>"
-        f"<h1>Diurnal day, live: loop on against off</h1><p>a {sc['day_s']:g}-s day, "
-        f"{sc['peak_msgs_per_s']:,.0f} msg/s at the peak, brokers of mcap {sc['mcap']:g} "
-        f"msg/s, starting on {sc['start_brokers']} (min {sc['min_brokers']}, max "
-        f"{sc['max_brokers']}), one killed at {sc['kill_at_s']:g} s, SLO p99 ≤ "
-        f"{sc['slo_ms']:g} ms</p>{notes}<ul>{claims}</ul>"
-        f"<table border=1><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr>{rows}</table>"
-        f"<p><img src='{esc(png.name)}'></p>"
-    )
-    path = out / "diurnal-live.html"
-    path.write_text(page)
-    return path
-
-
-def table_rows(data: dict[str, Any]) -> list[list[Any]]:
-    """Per window: time, offered messages, then per run brokers, p99 and SLO met."""
-    runs = list(data["runs"].values())
-    rows = []
-    for i, w in enumerate(runs[0]["windows"]):
-        row: list[Any] = [w["t_s"], w["offered_msgs"]]
-        for r in runs:
-            x = r["windows"][i]
-            p99 = "—" if x["p99_ms"] is None else f"{x['p99_ms']:.2f}"
-            row += [x["brokers"], p99, "yes" if x["slo_met"] else "no"]
-        rows.append(row)
-    return rows
 
 
 def quick(s: LiveDiurnal | None = None, day_s: float = 60.0) -> LiveDiurnal:

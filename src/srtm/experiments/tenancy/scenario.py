@@ -146,7 +146,7 @@ def scaled(sc: TenancyScenario, s: float) -> TenancyScenario:
     the brokers' ``capacity`` and ``mcap``) × s, every SLO ÷ s, so that each topic's SLO in
     the brokers' service times, its sensors, groups and bucket in tokens, and which topics
     fit on which broker (its load ratio) are unchanged. The emulator's lateness limit
-    follows ``time_scale`` (``tenancy_live.max_late_s``).
+    follows ``time_scale`` (``tenancy.live.max_late_s``).
 
     The timeline stays in wall seconds: arrivals 5 s apart, sensors joining a second
     apart, the deletion at 30 s, the settling and tail times. They are the scenario's

@@ -2,9 +2,9 @@
 small scale the live runs use: the flows, classes, populations and costs of each stage as
 ``srtm utility optimize`` documents (FLOWS.json flows), and the optimizer's plan for them.
 
-Pure: no I/O. ``srtm.experiments.utility_live`` runs these stages on local brokers.
+Pure: no I/O. ``srtm.experiments.utility.live`` runs these stages on local brokers.
 
-Scaled down from the paper (``utility_sim``): consumers 1/25 of the paper's (gold 12,
+Scaled down from the paper (``sim``): consumers 1/25 of the paper's (gold 12,
 silver 24, bronze 48 over four flows; latency effects 8 to 40 gold consumers), rates 1/4
 (2.5–50 msg/s instead of 10–200; excess capacity 35 of 50 wanted, the drop to 12.5),
 the request-response flow the paper's (20 clients, 33.3–203.7 msg/s). The costs are CPU
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from srtm.experiments.utility_sim import CLASSES, SEGMENTS, SLOPES
+from srtm.experiments.utility.sim import CLASSES, SEGMENTS, SLOPES
 from srtm.utility import Allocation, Problem, optimize, parse_problem
 
 BROKER = "1"

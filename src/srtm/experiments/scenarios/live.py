@@ -29,7 +29,7 @@ import numpy as np
 
 from srtm.analysis import profile_bucket
 from srtm.experiments import analysis, host
-from srtm.experiments.scenarios import Scenario
+from srtm.experiments.scenarios.scenario import Scenario
 from srtm.experiments.sizing import Sizing
 from srtm.experiments.validity import RunFigures, Validity, check
 from srtm.launch import LocalCluster, die_with_parent, start_cluster

@@ -335,7 +335,7 @@ LIVE_TOLERANCE = 0.1
 def live_claims(
     name: str, stages: Sequence[Mapping[str, Any]], params: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
-    """The same verdicts on a live run's measured stages (``utility_live``)."""
+    """The same verdicts on a live run's measured stages (``live``)."""
     if name == "trading-day":
         return trading_day_claims(stages, r_max=params["r_max"])
     if name == "excess-capacity":

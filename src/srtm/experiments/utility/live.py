@@ -1,5 +1,5 @@
 """The utility-aware allocation paper's experiments live on 127.0.0.1, at the small scale of
-``srtm.experiments.utility_scale``: a controller and a broker as child processes, one
+``srtm.experiments.utility.scenario``: a controller and a broker as child processes, one
 ``srtm.client.Publisher`` per flow, one ``srtm.client.Subscriber`` per consumer (its own
 ephemeral channel, its class in IDENTIFY ``srtm_class``, proven by the cluster token), the
 stages one after another, consumers of each class joining and leaving as the stage's
@@ -42,9 +42,9 @@ import aiohttp
 
 from srtm.client import Publisher, Subscriber
 from srtm.experiments import host, validity
-from srtm.experiments.live import OnProgress, _run_async
+from srtm.experiments.scenarios.live import OnProgress, _run_async
 from srtm.experiments.sizing import Sizing
-from srtm.experiments.utility_scale import BROKER, CPU, LiveExperiment, Stage, plan, problem
+from srtm.experiments.utility.scenario import BROKER, CPU, LiveExperiment, Stage, plan, problem
 from srtm.launch import LocalCluster, start_cluster
 from srtm.utility import usage
 
@@ -473,7 +473,7 @@ def disturbed(info: Run) -> str | None:
 
 def summarize(info: Run) -> dict[str, Any]:
     """The document ``--json`` prints: the sim's shape plus what was measured."""
-    from srtm.experiments import utility_sim
+    from srtm.experiments.utility import sim as utility_sim
 
     exp = info.exp
     claims = utility_sim.live_claims(exp.name, info.stages, exp.params)

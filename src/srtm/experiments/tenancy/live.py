@@ -29,9 +29,9 @@ import numpy as np
 from srtm.analysis import profile_bucket
 from srtm.experiments import analysis, host, validity
 from srtm.experiments.figures.common import BURST_MARGIN
-from srtm.experiments.live import OnProgress, Sink, _run_async
+from srtm.experiments.scenarios.live import OnProgress, Sink, _run_async
 from srtm.experiments.sizing import Sizing
-from srtm.experiments.tenancy import TenancyScenario, Tenant, events, live_scale
+from srtm.experiments.tenancy.scenario import TenancyScenario, Tenant, events, live_scale
 from srtm.launch import LocalCluster, start_cluster
 from srtm.placement import Policy
 from srtm.workload import Schedule, build

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from srtm.experiments.figures.common import FigureResult, claim, pyplot, write
-from srtm.experiments.tenancy import Replay, TenancyScenario, active_at, paper_scale, replay
+from srtm.experiments.tenancy.scenario import (
+    Replay,
+    TenancyScenario,
+    active_at,
+    paper_scale,
+    replay,
+)
 from srtm.placement import Policy, PublisherLoad, TopicSpec
 from srtm.sim.arrivals import Trace, generate
 from srtm.sim.engine import Share

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from srtm.experiments.diurnal import RUNS, report
 from srtm.experiments.figures.common import (
     FigureResult,
     claim,
     profiled_bucket,
-    pyplot,
     scaled,
     write,
 )
@@ -63,7 +63,6 @@ from srtm.workload import PublisherSpec
 __all__ = ["DiurnalSettings", "diurnal_sim", "offered_fraction", "run", "verdicts"]
 
 NAME = "diurnal"
-RUNS = ("on", "off")
 #: The topic's r over its publishers' rate, and its bucket depth in seconds of r.
 R_MARGIN = 1.2
 BURST_S = 0.02
@@ -432,45 +431,4 @@ def diurnal_sim(
         ["t s", "offered msgs", "on: brokers", "on: p99 ms", "on: SLO", "off: brokers",
          "off: p99 ms", "off: SLO"], rows,
     )  # fmt: skip
-    return write(res, out_dir, plot(data), t0)
-
-
-def plot(data: dict[str, Any]) -> Any:
-    """Over time, per run: offered load, brokers, load ratio per broker, p99 vs SLO, and
-    the events marked."""
-    plt = pyplot()
-    fig, axes = plt.subplots(4, 2, figsize=(13, 11), sharex=True)
-    slo = data["scenario"]["slo_ms"]
-    marks = {"move": ("tab:blue", ":"), "spawn": ("tab:green", "--"),
-             "despawn": ("tab:orange", "--"), "kill": ("tab:red", "-")}  # fmt: skip
-    for col, name in enumerate(RUNS):
-        run_ = data["runs"][name]
-        ws = run_["windows"]
-        t = [w["t_s"] for w in ws]
-        ax = axes[0][col]
-        ax.plot(t, [w["offered_msgs"] / data["scenario"]["window_s"] / 1e3 for w in ws])
-        ax.set_ylabel("offered kmsg/s")
-        ax.set_title(f"loop {name}", fontsize=10)
-        ax = axes[1][col]
-        ax.step(t, [w["brokers"] for w in ws], where="post")
-        ax.set_ylabel("brokers")
-        ax = axes[2][col]
-        ids = sorted({b for w in ws for b in w["load_ratio"]})
-        for b in ids:
-            ax.plot(t, [w["load_ratio"].get(b, math.nan) for w in ws], lw=0.8, label=b)
-        ax.axhline(0.8, color="grey", ls="--", lw=0.8)
-        ax.set_ylabel("load ratio")
-        if ids:  # a run left out (the live test runs the loop on only) has no broker
-            ax.legend(fontsize=6, ncol=4)
-        ax = axes[3][col]
-        ax.plot(t, [w["p99_ms"] for w in ws], marker=".")
-        ax.axhline(slo, color="black", ls="--", lw=0.8)
-        ax.set_yscale("log")
-        ax.set_ylabel("p99 ms (dashed: SLO)")
-        ax.set_xlabel("scenario time (s)")
-        for ev in run_["events"]:
-            colour, ls = marks.get(ev["kind"], ("grey", ":"))
-            for row in axes[:, col]:
-                row.axvline(ev["t_s"], color=colour, ls=ls, lw=0.6, alpha=0.6)
-    fig.suptitle("diurnal: red kill, green spawn, orange despawn, blue dotted move", fontsize=10)
-    return fig
+    return write(res, out_dir, report.plot(data), t0)

@@ -1,0 +1,297 @@
+"""``srtm experiment …``: run an experiment by name (simulated, or live on local
+brokers), compare policies on a live scenario, list the live scenarios, check the
+simulator against live runs. Each command parses its flags and calls
+``srtm.experiments``, whose experiments print their own reports."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from srtm.experiments.experiment import (
+    Analysis,
+    Mode,
+    Option,
+    Run,
+    Summary,
+    Terminal,
+    UsageError,
+    Verdict,
+    start,
+)
+from srtm.placement import POLICIES, Policy, parse_policy
+
+# The experiments' packages (pandas, pyarrow, the simulator) are imported where used:
+# `srtm broker` starts through this same command line and should not pay for them.
+
+app = typer.Typer(help="Run the paper's experiments: live on local brokers, or simulated.")
+console = Console(stderr=True)
+# Results go to stdout; piped (make demo | tee, CI logs) rich would wrap them at 80
+# columns and cut the numbers, so a pipe gets room for the whole table.
+out_console = Console(width=None if sys.stdout.isatty() else 140)
+TERMINAL = Terminal(console, out_console)
+
+ScenarioArg = Annotated[
+    str,
+    typer.Argument(
+        help="A shipped scenario (see `srtm experiment list`), a TOML file, or with --sim "
+        "one of the paper's figures (fig4 … fig9, table1). `multi-tenant`: many topics "
+        "arriving, one deleted, sensors joining, on capacity-limited brokers (live, or with "
+        "--sim at the paper's scale, SRTM against LB). `trading-day`, `excess-capacity`, "
+        "`latency-effects`: the utility-aware allocation paper's experiments (live at small "
+        "scale, or with --sim at the paper's)."
+    ),
+]
+OutOpt = Annotated[
+    Path, typer.Option(help="Where traces, summaries, plots and the report are written.")
+]
+DurationOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="Seconds of the measured window per policy (default: the scenario's).", min=1
+    ),
+]
+WarmupOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="Seconds of traffic before the measured window (fitting runs in it; default: "
+        "the scenario's).",
+        min=0,
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print the result as one JSON document at the end.")
+]
+StrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="Exit with code 3 when a run was disturbed (the machine too busy to measure "
+        "on); without it a disturbed run is reported as such and the exit code is 0.",
+    ),
+]
+ScaleOpt = Annotated[
+    str,
+    typer.Option(
+        help="Live runs: 'auto' measures this machine for about a second and slows the "
+        "scenario in time by its speed relative to the development machine (rates times "
+        "the scale, the SLO and other queueing durations divided by it; never above 1), "
+        "so that a slower machine runs the same experiment with the same headroom. A "
+        "number in (0, 1] gives the scale instead (1: the scenario as written). The "
+        "shipped scenarios and multi-tenant are sized; diurnal, trading-day, "
+        "excess-capacity and latency-effects are not CPU-bound and run as written "
+        "('auto' or 1). Not with --sim."
+    ),
+]
+AnalysisOpt = Annotated[
+    Analysis,
+    typer.Option(
+        help="Who computes the latency figures from the traces: 'spark' (the Spark "
+        "pipeline's latency job, over the measured window), 'local' (pandas, in this "
+        "process), or 'auto' (Spark, and local if Spark cannot start, e.g. without Java)."
+    ),
+]
+SparkMasterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--spark-master", help="Spark master for --analysis spark/auto (default local[*])."
+    ),
+]
+
+
+def finish(summary: Summary, as_json: bool, strict: bool) -> None:
+    """Print the run's JSON documents (``--json``); with ``--strict`` exit with its
+    verdict."""
+    if as_json:
+        for document in summary.documents:
+            print(document)
+    if strict and summary.verdict is not Verdict.ok:
+        raise typer.Exit(summary.verdict.value)
+
+
+def given_on_command_line(ctx: typer.Context, name: str) -> bool:
+    """Whether the parameter ``name`` was given (on the command line or by a variable),
+    not left to its default."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def usage(exc: UsageError) -> typer.BadParameter:
+    return typer.BadParameter(str(exc), param_hint=exc.option)
+
+
+def policies_of(text: str) -> tuple[Policy, ...]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        if names:
+            return tuple(parse_policy(p) for p in names)
+    except ValueError:
+        pass
+    raise typer.BadParameter(
+        f"policies are {', '.join(POLICIES)}; got {text!r}", param_hint="--policy"
+    )
+
+
+@app.command("list")
+def list_scenarios() -> None:
+    """The shipped live scenarios, and the options each experiment takes."""
+    from srtm.experiments import registry
+
+    table = Table(title="live scenarios")
+    for col in registry.LIVE_COLUMNS:
+        table.add_column(col)
+    for row in registry.live_rows():
+        table.add_row(*row)
+    out_console.print(table)
+    takes = Table(title="what `srtm experiment run NAME` takes (others are refused)")
+    for col in registry.OPTION_COLUMNS:
+        takes.add_column(col)
+    for row in registry.option_rows():
+        takes.add_row(*row)
+    out_console.print(takes)
+
+
+@app.command("run")
+def run_cmd(
+    ctx: typer.Context,
+    scenario: ScenarioArg,
+    policy: Annotated[
+        str, typer.Option(help="Placement policy: lb, conc, maxmin or srtm.")
+    ] = "srtm",
+    duration: DurationOpt = None,
+    warmup: WarmupOpt = None,
+    out: OutOpt = Path("out/experiments"),
+    sim: Annotated[
+        bool,
+        typer.Option(
+            help="Simulate at the paper's scale instead: the figures, multi-tenant, diurnal "
+            "and the utility experiments."
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+    analysis: AnalysisOpt = Analysis.auto,
+    spark_master: SparkMasterOpt = None,
+    strict: StrictOpt = False,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            help="trading-day, excess-capacity, latency-effects live: short stages "
+            "(7 s each) for tests."
+        ),
+    ] = False,
+    decide: Annotated[
+        str,
+        typer.Option(
+            help="trading-day, excess-capacity, latency-effects live: who chooses "
+            "rates and admitted counts, 'controller' (its utility optimizer) or "
+            "'driver' (driver-optimized: this process runs the optimizer and "
+            "sets the brokers)."
+        ),
+    ] = "controller",
+    only: Annotated[
+        str | None,
+        typer.Option(
+            help="diurnal live: run only the loop 'on' or 'off' half (default both: on, "
+            "then off; the loop-off verdict needs both)."
+        ),
+    ] = None,
+    scale: ScaleOpt = "auto",
+) -> None:
+    """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
+    the workload, collect traces, stop everything, and print the summary; with --sim,
+    simulate it instead. Each experiment takes only the options that apply to it (`srtm
+    experiment list` shows which); one it does not take is refused (exit 2)."""
+    from srtm.experiments import registry
+
+    given = [o for o in Option if given_on_command_line(ctx, o.name)]
+    mode = Mode.sim if sim else Mode.live
+    run = Run(
+        out, TERMINAL, as_json, policies_of(policy), duration, warmup, analysis, spark_master,
+        scale, quick, decide, only,
+    )  # fmt: skip
+    try:
+        summary = start(registry.find(scenario), mode, given, run)
+    except UsageError as exc:
+        raise usage(exc) from exc
+    finish(summary, as_json, strict)
+
+
+@app.command("compare")
+def compare_cmd(
+    scenario: ScenarioArg,
+    policies: Annotated[
+        str, typer.Option("--policies", help="Comma-separated policies to run, in order.")
+    ] = "lb,conc,maxmin,srtm",
+    duration: DurationOpt = None,
+    warmup: WarmupOpt = None,
+    out: OutOpt = Path("out/experiments"),
+    as_json: JsonOpt = False,
+    analysis: AnalysisOpt = Analysis.auto,
+    spark_master: SparkMasterOpt = None,
+    strict: StrictOpt = False,
+    scale: ScaleOpt = "auto",
+) -> None:
+    """Run SCENARIO under several policies and print them side by side, with plots and an
+    HTML report in OUT."""
+    from srtm.experiments import scenarios
+
+    run = Run(
+        out, TERMINAL, as_json, policies_of(policies), duration, warmup, analysis,
+        spark_master, scale,
+    )  # fmt: skip
+    try:
+        summary = scenarios.find(scenario).compare(run)
+    except UsageError as exc:
+        raise usage(exc) from exc
+    finish(summary, as_json, strict)
+
+
+@app.command("validate")
+def validate_cmd(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Output directories of live runs (`srtm experiment run/compare --out`, "
+            "`srtm demo --out`): each holds <scenario>-<policy>.json and traces/."
+        ),
+    ],
+    model: Annotated[
+        str,
+        typer.Option(
+            help="Broker model for the simulator: 'paper' or a file from `srtm calibrate`."
+        ),
+    ],
+    scenario: Annotated[
+        str, typer.Option(help="The scenario the runs ran (its workload is simulated).")
+    ] = "correlated-sensors",
+    out: OutOpt = Path("out/validation"),
+    as_json: JsonOpt = False,
+) -> None:
+    """Predict each live run's p99 with the simulator (replaying the arrivals the brokers
+    recorded, the nominal schedule on the run's placement, and the simulator's own
+    placement) and compare it with the measured p99 (target: within ±30 %)."""
+    from srtm.experiments import figures
+
+    missing = [str(r) for r in runs if not r.is_dir()]
+    if missing:
+        raise typer.BadParameter(f"not a directory: {', '.join(missing)}", param_hint="RUNS")
+    try:
+        result = figures.validate_live(out, runs, model, scenario)
+    except (ValueError, OSError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    if not result.data["runs"]:
+        console.print(f"[red]error:[/red] no finished run of {scenario!r} with sub-buckets in "
+                      f"{', '.join(map(str, runs))}")  # fmt: skip
+        raise typer.Exit(2)
+    from srtm.experiments.figures.report import print_figure
+
+    print_figure(result, TERMINAL)
+    if as_json:
+        print(json.dumps(result.data))
