@@ -266,3 +266,63 @@ def test_no_import_cycles_between_modules() -> None:
         }
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+RESULTS = DOCS / "results"
+#: How far into a results page its provenance line may be: the page opens with it.
+PROVENANCE_WITHIN_LINES = 12
+_PROVENANCE = re.compile(r"^Command: `[^`]+`.*? · revision [0-9a-f]{7,40}\b.*? · machine: \S", re.M)
+
+
+def provenance_problem(path: Path) -> str | None:
+    """Why a results page does not open with its provenance line, or None if it does.
+
+    The line reads ``Command: `...` · revision abc1234 · machine: ...``: the command
+    that gives the page's first (current) table, the revision it was measured at and
+    the machine. It comes in the page's first lines, before any ``##`` section, so
+    the current figures lead and what came before sits below, under ``## History``."""
+    lines = path.read_text().splitlines()
+    for line in lines[:PROVENANCE_WITHIN_LINES]:
+        if line.startswith("## "):
+            break
+        if _PROVENANCE.match(line):
+            return None
+    return (
+        f"{shown(path)}: no line 'Command: `...` · revision abc1234 · machine: ...' in "
+        f"its first {PROVENANCE_WITHIN_LINES} lines, before its first '##' section"
+    )
+
+
+def results_pages() -> list[Path]:
+    return [p for p in sorted(RESULTS.glob("*.md")) if p.name != "README.md"]
+
+
+def test_every_results_page_opens_with_command_revision_and_machine() -> None:
+    pages = results_pages()
+    assert len(pages) >= 10, "docs/results/ holds fewer pages than it did: the glob is wrong"
+    problems = [p for p in map(provenance_problem, pages) if p]
+    assert not problems, "results pages without their provenance up front:\n" + "\n".join(problems)
+
+
+def test_every_results_page_is_in_the_index() -> None:
+    linked = {t.partition("#")[0] for t in relative_links(RESULTS / "README.md")}
+    missing = [p.name for p in results_pages() if p.name not in linked]
+    assert not missing, "docs/results/README.md has no row for: " + ", ".join(missing)
+
+
+def test_provenance_check_sees_a_page_without_it(tmp_path: Path) -> None:
+    good = "Command: `srtm x` · revision b872b6a · machine: 2-core VM (nproc 2)"
+    page = tmp_path / "page.md"
+    page.write_text(f"# Page\n\n{good}\n\n| a |\n|---|\n| 1 |\n")
+    assert provenance_problem(page) is None
+    for bad in (
+        "Command: `srtm x` · revision not stated · machine: 2-core VM",  # no revision
+        "Command: srtm x · revision b872b6a · machine: 2-core VM",  # no backticks
+        "Command: `srtm x` · revision b872b6a",  # no machine
+    ):
+        page.write_text(f"# Page\n\n{bad}\n")
+        assert provenance_problem(page) is not None, bad
+    page.write_text(f"# Page\n\n## First run\n\n{good}\n")  # after a section: too late
+    assert provenance_problem(page) is not None
+    page.write_text("# Page\n" + "\n" * PROVENANCE_WITHIN_LINES + good + "\n")
+    assert provenance_problem(page) is not None
