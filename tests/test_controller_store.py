@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from srtm.control.model import MAX_EVENTS
 from srtm.control.service import WRITE_INTERVAL_S, ControllerOptions, ControllerService
-from srtm.control.state import MAX_EVENTS, ControlError, Controller
+from srtm.control.state import ControlError, Controller
 from srtm.control.store import Store
 from srtm.placement import PublisherLoad, TopicSpec
 

@@ -21,8 +21,8 @@ import pytest
 
 from nsq_raw import RawClient
 from srtm.control import Controller, PlanChanged
+from srtm.control.model import BrokerInfo
 from srtm.control.service import ControllerOptions, ControllerService, _broker_url
-from srtm.control.state import BrokerInfo
 from srtm.control.store import Store
 from srtm.launch import ServerProcess, start_broker, start_cluster, start_controller
 from srtm.placement import PublisherLoad, TopicSpec, parse_topic
@@ -241,7 +241,7 @@ def test_huge_topics_are_refused_and_placement_runs_off_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import srtm.control.api as api_mod
-    import srtm.control.state as state_mod
+    import srtm.control.topics as state_mod
 
     opts = ControllerOptions(db=tmp_path / "c.db", http_port=0, max_publishers=100)
     service = ControllerService(opts)

@@ -54,8 +54,8 @@ from srtm.control.documents import (
     describe,
     parse,
 )
-from srtm.control.state import BrokerInfo, ControlError
-from srtm.control.validate import parse_address
+from srtm.control.model import BrokerInfo
+from srtm.control.validate import ControlError, parse_address
 from srtm.jsondoc import parse as parse_json
 from srtm.jsondoc import parse_object
 from srtm.openapi import OpenApiDoc, Route, document

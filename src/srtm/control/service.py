@@ -40,6 +40,7 @@ from srtm.control.actions import (
 from srtm.control.api import make_app
 from srtm.control.elastic import Elastic, ElasticStep
 from srtm.control.fitting_run import as_result, fit_topic
+from srtm.control.model import BrokerInfo, FitState, FittingProgress
 from srtm.control.options import ControllerOptions
 from srtm.control.provision import (
     CommandProvisioner,
@@ -47,7 +48,7 @@ from srtm.control.provision import (
     Provisioner,
     ProvisionError,
 )
-from srtm.control.state import BrokerInfo, Controller
+from srtm.control.state import Controller
 from srtm.control.store import BROKERS_KEY, BUCKETS_PREFIX, LEGACY_KEY, TOPIC_PREFIX, Store
 from srtm.control.utility import UtilityControl, UtilitySettings
 from srtm.jsondoc import parse as parse_json
@@ -651,7 +652,7 @@ class ControllerService:
     def start_fitting(self, topic: str, fit: FitSettings, model: BrokerModel | None) -> None:
         """Online fitting of ``topic`` in the background; its progress is the topic's
         ``fitting`` (running from now on)."""
-        self.ctrl.topics[topic].fitting = {"state": "running"}
+        self.ctrl.topics[topic].fitting = FittingProgress()
         self._spawn(self._fit(topic, fit.window_s, fit.min_samples, fit.settle_s, model))
 
     async def _fit(
@@ -682,7 +683,7 @@ class ControllerService:
             log.exception("fitting %s failed", topic)
             state = self.ctrl.topics[topic].fitting
             if state is not None:
-                state["state"] = "failed"
+                state.state = FitState.FAILED
         await self.save_topic(topic)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
