@@ -351,8 +351,8 @@ async def test_the_service_pushes_the_forwarding_route_first_then_shares_then_or
 ) -> None:
     """At the edge: brokers (one fake HTTP API for both) see the old broker's forwarding
     route first (what its publishers still send it is forwarded, not shaped by its
-    shrinking share), or with its decrease (a handover: its body), then a move's
-    sub-buckets, then the migration orders. A handover arms the destination first
+    shrinking share), or with its decrease (a handoff: its body), then a move's
+    sub-buckets, then the migration orders. A handoff arms the destination first
     (/srtm/bucket/arm changes no share)."""
     seen: list[str] = []
 

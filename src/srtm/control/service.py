@@ -26,7 +26,7 @@ from yarl import URL
 from srtm.control.actions import (
     Action,
     DropRoute,
-    Handover,
+    Handoff,
     Hold,
     Migrate,
     PlanChanged,
@@ -34,7 +34,7 @@ from srtm.control.actions import (
     SetRoute,
     Unmanage,
     forwarding_first,
-    handover,
+    handoff,
     phases,
 )
 from srtm.control.api import make_app
@@ -488,10 +488,10 @@ class ControllerService:
         with no share change on its way: mid-change a broker rightly shows a decrease
         not yet followed by its increase, and pushing the plan's value then would
         break the shrink-before-grow order."""
-        todo = [a for a in actions if not self._busy.get(getattr(a, "topic", ""), 0)]
+        todo = [a for a in actions if not self._busy.get(a.topic, 0)]
         for a in todo:
             log.warning("topic %s: broker %s lost its share; putting it back",
-                        getattr(a, "topic", "?"), getattr(a, "broker", "?"))  # fmt: skip
+                        a.topic, getattr(a, "broker", "?"))  # fmt: skip
         if todo:
             self.execute(todo)
 
@@ -584,7 +584,7 @@ class ControllerService:
             # source's decrease (with its forwarding route, one step) hands the share
             # over on their relay link, so what it forwards is shaped at once, not held
             # there until our own increase push (docs/controller.md, "Push order").
-            plan, rest = handover(down, up, first)
+            plan, rest = handoff(down, up, first)
             push = None if plan is None else await self._arm(plan)
             if push is not None:
                 first = rest
@@ -610,9 +610,9 @@ class ControllerService:
         topic = self.ctrl.topics.get(action.topic)
         return topic is not None and topic.buckets.get(action.broker) == action.bucket
 
-    async def _arm(self, plan: Handover) -> _HandoffPush | None:
+    async def _arm(self, plan: Handoff) -> _HandoffPush | None:
         """Arm the destination of ``plan`` with its new share under a fresh token; None
-        if it did not take it (the change then goes as without a handover)."""
+        if it did not take it (the change then goes as without a handoff)."""
         dest = plan.dest
         info = self.ctrl.brokers.get(dest.broker)
         if info is None or info.down:
@@ -790,10 +790,10 @@ class ControllerService:
 
 @dataclass(frozen=True, slots=True)
 class _HandoffPush:
-    """A handover with its destination armed: where the source sends HANDOFF, and the
+    """A handoff with its destination armed: where the source sends HANDOFF, and the
     token it carries."""
 
-    plan: Handover
+    plan: Handoff
     to: str
     token: str
 
