@@ -23,7 +23,7 @@ from nsq_raw import RawClient
 from srtm.control import Controller, PlanChanged
 from srtm.control.model import BrokerInfo
 from srtm.control.service import ControllerOptions, ControllerService, _broker_url
-from srtm.control.store import Store
+from srtm.control.store import SqliteStore, load_state
 from srtm.launch import ServerProcess, start_broker, start_cluster, start_controller
 from srtm.placement import PublisherLoad, TopicSpec, parse_topic
 from srtm.protocol import Fin, Pub, Rdy, Sub
@@ -568,5 +568,5 @@ def test_the_database_is_written_off_the_event_loop_in_order(tmp_path: Path) -> 
 
     asyncio.run(run())
     assert writes and all(tid != loop_thread for tid, _ in writes)
-    saved = Store(tmp_path / "c.db").load()
+    saved = load_state(SqliteStore(tmp_path / "c.db"))
     assert saved is not None and sorted(b["id"] for b in saved["brokers"]) == ["b0", "b1", "b2"]

@@ -49,7 +49,15 @@ from srtm.control.provision import (
     ProvisionError,
 )
 from srtm.control.state import Controller
-from srtm.control.store import BROKERS_KEY, BUCKETS_PREFIX, LEGACY_KEY, TOPIC_PREFIX, Store
+from srtm.control.store import (
+    BROKERS_KEY,
+    BUCKETS_PREFIX,
+    LEGACY_KEY,
+    TOPIC_PREFIX,
+    SqliteStore,
+    StateStore,
+    load_state,
+)
 from srtm.control.utility import UtilityControl, UtilitySettings
 from srtm.jsondoc import parse as parse_json
 from srtm.placement import RoundResult
@@ -83,7 +91,7 @@ class ControllerService:
             max_publishers=opts.max_publishers,
             forward_grace_s=opts.forward_grace_s,
         )
-        self.store = Store(opts.db)
+        self.store: StateStore = SqliteStore(opts.db)
         #: SQLite writes leave the event loop, in order, in this one thread: the batch
         #: being written, and the one that gathers rows marked meanwhile (``_mark``).
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="srtm-store")
@@ -98,7 +106,9 @@ class ControllerService:
         self.encodes = 0
         self.encoded_bytes = 0
         self.ctrl.registry.tombstone_s = opts.tombstone_s
-        saved = self.store.load()
+        saved = load_state(self.store)
+        #: The file holds the old single ``controller`` row: the first write replaces it.
+        self._legacy = self.store.get(LEGACY_KEY) is not None
         if saved:
             self.ctrl.restore(saved, time.monotonic())
         self.http_address: tuple[str, int] | None = None
@@ -412,8 +422,8 @@ class ControllerService:
         topics, buckets = self._dirty_topics, self._dirty_buckets
         self._dirty_topics, self._dirty_buckets = set(), set()
         rows: list[tuple[str, str | None]] = []
-        if self.store.legacy:  # an old file's single row: replaced by rows, all of them
-            self.store.legacy = False
+        if self._legacy:  # an old file's single row: replaced by rows, all of them
+            self._legacy = False
             topics |= set(self.ctrl.topics)
             self._dirty_brokers = True
             rows.append((LEGACY_KEY, None))
