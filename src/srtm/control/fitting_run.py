@@ -11,9 +11,7 @@ publishing throughout.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict
 from typing import Any
 
 from srtm.control.actions import Action
@@ -95,7 +93,7 @@ async def fit_topic(
                 )
             )
             progress.state = FitState.DONE
-            progress.outcome = done.outcome.value
+            progress.outcome = done.outcome
             progress.note = done.note
             if done.note:
                 ctrl.topics[topic].events.append(f"fitting {done.outcome.value}: {done.note}")
@@ -120,17 +118,10 @@ def _note(progress: FittingProgress, fitting: Fitting, cmds: Sequence[Command]) 
     progress.round = fitting.rounds[-1] if fitting.rounds else 0
     progress.rounds = list(fitting.rounds)
     progress.full = sorted(fitting.full)
-    progress.steps = [
-        asdict(s) | {"verdict": s.verdict.value, "p99_ms": _finite(s.p99_ms)}
-        for s in fitting.history
-    ]
+    progress.steps = list(fitting.history)
     for c in cmds:
         if isinstance(c, UseBrokers):
             progress.iteration_brokers = list(c.brokers)
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 def as_result(doc: Mapping[str, Any]) -> RoundResult:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -20,6 +20,7 @@ from srtm.control.registry import LookupRegistry
 from srtm.control.routes import FORWARD_GRACE_S, Routing
 from srtm.control.validate import ControlError, parse_address
 from srtm.placement import AdaptorSettings, Policy, PublisherLoad, Sums, TopicSpec, WindowReport
+from srtm.placement.fitting import FitOutcome, Step, Verdict
 from srtm.ratelimit import MAX_RATE, BucketParams
 from srtm.ratelimit.overflow import DEFAULT_BOUND, Bound
 
@@ -159,11 +160,10 @@ class FittingProgress:
     iteration: int = 0
     round: int = 0
     rounds: list[int] = field(default_factory=list)
-    #: Each measurement as served (``documents.FittingStep``).
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
     full: list[str] = field(default_factory=list)
     iteration_brokers: list[str] | None = None
-    outcome: str | None = None
+    outcome: FitOutcome | None = None
     note: str | None = None
 
     @property
@@ -174,30 +174,44 @@ class FittingProgress:
         doc: dict[str, Any] = {"state": self.state.value}
         if self.started:
             doc |= {"iteration": self.iteration, "round": self.round, "rounds": self.rounds,
-                    "steps": self.steps, "full": self.full}  # fmt: skip
+                    "steps": [_step_json(s) for s in self.steps], "full": self.full}  # fmt: skip
         if self.iteration_brokers is not None:
             doc["iteration_brokers"] = self.iteration_brokers
         if self.outcome is not None:
-            doc["outcome"] = self.outcome
+            doc["outcome"] = self.outcome.value
         if self.note is not None:
             doc["note"] = self.note
         return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> FittingProgress:
-        brokers = doc.get("iteration_brokers")
+        brokers, outcome = doc.get("iteration_brokers"), doc.get("outcome")
         return cls(
             FitState(doc["state"]),
             "iteration" in doc,
             int(doc.get("iteration", 0)),
             int(doc.get("round", 0)),
             list(doc.get("rounds", [])),
-            list(doc.get("steps", [])),
+            [_step(s) for s in doc.get("steps", [])],
             list(doc.get("full", [])),
             None if brokers is None else list(brokers),
-            doc.get("outcome"),
+            None if outcome is None else FitOutcome(outcome),
             doc.get("note"),
         )
+
+
+def _step_json(s: Step) -> dict[str, Any]:
+    """A measurement as served (``documents.FittingStep``: no p99 is null)."""
+    p99 = s.p99_ms if math.isfinite(s.p99_ms) else None
+    return asdict(s) | {"verdict": s.verdict.value, "p99_ms": p99}
+
+
+def _step(doc: Mapping[str, Any]) -> Step:
+    p99 = doc["p99_ms"]
+    return Step(
+        doc["iteration"], doc["round"], doc["broker"], doc["publishers"],
+        math.nan if p99 is None else float(p99), doc["samples"], Verdict(doc["verdict"]),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
