@@ -1,7 +1,7 @@
 """What the controller asks of brokers and tells the service: the actions its decisions
 return, and the order that keeps a topic's live sub-buckets within its ``(r, b)``.
 
-Pure data and rules (no I/O); ``srtm.control.state`` makes them, the service carries them
+Pure data and rules (no I/O); the controller's decisions make them, the service carries them
 out (``srtm.control.service``).
 """
 
