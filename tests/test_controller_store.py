@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from srtm.control.model import MAX_EVENTS
 from srtm.control.service import ControllerOptions, ControllerService
-from srtm.control.state import MAX_EVENTS, ControlError, Controller
-from srtm.control.store import Store
+from srtm.control.state import ControlError, Controller
+from srtm.control.store import SqliteStore, load_state
 from srtm.control.store_writer import WRITE_INTERVAL_S
 from srtm.placement import PublisherLoad, TopicSpec
 
@@ -223,8 +224,8 @@ async def test_an_old_single_row_state_file_is_read_and_rewritten_as_rows(
     for i in range(2):
         ctrl.create_topic(TopicSpec(f"t{i}", spec.publishers, 20, 5.0, 100.0), "srtm", 0.0)
     saved = ctrl.to_json()
-    old = Store(db)  # as the controller wrote it before: one row
-    old.put_text("controller", json.dumps(saved))
+    old = SqliteStore(db)  # as the controller wrote it before: one row
+    old.put("controller", json.dumps(saved))
     old.close()
     again = service_at(db)
     assert again.ctrl.to_json() == saved
@@ -236,7 +237,7 @@ async def test_an_old_single_row_state_file_is_read_and_rewritten_as_rows(
         await again.stop()
     rows = rows_of(db)
     assert "controller" not in rows and {"brokers", "topic:O", "topic:t0", "topic:t1"} <= set(rows)
-    loaded = Store(db).load()
+    loaded = load_state(SqliteStore(db))
     assert loaded is not None
     assert [t["name"] for t in loaded["topics"]] == ["O", "t0", "t1"]
     assert any(p["id"] == "late" for p in loaded["topics"][0]["publishers"])

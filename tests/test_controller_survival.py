@@ -21,10 +21,10 @@ import pytest
 
 from nsq_raw import RawClient
 from srtm.control import Controller, PlanChanged
+from srtm.control.model import BrokerInfo
 from srtm.control.push import _broker_url
 from srtm.control.service import ControllerOptions, ControllerService
-from srtm.control.state import BrokerInfo
-from srtm.control.store import Store
+from srtm.control.store import SqliteStore, load_state
 from srtm.launch import ServerProcess, start_broker, start_cluster, start_controller
 from srtm.placement import PublisherLoad, TopicSpec, parse_topic
 from srtm.protocol import Fin, Pub, Rdy, Sub
@@ -241,7 +241,7 @@ def test_a_stopped_controller_keeps_its_plans_when_continued(tmp_path: Path) -> 
 def test_huge_topics_are_refused_and_placement_runs_off_the_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import srtm.control.state as state_mod
+    import srtm.control.topics as state_mod
     import srtm.control.topics_api as api_mod
 
     opts = ControllerOptions(db=tmp_path / "c.db", http_port=0, max_publishers=100)
@@ -569,5 +569,5 @@ def test_the_database_is_written_off_the_event_loop_in_order(tmp_path: Path) -> 
 
     asyncio.run(run())
     assert writes and all(tid != loop_thread for tid, _ in writes)
-    saved = Store(tmp_path / "c.db").load()
+    saved = load_state(SqliteStore(tmp_path / "c.db"))
     assert saved is not None and sorted(b["id"] for b in saved["brokers"]) == ["b0", "b1", "b2"]

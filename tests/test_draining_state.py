@@ -10,7 +10,7 @@ import pytest
 
 from srtm.control import Controller
 from srtm.control.actions import Hold, SetBucket, SetRoute, phases
-from srtm.control.state import DRAIN_FLOOR, DRAIN_S, drain_weight
+from srtm.control.plans import DRAIN_FLOOR, DRAIN_S, drain_weight
 from srtm.placement import PublisherLoad, TopicSpec
 from support import registered
 

@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 
 from srtm.client import Publisher, Received, Subscriber
+from srtm.control import plans
 from srtm.control.options import ControllerOptions
 from srtm.control.service import ControllerService
 from srtm.launch import BrokerProcess, new_token
@@ -82,8 +83,8 @@ async def run_scenario(tmp_path: Path, ordered: bool, drain: bool = True) -> dic
     )  # fmt: skip
     service.pusher.ordered = ordered
     if not drain:  # a dropped broker holds at once, as before draining members
-        service.ctrl._update_draining = lambda *_: None  # type: ignore[method-assign]
-        service.ctrl._drain = lambda _: []  # type: ignore[method-assign]
+        plans.update_draining = lambda *_: None  # type: ignore[assignment]
+        plans.drain = lambda *_: []  # type: ignore[assignment]
     await service.start()
     assert service.http_address is not None
     url = f"http://127.0.0.1:{service.http_address[1]}"

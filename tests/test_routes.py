@@ -21,6 +21,7 @@ from srtm.control.actions import (
 )
 from srtm.control.documents import Error, TopicStatus
 from srtm.control.elastic import Elastic
+from srtm.control.plans import adapt_topic
 from srtm.control.routes import Routing, changes, home_channels
 from srtm.control.state import ControlError
 from srtm.placement import PublisherLoad, TopicSpec
@@ -157,7 +158,7 @@ def test_replicas_each_shape_with_the_whole_bucket_and_the_ledger_counts_r_on_ea
         assert rep["peers"] == {o: tcp(c, o) for o in t.routing.replicas if o != b}
     assert c.assign("t", "p0")["broker"] == "b0"  # publishers publish to the primary
     assert [b.id for b in c.producers("t")] == t.routing.replicas  # /lookup lists all
-    assert not c._adapt(t, now=1e9)  # nothing to re-split: each has all of it
+    assert not adapt_topic(c, t, now=1e9)  # nothing to re-split: each has all of it
     assert not [a for a in c.tick(2.0) if isinstance(a, SetBucket | Hold)]
 
 
@@ -350,8 +351,8 @@ async def test_the_service_pushes_the_forwarding_route_first_then_shares_then_or
 ) -> None:
     """At the edge: brokers (one fake HTTP API for both) see the old broker's forwarding
     route first (what its publishers still send it is forwarded, not shaped by its
-    shrinking share), or with its decrease (a handover: its body), then a move's
-    sub-buckets, then the migration orders. A handover arms the destination first
+    shrinking share), or with its decrease (a handoff: its body), then a move's
+    sub-buckets, then the migration orders. A handoff arms the destination first
     (/srtm/bucket/arm changes no share)."""
     seen: list[str] = []
 

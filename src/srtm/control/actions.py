@@ -1,7 +1,7 @@
 """What the controller asks of brokers and tells the service: the actions its decisions
 return, and the order that keeps a topic's live sub-buckets within its ``(r, b)``.
 
-Pure data and rules (no I/O); ``srtm.control.state`` makes them, the service carries them
+Pure data and rules (no I/O); the controller's decisions make them, the service carries them
 out (``srtm.control.service``).
 """
 
@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from srtm.ratelimit import BucketParams
 
 __all__ = [
-    "HELD", "Action", "DropRoute", "Handover", "Hold", "Migrate", "PlanChanged", "SetBucket",
-    "SetRoute", "Share", "Unmanage", "forwarding_first", "handover", "phases", "same_bucket",
+    "HELD", "Action", "DropRoute", "Handoff", "Hold", "Migrate", "PlanChanged", "SetBucket",
+    "SetRoute", "Share", "TopicAction", "Unmanage", "forwarding_first", "handoff", "phases",
+    "same_bucket",
 ]  # fmt: skip
+
+
+class TopicAction(Protocol):
+    """What every action has: the topic it is about (the service groups and serialises
+    a topic's changes by it)."""
+
+    @property
+    def topic(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +97,7 @@ class DropRoute:
     topic: str
 
 
+#: Every one a ``TopicAction``: it names its topic.
 Action = SetBucket | Hold | PlanChanged | Migrate | Unmanage | SetRoute | DropRoute
 
 
@@ -138,7 +148,7 @@ def forwarding_first(
 
 
 @dataclass(frozen=True, slots=True)
-class Handover:
+class Handoff:
     """A topic's change that moves share from one broker to one other: the source's
     decrease hands what it gave up to the destination over their relay link (a HANDOFF
     after all it forwarded there before), carrying the source's forwarding route."""
@@ -149,10 +159,10 @@ class Handover:
     route: SetRoute | None
 
 
-def handover(
+def handoff(
     down: list[SetBucket | Hold], up: list[SetBucket], first: list[SetRoute | DropRoute]
-) -> tuple[Handover | None, list[SetRoute | DropRoute]]:
-    """The handover of one topic's change (``phases``' ``down`` and ``up``, the routes
+) -> tuple[Handoff | None, list[SetRoute | DropRoute]]:
+    """The handoff of one topic's change (``phases``' ``down`` and ``up``, the routes
     ``forwarding_first`` puts before), and the routes still pushed on their own first.
 
     One when exactly one broker's live share shrinks and exactly one other's grows, by
@@ -176,7 +186,7 @@ def handover(
         return None, first
     carried = [r for r in first if isinstance(r, SetRoute) and r.broker == source.broker]
     route = carried[0] if len(carried) == 1 else None
-    return Handover(source, dest, route), [r for r in first if r is not route]
+    return Handoff(source, dest, route), [r for r in first if r is not route]
 
 
 def _within(need: float, freed: float) -> bool:

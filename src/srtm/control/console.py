@@ -31,7 +31,8 @@ from srtm.control.validate import ControlError
 from srtm.ratelimit import BucketParams
 
 if TYPE_CHECKING:
-    from srtm.control.state import BrokerInfo, Controller, TopicState
+    from srtm.control.model import BrokerInfo, TopicState
+    from srtm.control.state import Controller
 
 #: The page's files (package data), by the name ``GET /ui/{asset}`` serves them under.
 ASSETS = {"console.js": "text/javascript", "console.css": "text/css"}
@@ -251,7 +252,7 @@ def _topic(
         "brokers": shares,
         "drl": drl.get(name, _NOT_YET),
         "adaptor": _adaptor(t, now),
-        "fitting": t.fitting,
+        "fitting": None if t.fitting is None else t.fitting.to_json(),
         "events": t.events[-EVENTS_PER_TOPIC:],
     }  # fmt: skip
 

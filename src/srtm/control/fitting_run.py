@@ -11,12 +11,11 @@ publishing throughout.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict
 from typing import Any
 
 from srtm.control.actions import Action
+from srtm.control.model import FitState, FittingProgress
 from srtm.control.state import Controller
 from srtm.placement import Finished, Fitting, Predict, RoundResult
 from srtm.placement.fitting import Command, FitOutcome, Profile, UseBrokers
@@ -67,8 +66,7 @@ async def fit_topic(
     With ``predict`` (model-assisted fitting) rounds confirm the model's placement."""
     state = ctrl.topics[topic]
     fleet = ctrl.fleet(exclude=topic)  # the topic is placed again whole: not its own plan
-    progress: dict[str, Any] = {"state": "running", "iteration": 0, "round": 0, "rounds": [],
-                                "steps": [], "full": []}  # fmt: skip
+    progress = FittingProgress(started=True)
     state.fitting = progress
 
     def setup() -> tuple[Fitting, list[Command]]:
@@ -94,9 +92,9 @@ async def fit_topic(
                     + ("" if done.outcome is FitOutcome.FITTED else f" ({done.outcome.value})"),
                 )
             )
-            progress["state"] = "done"
-            progress["outcome"] = done.outcome.value
-            progress["note"] = done.note
+            progress.state = FitState.DONE
+            progress.outcome = done.outcome
+            progress.note = done.note
             if done.note:
                 ctrl.topics[topic].events.append(f"fitting {done.outcome.value}: {done.note}")
             return done
@@ -115,22 +113,15 @@ def _round_note(fitting: Fitting) -> str:
     return f"fitting: iteration {len(fitting.rounds)}, round {fitting.rounds[-1] + 1}"
 
 
-def _note(progress: dict[str, Any], fitting: Fitting, cmds: Sequence[Command]) -> None:
-    progress["iteration"] = len(fitting.rounds)
-    progress["round"] = fitting.rounds[-1] if fitting.rounds else 0
-    progress["rounds"] = list(fitting.rounds)
-    progress["full"] = sorted(fitting.full)
-    progress["steps"] = [
-        asdict(s) | {"verdict": s.verdict.value, "p99_ms": _finite(s.p99_ms)}
-        for s in fitting.history
-    ]
+def _note(progress: FittingProgress, fitting: Fitting, cmds: Sequence[Command]) -> None:
+    progress.iteration = len(fitting.rounds)
+    progress.round = fitting.rounds[-1] if fitting.rounds else 0
+    progress.rounds = list(fitting.rounds)
+    progress.full = sorted(fitting.full)
+    progress.steps = list(fitting.history)
     for c in cmds:
         if isinstance(c, UseBrokers):
-            progress["iteration_brokers"] = list(c.brokers)
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
+            progress.iteration_brokers = list(c.brokers)
 
 
 def as_result(doc: Mapping[str, Any]) -> RoundResult:

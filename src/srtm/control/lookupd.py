@@ -16,7 +16,8 @@ from srtm.protocol import is_valid_name
 from srtm.version import NSQD_VERSION
 
 if TYPE_CHECKING:
-    from srtm.control.state import BrokerInfo, Controller
+    from srtm.control.model import BrokerInfo
+    from srtm.control.state import Controller
 
 #: nsqlookupd's (and nsqd's) mark on a v1 answer.
 NSQ_CONTENT_TYPE = "nsq; version=1.0"

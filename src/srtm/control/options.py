@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from srtm.config import setting
-from srtm.control.state import MAX_PUBLISHERS
+from srtm.control.model import MAX_PUBLISHERS
 from srtm.placement import AdaptorSettings
 from srtm.placement.rebalance import RebalanceSettings
 

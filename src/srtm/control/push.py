@@ -19,7 +19,7 @@ from yarl import URL
 from srtm.control.actions import (
     Action,
     DropRoute,
-    Handover,
+    Handoff,
     Hold,
     Migrate,
     PlanChanged,
@@ -27,11 +27,12 @@ from srtm.control.actions import (
     SetRoute,
     Unmanage,
     forwarding_first,
-    handover,
+    handoff,
     phases,
 )
 from srtm.control.fitting_run import as_result
-from srtm.control.state import BrokerInfo, Controller
+from srtm.control.model import BrokerInfo
+from srtm.control.state import Controller
 from srtm.placement import RoundResult
 from srtm.security import bearer_header
 
@@ -106,7 +107,7 @@ class Pusher:
             # source's decrease (with its forwarding route, one step) hands the share
             # over on their relay link, so what it forwards is shaped at once, not held
             # there until our own increase push (docs/controller.md, "Push order").
-            plan, rest = handover(down, up, first)
+            plan, rest = handoff(down, up, first)
             push = None if plan is None else await self._arm(plan)
             if push is not None:
                 first = rest
@@ -132,9 +133,9 @@ class Pusher:
         topic = self.ctrl.topics.get(action.topic)
         return topic is not None and topic.buckets.get(action.broker) == action.bucket
 
-    async def _arm(self, plan: Handover) -> _HandoffPush | None:
+    async def _arm(self, plan: Handoff) -> _HandoffPush | None:
         """Arm the destination of ``plan`` with its new share under a fresh token; None
-        if it did not take it (the change then goes as without a handover)."""
+        if it did not take it (the change then goes as without a handoff)."""
         dest = plan.dest
         info = self.ctrl.brokers.get(dest.broker)
         if info is None or info.down:
@@ -311,10 +312,10 @@ class Pusher:
 
 @dataclass(frozen=True, slots=True)
 class _HandoffPush:
-    """A handover with its destination armed: where the source sends HANDOFF, and the
+    """A handoff with its destination armed: where the source sends HANDOFF, and the
     token it carries."""
 
-    plan: Handover
+    plan: Handoff
     to: str
     token: str
 

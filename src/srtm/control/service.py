@@ -19,6 +19,7 @@ from srtm.control.actions import Action, Hold, PlanChanged, SetBucket
 from srtm.control.api import make_app
 from srtm.control.elastic import Elastic, ElasticStep
 from srtm.control.fitting_run import fit_topic
+from srtm.control.model import FitState, FittingProgress
 from srtm.control.options import ControllerOptions
 from srtm.control.provision import (
     CommandProvisioner,
@@ -28,7 +29,7 @@ from srtm.control.provision import (
 )
 from srtm.control.push import Pusher
 from srtm.control.state import Controller
-from srtm.control.store import Store
+from srtm.control.store import SqliteStore, StateStore, load_state
 from srtm.control.store_writer import StoreWriter
 from srtm.control.utility import UtilityControl, UtilitySettings
 from srtm.jsondoc import parse as parse_json
@@ -59,10 +60,10 @@ class ControllerService:
             max_publishers=opts.max_publishers,
             forward_grace_s=opts.forward_grace_s,
         )
-        self.store = Store(opts.db)
+        self.store: StateStore = SqliteStore(opts.db)
         self.writer = StoreWriter(self.ctrl, self.store)
         self.ctrl.registry.tombstone_s = opts.tombstone_s
-        saved = self.store.load()
+        saved = load_state(self.store)
         if saved:
             self.ctrl.restore(saved, time.monotonic())
         self.http_address: tuple[str, int] | None = None
@@ -312,10 +313,10 @@ class ControllerService:
         with no share change on its way: mid-change a broker rightly shows a decrease
         not yet followed by its increase, and pushing the plan's value then would
         break the shrink-before-grow order."""
-        todo = [a for a in actions if not self._busy.get(getattr(a, "topic", ""), 0)]
+        todo = [a for a in actions if not self._busy.get(a.topic, 0)]
         for a in todo:
             log.warning("topic %s: broker %s lost its share; putting it back",
-                        getattr(a, "topic", "?"), getattr(a, "broker", "?"))  # fmt: skip
+                        a.topic, getattr(a, "broker", "?"))  # fmt: skip
         if todo:
             self.execute(todo)
 
@@ -348,7 +349,7 @@ class ControllerService:
     def start_fitting(self, topic: str, fit: FitSettings, model: BrokerModel | None) -> None:
         """Online fitting of ``topic`` in the background; its progress is the topic's
         ``fitting`` (running from now on)."""
-        self.ctrl.topics[topic].fitting = {"state": "running"}
+        self.ctrl.topics[topic].fitting = FittingProgress()
         self._spawn(self._fit(topic, fit.window_s, fit.min_samples, fit.settle_s, model))
 
     async def _fit(
@@ -379,7 +380,7 @@ class ControllerService:
             log.exception("fitting %s failed", topic)
             state = self.ctrl.topics[topic].fitting
             if state is not None:
-                state["state"] = "failed"
+                state.state = FitState.FAILED
         await self.save_topic(topic)
 
     def _spawn(self, coro: Awaitable[None]) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from srtm.control.actions import Action, DropRoute, Hold, PlanChanged, SetBucket, SetRoute, Unmanage
 from srtm.control.state import Controller
-from srtm.control.store import BROKERS_KEY, BUCKETS_PREFIX, LEGACY_KEY, TOPIC_PREFIX, Store
+from srtm.control.store import BROKERS_KEY, BUCKETS_PREFIX, LEGACY_KEY, TOPIC_PREFIX, StateStore
 
 log = logging.getLogger("srtm.controller")
 
@@ -28,9 +28,11 @@ WRITE_INTERVAL_S = 0.05
 class StoreWriter:
     """The rows marked since the last batch, and the batch on its way to the thread."""
 
-    def __init__(self, ctrl: Controller, store: Store) -> None:
+    def __init__(self, ctrl: Controller, store: StateStore) -> None:
         self.ctrl = ctrl
         self.store = store
+        #: The file holds the old single ``controller`` row: the first write replaces it.
+        self._legacy = store.get(LEGACY_KEY) is not None
         #: SQLite writes leave the event loop, in order, in this one thread: the batch
         #: being written, and the one that gathers rows marked meanwhile (``mark``).
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="srtm-store")
@@ -113,8 +115,8 @@ class StoreWriter:
         topics, buckets = self._dirty_topics, self._dirty_buckets
         self._dirty_topics, self._dirty_buckets = set(), set()
         rows: list[tuple[str, str | None]] = []
-        if self.store.legacy:  # an old file's single row: replaced by rows, all of them
-            self.store.legacy = False
+        if self._legacy:  # an old file's single row: replaced by rows, all of them
+            self._legacy = False
             topics |= set(self.ctrl.topics)
             self._dirty_brokers = True
             rows.append((LEGACY_KEY, None))

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from srtm.control.actions import Action
-from srtm.control.state import BrokerInfo, Controller
+from srtm.control.model import BrokerInfo, TopicAllocation
+from srtm.control.state import Controller
 from srtm.utility import cost
 from srtm.utility.cluster import (
     FlowCosts,
@@ -82,8 +83,7 @@ def flagged(ctrl: Controller) -> dict[str, frozenset[str]]:
     broker's own ``--cpu-congested`` and ``--egress-max``)."""
     out = {}
     for info in ctrl.up():
-        flags = (info.resources or {}).get("congested") or {}
-        hot = frozenset(r for r, on in flags.items() if on is True)
+        hot = frozenset() if info.resources is None else info.resources.congested
         if hot:
             out[info.id] = hot
     return out
@@ -170,7 +170,7 @@ class UtilityControl:
             self.corrected_at[info.id] = info.reports_seen
             model = self.broker_model(info.id)
             predicted = model.predict(reported_topics(ctrl, info))
-            measured = float(info.resources.get("cpu", 0.0))
+            measured = info.resources.cpu
             self.models[info.id] = cost.correct(model, measured, predicted)
 
     def costs(self, ctrl: Controller, name: str, buckets: dict[str, float]) -> FlowCosts:
@@ -217,9 +217,9 @@ class UtilityControl:
             if topic is None:
                 continue
             rate = alloc.rates[f.name]
-            topic.allocation = flow_doc(f, rate, alloc.admitted) | {
-                "t_s": t_s, "feasible": alloc.feasible,
-            }  # fmt: skip
+            topic.allocation = TopicAllocation(
+                **flow_doc(f, rate, alloc.admitted), t_s=t_s, feasible=alloc.feasible
+            )
             actions += ctrl.set_rate(f.name, rate)
             if f.kind is FlowKind.ONE_TO_MANY:
                 # Most important first: the paper's order of utility per consumer.

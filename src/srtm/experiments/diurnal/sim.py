@@ -12,7 +12,7 @@ midway. Both runs start from the same SRTM placement of the first window's rates
   a ``Spawn`` adds brokers ``spawn_delay_s`` later.
 - **loop off**: the plans never change but for failover.
 - **failover** (both): a killed broker's publishers are re-placed as the controller does
-  (``ControlState._broker_down``: SRTM ``place`` on the surviving brokers' ledger); what
+  (``srtm.control.brokers.broker_down``: SRTM ``place`` on the surviving brokers' ledger); what
   finds no room stays unassigned and its messages are lost.
 
 Per window the fleet is simulated for ``sim_s`` seconds (``srtm.sim.fleet``) with every

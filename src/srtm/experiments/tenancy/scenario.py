@@ -223,7 +223,7 @@ class TenantPlan:
         return replace(part, burst=self.declared.burst)
 
     def resplit(self) -> None:
-        """Sub-buckets by assigned rate, as the controller splits (``_new_plan``)."""
+        """Sub-buckets by assigned rate, as the controller splits (``plans.new_plan``)."""
         self.assignment = {b: ps for b, ps in self.assignment.items() if ps}
         rates = [math.fsum(p.rate for p in ps) for ps in self.assignment.values()]
         spec = self.current()

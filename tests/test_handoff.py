@@ -1,4 +1,4 @@
-"""The handover rule (srtm.control.actions.handover): which share changes of one topic may
+"""The handoff rule (srtm.control.actions.handoff): which share changes of one topic may
 hand the source's share over to the destination on their relay link, and which route the
 source's decrease carries. Pure: actions in, a decision out."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from srtm.control.actions import Hold, SetBucket, SetRoute, forwarding_first, handover, phases
+from srtm.control.actions import Hold, SetBucket, SetRoute, forwarding_first, handoff, phases
 from srtm.ratelimit import BucketParams
 from support import registered, topic_of
 
@@ -21,7 +21,7 @@ def fwd(broker: str, to: str = "d:4150") -> SetRoute:
 def decide(actions: list[Any], routes: list[SetRoute]) -> tuple[Any, list[Any]]:
     down, up = phases(list(actions))
     first, _ = forwarding_first(list(routes), down)
-    plan, rest = handover(down, up, first)
+    plan, rest = handoff(down, up, first)
     return plan, list(rest)
 
 
@@ -42,7 +42,7 @@ def test_a_partial_move_is_handed_over_within_what_the_source_gave_up() -> None:
     assert plan is not None and plan.route is None
 
 
-def test_no_handover_where_the_destination_would_gain_more_than_the_source_gave_up() -> None:
+def test_no_handoff_where_the_destination_would_gain_more_than_the_source_gave_up() -> None:
     shrink = SetBucket("s", "t", BucketParams(40.0, 4.0), FULL)
     assert decide([shrink, SetBucket("d", "t", BucketParams(61.0, 6.0), None)], [])[0] is None
     assert decide([shrink, SetBucket("d", "t", BucketParams(60.0, 7.0), None)], [])[0] is None
@@ -50,7 +50,7 @@ def test_no_handover_where_the_destination_would_gain_more_than_the_source_gave_
     assert decide([Hold("s", "t"), SetBucket("d", "t", FULL, None)], [])[0] is None
 
 
-def test_no_handover_with_two_sources_two_destinations_or_one_broker_both() -> None:
+def test_no_handoff_with_two_sources_two_destinations_or_one_broker_both() -> None:
     two_down = [Hold("s", "t", FULL), Hold("r", "t", FULL), SetBucket("d", "t", FULL, None)]
     assert decide(two_down, [])[0] is None
     half = BucketParams(50.0, 5.0)
@@ -84,5 +84,5 @@ def test_the_controllers_move_names_the_old_share_in_its_hold() -> None:
     # b0 holds at once, or keeps a draining share first: either names what it had.
     assert [a.was for a in holds + shrinks] == [before]
     first, _ = forwarding_first([a for a in actions if isinstance(a, SetRoute)], down)
-    plan, _ = handover(down, up, first)
+    plan, _ = handoff(down, up, first)
     assert plan is not None and plan.dest.broker == "b1"
