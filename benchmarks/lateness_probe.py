@@ -127,7 +127,7 @@ def _broker_main(conn: Any, timed: bool) -> None:
             b = Broker(opts)
             await b.start()
             assert b.tcp_address is not None
-            b.set_bucket("probe", SHAPED_RATE, SHAPED_BURST)
+            b.shares.set_bucket("probe", SHAPED_RATE, SHAPED_BURST)
             gc.collect()
             gc.freeze()
             conn.send(b.tcp_address)

@@ -8,67 +8,48 @@ one module each, none of which imports this one (each is handed what it needs):
 - ``persistence.Persistence``: the disk queues, ``meta.json``, the restart, the save at stop;
 - ``release.Releaser``: the release loop of shaped topics and the emulated server;
 - ``measurement.Measurements``: measurement rounds and the publishers' RTTs;
-- ``stats.BrokerStats``: what publishes and dispatches record.
+- ``stats.BrokerStats``: what publishes and dispatches record;
+- ``relay.Relay``: the routes and the links to other brokers;
+- ``shares.Shares``: the sub-buckets, holds and lease the controller gives;
+- ``handoff.Handoff``: shares handed from one broker to another;
+- ``policing.Policing``: publishes to a topic over its bound;
+- ``takes.Takes``: publishes too big for one loop turn, taken in slices.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import socket
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from srtm.broker.accept import AcceptBackoff, refuse
 from srtm.broker.admission import Admission, NotAdmitted
 from srtm.broker.auth import Authenticator, close_quietly
+from srtm.broker.handoff import Handoff
 from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.persistence import Persistence, SavedTopic
+from srtm.broker.policing import Policing, refuse_over_bound
 from srtm.broker.queue import PUBLISH_SLICE, Record, attempted
-from srtm.broker.relay import Arms, Relay
+from srtm.broker.relay import Relay
 from srtm.broker.release import Releaser
-from srtm.broker.state import Channel, LeaseExpired, LimitReached, Topic
+from srtm.broker.shares import Shares
+from srtm.broker.state import Channel, LimitReached, Topic
 from srtm.broker.stats import BrokerStats
+from srtm.broker.takes import Take, Takes
 from srtm.broker.tcp import Client, enable_kernel_timestamps
 from srtm.broker.tls import identity_keys, server_context
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_valid_name
 from srtm.protocol.header import publisher_of
 from srtm.protocol.session import E_SUB_FAILED
-from srtm.ratelimit import TokenBucket, check_bucket
-from srtm.ratelimit.overflow import Bound, OverflowPolicy, check_bound, refusal
+from srtm.ratelimit.overflow import check_bound
 
 log = logging.getLogger("srtm.broker")
-
-
-#: How long the slices of sliced publishes should take per loop turn, all together (s):
-#: answering /ping takes a few turns; a first slice's size, and the smallest.
-_SLICE_S = 0.002
-_FIRST_SLICE = 512
-_MIN_SLICE = 64
-#: The collector's oldest generation is looked at after this many middle ones (CPython's
-#: default), and while publishes are taken in slices (never, in practice: 7 billion
-#: allocations).
-_GEN2_THRESHOLD = gc.get_threshold()[2]
-_TAKE_GEN2_THRESHOLD = 1_000_000
-
-
-@dataclass(eq=False)
-class _Take:
-    """A publish taken in slices (``Broker._take_in_slices``): ``taken`` messages so far,
-    and the writes their OK waits for."""
-
-    topic: Topic
-    bodies: list[bytes]
-    arrival: int
-    publisher: str | None
-    taken: int = 0
-    writes: list[asyncio.Future[Any]] = field(default_factory=list)
 
 
 class Broker:
@@ -119,29 +100,20 @@ class Broker:
         #: Connections closed at once because ``max_connections`` were open.
         self.refused_connections = 0
         self.stopped = asyncio.Event()
-        #: With a controller: the monotonic time (s) until which its last word lets this
-        #: broker shape by the sub-buckets it was given (``lease_ok``); None: no lease
-        #: yet, or it lapsed and the broker has not registered again.
-        self.lease_until: float | None = None
         # The parts (see the module's docstring), each handed what it needs.
         self.persistence = Persistence(self.options, self, self._disk_readable)
+        self.shares = Shares(self)
         self.releaser = Releaser(
             self.options, self.topics, self.stats, self.mark_ready, self._dispatch,
-            self.lease_ok,
+            self.shares.lease_ok,
         )  # fmt: skip
         self.measurements = Measurements()
-        #: Forwarding and replication routes, and the links to other brokers.
         self.relay = Relay(self)
         #: What proves a relay link or a consumer class (docs/security.md, "Identities").
         self.keys = identity_keys(self.options, self.relay.security.secret)
-        #: Shares armed for a handoff from another broker (``arm``, ``take_handoff``).
-        self.arms = Arms()
-        #: Publishes being taken in slices, and the tasks taking them.
-        self._takes: dict[_Take, asyncio.Task[None]] = {}
-        #: Per topic over its bound under ``block``: the connections not read until it is
-        #: within it again, and the timer that looks again (``_recheck_blocked``).
-        self.blocked: dict[str, set[Client]] = {}
-        self._block_timers: dict[str, asyncio.TimerHandle] = {}
+        self.handoff = Handoff(self.relay, self.shares.set_bucket)
+        self.policing = Policing(self.topics, self.topic, self.persistence.save_meta)
+        self.takes = Takes(self.topics, self._put)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -198,7 +170,7 @@ class Broker:
         for client in list(self.clients):
             client.close()  # in-flight messages go back to their channel's queue
         self.releaser.processed(None)  # what the emulated server still holds is owed too
-        self._finish_takes()
+        self.takes.finish()
         await self.persistence.persist()
         await close_quietly(self.authenticator)
         if self.traces is not None:
@@ -346,7 +318,8 @@ class Broker:
         rolled = time.monotonic()
         while True:
             await asyncio.sleep(0.1)
-            self.lease_ok()  # a lapsed lease holds shaped topics even with nothing to release
+            # A lapsed lease holds shaped topics even with nothing to release.
+            self.shares.lease_ok()
             recorders = self.stats.pending_recorders()
             for rec in recorders:
                 rec.flush()
@@ -554,129 +527,6 @@ class Broker:
         if not topic.ephemeral:
             self.persistence.save_meta()
 
-    def set_bucket(
-        self, topic_name: str, rate: float, burst: float, leased: bool = False
-    ) -> TokenBucket:
-        """Give a topic its sub-bucket, or retune it keeping its state; what already waits
-        is paced by the new parameters from now on. Refused (LeaseExpired) while this
-        broker's lease has lapsed, unless ``leased`` (it comes with a new lease)."""
-        check_bucket(rate, burst)  # a bad pair creates no topic
-        if not leased and not self.lease_ok():
-            raise LeaseExpired("this broker's lease lapsed: it takes shares again once registered")
-        self.arms.clear(topic_name)  # the controller's word replaces an armed share
-        topic = self.topic(topic_name)
-        bucket = topic.shape(rate, burst, time.time_ns)
-        self.releaser.shaped[topic_name] = topic
-        self.persistence.save_meta()
-        self.releaser.kick(topic)
-        return bucket
-
-    def arm(self, topic_name: str, rate: float, burst: float, token: str) -> None:
-        """Keep ``(rate, burst)`` for ``topic_name`` until a relay link hands it over with
-        ``token`` (``take_handoff``); nothing changes here until then. Replaces an armed
-        share of the topic; lapses after ``relay.ARM_TTL_S``."""
-        check_bucket(rate, burst)
-        self.arms.arm(topic_name, rate, burst, token, time.monotonic())
-
-    def take_handoff(self, topic_name: str, token: str) -> bool:
-        """A relay link's HANDOFF: the broker that sent it gave up the share armed here
-        under ``token``; apply it as the controller's ``set_bucket`` would (lease rules
-        included). An unknown, spent or lapsed token does nothing (logged)."""
-        armed = self.arms.take(topic_name, token, time.monotonic())
-        if armed is None:
-            log.info("topic %s: a handoff with no matching armed share ignored", topic_name)
-            return False
-        try:
-            self.set_bucket(topic_name, *armed)
-        except (LeaseExpired, ValueError, OverflowError, ProtocolError) as exc:
-            log.warning("topic %s: handed-over share %r not applied: %s", topic_name, armed, exc)
-            return False
-        return True
-
-    # -- the controller's lease (see docs/broker.md, "No holes in (r, b)") -------------------
-    @property
-    def leased(self) -> bool:
-        """Whether this broker's shares come with a lease (it runs with a controller)."""
-        return bool(self.options.controller)
-
-    def lease_ok(self) -> bool:
-        """May this broker shape by its sub-buckets now? Always without a controller.
-        With one, only while the lease its controller granted runs: past it, the
-        controller may have marked this broker down and given its shares to others, so
-        every shaped topic is held until the broker registers again (checked where it
-        matters, before releasing and answering /stats, so a broker resumed after
-        SIGSTOP never uses or shows a stale bucket)."""
-        if not self.leased:
-            return True
-        until = self.lease_until
-        if until is not None and time.monotonic() < until:
-            return True
-        if until is not None:
-            self.lease_until = None
-            shaped = [t for t in self.topics.values() if t.bucket is not None]
-            log.warning(
-                "no word from the controller for the lease: %d shaped topics held until "
-                "this broker registers again",
-                len(shaped),
-            )
-            for topic in shaped:
-                self.hold_topic(topic.name)
-        return False
-
-    def renew_lease(self, since: float, lease_s: float) -> None:
-        """The controller answered a request sent at ``since`` (monotonic s): shares may
-        be used until ``since + lease_s``."""
-        self.lease_until = since + lease_s
-
-    def apply_shares(
-        self,
-        buckets: dict[str, tuple[float, float]],
-        held: list[str],
-        bounds: dict[str, Bound] | None = None,
-    ) -> None:
-        """What a registration answer says this broker carries: these sub-buckets (with
-        their topics' bounds), and a hold on these other managed topics. Any other topic
-        keeps its state."""
-        for name in held:
-            if is_valid_name(name):
-                self.hold_topic(name)
-        for name, (rate, burst) in buckets.items():
-            try:
-                self.set_bucket(name, rate, burst, leased=True)
-            except (ValueError, OverflowError, ProtocolError) as exc:
-                log.error("topic %s: bucket %r from the controller refused: %s",
-                          name, (rate, burst), exc)  # fmt: skip
-                continue
-            if bounds is not None and name in bounds:
-                self.set_bound(name, bounds[name])
-
-    def hold_topic(self, topic_name: str) -> None:
-        """The topic is managed but this broker has no share of it: what comes is kept
-        (acknowledged, queued, spilled to disk like any message) and released by the
-        sub-bucket that comes next, or at once if the topic is unmanaged. Creates it."""
-        topic = self.topic(topic_name)
-        topic.hold()
-        self.arms.clear(topic_name)
-        self.releaser.shaped.pop(topic_name, None)
-        self.persistence.save_meta()
-
-    def clear_bucket(self, topic_name: str) -> None:
-        """Unmanage the topic (no share, no hold): what waits is released at once."""
-        topic = self.topics[topic_name]
-        topic.unshape()
-        self.arms.clear(topic_name)
-        self.releaser.shaped.pop(topic_name, None)
-        self.persistence.save_meta()
-        self.releaser.release_all(topic)
-
-    def managed(self, topic_name: str) -> bool:
-        """Whether the controller manages the topic here: it has a sub-bucket, a hold or
-        a relay route (a topic it does not have is not)."""
-        topic = self.topics.get(topic_name)
-        if topic is None:
-            return False
-        return topic.bucket is not None or topic.on_hold or topic_name in self.relay.routes
-
     def pause_topic(self, name: str, paused: bool) -> None:
         topic = self.topics[name]
         topic.set_paused(paused, time.time_ns())
@@ -711,48 +561,20 @@ class Broker:
             return self.relay.publish(topic_name, bodies, arrival, publisher, client)
         topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
         bodies = bodies if isinstance(bodies, list) else list(bodies)
-        self._refuse_over_bound(topic, len(bodies), arrival)
+        refuse_over_bound(topic, len(bodies), arrival)
         done: asyncio.Future[Any] | None
         if len(bodies) > PUBLISH_SLICE:
-            done = self._take_in_slices(_Take(topic, bodies, arrival, publisher))
+            done = self.takes.take(Take(topic, bodies, arrival, publisher))
         else:
             done = self._put(topic, bodies, arrival, publisher)
-        self._block_over_bound(topic, client)
+        self.policing.block_over_bound(topic, client)
         return done
-
-    def _refuse_over_bound(
-        self, topic: Topic, n: int, arrival: int, code: str = errors.E_PUB_FAILED
-    ) -> None:
-        """Under ``refuse``, a publish to a topic over its bound fails whole (before any
-        of it is taken, so that a publish taken in slices is never refused half-way)."""
-        bound = topic.bound
-        if bound is None or topic.meter is None or bound.overflow is not OverflowPolicy.REFUSE:
-            return
-        over = topic.over_bound_ns(arrival)
-        if over > 0:
-            topic.refused_over_bound += n
-            why = refusal(topic.name, over + bound.max_wait_ns, bound)
-            verb = code.removeprefix("E_").removesuffix("_FAILED")
-            raise ProtocolError(code, f"{verb} failed: {why}")
-
-    def _block_over_bound(self, topic: Topic, client: Client | None) -> None:
-        """Under ``block``, the connection of a publish that left its topic over the
-        bound is not read until the topic is within it again."""
-        bound = topic.bound
-        if bound is None or topic.meter is None or client is None:
-            return
-        if bound.overflow is not OverflowPolicy.BLOCK:
-            return
-        over = topic.over_bound_ns(time.time_ns())
-        # A relay link carries other topics too (and what it brings was acknowledged at
-        # the broker it came from): it is never blocked, it counts toward the bound.
-        if over > 0 and client.identity.get("srtm_relay") is not True:
-            self._block(client, topic.name, over)
 
     def _put(
         self, topic: Topic, bodies: list[bytes], arrival: int, publisher: str | None
     ) -> asyncio.Future[Any] | None:
-        """``publish``'s work, in one go (at most ``PUBLISH_SLICE`` messages)."""
+        """``publish``'s work, in one go (at most ``PUBLISH_SLICE`` messages; more are
+        taken in slices of it, ``Takes``)."""
         pushed = self.persistence.pushed
         pushed.clear()
         n = len(bodies)
@@ -765,71 +587,6 @@ class Broker:
         if pushed:
             return self.persistence.write_through()
         return None
-
-    def _take_in_slices(self, take: _Take) -> asyncio.Future[Any]:
-        """A publish of more than ``PUBLISH_SLICE`` messages: one slice now, one per loop
-        turn after, sized so that the slices of all such publishes take about
-        ``_SLICE_S`` per turn together, so that the loop serves everyone else in between
-        (one 5 MiB MPUB is a million messages: seconds of work in one turn; shaped, each
-        is booked on the meter on its own). Whatever was checked before the first slice
-        holds for all: none is refused once the first is taken. Returns a future done
-        once every slice is taken and written, as ``publish``'s."""
-        if not self._takes:
-            # While a million-message publish is taken, a full collection walks every
-            # element of its list of bodies and of the disk queue's buffer of records
-            # (40-50 ms, a few times per MPUB, though the oldest generation held 3,600
-            # objects). Both are gone once it is taken and written; the young
-            # generations go on as ever (disabling the collector instead left one young
-            # collection of everything at the end: 300 ms).
-            young, middle, _ = gc.get_threshold()
-            gc.set_threshold(young, middle, _TAKE_GEN2_THRESHOLD)
-        self._take_slice(take, _FIRST_SLICE)
-        task = asyncio.ensure_future(self._take_rest(take))
-        self._takes[take] = task
-        return task
-
-    def _take_slice(self, take: _Take, n: int) -> None:
-        start, end = take.taken, min(take.taken + n, len(take.bodies))
-        take.taken = end
-        if self.topics.get(take.topic.name) is not take.topic:
-            # Deleted meanwhile: as if deleted after the publish, with what it held.
-            take.taken = len(take.bodies)
-            return
-        written = self._put(take.topic, take.bodies[start:end], take.arrival, take.publisher)
-        if written is not None:
-            take.writes.append(written)
-
-    async def _take_rest(self, take: _Take) -> None:
-        n = _FIRST_SLICE
-        try:
-            while True:
-                await asyncio.sleep(0)  # a loop turn for everyone else
-                if take.taken >= len(take.bodies):  # ``stop`` may have taken the rest
-                    break
-                start = time.perf_counter()
-                self._take_slice(take, n)
-                spent = time.perf_counter() - start
-                # Takes running together share a turn's time (one each per turn).
-                share = _SLICE_S / len(self._takes)
-                n = max(_MIN_SLICE, min(PUBLISH_SLICE, int(n * share / max(spent, 1e-6))))
-            # Written, the records leave the disk queue's buffer; the bodies go now.
-            take.bodies = []
-            if take.writes:
-                await asyncio.gather(*take.writes)
-        finally:
-            self._takes.pop(take, None)
-            if not self._takes:
-                gc.set_threshold(*gc.get_threshold()[:2], _GEN2_THRESHOLD)
-
-    def _finish_takes(self) -> None:
-        """At stop: what sliced publishes have left is taken now, so that each is saved
-        whole (never acknowledged: their connections are closed)."""
-        for take, task in list(self._takes.items()):
-            while take.taken < len(take.bodies):
-                self._take_slice(take, PUBLISH_SLICE)
-            task.cancel()
-        self._takes.clear()
-        gc.set_threshold(*gc.get_threshold()[:2], _GEN2_THRESHOLD)
 
     def publish_deferred(
         self,
@@ -852,7 +609,7 @@ class Broker:
         topic = self._publish_topic(topic_name, "DPUB", errors.E_DPUB_FAILED)
         # Bounded as a PUB is: what waits behind the bucket now is what it joins (a
         # DPUB 0 at once; a longer delay is judged by the wait it would join now).
-        self._refuse_over_bound(topic, 1, arrival, errors.E_DPUB_FAILED)
+        refuse_over_bound(topic, 1, arrival, errors.E_DPUB_FAILED)
         pushed = self.persistence.pushed
         pushed.clear()
         now = time.time_ns()
@@ -864,82 +621,10 @@ class Broker:
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
         self._deferring.add(topic)
         self._tick_topic(topic, now)  # DPUB 0 joins the shaping queue at once
-        self._block_over_bound(topic, client)
+        self.policing.block_over_bound(topic, client)
         if pushed:
             return self.persistence.write_through()
         return None
-
-    # -- policing: topics over their bound (srtm.ratelimit.overflow) ---------------------------
-    def set_bound(self, topic_name: str, bound: Bound | None) -> None:
-        """The topic's bound and overflow policy (it acts while the topic is shaped);
-        connections it blocked are looked at again at once."""
-        topic = self.topic(topic_name)
-        if topic.bound != bound:
-            topic.bound = bound
-            self.persistence.save_meta()
-        if topic_name in self.blocked:
-            self._recheck_blocked(topic_name)
-
-    def _block(self, client: Client, topic_name: str, over_ns: int) -> None:
-        """``block``: ``client`` published to a topic now over its bound by ``over_ns``:
-        not read until the topic is within it again."""
-        client.block_reads()
-        self.blocked.setdefault(topic_name, set()).add(client)
-        if topic_name not in self._block_timers:
-            self._arm_recheck(topic_name, over_ns)
-
-    def _arm_recheck(self, topic_name: str, over_ns: int) -> None:
-        # The wait falls as time passes: look again when it should be within the bound,
-        # and at least every second (a retuned, unshaped, held or deleted topic, a
-        # closed connection: nobody stays blocked for a stale reason).
-        delay = min(max(over_ns, 0) / 1e9, 1.0) + 0.001
-        loop = asyncio.get_running_loop()
-        self._block_timers[topic_name] = loop.call_later(delay, self._recheck_blocked, topic_name)
-
-    def _recheck_blocked(self, topic_name: str) -> None:
-        timer = self._block_timers.pop(topic_name, None)
-        if timer is not None:
-            timer.cancel()
-        clients = self.blocked.get(topic_name)
-        if not clients:
-            self.blocked.pop(topic_name, None)
-            return
-        topic = self.topics.get(topic_name)
-        over = 0
-        if (
-            topic is not None
-            and topic.bound is not None
-            and topic.bound.overflow is OverflowPolicy.BLOCK
-        ):
-            over = topic.over_bound_ns(time.time_ns())
-        live = {c for c in clients if not c.finishing}
-        if over > 0 and live:
-            self.blocked[topic_name] = live
-            self._arm_recheck(topic_name, over)
-            return
-        del self.blocked[topic_name]
-        for client in live:
-            if not any(client in cs for cs in self.blocked.values()):
-                client.unblock_reads()
-
-    async def within_bound(self, topic_name: str) -> None:
-        """HTTP's ``block``: the publish (and its answer) waits until the topic is within
-        its bound, as a TCP publisher's reads do; past ``max_wait_ms`` more of waiting,
-        E_PUB_FAILED naming the limit (HTTP 503)."""
-        topic = self.topics.get(topic_name)
-        bound = None if topic is None else topic.bound
-        if topic is None or topic.meter is None or bound is None:
-            return
-        if bound.overflow is not OverflowPolicy.BLOCK:
-            return
-        give_up = time.monotonic() + bound.max_wait_ms / 1000
-        while (over := topic.over_bound_ns(time.time_ns())) > 0:
-            if time.monotonic() >= give_up:
-                why = refusal(topic_name, over + bound.max_wait_ns, bound)
-                raise ProtocolError(errors.E_PUB_FAILED, f"PUB failed: {why}")
-            await asyncio.sleep(min(over / 1e9, give_up - time.monotonic(), 1.0) + 0.001)
-            if self.topics.get(topic_name) is not topic or topic.bound is not bound:
-                return  # deleted, or its bound changed: published as it is now
 
     def _publish_topic(self, name: str, what: str, limit_code: str) -> Topic:
         """The topic to publish to, or E_PUB_FAILED if it cannot take messages now

@@ -36,6 +36,7 @@ from srtm.protocol.frames import MESSAGE_HEAD as _MESSAGE_HEAD
 from srtm.protocol.session import Keys, Session, SessionSettings, SessionState
 
 if TYPE_CHECKING:
+    from srtm.broker.handoff import Handoff
     from srtm.broker.options import BrokerOptions
     from srtm.broker.state import Channel
     from srtm.broker.stats import BrokerStats
@@ -139,7 +140,8 @@ class BrokerPort(Protocol):
 
     def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel: ...
 
-    def take_handoff(self, topic_name: str, token: str) -> bool: ...
+    @property
+    def handoff(self) -> Handoff: ...
 
     def mark_ready(self, channel: Channel) -> None: ...
 
@@ -424,7 +426,7 @@ class Client:
         self.channel = self.broker.subscribe(topic, channel, self)
 
     def handoff(self, topic: str, token: str) -> None:
-        self.broker.take_handoff(topic, token)
+        self.broker.handoff.take(topic, token)
 
     def ready(self, count: int) -> None:
         if self._paused:
