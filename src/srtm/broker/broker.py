@@ -5,10 +5,13 @@ connections (``srtm.broker.tcp``) and the HTTP API (``srtm.broker.http``) call, 
 messages to consumers and runs the background tasks. The rest is done by parts it owns,
 one module each, none of which imports this one (each is handed what it needs):
 
-- ``persistence.Persistence``: the disk queues, ``meta.json``, the restart, the save at stop;
+- ``persistence.Persistence``: the disk queues, ``meta.json``, the save at stop;
+- ``restart.restore``: what the last run saved, put back in place at start;
 - ``release.Releaser``: the release loop of shaped topics and the emulated server;
 - ``measurement.Measurements``: measurement rounds and the publishers' RTTs;
 - ``stats.BrokerStats``: what publishes and dispatches record;
+- ``dispatch.Dispatcher``: a channel's dispatch to its consumers, and what it records;
+- ``scan.Scan``: deferred messages that came due, in-flight messages that timed out;
 - ``relay.Relay``: the routes and the links to other brokers;
 - ``shares.Shares``: the sub-buckets, holds and lease the controller gives;
 - ``handoff.Handoff``: shares handed from one broker to another;
@@ -22,21 +25,24 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from srtm.broker.accept import AcceptBackoff, refuse
 from srtm.broker.admission import Admission, NotAdmitted
 from srtm.broker.auth import Authenticator, close_quietly
+from srtm.broker.dispatch import Dispatcher
 from srtm.broker.handoff import Handoff
 from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
-from srtm.broker.persistence import Persistence, SavedTopic
+from srtm.broker.persistence import Persistence
 from srtm.broker.policing import Policing, refuse_over_bound
-from srtm.broker.queue import PUBLISH_SLICE, Record, attempted
+from srtm.broker.queue import PUBLISH_SLICE
 from srtm.broker.relay import Relay
 from srtm.broker.release import Releaser
+from srtm.broker.restart import restore
+from srtm.broker.scan import Scan
 from srtm.broker.shares import Shares
 from srtm.broker.state import Channel, LimitReached, Topic
 from srtm.broker.stats import BrokerStats
@@ -47,7 +53,6 @@ from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_valid_name
 from srtm.protocol.header import publisher_of
 from srtm.protocol.session import E_SUB_FAILED
-from srtm.ratelimit.overflow import check_bound
 
 log = logging.getLogger("srtm.broker")
 
@@ -86,12 +91,7 @@ class Broker:
             if self.options.auth_http_address
             else None
         )
-        self.traces: TraceWriter | None = None
         self._dirty: set[Channel] = set()
-        #: Channels with deferred messages or in-flight deadlines: all that _scan visits.
-        self._timed: set[Channel] = set()
-        #: Topics with deferred messages (DPUB): the scan moves them on when due.
-        self._deferring: set[Topic] = set()
         self._flush_scheduled = False
         self._tasks: list[asyncio.Task[None]] = []
         self._listener: socket.socket | None = None
@@ -103,26 +103,29 @@ class Broker:
         # The parts (see the module's docstring), each handed what it needs.
         self.persistence = Persistence(self.options, self, self._disk_readable)
         self.shares = Shares(self)
+        self.measurements = Measurements()
+        emulated = self.options.capacity > 0
+        self.dispatcher = Dispatcher(self.topics, self.stats, self.measurements, emulated)
         self.releaser = Releaser(
-            self.options, self.topics, self.stats, self.mark_ready, self._dispatch,
+            self.options, self.topics, self.stats, self.mark_ready, self.dispatcher.dispatch,
             self.shares.lease_ok,
         )  # fmt: skip
-        self.measurements = Measurements()
         self.relay = Relay(self)
         #: What proves a relay link or a consumer class (docs/security.md, "Identities").
         self.keys = identity_keys(self.options, self.relay.security.secret)
         self.handoff = Handoff(self.relay, self.shares.set_bucket)
         self.policing = Policing(self.topics, self.topic, self.persistence.save_meta)
         self.takes = Takes(self.topics, self._put)
+        self.scan = Scan(self.topics, self.mark_ready, self.releaser.kick)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         opts = self.options
         opts.data_dir.mkdir(parents=True, exist_ok=True)
-        self._restore()
+        restore(self)
         self.persistence.serve()
         if opts.trace_dir is not None:
-            self.traces = TraceWriter(
+            self.dispatcher.traces = TraceWriter(
                 opts.trace_dir, opts.run, str(opts.broker_id), opts.trace_sample
             )
         listener = socket.create_server((opts.tcp_host, opts.tcp_port))
@@ -135,7 +138,7 @@ class Broker:
         self.tcp_address = listener.getsockname()[:2]
         self._tasks = [
             asyncio.create_task(self._accept_loop(listener), name="srtm-accept"),
-            asyncio.create_task(self._scan_loop(), name="srtm-scan"),
+            asyncio.create_task(self.scan.run(opts.scan_interval_ms / 1000), name="srtm-scan"),
             asyncio.create_task(self._housekeeping_loop(), name="srtm-housekeeping"),
         ]
         self.releaser.start()
@@ -173,62 +176,9 @@ class Broker:
         self.takes.finish()
         await self.persistence.persist()
         await close_quietly(self.authenticator)
-        if self.traces is not None:
-            await self.traces.close()
+        if (traces := self.dispatcher.traces) is not None:
+            await traces.close()
         self.stopped.set()
-
-    def _restore(self) -> None:
-        """Topics, channels and the messages they held, as the last run left them."""
-        saved = self.persistence.load()
-        self.persistence.restoring = True
-        self.ids = MessageIds(self.options.broker_id, max(saved.next_id, self.ids.last + 1))
-        now = time.time_ns()
-        for t in saved.topics:
-            self._restore_topic(t, now)
-        self.persistence.restoring = False
-        self.relay.restore(saved.routes, saved.saved_at_s)
-        self.persistence.save_meta()
-        restored = sum(
-            t.depth
-            + t.deferred_count
-            + sum(c.depth + c.deferred_count for c in t.channels.values())
-            for t in self.topics.values()
-        )
-        if restored:
-            log.info("restored %d messages from %s", restored, self.options.data_dir)
-
-    def _restore_topic(self, saved: SavedTopic, now: int) -> None:
-        topic = self.topic(saved.name)
-        topic.paused = saved.paused
-        if isinstance(saved.bound, dict):
-            try:
-                b = saved.bound
-                topic.bound = check_bound(b.get("max_wait_ms"), b.get("overflow"))
-            except ValueError as exc:
-                log.error("topic %s: saved bound %r ignored (%s)", topic.name, saved.bound, exc)
-        # What waited for tokens is booked again, not as if it arrived before this
-        # run: a restart must not burst.
-        topic.book_not_before_ns = now
-        bucket = saved.bucket
-        if (bucket or saved.held) and self.options.controller:
-            # Its saved share may have been given away meanwhile: held until the
-            # controller, at registration, gives it its shares again.
-            topic.hold()
-        elif saved.held:
-            topic.hold()
-        elif bucket:
-            try:
-                topic.shape(bucket["rate"], bucket["burst"], time.time_ns)
-                self.releaser.shaped[topic.name] = topic
-            except (KeyError, TypeError, ValueError) as exc:
-                log.error("topic %s: saved bucket %r ignored (%s)", topic.name, bucket, exc)
-        for c in saved.channels:
-            ch = self._watched(topic.channel(c.name))
-            ch.paused = c.paused
-            self.persistence.restore_channel(ch)
-        self.persistence.restore_topic(topic)
-        if topic.deferred_count:
-            self._deferring.add(topic)
 
     # -- background tasks ----------------------------------------------------------------
     async def _accept_loop(self, listener: socket.socket) -> None:
@@ -282,35 +232,6 @@ class Broker:
             for client in list(self.clients):
                 client.check_deadlines(now)
 
-    async def _scan_loop(self) -> None:
-        """Deferred messages that came due and in-flight messages that timed out."""
-        interval = self.options.scan_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            self._scan(time.time_ns())
-
-    def _scan(self, now: int) -> None:
-        # A function of its own: no loop variable keeps a deleted topic alive while the
-        # loop sleeps (freeing it later, all at once, stalled the loop). Only channels
-        # with timers are visited: thousands of idle ones cost nothing.
-        for ch in list(self._timed):
-            due = ch.next_due_ns()
-            if due is None:
-                self._timed.discard(ch)  # it puts itself back when it gets a timer
-            elif due <= now and ch.tick(now):
-                self.mark_ready(ch)
-        for topic in list(self._deferring):
-            self._tick_topic(topic, now)
-
-    def _tick_topic(self, topic: Topic, now: int) -> None:
-        """Deferred messages of ``topic`` due by ``now`` join its shaping queue."""
-        if self.topics.get(topic.name) is not topic or not topic.deferred_count:
-            self._deferring.discard(topic)  # deleted, or nothing deferred left
-            return
-        due = topic.next_deferred_ns()
-        if due is not None and due <= now and topic.tick(now):
-            self.releaser.kick(topic)
-
     async def _housekeeping_loop(self) -> None:
         """Every 100 ms, move the measured values of each histogram holding
         ``stats.FLUSH_AT`` or more into it, one histogram per loop turn, so no single step
@@ -329,8 +250,8 @@ class Broker:
                 rolled = time.monotonic()
                 self.measurements.refresh_rtts(self.clients)
                 await self.persistence.housekeep()
-                if self.traces is not None:
-                    self.traces.maybe_roll()
+                if (traces := self.dispatcher.traces) is not None:
+                    traces.maybe_roll()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         """Log a background task's death when it happens, not at the next stop."""
@@ -409,20 +330,12 @@ class Broker:
                 f"of {limit} channels (--max-channels-per-topic)",
                 "TOO_MANY_CHANNELS",
             )
-        ch = self._watched(topic.channel(channel_name))
+        ch = self.scan.watch(topic.channel(channel_name))
         if new:
             self.names_changed.set()
         if new and not ch.ephemeral and not topic.ephemeral:
             self.persistence.save_meta()
         self.mark_ready(ch)
-        return ch
-
-    def _watched(self, ch: Channel) -> Channel:
-        """Have the scan look at ``ch`` whenever it has timers."""
-        if ch.watch is None:
-            ch.watch = self._timed
-            if ch.next_due_ns() is not None:  # what the topic deferred before it existed
-                self._timed.add(ch)
         return ch
 
     def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel:
@@ -496,7 +409,7 @@ class Broker:
             raise KeyError(channel_name)
         ch = topic.channels.pop(channel_name)
         self.names_changed.set()
-        self._timed.discard(ch)
+        self.scan.timed.discard(ch)
         for consumer in list(ch.consumers):
             if isinstance(consumer, Client):
                 consumer.close()
@@ -514,7 +427,7 @@ class Broker:
         self.releaser.shaped.pop(name, None)
         for ch_name in list(topic.channels):
             ch = topic.channels.pop(ch_name)
-            self._timed.discard(ch)
+            self.scan.timed.discard(ch)
             for consumer in list(ch.consumers):
                 if isinstance(consumer, Client):
                     consumer.close()
@@ -522,7 +435,7 @@ class Broker:
         self.persistence.remove(name)
         self.persistence.remove(f"{name}@shaping")
         self.persistence.remove(f"{name}@deferred")
-        self._deferring.discard(topic)
+        self.scan.deferring.discard(topic)
         self.stats.drop_topic(name)
         if not topic.ephemeral:
             self.persistence.save_meta()
@@ -619,8 +532,8 @@ class Broker:
             now + defer_ms * 1_000_000,
         )
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
-        self._deferring.add(topic)
-        self._tick_topic(topic, now)  # DPUB 0 joins the shaping queue at once
+        self.scan.deferring.add(topic)
+        self.scan.tick_topic(topic, now)  # DPUB 0 joins the shaping queue at once
         self.policing.block_over_bound(topic, client)
         if pushed:
             return self.persistence.write_through()
@@ -652,47 +565,9 @@ class Broker:
     def _flush(self) -> None:
         self._flush_scheduled = False
         dirty, self._dirty = self._dirty, set()
+        dispatch = self.dispatcher.dispatch
         for ch in dirty:
-            self._dispatch(ch)
-
-    def _dispatch(self, ch: Channel, send: bool = False) -> None:
-        now = time.time_ns()
-        out = ch.take(now)
-        if not out:
-            return
-        self._account(ch, out, now)
-        for consumer, records in out:
-            assert isinstance(consumer, Client)
-            consumer.send_records(records)
-            if send:
-                consumer.send_now()
-
-    def _account(self, ch: Channel, out: Sequence[tuple[object, list[Record]]], now: int) -> None:
-        """What a dispatch records: stats, traces and measurement rounds. The topic's own
-        figures come from its first channel (each channel gets a copy of every message)."""
-        topic = self.topics.get(ch.topic)
-        if topic is None:
-            return
-        shaped = topic.bucket is not None
-        first_channel = next(iter(topic.channels.values()), None) is ch
-        # with an emulated server, the lateness is measured when it has processed one
-        lateness = shaped and self.releaser.server is None
-        records = out[0][1] if len(out) == 1 else [r for _, rs in out for r in rs]
-        stats = self.stats.topic(ch.topic)
-        unserved = ch.unserved_before_ns
-        stats.dispatched(ch.name, records, now, shaped, first_channel, lateness, unserved)
-        if unserved and not topic.may_hold_before(ch, unserved):
-            ch.unserved_before_ns = 0  # nothing from before its subscriber is left
-        if not first_channel or (self.traces is None and not self.measurements.running):
-            return
-        # Traces and measurement rounds take messages (as sent: attempts counted).
-        sent = [(c, Message(*attempted(r))) for c, rs in out for r in rs]
-        if (traces := self.traces) is not None:
-            for _, msg in sent:
-                if msg.attempts == 1:
-                    traces.add(ch.topic, msg, now)
-        if self.measurements.running:
-            self.measurements.record(ch.topic, sent, now)
+            dispatch(ch)
 
     def _disk_readable(self, key: str) -> None:
         """The disk queue of ``key`` has read or written records ``pop`` can give now:
@@ -710,7 +585,7 @@ class Broker:
                     first.put(msg)
                 self.mark_ready(first)
         elif name.endswith("@deferred"):
-            self._deferring.add(topic)  # the scan takes what was read back when due
+            self.scan.deferring.add(topic)  # the scan takes what was read back when due
         elif not sep:
             self.releaser.kick(topic)
         elif (ch := topic.channels.get(channel)) is not None:
