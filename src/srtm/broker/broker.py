@@ -16,7 +16,9 @@ one module each, none of which imports this one (each is handed what it needs):
 - ``shares.Shares``: the sub-buckets, holds and lease the controller gives;
 - ``handoff.Handoff``: shares handed from one broker to another;
 - ``policing.Policing``: publishes to a topic over its bound;
-- ``takes.Takes``: publishes too big for one loop turn, taken in slices.
+- ``takes.Takes``: publishes too big for one loop turn, taken in slices;
+- ``accept.Acceptor``: the accept loop;
+- ``admission.Admissions``: consumer admission control per topic.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from srtm.broker.accept import AcceptBackoff, refuse
-from srtm.broker.admission import Admission, NotAdmitted
+from srtm.broker.accept import Acceptor, refuse
+from srtm.broker.admission import Admission, Admissions
 from srtm.broker.auth import Authenticator, close_quietly
 from srtm.broker.dispatch import Dispatcher
 from srtm.broker.handoff import Handoff
@@ -70,12 +72,8 @@ class Broker:
         #: lookupd before then looks again only a minute later).
         self.names_changed = asyncio.Event()
         self.clients: set[Client] = set()
-        #: Consumer admission control per topic name (srtm.broker.admission): set before
-        #: or after the topic exists, forgotten once nothing is set and nobody connected.
-        self.admission: dict[str, Admission] = {}
-        #: Per connection refused by admission control: the topics it waits for (it
-        #: counts in their demand until it joins or goes).
-        self._refused: dict[Client, set[str]] = {}
+        #: Consumer admission control per topic name (srtm.broker.admission).
+        self.admission = Admissions()
         #: Bytes sent to connections closed since start (``egress_bytes``).
         self._sent_closed = 0
         self.stats = BrokerStats(self.options.window_seconds)
@@ -94,9 +92,7 @@ class Broker:
         self._dirty: set[Channel] = set()
         self._flush_scheduled = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._listener: socket.socket | None = None
-        #: Why accepting TCP connections fails right now (None: it does not).
-        self.accept_error: str | None = None
+        self.acceptor: Acceptor | None = None
         #: Connections closed at once because ``max_connections`` were open.
         self.refused_connections = 0
         self.stopped = asyncio.Event()
@@ -134,10 +130,10 @@ class Broker:
             # Accepted sockets inherit it, so even bytes that arrive before the accept
             # (a client's first PUB) carry their kernel receive stamp.
             enable_kernel_timestamps(listener)
-        self._listener = listener
+        self.acceptor = Acceptor(listener, self._admit)
         self.tcp_address = listener.getsockname()[:2]
         self._tasks = [
-            asyncio.create_task(self._accept_loop(listener), name="srtm-accept"),
+            asyncio.create_task(self.acceptor.run(), name="srtm-accept"),
             asyncio.create_task(self.scan.run(opts.scan_interval_ms / 1000), name="srtm-scan"),
             asyncio.create_task(self._housekeeping_loop(), name="srtm-housekeeping"),
         ]
@@ -156,7 +152,7 @@ class Broker:
         await self.relay.stop()  # what the links held is accepted here (saved below)
         await self.persistence.stop_meta_writes()
         self.releaser.stop()
-        listener, self._listener = self._listener, None  # tells the accept loop it is over
+        listener = None if self.acceptor is None else self.acceptor.detach()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -181,33 +177,6 @@ class Broker:
         self.stopped.set()
 
     # -- background tasks ----------------------------------------------------------------
-    async def _accept_loop(self, listener: socket.socket) -> None:
-        """Accept clients until stopped. A failed accept never ends it: out of fds or
-        memory it is retried with a backoff (the connection waits in the kernel's
-        backlog meanwhile, and /ping says so); a connection gone before it was
-        accepted is skipped."""
-        loop = asyncio.get_running_loop()
-        backoff = AcceptBackoff()
-        while True:
-            try:
-                sock, _ = await loop.sock_accept(listener)
-            except OSError as exc:
-                if self._listener is None:
-                    return  # closed by stop()
-                delay = backoff.failed(exc)
-                if delay is None:
-                    continue
-                self.accept_error = f"accepting TCP connections fails: {exc}"
-                if backoff.should_log():
-                    log.error("%s; retrying (%d failures so far)", self.accept_error, backoff.count)
-                await asyncio.sleep(delay)
-                continue
-            if self.accept_error is not None:
-                log.warning("accepting TCP connections again after %d failures", backoff.count)
-                self.accept_error = None
-            backoff.reset()
-            self._admit(sock)
-
     def _admit(self, sock: socket.socket) -> None:
         limit = self.options.max_connections
         if limit and len(self.clients) >= limit:
@@ -260,8 +229,8 @@ class Broker:
 
     def health(self) -> str | None:
         """What is wrong with this broker (for /ping), or None."""
-        if self.accept_error is not None:
-            return self.accept_error
+        if self.acceptor is not None and self.acceptor.error is not None:
+            return self.acceptor.error
         for task in self._tasks:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 return f"task {task.get_name()} died: {task.exception()!r}"
@@ -272,12 +241,11 @@ class Broker:
         if client in self.clients:  # counted once
             self.clients.discard(client)
             self._sent_closed += client.sent_bytes
-        for name in self._refused.pop(client, ()):
-            self._stop_waiting(name, client)
+        self.admission.gone(client.consumer_class, client)
         ch = client.channel
         if ch is None:
             return
-        self._leave(ch.topic, client)
+        self.admission.leave(ch.topic, client.consumer_class, client)
         ch.remove_consumer(client)
         topic = self.topics.get(ch.topic)
         if topic is None or topic.channels.get(ch.name) is not ch:
@@ -341,45 +309,16 @@ class Broker:
     def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel:
         """Add ``client`` as a consumer, if its class admits one more (else NotAdmitted,
         and nothing is created)."""
-        klass = client.consumer_class
-        adm = self.admission.get(topic_name)
-        if adm is not None:
-            try:
-                adm.check(klass)
-            except NotAdmitted:
-                adm.refused(klass, client)
-                self._refused.setdefault(client, set()).add(topic_name)
-                raise
+        self.admission.check(topic_name, client.consumer_class, client)
         ch = self.channel(topic_name, channel_name, E_SUB_FAILED)
-        if adm is None:
-            adm = self.admission[topic_name] = Admission(topic_name)
-        adm.join(klass, client)
-        waits = self._refused.get(client)
-        if waits is not None:
-            waits.discard(topic_name)
-            if not waits:
-                del self._refused[client]
+        self.admission.join(topic_name, client.consumer_class, client)
         ch.add_consumer(client, time.time_ns())
         return ch
-
-    def _stop_waiting(self, topic_name: str, client: Client) -> None:
-        adm = self.admission.get(topic_name)
-        if adm is not None:
-            adm.gave_up(client.consumer_class, client)
-            if adm.idle:
-                del self.admission[topic_name]
 
     def egress_bytes(self) -> int:
         """Bytes sent to clients since start (read once per report: the sum over the
         connections open, so the write path only counts its own)."""
         return self._sent_closed + sum(c.sent_bytes for c in self.clients)
-
-    def _leave(self, topic_name: str, client: Client) -> None:
-        adm = self.admission.get(topic_name)
-        if adm is not None:
-            adm.leave(client.consumer_class, client)
-            if adm.idle:
-                del self.admission[topic_name]
 
     def set_admission(
         self, topic_name: str, admitted: dict[str, int], order: list[str]
@@ -387,9 +326,8 @@ class Broker:
         """The topic's admitted counts per class and their order (most important first);
         consumers beyond a count are disconnected, the lowest class first and the newest
         of a class first. Returns the admission and how many were disconnected."""
-        adm = self.admission.setdefault(topic_name, Admission(topic_name))
-        out = adm.set(admitted, order)
-        for client in out:
+
+        def evict(client: object, adm: Admission) -> None:
             assert isinstance(client, Client)
             admits = adm.admitted.get(client.consumer_class)
             client.evict(
@@ -399,9 +337,8 @@ class Broker:
                     f"{admits} consumers: the newest are disconnected",
                 )
             )
-        if adm.idle:
-            del self.admission[topic_name]
-        return adm, len(out)
+
+        return self.admission.set(topic_name, admitted, order, evict)
 
     def delete_channel(self, topic_name: str, channel_name: str) -> None:
         topic = self.topics.get(topic_name)
