@@ -14,7 +14,7 @@ one module each, none of which imports this one (each is handed what it needs):
 - ``scan.Scan``: deferred messages that came due, in-flight messages that timed out;
 - ``relay.Relay``: the routes and the links to other brokers;
 - ``shares.Shares``: the sub-buckets, holds and lease the controller gives;
-- ``handoff.Handoff``: shares handed from one broker to another;
+- ``handoff.Handoffs``: shares handed from one broker to another;
 - ``policing.Policing``: publishes to a topic over its bound;
 - ``takes.Takes``: publishes too big for one loop turn, taken in slices;
 - ``accept.Acceptor``: the accept loop;
@@ -34,7 +34,7 @@ from srtm.broker.accept import Acceptor, refuse
 from srtm.broker.admission import Admission, Admissions
 from srtm.broker.auth import Authenticator, close_quietly
 from srtm.broker.dispatch import Dispatcher
-from srtm.broker.handoff import Handoff
+from srtm.broker.handoff import Handoffs
 from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
@@ -109,7 +109,7 @@ class Broker:
         self.relay = Relay(self)
         #: What proves a relay link or a consumer class (docs/security.md, "Identities").
         self.keys = identity_keys(self.options, self.relay.security.secret)
-        self.handoff = Handoff(self.relay, self.shares.set_bucket)
+        self.handoffs = Handoffs(self.relay, self.shares.set_bucket)
         self.policing = Policing(self.topics, self.topic, self.persistence.save_meta)
         self.takes = Takes(self.topics, self._put)
         self.scan = Scan(self.topics, self.mark_ready, self.releaser.kick)

@@ -82,7 +82,7 @@ class Links(Protocol):
     def link(self, address: str) -> Link: ...
 
 
-class Handoff:
+class Handoffs:
     """Both ends of a handoff on this broker: the shares armed here (the destination's
     end) and the HANDOFF sent after a decrease (the source's). ``set_bucket`` applies a
     share as the controller's push does (``Shares.set_bucket``)."""

@@ -590,7 +590,7 @@ class BrokerHttp:
                 was.overflow if q.overflow is None else q.overflow,
             )
             self.broker.policing.set_bound(q.topic, bound)
-        handed = self.broker.handoff.send(q.topic, q.handoff, q.token)
+        handed = self.broker.handoffs.send(q.topic, q.handoff, q.token)
         bucket = BucketDoc(rate=b.rate, burst=b.burst)
         bound_doc = None if bound is None else BoundSetDoc(
             max_wait_ms=bound.max_wait_ms, overflow=bound.overflow.value
@@ -607,7 +607,7 @@ class BrokerHttp:
         if route is not None:
             self.broker.relay.set_route(route)
         self.broker.shares.hold(q.topic)
-        handed = self.broker.handoff.send(q.topic, q.handoff, q.token)
+        handed = self.broker.handoffs.send(q.topic, q.handoff, q.token)
         return _json(BucketAnswer(topic=q.topic, bucket=None, held=True, handoff=handed))
 
     async def bucket_arm(self, request: web.Request) -> web.Response:
@@ -617,7 +617,7 @@ class BrokerHttp:
         and for a few seconds; a POST /srtm/bucket, hold or DELETE of the topic clears it."""
         q = parse_query(ArmQuery, request.query)
         try:
-            self.broker.handoff.arm(q.topic, q.rate, q.burst, q.token)
+            self.broker.handoffs.arm(q.topic, q.rate, q.burst, q.token)
         except (ValueError, OverflowError) as exc:
             raise HttpError(400, "INVALID_BUCKET", str(exc)) from None
         bucket = BucketDoc(rate=q.rate, burst=q.burst)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("srtm.broker")
 
 
-class Host(Protocol):
+class RestartHost(Protocol):
     """What the restart needs of the broker (srtm.broker.broker.Broker is one)."""
 
     ids: MessageIds
@@ -48,7 +48,7 @@ class Host(Protocol):
     def topic(self, name: str) -> Topic: ...
 
 
-def restore(host: Host) -> None:
+def restore(host: RestartHost) -> None:
     """Topics, channels and the messages they held, as the last run left them."""
     saved = host.persistence.load()
     host.persistence.restoring = True
@@ -67,7 +67,7 @@ def restore(host: Host) -> None:
         log.info("restored %d messages from %s", restored, host.options.data_dir)
 
 
-def _restore_topic(host: Host, saved: SavedTopic, now: int) -> None:
+def _restore_topic(host: RestartHost, saved: SavedTopic, now: int) -> None:
     topic = host.topic(saved.name)
     topic.paused = saved.paused
     if isinstance(saved.bound, dict):

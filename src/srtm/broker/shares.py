@@ -18,7 +18,7 @@ from srtm.protocol import ProtocolError, is_valid_name
 from srtm.ratelimit import TokenBucket, check_bucket
 
 if TYPE_CHECKING:
-    from srtm.broker.handoff import Handoff
+    from srtm.broker.handoff import Handoffs
     from srtm.broker.options import BrokerOptions
     from srtm.broker.persistence import Persistence
     from srtm.broker.policing import Policing
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("srtm.broker")
 
 
-class Host(Protocol):
+class SharesHost(Protocol):
     """What the shares need of the broker (srtm.broker.broker.Broker is one)."""
 
     @property
@@ -49,7 +49,7 @@ class Host(Protocol):
     def relay(self) -> Relay: ...
 
     @property
-    def handoff(self) -> Handoff: ...
+    def handoffs(self) -> Handoffs: ...
 
     @property
     def policing(self) -> Policing: ...
@@ -60,7 +60,7 @@ class Host(Protocol):
 class Shares:
     """Sub-buckets, holds and the lease, as the controller orders them."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: SharesHost) -> None:
         self.host = host
         #: With a controller: the monotonic time (s) until which its last word lets this
         #: broker shape by the sub-buckets it was given (``lease_ok``); None: no lease
@@ -77,7 +77,7 @@ class Shares:
         if not leased and not self.lease_ok():
             raise LeaseExpired("this broker's lease lapsed: it takes shares again once registered")
         host = self.host
-        host.handoff.clear(topic_name)  # the controller's word replaces an armed share
+        host.handoffs.clear(topic_name)  # the controller's word replaces an armed share
         topic = host.topic(topic_name)
         bucket = topic.shape(rate, burst, time.time_ns)
         host.releaser.shaped[topic_name] = topic
@@ -114,7 +114,7 @@ class Shares:
         host = self.host
         topic = host.topic(topic_name)
         topic.hold()
-        host.handoff.clear(topic_name)
+        host.handoffs.clear(topic_name)
         host.releaser.shaped.pop(topic_name, None)
         host.persistence.save_meta()
 
@@ -123,7 +123,7 @@ class Shares:
         host = self.host
         topic = host.topics[topic_name]
         topic.unshape()
-        host.handoff.clear(topic_name)
+        host.handoffs.clear(topic_name)
         host.releaser.shaped.pop(topic_name, None)
         host.persistence.save_meta()
         host.releaser.release_all(topic)

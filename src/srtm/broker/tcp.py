@@ -36,7 +36,7 @@ from srtm.protocol.frames import MESSAGE_HEAD as _MESSAGE_HEAD
 from srtm.protocol.session import Keys, Session, SessionSettings, SessionState
 
 if TYPE_CHECKING:
-    from srtm.broker.handoff import Handoff
+    from srtm.broker.handoff import Handoffs
     from srtm.broker.options import BrokerOptions
     from srtm.broker.state import Channel
     from srtm.broker.stats import BrokerStats
@@ -141,7 +141,7 @@ class BrokerPort(Protocol):
     def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel: ...
 
     @property
-    def handoff(self) -> Handoff: ...
+    def handoffs(self) -> Handoffs: ...
 
     def mark_ready(self, channel: Channel) -> None: ...
 
@@ -426,7 +426,7 @@ class Client:
         self.channel = self.broker.subscribe(topic, channel, self)
 
     def handoff(self, topic: str, token: str) -> None:
-        self.broker.handoff.take(topic, token)
+        self.broker.handoffs.take(topic, token)
 
     def ready(self, count: int) -> None:
         if self._paused:
