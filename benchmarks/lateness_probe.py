@@ -34,7 +34,7 @@ import typer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from broker import SHAPED_BURST, SHAPED_OFFER, SHAPED_RATE, task_paced
-from srtm.broker import Broker, BrokerOptions, release, stats, tcp
+from srtm.broker import Broker, BrokerOptions, release, scan, stats, tcp
 from srtm.broker import broker as broker_mod
 
 #: start, end (wall ns), CPU ns the thread got meanwhile, what ran.
@@ -82,7 +82,8 @@ def _instrument(spans: Spans, releases: array[int], timed: bool) -> None:
         if not timed
         else (
             (tcp.Client, ("_on_readable", "_on_writable", "_send", "_beat")),
-            (broker_mod.Broker, ("_flush", "_scan")),
+            (broker_mod.Broker, ("_flush",)),
+            (scan.Scan, ("scan",)),
             (stats.Recorder, ("flush",)),
             (release.Releaser, ("_on_timer",)),
         )
