@@ -32,7 +32,7 @@ _TAKE_GEN2_THRESHOLD = 1_000_000
 
 #: What takes one slice: ``Broker``'s publish in one go (topic, bodies, arrival,
 #: publisher), returning what its OK waits for.
-Put = Callable[[Topic, list[bytes], int, "str | None"], "asyncio.Future[Any] | None"]
+Put = Callable[[Topic, list[bytes], int, str | None], asyncio.Future[Any] | None]
 
 
 @dataclass(eq=False)
