@@ -34,7 +34,7 @@ import typer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from broker import SHAPED_BURST, SHAPED_OFFER, SHAPED_RATE, task_paced
-from srtm.broker import Broker, BrokerOptions, intake, output, release, stats, tcp
+from srtm.broker import Broker, BrokerOptions, intake, output, release, scan, stats, tcp
 from srtm.broker import broker as broker_mod
 
 #: start, end (wall ns), CPU ns the thread got meanwhile, what ran.
@@ -84,7 +84,8 @@ def _instrument(spans: Spans, releases: array[int], timed: bool) -> None:
             (intake.Intake, ("on_readable",)),
             (output.Output, ("_on_writable", "send")),
             (tcp.Client, ("_beat",)),
-            (broker_mod.Broker, ("_flush", "_scan")),
+            (broker_mod.Broker, ("_flush",)),
+            (scan.Scan, ("scan",)),
             (stats.Recorder, ("flush",)),
             (release.Releaser, ("_on_timer",)),
         )
@@ -129,7 +130,7 @@ def _broker_main(conn: Any, timed: bool) -> None:
             b = Broker(opts)
             await b.start()
             assert b.tcp_address is not None
-            b.set_bucket("probe", SHAPED_RATE, SHAPED_BURST)
+            b.shares.set_bucket("probe", SHAPED_RATE, SHAPED_BURST)
             gc.collect()
             gc.freeze()
             conn.send(b.tcp_address)

@@ -193,7 +193,7 @@ async def test_a_long_run_of_fins_has_the_same_answers_whole_or_in_pieces(
     assert broker.tcp_address is not None
     pub = await RawClient.connect(*broker.tcp_address)
     if release_waits:  # one message waits 1,000 s for its token
-        broker.set_bucket("shaped", 0.001, 1.0)
+        broker.shares.set_bucket("shaped", 0.001, 1.0)
         await pub.send(Mpub("shaped", [b"now", b"in an hour"]))
         assert await pub.response() == b"OK"
     assert broker.release_due() is release_waits

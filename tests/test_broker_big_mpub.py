@@ -23,8 +23,8 @@ from aiohttp import web
 
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
-from srtm.broker.broker import _GEN2_THRESHOLD, _TAKE_GEN2_THRESHOLD
 from srtm.broker.queue import PUBLISH_SLICE
+from srtm.broker.takes import _GEN2_THRESHOLD, _TAKE_GEN2_THRESHOLD, Takes
 from srtm.launch import BrokerProcess
 from srtm.protocol import Auth, Fin, Mpub, Pub, Rdy, Sub
 from support import BrokerApi, MakeBroker, call, eventually
@@ -139,16 +139,16 @@ async def test_mpub_is_taken_in_slices_and_what_follows_waits(
     and its OK comes after the MPUB's."""
     broker = await make_broker()
     slices: list[int] = []
-    take_slice = Broker._take_slice
+    take_slice = Takes._slice
 
     thresholds: list[int] = []
 
-    def counted(self: Broker, take: object, n: int) -> None:
+    def counted(self: Takes, take: object, n: int) -> None:
         slices.append(n)
         thresholds.append(gc.get_threshold()[2])
         take_slice(self, take, n)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Broker, "_take_slice", counted)
+    monkeypatch.setattr(Takes, "_slice", counted)
     host, port = broker.tcp_address  # type: ignore[misc]
     n = 3 * PUBLISH_SLICE + 5
     bodies = [b"%d" % i for i in range(n)]

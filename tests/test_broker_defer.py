@@ -341,7 +341,7 @@ async def test_a_flood_of_dpub_0_on_a_shaped_topic_is_released_at_its_pace(
     """Issue 29, finding 1: on a topic shaped at (100/s, 10), 2,000 ``DPUB topic 0`` (and
     DPUBs of 1 to 10 ms) delivered all 2,000 within 2 s; now about b + r t do."""
     broker = await make_broker()
-    broker.set_bucket("t", 100.0, 10.0)
+    broker.shares.set_bucket("t", 100.0, 10.0)
     consumer = await Collector.on(broker, "t")
     pub = await connect(broker)
     try:
@@ -362,7 +362,7 @@ async def test_a_flood_of_dpub_0_on_a_shaped_topic_is_released_at_its_pace(
 
 async def test_http_pub_defer_and_mpub_go_through_the_bucket(make_broker: MakeBroker) -> None:
     broker = await make_broker()
-    broker.set_bucket("t", 100.0, 10.0)
+    broker.shares.set_bucket("t", 100.0, 10.0)
     consumer = await Collector.on(broker, "t")
     runner, http_port = await serve_http(broker)
     try:
@@ -391,7 +391,7 @@ async def test_a_paused_or_held_topic_delivers_no_dpub_until_it_flows(
     broker = await make_broker()
     broker.channel("p", "c")
     broker.pause_topic("p", True)
-    broker.hold_topic("h")
+    broker.shares.hold("h")
     broker.channel("h", "c")
     paused, held = await Collector.on(broker, "p"), await Collector.on(broker, "h")
     pub = await connect(broker)
@@ -402,7 +402,7 @@ async def test_a_paused_or_held_topic_delivers_no_dpub_until_it_flows(
         await asyncio.sleep(0.3)  # many scans: the DPUBs are due, none may go out
         assert paused.got == [] and held.got == []
         broker.pause_topic("p", False)
-        broker.set_bucket("h", 1_000.0, 5.0)
+        broker.shares.set_bucket("h", 1_000.0, 5.0)
         await eventually(lambda: len(paused.got), "all once unpaused", until=lambda n: n == 20)
         await eventually(lambda: len(held.got), "all once shaped", until=lambda n: n == 20)
     finally:

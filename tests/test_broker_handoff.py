@@ -15,9 +15,9 @@ import pytest
 
 from nsq_raw import RawClient
 from srtm.broker import Broker
+from srtm.broker.handoff import ARM_TTL_S, Arms
 from srtm.broker.http import serve_http
 from srtm.broker.options import BrokerOptions
-from srtm.broker.relay import ARM_TTL_S, Arms
 from srtm.protocol import Handoff, Pub, Rdy, Sub, encode_command
 from srtm.protocol.frames import FrameType, decode_message
 from srtm.protocol.parser import Parser
@@ -97,13 +97,13 @@ async def test_the_source_hold_forwards_and_hands_over_in_one_step(pair: tuple[N
     status, _ = await src.call("POST", "/srtm/bucket?topic=t&rate=200&burst=20")
     assert status == 200
     at_handoff: list[tuple[Any, int]] = []
-    take = dest.broker.take_handoff
+    take = dest.broker.handoffs.take
 
     def spy(topic: str, token: str) -> bool:
         at_handoff.append((src.share(topic), dest.broker.topics[topic].message_count))
         return take(topic, token)
 
-    dest.broker.take_handoff = spy  # type: ignore[method-assign,assignment]
+    dest.broker.handoffs.take = spy  # type: ignore[method-assign,assignment]
     route = {"topic": "t", "self": "s", "forward": {"to": dest.tcp, "publishers": {}}}
     status, body = await src.call(
         "POST", f"/srtm/bucket/hold?topic=t&handoff={dest.tcp}&token={TOKEN}", route
@@ -137,13 +137,13 @@ async def test_the_handoff_comes_after_what_was_forwarded_before(pair: tuple[Nod
     await pub.close()
     assert dest.share("t") == "held"
     counts: list[int] = []
-    take = dest.broker.take_handoff
+    take = dest.broker.handoffs.take
 
     def spy(topic: str, token: str) -> bool:
         counts.append(dest.broker.topics[topic].message_count)
         return take(topic, token)
 
-    dest.broker.take_handoff = spy  # type: ignore[method-assign,assignment]
+    dest.broker.handoffs.take = spy  # type: ignore[method-assign,assignment]
     status, body = await src.call(
         "POST", f"/srtm/bucket?topic=t&rate=1&burst=1&handoff={dest.tcp}&token={TOKEN}"
     )
@@ -170,7 +170,7 @@ async def test_a_wrong_token_a_spent_one_or_a_lapsed_arm_changes_nothing(
     assert await link.response() == b"OK"
     assert dest.share("t") == "held"
     await held_and_armed(dest)
-    dest.broker.arms.armed["t"].until_s = 0.0  # lapsed
+    dest.broker.handoffs.arms.armed["t"].until_s = 0.0  # lapsed
     await link.send(Handoff("t", TOKEN))
     assert await link.response() == b"OK"
     assert dest.share("t") == "held"
@@ -198,7 +198,7 @@ async def test_the_controllers_push_replaces_an_armed_share(pair: tuple[Node, No
     _, dest = pair
     await held_and_armed(dest)
     status, _ = await dest.call("POST", "/srtm/bucket?topic=t&rate=50&burst=5")
-    assert status == 200 and "t" not in dest.broker.arms.armed
+    assert status == 200 and "t" not in dest.broker.handoffs.arms.armed
     link = await dest.raw(srtm_relay=True)
     await link.send(Handoff("t", TOKEN))
     assert await link.response() == b"OK"
@@ -222,7 +222,7 @@ async def test_a_malformed_handoff_is_refused_and_changes_nothing(
     src, _ = pair
     status, body = await src.call("POST", path)
     assert status == 400 and body["message"] == code, body
-    assert src.share("t") is None and not src.broker.arms.armed
+    assert src.share("t") is None and not src.broker.handoffs.arms.armed
 
 
 async def test_a_route_of_another_topic_is_refused_before_the_hold(

@@ -31,13 +31,13 @@ async def test_a_held_topic_keeps_messages_until_a_bucket_releases_them_at_its_p
     make_broker: MakeBroker,
 ) -> None:
     broker = await make_broker()
-    broker.hold_topic("t")
+    broker.shares.hold("t")
     broker.channel("t", "c")
     await publish(broker, "t", 5)
     broker.releaser.release_shaped(FAR)  # even far in the future, nothing is due
     assert queued(broker, "t") == 0 and broker.topics["t"].depth == 5
     start = time.monotonic()
-    broker.set_bucket("t", 100.0, 1.0)  # one token, then one every 10 ms
+    broker.shares.set_bucket("t", 100.0, 1.0)  # one token, then one every 10 ms
     assert not broker.topics["t"].on_hold
     await eventually(lambda: queued(broker, "t"), "all five released", until=lambda n: n == 5)
     assert time.monotonic() - start >= 0.035  # four waits of 10 ms: paced, not at once
@@ -47,21 +47,21 @@ async def test_unmanaging_a_held_topic_releases_what_waits_at_once(
     make_broker: MakeBroker,
 ) -> None:
     broker = await make_broker()
-    broker.hold_topic("t")
+    broker.shares.hold("t")
     broker.channel("t", "c")
     await publish(broker, "t", 3)
     assert queued(broker, "t") == 0
-    broker.clear_bucket("t")
+    broker.shares.clear("t")
     assert queued(broker, "t") == 3 and not broker.topics["t"].on_hold
 
 
 async def test_a_shaped_topic_put_on_hold_stops_releasing(make_broker: MakeBroker) -> None:
     broker = await make_broker()
-    broker.set_bucket("t", 1.0, 1.0)
+    broker.shares.set_bucket("t", 1.0, 1.0)
     broker.channel("t", "c")
     await publish(broker, "t", 3)  # one token: one out, two wait
     await eventually(lambda: queued(broker, "t"), "the first released", until=lambda n: n == 1)
-    broker.hold_topic("t")
+    broker.shares.hold("t")
     broker.releaser.release_shaped(FAR)
     assert queued(broker, "t") == 1 and broker.topics["t"].bucket is None
 
@@ -70,7 +70,7 @@ async def test_the_hold_survives_a_restart(tmp_path: Path) -> None:
     opts = BrokerOptions(tcp_port=0, data_dir=tmp_path / "d")
     broker = Broker(opts)
     await broker.start()
-    broker.hold_topic("t")
+    broker.shares.hold("t")
     await publish(broker, "t", 2)
     await broker.stop()
     again = Broker(opts)
@@ -85,7 +85,7 @@ async def test_with_a_controller_a_saved_bucket_is_restored_held(tmp_path: Path)
     standalone = BrokerOptions(tcp_port=0, data_dir=tmp_path / "d")
     broker = Broker(standalone)
     await broker.start()
-    broker.set_bucket("t", 50.0, 5.0)
+    broker.shares.set_bucket("t", 50.0, 5.0)
     await broker.stop()
     managed = BrokerOptions(tcp_port=0, data_dir=tmp_path / "d", controller="http://127.0.0.1:9")
     again = Broker(managed)
@@ -94,9 +94,9 @@ async def test_with_a_controller_a_saved_bucket_is_restored_held(tmp_path: Path)
         topic = again.topics["t"]
         assert topic.on_hold and topic.bucket is None
         with pytest.raises(LeaseExpired):  # no lease before it registers
-            again.set_bucket("t", 50.0, 5.0)
-        again.renew_lease(time.monotonic(), 60.0)
-        again.set_bucket("t", 50.0, 5.0)
+            again.shares.set_bucket("t", 50.0, 5.0)
+        again.shares.renew_lease(time.monotonic(), 60.0)
+        again.shares.set_bucket("t", 50.0, 5.0)
         assert topic.bucket is not None and not topic.on_hold
     finally:
         await again.stop()
@@ -110,15 +110,15 @@ async def test_with_a_controller_a_saved_bucket_is_restored_held(tmp_path: Path)
 
 async def test_a_lapsed_lease_holds_shaped_topics(make_broker: MakeBroker) -> None:
     broker = await make_broker(controller="http://127.0.0.1:9")
-    broker.renew_lease(time.monotonic(), 0.2)
-    broker.set_bucket("t", 1.0, 1.0)
-    broker.set_bucket("u", 1.0, 1.0)
-    assert broker.lease_ok()
-    await eventually(broker.lease_ok, "the lease lapsed", until=lambda ok: not ok)
+    broker.shares.renew_lease(time.monotonic(), 0.2)
+    broker.shares.set_bucket("t", 1.0, 1.0)
+    broker.shares.set_bucket("u", 1.0, 1.0)
+    assert broker.shares.lease_ok()
+    await eventually(broker.shares.lease_ok, "the lease lapsed", until=lambda ok: not ok)
     assert all(t.on_hold and t.bucket is None for t in broker.topics.values())
     with pytest.raises(LeaseExpired):
-        broker.set_bucket("t", 1.0, 1.0)
-    broker.apply_shares({"t": (2.0, 1.0)}, ["u"])  # a registration answer, with a lease
+        broker.shares.set_bucket("t", 1.0, 1.0)
+    broker.shares.apply({"t": (2.0, 1.0)}, ["u"])  # a registration answer, with a lease
     assert broker.topics["t"].bucket is not None and broker.topics["u"].on_hold
 
 

@@ -450,7 +450,7 @@ async def test_what_arrives_over_a_relay_link_is_paced_by_the_bucket_there(
     reps = replicas([a, b], {"c1": "1"})  # c0: the primary, A (unshaped here)
     for i, n in enumerate((a, b)):
         await n.route({"topic": "t", "self": str(i), "replicas": reps})
-    b.broker.set_bucket("t", 100.0, 10.0)
+    b.broker.shares.set_bucket("t", 100.0, 10.0)
     c0, c1 = await Consumer.on(a, "t", "c0"), await Consumer.on(b, "t", "c1")
     pub = await raw(a)
     start = time.monotonic()

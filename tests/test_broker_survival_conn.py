@@ -191,7 +191,7 @@ async def test_stop_persists_when_a_background_task_died(tmp_path: Path) -> None
     def broken(now: int) -> None:
         raise RuntimeError("injected scan failure")
 
-    broker._scan = broken  # type: ignore[method-assign]
+    broker.scan.scan = broken  # type: ignore[method-assign]
     broker.channel("owed", "c")
     c = await RawClient.connect(*broker.tcp_address)  # type: ignore[misc]
     await c.send(Mpub("owed", [b"a", b"b", b"c"]))

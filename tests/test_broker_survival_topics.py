@@ -21,6 +21,7 @@ import pytest
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.message import Message
+from srtm.broker.restart import restore
 from srtm.broker.state import Channel, Topic
 from srtm.launch import BrokerProcess, start_broker
 from srtm.protocol import Fin, Mpub, Pub, Rdy, Sub
@@ -167,7 +168,7 @@ async def test_the_periodic_scan_visits_only_channels_with_timers(
 
     monkeypatch.setattr(Channel, "next_due_ns", next_due_ns)
     monkeypatch.setattr(Topic, "next_deferred_ns", next_deferred_ns)
-    broker._scan(time.time_ns() + 10**9)
+    broker.scan.scan(time.time_ns() + 10**9)
     assert set(visited) == {ch, broker.topics["busy"]}, f"{len(visited)} visited"
     assert ch.depth == 2  # the deferred message and the requeued one came due
     await broker.stop()
@@ -329,7 +330,7 @@ async def test_one_queue_that_cannot_be_written_costs_no_other_its_messages(
     await broker.stop()
 
     again = Broker(opts)
-    again._restore()
+    restore(again)
     assert [m.body for m in again.topics["good"].held.drain()] == [b"g0", b"g1", b"g2"]
     assert [m.body for m in again.topics["bad"].held.drain()] == [b"b0", b"b1"]
     assert "broken" in again.topics
@@ -349,7 +350,7 @@ async def test_a_saved_bucket_out_of_range_does_not_stop_a_restart(broker_dir: P
     }
     (broker_dir / "meta.json").write_text(json.dumps(meta))
     broker = Broker(BrokerOptions(data_dir=broker_dir))
-    broker._restore()
+    restore(broker)
     assert broker.topics["old"].bucket is None
     bucket = broker.topics["fine"].bucket
     assert bucket is not None and (bucket.rate, bucket.burst) == (5.0, 2.0)

@@ -168,7 +168,7 @@ async def test_shaped_burst_of_200_is_released_in_conformance(
     make_broker: MakeBroker, tmp_path: Path
 ) -> None:
     broker = await make_broker(trace_dir=tmp_path / "traces", run="burst")
-    broker.set_bucket("shaped", 1_000, 10)
+    broker.shares.set_bucket("shaped", 1_000, 10)
     c = await connect(broker)
     await c.send(Sub("shaped", "c"), Rdy(250))
     assert await c.response() == b"OK"
@@ -195,7 +195,7 @@ async def test_capacity_emulates_a_server_after_the_bucket(
     """With --capacity 1000, a 50-message burst through a (10,000/s, 50) bucket waits no
     token but leaves the broker 1 ms apart: the D/1 server, in release order."""
     broker = await make_broker(trace_dir=tmp_path / "traces", run="cap", capacity=1_000.0)
-    broker.set_bucket("slow", 10_000, 50)
+    broker.shares.set_bucket("slow", 10_000, 50)
     c = await connect(broker)
     await c.send(Sub("slow", "c"), Rdy(100))
     assert await c.response() == b"OK"
@@ -240,15 +240,15 @@ async def test_a_connection_can_attribute_messages_to_their_header(
 
 async def test_retuning_a_bucket_keeps_its_state(make_broker: MakeBroker) -> None:
     broker = await make_broker()
-    bucket = broker.set_bucket("tuned", 10, 5)
+    bucket = broker.shares.set_bucket("tuned", 10, 5)
     broker.publish("tuned", [b"x"] * 20, time.time_ns(), "p")
     owed = broker.topics["tuned"].shaping.peek_release_ns()
     assert owed is not None and len(broker.topics["tuned"].shaping) >= 14
     before = bucket.tokens()
-    assert broker.set_bucket("tuned", 10, 5) is bucket
+    assert broker.shares.set_bucket("tuned", 10, 5) is bucket
     assert bucket.tokens() == pytest.approx(before, abs=0.05)
     with pytest.raises(ValueError, match="burst"):
-        broker.set_bucket("tuned", 10, 0.5)
+        broker.shares.set_bucket("tuned", 10, 0.5)
     assert (bucket.rate, bucket.burst) == (10, 5)
 
 

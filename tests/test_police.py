@@ -156,8 +156,8 @@ def test_block_and_refuse_leave_the_queue_to_the_broker() -> None:
 # -- live: a broker started here ----------------------------------------------------------
 async def test_refuse_answers_e_pub_failed_naming_the_limit(broker_api: BrokerApi) -> None:
     broker, session = broker_api
-    broker.set_bucket("t", 1.0, 1.0)
-    broker.set_bound("t", Bound(10, OverflowPolicy.REFUSE))
+    broker.shares.set_bucket("t", 1.0, 1.0)
+    broker.policing.set_bound("t", Bound(10, OverflowPolicy.REFUSE))
     pub = await RawClient.connect(*broker.tcp_address)
     try:
         await pub.send(Pub("t", b"first"), Pub("t", b"second"))
@@ -178,7 +178,7 @@ async def test_refuse_answers_e_pub_failed_naming_the_limit(broker_api: BrokerAp
 
 async def test_drop_oldest_drops_what_waits_and_shows_it(broker_api: BrokerApi) -> None:
     broker, session = broker_api
-    broker.set_bucket("t", 2.0, 1.0)
+    broker.shares.set_bucket("t", 2.0, 1.0)
     status, answer = await call(
         session, "POST", "/srtm/bucket?topic=t&rate=2&burst=1&max_wait_ms=100&overflow=drop-oldest"
     )
@@ -212,14 +212,14 @@ async def test_block_stops_reading_the_publisher_and_resumes_as_it_drains(
     broker_api: BrokerApi,
 ) -> None:
     broker, _ = broker_api
-    broker.set_bucket("t", 100.0, 1.0)
-    broker.set_bound("t", Bound(50, OverflowPolicy.BLOCK))
+    broker.shares.set_bucket("t", 100.0, 1.0)
+    broker.policing.set_bound("t", Bound(50, OverflowPolicy.BLOCK))
     pub = await RawClient.connect(*broker.tcp_address)
     try:
         start = time.monotonic()
         await pub.send(*[Pub("t", b"m%d" % i) for i in range(60)])
         topic = broker.topics["t"]
-        await eventually(lambda: broker.blocked.get("t"), "the publisher blocked")
+        await eventually(lambda: broker.policing.blocked.get("t"), "the publisher blocked")
         client = client_of(broker)
         assert client.blocked and topic.message_count < 60
         bound = stats_document(broker, "t")["srtm"]["topics"][0]["bound"]
@@ -241,15 +241,15 @@ async def test_a_blocked_publisher_is_read_again_when_its_topic_is_unshaped(
     broker_api: BrokerApi,
 ) -> None:
     broker, _ = broker_api
-    broker.set_bucket("t", 1.0, 1.0)
-    broker.set_bound("t", Bound(10, OverflowPolicy.BLOCK))
+    broker.shares.set_bucket("t", 1.0, 1.0)
+    broker.policing.set_bound("t", Bound(10, OverflowPolicy.BLOCK))
     pub = await RawClient.connect(*broker.tcp_address)
     try:
         await pub.send(*[Pub("t", b"m%d" % i) for i in range(10)])
-        await eventually(lambda: broker.blocked.get("t"), "the publisher blocked")
+        await eventually(lambda: broker.policing.blocked.get("t"), "the publisher blocked")
         await asyncio.sleep(0.2)
         assert broker.topics["t"].message_count < 10  # at 1/s it would stay blocked
-        broker.clear_bucket("t")
+        broker.shares.clear("t")
         for _ in range(10):
             assert (await pub.frame(3.0)).data == b"OK"
         assert not client_of(broker).blocked
@@ -259,15 +259,15 @@ async def test_a_blocked_publisher_is_read_again_when_its_topic_is_unshaped(
 
 async def test_a_relay_link_is_never_blocked(broker_api: BrokerApi) -> None:
     broker, _ = broker_api
-    broker.set_bucket("t", 1.0, 1.0)
-    broker.set_bound("t", Bound(10, OverflowPolicy.BLOCK))
+    broker.shares.set_bucket("t", 1.0, 1.0)
+    broker.policing.set_bound("t", Bound(10, OverflowPolicy.BLOCK))
     link = await RawClient.connect(*broker.tcp_address)
     try:
         await link.identify(srtm_relay=True, srtm_header_publisher=True)
         await link.send(*[Pub("t", b"m%d" % i) for i in range(10)])
         for _ in range(10):
             assert (await link.frame(2.0)).data == b"OK"
-        assert not broker.blocked and broker.topics["t"].message_count == 10
+        assert not broker.policing.blocked and broker.topics["t"].message_count == 10
     finally:
         await link.close()
 
@@ -276,8 +276,8 @@ async def test_an_http_publish_over_a_blocking_bound_waits_until_it_drains(
     broker_api: BrokerApi,
 ) -> None:
     broker, session = broker_api
-    broker.set_bucket("t", 10.0, 1.0)
-    broker.set_bound("t", Bound(150, OverflowPolicy.BLOCK))
+    broker.shares.set_bucket("t", 10.0, 1.0)
+    broker.policing.set_bound("t", Bound(150, OverflowPolicy.BLOCK))
     assert (await call(session, "POST", "/pub?topic=t", b"first"))[0] == 200
     assert (await call(session, "POST", "/pub?topic=t", b"second"))[0] == 200
     start = time.monotonic()
@@ -287,7 +287,7 @@ async def test_an_http_publish_over_a_blocking_bound_waits_until_it_drains(
     assert time.monotonic() - start >= 0.04
     assert broker.topics["t"].message_count == 3
     # Waiting longer than max_wait_ms more for it: 503, naming the limit.
-    broker.set_bound("t", Bound(10, OverflowPolicy.BLOCK))
+    broker.policing.set_bound("t", Bound(10, OverflowPolicy.BLOCK))
     status, doc = await call(session, "POST", "/pub?topic=t", b"fourth")
     assert status == 503 and "max_wait_ms 10" in str(doc), doc
     assert broker.topics["t"].message_count == 3
@@ -439,9 +439,9 @@ def test_the_console_names_the_senders_a_broker_reports_over_the_bound() -> None
 
 async def test_a_topics_bound_survives_a_restart(make_broker: MakeBroker) -> None:
     first = await make_broker()
-    first.set_bucket("t", 10.0, 2.0)
-    first.set_bound("t", Bound(75, OverflowPolicy.DROP_OLDEST))
-    first.set_bucket("u", 10.0, 2.0)  # no bound given: none
+    first.shares.set_bucket("t", 10.0, 2.0)
+    first.policing.set_bound("t", Bound(75, OverflowPolicy.DROP_OLDEST))
+    first.shares.set_bucket("u", 10.0, 2.0)  # no bound given: none
     await first.stop()
     second = await make_broker()
     assert second.topics["t"].bound == Bound(75, OverflowPolicy.DROP_OLDEST)

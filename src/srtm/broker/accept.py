@@ -1,13 +1,18 @@
-"""Accepting connections under pressure: which accept failures are retried how, and how a
-connection over the limit is turned away. No asyncio here; the broker's accept loop uses it.
+"""Accepting connections under pressure: the broker's accept loop (``Acceptor``), which
+accept failures it retries how, and how a connection over the limit is turned away.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import logging
 import socket
+from collections.abc import Callable
 
 from srtm.protocol import ProtocolError, frames
+
+log = logging.getLogger("srtm.broker")
 
 #: The error code a client over ``max_connections`` reads before the broker closes it.
 E_TOO_MANY_CONNECTIONS = "E_TOO_MANY_CONNECTIONS"
@@ -73,3 +78,48 @@ def refuse(sock: socket.socket, reason: str) -> None:
         pass  # gone already: nothing to tell
     finally:
         sock.close()
+
+
+class Acceptor:
+    """Accepts connections on ``listener`` and hands each to ``admit``, until ``detach``.
+    A failed accept never ends it: out of fds or memory it is retried with a backoff (the
+    connection waits in the kernel's backlog meanwhile, and ``error`` says so, for /ping);
+    a connection gone before it was accepted is skipped."""
+
+    def __init__(self, listener: socket.socket, admit: Callable[[socket.socket], None]) -> None:
+        self.listener: socket.socket | None = listener
+        self._admit = admit
+        #: Why accepting TCP connections fails right now (None: it does not).
+        self.error: str | None = None
+
+    def detach(self) -> socket.socket | None:
+        """Tell the loop it is over; the caller closes the listener once the loop's task
+        has ended."""
+        listener, self.listener = self.listener, None
+        return listener
+
+    async def run(self) -> None:
+        listener = self.listener
+        if listener is None:
+            return
+        loop = asyncio.get_running_loop()
+        backoff = AcceptBackoff()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as exc:
+                if self.listener is None:
+                    return  # detached: the broker stops
+                delay = backoff.failed(exc)
+                if delay is None:
+                    continue
+                self.error = f"accepting TCP connections fails: {exc}"
+                if backoff.should_log():
+                    log.error("%s; retrying (%d failures so far)", self.error, backoff.count)
+                await asyncio.sleep(delay)
+                continue
+            if self.error is not None:
+                log.warning("accepting TCP connections again after %d failures", backoff.count)
+                self.error = None
+            backoff.reset()
+            self._admit(sock)

@@ -5,12 +5,12 @@ a count falls.
 A consumer is one channel subscription of the topic (one SUB), in the class its IDENTIFY
 named (``srtm_class``; plain NSQ consumers are ``default``). A class with no admitted
 count is unlimited: with no counts set, nothing is refused. SUB costs one dict lookup and
-one insertion; nothing is done per message.
+one insertion; nothing is done per message. ``Admissions`` is a broker's, per topic name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from srtm.protocol import ProtocolError
@@ -121,3 +121,79 @@ class Admission:
     def counts(self) -> list[tuple[str, int | None, int]]:
         """(class, admitted count or None: unlimited, connected), most important first."""
         return [(k, self.admitted.get(k), len(self.connected.get(k, ()))) for k in self.rank()]
+
+
+class Admissions(Mapping[str, Admission]):
+    """A broker's admission per topic name (read as a mapping): set before or after the
+    topic exists, forgotten once nothing is set and nobody connected. Also, per consumer
+    refused, the topics it waits for (it counts in their demand until it joins or goes)."""
+
+    def __init__(self) -> None:
+        self._topics: dict[str, Admission] = {}
+        self._refused: dict[Hashable, set[str]] = {}
+
+    def __getitem__(self, topic: str) -> Admission:
+        return self._topics[topic]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._topics)
+
+    def __len__(self) -> int:
+        return len(self._topics)
+
+    def check(self, topic: str, klass: str, consumer: Hashable) -> None:
+        """Raise NotAdmitted if ``topic`` admits no more consumers of ``klass`` (and
+        ``consumer`` then waits: see ``Admission.refused``)."""
+        adm = self._topics.get(topic)
+        if adm is not None:
+            try:
+                adm.check(klass)
+            except NotAdmitted:
+                adm.refused(klass, consumer)
+                self._refused.setdefault(consumer, set()).add(topic)
+                raise
+
+    def join(self, topic: str, klass: str, consumer: Hashable) -> None:
+        adm = self._topics.get(topic)
+        if adm is None:
+            adm = self._topics[topic] = Admission(topic)
+        adm.join(klass, consumer)
+        waits = self._refused.get(consumer)
+        if waits is not None:
+            waits.discard(topic)
+            if not waits:
+                del self._refused[consumer]
+
+    def leave(self, topic: str, klass: str, consumer: Hashable) -> None:
+        adm = self._topics.get(topic)
+        if adm is not None:
+            adm.leave(klass, consumer)
+            if adm.idle:
+                del self._topics[topic]
+
+    def gone(self, klass: str, consumer: Hashable) -> None:
+        """``consumer`` went: it waits for no topic any more."""
+        for topic in self._refused.pop(consumer, ()):
+            adm = self._topics.get(topic)
+            if adm is not None:
+                adm.gave_up(klass, consumer)
+                if adm.idle:
+                    del self._topics[topic]
+
+    def set(
+        self,
+        topic: str,
+        admitted: Mapping[str, int],
+        order: Sequence[str],
+        evict: Callable[[Hashable, Admission], None],
+    ) -> tuple[Admission, int]:
+        """The topic's admitted counts per class and their order (``Admission.set``);
+        ``evict`` disconnects each consumer beyond a count. Returns the admission and how
+        many were disconnected."""
+        adm = self._topics.setdefault(topic, Admission(topic))
+        out = adm.set(admitted, order)
+        for consumer in out:
+            evict(consumer, adm)
+        if adm.idle:
+            del self._topics[topic]
+        return adm, len(out)

@@ -64,6 +64,7 @@ from srtm.broker.documents import (
     flag,
     query_refusals,
 )
+from srtm.broker.handoff import ARM_TTL_S
 from srtm.broker.http_requests import (
     bounded_body,
     defer_param,
@@ -74,7 +75,7 @@ from srtm.broker.http_requests import (
 )
 from srtm.broker.measurement import MeasurementsBusy
 from srtm.broker.metrics import BrokerCollector
-from srtm.broker.relay import ARM_TTL_S, route_document
+from srtm.broker.relay import route_document
 from srtm.broker.report import admission_rows, bucket_now, memory_document, stats_document
 from srtm.broker.routes import Forward, Replicas, TopicRoute
 from srtm.broker.state import LeaseExpired, LimitReached
@@ -161,7 +162,7 @@ def _protect_managed(broker: Broker, token: str) -> Middleware:
         if (
             request.method == "POST"
             and request.path in DESTRUCTIVE
-            and broker.managed(name := request.query.get("topic", ""))
+            and broker.shares.managed(name := request.query.get("topic", ""))
             and not has_token(request, token)
         ):
             detail = f"topic {name} is managed: {request.path} needs the cluster token"
@@ -269,7 +270,7 @@ class BrokerHttp:
             raise HttpError(413, "MSG_TOO_BIG")
         publisher = query.get("publisher", "")
         with _pub_failed():
-            await self.broker.within_bound(topic)
+            await self.broker.policing.within_bound(topic)
         if "defer" in query:
             ms = defer_param(query["defer"], limits.max_req_timeout_ms)
             with _pub_failed():
@@ -293,7 +294,7 @@ class BrokerHttp:
             raise HttpError(413, "BODY_TOO_BIG")
         msgs = await split_mpub(body, flag(query.get("binary", "false")), limits.max_msg_size)
         with _pub_failed():
-            await self.broker.within_bound(topic)
+            await self.broker.policing.within_bound(topic)
             written = self.broker.publish(topic, msgs, arrival, query.get("publisher", ""))
         if written is not None:
             await asyncio.shield(written)  # acknowledged once on disk (the OS)
@@ -413,7 +414,7 @@ class BrokerHttp:
     async def bucket_get(self, request: web.Request) -> web.Response:
         """The topic's sub-bucket and its tokens now (null: none)."""
         name = self._known_topic(request)
-        self.broker.lease_ok()  # never a stale bucket past the lease
+        self.broker.shares.lease_ok()  # never a stale bucket past the lease
         now = bucket_now(self.broker.topics[name].bucket)
         bucket = None if now is None else BucketNowDoc(**now)
         return _json(BucketReading(topic=name, bucket=bucket))
@@ -431,7 +432,7 @@ class BrokerHttp:
         if route is not None:  # whatever becomes of the share: a route does not need it
             self.broker.relay.set_route(route)
         try:
-            b = self.broker.set_bucket(q.topic, q.rate, q.burst)
+            b = self.broker.shares.set_bucket(q.topic, q.rate, q.burst)
         except (ValueError, OverflowError, ProtocolError) as exc:
             raise HttpError(400, "INVALID_BUCKET", str(exc)) from None
         except LeaseExpired:
@@ -443,8 +444,8 @@ class BrokerHttp:
                 was.max_wait_ms if q.max_wait_ms is None else q.max_wait_ms,
                 was.overflow if q.overflow is None else q.overflow,
             )
-            self.broker.set_bound(q.topic, bound)
-        handed = self._hand_over(q.topic, q.handoff, q.token)
+            self.broker.policing.set_bound(q.topic, bound)
+        handed = self.broker.handoffs.send(q.topic, q.handoff, q.token)
         bucket = BucketDoc(rate=b.rate, burst=b.burst)
         bound_doc = None if bound is None else BoundSetDoc(
             max_wait_ms=bound.max_wait_ms, overflow=bound.overflow.value
@@ -460,8 +461,8 @@ class BrokerHttp:
         route = await self._handoff_route(request, q.topic, q.handoff, q.token)
         if route is not None:
             self.broker.relay.set_route(route)
-        self.broker.hold_topic(q.topic)
-        handed = self._hand_over(q.topic, q.handoff, q.token)
+        self.broker.shares.hold(q.topic)
+        handed = self.broker.handoffs.send(q.topic, q.handoff, q.token)
         return _json(BucketAnswer(topic=q.topic, bucket=None, held=True, handoff=handed))
 
     async def bucket_arm(self, request: web.Request) -> web.Response:
@@ -471,7 +472,7 @@ class BrokerHttp:
         and for a few seconds; a POST /srtm/bucket, hold or DELETE of the topic clears it."""
         q = parse_query(ArmQuery, request.query)
         try:
-            self.broker.arm(q.topic, q.rate, q.burst, q.token)
+            self.broker.handoffs.arm(q.topic, q.rate, q.burst, q.token)
         except (ValueError, OverflowError) as exc:
             raise HttpError(400, "INVALID_BUCKET", str(exc)) from None
         bucket = BucketDoc(rate=q.rate, burst=q.burst)
@@ -492,16 +493,11 @@ class BrokerHttp:
             raise HttpError(400, "INVALID_BODY", "the route is of another topic")
         return route
 
-    def _hand_over(self, topic: str, handoff: str | None, token: str | None) -> bool:
-        if handoff is None or token is None:
-            return False
-        return self.broker.relay.handoff(handoff, topic, token)
-
     async def bucket_delete(self, request: web.Request) -> web.Response:
         """Unmanage the topic (no sub-bucket, no hold): what waits is released at once.
         A topic this broker does not have is not created (404)."""
         name = self._known_topic(request)
-        self.broker.clear_bucket(name)
+        self.broker.shares.clear(name)
         return _json(BucketAnswer(topic=name, bucket=None))
 
     async def admission_get(self, request: web.Request) -> web.Response:

@@ -27,7 +27,6 @@ a backoff; while down, what comes falls back at once.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import math
 import ssl
@@ -65,11 +64,6 @@ CANCEL_RETRY_S = 0.1
 #: How long one PUB/MPUB may wait for its answer before the connection is given up.
 ANSWER_TIMEOUT_S = 5.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
-#: How long a share armed for a handoff waits for it (s): a handoff comes one push and one
-#: relay hop after the arm, or never (the controller's own push then gives the share).
-ARM_TTL_S = 5.0
-#: Armed shares kept at most (topics): beyond, the one armed first goes.
-MAX_ARMED = 4096
 
 Done = Callable[[bool], None]
 
@@ -375,44 +369,6 @@ class _Countdown:
             other.add_done_callback(self.part_done)
 
 
-@dataclass(slots=True)
-class _Armed:
-    rate: float
-    burst: float
-    token: str
-    until_s: float
-
-
-class Arms:
-    """Shares armed for a handoff (``POST /srtm/bucket/arm``), at most one per topic,
-    each good once and until ``ARM_TTL_S`` after it was armed."""
-
-    def __init__(self) -> None:
-        self.armed: dict[str, _Armed] = {}
-
-    def arm(self, topic: str, rate: float, burst: float, token: str, now_s: float) -> None:
-        self.armed.pop(topic, None)
-        for name in [t for t, a in self.armed.items() if a.until_s <= now_s]:
-            del self.armed[name]
-        if len(self.armed) >= MAX_ARMED:
-            del self.armed[next(iter(self.armed))]
-        self.armed[topic] = _Armed(rate, burst, token, now_s + ARM_TTL_S)
-
-    def take(self, topic: str, token: str, now_s: float) -> tuple[float, float] | None:
-        """The share armed for ``topic`` under ``token``, spent now; None: none (no arm,
-        another token, or lapsed)."""
-        armed = self.armed.get(topic)
-        if armed is None or not hmac.compare_digest(armed.token, token):
-            return None
-        del self.armed[topic]
-        if armed.until_s <= now_s:
-            return None
-        return armed.rate, armed.burst
-
-    def clear(self, topic: str) -> None:
-        self.armed.pop(topic, None)
-
-
 class RelayHost(Protocol):
     """What the relay needs of the broker (srtm.broker.broker.Broker is one)."""
 
@@ -555,19 +511,6 @@ class Relay:
         self.links.clear()
         for task in list(self._closing):
             await task
-
-    def handoff(self, address: str, topic: str, token: str) -> bool:
-        """Send the broker at ``address`` a HANDOFF of ``topic`` after everything queued
-        to it so far; False if its link is down (the controller's push gives the share).
-        The link is kept while a route names the address (a forwarding route does)."""
-
-        def done(ok: bool) -> None:
-            if not ok:
-                log.warning("topic %s: handoff to %s not delivered", topic, address)
-
-        if self.stopping:
-            return False
-        return self.link(address).send_handoff(topic, token, done)
 
     def link(self, address: str) -> PeerLink:
         link = self.links.get(address)

@@ -145,7 +145,7 @@ def bound_doc(broker: Broker, t: Topic, now: int) -> Doc | None:
         over=over > 0,
         dropped=t.dropped_over_bound,
         refused=t.refused_over_bound,
-        blocked_connections=len(blocked := broker.blocked.get(t.name, ())),
+        blocked_connections=len(blocked := broker.policing.blocked.get(t.name, ())),
         senders=_senders(broker, t.name) if over > 0 or blocked else [],
     )
 
@@ -208,7 +208,7 @@ def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
 def stats_document(
     broker: Broker, topic: str | None = None, channel: str | None = None, clients: bool = True
 ) -> Doc:
-    broker.lease_ok()  # a lapsed lease shows as held, never as a stale bucket
+    broker.shares.lease_ok()  # a lapsed lease shows as held, never as a stale bucket
     now = time.time_ns()
     topics = []
     srtm_topics = []

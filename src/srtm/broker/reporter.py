@@ -4,7 +4,7 @@ again whenever the controller does not know it, or the broker's lease lapsed).
 
 Each answer of the controller renews the broker's lease from when the request was sent;
 a registration answer also carries the broker's shares and holds, applied on receipt
-with the new lease (see ``Broker.lease_ok``)."""
+with the new lease (see ``Shares.lease_ok``)."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
         try:
             while True:
                 try:
-                    if registered and broker.lease_until is None and lease_s is not None:
+                    if registered and broker.shares.lease_until is None and lease_s is not None:
                         registered = False  # lapsed: the shares come back with a registration
                     if not registered:
                         sent = time.monotonic()
@@ -140,7 +140,7 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
                         async with session.post(url, json=report_document(broker, meter)) as resp:
                             registered = resp.status != 404  # the controller forgot us
                             if resp.status == 200 and lease_s is not None:
-                                broker.renew_lease(sent, lease_s)
+                                broker.shares.renew_lease(sent, lease_s)
                             if resp.status not in (200, 404) and resp.status != refused:
                                 log.warning("controller refused a report: %s", await resp.text())
                             refused = 0 if resp.status == 200 else resp.status
@@ -186,9 +186,9 @@ def apply_registration(broker: Broker, sent: float, answer: Any) -> float | None
     broker.relay.registered()  # the controller's routes replace those read back at start
     lease = answer.get("lease_s") if isinstance(answer, dict) else None
     if not isinstance(lease, int | float) or isinstance(lease, bool) or not lease > 0:
-        broker.renew_lease(sent, float("inf"))
+        broker.shares.renew_lease(sent, float("inf"))
         return None
-    broker.renew_lease(sent, float(lease))
+    broker.shares.renew_lease(sent, float(lease))
     buckets = answer.get("buckets") or {}
     shares = {
         name: (float(b["rate"]), float(b["burst"]))
@@ -203,5 +203,5 @@ def apply_registration(broker: Broker, sent: float, answer: Any) -> float | None
                 bounds[name] = check_bound(b.get("max_wait_ms"), b.get("overflow"))
             except ValueError as exc:
                 log.error("topic %s: bound from the controller refused: %s", name, exc)
-    broker.apply_shares(shares, held, bounds)
+    broker.shares.apply(shares, held, bounds)
     return float(lease)

@@ -35,6 +35,7 @@ from srtm.protocol.frames import MESSAGE_HEAD as _MESSAGE_HEAD
 from srtm.protocol.session import Keys, Session, SessionSettings, SessionState
 
 if TYPE_CHECKING:
+    from srtm.broker.handoff import Handoffs
     from srtm.broker.options import BrokerOptions
     from srtm.broker.state import Channel
     from srtm.broker.stats import BrokerStats
@@ -166,7 +167,8 @@ class BrokerPort(Protocol):
 
     def subscribe(self, topic_name: str, channel_name: str, client: Client) -> Channel: ...
 
-    def take_handoff(self, topic_name: str, token: str) -> bool: ...
+    @property
+    def handoffs(self) -> Handoffs: ...
 
     def mark_ready(self, channel: Channel) -> None: ...
 
@@ -322,7 +324,7 @@ class Client:
         self.channel = self.broker.subscribe(topic, channel, self)
 
     def handoff(self, topic: str, token: str) -> None:
-        self.broker.take_handoff(topic, token)
+        self.broker.handoffs.take(topic, token)
 
     def ready(self, count: int) -> None:
         if self.output.paused:

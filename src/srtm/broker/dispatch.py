@@ -1,0 +1,74 @@
+"""A channel's dispatch: what it takes for its consumers, sent to them, and what that
+records (stats, traces, measurement rounds)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from srtm.broker.measurement import Measurements
+from srtm.broker.message import Message
+from srtm.broker.queue import Record, attempted
+from srtm.broker.state import Channel, Topic
+from srtm.broker.stats import BrokerStats
+from srtm.broker.tcp import Client
+from srtm.broker.traces import TraceWriter
+
+
+class Dispatcher:
+    """Dispatches channels, and records each dispatch. ``emulated_server``: the lateness
+    of a shaped message is measured once the emulated server processed it (see
+    ``release.Releaser``), not here."""
+
+    def __init__(
+        self,
+        topics: dict[str, Topic],
+        stats: BrokerStats,
+        measurements: Measurements,
+        emulated_server: bool,
+    ) -> None:
+        self._topics = topics
+        self._stats = stats
+        self._measurements = measurements
+        self._emulated_server = emulated_server
+        #: Broker-side traces (``--trace-dir``), from start; None: none.
+        self.traces: TraceWriter | None = None
+
+    def dispatch(self, ch: Channel, send: bool = False) -> None:
+        now = time.time_ns()
+        out = ch.take(now)
+        if not out:
+            return
+        self._account(ch, out, now)
+        for consumer, records in out:
+            assert isinstance(consumer, Client)
+            consumer.send_records(records)
+            if send:
+                consumer.send_now()
+
+    def _account(self, ch: Channel, out: Sequence[tuple[object, list[Record]]], now: int) -> None:
+        """What a dispatch records: stats, traces and measurement rounds. The topic's own
+        figures come from its first channel (each channel gets a copy of every message)."""
+        topic = self._topics.get(ch.topic)
+        if topic is None:
+            return
+        shaped = topic.bucket is not None
+        first_channel = next(iter(topic.channels.values()), None) is ch
+        # with an emulated server, the lateness is measured when it has processed one
+        lateness = shaped and not self._emulated_server
+        records = out[0][1] if len(out) == 1 else [r for _, rs in out for r in rs]
+        stats = self._stats.topic(ch.topic)
+        unserved = ch.unserved_before_ns
+        stats.dispatched(ch.name, records, now, shaped, first_channel, lateness, unserved)
+        if unserved and not topic.may_hold_before(ch, unserved):
+            ch.unserved_before_ns = 0  # nothing from before its subscriber is left
+        if not first_channel or (self.traces is None and not self._measurements.running):
+            return
+        # Traces and measurement rounds take messages (as sent: attempts counted).
+        sent = [(c, Message(*attempted(r))) for c, rs in out for r in rs]
+        if (traces := self.traces) is not None:
+            for _, msg in sent:
+                if msg.attempts == 1:
+                    traces.add(ch.topic, msg, now)
+        if self._measurements.running:
+            self._measurements.record(ch.topic, sent, now)

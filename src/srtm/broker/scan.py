@@ -1,0 +1,67 @@
+"""The scan: deferred messages that came due and in-flight messages that timed out.
+
+Every ``--scan-interval-ms``, the scan visits only the channels with timers (deferred
+messages or in-flight deadlines: a channel puts itself back in ``timed`` when it gets
+one) and the topics with deferred messages (DPUB), so thousands of idle ones cost nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from srtm.broker.state import Channel, Topic
+
+
+class Scan:
+    """The channels and topics with timers, and the loop that moves them on when due.
+    ``mark_ready`` has a channel dispatched, ``kick`` a topic's shaping queue released."""
+
+    def __init__(
+        self,
+        topics: dict[str, Topic],
+        mark_ready: Callable[[Channel], None],
+        kick: Callable[[Topic], None],
+    ) -> None:
+        self._topics = topics
+        self._mark_ready = mark_ready
+        self._kick = kick
+        #: Channels with deferred messages or in-flight deadlines: all that ``scan`` visits.
+        self.timed: set[Channel] = set()
+        #: Topics with deferred messages (DPUB): the scan moves them on when due.
+        self.deferring: set[Topic] = set()
+
+    def watch(self, ch: Channel) -> Channel:
+        """Have the scan look at ``ch`` whenever it has timers."""
+        if ch.watch is None:
+            ch.watch = self.timed
+            if ch.next_due_ns() is not None:  # what the topic deferred before it existed
+                self.timed.add(ch)
+        return ch
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self.scan(time.time_ns())
+
+    def scan(self, now: int) -> None:
+        # A function of its own: no loop variable keeps a deleted topic alive while the
+        # loop sleeps (freeing it later, all at once, stalled the loop).
+        for ch in list(self.timed):
+            due = ch.next_due_ns()
+            if due is None:
+                self.timed.discard(ch)  # it puts itself back when it gets a timer
+            elif due <= now and ch.tick(now):
+                self._mark_ready(ch)
+        for topic in list(self.deferring):
+            self.tick_topic(topic, now)
+
+    def tick_topic(self, topic: Topic, now: int) -> None:
+        """Deferred messages of ``topic`` due by ``now`` join its shaping queue."""
+        if self._topics.get(topic.name) is not topic or not topic.deferred_count:
+            self.deferring.discard(topic)  # deleted, or nothing deferred left
+            return
+        due = topic.next_deferred_ns()
+        if due is not None and due <= now and topic.tick(now):
+            self._kick(topic)

@@ -1,0 +1,172 @@
+"""The shares the controller gives this broker: sub-buckets, holds, and the lease they
+come with (docs/broker.md, "No holes in (r, b)").
+
+A topic with a sub-bucket is shaped by it; a held one is managed but has no share here
+(what comes is kept until a sub-bucket comes); any other is unmanaged. With a controller,
+shares are used only while its lease runs: past it, every shaped topic is held until the
+broker registers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Protocol
+
+from srtm.broker.state import LeaseExpired
+from srtm.protocol import ProtocolError, is_valid_name
+from srtm.ratelimit import TokenBucket, check_bucket
+
+if TYPE_CHECKING:
+    from srtm.broker.handoff import Handoffs
+    from srtm.broker.options import BrokerOptions
+    from srtm.broker.persistence import Persistence
+    from srtm.broker.policing import Policing
+    from srtm.broker.relay import Relay
+    from srtm.broker.release import Releaser
+    from srtm.broker.state import Topic
+    from srtm.ratelimit.overflow import Bound
+
+log = logging.getLogger("srtm.broker")
+
+
+class SharesHost(Protocol):
+    """What the shares need of the broker (srtm.broker.broker.Broker is one)."""
+
+    @property
+    def options(self) -> BrokerOptions: ...
+
+    @property
+    def topics(self) -> dict[str, Topic]: ...
+
+    @property
+    def persistence(self) -> Persistence: ...
+
+    @property
+    def releaser(self) -> Releaser: ...
+
+    @property
+    def relay(self) -> Relay: ...
+
+    @property
+    def handoffs(self) -> Handoffs: ...
+
+    @property
+    def policing(self) -> Policing: ...
+
+    def topic(self, name: str) -> Topic: ...
+
+
+class Shares:
+    """Sub-buckets, holds and the lease, as the controller orders them."""
+
+    def __init__(self, host: SharesHost) -> None:
+        self.host = host
+        #: With a controller: the monotonic time (s) until which its last word lets this
+        #: broker shape by the sub-buckets it was given (``lease_ok``); None: no lease
+        #: yet, or it lapsed and the broker has not registered again.
+        self.lease_until: float | None = None
+
+    def set_bucket(
+        self, topic_name: str, rate: float, burst: float, leased: bool = False
+    ) -> TokenBucket:
+        """Give a topic its sub-bucket, or retune it keeping its state; what already waits
+        is paced by the new parameters from now on. Refused (LeaseExpired) while this
+        broker's lease has lapsed, unless ``leased`` (it comes with a new lease)."""
+        check_bucket(rate, burst)  # a bad pair creates no topic
+        if not leased and not self.lease_ok():
+            raise LeaseExpired("this broker's lease lapsed: it takes shares again once registered")
+        host = self.host
+        host.handoffs.clear(topic_name)  # the controller's word replaces an armed share
+        topic = host.topic(topic_name)
+        bucket = topic.shape(rate, burst, time.time_ns)
+        host.releaser.shaped[topic_name] = topic
+        host.persistence.save_meta()
+        host.releaser.kick(topic)
+        return bucket
+
+    def apply(
+        self,
+        buckets: dict[str, tuple[float, float]],
+        held: list[str],
+        bounds: dict[str, Bound] | None = None,
+    ) -> None:
+        """What a registration answer says this broker carries: these sub-buckets (with
+        their topics' bounds), and a hold on these other managed topics. Any other topic
+        keeps its state."""
+        for name in held:
+            if is_valid_name(name):
+                self.hold(name)
+        for name, (rate, burst) in buckets.items():
+            try:
+                self.set_bucket(name, rate, burst, leased=True)
+            except (ValueError, OverflowError, ProtocolError) as exc:
+                log.error("topic %s: bucket %r from the controller refused: %s",
+                          name, (rate, burst), exc)  # fmt: skip
+                continue
+            if bounds is not None and name in bounds:
+                self.host.policing.set_bound(name, bounds[name])
+
+    def hold(self, topic_name: str) -> None:
+        """The topic is managed but this broker has no share of it: what comes is kept
+        (acknowledged, queued, spilled to disk like any message) and released by the
+        sub-bucket that comes next, or at once if the topic is unmanaged. Creates it."""
+        host = self.host
+        topic = host.topic(topic_name)
+        topic.hold()
+        host.handoffs.clear(topic_name)
+        host.releaser.shaped.pop(topic_name, None)
+        host.persistence.save_meta()
+
+    def clear(self, topic_name: str) -> None:
+        """Unmanage the topic (no share, no hold): what waits is released at once."""
+        host = self.host
+        topic = host.topics[topic_name]
+        topic.unshape()
+        host.handoffs.clear(topic_name)
+        host.releaser.shaped.pop(topic_name, None)
+        host.persistence.save_meta()
+        host.releaser.release_all(topic)
+
+    def managed(self, topic_name: str) -> bool:
+        """Whether the controller manages the topic here: it has a sub-bucket, a hold or
+        a relay route (a topic it does not have is not)."""
+        topic = self.host.topics.get(topic_name)
+        if topic is None:
+            return False
+        return topic.bucket is not None or topic.on_hold or topic_name in self.host.relay.routes
+
+    # -- the controller's lease --------------------------------------------------------------
+    @property
+    def leased(self) -> bool:
+        """Whether this broker's shares come with a lease (it runs with a controller)."""
+        return bool(self.host.options.controller)
+
+    def lease_ok(self) -> bool:
+        """May this broker shape by its sub-buckets now? Always without a controller.
+        With one, only while the lease its controller granted runs: past it, the
+        controller may have marked this broker down and given its shares to others, so
+        every shaped topic is held until the broker registers again (checked where it
+        matters, before releasing and answering /stats, so a broker resumed after
+        SIGSTOP never uses or shows a stale bucket)."""
+        if not self.leased:
+            return True
+        until = self.lease_until
+        if until is not None and time.monotonic() < until:
+            return True
+        if until is not None:
+            self.lease_until = None
+            shaped = [t for t in self.host.topics.values() if t.bucket is not None]
+            log.warning(
+                "no word from the controller for the lease: %d shaped topics held until "
+                "this broker registers again",
+                len(shaped),
+            )
+            for topic in shaped:
+                self.hold(topic.name)
+        return False
+
+    def renew_lease(self, since: float, lease_s: float) -> None:
+        """The controller answered a request sent at ``since`` (monotonic s): shares may
+        be used until ``since + lease_s``."""
+        self.lease_until = since + lease_s
