@@ -71,7 +71,7 @@ def anchor(messages: int, seed: int) -> float:
 def main(
     runs: Annotated[int, typer.Option(help="Runs; the table shows their median.", min=1)] = 5,
     publishers: Annotated[int, typer.Option(help="Publishers of the topic.", min=1)] = 6_000,
-    duration_s: Annotated[float, typer.Option(help="Simulated seconds.", min=1)] = 60.0,
+    duration_s: Annotated[float, typer.Option(help="SyntheticRun seconds.", min=1)] = 60.0,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the raw numbers here.")
     ] = None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from srtm.control.model import BrokerResources, FitState, FittingProgress
+from srtm.control.model import FitState, FittingProgress, Resources
 
 OLD_DONE: dict[str, Any] = {
     "state": "done", "iteration": 1, "round": 2, "rounds": [3, 2], "full": ["b1"],
@@ -32,6 +32,6 @@ def test_fitting_progress_keeps_its_json() -> None:
 
 def test_resources_from_a_report() -> None:
     doc = {"cpu": 0.5, "egress_bps": 2e6, "congested": {"cpu": True, "network": False}}
-    r = BrokerResources.from_json(doc)
+    r = Resources.from_json(doc)
     assert (r.cpu, r.egress_bps, r.congested) == (0.5, 2e6, frozenset({"cpu"}))
-    assert BrokerResources.from_json({}) == BrokerResources()
+    assert Resources.from_json({}) == Resources()

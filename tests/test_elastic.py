@@ -9,7 +9,7 @@ import pytest
 
 from srtm.control.actions import Migrate
 from srtm.control.elastic import Elastic, carries, slo_violated
-from srtm.control.model import BrokerResources
+from srtm.control.model import Resources
 from srtm.control.provision import CommandProvisioner, ProvisionError
 from srtm.control.state import Controller
 from srtm.placement import PublisherLoad, TopicSpec
@@ -60,7 +60,7 @@ def _spawned_and_busy() -> tuple[Controller, Elastic]:
     el.observe(c, 1.0)
     assert el.step(c, 1.0, lambda b: True).start == ["1001"]
     reg(c, "1001", 4160, now=1.5)
-    c.brokers["1001"].resources = BrokerResources.from_json({"cpu": 0.9, "egress_bps": 0.0})
+    c.brokers["1001"].resources = Resources.from_json({"cpu": 0.9, "egress_bps": 0.0})
     el.observe(c, 1.6)
     return c, el
 
@@ -76,7 +76,7 @@ def test_no_second_spawn_while_the_new_broker_carries_nothing_yet() -> None:
     el.observe(c, 2.0)
     assert el.step(c, 2.0, lambda b: True).start == []
     assert sum("deferred" in e for e in el.events) == 1  # told once
-    c.brokers["1001"].resources = BrokerResources.from_json({"cpu": 0.01, "egress_bps": 0.0})
+    c.brokers["1001"].resources = Resources.from_json({"cpu": 0.01, "egress_bps": 0.0})
     el.observe(c, 2.7)  # the start's sample has left the 1 s window
     step = el.step(c, 2.7, lambda b: True)
     assert step.start == [] and c.topics["t"].assignment.get("1001")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from srtm.control.actions import SetBucket, phases
 from srtm.control.documents import NewTopic, TopicChange, parse
-from srtm.control.model import BrokerResources
+from srtm.control.model import Resources
 from srtm.control.state import ControlError, Controller
 from srtm.control.utility import (
     DEFAULT_COST_MODEL,
@@ -143,9 +143,7 @@ def test_a_run_sets_the_rate_and_the_admitted_counts_on_every_broker() -> None:
     assert c.topic_doc("t")["allocation"]["admitted"] == body["classes"]
     # Rate control moves it from there; not once its spec is removed.
     assert u.control(c) == []  # uncongested at r_max: nowhere to go
-    c.brokers["b0"].resources = BrokerResources.from_json(
-        {"congested": {"cpu": True, "network": False}}
-    )
+    c.brokers["b0"].resources = Resources.from_json({"congested": {"cpu": True, "network": False}})
     assert u.control(c) and c.topics["t"].spec.rate < rate
     c.set_utility("t", None)
     assert u.control(c) == []

@@ -43,7 +43,7 @@ _FIN_CHUNK = 32
 TURN_BUDGET = 64
 
 
-class Broker(Protocol):
+class IntakeBroker(Protocol):
     """What ``Intake`` needs of the broker."""
 
     @property
@@ -52,7 +52,7 @@ class Broker(Protocol):
     def release_due(self) -> bool: ...
 
 
-class Connection(Protocol):
+class IntakeConn(Protocol):
     """What ``Intake`` needs of its connection (``srtm.broker.tcp.Client``)."""
 
     remote: str
@@ -71,8 +71,8 @@ class Intake:
 
     def __init__(
         self,
-        conn: Connection,
-        broker: Broker,
+        conn: IntakeConn,
+        broker: IntakeBroker,
         sock: socket.socket,
         session: Session,
         parser: Parser,

@@ -18,7 +18,7 @@ from srtm.cli.experiment import (
     finish,
     usage,
 )
-from srtm.experiments.experiment import Analysis, Run, UsageError
+from srtm.experiments.experiment import Analysis, RunSettings, UsageError
 
 
 def demo(
@@ -43,8 +43,8 @@ def demo(
     and OUT/report.html with plots."""
     from srtm.experiments import scenarios
 
-    run = Run(out, TERMINAL, as_json, ("lb", "srtm"), duration, warmup, analysis, spark_master,
-              scale)  # fmt: skip
+    run = RunSettings(out, TERMINAL, as_json, ("lb", "srtm"), duration, warmup, analysis,
+                      spark_master, scale)  # fmt: skip
     try:
         summary = scenarios.demo(run)
     except UsageError as exc:

@@ -18,11 +18,11 @@ from srtm.experiments.experiment import (
     Analysis,
     Mode,
     Option,
-    Run,
+    RunSettings,
+    RunVerdict,
     Summary,
     Terminal,
     UsageError,
-    Verdict,
     start,
 )
 from srtm.placement import POLICIES, Policy, parse_policy
@@ -111,7 +111,7 @@ def finish(summary: Summary, as_json: bool, strict: bool) -> None:
     if as_json:
         for document in summary.documents:
             print(document)
-    if strict and summary.verdict is not Verdict.ok:
+    if strict and summary.verdict is not RunVerdict.ok:
         raise typer.Exit(summary.verdict.value)
 
 
@@ -211,7 +211,7 @@ def run_cmd(
 
     given = [o for o in Option if given_on_command_line(ctx, o.name)]
     mode = Mode.sim if sim else Mode.live
-    run = Run(
+    run = RunSettings(
         out, TERMINAL, as_json, policies_of(policy), duration, warmup, analysis, spark_master,
         scale, quick, decide, only,
     )  # fmt: skip
@@ -241,7 +241,7 @@ def compare_cmd(
     HTML report in OUT."""
     from srtm.experiments import scenarios
 
-    run = Run(
+    run = RunSettings(
         out, TERMINAL, as_json, policies_of(policies), duration, warmup, analysis,
         spark_master, scale,
     )  # fmt: skip

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from srtm.ratelimit import BucketParams
 
 __all__ = [
-    "HELD", "Action", "DropRoute", "Handoff", "Hold", "Migrate", "PlanChanged", "SetBucket",
+    "HELD", "Action", "DropRoute", "HandoffPlan", "Hold", "Migrate", "PlanChanged", "SetBucket",
     "SetRoute", "Share", "TopicAction", "Unmanage", "forwarding_first", "handoff", "phases",
     "same_bucket",
 ]  # fmt: skip
@@ -148,7 +148,7 @@ def forwarding_first(
 
 
 @dataclass(frozen=True, slots=True)
-class Handoff:
+class HandoffPlan:
     """A topic's change that moves share from one broker to one other: the source's
     decrease hands what it gave up to the destination over their relay link (a HANDOFF
     after all it forwarded there before), carrying the source's forwarding route."""
@@ -161,7 +161,7 @@ class Handoff:
 
 def handoff(
     down: list[SetBucket | Hold], up: list[SetBucket], first: list[SetRoute | DropRoute]
-) -> tuple[Handoff | None, list[SetRoute | DropRoute]]:
+) -> tuple[HandoffPlan | None, list[SetRoute | DropRoute]]:
     """The handoff of one topic's change (``phases``' ``down`` and ``up``, the routes
     ``forwarding_first`` puts before), and the routes still pushed on their own first.
 
@@ -186,7 +186,7 @@ def handoff(
         return None, first
     carried = [r for r in first if isinstance(r, SetRoute) and r.broker == source.broker]
     route = carried[0] if len(carried) == 1 else None
-    return Handoff(source, dest, route), [r for r in first if r is not route]
+    return HandoffPlan(source, dest, route), [r for r in first if r is not route]
 
 
 def _within(need: float, freed: float) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from srtm.control.actions import HELD, Action, Hold, SetBucket, Share, same_bucket
-from srtm.control.model import BrokerInfo, BrokerResources, ControllerState
+from srtm.control.model import BrokerInfo, ControllerState, Resources
 from srtm.control.plans import fleet, new_plan, route_changes
 from srtm.control.replicas import replica_down
 from srtm.control.validate import ControlError, parse_address
@@ -124,7 +124,7 @@ def report(
     info.arrived_before, info.arrived = info.arrived, dict(arrived or {})
     if carried is not None:
         c.registry.carry(broker_id, carried)
-    info.resources = None if resources is None else BrokerResources.from_json(resources)
+    info.resources = None if resources is None else Resources.from_json(resources)
     info.demand = dict(demand or {})
     info.arrived_bytes = dict(arrived_bytes or {})
     return [] if seen is None else repairs(c, broker_id, seen)

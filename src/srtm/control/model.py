@@ -39,7 +39,7 @@ LEASE_FRACTION = 0.6
 
 
 @dataclass(frozen=True)
-class BrokerResources:
+class Resources:
     """A broker's resources over its last report interval (``documents.BrokerResources``):
     ``cpu`` (fraction of one core), ``egress_bps``, and the resources it flags congested."""
 
@@ -48,7 +48,7 @@ class BrokerResources:
     congested: frozenset[str] = frozenset()
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> BrokerResources:
+    def from_json(cls, doc: Mapping[str, Any]) -> Resources:
         flags = doc.get("congested") or {}
         return cls(
             float(doc.get("cpu", 0.0)),
@@ -84,7 +84,7 @@ class BrokerInfo:
     arrived_before: dict[str, int] = field(default_factory=dict)
     #: Its resources over its last report interval, None until a broker that tells them
     #: reports.
-    resources: BrokerResources | None = None
+    resources: Resources | None = None
     #: Per topic: consumers per class that asked for it (connected or waiting).
     demand: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Per topic: bytes of the messages ``arrived`` counts.
@@ -101,7 +101,7 @@ class BrokerInfo:
         """Its CPU (fraction of one core) and egress (bytes/s) by its last report's
         ``resources`` (0 for what it does not tell): the rebalancer's loads and where a
         replicated topic's channels are homed read them here, and only here."""
-        r = self.resources or BrokerResources()
+        r = self.resources or Resources()
         return r.cpu, r.egress_bps
 
     def http_endpoint(self) -> tuple[str, int]:
@@ -215,7 +215,7 @@ def _step(doc: Mapping[str, Any]) -> Step:
 
 
 @dataclass(frozen=True)
-class TopicAllocation:
+class AllocationState:
     """A topic's part of the optimizer's last run (``srtm.utility.cluster.flow_doc``),
     when it ran and whether it was feasible (``documents.TopicAllocation``)."""
 
@@ -271,7 +271,7 @@ class TopicState:
     #: came, and read by ``parse_topic_utility``; None: the optimizer leaves it alone.
     utility: dict[str, Any] | None = None
     #: Its part of the optimizer's last run (not saved).
-    allocation: TopicAllocation | None = None
+    allocation: AllocationState | None = None
     #: The bound on what waits behind its sub-buckets and its overflow policy (every
     #: broker shaping it polices by it: ``srtm.ratelimit.overflow``).
     bound: Bound = DEFAULT_BOUND

@@ -19,7 +19,7 @@ from yarl import URL
 from srtm.control.actions import (
     Action,
     DropRoute,
-    Handoff,
+    HandoffPlan,
     Hold,
     Migrate,
     PlanChanged,
@@ -133,7 +133,7 @@ class Pusher:
         topic = self.ctrl.topics.get(action.topic)
         return topic is not None and topic.buckets.get(action.broker) == action.bucket
 
-    async def _arm(self, plan: Handoff) -> _HandoffPush | None:
+    async def _arm(self, plan: HandoffPlan) -> _HandoffPush | None:
         """Arm the destination of ``plan`` with its new share under a fresh token; None
         if it did not take it (the change then goes as without a handoff)."""
         dest = plan.dest
@@ -315,7 +315,7 @@ class _HandoffPush:
     """A handoff with its destination armed: where the source sends HANDOFF, and the
     token it carries."""
 
-    plan: Handoff
+    plan: HandoffPlan
     to: str
     token: str
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from srtm.control.actions import Action
-from srtm.control.model import BrokerInfo, TopicAllocation
+from srtm.control.model import AllocationState, BrokerInfo
 from srtm.control.state import Controller
 from srtm.utility import cost
 from srtm.utility.cluster import (
@@ -217,7 +217,7 @@ class UtilityControl:
             if topic is None:
                 continue
             rate = alloc.rates[f.name]
-            topic.allocation = TopicAllocation(
+            topic.allocation = AllocationState(
                 **flow_doc(f, rate, alloc.admitted), t_s=t_s, feasible=alloc.feasible
             )
             actions += ctrl.set_rate(f.name, rate)

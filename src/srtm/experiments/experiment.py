@@ -63,7 +63,7 @@ class Analysis(StrEnum):
 EXIT_DISTURBED = 3
 
 
-class Verdict(Enum):
+class RunVerdict(Enum):
     """How a run ended, as ``--strict`` exits: its value is the exit code."""
 
     ok = 0
@@ -81,7 +81,7 @@ class Terminal:
 
 
 @dataclass(frozen=True)
-class Run:
+class RunSettings:
     """One ``srtm experiment run``: where it writes, how it prints, and the options given
     (those an experiment does not take keep their defaults; ``refuse`` sees to it)."""
 
@@ -107,7 +107,7 @@ class Summary:
     experiment: str
     mode: Mode
     documents: tuple[str, ...] = ()
-    verdict: Verdict = Verdict.ok
+    verdict: RunVerdict = RunVerdict.ok
 
 
 class UsageError(ValueError):
@@ -136,7 +136,7 @@ class Simulated(Experiment, Protocol):
     @property
     def sim_options(self) -> frozenset[Option]: ...
 
-    def sim(self, run: Run) -> Summary: ...
+    def sim(self, run: RunSettings) -> Summary: ...
 
 
 @runtime_checkable
@@ -146,7 +146,7 @@ class Live(Experiment, Protocol):
     @property
     def live_options(self) -> frozenset[Option]: ...
 
-    def live(self, run: Run) -> Summary: ...
+    def live(self, run: RunSettings) -> Summary: ...
 
 
 def options(exp: Experiment, mode: Mode) -> frozenset[Option] | None:
@@ -156,7 +156,7 @@ def options(exp: Experiment, mode: Mode) -> frozenset[Option] | None:
     return exp.live_options if isinstance(exp, Live) else None
 
 
-def start(exp: Experiment, mode: Mode, given: Collection[Option], run: Run) -> Summary:
+def start(exp: Experiment, mode: Mode, given: Collection[Option], run: RunSettings) -> Summary:
     """Run ``exp`` in ``mode``, once ``refuse`` has found every option given taken."""
     refuse(exp, mode, given)
     if mode is Mode.sim:
@@ -185,9 +185,9 @@ def takes(taken: Collection[Option]) -> str:
     return ", ".join([*(o.value for o in Option if o in taken), "--out", "--json"])
 
 
-def verdict(*, disturbed: bool, ok: bool) -> Verdict:
+def verdict(*, disturbed: bool, ok: bool) -> RunVerdict:
     """Disturbed first: a run on a busy machine says nothing of its checks."""
-    return Verdict.disturbed if disturbed else Verdict.ok if ok else Verdict.failed
+    return RunVerdict.disturbed if disturbed else RunVerdict.ok if ok else RunVerdict.failed
 
 
 @contextmanager

@@ -86,7 +86,7 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
-class Simulated:
+class SyntheticRun:
     """A simulated run: every message's row (both sides' columns plus ``run`` and
     ``group``), and the (rate, burst) each (topic, broker) sub-bucket had."""
 
@@ -95,7 +95,7 @@ class Simulated:
     buckets: Mapping[tuple[str, str], tuple[float, float]]
 
 
-def simulate(spec: RunSpec, sends: Sends, seed: int = 0) -> Simulated:
+def simulate(spec: RunSpec, sends: Sends, seed: int = 0) -> SyntheticRun:
     """Play ``sends`` through the broker model."""
     rng = np.random.default_rng(seed)
     n = len(sends.t_send_ns)
@@ -130,7 +130,7 @@ def simulate(spec: RunSpec, sends: Sends, seed: int = 0) -> Simulated:
     frame["msg_id"] = pd.Series(
         pd.arrays.ArrowExtensionArray(_message_ids(frame["broker"])), index=frame.index
     )
-    return Simulated(spec, frame.reset_index(drop=True), buckets)
+    return SyntheticRun(spec, frame.reset_index(drop=True), buckets)
 
 
 def _bucket(spec: RunSpec, arrivals: npt.NDArray[np.int64]) -> tuple[float, float]:
@@ -163,7 +163,7 @@ def _hex16(values: npt.NDArray[np.uint64]) -> pa.Array:
     )
 
 
-def write(traces: Path, sim: Simulated, files: int = 2) -> None:
+def write(traces: Path, sim: SyntheticRun, files: int = 2) -> None:
     """Write a simulated run into a trace dataset: ``files`` Parquet parts per side and
     its ``runs/<run>.json``."""
     spec = sim.spec

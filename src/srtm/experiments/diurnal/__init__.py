@@ -8,7 +8,15 @@ import json
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from srtm.experiments.experiment import Mode, Option, Run, Summary, UsageError, unsized, verdict
+from srtm.experiments.experiment import (
+    Mode,
+    Option,
+    RunSettings,
+    Summary,
+    UsageError,
+    unsized,
+    verdict,
+)
 
 NAME = "diurnal"
 #: The two runs of the day: the rebalancer's loop on, then off.
@@ -27,7 +35,7 @@ class Diurnal:
         {Option.duration, Option.only, Option.scale}
     )
 
-    def sim(self, run: Run) -> Summary:
+    def sim(self, run: RunSettings) -> Summary:
         from srtm.experiments.diurnal import report, sim
 
         with run.term.err.status("diurnal --sim: loop on, then off"):
@@ -36,7 +44,7 @@ class Diurnal:
         ok = all(c["ok"] for c in result.data["claims"])
         return Summary(NAME, Mode.sim, (json.dumps(result.data),), verdict(disturbed=False, ok=ok))
 
-    def live(self, run: Run) -> Summary:
+    def live(self, run: RunSettings) -> Summary:
         from srtm.experiments.diurnal import live, report
 
         if run.only is not None and run.only not in RUNS:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from srtm.experiments.experiment import Mode, Option, Run, Summary, verdict
+from srtm.experiments.experiment import Mode, Option, RunSettings, Summary, verdict
 from srtm.experiments.figures.common import FigureResult
 from srtm.experiments.figures.fig4 import fig4
 from srtm.experiments.figures.fig5 import fig5
@@ -70,7 +70,7 @@ class Figure:
     def description(self) -> str:
         return "one of the paper's figures, simulated at full scale"
 
-    def sim(self, run: Run) -> Summary:
+    def sim(self, run: RunSettings) -> Summary:
         from srtm.experiments.figures.report import print_figure
 
         result = run_figure(self.name, run.out)

@@ -17,11 +17,11 @@ from srtm.experiments.experiment import (
     Analysis,
     Mode,
     Option,
-    Run,
+    RunSettings,
+    RunVerdict,
     Summary,
     Terminal,
     UsageError,
-    Verdict,
     ctrl_c_wins,
     progress,
     sizing_of,
@@ -65,7 +65,7 @@ class ScenarioExperiment:
     def description(self) -> str:
         return self.scenario.description
 
-    def live(self, run: Run) -> Summary:
+    def live(self, run: RunSettings) -> Summary:
         """The scenario under each policy of ``run``, and their table (no HTML page)."""
         import json
 
@@ -80,7 +80,7 @@ class ScenarioExperiment:
         run.term.err.print(f"summaries and traces under {run.out}")
         return _summary(self.name, summaries, json.dumps(report.compact(summaries)))
 
-    def compare(self, run: Run) -> Summary:
+    def compare(self, run: RunSettings) -> Summary:
         """The scenario under each policy of ``run``, side by side, with plots and an HTML
         report in ``run.out``."""
         sc, how = sized(self.scenario, run.scale, run.term)
@@ -103,7 +103,7 @@ def shipped() -> list[ScenarioExperiment]:
     return [ScenarioExperiment(load(name)) for name in available()]
 
 
-def demo(run: Run) -> Summary:
+def demo(run: RunSettings) -> Summary:
     """The main job: correlated sensors under LB, then SRTM, with the HTML report."""
     term = run.term
     sc = find("correlated-sensors").scenario
@@ -211,4 +211,4 @@ def _summary(name: str, summaries: Sequence[dict[str, Any]], document: str) -> S
     from srtm.experiments.scenarios import report
 
     bad = bool(report.disturbances(summaries))
-    return Summary(name, Mode.live, (document,), Verdict.disturbed if bad else Verdict.ok)
+    return Summary(name, Mode.live, (document,), RunVerdict.disturbed if bad else RunVerdict.ok)

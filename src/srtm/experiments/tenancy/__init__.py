@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from srtm.experiments.experiment import (
     Mode,
     Option,
-    Run,
+    RunSettings,
+    RunVerdict,
     Summary,
     Terminal,
-    Verdict,
     progress,
     sizing_of,
 )
@@ -45,7 +45,7 @@ class MultiTenant:
         {Option.policy, Option.strict, Option.scale}
     )
 
-    def sim(self, run: Run) -> Summary:
+    def sim(self, run: RunSettings) -> Summary:
         from srtm.experiments.tenancy import report
         from srtm.experiments.tenancy.sim import multi_tenant_sim
 
@@ -57,7 +57,7 @@ class MultiTenant:
         ok = all(c["ok"] for c in result.data["claims"])
         return Summary(NAME, Mode.sim, (json.dumps(result.data),), _verdict(ok))
 
-    def live(self, run: Run) -> Summary:
+    def live(self, run: RunSettings) -> Summary:
         from srtm.experiments.tenancy import report, scenario
 
         how = sizing_of(run.scale, run.term)
@@ -73,10 +73,10 @@ class MultiTenant:
         return Summary(NAME, Mode.live, documents, _verdict(ok))
 
 
-def _verdict(ok: bool) -> Verdict:
+def _verdict(ok: bool) -> RunVerdict:
     # --strict exits 1 when a check fails; a disturbed run is printed as such, and only
     # its checks decide the exit.
-    return Verdict.ok if ok else Verdict.failed
+    return RunVerdict.ok if ok else RunVerdict.failed
 
 
 def run_policy(

@@ -12,7 +12,7 @@ from typing import ClassVar
 from srtm.experiments.experiment import (
     Mode,
     Option,
-    Run,
+    RunSettings,
     Summary,
     UsageError,
     progress,
@@ -39,7 +39,7 @@ class UtilityExperiment:
     def description(self) -> str:
         return "the utility-aware allocation paper's experiment " + self.name
 
-    def sim(self, run: Run) -> Summary:
+    def sim(self, run: RunSettings) -> Summary:
         from srtm.experiments.figures.report import print_figure
         from srtm.experiments.utility import sim
 
@@ -49,7 +49,7 @@ class UtilityExperiment:
         document = json.dumps(result.data)
         return Summary(self.name, Mode.sim, (document,), verdict(disturbed=False, ok=ok))
 
-    def live(self, run: Run) -> Summary:
+    def live(self, run: RunSettings) -> Summary:
         from srtm.experiments.utility import live, report, scenario
 
         if run.decide not in live.MODES:
