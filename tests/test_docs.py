@@ -326,3 +326,54 @@ def test_provenance_check_sees_a_page_without_it(tmp_path: Path) -> None:
     assert provenance_problem(page) is not None
     page.write_text("# Page\n" + "\n" * PROVENANCE_WITHIN_LINES + good + "\n")
     assert provenance_problem(page) is not None
+
+
+def defined_names(module: str) -> set[str]:
+    """Top-level names a module defines or imports (what ``module.NAME`` may name)."""
+    path = SRC.parent.joinpath(*module.split("."))
+    path = path / "__init__.py" if (path / "__init__.py").is_file() else path.with_suffix(".py")
+    names: set[str] = set()
+    for node in parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def stale_names(text: str) -> list[str]:
+    """Every `srtm.…` name in ``text`` that is neither a module nor a name one defines."""
+    stale = []
+    # Not a JSON path in a document (`srtm.topics[].bound`): those are fields.
+    for name in sorted(set(re.findall(r"`(srtm(?:\.\w+)+)(?![\w\[])", text))):
+        parts = name.split(".")
+        module = next(
+            (".".join(parts[:i]) for i in range(len(parts), 0, -1)
+             if is_module(".".join(parts[:i]))),
+            "",
+        )  # fmt: skip
+        rest = parts[len(module.split(".")) :] if module else parts
+        if not module or (rest and rest[0] not in defined_names(module)):
+            stale.append(name)
+    return stale
+
+
+def test_every_srtm_name_in_the_docs_exists() -> None:
+    """Modules move (issue 30): a page naming one that is gone sends its reader nowhere."""
+    stale = {
+        str(p.relative_to(ROOT)): found
+        for p in markdown_files()
+        if (found := stale_names(p.read_text()))
+    }
+    assert not stale, f"names in the docs that src/srtm does not have: {stale}"
+
+
+def test_stale_name_check_sees_a_moved_module() -> None:
+    assert stale_names("see `srtm.broker.diskqueue` and `srtm.broker.broker.Nope`") == [
+        "srtm.broker.broker.Nope",
+        "srtm.broker.diskqueue",
+    ]
+    assert stale_names("`srtm.broker.broker.Broker` in `srtm.broker`, `srtm.topics[].x`") == []
