@@ -85,25 +85,64 @@ class Lookupd:
 
 
 def _nsq(tmp_path: Path) -> Iterator[Lookupd]:
+    # free_port() only finds a port free now: a process started in parallel may take it
+    # first, and nsqd or nsqlookupd then exits at once. Fresh ports, up to three times.
+    for attempt in range(3):
+        procs = _start_nsq(tmp_path / f"try-{attempt}")
+        if procs is not None:
+            break
+    else:
+        pytest.fail("nsqlookupd and nsqd did not start on three sets of free ports")
+    lk, started = procs
+    try:
+        # nsqd registers when it starts; a failed first try is retried only after 15 s.
+        eventually(lambda: lk.get("/nodes").json()["producers"], timeout=40.0)
+        yield lk
+    finally:
+        _stop(started)
+
+
+def _start_nsq(data: Path) -> tuple[Lookupd, list[subprocess.Popen[bytes]]] | None:
+    """nsqlookupd and an nsqd registered with it, both answering /ping; None (and both
+    stopped) if either exited first."""
     nsq = nsq_bin()
+    data.mkdir(parents=True)
     lt, lh, nt, nh = (free_port() for _ in range(4))
     procs = [subprocess.Popen(
         [str(nsq / "nsqlookupd"), f"--tcp-address=127.0.0.1:{lt}",
          f"--http-address=127.0.0.1:{lh}"], stderr=subprocess.DEVNULL)]  # fmt: skip
     try:
-        eventually(lambda: _up(f"http://127.0.0.1:{lh}/ping"))
-        procs.append(subprocess.Popen(
-            [str(nsq / "nsqd"), f"--tcp-address=127.0.0.1:{nt}",
-             f"--http-address=127.0.0.1:{nh}", f"--lookupd-tcp-address=127.0.0.1:{lt}",
-             "--broadcast-address=127.0.0.1", f"--data-path={tmp_path}"],
-            stderr=subprocess.DEVNULL))  # fmt: skip
-        lk = Lookupd("nsq", f"http://127.0.0.1:{lh}", f"http://127.0.0.1:{nh}", nt, nh)
-        eventually(lambda: lk.get("/nodes").json()["producers"])
-        yield lk
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-            p.wait(10)
+        up = _answers(procs[0], f"http://127.0.0.1:{lh}/ping")
+        if up:
+            procs.append(subprocess.Popen(
+                [str(nsq / "nsqd"), f"--tcp-address=127.0.0.1:{nt}",
+                 f"--http-address=127.0.0.1:{nh}", f"--lookupd-tcp-address=127.0.0.1:{lt}",
+                 "--broadcast-address=127.0.0.1", f"--data-path={data}"],
+                stderr=subprocess.DEVNULL))  # fmt: skip
+            up = _answers(procs[1], f"http://127.0.0.1:{nh}/ping")
+    except BaseException:
+        _stop(procs)
+        raise
+    if not up:
+        _stop(procs)
+        return None
+    return Lookupd("nsq", f"http://127.0.0.1:{lh}", f"http://127.0.0.1:{nh}", nt, nh), procs
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in reversed(procs):
+        p.terminate()
+        p.wait(10)
+
+
+def _answers(proc: subprocess.Popen[bytes], url: str, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        if _up(url):
+            return True
+        assert time.monotonic() < deadline, f"{url} did not answer in {timeout} s"
+        time.sleep(0.05)
+    return False
 
 
 def _up(url: str) -> bool:
