@@ -88,10 +88,33 @@ def test_the_spec_is_saved_with_the_topic_and_shown() -> None:
     doc = c.to_json()
     back = Controller()
     back.restore(doc, 0)
-    assert back.topics["t"].utility == GOLD_SILVER
+    assert back.topics["t"].utility.doc == GOLD_SILVER
     assert back.topic_doc("t")["utility"] == GOLD_SILVER
     c.set_utility("t", None)
     assert c.topic_doc("t")["utility"] is None
+
+
+def test_the_spec_is_parsed_once_where_it_enters() -> None:
+    c = _controller()
+    flow = c.topics["t"].utility.flow
+    assert flow == parse_topic_utility(GOLD_SILVER, "t")
+    assert UtilityControl().build(c).flows[0].classes[0].name == "gold"
+    # A caller past the API gets the API's refusal; the spec it had stays.
+    with pytest.raises(ControlError, match="utility.kind must be one of") as refused:
+        c.set_utility("t", {**GOLD_SILVER, "kind": "many"})
+    assert refused.value.status == 400 and c.topics["t"].utility.flow is flow
+
+
+def test_a_saved_spec_this_version_cannot_read_is_kept_but_not_optimized() -> None:
+    doc = _controller().to_json()
+    odd = {**GOLD_SILVER, "kind": "many"}
+    doc["topics"][0]["utility"] = odd
+    back = Controller()
+    back.restore(doc, 0)
+    assert back.topics["t"].utility.flow is None
+    assert back.topic_doc("t")["utility"] == odd
+    assert back.to_json()["topics"][0]["utility"] == odd
+    assert UtilityControl().build(back).flows == ()
 
 
 # -- the problem -------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """What the controller knows, as data: each broker (``BrokerInfo``), each topic
 (``TopicState``) and the fields every decision reads (``ControllerState``), with the typed
 parts that JSON documents carry (fitting progress, a broker's resources, a topic's
-allocation by the utility optimizer; its utility spec stays the document as given).
+utility spec, parsed and as given, and its allocation by the utility optimizer).
 
 No decisions here: the concept modules (``brokers``, ``topics``, ``plans``, ``replicas``,
 ``views``, ``persistence``) make them over a ``ControllerState``; ``srtm.control.state``'s
@@ -23,6 +23,8 @@ from srtm.placement import AdaptorSettings, Policy, PublisherLoad, Sums, TopicSp
 from srtm.placement.fitting import FitOutcome, Step, Verdict
 from srtm.ratelimit import MAX_RATE, BucketParams
 from srtm.ratelimit.overflow import DEFAULT_BOUND, Bound
+from srtm.utility.cluster import parse_topic_utility
+from srtm.utility.optimizer import FlowSpec
 
 #: Events a topic keeps (the latest): a flood of joins or plan changes must not grow the
 #: state, its saved row or the console's answer without bound.
@@ -233,6 +235,36 @@ class AllocationState:
                 "current_rate": current_rate}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class TopicUtility:
+    """A topic's utility spec (``srtm.utility.cluster``: one flow of ``srtm utility
+    optimize``'s document without name and brokers): ``doc`` as the user sent it, which
+    is what is served and saved (unchanged, so what was saved restores as it was), and
+    ``flow``, the spec parsed once, which the optimizer reads at every run."""
+
+    doc: dict[str, Any]
+    #: None only for a saved spec that this version no longer accepts: it is kept,
+    #: served and saved as it came, but the optimizer leaves the topic alone.
+    flow: FlowSpec | None
+
+    @classmethod
+    def parse(cls, doc: dict[str, Any], topic: str) -> TopicUtility:
+        """A spec as given, checked (ValueError naming ``utility.…``)."""
+        return cls(doc, parse_topic_utility(doc, topic))
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], topic: str) -> TopicUtility:
+        """A saved spec: never refused (a restore must not fail on one that an older
+        version accepted), unparsed if this version cannot read it."""
+        try:
+            return cls.parse(doc, topic)
+        except ValueError:
+            return cls(doc, None)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.doc
+
+
 @dataclass
 class TopicState:
     spec: TopicSpec
@@ -266,10 +298,8 @@ class TopicState:
     drain_since: dict[str, int] = field(default_factory=dict)
     #: Forwarding and replication (``srtm.control.routes``).
     routing: Routing = field(default_factory=Routing)
-    #: Its utility spec (``srtm.utility.cluster``: one flow of ``srtm utility optimize``'s
-    #: document without name and brokers), kept as given: it is served and saved as it
-    #: came, and read by ``parse_topic_utility``; None: the optimizer leaves it alone.
-    utility: dict[str, Any] | None = None
+    #: Its utility spec; None: the optimizer leaves it alone.
+    utility: TopicUtility | None = None
     #: Its part of the optimizer's last run (not saved).
     allocation: AllocationState | None = None
     #: The bound on what waits behind its sub-buckets and its overflow policy (every

@@ -14,6 +14,7 @@ from srtm.control.model import (
     FitState,
     FittingProgress,
     TopicState,
+    TopicUtility,
     bucket_json,
 )
 from srtm.control.plans import new_plan
@@ -58,7 +59,7 @@ def topic_json(c: ControllerState, name: str) -> dict[str, Any]:
         "rate_auto": t.rate_auto,
         "draining": t.draining,
         "routing": t.routing.to_json(),
-        "utility": t.utility,
+        "utility": None if t.utility is None else t.utility.to_json(),
         "bound": {"max_wait_ms": t.bound.max_wait_ms, "overflow": t.bound.overflow.value},
     }
 
@@ -87,7 +88,7 @@ def restore(c: ControllerState, doc: dict[str, Any], now: float) -> None:
             rate_auto=bool(t.get("rate_auto", False)),
             draining={b: float(w) for b, w in t.get("draining", {}).items()},
             routing=Routing.from_json(t.get("routing")),
-            utility=t.get("utility"),
+            utility=_restored_utility(t.get("utility"), t["name"]),
             bound=_restored_bound(t.get("bound")),
         )
         _restore_routes(c, topic)
@@ -137,6 +138,11 @@ def _interrupted(doc: dict[str, Any] | None) -> FittingProgress | None:
     if fitting.running:
         fitting.state = FitState.INTERRUPTED
     return fitting
+
+
+def _restored_utility(doc: Any, topic: str) -> TopicUtility | None:
+    """A saved utility spec, as it was saved (absent or null: none)."""
+    return None if doc is None else TopicUtility.from_json(doc, topic)
 
 
 def _restored_bound(doc: Any) -> Bound:

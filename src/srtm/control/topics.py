@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from srtm.control.actions import Action, DropRoute, SetBucket, Unmanage, same_bucket
-from srtm.control.model import ControllerState, TopicState
+from srtm.control.model import ControllerState, TopicState, TopicUtility
 from srtm.control.plans import fleet, new_plan, set_assignment, sums
 from srtm.control.validate import ControlError, publisher_id, topic_name
 from srtm.placement import (
@@ -67,7 +67,8 @@ def create_topic(
     check_new_topic(spec)``) and is used as is, unless the ledger changed meanwhile
     (the tick placed publishers) so that a chosen broker no longer has room for its
     share: then it is placed again here, on the ledger as it is now. ``utility``: its
-    utility spec as given (checked by the caller)."""
+    utility spec as given (refused as ``set_utility`` refuses it)."""
+    parsed = _utility(utility, spec.name)
     brokers = check_new_topic(c, spec)
     if placement is None:
         placement = place(policy, brokers, spec, c.seed)
@@ -76,7 +77,7 @@ def create_topic(
     elif placed_on is not None and _overtaken(placement, placed_on, brokers):
         placement = place(policy, brokers, spec, c.seed)
     topic = c.topics[spec.name] = TopicState(
-        spec, policy, open=open, rate_auto=rate_auto, utility=utility,
+        spec, policy, open=open, rate_auto=rate_auto, utility=parsed,
         max_publisher_rate=max_publisher_rate, join_secret=join_secret, bound=bound,
     )  # fmt: skip
     for a in placement.assignments:
@@ -184,12 +185,23 @@ def change_topic(
 
 
 def set_utility(c: ControllerState, name: str, utility: dict[str, Any] | None) -> None:
-    """PATCH: a new utility spec (checked by the caller), or None: the optimizer and
-    rate control leave the topic's rate alone from now on."""
+    """PATCH: a new utility spec, as given (a bad one is refused: 400 naming the field),
+    or None: the optimizer and rate control leave the topic's rate alone from now on."""
     topic = c.changeable(name)
-    topic.utility = utility
+    topic.utility = _utility(utility, name)
     topic.allocation = None
     topic.events.append("utility spec " + ("set" if utility is not None else "removed"))
+
+
+def _utility(doc: dict[str, Any] | None, topic: str) -> TopicUtility | None:
+    """A spec as given, parsed once here, where it enters the state. The API's request
+    documents refuse a bad one first; a direct caller's gets the same 400 and text."""
+    if doc is None:
+        return None
+    try:
+        return TopicUtility.parse(doc, topic)
+    except ValueError as exc:
+        raise ControlError(400, str(exc)) from None
 
 
 def set_rate(c: ControllerState, name: str, rate: float) -> list[Action]:

@@ -27,7 +27,6 @@ from srtm.utility.cluster import (
     TopicInput,
     build_problem,
     flow_doc,
-    parse_topic_utility,
     run_doc,
     shares_of,
 )
@@ -185,12 +184,9 @@ class UtilityControl:
         up = [b.id for b in ctrl.up()]
         inputs = []
         for name, topic in ctrl.topics.items():
-            if topic.utility is None:
+            # No spec, or a saved one this version cannot read (``TopicUtility``).
+            if topic.utility is None or (flow := topic.utility.flow) is None:
                 continue
-            try:
-                flow = parse_topic_utility(topic.utility, name)
-            except ValueError:
-                continue  # checked when set; a saved spec from another version
             demand = {b: ctrl.brokers[b].demand.get(name, {}) for b in topic.buckets}
             buckets = {b: p.rate for b, p in topic.buckets.items()}
             inputs.append(TopicInput(flow, buckets, demand, self.costs(ctrl, name, buckets)))

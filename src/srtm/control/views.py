@@ -76,7 +76,7 @@ def topic_doc(c: ControllerState, name: str) -> dict[str, Any]:
         "replicas": topic.routing.replicas,
         "homes": topic.routing.homes,
         "forwarding": {b: sorted(d) for b, d in topic.routing.left.items()},
-        "utility": topic.utility,
+        "utility": None if topic.utility is None else topic.utility.to_json(),
         "allocation": None
         if topic.allocation is None
         else topic.allocation.to_json(topic.spec.rate),
