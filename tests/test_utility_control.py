@@ -100,7 +100,7 @@ def test_the_spec_is_parsed_once_where_it_enters() -> None:
     assert flow == parse_topic_utility(GOLD_SILVER, "t")
     assert UtilityControl().build(c).flows[0].classes[0].name == "gold"
     # A caller past the API gets the API's refusal; the spec it had stays.
-    with pytest.raises(ControlError, match="utility.kind must be one of") as refused:
+    with pytest.raises(ControlError, match=r"utility\.kind must be one of") as refused:
         c.set_utility("t", {**GOLD_SILVER, "kind": "many"})
     assert refused.value.status == 400 and c.topics["t"].utility.flow is flow
 
