@@ -58,7 +58,7 @@ class StateStore(Protocol):
 
     def list(self, prefix: str) -> list[Entry]:
         """Every entry whose key starts with ``prefix``, in the order the keys were first
-        written."""
+        written (SQLite's rowid; etcd's ``create_revision``, a range sorted by it)."""
         ...
 
     def put(self, key: str, doc: str) -> None: ...

@@ -1,6 +1,6 @@
 """What every experiment is: the ``Experiment`` protocol (a name, ``sim()`` and/or
-``live()``, the options each takes), a run's settings (``Run``) and what it ended with
-(``Summary``); and the terminal helpers the families share (a progress bar, Ctrl-C,
+``live()``, the options each takes), a run's settings (``RunSettings``) and what it ended
+with (``Summary``); and the terminal helpers the families share (a progress bar, Ctrl-C,
 ``--scale``).
 
 Each family (``scenarios``, ``figures``, ``tenancy``, ``diurnal``, ``utility``) defines
