@@ -189,9 +189,11 @@ def _fake_tenancy(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
     seen: list[dict[str, Any]] = []
 
-    def run_live(out: Path, policy: str, *args: object, **kw: Any) -> dict[str, Any]:
+    def run_live(
+        out: Path, policy: str, *args: object, **kw: Any
+    ) -> tuple[dict[str, Any], tuple[Path, ...]]:
         seen.append({"policy": policy, **kw})
-        return {"checks": [{"check": "x", "ok": True, "detail": ""}]}
+        return {"checks": [{"check": "x", "ok": True, "detail": ""}]}, ()
 
     monkeypatch.setattr(tenancy_experiment, "run_policy", run_live)
     return seen

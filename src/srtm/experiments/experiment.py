@@ -6,8 +6,9 @@ with (``Summary``); and the terminal helpers the families share (a progress bar,
 Each family (``scenarios``, ``figures``, ``tenancy``, ``diurnal``, ``utility``) defines
 its experiments in its package's ``__init__``; ``registry`` finds them by name. A run
 prints its own report as it goes (a multi-policy run shows each policy's table when that
-policy is done) and returns its ``Summary``: the JSON documents ``--json`` prints and the
-verdict ``--strict`` exits with.
+policy is done), writes the report's files into ``--out`` and returns its ``Summary``: the
+JSON documents ``--json`` prints, the verdict ``--strict`` exits with, and the report's
+files.
 """
 
 from __future__ import annotations
@@ -102,12 +103,15 @@ class RunSettings:
 @dataclass(frozen=True)
 class Summary:
     """What a run ended with: the JSON documents ``--json`` prints (one per run, in
-    order) and its verdict."""
+    order), its verdict, and its report: every file the run wrote directly in ``--out``
+    (pages, plots, tables, JSON summaries), in the order written. The traces and the
+    brokers' files a live run keeps in folders under ``--out`` are not the report."""
 
     experiment: str
     mode: Mode
     documents: tuple[str, ...] = ()
     verdict: RunVerdict = RunVerdict.ok
+    report: tuple[Path, ...] = ()
 
 
 class UsageError(ValueError):
@@ -120,7 +124,8 @@ class UsageError(ValueError):
 
 
 class Experiment(Protocol):
-    """A named experiment. It is ``Simulated``, ``Live`` or both."""
+    """A named experiment. It is ``Simulated``, ``Live`` or both; a run (``sim()``,
+    ``live()``) returns its ``Summary``, with the files of the report it wrote."""
 
     @property
     def name(self) -> str: ...

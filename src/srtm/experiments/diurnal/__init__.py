@@ -42,7 +42,9 @@ class Diurnal:
             result = sim.diurnal_sim(run.out)
         report.print_sim(result, run.term.err, run.term.out, run.as_json)
         ok = all(c["ok"] for c in result.data["claims"])
-        return Summary(NAME, Mode.sim, (json.dumps(result.data),), verdict(disturbed=False, ok=ok))
+        document = json.dumps(result.data)
+        done = verdict(disturbed=False, ok=ok)
+        return Summary(NAME, Mode.sim, (document,), done, tuple(result.files))
 
     def live(self, run: RunSettings) -> Summary:
         from srtm.experiments.diurnal import live, report
@@ -65,7 +67,8 @@ class Diurnal:
         ok = all(c["ok"] for c in data.get("claims", []))
         bad = any(data["disturbed"].values())
         document = json.dumps(data, default=report.plain)
-        return Summary(NAME, Mode.live, (document,), verdict(disturbed=bad, ok=ok))
+        written = live.report_files(run.out, loops)
+        return Summary(NAME, Mode.live, (document,), verdict(disturbed=bad, ok=ok), written)
 
 
 EXPERIMENT = Diurnal()

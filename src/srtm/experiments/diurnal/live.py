@@ -201,7 +201,7 @@ class _Run:
 def run(
     out: Path, s: LiveDiurnal, loop: bool, on_progress: OnProgress | None = None
 ) -> dict[str, Any]:
-    """One live run (``loop``: the elastic loop on); its summary (also ``out/NAME.json``)."""
+    """One live run (``loop``: the elastic loop on); its summary (also ``summary_path``)."""
     name = f"diurnal-live-{'on' if loop else 'off'}"
     traces = out / "traces"
     shutil.rmtree(traces / "subscriber" / f"run={name}", ignore_errors=True)
@@ -229,8 +229,13 @@ def run(
         cluster.stop()
     summary = summarize(s, info, traces)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(summary, indent=1))
+    summary_path(out, "on" if loop else "off").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def summary_path(out: Path, loop: str) -> Path:
+    """``out/diurnal-live-on.json`` (``loop`` 'on') or ``-off``: one run's summary."""
+    return out / f"diurnal-live-{loop}.json"
 
 
 async def _drive(
@@ -555,14 +560,25 @@ def diurnal_live(
     if "on" in runs:
         data["claims"] = verdicts(data)
     out.mkdir(parents=True, exist_ok=True)
-    png = out / "diurnal-live.png"
+    png, document, page = report_files(out, ())
     fig = report.plot(report.for_plot(data))
     fig.savefig(png, dpi=100)
     pyplot().close(fig)
-    data["files"] = [str(png), str(out / "diurnal-live.html"), str(out / "diurnal-live.json")]
-    (out / "diurnal-live.json").write_text(json.dumps(data, indent=1, default=_nan))
+    data["files"] = [str(png), str(page), str(document)]
+    document.write_text(json.dumps(data, indent=1, default=_nan))
     report.write_html(data, png, out)
     return data
+
+
+def report_files(out: Path, loops: tuple[str, ...]) -> tuple[Path, ...]:
+    """What ``diurnal_live`` writes in ``out`` for the runs ``loops``, in order: each
+    run's summary, the plot, the document, the page (``report.write_html``'s)."""
+    return (
+        *(summary_path(out, loop) for loop in loops),
+        out / "diurnal-live.png",
+        out / "diurnal-live.json",
+        out / report.PAGE,
+    )
 
 
 def _nan(x: Any) -> Any:

@@ -14,6 +14,9 @@ from rich.table import Table
 from srtm.experiments.diurnal import RUNS
 from srtm.experiments.figures.common import FigureResult, pyplot
 
+#: The live run's HTML page, in ``--out``.
+PAGE = "diurnal-live.html"
+
 
 def print_sim(result: FigureResult, console: Console, out: Console, as_json: bool) -> None:
     """Both runs at the paper's scale: the per-window table, the counts and the verdicts
@@ -168,7 +171,7 @@ def write_html(data: dict[str, Any], png: Path, out: Path) -> Path:
         f"<table border=1><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr>{rows}</table>"
         f"<p><img src='{esc(png.name)}'></p>"
     )
-    path = out / "diurnal-live.html"
+    path = out / PAGE
     path.write_text(page)
     return path
 

@@ -77,7 +77,11 @@ class Figure:
         print_figure(result, run.term)
         ok = all(c["ok"] for c in result.data.get("claims", []))
         return Summary(
-            self.name, Mode.sim, (json.dumps(result.data),), verdict(disturbed=False, ok=ok)
+            self.name,
+            Mode.sim,
+            (json.dumps(result.data),),
+            verdict(disturbed=False, ok=ok),
+            tuple(result.files),
         )
 
 

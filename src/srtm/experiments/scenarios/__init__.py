@@ -78,7 +78,8 @@ class ScenarioExperiment:
         analyse(summaries, run.out, run.analysis, run.spark_master, run.term.err)
         report.print_table(summaries, f"{sc.name}: SLO p99 ≤ {sc.slo_p99_ms:g} ms", run.term.out)
         run.term.err.print(f"summaries and traces under {run.out}")
-        return _summary(self.name, summaries, json.dumps(report.compact(summaries)))
+        document = json.dumps(report.compact(summaries))
+        return _summary(self.name, summaries, document, saved(summaries, run.out))
 
     def compare(self, run: RunSettings) -> Summary:
         """The scenario under each policy of ``run``, side by side, with plots and an HTML
@@ -204,11 +205,23 @@ def finish(sc: Scenario, summaries: list[dict[str, Any]], out: Path, term: Termi
     images = report.plots(summaries, out / "traces", out)
     page = report.write_html(summaries, images, out, sc)
     term.err.print(f"report: {page}")
-    return _summary(sc.name, summaries, json.dumps(report.compact(summaries)))
+    document = json.dumps(report.compact(summaries))
+    return _summary(sc.name, summaries, document, (*saved(summaries, out), *images, page))
 
 
-def _summary(name: str, summaries: Sequence[dict[str, Any]], document: str) -> Summary:
-    from srtm.experiments.scenarios import report
+def saved(summaries: Sequence[dict[str, Any]], out: Path) -> tuple[Path, ...]:
+    """The runs' summaries as ``live.run`` saved them in ``out`` (Spark's analysis
+    rewrites the same files)."""
+    from srtm.experiments.scenarios import live
 
-    bad = bool(report.disturbances(summaries))
-    return Summary(name, Mode.live, (document,), RunVerdict.disturbed if bad else RunVerdict.ok)
+    return tuple(live.summary_path(out, s["run"]) for s in summaries)
+
+
+def _summary(
+    name: str, summaries: Sequence[dict[str, Any]], document: str, report: tuple[Path, ...]
+) -> Summary:
+    from srtm.experiments.scenarios import report as tables
+
+    bad = bool(tables.disturbances(summaries))
+    verdict = RunVerdict.disturbed if bad else RunVerdict.ok
+    return Summary(name, Mode.live, (document,), verdict, report)

@@ -142,10 +142,15 @@ def run(
 
 
 def save_summary(out: Path, summary: dict[str, Any]) -> Path:
-    """``out/<run>.json``: the run's summary."""
-    path = out / f"{summary['run']}.json"
+    """Write the run's summary to ``summary_path``."""
+    path = summary_path(out, summary["run"])
     path.write_text(json.dumps(summary, indent=2))
     return path
+
+
+def summary_path(out: Path, run_name: str) -> Path:
+    """``out/<run>.json``: where the summary of the run ``run_name`` is saved."""
+    return out / f"{run_name}.json"
 
 
 def _clear_run(traces: Path, name: str) -> None:

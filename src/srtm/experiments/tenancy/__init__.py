@@ -55,7 +55,8 @@ class MultiTenant:
         for f in result.files:
             run.term.err.print(f"wrote {f}")
         ok = all(c["ok"] for c in result.data["claims"])
-        return Summary(NAME, Mode.sim, (json.dumps(result.data),), _verdict(ok))
+        document = json.dumps(result.data)
+        return Summary(NAME, Mode.sim, (document,), _verdict(ok), tuple(result.files))
 
     def live(self, run: RunSettings) -> Summary:
         from srtm.experiments.tenancy import report, scenario
@@ -63,14 +64,14 @@ class MultiTenant:
         how = sizing_of(run.scale, run.term)
         sc = scenario.scaled(scenario.live_scale(), how.scale)
         run.term.err.print(report.sized_line(how, sc), highlight=False)
-        summaries = [
-            run_policy(run.out, policy, run.term, sc=sc, sizing=how) for policy in run.policies
-        ]
+        runs = [run_policy(run.out, policy, run.term, sc=sc, sizing=how) for policy in run.policies]
+        summaries = [summary for summary, _ in runs]
         ok = all(c["ok"] for s in summaries for c in s["checks"])
         documents = tuple(
             json.dumps({k: v for k, v in s.items() if k != "ledger"}) for s in summaries
         )
-        return Summary(NAME, Mode.live, documents, _verdict(ok))
+        written = tuple(f for _, files in runs for f in files)
+        return Summary(NAME, Mode.live, documents, _verdict(ok), written)
 
 
 def _verdict(ok: bool) -> RunVerdict:
@@ -81,9 +82,10 @@ def _verdict(ok: bool) -> RunVerdict:
 
 def run_policy(
     out: Path, policy: Policy, term: Terminal, *, sc: TenancyScenario, sizing: Sizing
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], tuple[Path, ...]]:
     """The live scenario ``sc`` on local brokers under ``policy``: run, shown, its plot
-    and page written; returns its summary."""
+    and page written; returns its summary and the files written in ``out`` (the
+    summary's JSON, the plot, the page)."""
     from srtm.experiments.tenancy import live, report
 
     with progress(term, f"{NAME} / {policy}") as update:
@@ -92,7 +94,7 @@ def run_policy(
     png = report.plot(summary, out)
     page = report.write_html(summary, png, out)
     term.err.print(f"report: {page}")
-    return summary
+    return summary, (live.summary_path(out, summary["run"]), png, page)
 
 
 EXPERIMENT = MultiTenant()

@@ -112,7 +112,8 @@ def run(
     seed: int = 0, on_progress: OnProgress | None = None, sizing: Sizing | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the live scenario under ``policy``; traces under ``out/traces``; the summary
-    is returned and written to ``out/multi-tenant-<policy>.json``. ``sizing``: how ``sc``
+    is returned and written to ``summary_path`` (``out/multi-tenant-<policy>.json``,
+    ``multi-tenant`` being the scenario's name). ``sizing``: how ``sc``
     was sized to this machine (``srtm.experiments.sizing``), kept in the summary."""
     sc = sc or live_scale()
     name = f"{sc.name}-{policy}"
@@ -139,9 +140,14 @@ def run(
     summary = summarize(sc, info, traces)
     summary["sizing"] = (sizing or Sizing(sc.time_scale)).to_json()
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(summary, indent=2))
+    summary_path(out, name).write_text(json.dumps(summary, indent=2))
     progress("analysing", 1, 1)
     return summary
+
+
+def summary_path(out: Path, run_name: str) -> Path:
+    """``out/<run>.json``: where ``run`` writes the summary of the run ``run_name``."""
+    return out / f"{run_name}.json"
 
 
 async def _drive(

@@ -47,7 +47,8 @@ class UtilityExperiment:
         print_figure(result, run.term)
         ok = all(c["ok"] for c in result.data["claims"])
         document = json.dumps(result.data)
-        return Summary(self.name, Mode.sim, (document,), verdict(disturbed=False, ok=ok))
+        done = verdict(disturbed=False, ok=ok)
+        return Summary(self.name, Mode.sim, (document,), done, tuple(result.files))
 
     def live(self, run: RunSettings) -> Summary:
         from srtm.experiments.utility import live, report, scenario
@@ -62,7 +63,7 @@ class UtilityExperiment:
         report.print_live(summary, run.term.out)
         png = report.plot(summary, run.out)
         page = report.write_html(summary, png, run.out)
-        report.write_markdown(summary, run.out)
+        table = report.write_markdown(summary, run.out)
         run.term.err.print(f"report: {page}")
         ok = all(c["ok"] for c in summary["claims"])
         return Summary(
@@ -70,6 +71,7 @@ class UtilityExperiment:
             Mode.live,
             (json.dumps(summary),),
             verdict(disturbed=bool(summary["disturbed"]), ok=ok),
+            (live.summary_path(run.out, exp.name), png, page, table),
         )
 
 

@@ -120,7 +120,7 @@ def run(
     on_progress: OnProgress | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the experiment's stages live; the summary is returned and written to
-    ``out/<name>-live.json``."""
+    ``summary_path``."""
     stage_s = QUICK_STAGE_S if quick else STAGE_S[exp.name]
     progress = on_progress or (lambda *_: None)
     cluster_dir = out / "cluster" / f"{exp.name}-live"
@@ -147,8 +147,13 @@ def run(
         info.cluster.stop()
     summary = summarize(info)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{exp.name}-live.json").write_text(json.dumps(summary, indent=2))
+    summary_path(out, exp.name).write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def summary_path(out: Path, name: str) -> Path:
+    """``out/<name>-live.json``: where ``run`` writes the experiment ``name``'s summary."""
+    return out / f"{name}-live.json"
 
 
 async def _drive(info: Run, progress: OnProgress) -> None:
