@@ -1,16 +1,30 @@
-"""Every experiment in one shape: found by name, simulated and/or live, and an option a
-run does not take refused naming it (issue 30)."""
+"""Every experiment in one shape: found by name, simulated and/or live, an option a run
+does not take refused naming it, and a run's summary naming the files of its report
+(issue 30)."""
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from srtm.cli.experiment import app
 from srtm.experiments import registry
-from srtm.experiments.experiment import Live, Mode, Option, Simulated, UsageError, refuse
+from srtm.experiments.experiment import (
+    Live,
+    Mode,
+    Option,
+    RunSettings,
+    Simulated,
+    Terminal,
+    UsageError,
+    refuse,
+)
 
 
 def test_every_experiment_is_simulated_or_live_and_found_by_name() -> None:
@@ -71,3 +85,113 @@ def test_list_shows_what_each_experiment_takes() -> None:
     assert res.exit_code == 0
     diurnal = next(line for line in res.output.splitlines() if "│ diurnal" in line)
     assert "--only" in diurnal and "--quick" not in diurnal
+
+
+# -- a run's report -------------------------------------------------------------------------
+def _quick_figure(monkeypatch: pytest.MonkeyPatch) -> None:
+    from srtm.experiments import figures
+
+    real = figures.run_figure
+    monkeypatch.setattr(figures, "run_figure", lambda name, out: real(name, out, quick=True))
+
+
+def _quick_tenancy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from srtm.experiments.tenancy import sim
+
+    real = sim.multi_tenant_sim
+    monkeypatch.setattr(
+        sim, "multi_tenant_sim", lambda out, **kw: real(out, topics=12, window_s=1.0, **kw)
+    )
+
+
+def _quick_diurnal(monkeypatch: pytest.MonkeyPatch) -> None:
+    from srtm.experiments.diurnal import sim
+
+    small = sim.DiurnalSettings(windows=12, sim_s=0.5, warmup_s=0.1, topics=36, scale=10)
+    real = sim.diurnal_sim
+    monkeypatch.setattr(sim, "diurnal_sim", lambda out, s=None: real(out, small))
+
+
+def _as_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    pass
+
+
+def _files(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("name", "quick"),
+    [
+        ("fig4", _quick_figure),
+        pytest.param("multi-tenant", _quick_tenancy, marks=pytest.mark.slow),  # ~10 s
+        ("diurnal", _quick_diurnal),
+        ("trading-day", _as_is),
+    ],
+)
+def test_a_simulated_run_returns_the_files_of_its_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, quick: Any
+) -> None:
+    # One experiment of each family with a simulation (the scenarios have none), shrunk
+    # where the paper's scale is slow; a file there before the run is not its report.
+    quick(monkeypatch)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "earlier.json").write_text("{}")
+    before = _files(out)
+    quiet = Terminal(Console(file=io.StringIO()), Console(file=io.StringIO()))
+    exp = registry.find(name)
+    assert isinstance(exp, Simulated)
+    summary = exp.sim(RunSettings(out=out, term=quiet))
+    assert summary.report, f"{name} returned no report"
+    assert len(set(summary.report)) == len(summary.report), summary.report
+    for f in summary.report:
+        assert f.is_relative_to(out) and f.stat().st_size > 0, f
+    assert set(summary.report) == _files(out) - before
+
+
+def _fake_utility_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from srtm.experiments.utility import live
+
+    def fake(exp: Any, out: Path, mode: str, **_: Any) -> dict[str, Any]:
+        summary = {"experiment": exp.name, "title": exp.title, "mode": mode, "stage_s": 7.0,
+                   "segments": [], "claims": [], "disturbed": None, "refused": []}  # fmt: skip
+        live.summary_path(out, exp.name).write_text(json.dumps(summary))
+        return summary
+
+    monkeypatch.setattr(live, "run", fake)
+
+
+def _fake_diurnal_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from srtm.experiments.diurnal import live
+
+    def fake(out: Path, s: Any, loop: bool, on_progress: Any = None) -> dict[str, Any]:
+        w = {"t_s": 0.0, "offered_msgs": 10, "brokers": 1, "p99_ms": 1.0, "slo_met": True,
+             "load_ratio": {"0": 0.5}}  # fmt: skip
+        summary = {"windows": [w], "events": [], "moves": 0, "spawned": 0, "despawned": 0,
+                   "published": 10, "delivered": 10, "failed": 0, "slo_windows_met": 1,
+                   "disturbed": None}  # fmt: skip
+        live.summary_path(out, "on" if loop else "off").write_text(json.dumps(summary))
+        return summary
+
+    monkeypatch.setattr(live, "run", fake)
+
+
+@pytest.mark.parametrize(
+    ("name", "fake"), [("latency-effects", _fake_utility_run), ("diurnal", _fake_diurnal_run)]
+)
+def test_a_live_run_returns_the_files_of_its_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, fake: Any
+) -> None:
+    # No brokers: each run is faked (it writes its summary where the real one does) and
+    # the report the family writes from it is real.
+    fake(monkeypatch)
+    out = tmp_path / "out"
+    out.mkdir()
+    quiet = Terminal(Console(file=io.StringIO()), Console(file=io.StringIO()))
+    exp = registry.find(name)
+    assert isinstance(exp, Live)
+    summary = exp.live(RunSettings(out=out, term=quiet))
+    assert len(set(summary.report)) == len(summary.report), summary.report
+    assert all(f.stat().st_size > 0 for f in summary.report)
+    assert set(summary.report) == _files(out)
