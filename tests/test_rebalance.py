@@ -278,6 +278,28 @@ def test_min_and_max_brokers_bound_spawns() -> None:
     assert rebalance(full, RebalanceSettings(min_brokers=3), NOW) == [Spawn(2)]
 
 
+def test_a_home_of_several_replicated_topics_gets_under_the_overload() -> None:
+    """Found by hypothesis: replication sizes each topic alone (t0 on 3 carriers, t2 on 2,
+    each under target), which left their home at 0.9 of its egress with no spawn asked
+    for. The home now widens its topics' replicas until it is under target."""
+    brokers = [{"id": f"b{i}", "mcap": 1000} for i in range(5)]
+    brokers[0]["egress_max"] = 1e6
+    topics = [
+        {"name": "t0", "publishers": _pubs("t0p", 1, 150), "plan": {"b0": ["t0p0"]},
+         "subscribers": 20, "message_bytes": 500},
+        {"name": "t1", "publishers": _pubs("t1p", 1, 10), "plan": {"b0": ["t1p0"]},
+         "subscribers": 1, "message_bytes": 100},
+        {"name": "t2", "publishers": _pubs("t2p", 1, 80), "plan": {"b0": ["t2p0"]},
+         "subscribers": 20, "message_bytes": 500},
+    ]  # fmt: skip
+    state = _state(brokers, topics)
+    assert load_ratios(state, SETTINGS)["b0"] > 2
+    decisions = rebalance(state, SETTINGS, NOW)
+    after = load_ratios(apply(state, decisions, SETTINGS, NOW), SETTINGS)
+    assert not any(isinstance(d, Spawn) for d in decisions)
+    assert max(after.values()) <= SETTINGS.target + 1e-9, (decisions, after)
+
+
 def test_a_topic_with_too_much_egress_gets_all_publishers_replicas() -> None:
     pubs = _pubs("p", 2, 50)  # 100 msg/s × 1,000 subscribers × 1 kB = 100 MB/s
     doc = {"name": "t", "rate": 100, "publishers": pubs, "plan": {"b1": _ids(pubs)},

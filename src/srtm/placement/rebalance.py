@@ -10,7 +10,8 @@
 - **Channel level first** (Dynamoth's Algorithm 1, ALL_PUBLISHERS only): a topic on one
   broker whose egress is more than ``target`` × that broker's ``egress_max`` gets replicas
   that each receive the whole stream and serve a share of the subscribers; one no longer
-  needed is removed.
+  needed is removed. An overloaded home of several replicated topics widens the one that
+  sends the most out of it, one replica at a time (each topic was sized alone).
   ALL_SUBSCRIBERS is SRTM's split itself: a slice ``Relocate`` to a broker outside the plan.
 - **Overload** (Algorithm 2): a broker with ``LR > overload``, or an SLO violated for
   ``slo_windows`` consecutive windows, sheds topic parts until ``LR < target``. Whole
@@ -418,8 +419,11 @@ def _shed(run: _Pass, source: _Load) -> None:
         movable = [
             t for t in run.topics.values() if not t.replicas and t.part(b) > 0 and not run.locked(t)
         ]
-        if not movable:
-            return
+        if not movable:  # only replicated topics left: their carriers share more widely
+            if not _widen(run, source):
+                return
+            moved = True
+            continue
         hot = _slo_hot(run, source)
         movable.sort(key=lambda t: (not (hot and len(t.plan) > 1), -_contribution(source, t),
                                     t.name))  # fmt: skip
@@ -431,6 +435,28 @@ def _shed(run: _Pass, source: _Load) -> None:
         if not any(_move_slice(run, source, t) for t in slicing):
             return
         moved = True
+
+
+def _widen(run: _Pass, source: _Load) -> bool:
+    """One more replica for the replicated topic that sends the most out of ``source``,
+    when egress is what overloads it: every carrier's share of the subscribers shrinks.
+    Replication sizes each topic alone, so a home carrying several can stay over. False
+    when there is none to widen or egress is not the cause; a spawn is asked for when
+    there is one but no broker can take another replica of it."""
+    b = source.window.id
+    wide = [
+        x for x in run.topics.values() if x.replicas and b in x.carriers() and not run.locked(x)
+    ]
+    if not wide or source.egress < (run.settings.target - _EPS) * source.egress_max:
+        return False
+    for topic in sorted(wide, key=lambda x: (-egress_of(x, b), x.name)):
+        added = _replica_candidates(run, topic, 1)
+        if added:
+            _set_replicas(run, topic, (*topic.replicas, *added))
+            run.decisions.append(Replicate(topic.name, added[0], "all_publishers"))
+            return True
+    run.short = True
+    return False
 
 
 def _fits_fresh(run: _Pass, source: _Load, topic: TopicLoad) -> bool:
