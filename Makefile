@@ -9,6 +9,8 @@ CORE := src/srtm
 # The console's browser test drives Debian's headless Chromium through its chromedriver.
 CHROMIUM := /usr/bin/chromium
 CHROMEDRIVER := /usr/bin/chromedriver
+# The etcd store's tests start a real etcd member: Debian's etcd-server.
+ETCD := /usr/bin/etcd
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(BIN)/python:
@@ -34,7 +36,7 @@ typecheck: $(VENV)/.test-installed
 	$(BIN)/mypy $(CORE)
 
 # Two workers, each taking whole files (fixtures and fixed ports stay within a file).
-test: lint typecheck browser
+test: lint typecheck browser $(ETCD)
 	$(BIN)/pytest -n 2 --dist loadfile
 
 # Installed only when missing (a file target without prerequisites): quiet, idempotent.
@@ -43,6 +45,10 @@ browser: $(CHROMIUM) $(CHROMEDRIVER)
 $(CHROMIUM) $(CHROMEDRIVER) &:
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null
+
+$(ETCD):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq etcd-server >/dev/null
 
 bench: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/ratelimit.py

@@ -9,6 +9,7 @@ import aiohttp
 import pytest
 from hypothesis import HealthCheck, settings
 
+from etcd_member import EtcdMember, start_etcd
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.http import serve_http
 from srtm.control.options import ControllerOptions
@@ -84,6 +85,16 @@ def spark() -> Iterator[object]:
         yield session
     finally:
         stop_session(session)
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdMember]:
+    """One real etcd member for the worker's tests (each test keeps to its own prefix)."""
+    member = start_etcd(tmp_path_factory.mktemp("etcd") / "data")
+    try:
+        yield member
+    finally:
+        member.stop()
 
 
 @pytest.fixture

@@ -58,7 +58,9 @@ class StateStore(Protocol):
 
     def list(self, prefix: str) -> list[Entry]:
         """Every entry whose key starts with ``prefix``, in the order the keys were first
-        written (SQLite's rowid; etcd's ``create_revision``, a range sorted by it)."""
+        written (SQLite's rowid; etcd's ``create_revision``, a range sorted by it). Keys
+        first written in one batch: SQLite keeps the batch's order, etcd (one revision for
+        them all) lists them by key."""
         ...
 
     def put(self, key: str, doc: str) -> None: ...

@@ -1,0 +1,184 @@
+"""``StateStore`` on etcd v3 (``EtcdStore``), spoken through etcd's JSON gateway
+(``/v3/kv/range``, ``/v3/kv/txn``; keys and values base64) with the standard library.
+
+Synchronous like ``SqliteStore``: the service calls a store off its event loop, from its
+single writer thread. Each request has a timeout; an endpoint that refuses the connection
+or does not answer in time is left for the next one, and the store keeps using the one that
+answered. A batch is one transaction (its puts and deletes as the transaction's success
+operations), so one etcd revision. etcd counts only changes: a batch that changes nothing
+(empty, or deleting keys that are not there) leaves the revision where it was, where
+SQLite's would count one; revisions only grow either way.
+
+The requests and the answers are built and read by pure functions (``range_body``,
+``txn_body``, ``entries_of``, ``header_revision``); only ``EtcdStore._call`` (through
+``_post``) does I/O."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from srtm.control.store import Batch, Entry
+
+#: Seconds one request may take before the next endpoint is tried.
+REQUEST_TIMEOUT_S = 2.0
+
+
+class StoreError(RuntimeError):
+    """etcd could not be used: no endpoint answered, or one refused the request."""
+
+
+def b64(text: str | bytes) -> str:
+    raw = text.encode() if isinstance(text, str) else text
+    return base64.b64encode(raw).decode("ascii")
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The first key after every key starting with ``prefix`` (etcd's ``range_end``)."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"  # every key
+
+
+def range_body(key: str, prefix: bool = False) -> dict[str, Any]:
+    body = {"key": b64(key)}
+    if prefix:
+        body["range_end"] = b64(prefix_end(key.encode()))
+    return body
+
+
+def txn_body(full_keys: dict[str, str | None]) -> dict[str, Any]:
+    """One transaction applying every put (a doc) and delete (None), unconditionally."""
+    ops: list[dict[str, Any]] = [
+        {"request_delete_range": {"key": b64(key)}}
+        if doc is None
+        else {"request_put": {"key": b64(key), "value": b64(doc)}}
+        for key, doc in full_keys.items()
+    ]
+    return {"compare": [], "success": ops, "failure": []}
+
+
+def header_revision(answer: dict[str, Any]) -> int:
+    # The gateway writes int64s as strings and leaves out fields that are zero.
+    try:
+        return int(answer["header"].get("revision", 0))
+    except (KeyError, AttributeError, TypeError, ValueError) as e:
+        raise StoreError(f"etcd answered without a header revision: {answer!r:.200}") from e
+
+
+def entries_of(answer: dict[str, Any], strip: str) -> list[Entry]:
+    """A range's keys (``strip`` cut off their front) in the order they were first written:
+    by ``create_revision``. The keys one batch created share it; they come by key."""
+    found = []
+    for kv in answer.get("kvs", []):
+        key = base64.b64decode(kv["key"]).decode()
+        doc = base64.b64decode(kv.get("value", "")).decode()
+        created, modified = int(kv.get("create_revision", 0)), int(kv.get("mod_revision", 0))
+        found.append((created, key, Entry(key.removeprefix(strip), doc, modified)))
+    return [entry for _, _, entry in sorted(found, key=lambda f: (f[0], f[1]))]
+
+
+def unique_keys(batch: Batch, full: str) -> dict[str, str | None]:
+    """A batch as etcd takes it: a transaction may name a key once, so a key's last
+    change in the batch is the one written (as applying the batch in order would)."""
+    return {full + key: doc for key, doc in batch}
+
+
+class EtcdStore:
+    """``StateStore`` under ``prefix`` in an etcd cluster: the key ``k`` is ``prefix/k``.
+    ``revision`` is etcd's (the cluster's) revision after the last write, or when opened."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        prefix: str = "/srtm",
+        timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("EtcdStore needs at least one endpoint (http://host:port)")
+        for url in endpoints:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"etcd endpoint {url!r} is not http://host:port")
+        self._endpoints = [url.rstrip("/") for url in endpoints]
+        self._full = prefix.rstrip("/") + "/"
+        self._timeout_s = timeout_s
+        self._closed = False
+        self._revision = header_revision(self._call("range", range_body(self._full)))
+
+    @property
+    def revision(self) -> int:
+        return self._revision
+
+    def get(self, key: str) -> Entry | None:
+        found = entries_of(self._call("range", range_body(self._full + key)), self._full)
+        return found[0] if found else None
+
+    def list(self, prefix: str) -> list[Entry]:
+        answer = self._call("range", range_body(self._full + prefix, prefix=True))
+        return entries_of(answer, self._full)
+
+    def put(self, key: str, doc: str) -> None:
+        self.write([(key, doc)])
+
+    def delete(self, key: str) -> None:
+        self.write([(key, None)])
+
+    def write(self, batch: Batch) -> None:
+        keys = unique_keys(batch, self._full)  # the whole batch first: nothing sent if it fails
+        if not keys:
+            return
+        answer = self._call("txn", txn_body(keys))
+        if answer.get("succeeded") is not True:  # no compares: only a broken answer fails
+            raise StoreError(f"etcd did not apply the transaction: {answer!r:.200}")
+        self._revision = header_revision(answer)
+
+    def close(self) -> None:
+        self._closed = True  # HTTP requests hold no connection open between calls
+
+    def _call(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``/v3/kv/<method>`` to the first endpoint that answers, starting with the
+        one that answered last. A write whose answer timed out may have been applied; the
+        next endpoint applies it again, which leaves the same keys (a revision later)."""
+        if self._closed:
+            raise StoreError("the etcd store is closed")
+        failures = []
+        for url in list(self._endpoints):
+            try:
+                answer = self._post(url, method, body)
+            except urllib.error.HTTPError as e:  # it answered: no failover
+                detail = e.read().decode(errors="replace")[:200]
+                raise StoreError(f"etcd at {url} refused /v3/kv/{method}: {e} {detail}") from e
+            except ValueError as e:
+                raise StoreError(f"etcd at {url} answered /v3/kv/{method} with {e}") from e
+            except (urllib.error.URLError, OSError) as e:
+                reason = e.reason if isinstance(e, urllib.error.URLError) else e
+                failures.append(f"{url}: {str(reason) or type(reason).__name__}")
+                continue
+            if url != self._endpoints[0]:  # keep to the endpoint that answers
+                self._endpoints.remove(url)
+                self._endpoints.insert(0, url)
+            return answer
+        raise StoreError(f"no etcd endpoint answered /v3/kv/{method}: " + "; ".join(failures))
+
+    def _post(self, url: str, method: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{url}/v3/kv/{method}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
+                answer = json.loads(response.read())
+        except TimeoutError as e:  # connected, but no answer in time
+            raise OSError(f"no answer in {self._timeout_s} s") from e
+        if not isinstance(answer, dict):
+            raise ValueError(f"not a JSON object: {answer!r:.200}")
+        return answer
