@@ -19,9 +19,12 @@ import base64
 import json
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from srtm.control.store import Batch, Entry
+from srtm.control.store import Batch, Entry, SqliteStore, StateStore
+
+if TYPE_CHECKING:
+    from srtm.control.options import ControllerOptions
 
 #: Seconds one request may take before the next endpoint is tried.
 REQUEST_TIMEOUT_S = 2.0
@@ -182,3 +185,41 @@ class EtcdStore:
         if not isinstance(answer, dict):
             raise ValueError(f"not a JSON object: {answer!r:.200}")
         return answer
+
+
+def endpoint_urls(text: str) -> list[str]:
+    """``--etcd-endpoints``' HOST:PORT[,HOST:PORT...] as the store's URLs; ValueError
+    naming the flag and the bad part."""
+    urls = []
+    for part in (p.strip() for p in text.split(",")):
+        host, sep, port = part.rpartition(":")
+        well_formed = sep and host and port.isdigit() and 0 < int(port) <= 65535
+        if not well_formed or any(c in host for c in "/@?# "):  # a URL is not HOST:PORT
+            raise ValueError(
+                f"--etcd-endpoints: {part!r} is not HOST:PORT (give HOST:PORT[,HOST:PORT...])"
+            )
+        urls.append(f"http://{host}:{int(port)}")
+    return urls
+
+
+def check_prefix(prefix: str) -> None:
+    """``--etcd-prefix`` is an absolute key path below the root: ``/`` alone would mix the
+    state with every other key of the cluster."""
+    if not prefix.startswith("/") or not prefix.strip("/") or not prefix.isprintable():
+        raise ValueError(f"--etcd-prefix: {prefix!r} is not a key path like /srtm")
+    if any(c.isspace() for c in prefix):
+        raise ValueError(f"--etcd-prefix: {prefix!r} has white space")
+
+
+def open_store(opts: ControllerOptions) -> StateStore:
+    """The controller's store: etcd with ``--etcd-endpoints`` (``--db`` unused), else
+    SQLite in ``--db``. etcd not answering at start is a ConnectionError naming the
+    endpoints: a controller that cannot load its state must not serve an empty one."""
+    if opts.etcd_endpoints is None:
+        return SqliteStore(opts.db)
+    urls = endpoint_urls(opts.etcd_endpoints)
+    check_prefix(opts.etcd_prefix)
+    try:
+        return EtcdStore(urls, opts.etcd_prefix)
+    except StoreError as e:
+        raise ConnectionError(f"cannot reach etcd at {', '.join(urls)}: {e}") from None

@@ -36,6 +36,17 @@ class ControllerOptions:
         "resumes from it.",
         env_aliases=("SRTM_DB",),
     )
+    etcd_endpoints: str | None = setting(
+        None,
+        "Keep the state in etcd instead of --db: its members' client addresses, "
+        "HOST:PORT[,HOST:PORT...] (spoken to as http://HOST:PORT). One controller per "
+        "--etcd-prefix: no leadership yet.",
+    )
+    etcd_prefix: str = setting(
+        "/srtm",
+        "With --etcd-endpoints: the state's keys are PREFIX/KEY; controllers with different "
+        "prefixes keep their states apart.",
+    )
     broker_timeout_s: float = setting(
         5.0, "A broker silent this long is down; its publishers move (s).", minimum=0.1
     )

@@ -1,7 +1,7 @@
 """``srtm controller``: the controller's state behind its HTTP API (``srtm.control.api``),
 a 1 s tick (down brokers, TB Adaptor), sub-buckets and migration orders pushed to
 brokers (``srtm.control.push``), online fitting driven, the elastic and utility loops,
-everything kept in SQLite (``srtm.control.store_writer``)."""
+everything kept in SQLite or etcd (``srtm.control.store_writer``)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from srtm.control.provision import (
 )
 from srtm.control.push import Pusher
 from srtm.control.state import Controller
-from srtm.control.store import SqliteStore, StateStore, load_state
+from srtm.control.etcd_store import open_store
+from srtm.control.store import StateStore, load_state
 from srtm.control.store_writer import StoreWriter
 from srtm.control.utility import UtilityControl, UtilitySettings
 from srtm.jsondoc import parse as parse_json
@@ -60,7 +61,7 @@ class ControllerService:
             max_publishers=opts.max_publishers,
             forward_grace_s=opts.forward_grace_s,
         )
-        self.store: StateStore = SqliteStore(opts.db)
+        self.store: StateStore = open_store(opts)
         self.writer = StoreWriter(self.ctrl, self.store)
         self.ctrl.registry.tombstone_s = opts.tombstone_s
         saved = load_state(self.store)
