@@ -77,7 +77,10 @@ def test_a_controller_killed_with_sigkill_resumes_from_etcd(
     try:
         register(ctrl, "1", 40001)
         create(ctrl, "durable")
-        ctrl.post("/topics/durable/publishers", json.dumps({"publishers": [{"id": "late", "rate": 5}]}).encode())
+        ctrl.post(
+            "/topics/durable/publishers",
+            json.dumps({"publishers": [{"id": "late", "rate": 5}]}).encode(),
+        )
         before = ctrl.json("/plan?topic=durable")
         assert before["version"] > 1
         eventually.blocking(
@@ -148,9 +151,7 @@ def test_etcd_unreachable_at_start_is_one_clear_error(tmp_path: Path) -> None:
         (["--etcd-endpoints", "127.0.0.1:2379", "--etcd-prefix", "/"], "--etcd-prefix"),
     ],
 )
-def test_a_bad_etcd_setting_is_refused_by_name(
-    args: list[str], named: str, tmp_path: Path
-) -> None:
+def test_a_bad_etcd_setting_is_refused_by_name(args: list[str], named: str, tmp_path: Path) -> None:
     done = run_controller(args, tmp_path)
     assert done.returncode == 2, done.stderr
     assert f"error: {named}: " in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -167,5 +167,6 @@ controller = _server_command(
     CONTROLLER_ENV,
     _serve_controller,
     """Run the controller: broker registry, topics with SLOs, placement, plans, the TB
-    Adaptor, nsqlookupd's /lookup; its state lives in --db. Stops on SIGTERM or Ctrl-C.""",
+    Adaptor, nsqlookupd's /lookup; its state lives in --db (SQLite) or, with
+    --etcd-endpoints, in etcd. Stops on SIGTERM or Ctrl-C.""",
 )

@@ -18,6 +18,7 @@ from aiohttp import web
 from srtm.control.actions import Action, Hold, PlanChanged, SetBucket
 from srtm.control.api import make_app
 from srtm.control.elastic import Elastic, ElasticStep
+from srtm.control.etcd_store import open_store
 from srtm.control.fitting_run import fit_topic
 from srtm.control.model import FitState, FittingProgress
 from srtm.control.options import ControllerOptions
@@ -29,7 +30,6 @@ from srtm.control.provision import (
 )
 from srtm.control.push import Pusher
 from srtm.control.state import Controller
-from srtm.control.etcd_store import open_store
 from srtm.control.store import StateStore, load_state
 from srtm.control.store_writer import StoreWriter
 from srtm.control.utility import UtilityControl, UtilitySettings
