@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from etcd_member import EtcdMember
+from etcd_member import EtcdMember, start_etcd
 from srtm.launch import ServerProcess, start_controller
 from support import eventually
 
@@ -120,6 +120,27 @@ def test_two_prefixes_keep_two_controllers_apart(etcd: EtcdMember, tmp_path: Pat
         assert again.json("/topics")["topics"] == ["only-a"]
     finally:
         assert again.stop() == 0
+
+
+def test_a_write_failing_later_is_logged_and_the_controller_serves_on(tmp_path: Path) -> None:
+    member = start_etcd(tmp_path / "etcd")  # its own: this test stops it
+    log = (tmp_path / "controller.log").open("w")
+    try:
+        ctrl = start_controller(tmp_path / "c.db", etcd_args(member, "/srtm"), stderr=log)
+        try:
+            register(ctrl, "1", 40031)
+            member.stop()
+            create(ctrl, "unsaved")  # answered: the plan holds, its rows are not saved
+            eventually.blocking(
+                lambda: "could not save" in (tmp_path / "controller.log").read_text(),
+                "the failed write logged",
+            )
+            assert ctrl.json("/plan?topic=unsaved")["version"] == 1
+        finally:
+            assert ctrl.stop() == 0
+    finally:
+        member.stop()
+        log.close()
 
 
 def run_controller(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
