@@ -5,6 +5,8 @@ and, for ``--cost``, the JSON document."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -17,6 +19,23 @@ from srtm.cli.experiment import console, out_console
 
 if TYPE_CHECKING:
     from srtm.experiments.calibrate_cost import CostPlan
+
+OnProgress = Callable[[str, float, float], None]
+
+
+@contextmanager
+def _bar(console: Console, label: str, total: float) -> Iterator[OnProgress]:
+    """A progress bar for one calibration, moved by the ``(what, done, total)`` callback
+    this yields (the caller reports "done" itself: a failed run leaves the bar where it
+    stopped)."""
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task(label, total=total)
+
+        def on_progress(what: str, done: float, total: float) -> None:
+            progress.update(task, description=what, completed=done, total=total)
+
+        yield on_progress
 
 
 def parse_list(text: str, what: str, kind: type[float] | type[int]) -> tuple[float, ...]:
@@ -36,20 +55,14 @@ def run_cost(plan: CostPlan, as_json: bool, console: Console, out: Console) -> i
     """Measure, fit and print; the exit status (1 if measuring or fitting failed)."""
     from srtm.experiments.calibrate_cost import document, fit, fitted, measure
 
-    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("calibrating the cost model", total=plan.steps())
-
-        def on_progress(what: str, done: float, total: float) -> None:
-            progress.update(task, description=what, completed=done, total=total)
-
+    with _bar(console, "calibrating the cost model", plan.steps()) as on_progress:
         try:
             steps = measure(plan, on_progress)
             result = fit(steps)
         except (RuntimeError, OSError, ValueError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             return 1
-        progress.update(task, description="done", completed=plan.steps())
+        on_progress("done", plan.steps(), plan.steps())
     out = console if as_json else out  # stdout holds the one JSON document
     used = {id(s) for s in fitted(steps)}
     m = result.model
@@ -185,19 +198,13 @@ def calibrate(
         trickle_rate=trickle_rate,
         broker_args=tuple(broker_arg or ()),
     )
-    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("calibrating", total=plan.steps())
-
-        def on_progress(what: str, done: float, total: float) -> None:
-            progress.update(task, description=what, completed=done, total=total)
-
+    with _bar(console, "calibrating", plan.steps()) as on_progress:
         try:
             model = measure_broker(plan, on_progress)
         except (RuntimeError, OSError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(1) from exc
-        progress.update(task, description="done", completed=plan.steps())
+        on_progress("done", plan.steps(), plan.steps())
     save(model, out)
     table = Table(title=f"broker model written to {out}")
     table.add_column("parameter")
