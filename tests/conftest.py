@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from etcd_member import EtcdMember, start_etcd
+from netns import Network, ProxyNetwork, netns_unavailable
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.http import serve_http
 from srtm.control.options import ControllerOptions
@@ -95,6 +97,34 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdMember]:
         yield member
     finally:
         member.stop()
+
+
+@pytest.fixture
+def netns() -> Iterator[Network]:
+    """Hosts in network namespaces with links to cut (tests/netns.py); skipped, saying
+    why, where namespaces cannot be made (not root, or no iproute2)."""
+    if why := netns_unavailable():
+        pytest.skip(f"{why}; the partition harness falls back to `proxynet` (127.0.0.1)")
+    with Network() as net:
+        yield net
+
+
+@pytest.fixture
+def proxynet() -> Iterator[ProxyNetwork]:
+    """The fallback: hosts on 127.0.0.1 whose links are forwarding proxies to cut."""
+    with ProxyNetwork() as net:
+        yield net
+
+
+@pytest.fixture
+def partition_net(request: pytest.FixtureRequest) -> Network | ProxyNetwork:
+    """Namespaces where they can be made, else the proxies (says so on stderr)."""
+    if why := netns_unavailable():
+        print(f"partition harness: {why}; using proxies on 127.0.0.1", file=sys.stderr)
+        net: Network | ProxyNetwork = request.getfixturevalue("proxynet")
+    else:
+        net = request.getfixturevalue("netns")
+    return net
 
 
 @pytest.fixture
