@@ -7,11 +7,14 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from netns import Host, Network, ProxyNetwork, _base36, netns_unavailable
 from srtm.etcd_cluster import free_ports
+from srtm.launch import new_token, start_broker, start_controller
+from support import eventually
 
 #: An echo server on (address, port), one thread per connection; "ready" once listening.
 ECHO_SERVER = """
@@ -179,3 +182,28 @@ def test_a_new_network_removes_what_a_killed_test_process_left() -> None:
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True)
     assert left not in namespaces.stdout
     assert f"srb{run_id}:" not in links.stdout
+
+
+def test_a_broker_and_a_controller_run_in_hosts_of_their_own(
+    netns: Network, tmp_path: Path
+) -> None:
+    ctl_host, broker_host = netns.add_host("ctl"), netns.add_host("b1")
+    token = new_token()
+    ctl = start_controller(
+        tmp_path / "c.db", token=token, host=ctl_host.ip, command_prefix=ctl_host.command_prefix
+    )
+    try:
+        args = ["--broker-id", "1", "--controller", f"http://{ctl.http_address}"]
+        broker = start_broker(
+            tmp_path / "b1", args, token=token, host=broker_host.ip,
+            command_prefix=broker_host.command_prefix,
+        )  # fmt: skip
+        try:
+            assert broker.tcp[0] == broker_host.ip and ctl.http[0] == ctl_host.ip
+            eventually.blocking(
+                lambda: len(ctl.json("/nodes")["producers"]) == 1, "the broker registered"
+            )
+        finally:
+            broker.stop()
+    finally:
+        ctl.stop()

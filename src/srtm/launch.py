@@ -144,9 +144,10 @@ def _start(
     preexec_fn: Callable[[], None] | None,
     timeout: float,
     token: str,
+    command_prefix: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[str], re.Match[str]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "srtm", *cmd],
+        [*command_prefix, sys.executable, "-m", "srtm", *cmd],
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,
@@ -200,22 +201,25 @@ def start_broker(
     preexec_fn: Callable[[], None] | None = None,
     timeout: float = 30.0,
     token: str | None = None,
+    host: str = "127.0.0.1",
+    command_prefix: Sequence[str] = (),
 ) -> BrokerProcess:
-    """Start ``srtm broker`` on 127.0.0.1 with ephemeral ports; return once it is ready.
+    """Start ``srtm broker`` on ``host`` with ephemeral ports; return once it is ready.
 
     ``new_session`` keeps a terminal's Ctrl-C from reaching the child (the caller then
     stops it). If it does not come up within ``timeout`` it is killed and RuntimeError
     raised, with its exit code. ``token``: the cluster token (a new random one if None;
-    "": none, for a broker started with ``--insecure-loopback``).
+    "": none, for a broker started with ``--insecure-loopback``). ``command_prefix`` is
+    put before its command line (``ip netns exec NS``: inside a network namespace).
     """
     token = new_token() if token is None else token
     cmd = [
-        "broker", "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",
+        "broker", "--tcp-address", f"{host}:0", "--http-address", f"{host}:0",
         "--data-dir", str(data_dir), *args,
     ]  # fmt: skip
     proc, m = _start(
         cmd, _BROKER_READY, stderr=stderr, new_session=new_session, preexec_fn=preexec_fn,
-        timeout=timeout, token=token,
+        timeout=timeout, token=token, command_prefix=command_prefix,
     )  # fmt: skip
     broker = BrokerProcess(
         proc, (m[3], int(m[4])), token=token, tcp=(m[1], int(m[2])), data_dir=data_dir
@@ -232,14 +236,17 @@ def start_controller(
     preexec_fn: Callable[[], None] | None = None,
     timeout: float = 30.0,
     token: str | None = None,
+    host: str = "127.0.0.1",
+    command_prefix: Sequence[str] = (),
 ) -> ServerProcess:
-    """Start ``srtm controller`` on 127.0.0.1 (ephemeral port) with its state in ``db``;
-    ``token``: the cluster token (a new random one if None)."""
+    """Start ``srtm controller`` on ``host`` (ephemeral port) with its state in ``db``;
+    ``token``: the cluster token (a new random one if None); ``command_prefix``: as for
+    ``start_broker``."""
     token = token or new_token()
-    cmd = ["controller", "--http-address", "127.0.0.1:0", "--db", str(db), *args]
+    cmd = ["controller", "--http-address", f"{host}:0", "--db", str(db), *args]
     proc, m = _start(
         cmd, _CONTROLLER_READY, stderr=stderr, new_session=False, preexec_fn=preexec_fn,
-        timeout=timeout, token=token,
+        timeout=timeout, token=token, command_prefix=command_prefix,
     )  # fmt: skip
     server = ServerProcess(proc, (m[1], int(m[2])), token=token)
     _drain(server)
