@@ -9,8 +9,8 @@ operations), so one etcd revision. etcd counts only changes: a batch that change
 (empty, or deleting keys that are not there) leaves the revision where it was, where
 SQLite's would count one; revisions only grow either way.
 
-The requests and the answers are built and read by pure functions (``range_body``,
-``txn_body``, ``entries_of``, ``header_revision``); only ``EtcdStore._call`` (through
+The requests are built by ``srtm.etcd``'s pure functions and the answers read by
+``entries_of`` and ``header_revision``; only ``EtcdStore._call`` (through
 ``_post``) does I/O."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import urllib.request
 from typing import TYPE_CHECKING, Any
 
 from srtm.control.store import Batch, Entry, SqliteStore, StateStore
+from srtm.etcd import Compare, Op, check_prefix, endpoint_urls, range_body, txn_body
 
 if TYPE_CHECKING:
     from srtm.control.options import ControllerOptions
@@ -34,38 +35,8 @@ class StoreError(RuntimeError):
     """etcd could not be used: no endpoint answered, or one refused the request."""
 
 
-def b64(text: str | bytes) -> str:
-    raw = text.encode() if isinstance(text, str) else text
-    return base64.b64encode(raw).decode("ascii")
-
-
-def prefix_end(prefix: bytes) -> bytes:
-    """The first key after every key starting with ``prefix`` (etcd's ``range_end``)."""
-    end = bytearray(prefix)
-    while end:
-        if end[-1] < 0xFF:
-            end[-1] += 1
-            return bytes(end)
-        end.pop()
-    return b"\0"  # every key
-
-
-def range_body(key: str, prefix: bool = False) -> dict[str, Any]:
-    body = {"key": b64(key)}
-    if prefix:
-        body["range_end"] = b64(prefix_end(key.encode()))
-    return body
-
-
-def txn_body(full_keys: dict[str, str | None]) -> dict[str, Any]:
-    """One transaction applying every put (a doc) and delete (None), unconditionally."""
-    ops: list[dict[str, Any]] = [
-        {"request_delete_range": {"key": b64(key)}}
-        if doc is None
-        else {"request_put": {"key": b64(key), "value": b64(doc)}}
-        for key, doc in full_keys.items()
-    ]
-    return {"compare": [], "success": ops, "failure": []}
+class Fenced(StoreError):
+    """The write's fence failed: this controller is no longer the leader it wrote as."""
 
 
 def header_revision(answer: dict[str, Any]) -> int:
@@ -113,6 +84,9 @@ class EtcdStore:
         self._full = prefix.rstrip("/") + "/"
         self._timeout_s = timeout_s
         self._closed = False
+        #: A leader's fence (``Compare.created`` on its leader key): every write is
+        #: conditional on it, and fails with ``Fenced`` once it no longer holds.
+        self.fence: Compare | None = None
         self._revision = header_revision(self._call("range", range_body(self._full)))
 
     @property
@@ -137,8 +111,12 @@ class EtcdStore:
         keys = unique_keys(batch, self._full)  # the whole batch first: nothing sent if it fails
         if not keys:
             return
-        answer = self._call("txn", txn_body(keys))
-        if answer.get("succeeded") is not True:  # no compares: only a broken answer fails
+        ops = [Op(key, doc) for key, doc in keys.items()]
+        fence = self.fence
+        answer = self._call("txn", txn_body([] if fence is None else [fence], ops, []))
+        if answer.get("succeeded") is not True:
+            if fence is not None:
+                raise Fenced(f"not written: {fence.key} is no longer this leader's")
             raise StoreError(f"etcd did not apply the transaction: {answer!r:.200}")
         self._revision = header_revision(answer)
 
@@ -185,30 +163,6 @@ class EtcdStore:
         if not isinstance(answer, dict):
             raise ValueError(f"not a JSON object: {answer!r:.200}")
         return answer
-
-
-def endpoint_urls(text: str) -> list[str]:
-    """``--etcd-endpoints``' HOST:PORT[,HOST:PORT...] as the store's URLs; ValueError
-    naming the flag and the bad part."""
-    urls = []
-    for part in (p.strip() for p in text.split(",")):
-        host, sep, port = part.rpartition(":")
-        well_formed = sep and host and port.isdigit() and 0 < int(port) <= 65535
-        if not well_formed or any(c in host for c in "/@?# "):  # a URL is not HOST:PORT
-            raise ValueError(
-                f"--etcd-endpoints: {part!r} is not HOST:PORT (give HOST:PORT[,HOST:PORT...])"
-            )
-        urls.append(f"http://{host}:{int(port)}")
-    return urls
-
-
-def check_prefix(prefix: str) -> None:
-    """``--etcd-prefix`` is an absolute key path below the root: ``/`` alone would mix the
-    state with every other key of the cluster."""
-    if not prefix.startswith("/") or not prefix.strip("/") or not prefix.isprintable():
-        raise ValueError(f"--etcd-prefix: {prefix!r} is not a key path like /srtm")
-    if any(c.isspace() for c in prefix):
-        raise ValueError(f"--etcd-prefix: {prefix!r} has white space")
 
 
 def open_store(opts: ControllerOptions) -> StateStore:
