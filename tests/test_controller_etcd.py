@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from etcd_member import EtcdMember, start_etcd
+from srtm.control.etcd_store import EtcdStore, claim_prefix
 from srtm.launch import ServerProcess, start_controller
 from support import eventually
 
@@ -176,3 +177,29 @@ def test_a_bad_etcd_setting_is_refused_by_name(args: list[str], named: str, tmp_
     done = run_controller(args, tmp_path)
     assert done.returncode == 2, done.stderr
     assert f"error: {named}: " in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_prefix_holding_another_clusters_state_is_refused(
+    etcd: EtcdMember, tmp_path: Path
+) -> None:
+    foreign, theirs, ours = (f"/test-{uuid.uuid4().hex}" for _ in range(3))
+    EtcdStore([etcd.url], foreign).put("config/x", "not srtm's")
+    claim_prefix(EtcdStore([etcd.url], theirs), theirs, "their-token")
+    endpoint = etcd.url.removeprefix("http://")
+    for prefix, says in [
+        (foreign, "holds keys there that are not an SRTM cluster's ('config/x')"),
+        (theirs, "holds another cluster's state there (made with another --token)"),
+    ]:
+        done = run_controller(["--etcd-endpoints", endpoint, "--etcd-prefix", prefix], tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert f"--etcd-prefix {prefix}: etcd " in done.stderr and says in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    # A prefix of its own is marked, and the same cluster's controller takes it again.
+    store = EtcdStore([etcd.url], ours)
+    claim_prefix(store, ours, None)
+    claim_prefix(store, ours, None)
+    marker = store.get("cluster")
+    assert marker is not None and json.loads(marker.doc) == {"format": 1, "token_sha256": None}
+    store.put("cluster", json.dumps({"format": 9, "token_sha256": None}))
+    with pytest.raises(ValueError, match="in format 9, this controller reads format 1"):
+        claim_prefix(store, ours, None)
