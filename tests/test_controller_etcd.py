@@ -137,7 +137,10 @@ def test_a_write_failing_later_is_refused_and_the_controller_serves_on(tmp_path:
                 create(ctrl, "unsaved")
             assert refused.value.code == 503
             assert json.loads(refused.value.read())["message"] in ("NOT_SAVED", "NO_LEADER")
-            eventually.blocking(lambda: not ctrl.json("/info")["leader"], "no longer leading")
+            doc = eventually.blocking(
+                lambda: ctrl.json("/info"), "no longer leading", until=lambda d: not d["leader"]
+            )
+            assert doc["plan_changes"] == "wait for a leader: no controller leads now"
             assert ctrl.json("/brokers")["brokers"][0]["id"] == "1"  # it serves reads on
         finally:
             assert ctrl.stop() == 0

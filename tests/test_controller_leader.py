@@ -114,6 +114,9 @@ def test_three_controllers_elect_one_leader_and_standbys_answer_reads(
         assert s.json("/topics/followed")["topic"] == "followed"
         assert [b["id"] for b in s.json("/brokers")["brokers"]] == ["1"]
         assert s.json("/assign?topic=followed&publisher=p0")["broker"] == "1"
+        ui = s.json("/ui/state")
+        assert ui["info"]["plan_changes"].startswith(f"made by the leader at {leader.http_address}")
+        assert [t["name"] for t in ui["topics"]] == ["followed"]
 
     # A write to a standby: 307 to the leader, same path and query; nothing changed.
     status, headers, _ = call(standbys[0], "POST", "/topics?x=1", {"name": "nope"})
@@ -123,7 +126,18 @@ def test_three_controllers_elect_one_leader_and_standbys_answer_reads(
     assert status == 307 and headers["Location"].endswith("/topics/followed")
     status, _, _ = call(standbys[1], "POST", "/brokers/1/report", {})
     assert status == 307
-    assert leader.json("/topics")["topics"] == ["followed"]
+    # A join of an open topic changes its plan: the leader's too.
+    status, _, _ = call(leader, "POST", "/topics", {
+        "name": "open", "slo_p99_ms": 5.0, "burst": 20, "rate": 100, "open": True,
+        "max_publisher_rate": 50, "publishers": [],
+    })  # fmt: skip
+    assert status == 201
+    eventually.blocking(lambda: standbys[0].json("/topics")["topics"], "the open topic followed",
+                        until=lambda names: "open" in names)  # fmt: skip
+    status, headers, _ = call(standbys[0], "GET", "/assign?topic=open&publisher=j&rate=5")
+    assert status == 307 and headers["Location"].endswith("/assign?topic=open&publisher=j&rate=5")
+    assert call(leader, "GET", "/assign?topic=open&publisher=j&rate=5")[0] == 200
+    assert sorted(leader.json("/topics")["topics"]) == ["followed", "open"]
 
 
 def test_a_leader_killed_with_sigkill_is_replaced_and_its_acknowledged_topic_kept(
@@ -209,3 +223,32 @@ def test_a_broker_refuses_a_push_with_a_stale_epoch(
         assert broker.json("/srtm/bucket?topic=shaped")["bucket"]["rate"] != 5.0
     finally:
         broker.stop()
+
+
+async def test_a_fenced_write_raises_to_its_waiter_and_steps_the_leader_down(
+    etcd: EtcdMember,
+) -> None:
+    from srtm.control.etcd_store import EtcdStore, Fenced
+    from srtm.control.handlers import saved
+    from srtm.control.state import Controller
+    from srtm.control.store_writer import StoreWriter
+    from srtm.etcd import Compare
+    from srtm.httpkit import HttpError
+
+    prefix = new_prefix()
+    store = EtcdStore([etcd.url], prefix)
+    store.fence = Compare.created(f"{prefix}/leader", 12345)  # not this epoch's key
+    told: list[Fenced] = []
+    writer = StoreWriter(Controller(), store, on_fenced=told.append)
+    try:
+        with pytest.raises(HttpError) as refused:
+            await saved(writer.mark(brokers=True))
+        assert refused.value.status == 503 and refused.value.code == "NOT_LEADER"
+        assert len(told) == 1
+        assert etcd_keys(etcd, prefix) == []  # nothing written
+        store.fence = None  # the only controller (no fence): written
+        await saved(writer.mark(brokers=True))
+        assert etcd_keys(etcd, prefix) == ["brokers"]
+    finally:
+        await writer.close()
+        store.close()

@@ -16,7 +16,8 @@ OTHER = LeaderInfo("b" * 32, "127.0.0.1:4162", "https")
 def test_alone_always_acts_and_names_itself() -> None:
     lead = Leadership.alone(ME)
     assert lead.acting(0.0) and lead.acting(1e9)
-    assert lead.doc(5.0) == {"leader": True, "leader_http_address": ME.http_address, "epoch": None}
+    assert lead.doc(5.0) == {"leader": True, "leader_http_address": ME.http_address,
+                             "epoch": None, "plan_changes": "made here"}  # fmt: skip
     moved = LeaderInfo(ME.id, "127.0.0.1:9999")
     lead.set_me(moved)
     assert lead.doc(5.0)["leader_http_address"] == "127.0.0.1:9999"
@@ -28,9 +29,12 @@ def test_a_standby_does_not_act_and_knows_the_leader() -> None:
     lead.saw_leader(OTHER)
     assert lead.doc(0.0) == {
         "leader": False, "leader_http_address": OTHER.http_address, "epoch": None,
+        "plan_changes": f"made by the leader at {OTHER.http_address}: this controller is "
+        "a standby",
     }  # fmt: skip
     lead.saw_leader(None)
     assert lead.doc(0.0)["leader_http_address"] is None
+    assert lead.doc(0.0)["plan_changes"] == "wait for a leader: no controller leads now"
 
 
 def test_a_leader_acts_until_0_6_of_its_lease_after_the_last_renewal_sent() -> None:
@@ -44,7 +48,9 @@ def test_a_leader_acts_until_0_6_of_its_lease_after_the_last_renewal_sent() -> N
     assert lead.acting(100.5 + limit - 0.01) and not lead.acting(100.5 + limit)
     lead.renewed(sent_at=100.2)  # an older answer never moves it back
     assert lead.acting(100.5 + limit - 0.01)
-    assert lead.doc(101.0) == {"leader": True, "leader_http_address": ME.http_address, "epoch": 7}
+    assert lead.doc(101.0) == {"leader": True, "leader_http_address": ME.http_address,
+                               "epoch": 7, "plan_changes": "made here"}  # fmt: skip
+    assert lead.doc(100.5 + limit)["plan_changes"].startswith("wait for a leader")
 
 
 def test_a_lost_leader_is_a_standby_with_no_epoch() -> None:

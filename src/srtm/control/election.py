@@ -191,14 +191,19 @@ class Election:
 
     def _seen(self, event: WatchEvent) -> None:
         if event.key != self.key:
-            if self.leadership.role is not Role.LEADER:
+            # Brokers' liveness keys (``PREFIX/live/``) are no saved state.
+            live = event.key.startswith(self.key[: -len(LEADER_KEY)] + "live/")
+            if self.leadership.role is not Role.LEADER and not live:
                 self._on_change()
             return
-        if event.kind is EventKind.DELETE:
-            self.leadership.saw_leader(None)
+        leader = None if event.kind is EventKind.DELETE else _leader_of(event.value)
+        lead = self.leadership
+        # An event from before its own campaign (a watch behind) says nothing of it.
+        if lead.role is Role.LEADER and event.revision > (lead.epoch or 0) and leader != lead.me:
+            self.step_down("the leader key is no longer its own")  # deleted by hand?
+        self.leadership.saw_leader(leader)
+        if leader is None:
             self._vacant.set()
-        else:
-            self.leadership.saw_leader(_leader_of(event.value))
 
 
 def _leader_of(value: str) -> LeaderInfo | None:

@@ -132,9 +132,16 @@ class Leadership:
     def doc(self, now: float) -> dict[str, Any]:
         """``/info``'s fields: ``leader`` only while it acts (a leader whose renewals
         lapsed is not one, even before it noticed)."""
-        leader = self.leader
+        leader, acting = self.leader, self.acting(now)
+        if acting:
+            plans = "made here"
+        elif leader is not None and leader != self.me:
+            plans = f"made by the leader at {leader.http_address}: this controller is a standby"
+        else:
+            plans = "wait for a leader: no controller leads now"
         return {
-            "leader": self.acting(now),
+            "leader": acting,
             "leader_http_address": None if leader is None else leader.http_address,
-            "epoch": self.epoch if self.acting(now) else None,
+            "epoch": self.epoch if acting else None,
+            "plan_changes": plans,
         }

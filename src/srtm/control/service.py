@@ -191,10 +191,6 @@ class ControllerService:
         leader whose lease surely holds)?"""
         return self.leadership.acting(time.monotonic())
 
-    @property
-    def role(self) -> Role:
-        return self.leadership.role
-
     async def _won(self, epoch: int) -> None:
         """Elected: writes fenced on this epoch, the last leader's state read, pushes
         carry the epoch; then it acts (``Leadership.won``)."""
