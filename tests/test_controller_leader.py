@@ -166,6 +166,21 @@ def test_a_leader_killed_with_sigkill_is_replaced_and_its_acknowledged_topic_kep
     )
 
 
+def test_a_leader_stopped_with_sigterm_hands_over_at_once(
+    etcd: EtcdMember, tmp_path: Path, controllers: list[ServerProcess]
+) -> None:
+    servers = start(controllers, etcd, tmp_path, 2, new_prefix())
+    leader = one_leader(servers)
+    (standby,) = [s for s in servers if s is not leader]
+    register(leader, "1", 40131)
+    create(leader, "kept", 2)
+    stopped = time.monotonic()
+    assert leader.stop() == 0  # its rows written, then its lease revoked
+    new = one_leader([standby])
+    print(f"takeover after SIGTERM of the leader: {time.monotonic() - stopped:.2f} s")
+    assert new.json("/topics/kept")["topic"] == "kept"
+
+
 def test_a_leader_stopped_past_its_lease_is_deposed_and_writes_nothing(
     etcd: EtcdMember, tmp_path: Path, controllers: list[ServerProcess]
 ) -> None:
