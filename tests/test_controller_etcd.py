@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
 import uuid
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,7 @@ def test_two_prefixes_keep_two_controllers_apart(etcd: EtcdMember, tmp_path: Pat
         assert again.stop() == 0
 
 
-def test_a_write_failing_later_is_logged_and_the_controller_serves_on(tmp_path: Path) -> None:
+def test_a_write_failing_later_is_refused_and_the_controller_serves_on(tmp_path: Path) -> None:
     member = start_etcd(tmp_path / "etcd")  # its own: this test stops it
     log = (tmp_path / "controller.log").open("w")
     try:
@@ -131,12 +132,17 @@ def test_a_write_failing_later_is_logged_and_the_controller_serves_on(tmp_path: 
         try:
             register(ctrl, "1", 40031)
             member.stop()
-            create(ctrl, "unsaved")  # answered: the plan holds, its rows are not saved
-            eventually.blocking(
-                lambda: "could not save" in (tmp_path / "controller.log").read_text(),
-                "the failed write logged",
+            # Never acknowledged: not saved (the write failed), or no leader (its lease
+            # could not be renewed: it stopped acting).
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                create(ctrl, "unsaved")
+            assert refused.value.code == 503
+            assert json.loads(refused.value.read())["message"] in ("NOT_SAVED", "NO_LEADER")
+            doc = eventually.blocking(
+                lambda: ctrl.json("/info"), "no longer leading", until=lambda d: not d["leader"]
             )
-            assert ctrl.json("/plan?topic=unsaved")["version"] == 1
+            assert doc["plan_changes"] == "wait for a leader: no controller leads now"
+            assert ctrl.json("/brokers")["brokers"][0]["id"] == "1"  # it serves reads on
         finally:
             assert ctrl.stop() == 0
     finally:
