@@ -44,6 +44,19 @@ class Received:
     recv_ns: int
 
 
+def producer_addresses(doc: object) -> list[str]:
+    """HOST:PORT of each producer a ``/lookup`` answer lists; what is not one is skipped
+    (a controller's odd answer is no broker, not the end of the refreshes)."""
+    producers = doc.get("producers") if isinstance(doc, dict) else None
+    out = []
+    for p in producers if isinstance(producers, list) else []:
+        host = p.get("broadcast_address") if isinstance(p, dict) else None
+        port = p.get("tcp_port") if isinstance(p, dict) else None
+        if isinstance(host, str) and host and isinstance(port, int) and not isinstance(port, bool):
+            out.append(f"{host}:{port}")
+    return out
+
+
 class Subscriber:
     def __init__(
         self,
@@ -115,9 +128,7 @@ class Subscriber:
             )
             if r.status != 200:
                 return
-            doc = r.json()
-            for p in doc.get("producers", []):
-                address = f"{p['broadcast_address']}:{p['tcp_port']}"
+            for address in producer_addresses(r.json()):
                 if address not in self._conns:
                     with contextlib.suppress(OSError):
                         await self._subscribe(address)
