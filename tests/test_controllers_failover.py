@@ -234,20 +234,20 @@ def url_of(server: ServerProcess) -> str:
     return f"http://{server.http_address}"
 
 
-@contextlib.contextmanager
-def broker(tmp_path: Path, token: str, controller: str) -> Iterator[tuple[BrokerProcess, Path]]:
-    """A broker reporting every 0.1 s to ``controller`` (URL[,URL...]); its log in a file."""
+@contextlib.asynccontextmanager
+async def broker(
+    tmp_path: Path, token: str, controller: str
+) -> AsyncIterator[tuple[BrokerProcess, Path]]:
+    """A broker reporting every 0.1 s to ``controller`` (URL[,URL...]); its log in a file.
+    Started and stopped on a thread: the test's loop serves the fake controllers meanwhile."""
     log = tmp_path / "broker.log"
+    args = ["--broker-id", "1", "--controller", controller, "--report-interval-s", "0.1"]
     with log.open("w") as err:
-        b = start_broker(
-            tmp_path / "b1",
-            ["--broker-id", "1", "--controller", controller, "--report-interval-s", "0.1"],
-            stderr=err, token=token,
-        )  # fmt: skip
+        b = await asyncio.to_thread(start_broker, tmp_path / "b1", args, stderr=err, token=token)
     try:
         yield b, log
     finally:
-        b.stop()
+        await asyncio.to_thread(b.stop)
 
 
 def listed(c: ServerProcess) -> list[int]:
@@ -286,7 +286,7 @@ async def test_a_dead_first_controller_is_passed_over(
 ) -> None:
     c1 = controllers[0]
     dead = free_url()
-    with broker(tmp_path, token, f"{dead},{url_of(c1)}") as (b, log):
+    async with broker(tmp_path, token, f"{dead},{url_of(c1)}") as (b, log):
         await eventually(lambda: listed(c1) == [b.tcp[1]], "the broker registered via the 2nd URL")
         c1.post("/topics", topic_doc("fo", ["p1"]))
         got: list[int] = []
@@ -321,7 +321,7 @@ async def test_a_controller_stopped_mid_run_is_left_for_the_other(
 ) -> None:
     c1, c2 = controllers
     both = f"{url_of(c1)},{url_of(c2)}"
-    with broker(tmp_path, token, both) as (b, log):
+    async with broker(tmp_path, token, both) as (b, log):
         await eventually(lambda: listed(c1) == [b.tcp[1]], "the broker registered with c1")
         assert listed(c2) == []
         c1.post("/topics", topic_doc("mid", ["p1", "p2"]))
@@ -371,35 +371,37 @@ async def test_a_standby_s_307_leads_to_the_leader_which_is_remembered(
     tmp_path: Path, token: str, controllers: list[ServerProcess]
 ) -> None:
     leader = controllers[0]
-    async with fakes(no_leader, redirect_to(url_of(leader))) as (nobody, standby):
-        with broker(tmp_path, token, f"{nobody.url},{standby.url}") as (b, log):
-            await eventually(lambda: listed(leader) == [b.tcp[1]], "registered through the 307")
-            assert standby.hits >= 1 and nobody.hits >= 1
-            seen = (nobody.hits, standby.hits)
-            # A new topic makes the broker report at once: the report reaches the leader
-            # (its /lookup names the broker) without passing the other two again.
-            assert b.request("/pub?topic=later", "POST", b"x") == b"OK"
+    async with (
+        fakes(no_leader, redirect_to(url_of(leader))) as (nobody, standby),
+        broker(tmp_path, token, f"{nobody.url},{standby.url}") as (b, log),
+    ):
+        await eventually(lambda: listed(leader) == [b.tcp[1]], "registered through the 307")
+        assert standby.hits >= 1 and nobody.hits >= 1
+        seen = (nobody.hits, standby.hits)
+        # A new topic makes the broker report at once: the report reaches the leader
+        # (its /lookup names the broker) without passing the other two again.
+        assert b.request("/pub?topic=later", "POST", b"x") == b"OK"
 
-            def lookup() -> bool:
-                try:
-                    return bool(leader.json("/lookup?topic=later")["producers"])
-                except OSError:
-                    return False
-
-            await eventually(lookup, "the report of the new topic at the leader")
-            assert (nobody.hits, standby.hits) == seen
-            assert [url_of(leader) in s for s in switches(log)] == [True]
-            # Clients alike: /assign through the standby, the leader remembered.
-            leader.post("/topics", topic_doc("st", ["p1"]))
-            pub = Publisher("st", "p1", controller=[nobody.url, standby.url])
-            await pub.start()
+        def lookup() -> bool:
             try:
-                assert pub.controllers is not None
-                assert pub.controllers.current == url_of(leader)
-                assert pub.address == b.tcp_address
-                await (await pub.publish())
-            finally:
-                await pub.close()
+                return bool(leader.json("/lookup?topic=later")["producers"])
+            except OSError:
+                return False
+
+        await eventually(lookup, "the report of the new topic at the leader")
+        assert (nobody.hits, standby.hits) == seen
+        assert [url_of(leader) in s for s in switches(log)] == [True]
+        # Clients alike: /assign through the standby, the leader remembered.
+        leader.post("/topics", topic_doc("st", ["p1"]))
+        pub = Publisher("st", "p1", controller=[nobody.url, standby.url])
+        await pub.start()
+        try:
+            assert pub.controllers is not None
+            assert pub.controllers.current == url_of(leader)
+            assert pub.address == b.tcp_address
+            await (await pub.publish())
+        finally:
+            await pub.close()
 
 
 # -- NSQ's own tool given two lookupd addresses --------------------------------------------
@@ -410,7 +412,7 @@ async def test_nsq_tail_keeps_working_when_one_lookupd_dies(
     """Two nsq_tails given both controllers as lookupds: one reading a topic before c1
     dies and after; one whose topic appears only after c1 died, found through c2."""
     c1, c2 = controllers
-    with broker(tmp_path, token, f"{url_of(c1)},{url_of(c2)}") as (b, _):
+    async with broker(tmp_path, token, f"{url_of(c1)},{url_of(c2)}") as (b, _):
         await eventually(lambda: listed(c1) == [b.tcp[1]], "the broker registered with c1")
         for i in range(5):
             b.request("/pub?topic=tail", "POST", f"m{i}".encode())

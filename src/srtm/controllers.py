@@ -204,13 +204,14 @@ class Controllers:
                 reply = await self._once(session, method, url, path, params, json, headers,
                                           timeout_s)  # fmt: skip
             except (aiohttp.ClientError, TimeoutError) as exc:
-                failures.append(f"{url}: {exc or type(exc).__name__}")
+                failures.append(f"{url}: {str(exc) or type(exc).__name__}")
                 url = walk.next()
                 continue
             if reply.status == 503:
                 unavailable = reply.answer
                 url = walk.next()
             elif reply.status in REDIRECTS and reply.location:
+                failures.append(f"{url}: {reply.status} to {reply.location}")
                 url = walk.redirected(reply.location, url)
             else:
                 return self._answered(reply.answer)
