@@ -267,3 +267,34 @@ async def test_a_fenced_write_raises_to_its_waiter_and_steps_the_leader_down(
     finally:
         await writer.close()
         store.close()
+
+
+def test_a_broker_given_every_controller_reports_to_the_new_leader(
+    etcd: EtcdMember, tmp_path: Path, controllers: list[ServerProcess]
+) -> None:
+    servers = start(controllers, etcd, tmp_path, 2, new_prefix())
+    leader = one_leader(servers)
+    urls = ",".join(f"http://{s.http_address}" for s in servers)
+    broker = start_broker(
+        tmp_path / "b",
+        ["--controller", urls, "--report-interval-s", "0.2", "--broker-id", "7"],
+        token=leader.token,
+    )
+    try:
+        eventually.blocking(lambda: leader.json("/brokers")["brokers"], "registered",
+                            until=lambda bs: [b["id"] for b in bs] == ["7"])  # fmt: skip
+        kill_9(leader)
+        new = one_leader([s for s in servers if s is not leader])
+        # Only a report tells a controller of an unmanaged topic: the broker now
+        # reports to the new leader (it followed the standby's 307 or tried the next URL).
+        broker.post("/topic/create?topic=after")
+        eventually.blocking(lambda: producers(new, "after"), "reported",
+                            until=lambda ports: ports == [broker.tcp[1]])  # fmt: skip
+    finally:
+        broker.stop()
+
+
+def producers(ctrl: ServerProcess, topic: str) -> list[int]:
+    """The TCP ports ``/lookup`` lists for ``topic`` (none while it answers 404)."""
+    status, _, doc = call(ctrl, "GET", f"/lookup?topic={topic}")
+    return [p["tcp_port"] for p in doc["producers"]] if status == 200 else []
