@@ -26,7 +26,8 @@ Four parts, each measured in every run (medians of ``--runs`` runs, with their r
    with a report as ``srtm.broker.reporter.report_document`` writes one) sent as fast as
    one controller takes them; reports/s and the controller's CPU per report (/proc).
 4. Scale: ``--brokers`` simulated brokers each reporting once a second for a few seconds
-   (does the controller keep up; its tick interval seen by polling ``/info``), and the
+   (does the controller keep up; its ticks and its loop's lag seen by polling ``/info``),
+   and the
    projection from the measured CPU per request to 1,000 brokers and 1,000,000
    publishers asking ``/assign``.
 
@@ -509,16 +510,19 @@ class Steady:
     seconds: float
     due: int
     answered: int
+    #: From sending a report to its answer.
     answer_p50_ms: float
     answer_p99_ms: float
     #: The client's own lateness sending (p99, ms): over tens of ms the client lagged.
     send_late_p99_ms: float
     controller_cpu: float
-    #: Ticks over the window, and their mean interval (a tick is due every 1 s).
+    #: Ticks run in the window (its 1 s tick: about ``seconds`` are due), and the
+    #: stalls the controller counted (ticks over 2 s apart).
     ticks: int
-    tick_interval_s: float
     stalls: int
+    #: ``/info``'s answer time, p99 and max: how long the loop kept a request waiting.
     info_p99_ms: float
+    info_max_ms: float
     rss_mb: float
 
     @property
@@ -545,18 +549,16 @@ def rss_mb(pid: int) -> float:
 
 @dataclass
 class Ticks:
-    """``/info`` polled: when each tick count was first seen, and the stalls told."""
+    """``/info`` polled through the window: its tick and stall counts, and how long
+    each answer took."""
 
-    seen: list[tuple[float, int]] = field(default_factory=list)
+    ticks: list[int] = field(default_factory=list)
     stalls: list[int] = field(default_factory=list)
     rtt_ms: list[float] = field(default_factory=list)
 
-    def interval_s(self) -> float:
-        """Mean time between ticks over the window (first and last count seen)."""
-        if len(self.seen) < 2:
-            return float("nan")
-        (t0, n0), (t1, n1) = self.seen[0], self.seen[-1]
-        return (t1 - t0) / (n1 - n0)
+    @staticmethod
+    def grown(counts: list[int]) -> int:
+        return counts[-1] - counts[0] if counts else 0
 
 
 async def steady(
@@ -582,12 +584,12 @@ async def steady(
         due = begin + i / brokers
         while due < end:
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            counted = due >= start
+            counted, sent = due >= start, time.perf_counter()
             if counted:
-                late.append(time.perf_counter() - due)
+                late.append(sent - due)
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 if await send(session, i) and counted:
-                    answers.append(time.perf_counter() - due)
+                    answers.append(time.perf_counter() - sent)
             due += 1.0
 
     async def info() -> None:
@@ -597,8 +599,7 @@ async def steady(
             async with session.get(f"{base}/info") as resp:
                 doc = await resp.json()
             ticks.rtt_ms.append((time.perf_counter() - t) * 1e3)
-            if not ticks.seen or ticks.seen[-1][1] != doc["ticks"]:
-                ticks.seen.append((t, doc["ticks"]))
+            ticks.ticks.append(doc["ticks"])
             ticks.stalls.append(doc["stalls"])
             await asyncio.sleep(INFO_POLL_S)
 
@@ -613,9 +614,8 @@ async def steady(
     return Steady(
         brokers, seconds, due, len(answers), p(answers, 0.5) * 1e3, p(answers, 0.99) * 1e3,
         p(late, 0.99) * 1e3, cpu_of(a, b, [ctrl.proc.pid]) / (b.t_s - a.t_s),
-        len(ticks.seen), ticks.interval_s(),
-        ticks.stalls[-1] - ticks.stalls[0] if ticks.stalls else 0,
-        p(ticks.rtt_ms, 0.99), rss_mb(ctrl.proc.pid),
+        Ticks.grown(ticks.ticks), Ticks.grown(ticks.stalls), p(ticks.rtt_ms, 0.99),
+        max(ticks.rtt_ms, default=float("nan")), rss_mb(ctrl.proc.pid),
     )  # fmt: skip
 
 
@@ -902,22 +902,25 @@ def tables(res: Results, cfg: Config, doc: dict[str, Any]) -> list[Table]:
         "answer p50, ms",
         "answer p99, ms",
         "controller CPU, cores",
-        "tick interval, s",
+        "ticks run",
         "stalls",
-        "/info p99, ms",
+        "/info p99 (max), ms",
         "RSS, MB",
+        "client sent late p99, ms",
         "kept up",
     ):
-        t4.add_column(col, justify="right")  # fmt: skip
+        t4.add_column(col, justify="right")
     st = res.steady
     t4.add_row(
         f"{sum(s.answered for s in st):,} / {sum(s.due for s in st):,}",
         cell([s.answer_p50_ms for s in st]), cell([s.answer_p99_ms for s in st]),
         cell([s.controller_cpu for s in st], 2),
-        cell([s.tick_interval_s for s in st], 3),
-        str(sum(s.stalls for s in st)), cell([s.info_p99_ms for s in st]),
+        " ".join(str(s.ticks) for s in st) + f" (of ~{cfg.steady_s:g})",
+        str(sum(s.stalls for s in st)),
+        f"{cell([s.info_p99_ms for s in st])} ({max(s.info_max_ms for s in st):,.0f})",
         cell([s.rss_mb for s in st], 0),
-        "yes" if all(s.kept_up for s in st) else "[red]no[/]",
+        cell([s.send_late_p99_ms for s in st]),
+        f"{sum(s.kept_up for s in st)} of {len(st)} runs",
     )  # fmt: skip
 
     pr = doc["projection"]
