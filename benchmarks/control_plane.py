@@ -446,7 +446,10 @@ def read_urls(base: str, topic: str, path: str, n: int = 64) -> list[str]:
     if path == "/lookup":
         return [f"{base}/lookup?topic={topic}"]
     step = max(1, ASSIGN_PUBLISHERS // n)
-    return [f"{base}/assign?topic={topic}&publisher={topic}-p{i}" for i in range(0, 1000, step)]
+    return [
+        f"{base}/assign?topic={topic}&publisher={topic}-p{i}"
+        for i in range(0, ASSIGN_PUBLISHERS, step)
+    ]
 
 
 # == part 3 and 4: simulated brokers ======================================================
@@ -687,74 +690,100 @@ def etcd_args(etcd: Etcd) -> list[str]:
     return ["--etcd-endpoints", etcd.endpoint, "--etcd-prefix", "/srtm-bench"]
 
 
+@dataclass
+class Setup:
+    """What every run measures: the processes started once, and the client's session."""
+
+    token: str
+    sink: Sink
+    etcd: Etcd
+    #: store name -> its controller and 3 brokers (part 1); "etcd"'s serves part 2 too.
+    clusters: dict[str, Cluster]
+    #: The controller of parts 3 and 4, with its simulated brokers.
+    reports: ServerProcess
+    watch: Watch
+    session: aiohttp.ClientSession
+    #: Part 2 measures three controllers too.
+    three: bool = False
+
+
+def start_processes(workdir: Path, token: str, stack: contextlib.ExitStack) -> tuple[
+    Sink, Etcd, dict[str, Cluster], ServerProcess
+]:  # fmt: skip
+    """The trivial endpoint, etcd, the SQLite and etcd clusters and the reports'
+    controller; each stopped by ``stack``."""
+    sink = start_sink()
+    stack.callback(sink.stop)
+    etcd = start_etcd(workdir)
+    stack.callback(etcd.stop)
+    clusters: dict[str, Cluster] = {}
+    for i, (name, store) in enumerate((("SQLite", []), ("etcd", etcd_args(etcd)))):
+        clusters[name] = start_cluster(name, workdir, token, store, BROKERS, i * BROKERS)
+        stack.callback(clusters[name].stop)
+    reports = start_controller(workdir / "reports.db", [], token=token, preexec_fn=die_with_parent)
+    stack.callback(reports.stop)
+    return sink, etcd, clusters, reports
+
+
+async def prepare(setup: Setup, cfg: Config, res: Results, workdir: Path) -> None:
+    """Part 2's topic (and standbys, where the controller has them), part 3's and 4's
+    simulated brokers registered."""
+    main = setup.clusters["etcd"]
+    await plan_change(setup.session, main, setup.token, "cp-warm")
+    await create_read_topic(setup.session, main, setup.token)
+    if cfg.controllers == 1:
+        for row in READ_ROWS[3:]:
+            res.missing[row] = "not asked (--controllers 1)"
+    elif not has_standbys(main.controller):
+        for row in READ_ROWS[3:]:
+            res.missing[row] = NEEDS_STANDBYS
+    else:
+        start_standbys(main, setup.etcd, setup.token, cfg.controllers - 1, workdir)
+        setup.watch.pids += [s.proc.pid for s in main.standbys]
+        setup.three = True
+    base = f"http://{setup.reports.http_address}"
+    await register_simulated(setup.session, base, setup.token, max(REPORTERS, cfg.brokers),
+                             setup.sink)  # fmt: skip
+
+
+async def one_run(setup: Setup, cfg: Config, res: Results, run: int, log: Console) -> None:
+    log.log(f"run {run + 1}/{cfg.runs}: plan changes")
+    # Which store goes first swaps every run.
+    for name, cluster in list(setup.clusters.items())[:: 1 if run % 2 == 0 else -1]:
+        changes = []
+        for i in range(cfg.topics):
+            await asyncio.sleep(GAP_S)
+            changes.append(await plan_change(setup.session, cluster, setup.token,
+                                             f"cp-r{run}-{i}"))  # fmt: skip
+        res.plan.setdefault(name, []).append(changes)
+    log.log(f"run {run + 1}/{cfg.runs}: reads")
+    await reads(setup, cfg, res)
+    log.log(f"run {run + 1}/{cfg.runs}: reports")
+    base = f"http://{setup.reports.http_address}"
+    load = await pool(setup.session, reporter(base, setup.token, REPORTERS), warm_s=cfg.warm_s,
+                      duration_s=cfg.duration_s, watch=setup.watch, what="reports",
+                      servers=[setup.reports.proc.pid])  # fmt: skip
+    res.reports.append(load)
+    log.log(f"run {run + 1}/{cfg.runs}: {cfg.brokers} brokers reporting every second")
+    await asyncio.sleep(1.0)  # after the flood, a second for the controller's writes
+    res.steady.append(await steady(setup.session, setup.reports, setup.token, cfg.brokers,
+                                   cfg.steady_s, setup.watch))  # fmt: skip
+
+
 async def measure(cfg: Config, workdir: Path, log: Console) -> tuple[Results, Watch]:
-    token = new_token()
-    res = Results()
-    stack = contextlib.ExitStack()
-    with stack:
-        sink = start_sink()
-        stack.callback(sink.stop)
-        etcd = start_etcd(workdir)
-        stack.callback(etcd.stop)
-        log.log("etcd and the trivial endpoint started; starting controllers and brokers")
-        clusters: dict[str, Cluster] = {}
-        for i, (name, store) in enumerate((("SQLite", []), ("etcd", etcd_args(etcd)))):
-            clusters[name] = start_cluster(name, workdir, token, store, BROKERS, i * BROKERS)
-            stack.callback(clusters[name].stop)
-        reports_ctrl = start_controller(workdir / "reports.db", [], token=token,
-                                        preexec_fn=die_with_parent)  # fmt: skip
-        stack.callback(reports_ctrl.stop)
-        pids = [os.getpid(), sink.pid, etcd.process.pid, reports_ctrl.proc.pid]
+    token, res = new_token(), Results()
+    with contextlib.ExitStack() as stack:
+        log.log("starting etcd, controllers and brokers")
+        sink, etcd, clusters, reports = start_processes(workdir, token, stack)
+        pids = [os.getpid(), sink.pid, etcd.process.pid, reports.proc.pid]
         watch = Watch([*pids, *(p for c in clusters.values() for p in c.pids())])
         timeout = aiohttp.ClientTimeout(total=10)
         connector = aiohttp.TCPConnector(limit=CONCURRENCY * 2)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-            main = clusters["etcd"]
-            await plan_change(session, main, token, "cp-warm")
-            await create_read_topic(session, main, token)
-            three = cfg.controllers >= 3
-            if three and not has_standbys(main.controller):
-                three = False
-                for row in READ_ROWS[3:]:
-                    res.missing[row] = NEEDS_STANDBYS
-            elif three:
-                start_standbys(main, etcd, token, cfg.controllers - 1, workdir)
-                watch.pids += [s.proc.pid for s in main.standbys]
-            else:
-                for row in READ_ROWS[3:]:
-                    res.missing[row] = "not asked (--controllers 1)"
-            await register_simulated(session, f"http://{reports_ctrl.http_address}", token,
-                                     max(REPORTERS, cfg.brokers), sink)  # fmt: skip
+            setup = Setup(token, sink, etcd, clusters, reports, watch, session)
+            await prepare(setup, cfg, res, workdir)
             for run in range(cfg.runs):
-                log.log(f"run {run + 1}/{cfg.runs}: plan changes")
-                order = list(clusters.items())[:: 1 if run % 2 == 0 else -1]
-                for name, cluster in order:
-                    changes = []
-                    for i in range(cfg.topics):
-                        await asyncio.sleep(GAP_S)
-                        changes.append(await plan_change(session, cluster, token, f"cp-r{run}-{i}"))
-                    res.plan.setdefault(name, []).append(changes)
-                log.log(f"run {run + 1}/{cfg.runs}: reads")
-                await reads(session, cfg, res, watch, sink, main, three)
-                log.log(f"run {run + 1}/{cfg.runs}: reports")
-                base = f"http://{reports_ctrl.http_address}"
-                res.reports.append(
-                    await pool(
-                        session,
-                        reporter(base, token, REPORTERS),
-                        warm_s=cfg.warm_s,
-                        duration_s=cfg.duration_s,
-                        watch=watch,
-                        what="reports",
-                        servers=[reports_ctrl.proc.pid],
-                    )
-                )
-                log.log(f"run {run + 1}/{cfg.runs}: {cfg.brokers} brokers reporting every second")
-                # After the flood, a second for the controller's writes to settle.
-                await asyncio.sleep(1.0)
-                res.steady.append(
-                    await steady(session, reports_ctrl, token, cfg.brokers, cfg.steady_s, watch)
-                )
+                await one_run(setup, cfg, res, run, log)
     return res, watch
 
 
@@ -769,23 +798,16 @@ async def create_read_topic(session: aiohttp.ClientSession, cluster: Cluster, to
         await resp.read()
 
 
-async def reads(
-    session: aiohttp.ClientSession,
-    cfg: Config,
-    res: Results,
-    watch: Watch,
-    sink: Sink,
-    main: Cluster,
-    three: bool,
-) -> None:
+async def reads(setup: Setup, cfg: Config, res: Results) -> None:
     """The anchor and the controllers, each path in turn, under the same client pool."""
+    main, sink = setup.clusters["etcd"], setup.sink
     ctrl_pid = main.controller.proc.pid
     rows: list[tuple[str, list[str], list[int]]] = [
         ("anchor", read_urls(f"http://{sink.address}", "cp-reads", "/assign"), [sink.pid]),
         ("1 controller /lookup", read_urls(main.url, "cp-reads", "/lookup"), [ctrl_pid]),
         ("1 controller /assign", read_urls(main.url, "cp-reads", "/assign"), [ctrl_pid]),
     ]
-    if three:
+    if setup.three:
         every = [main.controller, *main.standbys]
         pids = [s.proc.pid for s in every]
         for path in ("/lookup", "/assign"):
@@ -795,11 +817,11 @@ async def reads(
     for what, urls, servers in rows:
         res.reads.setdefault(what, []).append(
             await pool(
-                session,
+                setup.session,
                 getter(urls),
                 warm_s=cfg.warm_s,
                 duration_s=cfg.duration_s,
-                watch=watch,
+                watch=setup.watch,
                 what=what,
                 servers=servers,
             )
@@ -988,7 +1010,8 @@ def main(
         typer.Option(min=1, help=f"Simulated brokers of part 4 (default {TARGET_BROKERS:,})."),
     ] = None,
     controllers: Annotated[
-        int, typer.Option(min=1, max=3, help="3: part 2 on three controllers (standbys).")
+        int,
+        typer.Option(help="3: part 2 on three controllers on one prefix too (standbys); or 1."),
     ] = 3,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the figures to this file.")
@@ -996,6 +1019,8 @@ def main(
 ) -> None:
     """The control plane's scale: plan-change latency on SQLite and etcd, reads per second
     of one controller and of three, reports taken per second, and 1,000 brokers."""
+    if controllers not in (1, 3):
+        raise typer.BadParameter(f"1 or 3, not {controllers}", param_hint="--controllers")
     cfg = Config(
         runs=runs if runs is not None else (1 if quick else 3),
         topics=topics if topics is not None else (3 if quick else 10),
