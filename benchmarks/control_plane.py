@@ -387,6 +387,8 @@ class Load:
     failed: int
     seconds: float
     server_cpu_s: float
+    #: Each server's share of it, in the order given (three controllers: leader first).
+    cpu_split: list[float] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -430,7 +432,8 @@ async def pool(
     finally:
         running = False
         await asyncio.gather(*tasks, return_exceptions=True)
-    return Load(d1 - d0, f1 - f0, t1 - t0, cpu_of(a, b, servers))
+    split = [cpu_of(a, b, [pid]) for pid in servers]
+    return Load(d1 - d0, f1 - f0, t1 - t0, sum(split), split)
 
 
 def getter(urls: Sequence[str]) -> Callable[[aiohttp.ClientSession, int], Any]:
@@ -854,6 +857,7 @@ def figures(res: Results, cfg: Config) -> dict[str, Any]:
                       "pushed_ms_all": every, "topics_per_run": cfg.topics}  # fmt: skip
     reads = {
         row: {"per_s": [x.rate for x in loads], "cpu_ms": [x.cpu_ms for x in loads],
+              "cpu_s_by_server": [x.cpu_split for x in loads],
               "failed": sum(x.failed for x in loads)}
         for row, loads in res.reads.items()
     }  # fmt: skip
