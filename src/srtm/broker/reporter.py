@@ -1,6 +1,7 @@
 """Registers the broker with a controller and reports its load and per-topic TB Adaptor
 window every second, and at once when a topic or channel appears or goes (registering
-again whenever the controller does not know it, or the broker's lease lapsed).
+again whenever the controller does not know it, or the broker's lease lapsed; with an etcd
+liveness lease, only while that lease holds).
 
 Each answer of the controller renews the broker's lease from when the request was sent;
 a registration answer also carries the broker's shares and holds, applied on receipt
@@ -115,6 +116,7 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
     meter = ResourceMeter()
     registered = False
     lease_s: float | None = None  # told at registration (an older controller tells none)
+    lapses = 0  # the shares' lapses when it registered: one more, and it registers again
     refused = 0  # the last refusal's status, logged once rather than every second
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=5), headers=headers
@@ -122,16 +124,18 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
         try:
             while True:
                 try:
-                    if registered and broker.shares.lease_until is None and lease_s is not None:
+                    if registered and broker.shares.lapses != lapses:
                         registered = False  # lapsed: the shares come back with a registration
-                    if not registered:
-                        sent = time.monotonic()
+                    if not registered and broker.shares.may_register():
+                        sent, lapses = time.monotonic(), broker.shares.lapses
                         async with session.post(f"{base}/brokers", json=me) as resp:
                             registered = resp.status == 200
                             if not registered:
                                 log.warning(
                                     "controller refused registration: %s", await resp.text()
                                 )
+                            elif broker.shares.lapses != lapses:
+                                registered = False  # lapsed meanwhile: its answer may be stale
                             else:
                                 lease_s = apply_registration(broker, sent, await resp.json())
                     if registered:
