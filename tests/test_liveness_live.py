@@ -215,6 +215,7 @@ async def test_delivery_goes_on_with_every_controller_down(cluster: Any) -> None
             await asyncio.sleep(0.2)
         during = pub.seq - published_then
         behind = pub.seq - len(got)
+        print(json.dumps({"polls": len(polls), "published": during, "behind": behind}))
         assert all(p is not None and p[0] == RATE and not p[1] for p in polls), polls
         # Delivered at the published rate: what is not delivered yet is what a few
         # loop turns publish, not the outage's worth.
@@ -261,6 +262,7 @@ async def watch_failover(c: Cluster, victim: str, other: str, topic: str) -> dic
             break
         await asyncio.sleep(0.05)
     assert down_at is not None and key_gone_at is not None, "not failed over"
+    print(json.dumps({"rounds": rounds, "key_gone_s": key_gone_at, "down_s": down_at}))
     return {"rounds": rounds, "key_gone_s": key_gone_at, "down_s": down_at}
 
 
@@ -362,6 +364,7 @@ async def test_a_broker_cut_off_from_etcd_holds_before_its_share_moves(
             break
         await asyncio.sleep(0.02)
     result = {"held_s": held_at, "down_s": down_at, "polls": len(sums), "worst": max(sums)}
+    print(json.dumps(result))
     # 0.6 x 2 s after the last answered keepalive (sent at most 0.5 s before the cut).
     assert held_at is not None and held_at < 1.2 + 0.5, result
     assert down_at is not None and down_at > held_at, result

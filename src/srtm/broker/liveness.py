@@ -32,7 +32,6 @@ from srtm.httpkit import join_host_port
 
 if TYPE_CHECKING:
     from srtm.broker.options import BrokerOptions
-    from srtm.broker.shares import Shares
 
 log = logging.getLogger("srtm.broker")
 
@@ -133,11 +132,19 @@ def live_document(lease: int, tcp_address: str, http_address: str) -> str:
     return json.dumps({"lease": lease, "tcp_address": tcp_address, "http_address": http_address})
 
 
+class LeaseHolder(Protocol):
+    """What the liveness tells (srtm.broker.shares.Shares is one)."""
+
+    def renew_liveness(self, until: float, fresh: bool) -> None: ...
+
+    def lapse(self, why: str) -> None: ...
+
+
 class LivenessHost(Protocol):
     """What the keeper needs of the broker (srtm.broker.broker.Broker is one)."""
 
     @property
-    def shares(self) -> Shares: ...
+    def shares(self) -> LeaseHolder: ...
 
     @property
     def tcp_address(self) -> tuple[str, int] | None: ...
