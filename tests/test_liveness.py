@@ -20,7 +20,7 @@ from srtm.broker.liveness import (
     liveness_settings,
 )
 from srtm.config import SettingError, resolve
-from srtm.control.liveness import LiveBrokers, lease_in
+from srtm.control.liveness import LiveBrokers, LiveKey
 from srtm.etcd import EventKind, KeyValue, WatchEvent
 from support import MakeBroker, registered
 
@@ -106,30 +106,35 @@ async def test_without_etcd_the_controllers_lease_decides(make_broker: MakeBroke
     assert not shares.lease_ok() and broker.topics["t"].on_hold and shares.lapses == 1
 
 
-def put(key: str, lease: int, revision: int = 1) -> WatchEvent:
-    return WatchEvent(EventKind.PUT, key, live_document(lease, "a:1", "a:2"), revision)
+def put(key: str, lease: int, http: str = "a:2") -> WatchEvent:
+    return WatchEvent(EventKind.PUT, key, live_document(lease, "a:1", http), 1)
 
 
 def test_live_brokers_follow_puts_and_deletes() -> None:
     live = LiveBrokers("/p/live/")
     live.load([KeyValue("/p/live/1", "{}", 3, 3, 11), KeyValue("/p/live/2", "x", 4, 4, 0)])
-    assert live.leases == {"1": 11, "2": 0}
+    assert live.keys == {"1": LiveKey(11, None), "2": LiveKey(0, None)}
     live.apply(put("/p/live/3", 33))
     live.apply(put("/p/liveliness", 1))  # not a broker's key
     live.apply(WatchEvent(EventKind.DELETE, "/p/live/1", "", 5))
     live.apply(WatchEvent(EventKind.DELETE, "/p/live/2", "", 6))
     live.apply(put("/p/live/2", 22))  # lapsed and back on a new lease before a tick
     live.apply(WatchEvent(EventKind.DELETE, "/p/live/9", "", 7))  # never seen: nothing
-    assert live.leases == {"2": 22, "3": 33}
-    assert live.holds("3") and not live.holds("1")
+    assert live.keys == {"2": LiveKey(22, "a:2"), "3": LiveKey(33, "a:2")}
+    assert live.holds("3", "a:2") and not live.holds("1", "a:2")
+    assert not live.holds("3", "b:2")  # the same id registered at another address
     assert live.take_deleted() == {"1"} and live.take_deleted() == set()
-    assert lease_in('{"lease": true}') == 0 and lease_in("[1]") == 0
+    # The watch lost and the keys read again: one gone meanwhile was deleted.
+    live.load([KeyValue("/p/live/3", live_document(34, "a:1", "a:2"), 8, 8, 34)])
+    assert live.keys == {"3": LiveKey(34, "a:2")} and live.take_deleted() == {"2"}
+    assert LiveKey.parse('{"lease": true}') == LiveKey(0, None) == LiveKey.parse("[1]")
 
 
 def test_a_live_key_not_silence_decides_when_a_broker_is_down() -> None:
-    c = registered(3)  # brokers b0, b1, b2, seen at 0 s
+    c = registered(3)  # brokers b0, b1, b2 at 127.0.0.1:515X, seen at 0 s
     live = c.live = LiveBrokers("/p/live/")
-    live.load([KeyValue("/p/live/b0", "{}", 1, 1, 10), KeyValue("/p/live/b1", "{}", 1, 1, 11)])
+    live.load([KeyValue(f"/p/live/b{i}", live_document(10 + i, "t", f"127.0.0.1:{5150 + i}"),
+                        1, 1, 10 + i) for i in (0, 1)])  # fmt: skip
     later = c.broker_timeout_s * 10
     c.tick(later)  # all three silent for ten timeouts
     assert [c.brokers[b].down for b in ("b0", "b1", "b2")] == [False, False, True]
@@ -139,3 +144,11 @@ def test_a_live_key_not_silence_decides_when_a_broker_is_down() -> None:
     live.apply(WatchEvent(EventKind.DELETE, "/p/live/b1", "", 9))
     c.tick(later + 0.1)
     assert c.brokers["b1"].down and not c.brokers["b0"].down
+    # b0 restarted at another address put its key: the old registration is silent, so
+    # down, and the new process may take the id.
+    live.apply(put("/p/live/b0", 50, http="127.0.0.1:6000"))
+    c.tick(later * 2)
+    assert c.brokers["b0"].down
+    c.register("b0", "127.0.0.1:5999", "127.0.0.1:6000", 1000, now=later * 2)
+    c.tick(later * 3)
+    assert not c.brokers["b0"].down  # its key covers it now, silent or not

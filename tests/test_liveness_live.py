@@ -167,7 +167,7 @@ async def test_a_broker_keeps_its_key_renewed_and_revokes_it_at_stop(cluster: An
     doc = json.loads(kv.value)
     b = c.brokers["4"]
     assert doc == {"lease": kv.lease, "tcp_address": b.tcp_address, "http_address": b.http_address}
-    assert c.ctrl.ctrl.live is not None and c.ctrl.ctrl.live.leases["4"] == kv.lease
+    assert c.ctrl.ctrl.live is not None and c.ctrl.ctrl.live.keys["4"].lease == kv.lease
     await asyncio.sleep(3.0)  # three leases: etcd would have expired it without keepalives
     again = await c.live_key("4")
     assert again is not None and (again.lease, again.create_revision) == (

@@ -196,7 +196,7 @@ def expire(c: ControllerState, now: float) -> list[Action]:
     for info in c.brokers.values():
         if info.down:
             continue
-        if live is not None and live.holds(info.id):
+        if live is not None and live.holds(info.id, info.http_address):
             continue
         if info.id in deleted or awake - info.last_seen_s > c.broker_timeout_s:
             info.down = True

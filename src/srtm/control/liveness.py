@@ -31,13 +31,32 @@ def live_prefix(prefix: str) -> str:
     return f"{prefix.rstrip('/')}/live/"
 
 
-def lease_in(value: str) -> int:
-    """The lease a liveness key's value names (0: none readable)."""
-    try:
-        lease = json.loads(value).get("lease", 0)
-    except (ValueError, AttributeError):
-        return 0
-    return lease if isinstance(lease, int) and not isinstance(lease, bool) else 0
+@dataclass(frozen=True)
+class LiveKey:
+    """A broker's liveness key, as its value reads."""
+
+    #: The lease it is on (0: not readable).
+    lease: int
+    #: The broker's HTTP address (None: not readable).
+    http_address: str | None
+
+    @classmethod
+    def parse(cls, value: str, lease: int = 0) -> LiveKey:
+        try:
+            doc = json.loads(value)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            return cls(lease, None)
+        named = doc.get("lease", 0)
+        if lease == 0 and isinstance(named, int) and not isinstance(named, bool):
+            lease = named
+        http = doc.get("http_address")
+        return cls(lease, http if isinstance(http, str) else None)
+
+    def of(self, http_address: str) -> bool:
+        """Whether the key is that of the broker process at ``http_address``."""
+        return self.http_address is None or self.http_address == http_address
 
 
 @dataclass
@@ -46,8 +65,8 @@ class LiveBrokers:
 
     #: The key prefix, ``PREFIX/live/``.
     prefix: str
-    #: Broker id -> the lease its key is on (0: not readable).
-    leases: dict[str, int] = field(default_factory=dict)
+    #: Broker id -> its live key.
+    keys: dict[str, LiveKey] = field(default_factory=dict)
     #: Brokers whose key was deleted, not yet taken by a tick.
     deleted: set[str] = field(default_factory=set)
 
@@ -56,30 +75,34 @@ class LiveBrokers:
         return bid if bid != key and bid else None
 
     def load(self, kvs: Sequence[KeyValue]) -> None:
-        """The keys as a range read them (the state before the watch's first event)."""
-        self.leases = {}
+        """The keys as a range read them (at start, or again after the watch was lost:
+        a key known before and gone now was deleted meanwhile)."""
+        before, self.keys = self.keys, {}
         for kv in kvs:
             if (bid := self.broker_of(kv.key)) is not None:
-                self.leases[bid] = kv.lease or lease_in(kv.value)
+                self.keys[bid] = LiveKey.parse(kv.value, kv.lease)
+        self.deleted |= before.keys() - self.keys.keys()
 
     def apply(self, event: WatchEvent) -> None:
         bid = self.broker_of(event.key)
         if bid is None:
             return
         if event.kind is EventKind.PUT:
-            self.leases[bid] = lease_in(event.value)
-        elif self.leases.pop(bid, None) is not None:
+            self.keys[bid] = LiveKey.parse(event.value)
+        elif self.keys.pop(bid, None) is not None:
             self.deleted.add(bid)
 
-    def holds(self, broker_id: str) -> bool:
-        """Whether the broker holds a live key: its shares are its own until etcd
-        deletes it."""
-        return broker_id in self.leases
+    def holds(self, broker_id: str, http_address: str) -> bool:
+        """Whether the broker registered at ``http_address`` holds a live key: its shares
+        are its own until etcd deletes it. A key put by a process at another address (the
+        broker restarted elsewhere with the same id) does not cover the old registration."""
+        key = self.keys.get(broker_id)
+        return key is not None and key.of(http_address)
 
     def take_deleted(self) -> set[str]:
         """Brokers whose key was deleted and not put again since: down. A key put again
         is a broker that lapsed (it held everything) and registers again by itself."""
-        gone = {b for b in self.deleted if b not in self.leases}
+        gone = {b for b in self.deleted if b not in self.keys}
         self.deleted = set()
         return gone
 
@@ -108,21 +131,22 @@ class LivenessWatch:
             self._task = None
         await self.etcd.close()
 
-    async def revoke(self, broker_id: str) -> bool:
-        """End the broker's lease (its key goes with it): only for a broker whose process
-        is gone. False if etcd did not answer: its lease then decides as before."""
-        lease = self.brokers.leases.get(broker_id)
-        if lease is None:
-            return True  # no key: the silence rule applies
+    async def revoke(self, broker_id: str, http_address: str) -> bool:
+        """End the lease of the broker process at ``http_address`` (its key goes with it):
+        only for one whose process is gone. False if etcd did not answer: its lease then
+        decides as before."""
+        key = self.brokers.keys.get(broker_id)
+        if key is None or not key.of(http_address):
+            return True  # no key of that process: the silence rule applies
         try:
-            if lease:
-                await self.etcd.revoke(lease)
+            if key.lease:
+                await self.etcd.revoke(key.lease)
             else:  # a key whose lease cannot be read: delete the key itself
                 await self.etcd.delete(self.brokers.prefix + broker_id)
         except EtcdError as e:
             log.warning("could not revoke broker %s's liveness lease: %s", broker_id, e)
             return False
-        self.brokers.leases.pop(broker_id, None)
+        self.brokers.keys.pop(broker_id, None)
         return True
 
     async def _load(self) -> None:
@@ -133,13 +157,23 @@ class LivenessWatch:
         self._revision = revision
 
     async def _follow(self) -> None:
-        while self._revision is None:
+        """Watch from the last load; a watch etcd ends (its revision compacted, say) is
+        followed by a new load and a new watch."""
+        failing = False
+        while True:
             try:
-                await self._load()
+                if self._revision is None:
+                    await self._load()
+                assert self._revision is not None
+                failing = False
+                async for event in self.etcd.watch(self.brokers.prefix, self._revision + 1):
+                    self.brokers.apply(event)
+                    self._revision = event.revision
+                    if event.kind is EventKind.DELETE:
+                        log.info("liveness key %s deleted", event.key)
             except EtcdError as e:
-                log.warning("cannot read the brokers' liveness keys: %s", e)
+                if not failing:  # once per outage
+                    log.warning("cannot follow the brokers' liveness keys: %s", e)
+                failing = True
+                self._revision = None
                 await asyncio.sleep(RETRY_S)
-        async for event in self.etcd.watch(self.brokers.prefix, self._revision + 1):
-            self.brokers.apply(event)
-            if event.kind is EventKind.DELETE:
-                log.info("liveness key %s deleted", event.key)

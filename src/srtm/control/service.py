@@ -207,7 +207,8 @@ class ControllerService:
             address = info.http_address
             if not await self.pusher.refuses(info):
                 return
-            if self.liveness is not None and not await self.liveness.revoke(broker_id):
+            revoked = self.liveness is None or await self.liveness.revoke(broker_id, address)
+            if not revoked:
                 return  # etcd did not answer: its lease decides
             actions = self.ctrl.gone(broker_id, address, time.monotonic(), after_s)
             if actions is not None:
