@@ -19,6 +19,7 @@ from srtm.broker.liveness import (
     live_document,
     liveness_settings,
 )
+from srtm.broker.state import LeaseExpired
 from srtm.config import SettingError, resolve
 from srtm.control.liveness import LiveBrokers, LiveKey
 from srtm.etcd import EventKind, KeyValue, WatchEvent
@@ -81,6 +82,11 @@ async def test_shares_follow_the_liveness_lease_not_the_controller(
     assert not shares.may_register()  # no liveness yet: no registration, no shares
     shares.renew_liveness(time.monotonic() + 60, fresh=True)
     assert shares.lapses == 1 and shares.may_register()
+    # A controller that does not watch the key: no share is used (a push is refused).
+    assert not shares.watched_by(None) and not shares.lease_ok()
+    with pytest.raises(LeaseExpired):
+        shares.set_bucket("t", 100.0, 10.0)
+    assert shares.watched_by("/srtm/live/") and shares.lease_ok()
     shares.set_bucket("t", 100.0, 10.0, leased=True)
     # The controller's answers do not move the lease: etcd's does.
     shares.renew_lease(time.monotonic() - 120, 1.0)

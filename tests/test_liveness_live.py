@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import math
+import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -376,3 +377,42 @@ async def test_a_broker_cut_off_from_etcd_holds_before_its_share_moves(
     await asyncio.to_thread(c.brokers["1"].stop)  # revoking through the proxy
     assert await c.live_key("1") is None
     await proxy.cut()
+
+
+async def test_a_controller_without_etcd_gives_such_a_broker_no_share(
+    tmp_path: Path, etcd: EtcdMember
+) -> None:
+    """It would give the shares away on report silence while the broker, on its own
+    lease, still shaped: the broker registers, but takes no share and holds its topics."""
+    token = new_token()
+    service = ControllerService(
+        ControllerOptions(http_port=0, db=tmp_path / "c.db", token=token, tick_s=0.1)
+    )
+    await service.start()
+    assert service.http_address is not None
+    url = f"http://127.0.0.1:{service.http_address[1]}"
+    args = ["--broker-id", "1", "--controller", url, "--report-interval-s", "0.2",
+            "--etcd-endpoints", hostport(etcd.url), "--etcd-prefix", new_prefix()]  # fmt: skip
+    broker = await asyncio.to_thread(
+        start_broker, tmp_path / "b1", args, token=token, stderr=subprocess.STDOUT
+    )
+    try:
+        await eventually(lambda: "1" in service.ctrl.brokers, "registered")
+        doc = {"name": "t", "slo_p99_ms": 50.0, "burst": BURST, "rate": RATE,
+               "publishers": [{"id": "p0", "rate": 50}]}  # fmt: skip
+        headers = {"Authorization": f"Bearer {token}"}
+        async with (
+            aiohttp.ClientSession(headers=headers) as http,
+            http.post(f"{url}/topics", json=doc) as r,
+        ):
+            assert r.status == 201, await r.text()
+        assert "1" in service.ctrl.topics["t"].buckets  # its plan gives it the topic
+        start = time.monotonic()
+        while time.monotonic() - start < 1.5:  # pushed and retried meanwhile: refused
+            stats = await asyncio.to_thread(broker.stats, "t")
+            assert all(t["bucket"] is None for t in stats["srtm"]["topics"]), stats
+            await asyncio.sleep(0.1)
+        assert "does not watch" in "".join(broker.stdout_tail)
+    finally:
+        await asyncio.to_thread(broker.stop)
+        await service.stop()

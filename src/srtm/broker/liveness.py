@@ -52,8 +52,13 @@ class LivenessSettings:
     broker_id: int
 
     @property
+    def live_prefix(self) -> str:
+        """Where the controller watches brokers' keys: its registration answer names it."""
+        return f"{self.prefix.rstrip('/')}/live/"
+
+    @property
     def key(self) -> str:
-        return f"{self.prefix.rstrip('/')}/live/{self.broker_id}"
+        return f"{self.live_prefix}{self.broker_id}"
 
     @property
     def interval_s(self) -> float:

@@ -188,6 +188,10 @@ def apply_registration(broker: Broker, sent: float, answer: Any) -> float | None
     then the shares and holds it lists. Returns the lease (None: the controller gives
     none, and the broker shapes by what it is pushed, as before leases)."""
     broker.relay.registered()  # the controller's routes replace those read back at start
+    if not broker.shares.watched_by(
+        answer.get("live_prefix") if isinstance(answer, dict) else None
+    ):
+        return None  # with etcd, and a controller that does not watch the key: held
     lease = answer.get("lease_s") if isinstance(answer, dict) else None
     if not isinstance(lease, int | float) or isinstance(lease, bool) or not lease > 0:
         broker.shares.renew_lease(sent, float("inf"))

@@ -73,6 +73,9 @@ class Shares:
         self.liveness = liveness_settings(host.options)
         #: Lapses so far (and new liveness leases): the reporter registers again after each.
         self.lapses = 0
+        #: With etcd: whether the controller that registered this broker watches its key
+        #: (``watched_by``); no share is used until one does.
+        self.watched = False
 
     def set_bucket(
         self, topic_name: str, rate: float, burst: float, leased: bool = False
@@ -160,7 +163,7 @@ class Shares:
             return True
         until = self.lease_until
         if until is not None and time.monotonic() < until:
-            return True
+            return self.watched or self.liveness is None
         if until is not None:
             self.lapse(
                 "no etcd keepalive succeeded for 0.6 of the liveness lease"
@@ -173,12 +176,14 @@ class Shares:
         """The lease is lost: hold every shaped topic until the broker registers again."""
         self.lease_until = None
         self.lapses += 1
+        if n := self._hold_shaped():
+            log.warning("%s: %d shaped topics held until this broker registers again", why, n)
+
+    def _hold_shaped(self) -> int:
         shaped = [t for t in self.host.topics.values() if t.bucket is not None]
-        if shaped:
-            log.warning("%s: %d shaped topics held until this broker registers again",
-                        why, len(shaped))  # fmt: skip
         for topic in shaped:
             self.hold(topic.name)
+        return len(shaped)
 
     def renew_lease(self, since: float, lease_s: float) -> None:
         """The controller answered a request sent at ``since`` (monotonic s): shares may
@@ -198,4 +203,24 @@ class Shares:
         """Whether the reporter may register now: always without etcd; with it, only
         while the liveness lease holds, so that no share is taken without the key the
         controller watches."""
-        return self.liveness is None or self.lease_ok()
+        until = self.lease_until
+        return self.liveness is None or (until is not None and time.monotonic() < until)
+
+    def watched_by(self, live_prefix: object) -> bool:
+        """With etcd: whether the controller whose registration answer names
+        ``live_prefix`` watches this broker's key. One that does not (no etcd, another
+        prefix) would give the shares away on report silence while this broker, on its
+        own lease, still shaped: its shares are not taken (every managed topic stays
+        held, pushes are refused) and the error is logged."""
+        if self.liveness is None:
+            return True
+        self.watched = live_prefix == self.liveness.live_prefix
+        if not self.watched:
+            self._hold_shaped()
+            log.error(
+                "the controller does not watch %s (it answered %r): start it with "
+                "--etcd-endpoints and the same --etcd-prefix; managed topics stay held",
+                self.liveness.live_prefix,
+                live_prefix,
+            )
+        return self.watched
