@@ -180,6 +180,25 @@ async def test_a_broker_keeps_its_key_renewed_and_revokes_it_at_stop(cluster: An
     await eventually(lambda: not c.up("4"), "deregistered")
 
 
+async def test_a_lease_revoked_under_a_live_broker_is_replaced_and_it_registers_again(
+    cluster: Any,
+) -> None:
+    c: Cluster = await cluster(broker_timeout_s=1.0)
+    await c.start_broker("1", lease_s=2)
+    await c.topic("t", publishers=1, spread=False)
+    await eventually(lambda: c.bucket("1", "t"), "shaped", until=lambda s: s and s[0] > 0)
+    first = await c.live_key("1")
+    await c.kv.revoke(first.lease)  # as the probe shortcut would: the key goes with it
+    # Its next keepalive finds the lease gone: it holds, takes a new lease, puts its key
+    # again and registers again (the controller marked it down on the delete).
+    again = await eventually(
+        lambda: c.live_key("1"), "a new lease", until=lambda kv: kv and kv.lease != first.lease
+    )
+    assert json.loads(again.value)["lease"] == again.lease
+    await eventually(lambda: c.up("1"), "registered again")
+    await eventually(lambda: c.bucket("1", "t"), "shaped again", until=lambda s: s and s[0] > 0)
+
+
 async def test_delivery_goes_on_with_every_controller_down(cluster: Any) -> None:
     # The controller's own lease would be 0.6 s (0.6 x --broker-timeout-s): without etcd,
     # the broker would hold the topic 0.6 s into the outage.

@@ -208,6 +208,8 @@ class LivenessKeeper:
                 if not failing:  # once per outage, not every keepalive
                     log.warning("etcd did not answer for the liveness lease: %s", e)
                 failing = True
+            except Exception:  # an odd answer must not end the liveness for good
+                log.exception("keeping the liveness lease failed")
             wait = sent + self.settings.interval_s - self.clock()
             await asyncio.sleep(max(0.0, wait))
 
