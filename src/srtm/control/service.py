@@ -34,7 +34,6 @@ from srtm.control.state import Controller
 from srtm.control.store import StateStore, load_state
 from srtm.control.store_writer import StoreWriter
 from srtm.control.utility import UtilityControl, UtilitySettings
-from srtm.etcd import endpoint_urls
 from srtm.jsondoc import parse as parse_json
 from srtm.placement import RoundResult
 from srtm.security import check_token, require_loopback_without_token
@@ -65,11 +64,7 @@ class ControllerService:
         )
         self.store: StateStore = open_store(opts)
         self.writer = StoreWriter(self.ctrl, self.store)
-        #: With etcd: the brokers' liveness keys, which decide when a broker is down.
-        self.liveness: LivenessWatch | None = None
-        if opts.etcd_endpoints is not None:
-            self.liveness = LivenessWatch(endpoint_urls(opts.etcd_endpoints), opts.etcd_prefix)
-            self.ctrl.live = self.liveness.brokers
+        self.liveness = LivenessWatch.of(opts.etcd_endpoints, opts.etcd_prefix, self.ctrl)
         self.ctrl.registry.tombstone_s = opts.tombstone_s
         saved = load_state(self.store)
         if saved:
@@ -105,8 +100,7 @@ class ControllerService:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         self.pusher.open()
-        if self.liveness is not None:
-            await self.liveness.start()
+        await self.liveness.start()
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(
@@ -152,8 +146,7 @@ class ControllerService:
         if self._runner is not None:
             await self._runner.cleanup()
         await self.pusher.close()
-        if self.liveness is not None:
-            await self.liveness.stop()
+        await self.liveness.stop()
         await self.writer.close()
         self.store.close()
 
@@ -207,8 +200,7 @@ class ControllerService:
             address = info.http_address
             if not await self.pusher.refuses(info):
                 return
-            revoked = self.liveness is None or await self.liveness.revoke(broker_id, address)
-            if not revoked:
+            if not await self.liveness.revoke(broker_id, address):
                 return  # etcd did not answer: its lease decides
             actions = self.ctrl.gone(broker_id, address, time.monotonic(), after_s)
             if actions is not None:
