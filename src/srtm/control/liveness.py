@@ -18,8 +18,9 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from srtm.etcd import Etcd, EtcdError, EventKind, KeyValue, WatchEvent
+from srtm.etcd import Etcd, EtcdError, EventKind, KeyValue, WatchEvent, endpoint_urls
 
 log = logging.getLogger("srtm.controller")
 
@@ -107,18 +108,37 @@ class LiveBrokers:
         return gone
 
 
-class LivenessWatch:
-    """Follows ``PREFIX/live/`` in etcd into ``brokers``."""
+class LiveReader(Protocol):
+    """What reads the live keys (srtm.control.model.ControllerState is one)."""
 
-    def __init__(self, endpoints: Sequence[str], prefix: str) -> None:
+    live: LiveBrokers | None
+
+
+class LivenessWatch:
+    """Follows ``PREFIX/live/`` in etcd into ``brokers`` (``endpoints`` None: inert, for a
+    controller on SQLite, whose brokers keep the silence rule)."""
+
+    def __init__(self, endpoints: Sequence[str] | None, prefix: str) -> None:
         self.brokers = LiveBrokers(live_prefix(prefix))
-        self.etcd = Etcd(list(endpoints))
+        self.etcd = None if endpoints is None else Etcd(list(endpoints))
         self._task: asyncio.Task[None] | None = None
         self._revision: int | None = None
+
+    @classmethod
+    def of(cls, endpoints: str | None, prefix: str, ctrl: LiveReader) -> LivenessWatch:
+        """The controller's watch (``--etcd-endpoints``, ``--etcd-prefix``); with etcd,
+        ``ctrl`` (its state: the tick's failover step) reads the live keys."""
+        if endpoints is None:
+            return cls(None, prefix)
+        watch = cls(endpoint_urls(endpoints), prefix)
+        ctrl.live = watch.brokers
+        return watch
 
     async def start(self) -> None:
         """Read the keys now if etcd answers (else the watch task keeps trying), then
         follow their changes."""
+        if self.etcd is None:
+            return
         with contextlib.suppress(EtcdError):
             await self._load()
         self._task = asyncio.create_task(self._follow(), name="srtm-liveness-watch")
@@ -129,14 +149,15 @@ class LivenessWatch:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await self.etcd.close()
+        if self.etcd is not None:
+            await self.etcd.close()
 
     async def revoke(self, broker_id: str, http_address: str) -> bool:
         """End the lease of the broker process at ``http_address`` (its key goes with it):
         only for one whose process is gone. False if etcd did not answer: its lease then
         decides as before."""
         key = self.brokers.keys.get(broker_id)
-        if key is None or not key.of(http_address):
+        if self.etcd is None or key is None or not key.of(http_address):
             return True  # no key of that process: the silence rule applies
         try:
             if key.lease:
@@ -150,6 +171,7 @@ class LivenessWatch:
         return True
 
     async def _load(self) -> None:
+        assert self.etcd is not None
         # The revision first: a change between it and the range is seen again by the
         # watch (a put or a delete applied twice ends in the same state).
         revision = await self.etcd.revision()
@@ -159,6 +181,7 @@ class LivenessWatch:
     async def _follow(self) -> None:
         """Watch from the last load; a watch etcd ends (its revision compacted, say) is
         followed by a new load and a new watch."""
+        assert self.etcd is not None
         failing = False
         while True:
             try:

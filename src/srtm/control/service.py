@@ -74,8 +74,6 @@ class ControllerService:
         scheme = "https" if opts.tls_cert is not None else "http"
         me = LeaderInfo(uuid.uuid4().hex, f"{opts.http_host}:{opts.http_port}", scheme)
         self.election: Election | None = None
-        #: With etcd: the brokers' liveness keys, which decide when a broker is down.
-        self.liveness: LivenessWatch | None = None
         if isinstance(self.store, EtcdStore):
             self.leadership = Leadership(opts.leader_lease_s, me)
             urls = endpoint_urls(opts.etcd_endpoints or "")
@@ -85,11 +83,10 @@ class ControllerService:
                 on_lost=self._lost, on_change=self._changed,
             )  # fmt: skip
             self.store.fence = self.election.fence()  # a standby writes nothing
-            self.liveness = LivenessWatch(urls, opts.etcd_prefix)
-            self.ctrl.live = self.liveness.brokers
         else:
             self.leadership = Leadership.alone(me)
         self.follower = Follower(self.ctrl, self.writer, self._following)
+        self.liveness = LivenessWatch.of(opts.etcd_endpoints, opts.etcd_prefix, self.ctrl)
         self.ctrl.registry.tombstone_s = opts.tombstone_s
         saved = load_state(self.store)
         if saved:
@@ -126,8 +123,7 @@ class ControllerService:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         self.pusher.open()
-        if self.liveness is not None:
-            await self.liveness.start()
+        await self.liveness.start()
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(
@@ -180,8 +176,7 @@ class ControllerService:
         if self._runner is not None:
             await self._runner.cleanup()
         await self.pusher.close()
-        if self.liveness is not None:
-            await self.liveness.stop()
+        await self.liveness.stop()
         await self.writer.close()
         if self.election is not None:  # after the last write: a standby takes over now
             await self.election.stop()
@@ -272,8 +267,7 @@ class ControllerService:
             address = info.http_address
             if not await self.pusher.refuses(info):
                 return
-            revoked = self.liveness is None or await self.liveness.revoke(broker_id, address)
-            if not revoked:
+            if not await self.liveness.revoke(broker_id, address):
                 return  # etcd did not answer: its lease decides
             actions = self.ctrl.gone(broker_id, address, time.monotonic(), after_s)
             if actions is not None:
