@@ -14,10 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from etcd_member import EtcdMember, free_ports
-from srtm.control.etcd_store import EtcdStore, StoreError, prefix_end
+from srtm.control.etcd_store import EtcdStore, Fenced, StoreError
 from srtm.control.state import Controller
 from srtm.control.store import load_state
 from srtm.control.store_writer import StoreWriter
+from srtm.etcd import Compare, prefix_end
 from srtm.placement import PublisherLoad, TopicSpec
 
 
@@ -162,3 +163,18 @@ def test_prefix_end_is_the_first_key_after_the_prefix() -> None:
     assert prefix_end(b"/srtm/topic:") == b"/srtm/topic;"
     assert prefix_end(b"a\xff\xff") == b"b"
     assert prefix_end(b"\xff") == b"\0"  # every key
+
+
+def test_a_fenced_write_goes_through_only_while_its_fence_holds(etcd: EtcdMember) -> None:
+    prefix = a_prefix()
+    store = EtcdStore([etcd.url], prefix)
+    store.put("leader", "me")
+    epoch = store.get("leader")
+    assert epoch is not None
+    store.fence = Compare.created(prefix + "/leader", epoch.revision)
+    store.put("topic:a", "{}")
+    store.delete("leader")  # deposed: the key another leader would create is gone
+    store.fence = Compare.created(prefix + "/leader", epoch.revision)
+    with pytest.raises(Fenced, match="no longer this leader's"):
+        store.write([("topic:a", None), ("topic:b", "{}")])
+    assert store.get("topic:a") is not None and store.get("topic:b") is None  # nothing applied

@@ -9,19 +9,30 @@ operations), so one etcd revision. etcd counts only changes: a batch that change
 (empty, or deleting keys that are not there) leaves the revision where it was, where
 SQLite's would count one; revisions only grow either way.
 
-The requests and the answers are built and read by pure functions (``range_body``,
-``txn_body``, ``entries_of``, ``header_revision``); only ``EtcdStore._call`` (through
+The requests are built by ``srtm.etcd``'s pure functions and the answers read by
+``entries_of`` and ``header_revision``; only ``EtcdStore._call`` (through
 ``_post``) does I/O."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
-from srtm.control.store import Batch, Entry, SqliteStore, StateStore
+from srtm.control.store import (
+    BROKERS_KEY,
+    BUCKETS_PREFIX,
+    LEGACY_KEY,
+    TOPIC_PREFIX,
+    Batch,
+    Entry,
+    SqliteStore,
+    StateStore,
+)
+from srtm.etcd import Compare, Op, check_prefix, endpoint_urls, range_body, txn_body
 
 if TYPE_CHECKING:
     from srtm.control.options import ControllerOptions
@@ -34,38 +45,8 @@ class StoreError(RuntimeError):
     """etcd could not be used: no endpoint answered, or one refused the request."""
 
 
-def b64(text: str | bytes) -> str:
-    raw = text.encode() if isinstance(text, str) else text
-    return base64.b64encode(raw).decode("ascii")
-
-
-def prefix_end(prefix: bytes) -> bytes:
-    """The first key after every key starting with ``prefix`` (etcd's ``range_end``)."""
-    end = bytearray(prefix)
-    while end:
-        if end[-1] < 0xFF:
-            end[-1] += 1
-            return bytes(end)
-        end.pop()
-    return b"\0"  # every key
-
-
-def range_body(key: str, prefix: bool = False) -> dict[str, Any]:
-    body = {"key": b64(key)}
-    if prefix:
-        body["range_end"] = b64(prefix_end(key.encode()))
-    return body
-
-
-def txn_body(full_keys: dict[str, str | None]) -> dict[str, Any]:
-    """One transaction applying every put (a doc) and delete (None), unconditionally."""
-    ops: list[dict[str, Any]] = [
-        {"request_delete_range": {"key": b64(key)}}
-        if doc is None
-        else {"request_put": {"key": b64(key), "value": b64(doc)}}
-        for key, doc in full_keys.items()
-    ]
-    return {"compare": [], "success": ops, "failure": []}
+class Fenced(StoreError):
+    """The write's fence failed: this controller is no longer the leader it wrote as."""
 
 
 def header_revision(answer: dict[str, Any]) -> int:
@@ -113,6 +94,9 @@ class EtcdStore:
         self._full = prefix.rstrip("/") + "/"
         self._timeout_s = timeout_s
         self._closed = False
+        #: A leader's fence (``Compare.created`` on its leader key): every write is
+        #: conditional on it, and fails with ``Fenced`` once it no longer holds.
+        self.fence: Compare | None = None
         self._revision = header_revision(self._call("range", range_body(self._full)))
 
     @property
@@ -137,8 +121,12 @@ class EtcdStore:
         keys = unique_keys(batch, self._full)  # the whole batch first: nothing sent if it fails
         if not keys:
             return
-        answer = self._call("txn", txn_body(keys))
-        if answer.get("succeeded") is not True:  # no compares: only a broken answer fails
+        ops = [Op(key, doc) for key, doc in keys.items()]
+        fence = self.fence
+        answer = self._call("txn", txn_body([] if fence is None else [fence], ops, []))
+        if answer.get("succeeded") is not True:
+            if fence is not None:
+                raise Fenced(f"not written: {fence.key} is no longer this leader's")
             raise StoreError(f"etcd did not apply the transaction: {answer!r:.200}")
         self._revision = header_revision(answer)
 
@@ -187,30 +175,6 @@ class EtcdStore:
         return answer
 
 
-def endpoint_urls(text: str) -> list[str]:
-    """``--etcd-endpoints``' HOST:PORT[,HOST:PORT...] as the store's URLs; ValueError
-    naming the flag and the bad part."""
-    urls = []
-    for part in (p.strip() for p in text.split(",")):
-        host, sep, port = part.rpartition(":")
-        well_formed = sep and host and port.isdigit() and 0 < int(port) <= 65535
-        if not well_formed or any(c in host for c in "/@?# "):  # a URL is not HOST:PORT
-            raise ValueError(
-                f"--etcd-endpoints: {part!r} is not HOST:PORT (give HOST:PORT[,HOST:PORT...])"
-            )
-        urls.append(f"http://{host}:{int(port)}")
-    return urls
-
-
-def check_prefix(prefix: str) -> None:
-    """``--etcd-prefix`` is an absolute key path below the root: ``/`` alone would mix the
-    state with every other key of the cluster."""
-    if not prefix.startswith("/") or not prefix.strip("/") or not prefix.isprintable():
-        raise ValueError(f"--etcd-prefix: {prefix!r} is not a key path like /srtm")
-    if any(c.isspace() for c in prefix):
-        raise ValueError(f"--etcd-prefix: {prefix!r} has white space")
-
-
 def open_store(opts: ControllerOptions) -> StateStore:
     """The controller's store: etcd with ``--etcd-endpoints`` (``--db`` unused), else
     SQLite in ``--db``. etcd not answering at start is a ConnectionError naming the
@@ -220,6 +184,64 @@ def open_store(opts: ControllerOptions) -> StateStore:
     urls = endpoint_urls(opts.etcd_endpoints)
     check_prefix(opts.etcd_prefix)
     try:
-        return EtcdStore(urls, opts.etcd_prefix)
+        store = EtcdStore(urls, opts.etcd_prefix)
+        claim_prefix(store, opts.etcd_prefix, opts.token)
     except StoreError as e:
         raise ConnectionError(f"cannot reach etcd at {', '.join(urls)}: {e}") from None
+    return store
+
+
+#: The key that marks a prefix as one SRTM cluster's: its format and whose it is.
+CLUSTER_KEY = "cluster"
+CLUSTER_FORMAT = 1
+#: The keys an SRTM cluster keeps under its prefix (the state rows, the leader, the
+#: brokers' liveness): anything else means the prefix is someone else's.
+OWN_KEYS = (CLUSTER_KEY, LEGACY_KEY, BROKERS_KEY, "leader")
+OWN_PREFIXES = (TOPIC_PREFIX, BUCKETS_PREFIX, "live/")
+
+
+def token_fingerprint(token: str | None) -> str | None:
+    """Whose cluster a prefix holds, without keeping the token: controllers of one
+    cluster share its token."""
+    return None if token is None else hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def cluster_doc(token: str | None) -> str:
+    return json.dumps({"format": CLUSTER_FORMAT, "token_sha256": token_fingerprint(token)})
+
+
+def foreign_keys(store: EtcdStore) -> list[str]:
+    keys = [e.key for e in store.list("")]
+    return [k for k in keys if k not in OWN_KEYS and not k.startswith(OWN_PREFIXES)]
+
+
+def claim_prefix(store: EtcdStore, prefix: str, token: str | None) -> None:
+    """Refuse (ValueError naming the prefix) a prefix that holds another cluster's state:
+    keys SRTM does not write, a marker of another format, or one made with another
+    ``--token``; mark an unmarked prefix as this cluster's."""
+    marker = store.get(CLUSTER_KEY)
+    if marker is None:
+        strange = foreign_keys(store)
+        if strange:
+            shown = ", ".join(repr(k) for k in strange[:3])
+            raise ValueError(
+                f"--etcd-prefix {prefix}: etcd holds keys there that are not an SRTM "
+                f"cluster's ({shown}{', ...' if len(strange) > 3 else ''}); give another prefix"
+            )
+        store.put(CLUSTER_KEY, cluster_doc(token))
+        return
+    try:
+        doc = json.loads(marker.doc)
+        format_, owner = doc["format"], doc["token_sha256"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"--etcd-prefix {prefix}: its {CLUSTER_KEY!r} key is not SRTM's") from None
+    if format_ != CLUSTER_FORMAT:
+        raise ValueError(
+            f"--etcd-prefix {prefix}: the state there is in format {format_!r}, "
+            f"this controller reads format {CLUSTER_FORMAT}"
+        )
+    if owner != token_fingerprint(token):
+        raise ValueError(
+            f"--etcd-prefix {prefix}: etcd holds another cluster's state there (made with "
+            "another --token); give this cluster's token or another prefix"
+        )
