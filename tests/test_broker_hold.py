@@ -133,3 +133,22 @@ async def test_hold_and_unmanage_over_http(broker_api: BrokerApi) -> None:
     assert srtm["held"] is True and srtm["bucket"] is None
     status, doc = await call(s, "DELETE", "/srtm/bucket?topic=h")
     assert status == 200 and doc["held"] is False and not broker.topics["h"].on_hold
+
+
+async def test_a_push_after_the_registration_was_sent_beats_its_answer(
+    make_broker: MakeBroker,
+) -> None:
+    """With etcd a broker takes pushes before its registration answer comes: the answer,
+    computed before the push's change, must not put back a share the push took away."""
+    broker = await make_broker(controller="http://127.0.0.1:9")
+    broker.shares.renew_lease(time.monotonic(), 60)
+    sent = time.monotonic()
+    broker.shares.set_bucket("t", 1.0, 1.0)  # pushed after the registration was sent
+    broker.shares.hold("u")
+    broker.shares.apply({"t": (5.0, 5.0), "u": (5.0, 5.0), "v": (3.0, 3.0)}, ["w"], sent=sent)
+    t, u, v = (broker.topics[n] for n in "tuv")
+    assert t.bucket is not None and t.bucket.rate == 1.0  # the push's, not the answer's
+    assert u.on_hold and u.bucket is None
+    assert v.bucket is not None and v.bucket.rate == 3.0 and broker.topics["w"].on_hold
+    broker.shares.apply({"t": (5.0, 5.0)}, [], sent=time.monotonic())  # a newer answer
+    assert t.bucket is not None and t.bucket.rate == 5.0

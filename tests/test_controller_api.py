@@ -394,3 +394,48 @@ async def test_a_plan_is_in_place_only_once_its_shares_are_pushed(
     finally:
         holds_pass.set()
         await runner.cleanup()
+
+
+async def test_a_registration_mid_change_holds_the_topic_its_share_comes_by_push(
+    tmp_path: Path,
+) -> None:
+    """A registration answer's share would not wait for the other brokers' decreases:
+    a topic whose change is on its way is held in it (its share comes by the push)."""
+    import aiohttp
+
+    from etcd_member import free_ports
+
+    service = ControllerService(ControllerOptions(db=tmp_path / "c.db", http_port=0, tick_s=60))
+    await service.start()
+    assert service.http_address is not None
+    ports = free_ports(4)  # nothing listens: every push fails, a decrease is retried
+    try:
+        async with aiohttp.ClientSession() as http:
+            c = ControllerClient(http, "http://{}:{}".format(*service.http_address))
+
+            async def register(bid: str, i: int) -> dict[str, Any]:
+                doc = {"id": bid, "tcp_address": f"127.0.0.1:{ports[2 * i]}",
+                       "http_address": f"127.0.0.1:{ports[2 * i + 1]}", "mcap": 600}  # fmt: skip
+                status, answer = await c.call("POST", "/brokers", doc)
+                assert status == 200, answer
+                return answer
+
+            await register("a", 0)
+            await register("b", 1)
+            pubs = [{"id": f"p{i}", "rate": 100} for i in range(4)]
+            status, _ = await c.call("POST", "/topics", {"name": "t", "slo_p99_ms": 5,
+                                     "burst": 40, "policy": "lb", "publishers": pubs})  # fmt: skip
+            assert status == 201
+            plan = service.ctrl.topics["t"].assignment
+            assert plan.get("a") and plan.get("b")
+            # The first shares are increases: pushed once, failed, done.
+            await eventually(lambda: service.in_place("t"), "the first shares pushed")
+            answer = await register("b", 1)
+            assert set(answer["buckets"]) == {"t"} and answer["held"] == []
+            status, _ = await c.call("POST", "/topics/t/move", {"publishers": plan["a"], "to": "b"})
+            assert status == 200
+            assert not service.in_place("t")  # a's decrease is retried: a is up
+            answer = await register("b", 1)
+            assert answer["buckets"] == {} and answer["held"] == ["t"]
+    finally:
+        await service.stop()

@@ -221,5 +221,5 @@ def apply_registration(broker: Broker, sent: float, answer: Any) -> float | None
                 bounds[name] = check_bound(b.get("max_wait_ms"), b.get("overflow"))
             except ValueError as exc:
                 log.error("topic %s: bound from the controller refused: %s", name, exc)
-    broker.shares.apply(shares, held, bounds)
+    broker.shares.apply(shares, held, bounds, sent)
     return float(lease)

@@ -76,6 +76,9 @@ class Shares:
         #: With etcd: whether the controller that registered this broker watches its key
         #: (``watched_by``); no share is used until one does.
         self.watched = False
+        #: When the controller last pushed each topic's share (monotonic s): a
+        #: registration answer sent before that is older news for the topic.
+        self._pushed_at: dict[str, float] = {}
 
     def set_bucket(
         self, topic_name: str, rate: float, burst: float, leased: bool = False
@@ -86,6 +89,8 @@ class Shares:
         check_bucket(rate, burst)  # a bad pair creates no topic
         if not leased and not self.lease_ok():
             raise LeaseExpired("this broker's lease lapsed: it takes shares again once registered")
+        if not leased:
+            self._pushed_at[topic_name] = time.monotonic()
         host = self.host
         host.handoffs.clear(topic_name)  # the controller's word replaces an armed share
         topic = host.topic(topic_name)
@@ -100,14 +105,21 @@ class Shares:
         buckets: dict[str, tuple[float, float]],
         held: list[str],
         bounds: dict[str, Bound] | None = None,
+        sent: float = float("inf"),
     ) -> None:
         """What a registration answer says this broker carries: these sub-buckets (with
         their topics' bounds), and a hold on these other managed topics. Any other topic
-        keeps its state."""
+        keeps its state, and so does one whose share the controller pushed after the
+        registration was ``sent`` (monotonic s): the push is the newer word, and the
+        answer's share may be one the push's change already took back (with etcd, a
+        broker takes pushes before its answer comes). By default no push is newer."""
+        pushed = self._pushed_at
         for name in held:
-            if is_valid_name(name):
-                self.hold(name)
+            if is_valid_name(name) and pushed.get(name, float("-inf")) < sent:
+                self.hold(name, pushed=False)
         for name, (rate, burst) in buckets.items():
+            if pushed.get(name, float("-inf")) >= sent:
+                continue
             try:
                 self.set_bucket(name, rate, burst, leased=True)
             except (ValueError, OverflowError, ProtocolError) as exc:
@@ -117,10 +129,13 @@ class Shares:
             if bounds is not None and name in bounds:
                 self.host.policing.set_bound(name, bounds[name])
 
-    def hold(self, topic_name: str) -> None:
+    def hold(self, topic_name: str, pushed: bool = True) -> None:
         """The topic is managed but this broker has no share of it: what comes is kept
         (acknowledged, queued, spilled to disk like any message) and released by the
-        sub-bucket that comes next, or at once if the topic is unmanaged. Creates it."""
+        sub-bucket that comes next, or at once if the topic is unmanaged. Creates it.
+        ``pushed``: the controller's push (not a registration answer, nor a lapse)."""
+        if pushed:
+            self._pushed_at[topic_name] = time.monotonic()
         host = self.host
         topic = host.topic(topic_name)
         topic.hold()
@@ -130,6 +145,7 @@ class Shares:
 
     def clear(self, topic_name: str) -> None:
         """Unmanage the topic (no share, no hold): what waits is released at once."""
+        self._pushed_at[topic_name] = time.monotonic()
         host = self.host
         topic = host.topics[topic_name]
         topic.unshape()
@@ -182,7 +198,7 @@ class Shares:
     def _hold_shaped(self) -> int:
         shaped = [t for t in self.host.topics.values() if t.bucket is not None]
         for topic in shaped:
-            self.hold(topic.name)
+            self.hold(topic.name, pushed=False)
         return len(shaped)
 
     def renew_lease(self, since: float, lease_s: float) -> None:

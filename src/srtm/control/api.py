@@ -21,6 +21,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from srtm.control import console
+from srtm.control.actions import Hold, SetBucket
 from srtm.control.documents import (
     AssignQuery,
     BrokerReport,
@@ -86,10 +87,17 @@ class ControllerAPI:
         actions = self.ctrl.register(
             doc.id, doc.tcp_address, doc.http_address, doc.mcap, time.monotonic()
         )
-        await saved(self.service.save_state(), self.service.execute(actions))
-        # The answer carries the lease and the broker's shares: it applies them on receipt
-        # (the pushes may reach it first, while its lease has lapsed, and be refused).
+        # Its own shares and holds go in the answer, not in pushes: it applies them on
+        # receipt (a push may reach it first, while its lease has lapsed, and be refused).
+        own = [a for a in actions if isinstance(a, SetBucket | Hold) and a.broker == doc.id]
+        rest = [a for a in actions if a not in own]
+        await saved(self.service.save_state(), self.service.execute(rest))
+        # A topic whose share change is on its way is held here: its share comes by the
+        # change's push, after the other brokers' decreases (the answer's would not wait).
         buckets, held = self.ctrl.shares(doc.id)
+        moving = sorted(n for n in buckets if not self.service.in_place(n))
+        buckets = {n: p for n, p in buckets.items() if n not in moving}
+        held = held + moving
         return web.json_response({
             "id": doc.id, "registered": True, "lease_s": self.ctrl.lease_s,
             "buckets": {n: self.ctrl.bucket_doc(n, p) for n, p in buckets.items()},
