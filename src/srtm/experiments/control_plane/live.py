@@ -124,7 +124,7 @@ class Plane:
         args = [
             "--http-address", f"127.0.0.1:{self.ports[i]}",
             "--etcd-endpoints", self.etcd.endpoints, "--etcd-prefix", self.s.etcd_prefix,
-            "--leader-lease-s", repr(self.s.leader_lease_s),
+            "--leader-lease-s", str(self.s.leader_lease_s),
         ]  # fmt: skip
         self.controllers[i] = launch_controller(
             self.directory / f"controller-{i + 1}.db", args, preexec_fn=die_with_parent,

@@ -91,7 +91,7 @@ class CpScenario:
     #: the sum of its shares means something.
     mcap: float = 220.0
     #: The controllers' --leader-lease-s and the brokers' --etcd-lease-s.
-    leader_lease_s: float = 2.0
+    leader_lease_s: int = 2
     broker_lease_s: int = 4
     warmup_s: float = 10.0
     settle_s: float = 10.0
