@@ -23,6 +23,7 @@ from srtm.experiments.control_plane.measure import (
     Observed,
     Probe,
     TopicMessages,
+    busiest,
     fault_row,
     leaders_at_once,
     live_rate,
@@ -65,6 +66,19 @@ def test_the_sum_of_live_shares_over_r_per_topic() -> None:
     both = [*samples.values(), *over]
     assert max_ratio(both) == pytest.approx(1.5)
     assert max_ratio(both, 0.0, 2.0) == pytest.approx(1.0)
+
+
+def test_the_busiest_broker_has_the_largest_live_shares_in_the_last_poll() -> None:
+    stats = {
+        "1": _stats({"topic": "a", "bucket": {"rate": 60.0}, "held": False}),
+        "2": _stats({"topic": "a", "bucket": {"rate": 40.0}, "held": False},
+                    {"topic": "b", "bucket": {"rate": 30.0}, "held": False}),
+    }  # fmt: skip
+    first = share_samples(1.0, stats, {"a": 100.0, "b": 30.0})
+    assert busiest(first) == "2"
+    stats["2"] = _stats({"topic": "a", "bucket": {"rate": 40.0}, "held": True})
+    assert busiest([*first, *share_samples(2.0, stats, {"a": 100.0, "b": 30.0})]) == "1"
+    assert busiest([]) == "1"
 
 
 def test_takeover_is_timed_to_the_first_write_a_leader_took_after_the_fault() -> None:
@@ -180,11 +194,11 @@ def test_a_cut_link_stalls_silently_and_a_healed_one_delivers() -> None:
         port = server.sockets[0].getsockname()[1]
         links = CutLinks()
         try:
-            link = links.add("127.0.0.1", port)
+            link = links.add("b", "127.0.0.1", port)
             reader, writer = await asyncio.open_connection("127.0.0.1", link.port)
             writer.write(b"one")
             assert await asyncio.wait_for(reader.readexactly(3), 5) == b"one"
-            links.cut()
+            links.cut("b")
             writer.write(b"two")
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(reader.readexactly(3), 0.5)
@@ -193,7 +207,7 @@ def test_a_cut_link_stalls_silently_and_a_healed_one_delivers() -> None:
             w2.write(b"new")
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(r2.readexactly(3), 0.3)
-            links.heal()
+            links.heal("b")
             assert await asyncio.wait_for(reader.readexactly(3), 5) == b"two"
             assert await asyncio.wait_for(r2.readexactly(3), 5) == b"new"
             writer.close()

@@ -20,9 +20,9 @@ from srtm.experiments.experiment import (
 )
 
 NAME = "control-plane-faults"
-#: Why it is not sized to the machine: its load is light (about 320 msg/s sent, a tenth
+#: Why it is not sized to the machine: its load is light (about 350 msg/s sent, a tenth
 #: of the demo's), and its figures are times of elections and leases, not of queueing.
-NOT_SIZED = "about 320 msg/s on brokers that emulate no capacity: its figures are elections'"
+NOT_SIZED = "about 350 msg/s on brokers that emulate no capacity: its figures are elections'"
 
 
 @dataclass(frozen=True)

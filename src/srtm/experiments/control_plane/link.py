@@ -1,16 +1,16 @@
 """Cuttable links: how one broker is partitioned without root (no network namespaces).
 
-A broker's links to etcd go through ``CutLink``s (TCP, ``127.0.0.1:A`` → ``127.0.0.1:B``), its
-links to the controllers through ``CutHttpLink``s (HTTP, so that a standby's 307 naming the
-leader's address is rewritten to the leader's link: the broker never learns a way around
-the cut); the broker is given the links' addresses instead of the servers'. ``cut`` makes
-every link stall silently, as a partition does: nothing more is read or forwarded either
-way, and a connection or request made meanwhile is accepted but answered nothing (no
-reset, no refusal: the broker sees time-outs). ``heal`` lets what waited through. The broker's
-clients (publishers, subscribers, the poller) reach it directly and are not cut; the
-controllers' pushes to it are not cut either (the broker advertises one HTTP address): a
-controller pushes nothing to a broker whose live key is gone, and a broker past its lease
-refuses pushes (409 LEASE_EXPIRED).
+Each broker's links to etcd go through ``CutLink``s (TCP, ``127.0.0.1:A`` →
+``127.0.0.1:B``), its links to the controllers through ``CutHttpLink``s (HTTP, so that a
+standby's 307 naming the leader's address is rewritten to the leader's link: the broker
+never learns a way around the cut); the broker is given its links' addresses instead of
+the servers'. ``cut`` makes every link of one broker stall silently, as a partition does:
+nothing more is read or forwarded either way, and a connection or request made meanwhile
+is accepted but answered nothing (no reset, no refusal: the broker sees time-outs).
+``heal`` lets what waited through. The broker's clients (publishers, subscribers, the
+poller) reach it directly and are not cut; the controllers' pushes to it are not cut
+either (the broker advertises one HTTP address): a controller pushes nothing to a broker
+whose live key is gone, and a broker past its lease refuses pushes (409 LEASE_EXPIRED).
 
 The links run on their own event loop in a thread (``CutLinks``), so that a busy run loop
 never delays a broker's keepalives.
@@ -177,21 +177,22 @@ class CutHttpLink:
 
 
 class CutLinks:
-    """The links of one run, on an event loop of their own in a daemon thread."""
+    """The links of one run, in groups (one per broker: cut together), on an event loop of
+    their own in a daemon thread."""
 
     def __init__(self) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self.links: list[CutLink | CutHttpLink] = []
-        #: A controller's ``host:port`` -> its CutHttpLink's, for redirects.
-        self.rewrite: dict[str, str] = {}
+        self.groups: dict[str, list[CutLink | CutHttpLink]] = {}
+        #: Per group: a controller's ``host:port`` -> its CutHttpLink's, for redirects.
+        self.rewrite: dict[str, dict[str, str]] = {}
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
 
-    def add(self, host: str, port: int) -> CutLink:
-        """A new link to ``host:port``, listening when this returns."""
+    def add(self, group: str, host: str, port: int) -> CutLink:
+        """A new TCP link of ``group`` to ``host:port``, listening when this returns."""
 
         async def make() -> CutLink:
             link = CutLink((host, port))
@@ -199,34 +200,36 @@ class CutLinks:
             return link
 
         link = self._call(make())
-        self.links.append(link)
+        self.groups.setdefault(group, []).append(link)
         return link
 
-    def add_http(self, target: str) -> CutHttpLink:
-        """A new HTTP link to the controller at ``target`` (``host:port``)."""
+    def add_http(self, group: str, target: str) -> CutHttpLink:
+        """A new HTTP link of ``group`` to the controller at ``target`` (``host:port``)."""
+        rewrite = self.rewrite.setdefault(group, {})
 
         async def make() -> CutHttpLink:
-            link = CutHttpLink(target, self.rewrite)
+            link = CutHttpLink(target, rewrite)
             await link.listen()
             return link
 
         link = self._call(make())
-        self.rewrite[target] = link.address
-        self.links.append(link)
+        rewrite[target] = link.address
+        self.groups.setdefault(group, []).append(link)
         return link
 
-    def cut(self) -> None:
-        for link in self.links:
+    def cut(self, group: str) -> None:
+        for link in self.groups.get(group, []):
             self._loop.call_soon_threadsafe(link.cut)
 
-    def heal(self) -> None:
-        for link in self.links:
+    def heal(self, group: str) -> None:
+        for link in self.groups.get(group, []):
             self._loop.call_soon_threadsafe(link.heal)
 
     def close(self) -> None:
         async def close_all() -> None:
-            for link in self.links:
-                await link.close()
+            for links in self.groups.values():
+                for link in links:
+                    await link.close()
             # The pipes of connections still open end here, not with the loop.
             rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for t in rest:

@@ -3,8 +3,9 @@
 The cluster: ``etcd_members`` etcd members (``srtm.etcd_cluster``), ``controllers``
 controllers on them electing a leader (``--etcd-endpoints``, ``--leader-lease-s``), and
 ``brokers`` brokers given every controller (``--controller URL,URL,URL``) and keeping their
-shares on etcd leases (``--etcd-lease-s``). The last broker reaches etcd and the
-controllers through cuttable links (``link``), so that it can be partitioned. The load:
+shares on etcd leases (``--etcd-lease-s``). Each broker reaches etcd and the controllers
+through cuttable links (``link``), so that one can be partitioned: the one with the
+largest live shares when the fault comes. The load:
 the tenants' topics, created through the leader, each published by an emulator following
 the plan (from any controller) and read by a subscriber process writing traces.
 
@@ -47,6 +48,7 @@ from srtm.experiments.control_plane.measure import (
     Probe,
     ShareSample,
     TopicMessages,
+    busiest,
     fault_row,
     share_samples,
     window_rows,
@@ -100,7 +102,8 @@ class AckLedger(Emulator):
 @dataclass
 class Plane:
     """The run's processes: etcd, the controllers (None while stopped) on fixed ports, the
-    brokers (the last one behind ``links``), all children of this process."""
+    brokers (each behind its ``links`` to etcd and the controllers), all children of this
+    process."""
 
     directory: Path
     s: CpScenario
@@ -169,21 +172,25 @@ def start_plane(directory: Path, s: CpScenario) -> Plane:
     try:
         for i in range(s.controllers):
             plane.start_controller(i)
-        cut_urls = [f"http://{plane.links.add_http(u.split('//')[1]).address}" for u in plane.urls]
-        cut_etcd = [plane.links.add(*_host_port(e)).address for e in etcd.endpoints.split(",")]
         for i in range(s.brokers):
-            cut = i == s.brokers - 1  # the last broker is the one partitioned
+            # Every broker behind links of its own: the one partitioned is chosen by load
+            # when the fault comes.
+            group = str(i + 1)
+            via = [plane.links.add_http(group, u.split("//")[1]).address for u in plane.urls]
+            ends = [
+                plane.links.add(group, *_host_port(e)).address for e in etcd.endpoints.split(",")
+            ]
             args = [
-                "--broker-id", str(i + 1),
-                "--controller", ",".join(cut_urls if cut else plane.urls),
-                "--etcd-endpoints", ",".join(cut_etcd) if cut else etcd.endpoints,
+                "--broker-id", group,
+                "--controller", ",".join(f"http://{a}" for a in via),
+                "--etcd-endpoints", ",".join(ends),
                 "--etcd-prefix", s.etcd_prefix, "--etcd-lease-s", str(s.broker_lease_s),
                 "--mcap", repr(s.mcap),
-                # Releases are ms apart: no spinning, or 3 brokers would need 3 cores.
+                # Releases are ms apart: no spinning, or the brokers would need a core each.
                 "--release-spin-us", "0",
             ]  # fmt: skip
             broker = launch_broker(
-                directory / f"broker-{i + 1}", args, preexec_fn=die_with_parent,
+                directory / f"broker-{group}", args, preexec_fn=die_with_parent,
                 token=plane.token, timeout=START_TIMEOUT_S,
             )  # fmt: skip
             plane.brokers.append(broker)
@@ -193,8 +200,8 @@ def start_plane(directory: Path, s: CpScenario) -> Plane:
     return plane
 
 
-def _host_port(endpoint: str) -> tuple[str, int]:
-    host, _, port = endpoint.rpartition(":")
+def _host_port(url: str) -> tuple[str, int]:
+    host, _, port = url.split("//")[-1].rpartition(":")
     return host, int(port)
 
 
@@ -206,6 +213,8 @@ class _Seen:
     leaders: list[LeaderSample] = field(default_factory=list)
     shares: list[ShareSample] = field(default_factory=list)
     versions: list[tuple[float, str, int]] = field(default_factory=list)
+    #: Each topic's plan whenever its version changed: (t_s, version, broker -> rate).
+    plans: list[dict[str, Any]] = field(default_factory=list)
     faults: list[FaultRecord] = field(default_factory=list)
     rates: dict[str, float] = field(default_factory=dict)
     emulators: dict[str, AckLedger] = field(default_factory=dict)
@@ -417,8 +426,19 @@ async def _versions(http: aiohttp.ClientSession, plane: Plane, seen: _Seen, t: f
         for u in plane.urls:
             status, doc = await _ask(http, "GET", f"{u}/topics/{topic}")
             if status == 200 and isinstance(doc, dict):
-                seen.versions.append((t, topic, int(doc["version"])))
+                version = int(doc["version"])
+                known = [v for _, name, v in seen.versions if name == topic]
+                if not known or known[-1] != version:  # a new plan: where its shares are
+                    seen.plans.append(_plan_row(t, doc))
+                seen.versions.append((t, topic, version))
                 break
+
+
+def _plan_row(t_s: float, doc: dict[str, Any]) -> dict[str, Any]:
+    """A topic's plan as the report keeps it: its brokers' sub-bucket rates."""
+    shares = {b["id"]: (b.get("bucket") or {}).get("rate") for b in doc.get("brokers", [])}
+    return {"t_s": t_s, "topic": doc.get("topic"), "version": doc.get("version"),
+            "shares": shares, "unassigned": doc.get("unassigned")}  # fmt: skip
 
 
 async def _probe(http: aiohttp.ClientSession, plane: Plane, seen: _Seen, rec: FaultRecord,
@@ -485,12 +505,13 @@ async def _do(
             await in_spawner(functools.partial(plane.start_controller, i))
         await prober
     else:
-        rec = FaultRecord(kind, f"broker {len(plane.brokers)}", seen.now_s())
-        plane.links.cut()
+        victim = busiest(seen.shares)
+        rec = FaultRecord(kind, f"broker {victim} (the most shares)", seen.now_s())
+        plane.links.cut(victim)
         prober = probe(rec)
         await _sleep_until(seen, rec.start_s + fault.hold_s)
         rec.heal_s = seen.now_s()
-        plane.links.heal()
+        plane.links.heal(victim)
         await prober
     return rec
 
@@ -559,6 +580,10 @@ def summarize(s: CpScenario, seen: _Seen, traces: Path) -> dict[str, Any]:
         "sent": sent, "skipped_late": skipped,
         "max_share_ratio": max((x.ratio for x in seen.shares), default=0.0),
         "polls": len({x.t_s for x in seen.shares}),
+        "plans": seen.plans,
+        # Σ live shares / r per poll and topic, and who answered: [t_s, topic, ratio, n].
+        "share_ratios": [[x.t_s, x.topic, x.ratio, len(x.live)] for x in seen.shares],
+        "leaders": [[x.t_s, x.controller, x.leader, x.epoch] for x in seen.leaders],
         "windows": [asdict(w) | {"met": w.met} for w in rows],
         "probes": {r.kind.value: [asdict(p) for p in r.probes] for r in seen.faults},
         "disturbed": disturbed(skipped, sent, seen.host),

@@ -66,6 +66,20 @@ def max_ratio(samples: Sequence[ShareSample], lo: float = -np.inf, hi: float = n
     return max((s.ratio for s in samples if lo <= s.t_s < hi), default=0.0)
 
 
+def busiest(samples: Sequence[ShareSample]) -> str:
+    """The broker with the largest live shares (msg/s, all topics) in the last poll of
+    ``samples`` ("1" before any)."""
+    if not samples:
+        return "1"
+    last = samples[-1].t_s
+    load: dict[str, float] = {}
+    for s in samples:
+        if s.t_s == last:
+            for broker, rate in s.live.items():
+                load[broker] = load.get(broker, 0.0) + rate
+    return max(sorted(load), key=lambda b: load[b], default="1")
+
+
 @dataclass(frozen=True)
 class Probe:
     """A write sent to one controller (``PATCH`` of the probe topic): when sent, when

@@ -1,9 +1,9 @@
 """The control-plane-faults scenario as data (pure): the cluster, the tenants' load, and the
 faults in the order they are done, each held for a while, healed, then left to settle.
 
-Issue 31 item 6: 3 etcd members, 3 controllers electing a leader, 3 brokers keeping their
+Issue 31 item 6: 3 etcd members, 3 controllers electing a leader, 4 brokers keeping their
 shares on etcd leases, under a multi-tenant load (tenants with different SLOs and rates,
-each topic split over brokers by a small ``--mcap``). Faults: kill -9 of the leader;
+topics split over brokers by a small ``--mcap``). Faults: kill -9 of the leader;
 SIGSTOP of the leader past its lease, then SIGCONT; kill -9 of one etcd member; every
 controller stopped for ``outage_s``; one broker partitioned from etcd and the controllers
 (not from its clients).
@@ -34,11 +34,11 @@ FAULT_TEXT: dict[FaultKind, str] = {
     FaultKind.partition_broker: "one broker cut from etcd and the controllers, not its clients",
 }
 
-#: The faults of the control plane itself: no SLO window may be lost to them. A broker
-#: partitioned is a broker's fault (its publishers' messages wait held until it is healed
-#: or they move): its windows are reported, not checked.
+#: The controller faults: the issue asks that no SLO window be lost to them. An etcd
+#: member's kill and a broker partitioned have their windows reported, not checked (a
+#: partitioned broker's publishers' messages wait held until they move).
 CONTROL_FAULTS = frozenset(
-    {FaultKind.kill_leader, FaultKind.stop_leader, FaultKind.kill_etcd, FaultKind.controllers_down}
+    {FaultKind.kill_leader, FaultKind.stop_leader, FaultKind.controllers_down}
 )
 
 
@@ -77,22 +77,25 @@ class CpScenario:
 
     etcd_members: int = 3
     controllers: int = 3
-    brokers: int = 3
+    brokers: int = 4
+    #: 354 msg/s sent; r 120, 150 and 112.5: tenant-b and tenant-c each split over two
+    #: brokers at --mcap 140, tenant-a whole on a third, the fourth spare (so that a
+    #: partitioned broker's shares have somewhere to go).
     tenants: tuple[CpTenant, ...] = (
-        CpTenant("tenant-a", 8, 10.0, 50.0),
-        CpTenant("tenant-b", 8, 15.0, 100.0),
-        CpTenant("tenant-c", 6, 20.0, 200.0),
+        CpTenant("tenant-a", 8, 12.0, 100.0),
+        CpTenant("tenant-b", 8, 15.0, 150.0),
+        CpTenant("tenant-c", 6, 15.0, 250.0),
     )
     #: A topic's rate r is this many times what its publishers send (Poisson streams near
     #: their bucket's rate queue for long: srtm.experiments.diurnal.live, ``send_share``).
     headroom: float = 1.25
     burst: float = 100.0
-    #: Every broker's --mcap (msg/s): small, so that each topic is split over brokers and
-    #: the sum of its shares means something.
-    mcap: float = 220.0
+    #: Every broker's --mcap (msg/s): small, so that topics are split over brokers and the
+    #: sum of a topic's shares means something.
+    mcap: float = 140.0
     #: The controllers' --leader-lease-s and the brokers' --etcd-lease-s.
     leader_lease_s: int = 2
-    broker_lease_s: int = 4
+    broker_lease_s: int = 5
     warmup_s: float = 10.0
     settle_s: float = 10.0
     #: How long every controller is down (the issue: 60 s).
