@@ -188,6 +188,11 @@ class CutLinks:
         #: Per group: a controller's ``host:port`` -> its CutHttpLink's, for redirects.
         self.rewrite: dict[str, dict[str, str]] = {}
 
+    @property
+    def native_id(self) -> int | None:
+        """The links' thread's id (for its scheduling priority)."""
+        return self._thread.native_id
+
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
 
