@@ -142,7 +142,10 @@ class CutHttpLink:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         await self._open.wait()  # cut: the request waits, answered nothing
-        body = await request.read()
+        try:
+            body = await request.read()
+        except (ConnectionError, aiohttp.ClientPayloadError):
+            return web.Response(status=400)  # the client gave up meanwhile: no one to answer
         headers = {k: v for k, v in request.headers.items() if k.lower() in _PASSED}
         headers.update({k: v for k, v in request.headers.items() if k.lower().startswith("x-")})
         assert self._session is not None

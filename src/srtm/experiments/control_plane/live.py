@@ -12,7 +12,7 @@ the plan (from any controller) and read by a subscriber process writing traces.
 A poller asks, every ``poll_s``: each controller's ``GET /info`` (who leads, its epoch),
 each broker's ``/stats`` (its live share of every topic: Σ shares / r), and every second
 a controller's ``GET /topics/NAME`` (plan versions). After each fault a probe sends a write
-(``PATCH`` of the probe topic) to each controller in turn until one leading takes it:
+(``PATCH`` of the probe topic) to every controller, each on its own, until one leading takes it:
 takeover time. Then the faults, one after the other, each settled before the next; at the
 end sending stops, the subscribers drain, everything stops and the traces are read.
 """
@@ -461,17 +461,29 @@ def _plan_row(t_s: float, doc: dict[str, Any]) -> dict[str, Any]:
 
 async def _probe(http: aiohttp.ClientSession, plane: Plane, seen: _Seen, rec: FaultRecord,
                  until_s: float) -> None:  # fmt: skip
-    """Writes to each controller in turn until one leading takes one (or ``until_s``)."""
+    """Writes to each controller on its own every ``PROBE_EVERY_S`` until one leading takes
+    one (or ``until_s``): a stopped controller's time-outs do not delay the others'."""
     body = {"slo_p99_ms": PROBE_SLO_MS}
-    while seen.now_s() < until_s:
-        for k, u in enumerate(plane.urls):
+    took = asyncio.Event()
+
+    async def probe(k: int, url: str) -> None:
+        while not took.is_set() and seen.now_s() < until_s:
             sent = seen.now_s()
-            status, _ = await _ask(http, "PATCH", f"{u}/topics/{PROBE_TOPIC}", body, plane.headers)
+            status, _ = await _ask(http, "PATCH", f"{url}/topics/{PROBE_TOPIC}", body,
+                                   plane.headers)  # fmt: skip
             ok = 200 <= status < 300
             rec.probes.append(Probe(sent, seen.now_s(), ok, str(k + 1)))
             if ok:
-                return
-        await asyncio.sleep(PROBE_EVERY_S)
+                took.set()
+            else:
+                await asyncio.sleep(PROBE_EVERY_S)
+
+    probes = [asyncio.create_task(probe(k, u)) for k, u in enumerate(plane.urls)]
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(took.wait(), max(0.0, until_s - seen.now_s()))
+    for task in probes:
+        task.cancel()
+    await asyncio.gather(*probes, return_exceptions=True)
 
 
 async def _do(
