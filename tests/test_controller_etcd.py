@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from etcd_member import EtcdMember, start_etcd
+from srtm.control.etcd_store import EtcdStore, claim_prefix
 from srtm.launch import ServerProcess, start_controller
 from support import eventually
 
@@ -122,7 +124,7 @@ def test_two_prefixes_keep_two_controllers_apart(etcd: EtcdMember, tmp_path: Pat
         assert again.stop() == 0
 
 
-def test_a_write_failing_later_is_logged_and_the_controller_serves_on(tmp_path: Path) -> None:
+def test_a_write_failing_later_is_refused_and_the_controller_serves_on(tmp_path: Path) -> None:
     member = start_etcd(tmp_path / "etcd")  # its own: this test stops it
     log = (tmp_path / "controller.log").open("w")
     try:
@@ -130,12 +132,17 @@ def test_a_write_failing_later_is_logged_and_the_controller_serves_on(tmp_path: 
         try:
             register(ctrl, "1", 40031)
             member.stop()
-            create(ctrl, "unsaved")  # answered: the plan holds, its rows are not saved
-            eventually.blocking(
-                lambda: "could not save" in (tmp_path / "controller.log").read_text(),
-                "the failed write logged",
+            # Never acknowledged: not saved (the write failed), or no leader (its lease
+            # could not be renewed: it stopped acting).
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                create(ctrl, "unsaved")
+            assert refused.value.code == 503
+            assert json.loads(refused.value.read())["message"] in ("NOT_SAVED", "NO_LEADER")
+            doc = eventually.blocking(
+                lambda: ctrl.json("/info"), "no longer leading", until=lambda d: not d["leader"]
             )
-            assert ctrl.json("/plan?topic=unsaved")["version"] == 1
+            assert doc["plan_changes"] == "wait for a leader: no controller leads now"
+            assert ctrl.json("/brokers")["brokers"][0]["id"] == "1"  # it serves reads on
         finally:
             assert ctrl.stop() == 0
     finally:
@@ -176,3 +183,29 @@ def test_a_bad_etcd_setting_is_refused_by_name(args: list[str], named: str, tmp_
     done = run_controller(args, tmp_path)
     assert done.returncode == 2, done.stderr
     assert f"error: {named}: " in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_prefix_holding_another_clusters_state_is_refused(
+    etcd: EtcdMember, tmp_path: Path
+) -> None:
+    foreign, theirs, ours = (f"/test-{uuid.uuid4().hex}" for _ in range(3))
+    EtcdStore([etcd.url], foreign).put("config/x", "not srtm's")
+    claim_prefix(EtcdStore([etcd.url], theirs), theirs, "their-token")
+    endpoint = etcd.url.removeprefix("http://")
+    for prefix, says in [
+        (foreign, "holds keys there that are not an SRTM cluster's ('config/x')"),
+        (theirs, "holds another cluster's state there (made with another --token)"),
+    ]:
+        done = run_controller(["--etcd-endpoints", endpoint, "--etcd-prefix", prefix], tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert f"--etcd-prefix {prefix}: etcd " in done.stderr and says in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    # A prefix of its own is marked, and the same cluster's controller takes it again.
+    store = EtcdStore([etcd.url], ours)
+    claim_prefix(store, ours, None)
+    claim_prefix(store, ours, None)
+    marker = store.get("cluster")
+    assert marker is not None and json.loads(marker.doc) == {"format": 1, "token_sha256": None}
+    store.put("cluster", json.dumps({"format": 9, "token_sha256": None}))
+    with pytest.raises(ValueError, match="in format 9, this controller reads format 1"):
+        claim_prefix(store, ours, None)

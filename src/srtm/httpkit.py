@@ -146,3 +146,44 @@ def join_host_port(host: str, port: int) -> str:
     """Go's ``net.JoinHostPort``: ``HOST:PORT``, an IPv6 host in brackets (how nsqlookupd
     names a node, and how the controller parses a broker's address)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+#: The header a leading controller sends its epoch in (``srtm.control.leadership``).
+EPOCH_HEADER = "X-SRTM-Epoch"
+
+
+class EpochFence:
+    """The highest controller epoch a broker has seen: a request with a lower one comes
+    from a deposed leader (resumed after SIGSTOP, cut off from etcd) and is refused. A
+    request without the header (a controller on SQLite, a tool) is not a leader's."""
+
+    def __init__(self) -> None:
+        self.highest = 0
+
+    def admits(self, header: str | None) -> bool:
+        """Whether a request with this header may go on (raises HttpError 400 when it is
+        not an epoch)."""
+        if header is None:
+            return True
+        try:
+            epoch = int(header)
+        except ValueError:
+            raise HttpError(400, "BAD_EPOCH", f"{EPOCH_HEADER}: {header[:40]!r}") from None
+        if epoch < self.highest:
+            return False
+        self.highest = epoch
+        return True
+
+
+def epoch_fenced(fence: EpochFence) -> Middleware:
+    """409 ``STALE_LEADER`` to a request whose epoch is below the highest seen."""
+
+    @web.middleware
+    async def fenced(request: web.Request, handler: Handler) -> web.StreamResponse:
+        header = request.headers.get(EPOCH_HEADER)
+        if not fence.admits(header):
+            detail = f"epoch {header} < {fence.highest}: another controller leads now"
+            return error_response(409, "STALE_LEADER", detail)
+        return await handler(request)
+
+    return fenced

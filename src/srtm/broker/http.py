@@ -81,10 +81,12 @@ from srtm.broker.routes import Forward, Replicas, TopicRoute
 from srtm.broker.state import LeaseExpired, LimitReached
 from srtm.broker.tls import http_requires_tls
 from srtm.httpkit import (
+    EpochFence,
     Handler,
     HttpError,
     add_routes,
     empty,
+    epoch_fenced,
     error_middleware,
     error_response,
     has_token,
@@ -712,6 +714,7 @@ def make_app(broker: Broker) -> web.Application:
     middlewares = [
         error_middleware(LimitReached, _limit, allow_separator=","),
         token_required(opts.token, needs_token, challenge=True),
+        epoch_fenced(EpochFence()),  # after the token: only the cluster's epochs count
     ]
     if opts.protect_managed and opts.token is not None:
         middlewares.append(_protect_managed(broker, opts.token))

@@ -125,8 +125,9 @@ class BrokerOptions:
     )
     controller: str | None = setting(
         None,
-        "Controller URL (http://HOST:PORT): register there and report load and each "
-        "topic's window every --report-interval-s.",
+        "Controller URLs, URL[,URL...] (http://HOST:PORT): register with the leader and "
+        "report load and each topic's window every --report-interval-s; a controller that "
+        "is away is passed over and a standby's redirect followed to the leader.",
     )
     mcap: float = setting(
         110_000.0, "Messages/s this broker can process, told to the controller.", minimum=1

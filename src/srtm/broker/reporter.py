@@ -1,10 +1,13 @@
-"""Registers the broker with a controller and reports its load and per-topic TB Adaptor
-window every second, and at once when a topic or channel appears or goes (registering
-again whenever the controller does not know it, or the broker's lease lapsed).
+"""Registers the broker with the controller (the leader of those given) and reports its
+load and per-topic TB Adaptor window every second, and at once when a topic or channel
+appears or goes (registering again whenever the controller does not know it, or the
+broker's lease lapsed).
 
 Each answer of the controller renews the broker's lease from when the request was sent;
 a registration answer also carries the broker's shares and holds, applied on receipt
-with the new lease (see ``Shares.lease_ok``)."""
+with the new lease (see ``Shares.lease_ok``). Which controller answers is
+``srtm.controllers``' rule: one that is away is passed over, a standby's 307 is followed
+to the leader, and a controller that does not know the broker (404) is registered with."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from srtm.controllers import Controllers, ControllerUnreachable
 from srtm.httpkit import join_host_port
 from srtm.ratelimit.overflow import Bound, check_bound
 from srtm.security import bearer_header
@@ -102,7 +106,14 @@ def report_document(broker: Broker, meter: ResourceMeter | None = None) -> dict[
 MIN_REPORT_GAP_S = 0.05
 
 
-async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: float) -> None:
+async def report_loop(
+    broker: Broker, controllers: Controllers | str, mcap: float, interval_s: float
+) -> None:
+    """Register with the controllers' leader and report every ``interval_s`` until
+    cancelled; deregister then. ``controllers`` (or ``URL[,URL...]``) follows a standby's
+    307 to the leader and passes over a controller that is away (see ``srtm.controllers``)."""
+    if isinstance(controllers, str):
+        controllers = Controllers(controllers, what="--controller", log=log)
     assert broker.tcp_address is not None and broker.http_address is not None
     headers = bearer_header(broker.options.token)
     me = {
@@ -111,7 +122,6 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
         "http_address": join_host_port(*broker.http_address),
         "mcap": mcap,
     }
-    base = controller.rstrip("/")
     meter = ResourceMeter()
     registered = False
     lease_s: float | None = None  # told at registration (an older controller tells none)
@@ -126,26 +136,25 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
                         registered = False  # lapsed: the shares come back with a registration
                     if not registered:
                         sent = time.monotonic()
-                        async with session.post(f"{base}/brokers", json=me) as resp:
-                            registered = resp.status == 200
-                            if not registered:
-                                log.warning(
-                                    "controller refused registration: %s", await resp.text()
-                                )
-                            else:
-                                lease_s = apply_registration(broker, sent, await resp.json())
+                        resp = await controllers.request(session, "POST", "/brokers", json=me)
+                        registered = resp.status == 200
+                        if not registered:
+                            log.warning("controller refused registration: %s", resp.text())
+                        else:
+                            lease_s = apply_registration(broker, sent, resp.json())
                     if registered:
-                        url = f"{base}/brokers/{me['id']}/report"
+                        path = f"/brokers/{me['id']}/report"
                         sent = time.monotonic()
-                        async with session.post(url, json=report_document(broker, meter)) as resp:
-                            registered = resp.status != 404  # the controller forgot us
-                            if resp.status == 200 and lease_s is not None:
-                                broker.shares.renew_lease(sent, lease_s)
-                            if resp.status not in (200, 404) and resp.status != refused:
-                                log.warning("controller refused a report: %s", await resp.text())
-                            refused = 0 if resp.status == 200 else resp.status
-                except (aiohttp.ClientError, TimeoutError):
-                    pass  # the controller is away: try again next interval
+                        doc = report_document(broker, meter)
+                        resp = await controllers.request(session, "POST", path, json=doc)
+                        registered = resp.status != 404  # the controller forgot us
+                        if resp.status == 200 and lease_s is not None:
+                            broker.shares.renew_lease(sent, lease_s)
+                        if resp.status not in (200, 404) and resp.status != refused:
+                            log.warning("controller refused a report: %s", resp.text())
+                        refused = 0 if resp.status == 200 else resp.status
+                except (aiohttp.ClientError, TimeoutError, ControllerUnreachable):
+                    pass  # no controller answers: try again next interval
                 except Exception:  # never let one bad report end reporting for good
                     log.exception("reporting to the controller failed")
                 await next_report(broker, interval_s)
@@ -153,7 +162,7 @@ async def report_loop(broker: Broker, controller: str, mcap: float, interval_s: 
         except asyncio.CancelledError:
             # Stopping cleanly: the controller drops this broker at once, so nobody is
             # sent here for the seconds it would take to notice the silence.
-            await deregister(session, f"{base}/brokers/{me['id']}")
+            await deregister(session, controllers, f"/brokers/{me['id']}")
             raise
 
 
@@ -169,13 +178,15 @@ async def next_report(broker: Broker, interval_s: float) -> None:
     broker.names_changed.clear()
 
 
-async def deregister(session: aiohttp.ClientSession, url: str) -> None:
-    """``DELETE /brokers/{id}``, briefly: a controller away must not hold up the stop."""
+async def deregister(session: aiohttp.ClientSession, controllers: Controllers, path: str) -> None:
+    """``DELETE /brokers/{id}`` at the leader, briefly: controllers away must not hold up
+    the stop (a second in all)."""
     try:
-        async with session.delete(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
-            if resp.status not in (200, 404):
-                log.warning("controller refused deregistration: %s", await resp.text())
-    except (aiohttp.ClientError, TimeoutError):
+        async with asyncio.timeout(1.0):
+            resp = await controllers.request(session, "DELETE", path, timeout_s=0.5)
+        if resp.status not in (200, 404):
+            log.warning("controller refused deregistration: %s", resp.text())
+    except (aiohttp.ClientError, TimeoutError, ControllerUnreachable):
         pass
 
 

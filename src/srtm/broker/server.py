@@ -14,6 +14,7 @@ from collections.abc import Callable
 from srtm.broker.broker import Broker
 from srtm.broker.http import serve_http
 from srtm.broker.options import BrokerOptions
+from srtm.controllers import Controllers
 
 log = logging.getLogger("srtm.broker")
 #: fds a broker needs beside its clients: listeners, HTTP, timers, a few queue files.
@@ -37,6 +38,12 @@ def raise_fd_limit() -> int:
 
 async def serve(options: BrokerOptions, on_ready: Callable[[Broker], None] | None = None) -> None:
     """Serve until SIGTERM or SIGINT; then persist what is owed to ``data_dir`` and return."""
+    # --controller URL[,URL...] is checked before anything starts: a bad URL is an error.
+    controllers = (
+        Controllers(options.controller, what="--controller", log=log)
+        if options.controller
+        else None
+    )
     fds = raise_fd_limit()
     if options.max_connections and fds < options.max_connections + _FD_ROOM:
         log.warning(
@@ -55,11 +62,11 @@ async def serve(options: BrokerOptions, on_ready: Callable[[Broker], None] | Non
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     reporter = None
-    if options.controller:
+    if controllers is not None:
         from srtm.broker.reporter import report_loop
 
         reporter = asyncio.create_task(
-            report_loop(broker, options.controller, options.mcap, options.report_interval_s)
+            report_loop(broker, controllers, options.mcap, options.report_interval_s)
         )
     # Imports and start-up leave ~10^5 long-lived objects; a full collection walks them
     # all (tens of ms, stalling releases). Frozen, they are never traversed again.

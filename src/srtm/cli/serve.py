@@ -156,7 +156,9 @@ def _serve_controller(options: ControllerOptions) -> None:
     def ready(service: ControllerService) -> None:
         assert service.http_address is not None
         h = service.http_address
-        print(f"srtm controller http={h[0]}:{h[1]}", flush=True)
+        lead = service.leadership
+        role = lead.role.value + ("" if lead.epoch is None else f" epoch={lead.epoch}")
+        print(f"srtm controller http={h[0]}:{h[1]} role={role}", flush=True)
 
     asyncio.run(serve(options, ready))
 

@@ -1,6 +1,7 @@
 """An asyncio publisher: plan-aware, pipelined, bounded, and it moves without losing a message.
 
-It learns its broker from the controller (``/assign``) or takes a fixed address, and
+It learns its broker from the controller (``/assign``, from the first of several that
+answers) or takes a fixed address, and
 IDENTIFYs with its SRTM fields so brokers can send it orders. PUBs are pipelined up to
 ``max_pending`` unanswered (then ``publish`` waits: backpressure). A migration order is
 followed make-before-break: connect to the new broker, send everything new there, and
@@ -21,13 +22,14 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import aiohttp
 
+from srtm.controllers import Controllers
 from srtm.nsq_connection import BrokerError, Connection, client_context
 from srtm.protocol import Pub, header
 from srtm.version import __version__
@@ -60,7 +62,7 @@ class Publisher:
         topic: str,
         publisher_id: str,
         *,
-        controller: str | None = None,
+        controller: str | Sequence[str] | None = None,
         address: str | None = None,
         group: str | None = None,
         rate: float | None = None,
@@ -77,7 +79,13 @@ class Publisher:
         self.topic, self.id, self.group, self.rate = topic, publisher_id, group, rate
         #: An open topic's join secret, sent as a header (out of the controller's logs).
         self.join_secret = join_secret
-        self.controller = controller.rstrip("/") if controller else None
+        #: The controllers (``URL[,URL...]`` or a list): ``/assign`` is asked of the first
+        #: that answers (``srtm.controllers``).
+        self.controllers = (
+            None
+            if controller is None
+            else Controllers(controller, log=log, switch_level=logging.INFO)
+        )
         self.address = address
         self.message_size = message_size
         self._tls = client_context(tls)
@@ -107,16 +115,15 @@ class Publisher:
         self._reconnecting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        if self.controller:
+        if self.controllers is not None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         await self._connect(await self._where())
 
     async def _where(self) -> str:
-        if self.controller is None:
+        if self.controllers is None:
             assert self.address is not None
             return self.address
         assert self._session is not None
-        url = f"{self.controller}/assign"
         # Its rate and group too: an open topic places a publisher it does not know yet.
         params = {"topic": self.topic, "publisher": self.id}
         if self.rate:
@@ -124,11 +131,13 @@ class Publisher:
         if self.group:
             params["group"] = self.group
         headers = {"X-SRTM-Join-Secret": self.join_secret} if self.join_secret else None
-        async with self._session.get(url, params=params, headers=headers) as r:
-            doc: dict[str, Any] = await r.json()
-            if r.status != 200:
-                raise ConnectionError(f"controller: {doc.get('message')}")
-            return str(doc["tcp_address"])
+        r = await self.controllers.request(
+            self._session, "GET", "/assign", params=params, headers=headers
+        )
+        doc: dict[str, Any] = r.json()
+        if r.status != 200:
+            raise ConnectionError(f"controller {r.url}: {doc.get('message')}")
+        return str(doc["tcp_address"])
 
     async def _open(self, address: str) -> Connection:
         fields = {"srtm_publisher": self.id, "srtm_orders": True, "client_id": self.id,

@@ -1,5 +1,6 @@
 """An asyncio subscriber of every broker of a topic: it finds them through the controller's
-nsqlookupd-style ``/lookup`` (again every ``refresh_s``, so it follows plan changes) or
+nsqlookupd-style ``/lookup`` (again every ``refresh_s``, so it follows plan changes; of
+the first of several controllers that answers) or
 takes fixed addresses, FINs each message and records end-to-end latency from the
 measurement header in an HDR histogram; with ``trace_dir``, it writes subscriber-side
 trace rows.
@@ -27,6 +28,7 @@ import aiohttp
 from hdrh.histogram import HdrHistogram
 
 from srtm.client.traces import SubscriberTraces
+from srtm.controllers import Controllers, ControllerUnreachable
 from srtm.nsq_connection import BrokerError, Connection, client_context
 from srtm.protocol import Fin, MessageFrame, Rdy, Sub, header
 from srtm.protocol.session import E_SUB_FAILED
@@ -42,13 +44,26 @@ class Received:
     recv_ns: int
 
 
+def producer_addresses(doc: object) -> list[str]:
+    """HOST:PORT of each producer a ``/lookup`` answer lists; what is not one is skipped
+    (a controller's odd answer is no broker, not the end of the refreshes)."""
+    producers = doc.get("producers") if isinstance(doc, dict) else None
+    out = []
+    for p in producers if isinstance(producers, list) else []:
+        host = p.get("broadcast_address") if isinstance(p, dict) else None
+        port = p.get("tcp_port") if isinstance(p, dict) else None
+        if isinstance(host, str) and host and isinstance(port, int) and not isinstance(port, bool):
+            out.append(f"{host}:{port}")
+    return out
+
+
 class Subscriber:
     def __init__(
         self,
         topic: str,
         channel: str,
         *,
-        controller: str | None = None,
+        controller: str | Sequence[str] | None = None,
         addresses: Sequence[str] = (),
         on_message: Callable[[Received], None] | None = None,
         max_in_flight: int = 500,
@@ -65,7 +80,13 @@ class Subscriber:
         if controller is None and not addresses:
             raise ValueError("give a controller (URL) or broker addresses")
         self.topic, self.channel = topic, channel
-        self.controller = controller.rstrip("/") if controller else None
+        #: The controllers (``URL[,URL...]`` or a list): ``/lookup`` is asked of the first
+        #: that answers (``srtm.controllers``).
+        self.controllers = (
+            None
+            if controller is None
+            else Controllers(controller, log=log, switch_level=logging.INFO)
+        )
         self.addresses = list(addresses)
         self.on_message = on_message
         self.max_in_flight = max_in_flight
@@ -90,7 +111,7 @@ class Subscriber:
         self._refresh: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        if self.controller:
+        if self.controllers is not None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
             await self.refresh()
             self._refresh = asyncio.create_task(self._refresh_loop())
@@ -98,24 +119,35 @@ class Subscriber:
             await self._subscribe(address)
 
     async def refresh(self) -> None:
-        """Subscribe to every broker the controller lists for the topic, not yet subscribed."""
-        assert self._session is not None
-        url = f"{self.controller}/lookup"
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            async with self._session.get(url, params={"topic": self.topic}) as r:
-                if r.status != 200:
-                    return
-                doc = await r.json()
-            for p in doc.get("producers", []):
-                address = f"{p['broadcast_address']}:{p['tcp_port']}"
+        """Subscribe to every broker the controller lists for the topic, not yet subscribed.
+        No controller answering is no change (asked again next refresh)."""
+        assert self._session is not None and self.controllers is not None
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ControllerUnreachable):
+            r = await self.controllers.request(
+                self._session, "GET", "/lookup", params={"topic": self.topic}
+            )
+            if r.status != 200:
+                return
+            for address in producer_addresses(r.json()):
                 if address not in self._conns:
                     with contextlib.suppress(OSError):
                         await self._subscribe(address)
 
     async def _refresh_loop(self) -> None:
+        """``refresh`` every ``refresh_s`` for as long as the subscriber runs: a failed
+        refresh (a broker's refusal, a controller's odd answer) is logged, once while it
+        repeats, and the next one tried."""
+        last = ""
         while True:
             await asyncio.sleep(self.refresh_s)
-            await self.refresh()
+            try:
+                await self.refresh()
+                last = ""
+            except Exception as exc:
+                if repr(exc) != last:
+                    who = f"{self.topic}/{self.channel}"
+                    log.warning("subscriber %s: refresh failed: %r", who, exc)
+                last = repr(exc)
 
     async def _subscribe(self, address: str) -> None:
         fields: dict[str, object] = {"client_id": f"srtm-sub-{self.channel}",

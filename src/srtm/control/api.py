@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from srtm.control import console
 from srtm.control.documents import (
@@ -50,11 +51,11 @@ from srtm.control.documents import (
     UtilityRun,
     parse,
 )
-from srtm.control.handlers import Service, read_json
+from srtm.control.handlers import Service, read_json, saved, to_leader
 from srtm.control.lookupd import Lookupd, nsq_content_type
 from srtm.control.topics_api import TopicsApi
 from srtm.control.validate import ControlError
-from srtm.httpkit import HttpError, add_routes, error_middleware, ok, token_required
+from srtm.httpkit import Handler, HttpError, add_routes, error_middleware, ok, token_required
 from srtm.openapi import OpenApiDoc, Route, document
 
 log = logging.getLogger("srtm.control")
@@ -85,8 +86,7 @@ class ControllerAPI:
         actions = self.ctrl.register(
             doc.id, doc.tcp_address, doc.http_address, doc.mcap, time.monotonic()
         )
-        self.service.save_state()
-        self.service.execute(actions)
+        await saved(self.service.save_state(), self.service.execute(actions))
         # The answer carries the lease and the broker's shares: it applies them on receipt
         # (the pushes may reach it first, while its lease has lapsed, and be refused).
         buckets, held = self.ctrl.shares(doc.id)
@@ -113,8 +113,8 @@ class ControllerAPI:
         """A broker stopping cleanly: down at once (its publishers move), gone from
         /lookup and /nodes."""
         broker_id = request.match_info["id"]
-        self.service.execute(self.ctrl.deregister(broker_id))
-        self.service.save_state()
+        written = self.service.execute(self.ctrl.deregister(broker_id))
+        await saved(written, self.service.save_state())
         log.info("broker %s deregistered", broker_id)
         return web.json_response({"id": broker_id, "registered": False})
 
@@ -250,12 +250,27 @@ def make_app(
     middlewares = [
         error_middleware(ValueError, _refusal, allow_separator=", "),
         token_required(token, needs_token, challenge=False),
+        _leader_writes(service),
     ]
     app = web.Application(middlewares=middlewares, client_max_size=64 << 20)
     app.on_response_prepare.append(nsq_content_type)
     add_routes(app, ROUTES, api, topics, Lookupd(service.ctrl))
     app.on_cleanup.append(lambda _: api.latency.close())
     return app
+
+
+def _leader_writes(service: Service) -> Middleware:
+    """Only the controller that acts changes state: on any other (a standby, a leader
+    whose lease lapsed) every request but a read goes to the leader (307) or waits for
+    one (503 ``NO_LEADER``). Reads answer from the state it follows."""
+
+    @web.middleware
+    async def leader_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method not in READ_METHODS and not service.acting():
+            return to_leader(service, request.path_qs)
+        return await handler(request)
+
+    return leader_only
 
 
 @functools.cache

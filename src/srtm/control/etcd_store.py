@@ -16,12 +16,22 @@ The requests are built by ``srtm.etcd``'s pure functions and the answers read by
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
-from srtm.control.store import Batch, Entry, SqliteStore, StateStore
+from srtm.control.store import (
+    BROKERS_KEY,
+    BUCKETS_PREFIX,
+    LEGACY_KEY,
+    TOPIC_PREFIX,
+    Batch,
+    Entry,
+    SqliteStore,
+    StateStore,
+)
 from srtm.etcd import Compare, Op, check_prefix, endpoint_urls, range_body, txn_body
 
 if TYPE_CHECKING:
@@ -174,6 +184,64 @@ def open_store(opts: ControllerOptions) -> StateStore:
     urls = endpoint_urls(opts.etcd_endpoints)
     check_prefix(opts.etcd_prefix)
     try:
-        return EtcdStore(urls, opts.etcd_prefix)
+        store = EtcdStore(urls, opts.etcd_prefix)
+        claim_prefix(store, opts.etcd_prefix, opts.token)
     except StoreError as e:
         raise ConnectionError(f"cannot reach etcd at {', '.join(urls)}: {e}") from None
+    return store
+
+
+#: The key that marks a prefix as one SRTM cluster's: its format and whose it is.
+CLUSTER_KEY = "cluster"
+CLUSTER_FORMAT = 1
+#: The keys an SRTM cluster keeps under its prefix (the state rows, the leader, the
+#: brokers' liveness): anything else means the prefix is someone else's.
+OWN_KEYS = (CLUSTER_KEY, LEGACY_KEY, BROKERS_KEY, "leader")
+OWN_PREFIXES = (TOPIC_PREFIX, BUCKETS_PREFIX, "live/")
+
+
+def token_fingerprint(token: str | None) -> str | None:
+    """Whose cluster a prefix holds, without keeping the token: controllers of one
+    cluster share its token."""
+    return None if token is None else hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def cluster_doc(token: str | None) -> str:
+    return json.dumps({"format": CLUSTER_FORMAT, "token_sha256": token_fingerprint(token)})
+
+
+def foreign_keys(store: EtcdStore) -> list[str]:
+    keys = [e.key for e in store.list("")]
+    return [k for k in keys if k not in OWN_KEYS and not k.startswith(OWN_PREFIXES)]
+
+
+def claim_prefix(store: EtcdStore, prefix: str, token: str | None) -> None:
+    """Refuse (ValueError naming the prefix) a prefix that holds another cluster's state:
+    keys SRTM does not write, a marker of another format, or one made with another
+    ``--token``; mark an unmarked prefix as this cluster's."""
+    marker = store.get(CLUSTER_KEY)
+    if marker is None:
+        strange = foreign_keys(store)
+        if strange:
+            shown = ", ".join(repr(k) for k in strange[:3])
+            raise ValueError(
+                f"--etcd-prefix {prefix}: etcd holds keys there that are not an SRTM "
+                f"cluster's ({shown}{', ...' if len(strange) > 3 else ''}); give another prefix"
+            )
+        store.put(CLUSTER_KEY, cluster_doc(token))
+        return
+    try:
+        doc = json.loads(marker.doc)
+        format_, owner = doc["format"], doc["token_sha256"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"--etcd-prefix {prefix}: its {CLUSTER_KEY!r} key is not SRTM's") from None
+    if format_ != CLUSTER_FORMAT:
+        raise ValueError(
+            f"--etcd-prefix {prefix}: the state there is in format {format_!r}, "
+            f"this controller reads format {CLUSTER_FORMAT}"
+        )
+    if owner != token_fingerprint(token):
+        raise ValueError(
+            f"--etcd-prefix {prefix}: etcd holds another cluster's state there (made with "
+            "another --token); give this cluster's token or another prefix"
+        )

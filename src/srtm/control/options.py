@@ -39,13 +39,20 @@ class ControllerOptions:
     etcd_endpoints: str | None = setting(
         None,
         "Keep the state in etcd instead of --db: its members' client addresses, "
-        "HOST:PORT[,HOST:PORT...] (spoken to as http://HOST:PORT). One controller per "
-        "--etcd-prefix: no leadership yet.",
+        "HOST:PORT[,HOST:PORT...] (spoken to as http://HOST:PORT). Several controllers "
+        "on one --etcd-prefix elect one leader; the others answer reads and send writes "
+        "to it (307).",
     )
     etcd_prefix: str = setting(
         "/srtm",
         "With --etcd-endpoints: the state's keys are PREFIX/KEY; controllers with different "
         "prefixes keep their states apart.",
+    )
+    leader_lease_s: int = setting(
+        2,
+        "With --etcd-endpoints: the leader's etcd lease (whole s). A leader stops acting "
+        "when it could not renew it for 0.6 of this; a standby takes over once it expired.",
+        minimum=1,
     )
     broker_timeout_s: float = setting(
         5.0, "A broker silent this long is down; its publishers move (s).", minimum=0.1

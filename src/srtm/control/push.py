@@ -5,11 +5,10 @@ topics), admission orders, measurement rounds and the ping that tells a dead bro
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +29,9 @@ from srtm.control.actions import (
     handoff,
     phases,
 )
+from srtm.control.etcd_store import Fenced
 from srtm.control.fitting_run import as_result
+from srtm.control.leadership import EPOCH_HEADER
 from srtm.control.model import BrokerInfo
 from srtm.control.state import Controller
 from srtm.placement import RoundResult
@@ -55,6 +56,10 @@ class Pusher:
         #: Per topic: held while its share changes are carried out, so that changes of
         #: two plans never interleave (one plan's increase after the next one's decrease).
         self._shares: dict[str, asyncio.Lock] = {}
+        #: The leader's epoch, sent with every request (None: the only controller).
+        self.epoch: int | None = None
+        #: Whether this controller acts now: nothing is sent to brokers when not.
+        self.acting: Callable[[], bool] = lambda: True
 
     def open(self) -> None:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
@@ -64,16 +69,25 @@ class Pusher:
             await self.session.close()
 
     def _headers(self) -> dict[str, str]:
-        """What the controller sends to brokers: the cluster token, if any."""
-        return bearer_header(self.token)
+        """What the controller sends to brokers: the cluster token, if any, and the
+        leader's epoch (brokers refuse a deposed leader's: 409 ``STALE_LEADER``)."""
+        headers = bearer_header(self.token)
+        if self.epoch is not None:
+            headers[EPOCH_HEADER] = str(self.epoch)
+        return headers
 
     # -- actions -------------------------------------------------------------------------
     async def carry_out(self, actions: list[Action], written: asyncio.Future[None] | None) -> None:
         if written is not None:
             # Brokers hear of a plan once it would survive a restart; if it cannot be
-            # written (logged), the controller still runs on the plan it holds.
-            with contextlib.suppress(Exception):
+            # written (logged), the controller still runs on the plan it holds, unless
+            # another controller leads now (fenced): that one's plans go out.
+            try:
                 await written
+            except Fenced:
+                return
+            except Exception:
+                pass
         by_topic: dict[str, list[Action]] = {}
         for a in actions:
             if isinstance(a, SetBucket | Hold | SetRoute | DropRoute):
@@ -198,7 +212,7 @@ class Pusher:
         A broker that does not take it is logged; it gets its routes again when it
         registers."""
         info = self.ctrl.brokers.get(action.broker)
-        if info is None or self.session is None or info.down:
+        if info is None or self.session is None or info.down or not self.acting():
             return
         try:
             url = _broker_url(info, "/srtm/route")
@@ -240,8 +254,8 @@ class Pusher:
         again (a bucket refused as invalid (400) never will be; a broker whose lease
         lapsed (409) holds the topic)."""
         info = self.ctrl.brokers.get(broker)
-        if info is None or self.session is None:
-            return True
+        if info is None or self.session is None or not self.acting():
+            return True  # nothing to retry: a controller not acting sends nothing
         try:
             url = _broker_url(info, path)
             request = self.session.request(
@@ -258,7 +272,7 @@ class Pusher:
     # -- other requests ------------------------------------------------------------------
     async def post_admission(self, broker: str, topic: str, body: dict[str, Any]) -> None:
         info = self.ctrl.brokers.get(broker)
-        if info is None or self.session is None or info.down:
+        if info is None or self.session is None or info.down or not self.acting():
             return
         try:
             url = _broker_url(info, "/srtm/admission")
@@ -276,7 +290,7 @@ class Pusher:
         self, topic: str, broker: str, publishers: Sequence[str], window_s: float
     ) -> RoundResult:
         info = self.ctrl.brokers.get(broker)
-        if info is None or self.session is None:
+        if info is None or self.session is None or not self.acting():
             return RoundResult(float("nan"), 0)
         params = {"topic": topic, "window_ms": repr(window_s * 1000)}
         timeout = aiohttp.ClientTimeout(total=window_s + 10)

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import ssl
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +19,11 @@ from aiohttp import web
 from srtm.control.actions import Action, Hold, PlanChanged, SetBucket
 from srtm.control.api import make_app
 from srtm.control.elastic import Elastic, ElasticStep
-from srtm.control.etcd_store import open_store
+from srtm.control.election import Election
+from srtm.control.etcd_store import EtcdStore, Fenced, open_store
 from srtm.control.fitting_run import fit_topic
+from srtm.control.follow import Follower
+from srtm.control.leadership import LeaderInfo, Leadership, Role
 from srtm.control.model import FitState, FittingProgress
 from srtm.control.options import ControllerOptions
 from srtm.control.provision import (
@@ -33,6 +37,7 @@ from srtm.control.state import Controller
 from srtm.control.store import StateStore, load_state
 from srtm.control.store_writer import StoreWriter
 from srtm.control.utility import UtilityControl, UtilitySettings
+from srtm.etcd import Etcd, endpoint_urls
 from srtm.jsondoc import parse as parse_json
 from srtm.placement import RoundResult
 from srtm.security import check_token, require_loopback_without_token
@@ -62,7 +67,24 @@ class ControllerService:
             forward_grace_s=opts.forward_grace_s,
         )
         self.store: StateStore = open_store(opts)
-        self.writer = StoreWriter(self.ctrl, self.store)
+        self.writer = StoreWriter(self.ctrl, self.store, on_fenced=self._fenced)
+        #: With etcd, one leader among the controllers on its prefix (the others are
+        #: standbys following its state); with SQLite, this one alone.
+        scheme = "https" if opts.tls_cert is not None else "http"
+        me = LeaderInfo(uuid.uuid4().hex, f"{opts.http_host}:{opts.http_port}", scheme)
+        self.election: Election | None = None
+        if isinstance(self.store, EtcdStore):
+            self.leadership = Leadership(opts.leader_lease_s, me)
+            urls = endpoint_urls(opts.etcd_endpoints or "")
+            etcd = Etcd(urls, timeout_s=opts.leader_lease_s / 2)
+            self.election = Election(
+                etcd, opts.etcd_prefix, self.leadership, on_won=self._won,
+                on_lost=self._lost, on_change=self._changed,
+            )  # fmt: skip
+            self.store.fence = self.election.fence()  # a standby writes nothing
+        else:
+            self.leadership = Leadership.alone(me)
+        self.follower = Follower(self.ctrl, self.writer, self._following)
         self.ctrl.registry.tombstone_s = opts.tombstone_s
         saved = load_state(self.store)
         if saved:
@@ -71,6 +93,7 @@ class ControllerService:
         self._runner: web.AppRunner | None = None
         #: What goes to brokers: actions carried out, probes, measurements, admissions.
         self.pusher = Pusher(self.ctrl, opts.token, retry_s=min(0.5, opts.tick_s))
+        self.pusher.acting = self.acting
         self._tasks: set[asyncio.Task[None]] = set()
         self._tick: asyncio.Task[None] | None = None
         #: Silent brokers being asked whether their address still answers.
@@ -106,6 +129,12 @@ class ControllerService:
         )  # fmt: skip
         await site.start()
         self.http_address = (self.options.http_host, int(self._runner.addresses[0][1]))
+        me = self.leadership.me
+        host, port = self.http_address
+        self.leadership.set_me(LeaderInfo(me.id, f"{host}:{port}", me.scheme))
+        if self.election is not None:
+            assert isinstance(self.store, EtcdStore)
+            await self.election.start(self.store.revision + 1)
         self._tick = asyncio.create_task(self._tick_loop())
         if self.elastic is not None:
             self.provisioner = self._provisioner()
@@ -131,6 +160,7 @@ class ControllerService:
         )
 
     async def stop(self) -> None:
+        await self.follower.close()
         for loop_task in (self._rebalancer, self._tick, *self._utility_tasks):
             if loop_task is not None:
                 loop_task.cancel()
@@ -144,6 +174,8 @@ class ControllerService:
             await self._runner.cleanup()
         await self.pusher.close()
         await self.writer.close()
+        if self.election is not None:  # after the last write: a standby takes over now
+            await self.election.stop()
         self.store.close()
 
     def _ssl_context(self) -> ssl.SSLContext | None:
@@ -153,10 +185,45 @@ class ControllerService:
         ctx.load_cert_chain(self.options.tls_cert, self.options.tls_key)
         return ctx
 
+    # -- leadership ----------------------------------------------------------------------
+    def acting(self) -> bool:
+        """Does this controller change plans and tell brokers now (the only one, or the
+        leader whose lease surely holds)?"""
+        return self.leadership.acting(time.monotonic())
+
+    async def _won(self, epoch: int) -> None:
+        """Elected: writes fenced on this epoch, the last leader's state read, pushes
+        carry the epoch; then it acts (``Leadership.won``)."""
+        assert self.election is not None and isinstance(self.store, EtcdStore)
+        self.store.fence = self.election.fence()
+        await self.follower.reload()
+        self.pusher.epoch = epoch
+
+    async def _lost(self) -> None:
+        """No longer leading: nothing written or pushed, and the state is what was
+        written (the leader's from now on), not what this one held."""
+        assert self.election is not None and isinstance(self.store, EtcdStore)
+        self.store.fence = self.election.fence()
+        self.pusher.epoch = None
+        self._changed()
+
+    def _changed(self) -> None:
+        self.follower.changed()
+
+    def _following(self) -> bool:
+        return self.leadership.role is Role.STANDBY
+
+    def _fenced(self, exc: Fenced) -> None:
+        """A write was refused by its fence (from the writer's callback, on the loop)."""
+        if self.election is not None:
+            self.election.step_down(str(exc))
+
     async def _tick_loop(self) -> None:
         """Ticks forever: an exception in one tick is logged and the next one runs."""
         while True:
             await asyncio.sleep(self.options.tick_s)
+            if not self.acting():
+                continue
             self.tick()
             self._probe_silent()
 
@@ -209,6 +276,8 @@ class ControllerService:
         """Every ``rebalance_interval_s``: sample loads, run the rebalancer, carry out."""
         while True:
             await asyncio.sleep(self.options.rebalance_interval_s)
+            if not self.acting():
+                continue
             try:
                 self.rebalance_step(time.monotonic())
             except Exception:
@@ -248,6 +317,8 @@ class ControllerService:
         """Every ``utility_interval_s``: one optimizer run (a failed one is logged)."""
         while True:
             await asyncio.sleep(self.options.utility_interval_s)
+            if not self.acting():
+                continue
             try:
                 await self.utility_run()
             except Exception:
@@ -277,7 +348,7 @@ class ControllerService:
         optimizer runs: its answer replaces the rates anyway)."""
         while True:
             await asyncio.sleep(self.options.rate_control_interval_s)
-            if self._optimizing:
+            if self._optimizing or not self.acting():
                 continue
             try:
                 self.utility.observe(self.ctrl)
@@ -298,12 +369,14 @@ class ControllerService:
         """Have one topic's row written."""
         return self.writer.mark([name])
 
-    def execute(self, actions: list[Action]) -> None:
+    def execute(self, actions: list[Action]) -> asyncio.Future[None] | None:
         """Persist, then carry the actions out in order in the background (sub-buckets
-        before migration orders, so a destination shapes from the first message)."""
+        before migration orders, so a destination shapes from the first message); the
+        future of the write (None: nothing to write)."""
         written = self.writer.persist(actions)
         if any(not isinstance(a, PlanChanged) for a in actions):
             self._spawn(self._carry_out(actions, written, self._take(actions)))
+        return written
 
     async def _execute_now(self, actions: list[Action]) -> None:
         """``execute``, awaited: the fitting driver must know the plan is in place."""
@@ -400,6 +473,7 @@ class ControllerService:
         return {"version": __version__, "ticks": self.ctrl.ticks, "stalls": self.ctrl.stalls,
                 "stalled_s": self.ctrl.stalled_s, "tls": self.options.tls_cert is not None,
                 "auth": self.options.token is not None,
+                **self.leadership.doc(time.monotonic()),
                 **({"elastic": self.elastic.to_json()} if self.elastic else {})}  # fmt: skip
 
 

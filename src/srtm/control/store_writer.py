@@ -9,12 +9,13 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from srtm.control.actions import Action, DropRoute, Hold, PlanChanged, SetBucket, SetRoute, Unmanage
+from srtm.control.etcd_store import Fenced
 from srtm.control.state import Controller
 from srtm.control.store import BROKERS_KEY, BUCKETS_PREFIX, LEGACY_KEY, TOPIC_PREFIX, StateStore
 
@@ -24,13 +25,22 @@ log = logging.getLogger("srtm.controller")
 #: waits to be saved (and its plan to reach brokers) while changes come faster than this.
 WRITE_INTERVAL_S = 0.05
 
+T = TypeVar("T")
+
 
 class StoreWriter:
     """The rows marked since the last batch, and the batch on its way to the thread."""
 
-    def __init__(self, ctrl: Controller, store: StateStore) -> None:
+    def __init__(
+        self,
+        ctrl: Controller,
+        store: StateStore,
+        on_fenced: Callable[[Fenced], None] | None = None,
+    ) -> None:
         self.ctrl = ctrl
         self.store = store
+        #: Told when a write was fenced (another controller leads now).
+        self.on_fenced = on_fenced
         #: The file holds the old single ``controller`` row: the first write replaces it.
         self._legacy = store.get(LEGACY_KEY) is not None
         #: SQLite writes leave the event loop, in order, in this one thread: the batch
@@ -51,7 +61,8 @@ class StoreWriter:
         self, topics: Iterable[str] = (), buckets: Iterable[str] = (), brokers: bool = False
     ) -> asyncio.Future[None]:
         """Have these rows written (``srtm.control.store``): the future of the write that
-        will carry them (a failed write is logged; its future completes all the same).
+        will carry them (a failed write is logged, and its future raises the error: a
+        handler answers only once its change is saved, and says so when it is not).
         Rows marked while a write is on its way, or within ``WRITE_INTERVAL_S`` of the
         last one, go in the next batch, encoded once however many changes touched them
         meanwhile: a burst of joins costs one encoding of its topic, and at most one
@@ -67,7 +78,14 @@ class StoreWriter:
                 self._schedule_flush()
         # Shielded: a caller cancelled while it waits (a task ended at stop) must not
         # cancel the write every other caller of this batch waits for.
-        return asyncio.shield(self._next_write)
+        outer = asyncio.shield(self._next_write)
+        outer.add_done_callback(_retrieved)  # whoever does not wait: the log has it
+        return outer
+
+    async def read(self, load: Callable[[StateStore], T]) -> T:
+        """``load(store)`` on the writer's thread: after every batch handed to it."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._writer, load, self.store)
 
     def persist(self, actions: list[Action]) -> asyncio.Future[None] | None:
         """Have what ``actions`` changed written: the rows of the topics whose plan or
@@ -149,8 +167,19 @@ class StoreWriter:
         if written.cancelled():
             done.cancel()
         else:
-            if (exc := written.exception()) is not None:  # the plan held still goes out
+            if (exc := written.exception()) is None:
+                done.set_result(None)
+            else:
                 log.error("could not save %d rows to the controller's database: %s", rows, exc)
-            done.set_result(None)
+                done.set_exception(exc)
+                if isinstance(exc, Fenced) and self.on_fenced is not None:
+                    self.on_fenced(exc)
         if self._next_write is not None:  # marked meanwhile: the next batch
             self._schedule_flush()
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """Mark a write's error as seen (logged by ``_written``), so that asyncio does not
+    warn of it again for a caller that did not wait."""
+    if not future.cancelled():
+        future.exception()

@@ -24,7 +24,7 @@ from srtm.control.documents import (
     TopicParam,
     parse,
 )
-from srtm.control.handlers import Service, read_json, read_query
+from srtm.control.handlers import Service, read_json, read_query, saved, to_leader
 from srtm.control.validate import ControlError
 from srtm.httpkit import has_token
 from srtm.jsondoc import parse as parse_json
@@ -88,9 +88,10 @@ class TopicsApi:
                 max_publisher_rate=new.max_publisher_rate, join_secret=new.join_secret,
                 bound=new.bound,
             )  # fmt: skip
-        self.service.execute(actions)
+        written = self.service.execute(actions)
         if new.fit is not None:
             self.service.start_fitting(spec.name, new.fit, model)
+        await saved(written)
         return web.json_response(self._topic(spec.name), status=201)
 
     async def delete_topic(self, request: web.Request) -> web.Response:
@@ -101,7 +102,7 @@ class TopicsApi:
         async with self.placing:
             actions = self.ctrl.delete_topic(name)
         log.info("topic %s deleted", name)
-        self.service.execute(actions)
+        await saved(self.service.execute(actions))
         return web.json_response({"topic": name, "deleted": True})
 
     async def change_topic(self, request: web.Request) -> web.Response:
@@ -120,7 +121,7 @@ class TopicsApi:
                        if k in doc.model_fields_set}  # fmt: skip
             if joining:
                 self.ctrl.set_join(name, **joining)
-        return self._changed(name, actions)
+        return await self._changed(name, actions)
 
     async def utility(self, request: web.Request) -> web.Response:
         """The utility optimizer's last run: each flow's rate, admitted consumers per
@@ -134,23 +135,22 @@ class TopicsApi:
         name = request.match_info["name"]
         async with self.placing:
             actions = self.ctrl.add_publishers(name, doc.loads())
-        return self._changed(name, actions)
+        return await self._changed(name, actions)
 
     async def remove_publisher(self, request: web.Request) -> web.Response:
         """A publisher leaves; the bucket is re-split over those left."""
         name = request.match_info["name"]
         async with self.placing:
             actions = self.ctrl.remove_publisher(name, request.match_info["id"])
-        return self._changed(name, actions)
+        return await self._changed(name, actions)
 
-    def _changed(self, name: str, actions: list[Action]) -> web.Response:
+    async def _changed(self, name: str, actions: list[Action]) -> web.Response:
         """Carry a lifecycle change out (or only save it), warn of brokers over mcap."""
         for note in self.ctrl.note_over(name):
             log.warning("topic %s: %s", name, note)
-        if actions:
-            self.service.execute(actions)
+        written = self.service.execute(actions) if actions else None
         # Its own row too: a change without a new plan (a bound, a join secret) lives there.
-        self.service.save_topic(name)
+        await saved(written, self.service.save_topic(name))
         return web.json_response(self._topic(name))
 
     def _new_topic(self, doc: dict[str, Any]) -> tuple[NewTopic, TopicSpec]:
@@ -162,7 +162,8 @@ class TopicsApi:
         doc = parse(Move, await read_json(request))
         name = request.match_info["name"]
         async with self.placing:  # like every plan change: never between a read and a commit
-            self.service.execute(self.ctrl.move(name, doc.publishers, doc.to))
+            written = self.service.execute(self.ctrl.move(name, doc.publishers, doc.to))
+        await saved(written)
         return self._plan(name)
 
     async def replicas(self, request: web.Request) -> web.Response:
@@ -173,7 +174,7 @@ class TopicsApi:
         name = request.match_info["name"]
         async with self.placing:
             actions = self.ctrl.set_replicas(name, doc.count)
-        return self._changed(name, actions)
+        return await self._changed(name, actions)
 
     async def get_topic(self, request: web.Request) -> web.Response:
         """A topic: its plan, SLO, events and fitting status."""
@@ -202,12 +203,14 @@ class TopicsApi:
         topic = self.ctrl.topics.get(q.topic)
         if topic is not None and topic.open and not self.ctrl.is_publisher(q.topic, q.publisher):
             self._may_join(request, topic.join_secret, q)
+            if not self.service.acting():  # a join changes the plan: the leader's to do
+                return to_leader(self.service, request.path_qs)
             async with self.placing:
                 actions = self.ctrl.join_open(q.topic, q.publisher, q.rate, q.group)
             if actions:
                 for note in self.ctrl.note_over(q.topic):
                     log.warning("topic %s: %s", q.topic, note)
-                self.service.execute(actions)
+                await saved(self.service.execute(actions))
         return web.json_response(self.ctrl.assign(q.topic, q.publisher))
 
     def _may_join(self, request: web.Request, secret: str | None, q: AssignQuery) -> None:

@@ -18,7 +18,7 @@ import functools
 import logging
 import struct
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ import aiohttp
 import numpy as np
 import numpy.typing as npt
 
+from srtm.controllers import Controllers, ControllerUnreachable
 from srtm.nsq_connection import BrokerError, Connection
 from srtm.protocol import Mpub, header
 from srtm.quantiles import quantiles
@@ -236,19 +237,23 @@ def routes_of(plan: Mapping[str, Any]) -> dict[str, str]:
 
 
 async def follow_plan(
-    emulator: Emulator, controller: str, topic: str, interval_s: float = 0.2
+    emulator: Emulator, controller: str | Sequence[str], topic: str, interval_s: float = 0.2
 ) -> None:
-    """Keep ``emulator``'s routes on the controller's plan (polled; runs until cancelled).
+    """Keep ``emulator``'s routes on the controller's plan (polled, from the first of the
+    controllers ``URL[,URL...]`` that answers; runs until cancelled).
     A version is followed once it is in place: publishers sent to a broker before it has
     its new share would wait there for it (a live despawn: 115 ms)."""
     version = None
+    controllers = Controllers(controller, log=log, switch_level=logging.INFO)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         while True:
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError, BrokerError):
-                async with session.get(f"{controller}/plan", params={"topic": topic}) as r:
-                    if r.status == 200:
-                        plan = await r.json()
-                        if plan.get("version") != version and plan.get("in_place", True):
-                            version = plan.get("version")
-                            emulator.route(routes_of(plan))
+            with contextlib.suppress(
+                aiohttp.ClientError, TimeoutError, BrokerError, ControllerUnreachable
+            ):
+                r = await controllers.request(session, "GET", "/plan", params={"topic": topic})
+                if r.status == 200:
+                    plan = r.json()
+                    if plan.get("version") != version and plan.get("in_place", True):
+                        version = plan.get("version")
+                        emulator.route(routes_of(plan))
             await asyncio.sleep(interval_s)

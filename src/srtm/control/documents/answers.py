@@ -256,8 +256,12 @@ class TopicList(Answer):
 
 class Info(Answer):
     """Version; ticks run, the controller's own stalls and their total length (s);
-    whether TLS and the cluster token are on; with ``--rebalance``, ``elastic``: brokers
-    being spawned and despawned, counts, the last events."""
+    whether TLS and the cluster token are on; whether this controller leads (with etcd:
+    holds the leader key and acts; SQLite: always), the leader's ``host:port`` (null:
+    none now, plan changes wait for one) and its epoch (null: SQLite, or not leading),
+    and in words where plan changes are made now (here, by the leader at an address, or
+    they wait for a leader); with ``--rebalance``, ``elastic``: brokers being spawned
+    and despawned, counts, the last events."""
 
     version: str
     ticks: int
@@ -265,6 +269,10 @@ class Info(Answer):
     stalled_s: float
     tls: bool
     auth: bool
+    leader: bool
+    leader_http_address: str | None
+    epoch: int | None
+    plan_changes: str
     elastic: ElasticInfo | None = None
 
 

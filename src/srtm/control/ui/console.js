@@ -117,6 +117,10 @@ async function poll() {
     const i = state.info;
     document.getElementById("info").textContent =
       `version ${i.version} · ticks ${i.ticks} · stalls ${i.stalls} · auth ${i.auth ? "on" : "off"}`;
+    // A standby (or a controller with no leader) shows where plan changes are made.
+    const leader = document.getElementById("leader");
+    leader.textContent = i.leader ? "" : `plan changes ${i.plan_changes}`;
+    leader.className = i.leader ? "status" : "status error";
     renderBrokers(state.brokers);
     renderTopics(state.topics);
     renderEvents(state.topics);
