@@ -219,6 +219,55 @@ def test_a_cut_link_stalls_silently_and_a_healed_one_delivers() -> None:
     asyncio.run(main())
 
 
+def test_a_redirect_through_http_links_stays_behind_the_links() -> None:
+    from aiohttp import ClientSession, web
+
+    async def main() -> None:
+        async def took(request: web.Request) -> web.Response:
+            return web.json_response({"ok": True})
+
+        leader = web.Application()
+        leader.router.add_post("/brokers", took)
+        lrun = web.AppRunner(leader)
+        await lrun.setup()
+        lsite = web.TCPSite(lrun, "127.0.0.1", 0)
+        await lsite.start()
+        lport = lsite._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+        async def standby(request: web.Request) -> web.Response:
+            raise web.HTTPTemporaryRedirect(f"http://127.0.0.1:{lport}/brokers")
+
+        app = web.Application()
+        app.router.add_post("/brokers", standby)
+        srun = web.AppRunner(app)
+        await srun.setup()
+        ssite = web.TCPSite(srun, "127.0.0.1", 0)
+        await ssite.start()
+        sport = ssite._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        links = CutLinks()
+        try:
+            via = links.add_http("b", f"127.0.0.1:{sport}")
+            to_leader = links.add_http("b", f"127.0.0.1:{lport}")
+            async with ClientSession() as http:
+                url = f"http://{via.address}/brokers"
+                async with http.post(url, json={}, allow_redirects=False) as r:
+                    assert r.status == 307
+                    assert r.headers["Location"] == f"http://{to_leader.address}/brokers"
+                async with http.post(url, json={}) as r:
+                    assert r.status == 200 and await r.json() == {"ok": True}
+                links.cut("b")
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(0.5), http.post(url, json={}):
+                        pass
+                links.heal("b")
+        finally:
+            links.close()
+            await srun.cleanup()
+            await lrun.cleanup()
+
+    asyncio.run(main())
+
+
 def test_an_http_link_rewrites_a_redirect_to_the_leaders_link() -> None:
     link = CutHttpLink("127.0.0.1:1000", {"127.0.0.1:2000": "127.0.0.1:5002"})
     assert (

@@ -114,6 +114,7 @@ class CutHttpLink:
         self._open.set()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._closing = False
         self.port = 0
 
     async def listen(self) -> None:
@@ -122,7 +123,8 @@ class CutHttpLink:
         )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, access_log=None)
+        # A request still held by a cut link at the end is not waited for.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
@@ -142,6 +144,8 @@ class CutHttpLink:
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         await self._open.wait()  # cut: the request waits, answered nothing
+        if self._closing:
+            raise web.HTTPServiceUnavailable()
         try:
             body = await request.read()
         except (ConnectionError, aiohttp.ClientPayloadError):
@@ -162,6 +166,8 @@ class CutHttpLink:
             # controller as it would a refused connection.
             raise web.HTTPServiceUnavailable() from None
         await self._open.wait()  # cut while the request was out: hold its answer
+        if self._closing:
+            raise web.HTTPServiceUnavailable()
         if "Location" in out:
             out["Location"] = self._rewritten(out["Location"])
         return web.Response(status=r.status, body=answer, headers=out)
@@ -172,6 +178,7 @@ class CutHttpLink:
         return urlunsplit(parts._replace(netloc=link)) if link else location
 
     async def close(self) -> None:
+        self._closing = True
         self._open.set()
         if self._runner is not None:
             await self._runner.cleanup()
