@@ -132,6 +132,23 @@ class BrokerOptions:
     mcap: float = setting(
         110_000.0, "Messages/s this broker can process, told to the controller.", minimum=1
     )
+    etcd_endpoints: str | None = setting(
+        None,
+        "With --controller: keep this broker's liveness lease in etcd, HOST:PORT[,HOST:PORT...] "
+        "(its members' client addresses). Its shares then hold while the lease does, with "
+        "every controller down; a controller gives them away only once the lease is gone.",
+    )
+    etcd_prefix: str = setting(
+        "/srtm",
+        "With --etcd-endpoints: the liveness key is PREFIX/live/BROKER_ID (the controller's "
+        "--etcd-prefix).",
+    )
+    etcd_lease_s: int = setting(
+        5,
+        "With --etcd-endpoints: the liveness lease's TTL (whole s), kept alive every "
+        "quarter of it; shares are held once no keepalive succeeded for 0.6 of it.",
+        minimum=1,
+    )
     capacity: float = setting(
         0.0,
         "Emulate a smaller instance: process at most this many messages/s, each taking "

@@ -1,7 +1,7 @@
 """Registers the broker with the controller (the leader of those given) and reports its
 load and per-topic TB Adaptor window every second, and at once when a topic or channel
 appears or goes (registering again whenever the controller does not know it, or the
-broker's lease lapsed).
+broker's lease lapsed; with an etcd liveness lease, only while that lease holds).
 
 Each answer of the controller renews the broker's lease from when the request was sent;
 a registration answer also carries the broker's shares and holds, applied on receipt
@@ -125,6 +125,7 @@ async def report_loop(
     meter = ResourceMeter()
     registered = False
     lease_s: float | None = None  # told at registration (an older controller tells none)
+    lapses = 0  # the shares' lapses when it registered: one more, and it registers again
     refused = 0  # the last refusal's status, logged once rather than every second
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=5), headers=headers
@@ -132,14 +133,16 @@ async def report_loop(
         try:
             while True:
                 try:
-                    if registered and broker.shares.lease_until is None and lease_s is not None:
+                    if registered and broker.shares.lapses != lapses:
                         registered = False  # lapsed: the shares come back with a registration
-                    if not registered:
-                        sent = time.monotonic()
+                    if not registered and broker.shares.may_register():
+                        sent, lapses = time.monotonic(), broker.shares.lapses
                         resp = await controllers.request(session, "POST", "/brokers", json=me)
                         registered = resp.status == 200
                         if not registered:
                             log.warning("controller refused registration: %s", resp.text())
+                        elif broker.shares.lapses != lapses:
+                            registered = False  # lapsed meanwhile: its answer may be stale
                         else:
                             lease_s = apply_registration(broker, sent, resp.json())
                     if registered:
@@ -195,6 +198,10 @@ def apply_registration(broker: Broker, sent: float, answer: Any) -> float | None
     then the shares and holds it lists. Returns the lease (None: the controller gives
     none, and the broker shapes by what it is pushed, as before leases)."""
     broker.relay.registered()  # the controller's routes replace those read back at start
+    if not broker.shares.watched_by(
+        answer.get("live_prefix") if isinstance(answer, dict) else None
+    ):
+        return None  # with etcd, and a controller that does not watch the key: held
     lease = answer.get("lease_s") if isinstance(answer, dict) else None
     if not isinstance(lease, int | float) or isinstance(lease, bool) or not lease > 0:
         broker.shares.renew_lease(sent, float("inf"))

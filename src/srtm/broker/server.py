@@ -68,6 +68,12 @@ async def serve(options: BrokerOptions, on_ready: Callable[[Broker], None] | Non
         reporter = asyncio.create_task(
             report_loop(broker, controllers, options.mcap, options.report_interval_s)
         )
+    liveness = None
+    if broker.shares.liveness is not None:
+        from srtm.broker.liveness import LivenessKeeper
+
+        liveness = LivenessKeeper(broker, broker.shares.liveness)
+        liveness.start()
     # Imports and start-up leave ~10^5 long-lived objects; a full collection walks them
     # all (tens of ms, stalling releases). Frozen, they are never traversed again.
     gc.collect()
@@ -81,6 +87,8 @@ async def serve(options: BrokerOptions, on_ready: Callable[[Broker], None] | Non
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reporter
+        if liveness is not None:  # after deregistering: the key then goes at once
+            await liveness.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await runner.cleanup()

@@ -3,8 +3,9 @@ come with (docs/broker.md, "No holes in (r, b)").
 
 A topic with a sub-bucket is shaped by it; a held one is managed but has no share here
 (what comes is kept until a sub-bucket comes); any other is unmanaged. With a controller,
-shares are used only while its lease runs: past it, every shaped topic is held until the
-broker registers again.
+shares are used only while the lease runs: the controller's (renewed by its answers), or
+with ``--etcd-endpoints`` the broker's own liveness lease in etcd (``srtm.broker.liveness``).
+Past it, every shaped topic is held until the broker registers again.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from srtm.broker.liveness import liveness_settings
 from srtm.broker.state import LeaseExpired
 from srtm.protocol import ProtocolError, is_valid_name
 from srtm.ratelimit import TokenBucket, check_bucket
@@ -66,6 +68,14 @@ class Shares:
         #: broker shape by the sub-buckets it was given (``lease_ok``); None: no lease
         #: yet, or it lapsed and the broker has not registered again.
         self.lease_until: float | None = None
+        #: With ``--etcd-endpoints``: the liveness lease's settings; ``lease_until`` then
+        #: follows that lease (``renew_liveness``), not the controller's answers.
+        self.liveness = liveness_settings(host.options)
+        #: Lapses so far (and new liveness leases): the reporter registers again after each.
+        self.lapses = 0
+        #: With etcd: whether the controller that registered this broker watches its key
+        #: (``watched_by``); no share is used until one does.
+        self.watched = False
 
     def set_bucket(
         self, topic_name: str, rate: float, burst: float, leased: bool = False
@@ -144,29 +154,73 @@ class Shares:
 
     def lease_ok(self) -> bool:
         """May this broker shape by its sub-buckets now? Always without a controller.
-        With one, only while the lease its controller granted runs: past it, the
-        controller may have marked this broker down and given its shares to others, so
-        every shaped topic is held until the broker registers again (checked where it
-        matters, before releasing and answering /stats, so a broker resumed after
-        SIGSTOP never uses or shows a stale bucket)."""
+        With one, only while its lease runs (the controller's, or with etcd the liveness
+        lease): past it, the controller may have marked this broker down and given its
+        shares to others, so every shaped topic is held until the broker registers again
+        (checked where it matters, before releasing and answering /stats, so a broker
+        resumed after SIGSTOP never uses or shows a stale bucket)."""
         if not self.leased:
             return True
         until = self.lease_until
         if until is not None and time.monotonic() < until:
-            return True
+            return self.watched or self.liveness is None
         if until is not None:
-            self.lease_until = None
-            shaped = [t for t in self.host.topics.values() if t.bucket is not None]
-            log.warning(
-                "no word from the controller for the lease: %d shaped topics held until "
-                "this broker registers again",
-                len(shaped),
+            self.lapse(
+                "no etcd keepalive succeeded for 0.6 of the liveness lease"
+                if self.liveness is not None
+                else "no word from the controller for the lease"
             )
-            for topic in shaped:
-                self.hold(topic.name)
         return False
+
+    def lapse(self, why: str) -> None:
+        """The lease is lost: hold every shaped topic until the broker registers again."""
+        self.lease_until = None
+        self.lapses += 1
+        if n := self._hold_shaped():
+            log.warning("%s: %d shaped topics held until this broker registers again", why, n)
+
+    def _hold_shaped(self) -> int:
+        shaped = [t for t in self.host.topics.values() if t.bucket is not None]
+        for topic in shaped:
+            self.hold(topic.name)
+        return len(shaped)
 
     def renew_lease(self, since: float, lease_s: float) -> None:
         """The controller answered a request sent at ``since`` (monotonic s): shares may
-        be used until ``since + lease_s``."""
-        self.lease_until = since + lease_s
+        be used until ``since + lease_s``. Not with etcd: the liveness lease decides."""
+        if self.liveness is None:
+            self.lease_until = since + lease_s
+
+    def renew_liveness(self, until: float, fresh: bool) -> None:
+        """With etcd: the liveness lease holds until ``until`` (monotonic s). ``fresh``: a
+        new lease (at start, or after one was lost): what is shaped now is held, as at a
+        lapse, and the shares come again with the registration that follows."""
+        if fresh:
+            self.lapse("a new liveness lease")
+        self.lease_until = until
+
+    def may_register(self) -> bool:
+        """Whether the reporter may register now: always without etcd; with it, only
+        while the liveness lease holds, so that no share is taken without the key the
+        controller watches."""
+        until = self.lease_until
+        return self.liveness is None or (until is not None and time.monotonic() < until)
+
+    def watched_by(self, live_prefix: object) -> bool:
+        """With etcd: whether the controller whose registration answer names
+        ``live_prefix`` watches this broker's key. One that does not (no etcd, another
+        prefix) would give the shares away on report silence while this broker, on its
+        own lease, still shaped: its shares are not taken (every managed topic stays
+        held, pushes are refused) and the error is logged."""
+        if self.liveness is None:
+            return True
+        self.watched = live_prefix == self.liveness.live_prefix
+        if not self.watched:
+            self._hold_shaped()
+            log.error(
+                "the controller does not watch %s (it answered %r): start it with "
+                "--etcd-endpoints and the same --etcd-prefix; managed topics stay held",
+                self.liveness.live_prefix,
+                live_prefix,
+            )
+        return self.watched

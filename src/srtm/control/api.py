@@ -94,6 +94,8 @@ class ControllerAPI:
             "id": doc.id, "registered": True, "lease_s": self.ctrl.lease_s,
             "buckets": {n: self.ctrl.bucket_doc(n, p) for n, p in buckets.items()},
             "held": held,
+            # With etcd: where it watches brokers' liveness keys (a broker checks it).
+            "live_prefix": None if self.ctrl.live is None else self.ctrl.live.prefix,
         })  # fmt: skip
 
     async def report(self, request: web.Request) -> web.Response:

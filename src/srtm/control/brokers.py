@@ -186,11 +186,19 @@ def gone(
 
 def expire(c: ControllerState, now: float) -> list[Action]:
     """The tick's failover step: brokers silent for ``broker_timeout_s`` on the awake
-    clock are down, their publishers placed again."""
+    clock are down, their publishers placed again. With etcd (``c.live``): a broker
+    holding a live key is not down for silence, one whose key was deleted is down now
+    (its lease expired: it stopped shaping before), one without a key keeps the rule."""
     awake = c.awake(now)
+    live = c.live
+    deleted = live.take_deleted() if live is not None else set()
     actions: list[Action] = []
     for info in c.brokers.values():
-        if not info.down and awake - info.last_seen_s > c.broker_timeout_s:
+        if info.down:
+            continue
+        if live is not None and live.holds(info.id, info.http_address):
+            continue
+        if info.id in deleted or awake - info.last_seen_s > c.broker_timeout_s:
             info.down = True
             c.registry.drop(info.id)
             actions += broker_down(c, info.id)

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from srtm.control.registry import LookupRegistry
 from srtm.control.routes import FORWARD_GRACE_S, Routing
@@ -25,6 +25,9 @@ from srtm.ratelimit import MAX_RATE, BucketParams
 from srtm.ratelimit.overflow import DEFAULT_BOUND, Bound
 from srtm.utility.cluster import parse_topic_utility
 from srtm.utility.optimizer import FlowSpec
+
+if TYPE_CHECKING:
+    from srtm.control.liveness import LiveBrokers
 
 #: Events a topic keeps (the latest): a flood of joins or plan changes must not grow the
 #: state, its saved row or the console's answer without bound.
@@ -364,6 +367,9 @@ class ControllerState:
     registry: LookupRegistry = field(default_factory=LookupRegistry)
     #: A broker forwards a moved publisher's messages until none came for this long (s).
     forward_grace_s: float = FORWARD_GRACE_S
+    #: With etcd: the brokers holding a live key (``srtm.control.liveness``; not
+    #: persisted): they are not down for silence, and one whose key goes is down.
+    live: LiveBrokers | None = None
 
     @property
     def lease_s(self) -> float:

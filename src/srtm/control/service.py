@@ -24,6 +24,7 @@ from srtm.control.etcd_store import EtcdStore, Fenced, open_store
 from srtm.control.fitting_run import fit_topic
 from srtm.control.follow import Follower
 from srtm.control.leadership import LeaderInfo, Leadership, Role
+from srtm.control.liveness import LivenessWatch
 from srtm.control.model import FitState, FittingProgress
 from srtm.control.options import ControllerOptions
 from srtm.control.provision import (
@@ -85,6 +86,7 @@ class ControllerService:
         else:
             self.leadership = Leadership.alone(me)
         self.follower = Follower(self.ctrl, self.writer, self._following)
+        self.liveness = LivenessWatch.of(opts.etcd_endpoints, opts.etcd_prefix, self.ctrl)
         self.ctrl.registry.tombstone_s = opts.tombstone_s
         saved = load_state(self.store)
         if saved:
@@ -121,6 +123,7 @@ class ControllerService:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         self.pusher.open()
+        await self.liveness.start()
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(
@@ -173,6 +176,7 @@ class ControllerService:
         if self._runner is not None:
             await self._runner.cleanup()
         await self.pusher.close()
+        await self.liveness.stop()
         await self.writer.close()
         if self.election is not None:  # after the last write: a standby takes over now
             await self.election.stop()
@@ -263,6 +267,8 @@ class ControllerService:
             address = info.http_address
             if not await self.pusher.refuses(info):
                 return
+            if not await self.liveness.revoke(broker_id, address):
+                return  # etcd did not answer: its lease decides
             actions = self.ctrl.gone(broker_id, address, time.monotonic(), after_s)
             if actions is not None:
                 log.warning("broker %s silent and its address refuses connections: down",

@@ -39,6 +39,12 @@ class Registered(Answer):
     lease_s: float
     buckets: dict[str, BrokerBucket]
     held: list[str]
+    live_prefix: str | None = Field(
+        None,
+        description="With etcd: where the controller watches brokers' liveness keys "
+        "(PREFIX/live/); a broker with --etcd-endpoints takes no share from a controller "
+        "that does not watch its key (docs/broker.md, 'Liveness in etcd').",
+    )
 
 
 class PlanBroker(Answer):
