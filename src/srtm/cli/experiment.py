@@ -182,7 +182,8 @@ def run_cmd(
         bool,
         typer.Option(
             help="trading-day, excess-capacity, latency-effects live: short stages "
-            "(7 s each) for tests."
+            "(7 s each) for tests; control-plane-faults: short warm-up and settling, an "
+            "8-s outage (unless --outage-s)."
         ),
     ] = False,
     decide: Annotated[
@@ -202,6 +203,14 @@ def run_cmd(
         ),
     ] = None,
     scale: ScaleOpt = "auto",
+    outage_s: Annotated[
+        float | None,
+        typer.Option(
+            "--outage-s",
+            help="control-plane-faults: how long every controller is down (default 60 s).",
+            min=1,
+        ),
+    ] = None,
 ) -> None:
     """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
     the workload, collect traces, stop everything, and print the summary; with --sim,
@@ -213,7 +222,7 @@ def run_cmd(
     mode = Mode.sim if sim else Mode.live
     run = RunSettings(
         out, TERMINAL, as_json, policies_of(policy), duration, warmup, analysis, spark_master,
-        scale, quick, decide, only,
+        scale, quick, decide, only, outage_s,
     )  # fmt: skip
     try:
         summary = start(registry.find(scenario), mode, given, run)

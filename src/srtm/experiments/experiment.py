@@ -3,7 +3,8 @@
 with (``Summary``); and the terminal helpers the families share (a progress bar, Ctrl-C,
 ``--scale``).
 
-Each family (``scenarios``, ``figures``, ``tenancy``, ``diurnal``, ``utility``) defines
+Each family (``scenarios``, ``figures``, ``tenancy``, ``diurnal``, ``utility``,
+``control_plane``) defines
 its experiments in its package's ``__init__``; ``registry`` finds them by name. A run
 prints its own report as it goes (a multi-policy run shows each policy's table when that
 policy is done), writes the report's files into ``--out`` and returns its ``Summary``: the
@@ -50,6 +51,7 @@ class Option(StrEnum):
     quick = "--quick"
     decide = "--decide"
     only = "--only"
+    outage_s = "--outage-s"
 
 
 class Analysis(StrEnum):
@@ -98,6 +100,7 @@ class RunSettings:
     quick: bool = False
     decide: str = "controller"
     only: str | None = None
+    outage_s: float | None = None
 
 
 @dataclass(frozen=True)

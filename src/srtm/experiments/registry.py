@@ -1,5 +1,6 @@
 """Every experiment ``srtm experiment run`` knows, by name: the paper's figures, the
-shipped live scenarios, multi-tenant, diurnal and the utility experiments; and the live
+shipped live scenarios, multi-tenant, diurnal, the utility experiments and
+control-plane-faults; and the live
 scenarios ``srtm experiment list`` shows."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from srtm.experiments.experiment import Experiment, Mode, UsageError, options, t
 
 def experiments() -> dict[str, Experiment]:
     """Each experiment by its name."""
-    from srtm.experiments import diurnal, figures, scenarios, tenancy, utility
+    from srtm.experiments import control_plane, diurnal, figures, scenarios, tenancy, utility
 
     found: list[Experiment] = [
         *figures.EXPERIMENTS,
@@ -19,6 +20,7 @@ def experiments() -> dict[str, Experiment]:
         tenancy.EXPERIMENT,
         diurnal.EXPERIMENT,
         *utility.EXPERIMENTS,
+        control_plane.EXPERIMENT,
     ]
     return {e.name: e for e in found}
 
