@@ -84,7 +84,7 @@ class ControllerAPI:
         """Register a broker (again after a restart)."""
         doc = parse(Registration, await read_json(request))
         actions = self.ctrl.register(
-            doc.id, doc.tcp_address, doc.http_address, doc.mcap, time.monotonic()
+            doc.id, doc.tcp_address, doc.http_address, doc.mcap, time.monotonic(), doc.host
         )
         await saved(self.service.save_state(), self.service.execute(actions))
         # The answer carries the lease and the broker's shares: it applies them on receipt
@@ -123,9 +123,10 @@ class ControllerAPI:
     async def brokers(self, request: web.Request) -> web.Response:
         """Every registered broker, up or down, with its capacity ledger."""
         rows = [
-            {"id": b.id, "tcp_address": b.tcp_address, "http_address": b.http_address,
-             "mcap": e.mcap, "allocated": e.allocated, "measured": e.measured,
-             "rcap": e.rcap, "down": b.down, "over": e.allocated > e.mcap * (1 + 1e-9)}
+            {"id": b.id, "host": b.host, "tcp_address": b.tcp_address,
+             "http_address": b.http_address, "mcap": e.mcap, "allocated": e.allocated,
+             "measured": e.measured, "rcap": e.rcap, "down": b.down,
+             "over": e.allocated > e.mcap * (1 + 1e-9)}
             for e in self.ctrl.ledger()
             for b in (self.ctrl.brokers[e.id],)
         ]  # fmt: skip

@@ -20,10 +20,17 @@ from srtm.ratelimit.overflow import DEFAULT_BOUND
 
 
 def register(
-    c: ControllerState, broker_id: str, tcp: str, http: str, mcap: float, now: float
+    c: ControllerState,
+    broker_id: str,
+    tcp: str,
+    http: str,
+    mcap: float,
+    now: float,
+    host: str | None = None,
 ) -> list[Action]:
     """Register (again); an existing id at another address is refused (409) while the
-    broker there is up, so nobody takes over a live broker's id."""
+    broker there is up, so nobody takes over a live broker's id. ``host``: the host it
+    runs on (None: its id, a host of its own)."""
     if not isinstance(broker_id, str) or not broker_id or len(broker_id) > 256:
         raise ControlError(400, "id must be a non-empty string of at most 256 characters")
     if isinstance(mcap, bool) or not (
@@ -32,6 +39,8 @@ def register(
         raise ControlError(400, f"mcap must be a number > 0, got {mcap!r}")
     parse_address(tcp, "tcp_address")
     parse_address(http, "http_address")
+    if host is not None and (not isinstance(host, str) or not host or len(host) > 256):
+        raise ControlError(400, "host must be a non-empty string of at most 256 characters")
     info = c.brokers.get(broker_id)
     if info is None:
         info = c.brokers[broker_id] = BrokerInfo(broker_id, tcp, http, float(mcap))
@@ -45,6 +54,7 @@ def register(
     if info.down:
         c.replace_pending = True
     info.tcp_address, info.http_address, info.mcap = tcp, http, float(mcap)
+    info.host = host or broker_id
     info.last_seen_s, info.down = c.awake(now), False
     c.registry.drop(broker_id)  # a new producer, as an nsqd reconnecting
     info.reports, info.depths, info.waiting = {}, {}, {}
