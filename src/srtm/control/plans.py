@@ -29,7 +29,9 @@ def ledger_of(
     """Every registered broker's capacity ledger (``srtm.placement.ledger``):
     ``allocated`` summed from the current plans' sub-buckets, draining members' too
     (all topics but ``exclude``; ``placing``: that topic's draining shares left out,
-    a member's share replaces them), ``measured`` from its last report."""
+    a member's share replaces them), ``measured`` from its last report; the host of
+    each broker that shares one (``srtm node``), which placement spreads topics over."""
+    hosts = {b.id: b.host for b in c.brokers.values() if b.host != b.id}
     return ledger(
         ((b.id, b.mcap, b.load) for b in c.brokers.values()),
         (
@@ -39,6 +41,7 @@ def ledger_of(
             for name, t in c.topics.items()
             if name != exclude
         ),
+        hosts,
     )
 
 

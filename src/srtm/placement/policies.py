@@ -14,8 +14,10 @@ publishers of the manifest, as a balancer that sees connections arrive would.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
+from collections import deque
 from collections.abc import Sequence
 from typing import Literal, get_args
 
@@ -31,8 +33,41 @@ _EPS = 1e-9
 
 
 def by_residual(brokers: Sequence[BrokerCapacity]) -> list[BrokerCapacity]:
-    """Largest residual capacity first; ties by id, so results are deterministic."""
-    return sorted(brokers, key=lambda b: (-b.rcap, b.id))
+    """Largest residual capacity first; ties by id, so results are deterministic. Where
+    brokers share hosts (``BrokerCapacity.host``), ties go to a host ranked fewer times
+    before (``spread_hosts``): a topic's sub-buckets reach a new host before a second
+    process of a host it already has."""
+    ranked = sorted(brokers, key=lambda b: (-b.rcap, b.id))
+    if any(b.host for b in ranked):
+        return spread_hosts(ranked)
+    return ranked
+
+
+def spread_hosts(ranked: Sequence[BrokerCapacity]) -> list[BrokerCapacity]:
+    """``ranked`` with each run of equal ``rcap`` reordered so that the host ranked the
+    fewest times so far comes next (ties: the host whose broker came first; within a
+    host, ``ranked``'s order). Equal capacity on two hosts beats two processes of one:
+    a host's processes share its NIC, memory and fate."""
+    out: list[BrokerCapacity] = []
+    seen: dict[str, int] = {}  # host -> brokers of it ranked so far
+    start = 0
+    while start < len(ranked):
+        end = start
+        while end < len(ranked) and ranked[end].rcap == ranked[start].rcap:
+            end += 1
+        queues: dict[str, deque[BrokerCapacity]] = {}
+        for b in ranked[start:end]:
+            queues.setdefault(b.host_key, deque()).append(b)
+        heap = [(seen.get(h, 0), i, h) for i, h in enumerate(queues)]
+        heapq.heapify(heap)
+        while heap:
+            count, i, h = heapq.heappop(heap)
+            out.append(queues[h].popleft())
+            seen[h] = count + 1
+            if queues[h]:
+                heapq.heappush(heap, (count + 1, i, h))
+        start = end
+    return out
 
 
 def fewest_brokers(brokers: Sequence[BrokerCapacity], load: float) -> list[BrokerCapacity]:
