@@ -112,6 +112,8 @@ def test_a_host_down_moves_the_publishers_of_every_process_it_had() -> None:
         assert not placed(c, name) & {"b0", "b1"} and not t.unassigned
         assert sum(map(len, t.assignment.values())) == len(t.spec.publishers)
     assert any(e.startswith("broker b0 down") for e in c.topics["t0"].events)
+    # b0's publishers went straight to other hosts, never to b1, down in the same tick
+    assert not any("b1" in e for e in c.topics["t0"].events)
     assert any(e.startswith("broker b1 down") for e in c.topics["t1"].events)
 
 
@@ -139,3 +141,21 @@ async def test_brokers_and_nodes_show_the_host(controller_api: ControllerClient)
                                                        "http_address": "127.0.0.1:12",
                                                        "mcap": 1000, "host": ""})  # fmt: skip
     assert status == 400 and "host" in str(body)
+
+
+def test_part_of_a_topic_placed_again_goes_to_a_host_it_does_not_have() -> None:
+    fleet = [BrokerCapacity(f"b{i}", 1000.0, 0.0, "AABBCC"[i]) for i in range(6)]
+    spec = topic("t", 5)  # one broker's worth
+    assert place("srtm", fleet, spec).brokers == ("b0",)
+    assert place("srtm", fleet, spec, hosts_used={"A"}).brokers == ("b2",)
+    assert place("srtm", fleet, spec, hosts_used={"A", "B"}).brokers == ("b4",)
+
+
+def test_a_failover_places_a_topic_on_a_host_it_does_not_have_yet() -> None:
+    c = node_cluster(hosts=3)
+    c.create_topic(topic("t0", 15), "srtm", now=0)
+    assert placed(c, "t0") == {"b0", "b2"}
+    for b in ("b0", "b1", "b3", "b4", "b5"):
+        c.report(b, 0.0, {}, now=5.5)
+    c.tick(now=5.5)  # b2 is down: b1 (on h0, with b0) ranks first of the empty brokers
+    assert c.brokers["b2"].down and placed(c, "t0") == {"b0", "b3"}

@@ -11,7 +11,7 @@ from typing import Any
 
 from srtm.control.actions import HELD, Action, Hold, SetBucket, Share, same_bucket
 from srtm.control.model import BrokerInfo, ControllerState, Resources
-from srtm.control.plans import fleet, new_plan, route_changes
+from srtm.control.plans import fleet, hosts_of, new_plan, route_changes
 from srtm.control.replicas import replica_down
 from srtm.control.validate import ControlError, parse_address
 from srtm.placement import PublisherLoad, WindowReport, for_topic, place
@@ -202,7 +202,7 @@ def expire(c: ControllerState, now: float) -> list[Action]:
     awake = c.awake(now)
     live = c.live
     deleted = live.take_deleted() if live is not None else set()
-    actions: list[Action] = []
+    expired: list[str] = []
     for info in c.brokers.values():
         if info.down:
             continue
@@ -211,7 +211,12 @@ def expire(c: ControllerState, now: float) -> list[Action]:
         if info.id in deleted or awake - info.last_seen_s > c.broker_timeout_s:
             info.down = True
             c.registry.drop(info.id)
-            actions += broker_down(c, info.id)
+            expired.append(info.id)
+    # All down before any failover: a host's processes expire together, and one's
+    # publishers must not be placed on a sibling that is down too.
+    actions: list[Action] = []
+    for broker_id in expired:
+        actions += broker_down(c, broker_id)
     return actions
 
 
@@ -235,7 +240,8 @@ def broker_down(c: ControllerState, broker_id: str) -> list[Action]:
         by_id = {p.id: p for p in topic.spec.publishers}
         pool: list[PublisherLoad] = [by_id[p] for p in orphans]
         brokers = for_topic(topic.spec, brokers)
-        placement = place(topic.policy, brokers, topic.spec.with_publishers(pool), c.seed)
+        pool_spec = topic.spec.with_publishers(pool)
+        placement = place(topic.policy, brokers, pool_spec, c.seed, hosts_of(c, topic))
         for a in placement.assignments:
             topic.assignment.setdefault(a.broker, []).extend(a.publishers)
         topic.unassigned += placement.unassigned

@@ -56,6 +56,16 @@ def fleet(
     return [e.capacity() for e in ledger_of(c, exclude, placing) if e.id in up]
 
 
+def hosts_of(c: ControllerState, topic: TopicState) -> set[str]:
+    """The shared hosts (``srtm node``) of ``topic``'s brokers up with publishers: where
+    placing more of it goes last, among equals (``srtm.placement.place``'s ``hosts_used``)."""
+    return {
+        info.host
+        for b, ps in topic.assignment.items()
+        if ps and (info := c.brokers.get(b)) is not None and not info.down and info.host != b
+    }
+
+
 def over(c: ControllerState) -> list[LedgerEntry]:
     """Brokers promised more than their ``mcap`` (an operator's warning: a PATCH
     raised a rate, or a fleet shrank)."""
@@ -339,7 +349,8 @@ def place_unassigned(c: ControllerState) -> list[Action]:
         by_id = {p.id: p for p in topic.spec.publishers}
         pool = [by_id[p] for p in topic.unassigned if p in by_id]
         brokers = for_topic(topic.spec, brokers)
-        placement = place(topic.policy, brokers, topic.spec.with_publishers(pool), c.seed)
+        pool_spec = topic.spec.with_publishers(pool)
+        placement = place(topic.policy, brokers, pool_spec, c.seed, hosts_of(c, topic))
         placed = sum(len(a.publishers) for a in placement.assignments)
         if not placed:
             continue

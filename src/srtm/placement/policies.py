@@ -18,7 +18,7 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Literal, get_args
 
 from srtm.placement.model import Assignment, BrokerCapacity, Placement, PublisherLoad, TopicSpec
@@ -32,24 +32,28 @@ POLICIES: tuple[Policy, ...] = get_args(Policy)
 _EPS = 1e-9
 
 
-def by_residual(brokers: Sequence[BrokerCapacity]) -> list[BrokerCapacity]:
+def by_residual(
+    brokers: Sequence[BrokerCapacity], hosts_used: Collection[str] = ()
+) -> list[BrokerCapacity]:
     """Largest residual capacity first; ties by id, so results are deterministic. Where
     brokers share hosts (``BrokerCapacity.host``), ties go to a host ranked fewer times
-    before (``spread_hosts``): a topic's sub-buckets reach a new host before a second
-    process of a host it already has."""
+    before (``spread_hosts``; ``hosts_used``: hosts the topic already has, as ranked once):
+    a topic's sub-buckets reach a new host before a second process of a host it has."""
     ranked = sorted(brokers, key=lambda b: (-b.rcap, b.id))
     if any(b.host for b in ranked):
-        return spread_hosts(ranked)
+        return spread_hosts(ranked, hosts_used)
     return ranked
 
 
-def spread_hosts(ranked: Sequence[BrokerCapacity]) -> list[BrokerCapacity]:
+def spread_hosts(
+    ranked: Sequence[BrokerCapacity], hosts_used: Collection[str] = ()
+) -> list[BrokerCapacity]:
     """``ranked`` with each run of equal ``rcap`` reordered so that the host ranked the
-    fewest times so far comes next (ties: the host whose broker came first; within a
-    host, ``ranked``'s order). Equal capacity on two hosts beats two processes of one:
-    a host's processes share its NIC, memory and fate."""
+    fewest times so far comes next (``hosts_used`` count as ranked once; ties: the host
+    whose broker came first; within a host, ``ranked``'s order). Equal capacity on two
+    hosts beats two processes of one: a host's processes share its NIC, memory and fate."""
     out: list[BrokerCapacity] = []
-    seen: dict[str, int] = {}  # host -> brokers of it ranked so far
+    seen = dict.fromkeys(hosts_used, 1)  # host -> brokers of it ranked so far
     start = 0
     while start < len(ranked):
         end = start
@@ -70,12 +74,14 @@ def spread_hosts(ranked: Sequence[BrokerCapacity]) -> list[BrokerCapacity]:
     return out
 
 
-def fewest_brokers(brokers: Sequence[BrokerCapacity], load: float) -> list[BrokerCapacity]:
+def fewest_brokers(
+    brokers: Sequence[BrokerCapacity], load: float, hosts_used: Collection[str] = ()
+) -> list[BrokerCapacity]:
     """The fewest brokers, largest ``rcap`` first, whose ``rcap`` covers ``load``
-    (every broker with capacity left if none do)."""
+    (every broker with capacity left if none do; ``hosts_used``: ``by_residual``)."""
     chosen: list[BrokerCapacity] = []
     total = 0.0
-    for b in by_residual(brokers):
+    for b in by_residual(brokers, hosts_used):
         if b.rcap <= 0:
             break
         chosen.append(b)
@@ -211,9 +217,15 @@ def parse_policy(name: str) -> Policy:
 
 
 def place(
-    policy: Policy, brokers: Sequence[BrokerCapacity], topic: TopicSpec, seed: int = 0
+    policy: Policy,
+    brokers: Sequence[BrokerCapacity],
+    topic: TopicSpec,
+    seed: int = 0,
+    hosts_used: Collection[str] = (),
 ) -> Placement:
     """Where ``topic``'s publishers go under ``policy``, and each broker's sub-bucket.
+    ``hosts_used``: hosts the topic already has elsewhere (placing part of it: a
+    failover, publishers left unassigned), spread over last (``by_residual``).
 
     Capacity short of the topic's load is a result, not an error: what fits is placed,
     the rest listed as unassigned with the shortfall in msg/s.
@@ -221,9 +233,9 @@ def place(
     policy = parse_policy(policy)  # callers from untyped JSON
     load = topic.load
     if policy == "lb":
-        chosen = [b for b in by_residual(brokers) if b.rcap > 0]
+        chosen = [b for b in by_residual(brokers, hosts_used) if b.rcap > 0]
     else:
-        chosen = fewest_brokers(brokers, load)
+        chosen = fewest_brokers(brokers, load, hosts_used)
     if not chosen:
         return _placement(policy, topic, [], [], list(topic.publishers), brokers)
     if policy in ("lb", "conc"):
