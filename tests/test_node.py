@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -170,3 +172,12 @@ async def test_a_node_registers_restarts_and_stops_its_brokers(tmp_path: Path) -
         if node.alive():
             node.stop()
         ctrl.stop()
+
+
+def test_a_process_that_cannot_start_stops_the_node_with_its_reason(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "srtm", "node", "--brokers", "2", "--tcp-address",
+           "127.0.0.1:0", "--data-dir", str(tmp_path), "--insecure-loopback",
+           "--mcap", "-5"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "srtm node" not in done.stdout
+    assert "--mcap" in done.stderr and "exited with code" in done.stderr
