@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,10 @@ def children(pid: int) -> dict[int, int]:
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         for child in (task / "children").read_text().split():
-            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            try:
+                argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:  # it exited meanwhile
+                continue
             if b"--broker-id" in argv:
                 out[int(argv[argv.index(b"--broker-id") + 1])] = int(child)
     return out
@@ -98,6 +102,16 @@ def alive(pid: int) -> bool:
 def brokers(ctrl: ServerProcess) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = ctrl.json("/brokers")["brokers"]
     return rows
+
+
+def lookup_ports(ctrl: ServerProcess, topic: str) -> set[int]:
+    """The TCP ports /lookup lists for ``topic`` (none while no broker reported it: 404)."""
+    try:
+        return {p["tcp_port"] for p in ctrl.json(f"/lookup?topic={topic}")["producers"]}
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return set()
+        raise
 
 
 async def connected(tcp: tuple[str, int]) -> RawClient | None:
@@ -140,7 +154,7 @@ async def test_a_node_registers_restarts_and_stops_its_brokers(tmp_path: Path) -
             assert post(http, "/pub?topic=both", b"hello", ctrl.token) == b"OK"
         tcp_ports = {tcp[1] for _, tcp, _ in node.brokers}
         await eventually(
-            lambda: {p["tcp_port"] for p in ctrl.json("/lookup?topic=both")["producers"]},
+            lambda: lookup_ports(ctrl, "both"),
             "/lookup lists both processes", until=lambda ports: ports == tcp_ports,
         )  # fmt: skip
         # Broker 11 acknowledges a message (on disk: --mem-queue-size 0), then is killed.
