@@ -28,6 +28,8 @@ from typing import IO, Any
 
 _BROKER_READY = re.compile(r"tcp=([\d.]+):(\d+) http=([\d.]+):(\d+)")
 _CONTROLLER_READY = re.compile(r"srtm controller http=([\d.]+):(\d+)")
+_NODE_READY = re.compile(r"srtm node host=(\S+) brokers=(\d+) (.*)")
+_NODE_BROKER = re.compile(r"\[broker (\d+) tcp=([\d.]+):(\d+) http=([\d.]+):(\d+)\]")
 
 
 @dataclass
@@ -226,6 +228,38 @@ def start_broker(
     )
     _drain(broker)
     return broker
+
+
+@dataclass
+class NodeProcess(ServerProcess):
+    """``srtm node``: ``http`` is its first broker's; ``brokers``: each one's id, TCP and
+    HTTP address, as its ready line gave them."""
+
+    host: str = ""
+    brokers: list[tuple[int, tuple[str, int], tuple[str, int]]] = field(default_factory=list)
+
+
+def start_node(
+    data_dir: Path,
+    brokers: int,
+    args: Sequence[str] = (),
+    *,
+    timeout: float = 60.0,
+    token: str | None = None,
+) -> NodeProcess:
+    """Start ``srtm node --brokers N`` on 127.0.0.1, every process on ephemeral ports;
+    return once all are ready (``args``: more node or broker options)."""
+    token = new_token() if token is None else token
+    cmd = ["node", "--brokers", str(brokers), "--tcp-address", "127.0.0.1:0",
+           "--http-address", "127.0.0.1:0", "--data-dir", str(data_dir), *args]  # fmt: skip
+    proc, m = _start(
+        cmd, _NODE_READY, stderr=None, new_session=False, preexec_fn=None, timeout=timeout,
+        token=token,
+    )  # fmt: skip
+    parts = [(int(b[1]), (b[2], int(b[3])), (b[4], int(b[5]))) for b in _NODE_BROKER.finditer(m[3])]
+    node = NodeProcess(proc, parts[0][2], token=token, host=m[1], brokers=parts)
+    _drain(node)
+    return node
 
 
 def start_controller(

@@ -129,6 +129,12 @@ class BrokerOptions:
         "report load and each topic's window every --report-interval-s; a controller that "
         "is away is passed over and a standby's redirect followed to the leader.",
     )
+    host_id: str | None = setting(
+        None,
+        "The host this broker runs on, told to the controller (default: this machine's "
+        "hostname): brokers sharing a host id are processes of one host (``srtm node``), "
+        "which placement spreads a topic over last.",
+    )
     mcap: float = setting(
         110_000.0, "Messages/s this broker can process, told to the controller.", minimum=1
     )

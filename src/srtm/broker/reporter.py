@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +122,7 @@ async def report_loop(
         "tcp_address": join_host_port(*broker.tcp_address),
         "http_address": join_host_port(*broker.http_address),
         "mcap": mcap,
+        "host": broker.options.host_id or socket.gethostname(),
     }
     meter = ResourceMeter()
     registered = False

@@ -47,6 +47,9 @@ app.command("broker")(serve.broker)
 app.command("place")(placement.place_command)
 app.command("rebalance")(placement.rebalance_command)
 app.command("controller")(serve.controller)
+app.command("node", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    serve.node
+)
 app.add_typer(experiment_app, name="experiment")
 app.command("demo")(demo)
 app.command("calibrate")(calibrate)

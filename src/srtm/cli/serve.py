@@ -172,3 +172,68 @@ controller = _server_command(
     Adaptor, nsqlookupd's /lookup; its state lives in --db (SQLite) or, with
     --etcd-endpoints, in etcd. Stops on SIGTERM or Ctrl-C.""",
 )
+
+
+def _address(value: str, flag: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise typer.BadParameter(f"must be HOST:PORT, got {value!r}", param_hint=flag)
+    return host, int(port)
+
+
+def node(
+    ctx: typer.Context,
+    brokers: Annotated[
+        int | None,
+        typer.Option(help="Broker processes to run (default: the machine's cores).", min=1),
+    ] = None,
+    controller: Annotated[
+        str | None, typer.Option(help="Controller URLs, URL[,URL...]; each process registers.")
+    ] = None,
+    data_dir: Annotated[
+        Path, typer.Option(help="Each process keeps its data in DIR/b0, DIR/b1, …")
+    ] = Path("srtm-data"),
+    broker_id: Annotated[
+        int, typer.Option(help="The first process's id; the others follow (0..4095).")
+    ] = 0,
+    tcp_address: Annotated[
+        str, typer.Option(help="HOST:PORT of the first process's TCP; the others follow.")
+    ] = "127.0.0.1:4150",
+    http_address: Annotated[
+        str | None,
+        typer.Option(help="HOST:PORT of the first process's HTTP (default: after the TCP ports)."),
+    ] = None,
+    host_id: Annotated[
+        str | None, typer.Option(help="The host id they register under (default: hostname).")
+    ] = None,
+    stop_timeout_s: Annotated[
+        float, typer.Option(help="How long a stop waits for the processes before killing them.")
+    ] = 30.0,
+) -> None:
+    """Run N broker processes on this host, one per core: each its own broker (id, ports,
+    data directory) registered under one host id. Options not listed here are broker
+    options (srtm broker --help), given to every process. A process that dies is started
+    again (its data directory keeps what it acknowledged); SIGTERM or Ctrl-C stops them all.
+    """
+    import asyncio
+    import socket
+
+    from srtm.broker.node import NodeSupervisor, extra_flags_refused, layout, serve_node
+
+    if (why := extra_flags_refused(ctx.args)) is not None:
+        raise typer.BadParameter(why)
+    n = brokers if brokers is not None else os.cpu_count() or 1
+    tcp = _address(tcp_address, "--tcp-address")
+    http = None if http_address is None else _address(http_address, "--http-address")
+    extra = [*(["--controller", controller] if controller else []), *ctx.args]
+    try:
+        plans = layout(n, broker_id, data_dir, tcp, http)
+    except ValueError as exc:
+        raise fail(escape(str(exc))) from exc
+    supervisor = NodeSupervisor(
+        plans, host_id or socket.gethostname(), extra, stop_timeout_s=stop_timeout_s
+    )
+    try:
+        asyncio.run(serve_node(supervisor, lambda s: print(s.ready_line(), flush=True)))
+    except (RuntimeError, OSError) as exc:
+        raise fail(escape(str(exc))) from exc

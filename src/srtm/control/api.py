@@ -85,7 +85,7 @@ class ControllerAPI:
         """Register a broker (again after a restart)."""
         doc = parse(Registration, await read_json(request))
         actions = self.ctrl.register(
-            doc.id, doc.tcp_address, doc.http_address, doc.mcap, time.monotonic()
+            doc.id, doc.tcp_address, doc.http_address, doc.mcap, time.monotonic(), doc.host
         )
         # Its own shares and holds go in the answer, not in pushes: it applies them on
         # receipt (a push may reach it first, while its lease has lapsed, and be refused).
@@ -131,9 +131,10 @@ class ControllerAPI:
     async def brokers(self, request: web.Request) -> web.Response:
         """Every registered broker, up or down, with its capacity ledger."""
         rows = [
-            {"id": b.id, "tcp_address": b.tcp_address, "http_address": b.http_address,
-             "mcap": e.mcap, "allocated": e.allocated, "measured": e.measured,
-             "rcap": e.rcap, "down": b.down, "over": e.allocated > e.mcap * (1 + 1e-9)}
+            {"id": b.id, "host": b.host, "tcp_address": b.tcp_address,
+             "http_address": b.http_address, "mcap": e.mcap, "allocated": e.allocated,
+             "measured": e.measured, "rcap": e.rcap, "down": b.down,
+             "over": e.allocated > e.mcap * (1 + 1e-9)}
             for e in self.ctrl.ledger()
             for b in (self.ctrl.brokers[e.id],)
         ]  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 
 from srtm.control.actions import HELD, Action, Hold, SetBucket, Share, same_bucket
 from srtm.control.model import BrokerInfo, ControllerState, Resources
-from srtm.control.plans import fleet, new_plan, route_changes
+from srtm.control.plans import fleet, hosts_of, new_plan, route_changes
 from srtm.control.replicas import replica_down
 from srtm.control.validate import ControlError, parse_address
 from srtm.placement import PublisherLoad, WindowReport, for_topic, place
@@ -20,10 +20,17 @@ from srtm.ratelimit.overflow import DEFAULT_BOUND
 
 
 def register(
-    c: ControllerState, broker_id: str, tcp: str, http: str, mcap: float, now: float
+    c: ControllerState,
+    broker_id: str,
+    tcp: str,
+    http: str,
+    mcap: float,
+    now: float,
+    host: str | None = None,
 ) -> list[Action]:
     """Register (again); an existing id at another address is refused (409) while the
-    broker there is up, so nobody takes over a live broker's id."""
+    broker there is up, so nobody takes over a live broker's id. ``host``: the host it
+    runs on (None: its id, a host of its own)."""
     if not isinstance(broker_id, str) or not broker_id or len(broker_id) > 256:
         raise ControlError(400, "id must be a non-empty string of at most 256 characters")
     if isinstance(mcap, bool) or not (
@@ -32,6 +39,8 @@ def register(
         raise ControlError(400, f"mcap must be a number > 0, got {mcap!r}")
     parse_address(tcp, "tcp_address")
     parse_address(http, "http_address")
+    if host is not None and (not isinstance(host, str) or not host or len(host) > 256):
+        raise ControlError(400, "host must be a non-empty string of at most 256 characters")
     info = c.brokers.get(broker_id)
     if info is None:
         info = c.brokers[broker_id] = BrokerInfo(broker_id, tcp, http, float(mcap))
@@ -45,6 +54,7 @@ def register(
     if info.down:
         c.replace_pending = True
     info.tcp_address, info.http_address, info.mcap = tcp, http, float(mcap)
+    info.host = host or broker_id
     info.last_seen_s, info.down = c.awake(now), False
     c.registry.drop(broker_id)  # a new producer, as an nsqd reconnecting
     info.reports, info.depths, info.waiting = {}, {}, {}
@@ -192,7 +202,7 @@ def expire(c: ControllerState, now: float) -> list[Action]:
     awake = c.awake(now)
     live = c.live
     deleted = live.take_deleted() if live is not None else set()
-    actions: list[Action] = []
+    expired: list[str] = []
     for info in c.brokers.values():
         if info.down:
             continue
@@ -201,7 +211,12 @@ def expire(c: ControllerState, now: float) -> list[Action]:
         if info.id in deleted or awake - info.last_seen_s > c.broker_timeout_s:
             info.down = True
             c.registry.drop(info.id)
-            actions += broker_down(c, info.id)
+            expired.append(info.id)
+    # All down before any failover: a host's processes expire together, and one's
+    # publishers must not be placed on a sibling that is down too.
+    actions: list[Action] = []
+    for broker_id in expired:
+        actions += broker_down(c, broker_id)
     return actions
 
 
@@ -225,7 +240,8 @@ def broker_down(c: ControllerState, broker_id: str) -> list[Action]:
         by_id = {p.id: p for p in topic.spec.publishers}
         pool: list[PublisherLoad] = [by_id[p] for p in orphans]
         brokers = for_topic(topic.spec, brokers)
-        placement = place(topic.policy, brokers, topic.spec.with_publishers(pool), c.seed)
+        pool_spec = topic.spec.with_publishers(pool)
+        placement = place(topic.policy, brokers, pool_spec, c.seed, hosts_of(c, topic))
         for a in placement.assignments:
             topic.assignment.setdefault(a.broker, []).extend(a.publishers)
         topic.unassigned += placement.unassigned

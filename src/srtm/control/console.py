@@ -191,7 +191,7 @@ def console_state(
         for b in t.buckets:
             carried[b] = carried.get(b, 0) + 1
     brokers = [
-        {"id": e.id, "tcp_address": b.tcp_address, "http_address": b.http_address,
+        {"id": e.id, "host": b.host, "tcp_address": b.tcp_address, "http_address": b.http_address,
          "mcap": e.mcap, "allocated": e.allocated, "measured": e.measured, "rcap": e.rcap,
          "down": b.down, "over": e.allocated > e.mcap * (1 + 1e-9),
          "topics": carried.get(e.id, 0)}

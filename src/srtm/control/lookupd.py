@@ -142,7 +142,7 @@ def _producers(brokers: Sequence[BrokerInfo]) -> list[dict[str, Any]]:
             _, http = b.http_endpoint()
         except ControlError:
             continue
-        out.append({"remote_address": b.tcp_address, "hostname": host,
+        out.append({"remote_address": b.tcp_address, "hostname": b.host,
                     "broadcast_address": host, "tcp_port": tcp, "http_port": http,
                     "version": NSQD_VERSION})  # fmt: skip
     return out

@@ -68,6 +68,9 @@ class BrokerInfo:
     tcp_address: str
     http_address: str
     mcap: float
+    #: The host it runs on (``srtm node`` runs several brokers under one host id);
+    #: empty: its own id, one host per broker (a broker that does not tell one).
+    host: str = ""
     #: Last reported message rate over all its topics (msg/s).
     load: float = 0.0
     #: On the controller's *awake* clock (``ControllerState.awake``), not wall time: a
@@ -94,6 +97,10 @@ class BrokerInfo:
     demand: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Per topic: bytes of the messages ``arrived`` counts.
     arrived_bytes: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            self.host = self.id
 
     def settled(self, topic: str) -> bool:
         """By its last report: nothing of ``topic`` waits for tokens and nothing arrived

@@ -32,7 +32,13 @@ def to_json(c: ControllerState) -> dict[str, Any]:
 
 def brokers_json(c: ControllerState) -> list[dict[str, Any]]:
     return [
-        {"id": b.id, "tcp_address": b.tcp_address, "http_address": b.http_address, "mcap": b.mcap}
+        {
+            "id": b.id,
+            "tcp_address": b.tcp_address,
+            "http_address": b.http_address,
+            "mcap": b.mcap,
+            "host": b.host,
+        }
         for b in c.brokers.values()
     ]
 
@@ -68,8 +74,9 @@ def restore(c: ControllerState, doc: dict[str, Any], now: float) -> None:
     """Rebuild from ``to_json``; brokers get a full timeout to report again."""
     for b in doc.get("brokers", []):
         c.brokers[b["id"]] = BrokerInfo(
-            b["id"], b["tcp_address"], b["http_address"], b["mcap"], last_seen_s=c.awake(now)
-        )
+            b["id"], b["tcp_address"], b["http_address"], b["mcap"],
+            host=b.get("host") or b["id"], last_seen_s=c.awake(now),
+        )  # fmt: skip
     for t in doc.get("topics", []):
         pubs = tuple(PublisherLoad(p["id"], p["rate"], p.get("group")) for p in t["publishers"])
         spec = TopicSpec(t["name"], pubs, t["burst"], t["slo_p99_ms"], t["rate"])

@@ -29,7 +29,9 @@ def ledger_of(
     """Every registered broker's capacity ledger (``srtm.placement.ledger``):
     ``allocated`` summed from the current plans' sub-buckets, draining members' too
     (all topics but ``exclude``; ``placing``: that topic's draining shares left out,
-    a member's share replaces them), ``measured`` from its last report."""
+    a member's share replaces them), ``measured`` from its last report; the host of
+    each broker that shares one (``srtm node``), which placement spreads topics over."""
+    hosts = {b.id: b.host for b in c.brokers.values() if b.host != b.id}
     return ledger(
         ((b.id, b.mcap, b.load) for b in c.brokers.values()),
         (
@@ -39,6 +41,7 @@ def ledger_of(
             for name, t in c.topics.items()
             if name != exclude
         ),
+        hosts,
     )
 
 
@@ -51,6 +54,16 @@ def fleet(
     ``placing``: a topic whose publishers are placed (its draining shares are not)."""
     up = {b.id for b in c.up()}
     return [e.capacity() for e in ledger_of(c, exclude, placing) if e.id in up]
+
+
+def hosts_of(c: ControllerState, topic: TopicState) -> set[str]:
+    """The shared hosts (``srtm node``) of ``topic``'s brokers up with publishers: where
+    placing more of it goes last, among equals (``srtm.placement.place``'s ``hosts_used``)."""
+    return {
+        info.host
+        for b, ps in topic.assignment.items()
+        if ps and (info := c.brokers.get(b)) is not None and not info.down and info.host != b
+    }
 
 
 def over(c: ControllerState) -> list[LedgerEntry]:
@@ -336,7 +349,8 @@ def place_unassigned(c: ControllerState) -> list[Action]:
         by_id = {p.id: p for p in topic.spec.publishers}
         pool = [by_id[p] for p in topic.unassigned if p in by_id]
         brokers = for_topic(topic.spec, brokers)
-        placement = place(topic.policy, brokers, topic.spec.with_publishers(pool), c.seed)
+        pool_spec = topic.spec.with_publishers(pool)
+        placement = place(topic.policy, brokers, pool_spec, c.seed, hosts_of(c, topic))
         placed = sum(len(a.publishers) for a in placement.assignments)
         if not placed:
             continue

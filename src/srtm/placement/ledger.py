@@ -32,6 +32,8 @@ class LedgerEntry:
     mcap: float
     allocated: float = 0.0
     measured: float = 0.0
+    #: The host it runs on (empty: a host of its own; ``BrokerCapacity.host``).
+    host: str = ""
 
     @property
     def load(self) -> float:
@@ -45,7 +47,7 @@ class LedgerEntry:
 
     def capacity(self) -> BrokerCapacity:
         """The broker as the policies see it: its ``rcap`` is this entry's."""
-        return BrokerCapacity(self.id, self.mcap, self.load)
+        return BrokerCapacity(self.id, self.mcap, self.load, self.host)
 
 
 def allocated(plans: Iterable[Mapping[str, BucketParams]]) -> dict[str, float]:
@@ -59,12 +61,19 @@ def allocated(plans: Iterable[Mapping[str, BucketParams]]) -> dict[str, float]:
 
 
 def ledger(
-    brokers: Iterable[tuple[str, float, float]], plans: Iterable[Mapping[str, BucketParams]]
+    brokers: Iterable[tuple[str, float, float]],
+    plans: Iterable[Mapping[str, BucketParams]],
+    hosts: Mapping[str, str] | None = None,
 ) -> list[LedgerEntry]:
     """The ledger of ``brokers`` (id, ``mcap``, measured ingress), in their order, with
-    ``allocated`` summed from ``plans``."""
+    ``allocated`` summed from ``plans``; ``hosts``: broker id -> the host it shares with
+    others (a broker not in it is a host of its own)."""
     promised = allocated(plans)
-    return [LedgerEntry(b, mcap, promised.get(b, 0.0), measured) for b, mcap, measured in brokers]
+    hosts = hosts or {}
+    return [
+        LedgerEntry(b, mcap, promised.get(b, 0.0), measured, hosts.get(b, ""))
+        for b, mcap, measured in brokers
+    ]
 
 
 def for_topic(spec: TopicSpec, fleet: Iterable[BrokerCapacity]) -> list[BrokerCapacity]:
@@ -73,4 +82,4 @@ def for_topic(spec: TopicSpec, fleet: Iterable[BrokerCapacity]) -> list[BrokerCa
     k = spec.rate / spec.load if spec.load > 0 else 1.0
     if k == 1.0:
         return list(fleet)
-    return [BrokerCapacity(b.id, b.mcap / k, b.load / k) for b in fleet]
+    return [BrokerCapacity(b.id, b.mcap / k, b.load / k, b.host) for b in fleet]

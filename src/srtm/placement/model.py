@@ -19,11 +19,18 @@ RATE_MARGIN = 1.1
 
 @dataclass(frozen=True, slots=True)
 class BrokerCapacity:
-    """A broker's capacity ``mcap`` and the load it already carries."""
+    """A broker's capacity ``mcap`` and the load it already carries; ``host``: the host
+    it runs on, shared by the processes of one ``srtm node`` (empty: a host of its own)."""
 
     id: str
     mcap: float
     load: float = 0.0
+    host: str = ""
+
+    @property
+    def host_key(self) -> str:
+        """The host it counts on when a topic is spread over hosts."""
+        return self.host or self.id
 
     @property
     def rcap(self) -> float:

@@ -14,9 +14,11 @@ publishers of the manifest, as a balancer that sees connections arrive would.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Collection, Sequence
 from typing import Literal, get_args
 
 from srtm.placement.model import Assignment, BrokerCapacity, Placement, PublisherLoad, TopicSpec
@@ -30,17 +32,56 @@ POLICIES: tuple[Policy, ...] = get_args(Policy)
 _EPS = 1e-9
 
 
-def by_residual(brokers: Sequence[BrokerCapacity]) -> list[BrokerCapacity]:
-    """Largest residual capacity first; ties by id, so results are deterministic."""
-    return sorted(brokers, key=lambda b: (-b.rcap, b.id))
+def by_residual(
+    brokers: Sequence[BrokerCapacity], hosts_used: Collection[str] = ()
+) -> list[BrokerCapacity]:
+    """Largest residual capacity first; ties by id, so results are deterministic. Where
+    brokers share hosts (``BrokerCapacity.host``), ties go to a host ranked fewer times
+    before (``spread_hosts``; ``hosts_used``: hosts the topic already has, as ranked once):
+    a topic's sub-buckets reach a new host before a second process of a host it has."""
+    ranked = sorted(brokers, key=lambda b: (-b.rcap, b.id))
+    if any(b.host for b in ranked):
+        return spread_hosts(ranked, hosts_used)
+    return ranked
 
 
-def fewest_brokers(brokers: Sequence[BrokerCapacity], load: float) -> list[BrokerCapacity]:
+def spread_hosts(
+    ranked: Sequence[BrokerCapacity], hosts_used: Collection[str] = ()
+) -> list[BrokerCapacity]:
+    """``ranked`` with each run of equal ``rcap`` reordered so that the host ranked the
+    fewest times so far comes next (``hosts_used`` count as ranked once; ties: the host
+    whose broker came first; within a host, ``ranked``'s order). Equal capacity on two
+    hosts beats two processes of one: a host's processes share its NIC, memory and fate."""
+    out: list[BrokerCapacity] = []
+    seen = dict.fromkeys(hosts_used, 1)  # host -> brokers of it ranked so far
+    start = 0
+    while start < len(ranked):
+        end = start
+        while end < len(ranked) and ranked[end].rcap == ranked[start].rcap:
+            end += 1
+        queues: dict[str, deque[BrokerCapacity]] = {}
+        for b in ranked[start:end]:
+            queues.setdefault(b.host_key, deque()).append(b)
+        heap = [(seen.get(h, 0), i, h) for i, h in enumerate(queues)]
+        heapq.heapify(heap)
+        while heap:
+            count, i, h = heapq.heappop(heap)
+            out.append(queues[h].popleft())
+            seen[h] = count + 1
+            if queues[h]:
+                heapq.heappush(heap, (count + 1, i, h))
+        start = end
+    return out
+
+
+def fewest_brokers(
+    brokers: Sequence[BrokerCapacity], load: float, hosts_used: Collection[str] = ()
+) -> list[BrokerCapacity]:
     """The fewest brokers, largest ``rcap`` first, whose ``rcap`` covers ``load``
-    (every broker with capacity left if none do)."""
+    (every broker with capacity left if none do; ``hosts_used``: ``by_residual``)."""
     chosen: list[BrokerCapacity] = []
     total = 0.0
-    for b in by_residual(brokers):
+    for b in by_residual(brokers, hosts_used):
         if b.rcap <= 0:
             break
         chosen.append(b)
@@ -176,9 +217,15 @@ def parse_policy(name: str) -> Policy:
 
 
 def place(
-    policy: Policy, brokers: Sequence[BrokerCapacity], topic: TopicSpec, seed: int = 0
+    policy: Policy,
+    brokers: Sequence[BrokerCapacity],
+    topic: TopicSpec,
+    seed: int = 0,
+    hosts_used: Collection[str] = (),
 ) -> Placement:
     """Where ``topic``'s publishers go under ``policy``, and each broker's sub-bucket.
+    ``hosts_used``: hosts the topic already has elsewhere (placing part of it: a
+    failover, publishers left unassigned), spread over last (``by_residual``).
 
     Capacity short of the topic's load is a result, not an error: what fits is placed,
     the rest listed as unassigned with the shortfall in msg/s.
@@ -186,9 +233,9 @@ def place(
     policy = parse_policy(policy)  # callers from untyped JSON
     load = topic.load
     if policy == "lb":
-        chosen = [b for b in by_residual(brokers) if b.rcap > 0]
+        chosen = [b for b in by_residual(brokers, hosts_used) if b.rcap > 0]
     else:
-        chosen = fewest_brokers(brokers, load)
+        chosen = fewest_brokers(brokers, load, hosts_used)
     if not chosen:
         return _placement(policy, topic, [], [], list(topic.publishers), brokers)
     if policy in ("lb", "conc"):

@@ -230,6 +230,8 @@ class BrokerLoad(Answer):
     """A registered broker and its capacity ledger (msg/s)."""
 
     id: str
+    #: The host it runs on: brokers sharing it are processes of one host (``srtm node``).
+    host: str
     tcp_address: str
     http_address: str
     mcap: float

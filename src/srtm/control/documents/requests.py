@@ -61,6 +61,12 @@ class Registration(Request):
     tcp_address: HostPort
     http_address: HostPort
     mcap: float = Field(gt=0, le=MAX_MCAP, description="messages/s it can process")
+    host: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="the host it runs on (brokers of one host share it; absent: its id)",
+    )
 
 
 # TypedDicts, not models, where a document may hold 100,000 entries (a report's topics,

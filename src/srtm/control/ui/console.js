@@ -36,8 +36,13 @@ function ledgerBar(b) {
 
 function renderBrokers(brokers) {
   const body = document.querySelector("#brokers tbody");
-  body.replaceChildren(...brokers.map((b) => el("tr", { "data-broker": b.id },
-    el("td", {}, b.id, el("div", { class: "note" }, b.tcp_address)),
+  // Grouped by host (the processes of one `srtm node` together), in the ledger's order
+  // within a host; a broker on a host of its own is labelled by its address only.
+  const hosts = [...new Set(brokers.map((b) => b.host))];
+  const rows = hosts.flatMap((h) => brokers.filter((b) => b.host === h));
+  body.replaceChildren(...rows.map((b) => el("tr", { "data-broker": b.id, "data-host": b.host },
+    el("td", {}, b.id, el("div", { class: "note" },
+      b.host === b.id ? b.tcp_address : `host ${b.host} · ${b.tcp_address}`)),
     el("td", { class: b.down ? "down" : "up" }, b.down ? "down" : "up", b.over ? " · over mcap" : ""),
     el("td", { class: "num" }, b.topics),
     el("td", {}, ledgerBar(b)),
