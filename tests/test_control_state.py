@@ -134,3 +134,31 @@ def test_a_silent_broker_whose_address_refuses_is_down_before_its_timeout() -> N
     if "b0" in on:
         assert any(isinstance(a, PlanChanged) for a in actions)
     assert c.gone("b0", c.brokers["b0"].http_address, 4.0, 1.5) is None  # down already
+
+
+def test_a_repair_that_grows_a_share_waits_for_room_among_the_others() -> None:
+    """A broker's share is put back only where the others' live shares leave room: a
+    share no plan gives (left by a leader deposed mid-change) is held first."""
+    from srtm.control.actions import HELD, Hold
+    from srtm.placement import PublisherLoad, TopicSpec
+    from srtm.ratelimit import BucketParams
+
+    c = Controller()
+    for b in ("a", "b"):
+        c.register(b, f"127.0.0.1:{ord(b)}", f"127.0.0.1:{ord(b) + 1}", 1e6, 0.0)
+    spec = TopicSpec("t", (PublisherLoad("p", 100.0),), 40.0, 5.0, 400.0)
+    c.create_topic(spec, "lb", 0.0)
+    (member,) = [b for b, ps in c.topics["t"].assignment.items() if ps]
+    other = "b" if member == "a" else "a"
+    assert c.topics["t"].buckets == {member: BucketParams(400.0, 40.0)}
+    stray = BucketParams(1.99, 19.98)  # a share the plan does not give
+    assert c.report(other, 0.0, {}, now=1, seen={"t": stray}) == [Hold(other, "t")]
+    short = BucketParams(398.0, 20.0)
+    assert c.report(member, 0.0, {}, now=1, seen={"t": short}) == []  # no room yet
+    assert c.report(other, 0.0, {}, now=2, seen={"t": HELD}) == []
+    (grow,) = c.report(member, 0.0, {}, now=2, seen={"t": short})
+    assert isinstance(grow, SetBucket) and grow.bucket == BucketParams(400.0, 40.0)
+    # A share that shrinks never waits.
+    c.report(other, 0.0, {}, now=3, seen={"t": stray})
+    (shrink,) = c.report(member, 0.0, {}, now=3, seen={"t": BucketParams(500.0, 50.0)})
+    assert isinstance(shrink, SetBucket) and shrink.bucket == BucketParams(400.0, 40.0)

@@ -253,13 +253,13 @@ async def test_a_fenced_write_raises_to_its_waiter_and_steps_the_leader_down(
     prefix = new_prefix()
     store = EtcdStore([etcd.url], prefix)
     store.fence = Compare.created(f"{prefix}/leader", 12345)  # not this epoch's key
-    told: list[Fenced] = []
-    writer = StoreWriter(Controller(), store, on_fenced=told.append)
+    told: list[Exception] = []
+    writer = StoreWriter(Controller(), store, on_unsaved=told.append)
     try:
         with pytest.raises(HttpError) as refused:
             await saved(writer.mark(brokers=True))
         assert refused.value.status == 503 and refused.value.code == "NOT_LEADER"
-        assert len(told) == 1
+        assert len(told) == 1 and isinstance(told[0], Fenced)
         assert etcd_keys(etcd, prefix) == []  # nothing written
         store.fence = None  # the only controller (no fence): written
         await saved(writer.mark(brokers=True))

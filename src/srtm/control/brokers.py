@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from srtm.control.actions import HELD, Action, Hold, SetBucket, Share, same_bucket
-from srtm.control.model import BrokerInfo, ControllerState, Resources
+from srtm.control.model import BrokerInfo, ControllerState, Resources, TopicState
 from srtm.control.plans import fleet, hosts_of, new_plan, route_changes
 from srtm.control.replicas import replica_down
 from srtm.control.validate import ControlError, parse_address
@@ -137,24 +137,51 @@ def report(
     info.resources = None if resources is None else Resources.from_json(resources)
     info.demand = dict(demand or {})
     info.arrived_bytes = dict(arrived_bytes or {})
-    return [] if seen is None else repairs(c, broker_id, seen)
+    if seen is None:
+        return []
+    info.shares = {name: s for name, s in seen.items() if isinstance(s, BucketParams)}
+    return repairs(c, broker_id, seen)
 
 
 def repairs(c: ControllerState, broker_id: str, seen: dict[str, Share]) -> list[Action]:
     """What makes ``broker_id``'s shares what the plans give it, from what it has
     (``seen``: topic -> its sub-bucket, ``HELD``, or ``None``: neither; a topic it
     lacks is absent): its sub-bucket where it has a share, a hold on a managed topic
-    it carries without one."""
+    it carries without one. A share that grows waits while the other brokers' live
+    shares leave no room for it (``room``): their own reports shrink them first."""
     actions: list[Action] = []
     for name, topic in c.topics.items():
         want = topic.buckets.get(broker_id)
         got = seen.get(name)
         was = got if isinstance(got, BucketParams) else None
         if want is not None and (was is None or not same_bucket(was, want)):
-            actions.append(SetBucket(broker_id, name, want, was))
+            grows = was is None or want.rate > was.rate or want.burst > was.burst
+            if not grows or room(c, topic, broker_id, want):
+                actions.append(SetBucket(broker_id, name, want, was))
         elif want is None and name in seen and got != HELD:
             actions.append(Hold(broker_id, name))
     return actions
+
+
+def room(c: ControllerState, topic: TopicState, broker_id: str, want: BucketParams) -> bool:
+    """Would ``want`` on ``broker_id`` keep the topic's live sub-buckets within what its
+    plan gives in all, each other broker up counted at the larger of its last reported
+    share and its plan's? (A plan that brokers have not all carried out, one a deposed
+    leader left half done, or one older than a broker's share: an increase pushed on its
+    own would not wait for the others' decreases.)"""
+    name, rate, burst = topic.spec.name, want.rate, want.burst
+    for b, info in c.brokers.items():
+        if b == broker_id or info.down:  # down: its lease lapsed, it holds
+            continue
+        shares = [p for p in (topic.buckets.get(b), info.shares.get(name)) if p is not None]
+        rate += max((p.rate for p in shares), default=0.0)
+        burst += max((p.burst for p in shares), default=0.0)
+    planned = topic.buckets.values()
+    slack = 1 + 1e-9
+    return (
+        rate <= sum(p.rate for p in planned) * slack
+        and burst <= sum(p.burst for p in planned) * slack
+    )
 
 
 def deregister(c: ControllerState, broker_id: str) -> list[Action]:

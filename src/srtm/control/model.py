@@ -97,6 +97,9 @@ class BrokerInfo:
     demand: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Per topic: bytes of the messages ``arrived`` counts.
     arrived_bytes: dict[str, int] = field(default_factory=dict)
+    #: Per topic: the sub-bucket it shaped with at its last report (held or unmanaged
+    #: topics absent): what a repair of another broker's share must leave room for.
+    shares: dict[str, BucketParams] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.host:

@@ -20,7 +20,7 @@ from srtm.control.actions import Action, Hold, PlanChanged, SetBucket
 from srtm.control.api import make_app
 from srtm.control.elastic import Elastic, ElasticStep
 from srtm.control.election import Election
-from srtm.control.etcd_store import EtcdStore, Fenced, open_store
+from srtm.control.etcd_store import EtcdStore, open_store
 from srtm.control.fitting_run import fit_topic
 from srtm.control.follow import Follower
 from srtm.control.leadership import LeaderInfo, Leadership, Role
@@ -68,7 +68,7 @@ class ControllerService:
             forward_grace_s=opts.forward_grace_s,
         )
         self.store: StateStore = open_store(opts)
-        self.writer = StoreWriter(self.ctrl, self.store, on_fenced=self._fenced)
+        self.writer = StoreWriter(self.ctrl, self.store, on_unsaved=self._unsaved)
         #: With etcd, one leader among the controllers on its prefix (the others are
         #: standbys following its state); with SQLite, this one alone.
         scheme = "https" if opts.tls_cert is not None else "http"
@@ -80,7 +80,7 @@ class ControllerService:
             etcd = Etcd(urls, timeout_s=opts.leader_lease_s / 2)
             self.election = Election(
                 etcd, opts.etcd_prefix, self.leadership, on_won=self._won,
-                on_lost=self._lost, on_change=self._changed,
+                on_lost=self._lost, on_change=lambda: self.follower.changed(),
             )  # fmt: skip
             self.store.fence = self.election.fence()  # a standby writes nothing
         else:
@@ -209,18 +209,17 @@ class ControllerService:
         assert self.election is not None and isinstance(self.store, EtcdStore)
         self.store.fence = self.election.fence()
         self.pusher.epoch = None
-        self._changed()
-
-    def _changed(self) -> None:
         self.follower.changed()
 
     def _following(self) -> bool:
         return self.leadership.role is Role.STANDBY
 
-    def _fenced(self, exc: Fenced) -> None:
-        """A write was refused by its fence (from the writer's callback, on the loop)."""
+    def _unsaved(self, exc: Exception) -> None:
+        """A write failed (the writer's callback): a leader steps down, pushes nothing of
+        it and reloads; a plan brokers heard of but etcd did not keep, the next leader
+        would undo."""
         if self.election is not None:
-            self.election.step_down(str(exc))
+            self.election.step_down(f"a write failed: {exc}")
 
     async def _tick_loop(self) -> None:
         """Ticks forever: an exception in one tick is logged and the next one runs."""

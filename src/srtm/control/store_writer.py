@@ -15,7 +15,6 @@ from functools import partial
 from typing import Any, TypeVar
 
 from srtm.control.actions import Action, DropRoute, Hold, PlanChanged, SetBucket, SetRoute, Unmanage
-from srtm.control.etcd_store import Fenced
 from srtm.control.state import Controller
 from srtm.control.store import BROKERS_KEY, BUCKETS_PREFIX, LEGACY_KEY, TOPIC_PREFIX, StateStore
 
@@ -35,12 +34,12 @@ class StoreWriter:
         self,
         ctrl: Controller,
         store: StateStore,
-        on_fenced: Callable[[Fenced], None] | None = None,
+        on_unsaved: Callable[[Exception], None] | None = None,
     ) -> None:
         self.ctrl = ctrl
         self.store = store
-        #: Told when a write was fenced (another controller leads now).
-        self.on_fenced = on_fenced
+        #: Told when a write failed: fenced (another controller leads now), or not taken.
+        self.on_unsaved = on_unsaved
         #: The file holds the old single ``controller`` row: the first write replaces it.
         self._legacy = store.get(LEGACY_KEY) is not None
         #: SQLite writes leave the event loop, in order, in this one thread: the batch
@@ -172,8 +171,8 @@ class StoreWriter:
             else:
                 log.error("could not save %d rows to the controller's database: %s", rows, exc)
                 done.set_exception(exc)
-                if isinstance(exc, Fenced) and self.on_fenced is not None:
-                    self.on_fenced(exc)
+                if isinstance(exc, Exception) and self.on_unsaved is not None:
+                    self.on_unsaved(exc)
         if self._next_write is not None:  # marked meanwhile: the next batch
             self._schedule_flush()
 
