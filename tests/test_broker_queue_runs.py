@@ -50,7 +50,7 @@ def test_runs_keep_the_order_and_fields_of_records(ops: list[tuple[str, int]], m
             room = max(0, min(k, mem - len(model)))
             model += records[:room]
             dropped += k - room
-            q.extend_fresh(batch) if op == "fresh" else q.extend(records)
+            q.extend(batch if op == "fresh" else records)
         elif op == "append":
             m = one(at)
             if len(model) < mem:
@@ -80,10 +80,10 @@ def test_runs_keep_the_order_and_fields_of_records(ops: list[tuple[str, int]], m
 def test_a_run_past_the_bound_overflows_to_disk_in_order(tmp_path: Path) -> None:
     q = MessageQueue(5, DiskQueue(tmp_path / "q"))
     first, second = fresh(4, 1), fresh(4, 2)
-    q.extend_fresh(first)
-    q.extend_fresh(second)  # one fits, three go to disk; then everything follows them
+    q.extend(first)
+    q.extend(second)  # one fits, three go to disk; then everything follows them
     third = fresh(2, 3)
-    q.extend_fresh(third)
+    q.extend(third)
     assert (q.memory_depth, q.backend_depth) == (5, 5)
     got = q.take(100)
     want = first.records() + second.records() + third.records()
@@ -93,7 +93,7 @@ def test_a_run_past_the_bound_overflows_to_disk_in_order(tmp_path: Path) -> None
 
 def test_clear_counts_and_empties_runs_and_records() -> None:
     q = MessageQueue(100)
-    q.extend_fresh(fresh(3, 1))
+    q.extend(fresh(3, 1))
     q.append(one(2))
     assert q.clear() == 4
     assert not q and q.take(5) == []
@@ -140,5 +140,5 @@ def test_a_queued_message_costs_no_more_than_the_bound() -> None:
 def test_fresh_records_still_make_what_a_run_gives() -> None:
     batch = fresh(3, 5)
     q = MessageQueue(10)
-    q.extend_fresh(batch)
+    q.extend(batch)
     assert q.take(3) == fresh_records(batch.ids, batch.bodies, 5, 6, "pub")

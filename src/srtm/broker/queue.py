@@ -112,7 +112,7 @@ class Overflow(Protocol):
     def read_ahead(self) -> list[Message]: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen one's __init__ costs a setattr per field
 class Fresh:
     """Messages published together (``fresh_records``' arguments), not yet made records:
     a queue keeps them as a run (see ``MessageQueue``)."""
@@ -250,47 +250,38 @@ class MessageQueue:
         self._n += 1
         return True
 
-    def _room(self, n: int) -> int:
-        """How many of ``n`` messages memory takes now (none while the backend holds any:
-        they follow it there)."""
+    def extend(self, batch: list[Record] | Fresh) -> None:
+        """Queue fresh messages (no ``origin``) at the back, as ``append`` would each: what
+        fits in memory (while nothing waits in the backend) in one C-level extend (a
+        ``Fresh`` batch of more than one as a run), the rest handed to the backend in one
+        call (or dropped, without one)."""
         ov = self.overflow
-        if ov is not None and len(ov):
-            return 0
-        return max(0, min(n, self.mem_size - self._n))
-
-    def extend(self, records: list[Record]) -> None:
-        """Queue fresh records (no ``origin``) at the back, as ``append`` would each: what
-        fits in memory (while nothing waits in the backend) in one C-level extend, the rest
-        handed to the backend in one call (or dropped, without one)."""
-        room = self._room(len(records))
-        if room:
-            self._runs.extend(records if room == len(records) else records[:room])
-            self._n += room
-        if room < len(records):
-            self._spill(records[room:])
-
-    def extend_fresh(self, fresh: Fresh) -> None:
-        """``extend(fresh.records())``, what fits in memory kept as a run (no records)."""
-        n = len(fresh)
-        room = self._room(n)
-        if room > 1:
-            ids, bodies = fresh.ids, fresh.bodies
-            if room < n:
-                ids, bodies = ids[:room], bodies[:room]
-            self._ids.extend(ids)
-            self._bodies.extend(bodies)
-            self._runs.append(
-                (room, fresh.now, fresh.arrival, fresh.arrival, 0, fresh.publisher, None)
-            )
-            self._n += room
-            if room < n:
-                self._spill(fresh.records()[room:])
-        elif room == n:
-            self._runs.extend(fresh.records())  # one message: a record costs no more
-            self._n += n
-        else:
-            records = fresh.records()
-            self.extend(records)
+        room = 0 if ov is not None and len(ov) else max(0, self.mem_size - self._n)
+        if type(batch) is list:
+            if len(batch) <= room:
+                self._runs.extend(batch)
+                self._n += len(batch)
+                return
+            if room:
+                self._runs.extend(batch[:room])
+                self._n += room
+            self._spill(batch[room:])
+            return
+        assert isinstance(batch, Fresh)
+        n = len(batch)
+        if room < 2 or n < 2:  # none, or one: a record costs no more than a run
+            self.extend(batch.records())
+            return
+        ids, bodies = batch.ids, batch.bodies
+        if room < n:
+            ids, bodies = ids[:room], bodies[:room]
+        self._ids.extend(ids)
+        self._bodies.extend(bodies)
+        k = len(ids)
+        self._runs.append((k, batch.now, batch.arrival, batch.arrival, 0, batch.publisher, None))
+        self._n += k
+        if k < n:
+            self._spill(batch.records()[k:])
 
     def _spill(self, records: list[Record]) -> None:
         """What memory has no room for: to the backend, or dropped without one."""
@@ -435,14 +426,6 @@ class MessageQueue:
         if self.overflow is not None:
             self.overflow.clear()
         return n
-
-
-def put_fresh(q: MessageQueue, batch: list[Record] | Fresh) -> None:
-    """Queue fresh messages on ``q``: records as they are, a ``Fresh`` batch as a run."""
-    if isinstance(batch, Fresh):
-        q.extend_fresh(batch)
-    else:
-        q.extend(batch)
 
 
 #: Later than any due time (ns).

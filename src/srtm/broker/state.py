@@ -22,7 +22,7 @@ from srtm.broker.queue import (
     MessageQueue,
     Record,
     attempted,
-    put_fresh,
+    fresh_records,
     settle,
 )
 from srtm.protocol import ProtocolError, is_ephemeral
@@ -132,7 +132,7 @@ class Channel:
     def put_many(self, batch: list[Record] | Fresh) -> None:
         """Fresh messages, as records or a ``Fresh`` batch (see ``Topic.put_many``)."""
         self.message_count += len(batch)
-        put_fresh(self.queue, batch)
+        self.queue.extend(batch)
 
     def defer(self, msg: Message, due_ns: int) -> None:
         heapq.heappush(self._deferred, (due_ns, next(self._seq), msg))
@@ -561,6 +561,8 @@ class Topic:
                 (i, b, now, arrival, arrival, 0, publisher_of(b), None)
                 for i, b in zip(ids, bodies, strict=True)
             ]
+        elif len(bodies) == 1:  # a PUB: a record (a run of one would cost no less)
+            batch = fresh_records(ids, bodies, now, arrival, publisher)
         else:
             batch = Fresh(ids, bodies, now, arrival, publisher)
         if self.meter is None and not self.on_hold:
@@ -568,12 +570,12 @@ class Topic:
             # to every channel, or held for the first one (as ``release`` would). A
             # replica keeps only its homed channels: ``release`` knows which.
             if not direct or self.paused or len(self.shaping) or self.homing is not None:
-                put_fresh(self.shaping, batch)
+                self.shaping.extend(batch)
             elif self.channels:
                 for ch in self.channels.values():
                     ch.put_many(batch)
             else:
-                put_fresh(self.held, batch)
+                self.held.extend(batch)
             return 0.0
         backlog = 0.0
         for r in batch if isinstance(batch, list) else batch.records():
