@@ -166,9 +166,10 @@ class MessageQueue:
 
     In memory a message is a record, or one of a *run*: messages published together (an
     MPUB) share every field but their id and body, so they are kept as one ``Run`` and
-    their ids and bodies in two deques of their own, without a record each (a record is
+    their ids and bodies in two lists of their own, without a record each (a record is
     a tuple of 8, 112 bytes: a third of what a queued message of 100 bytes cost). Records
-    are made as messages are taken. Runs and records are in ``_runs``, in order.
+    are made as messages are taken. Runs and records are in ``_runs``, in order; a PUB's
+    one message stays a record (a run of one would cost no less).
 
     Without an overflow backend (ephemeral topics and channels, as in nsqd) messages past
     the bound are dropped and counted in ``dropped``.
