@@ -85,6 +85,11 @@ TASK_SLACK_S = 60.0
 TARGET_LATENESS_P99_US = 100.0
 TARGET_E2E_P99_US = 1_000.0
 
+#: The unit of /proc/PID/stat's utime and stime.
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: What ``--only`` may name: the measurements of a run (``Bench.steps``).
+STEP_NAMES = ("memory", "batched", "single", "at-once", "latency", "shaped")
+
 _I32 = struct.Struct(">I")
 _Q = struct.Struct(">q")
 _STAMP = struct.Struct(">qq")  # send time (ns, CLOCK_REALTIME), sequence number
@@ -561,6 +566,13 @@ class Broker:
             raise BrokerError(f"{self.name}: channel {CHANNEL} missing from /stats")
         return int(chans[0]["depth"])
 
+    def cpu_s(self) -> float:
+        """CPU seconds the server process has used so far, user and system, all its threads
+        (utime + stime of /proc/PID/stat, Linux)."""
+        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
     def rss(self) -> int:
         """Resident set size in bytes (Linux)."""
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -715,6 +727,8 @@ class Config:
     settle_s: float
     e2e_max_rate: int
     nsqd: str
+    #: The measurements to run (``STEP_NAMES``), in their usual order.
+    only: tuple[str, ...] = STEP_NAMES
 
 
 @dataclass(slots=True)
@@ -727,8 +741,13 @@ class Row:
     #: srtm's median at most this (latency rows).
     srtm_max: float | None = None
     goal_note: str = ""
+    #: The label in the CPU table (the measurement, where ``label`` names one figure of it).
+    cpu_label: str = ""
     #: broker (or "anchor") -> run -> value.
     values: dict[str, dict[int, float]] = field(default_factory=dict)
+    #: The server's CPU seconds per million messages over this row's window: broker ->
+    #: run -> value (only the first row of a measurement has them).
+    cpu: dict[str, dict[int, float]] = field(default_factory=dict)
     raw: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -737,16 +756,22 @@ class Row:
     def add(self, who: str, run: int, value: float) -> None:
         self.values.setdefault(who, {})[run] = value
 
-    def samples(self, who: str) -> list[float]:
-        return list(self.values.get(who, {}).values())
+    def add_cpu(self, who: str, run: int, cpu_s: float, msgs: float) -> None:
+        """``cpu_s`` of the server's CPU spent on ``msgs`` messages."""
+        if msgs > 0:
+            self.cpu.setdefault(who, {})[run] = cpu_s / msgs * 1e6
 
-    def median(self, who: str) -> float | None:
-        s = self.samples(who)
+    def samples(self, who: str, of: str = "values") -> list[float]:
+        return list(getattr(self, of).get(who, {}).values())
+
+    def median(self, who: str, of: str = "values") -> float | None:
+        s = self.samples(who, of)
         return statistics.median(s) if s else None
 
-    def ratios(self) -> list[float]:
-        """srtm / nsqd per run, for the runs that have both."""
-        nsqd, srtm = self.values.get("nsqd", {}), self.values.get("srtm", {})
+    def ratios(self, of: str = "values") -> list[float]:
+        """srtm / nsqd per run, for the runs that have both (``of``: "values" or "cpu")."""
+        by: dict[str, dict[int, float]] = getattr(self, of)
+        nsqd, srtm = by.get("nsqd", {}), by.get("srtm", {})
         return [srtm[r] / nsqd[r] for r in sorted(srtm.keys() & nsqd.keys()) if nsqd[r]]
 
 
@@ -768,6 +793,11 @@ def make_rows() -> dict[str, Row]:
         Row("mem", f"memory per queued message ⁶ ({MEM_MSGS:,} queued)", "bytes"),
     ]
     rows[-1].goal_note = "no worse than before"
+    by_key = {r.key: r for r in rows}
+    by_key["both_pub"].cpu_label = "publish and consume at once ³, per message published"
+    by_key["e2e_p50"].cpu_label = "end-to-end latency at half srtm's capacity ⁴"
+    by_key["late_p50"].cpu_label = f"shaped {SHAPED_RATE:,}/s b={SHAPED_BURST} ⁵"
+    by_key["mem"].cpu_label = f"the memory row's fill ⁶: {MEM_MSGS:,} messages MPUB'd"
     return {r.key: r for r in rows}
 
 
@@ -864,7 +894,7 @@ class Bench:
         def measure() -> None:
             broker.create_channel(topic)
             try:
-                before = broker.rss()
+                before, cpu0 = broker.rss(), broker.cpu_s()
                 res = self.task(
                     "publish", 30, addr=broker.tcp, topic=topic, mode="mpub",
                     duration_s=30, max_msgs=MEM_MSGS,
@@ -876,10 +906,11 @@ class Bench:
                     if time.monotonic() > deadline:
                         raise BrokerError(f"channel depth {depth:,} of {MEM_MSGS:,} after 30 s")
                     time.sleep(0.05)
-                after = broker.rss()
+                after, cpu = broker.rss(), broker.cpu_s() - cpu0
             finally:
                 self.delete_topic(broker, topic)
             row = self.rows["mem"]
+            row.add_cpu(name, run, cpu, MEM_MSGS)
             row.raw.append({"broker": name, "run": run, "rss_before": before, "rss_after": after})
             row.add(name, run, (after - before) / MEM_MSGS)
 
@@ -896,7 +927,9 @@ class Bench:
             broker.create_channel(topic)
             try:
                 cmd = tool_cmd(self.writer, broker.tcp, topic, d, batch_size=MPUB_BATCH)
+                cpu0 = broker.cpu_s()
                 (w,) = run_tools([cmd], self.timeout())
+                self.rows["mpub"].add_cpu(name, run, broker.cpu_s() - cpu0, w["msgs"])
                 count = broker.topic(topic)["message_count"]
                 w["broker_message_count"] = count
                 self.rows["mpub"].raw.append({"broker": name, "run": run, **w})
@@ -904,7 +937,9 @@ class Bench:
                     raise BrokerError(f"bench_writer counted {w['msgs']:,.0f}, topic {count:,}")
                 self.rows["mpub"].add(name, run, w["rate"])
                 cmd = tool_cmd(self.reader, broker.tcp, topic, d, channel=CHANNEL, rdy=RDY)
+                cpu0 = broker.cpu_s()
                 (r,) = run_tools([cmd], self.timeout())
+                self.rows["consume"].add_cpu(name, run, broker.cpu_s() - cpu0, r["msgs"])
                 self.rows["consume"].raw.append({"broker": name, "run": run, **r})
                 if r["msgs"] >= 0.99 * count:
                     self.rows["consume"].notes.append(
@@ -923,7 +958,9 @@ class Bench:
         def measure() -> None:
             try:
                 cmd = tool_cmd(self.writer, broker.tcp, topic, self.cfg.duration_s, batch_size=1)
+                cpu0 = broker.cpu_s()
                 (w,) = run_tools([cmd], self.timeout())
+                self.rows["pub"].add_cpu(name, run, broker.cpu_s() - cpu0, w["msgs"])
                 self.rows["pub"].raw.append({"broker": name, "run": run, **w})
                 self.rows["pub"].add(name, run, w["rate"])
             finally:
@@ -955,9 +992,13 @@ class Bench:
                     tool_cmd(self.writer, broker.tcp, topic, d, batch_size=MPUB_BATCH),
                     tool_cmd(self.reader, broker.tcp, topic, d, channel=CHANNEL, rdy=RDY),
                 ]
+                cpu0 = broker.cpu_s()
                 w, r = run_tools(cmds, self.timeout())
+                cpu = broker.cpu_s() - cpu0
             finally:
                 self.delete_topic(broker, topic)
+            # Per message published: each of them is also consumed (or nearly all).
+            self.rows["both_pub"].add_cpu(name, run, cpu, w["msgs"])
             for key, res in (("both_pub", w), ("both_sub", r)):
                 self.rows[key].raw.append({"broker": name, "run": run, **res})
                 self.rows[key].add(name, run, res["rate"])
@@ -982,10 +1023,12 @@ class Bench:
 
         def measure() -> None:
             try:
+                cpu0 = broker.cpu_s()
                 res = self.task(
                     "paced", d + self.cfg.settle_s, addr=broker.tcp, topic=topic, rate=rate,
                     duration_s=d, settle_s=self.cfg.settle_s,
                 )  # fmt: skip
+                self.rows["e2e_p50"].add_cpu(name, run, broker.cpu_s() - cpu0, res["received"])
             finally:
                 self.delete_topic(broker, topic)
             self.rows["e2e_p50"].raw.append({"broker": name, "run": run, "rate": rate, **res})
@@ -1007,10 +1050,12 @@ class Bench:
             q = urllib.parse.urlencode({"topic": topic, "rate": SHAPED_RATE, "burst": SHAPED_BURST})
             broker.post(f"/srtm/bucket?{q}")
             try:
+                cpu0 = broker.cpu_s()
                 res = self.task(
                     "paced", d + settle, addr=broker.tcp, topic=topic, rate=SHAPED_OFFER,
                     duration_s=d, settle_s=settle,
                 )  # fmt: skip
+                self.rows["late_p50"].add_cpu("srtm", run, broker.cpu_s() - cpu0, res["received"])
                 doc = broker.stats(topic)
             finally:
                 self.delete_topic(broker, topic)
@@ -1035,22 +1080,28 @@ class Bench:
     def steps(self, run: int) -> Iterator[tuple[str, Callable[[], None]]]:
         """One run: each measurement on both brokers back to back (memory first, on fresh
         processes); the anchor between; the shaped topic last (srtm only)."""
-        both: list[tuple[str, Callable[[int, str], None]]] = [
-            ("memory", self.memory),
-            ("batched publish, consume", self.batched),
-            ("single PUB", self.single),
-            ("publish and consume at once", self.at_once),
-            ("end-to-end latency", self.latency),
+        both: list[tuple[str, str, Callable[[int, str], None]]] = [
+            ("memory", "memory", self.memory),
+            ("batched", "batched publish, consume", self.batched),
+            ("single", "single PUB", self.single),
+            ("at-once", "publish and consume at once", self.at_once),
+            ("latency", "end-to-end latency", self.latency),
         ]
-        for what, fn in both:
+        for step, what, fn in both:
+            if step not in self.cfg.only:
+                continue
             for name in self.order(run):
                 yield f"{name}: {what}", partial(fn, run, name)
             if fn == self.batched:
                 yield "anchor: bench_writer", partial(self.on_anchor, run)
-        yield "srtm: shaped topic", partial(self.shaped, run)
+        if "shaped" in self.cfg.only:
+            yield "srtm: shaped topic", partial(self.shaped, run)
 
 
-STEPS_PER_RUN = 5 * len(BROKERS) + 2
+def steps_per_run(only: tuple[str, ...]) -> int:
+    """What ``Bench.steps`` yields for one run: each measurement on both brokers, the
+    anchor after the batched one, the shaped topic on srtm alone."""
+    return sum(1 if s == "shaped" else len(BROKERS) + (s == "batched") for s in only)
 
 
 def check_paced(res: dict[str, float]) -> None:
@@ -1072,6 +1123,8 @@ def fmt(value: float | None, unit: str) -> str:
         return DASH
     if unit == "msg/s" or unit == "bytes":
         return f"{value:,.0f}"
+    if unit == "s" and value < 10:
+        return f"{value:.2f}"
     return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
 
 
@@ -1138,6 +1191,34 @@ def build_table(rows: dict[str, Row], cfg: Config) -> Table:
     return table
 
 
+def build_cpu_table(rows: dict[str, Row], cfg: Config) -> Table:
+    """The server's CPU per million messages, for the measurements that have it."""
+    table = Table(
+        title="the server's CPU per million messages (s; utime + stime of the broker "
+        "process, all threads, over each measurement's window) ⁸"
+    )
+    table.add_column("measurement", no_wrap=True)
+    for name in ("nsqd", "min–max", "srtm", "min–max", "srtm / nsqd", "min–max", "goal"):
+        table.add_column(name, justify="right")
+    for row in rows.values():
+        if not row.cpu:
+            continue
+        cells = []
+        for who in BROKERS:
+            med = row.median(who, "cpu")
+            cells += [fmt(med, "s"), spread(row.samples(who, "cpu"), "s")]
+        ratios = row.ratios("cpu")
+        ok = f" {verdict(statistics.median(ratios) <= 1.0)}" if ratios else ""
+        table.add_row(
+            row.cpu_label or row.label.strip(),
+            *cells,
+            f"{statistics.median(ratios):.2f}×" if ratios else DASH,
+            f"{min(ratios):.2f}–{max(ratios):.2f}" if len(ratios) > 1 else DASH,
+            f"≤ 1.0×{ok}" if ratios else "",
+        )
+    return table
+
+
 def footnotes(cfg: Config) -> list[str]:
     d = f"{cfg.duration_s:g} s"
     return [
@@ -1170,6 +1251,11 @@ def footnotes(cfg: Config) -> list[str]:
         "⁷ a minimal uvloop server in its own process that reads each command and answers "
         "OK, keeping nothing, under the same bench_writer: the ceiling for a Python server "
         "on this machine.",
+        "⁸ read from /proc/PID/stat just before and after each measurement's load (clock "
+        f"ticks of {1e3 / CLOCK_TICKS:g} ms), divided by the messages it carried: bench_writer's "
+        "or bench_reader's count; at once, those published (each also consumed); the "
+        "paced rows (⁴, ⁵), those delivered, their settling time included; the memory row, "
+        "the messages queued.",
     ]
 
 
@@ -1207,6 +1293,11 @@ def write_json(path: Path, bench: Bench, cfg: Config) -> None:
                 "median": {who: r.median(who) for who in (*BROKERS, "anchor")},
                 "values": r.values,
                 "ratios": r.ratios(),
+                "cpu_s_per_million": {
+                    "median": {who: r.median(who, "cpu") for who in BROKERS},
+                    "values": r.cpu,
+                    "ratios": r.ratios("cpu"),
+                },
                 "raw": r.raw,
                 "errors": r.errors,
                 "notes": r.notes,
@@ -1250,10 +1341,22 @@ def main(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the raw numbers to this file.")
     ] = None,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(
+            help=f"Run only these measurements (repeat the option): {', '.join(STEP_NAMES)}."
+        ),
+    ] = None,
 ) -> None:
     """nsqd 1.3.0 and the srtm broker side by side: bench_writer (MPUB, PUB), bench_reader,
     both at once, end-to-end latency, memory per queued message, and the shaped topic's
     release lateness (srtm only)."""
+    unknown = sorted(set(only or ()) - set(STEP_NAMES))
+    if unknown:
+        raise typer.BadParameter(
+            f"{', '.join(unknown)}: not a measurement (one of {', '.join(STEP_NAMES)})",
+            param_hint="--only",
+        )
     nsqd_binary = find_nsqd(nsqd)
     cfg = Config(
         duration_s=duration if duration is not None else (1.0 if quick else 5.0),
@@ -1262,6 +1365,7 @@ def main(
         settle_s=1.0 if quick else 2.0,
         e2e_max_rate=e2e_max_rate,
         nsqd=str(nsqd_binary),
+        only=tuple(s for s in STEP_NAMES if only is None or s in only),
     )
     console = Console(width=max(Console().width, 200))
     log = Console(stderr=True, log_path=False)
@@ -1280,7 +1384,7 @@ def main(
                 TimeElapsedColumn(),
             )
             with Progress(*columns, console=log, transient=True) as progress:
-                task = progress.add_task("starting", total=cfg.runs * STEPS_PER_RUN)
+                task = progress.add_task("starting", total=cfg.runs * steps_per_run(cfg.only))
                 for run in range(cfg.runs):
                     progress.update(task, description=f"run {run + 1}: starting the brokers")
                     with bench.started(run):
@@ -1295,6 +1399,7 @@ def main(
     if json_path is not None:  # first: a closed stdout must not cost the numbers
         write_json(json_path, bench, cfg)
     console.print(build_table(bench.rows, cfg))
+    console.print(build_cpu_table(bench.rows, cfg))
     for row in bench.rows.values():
         for note in row.notes:
             console.print(f"{row.key}: {note}", highlight=False)

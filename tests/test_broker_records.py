@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from srtm.broker import queue, stats
-from srtm.broker.queue import Record, fresh_records, fresh_records_py
+from srtm.broker.queue import Record, fresh_records, fresh_records_py, run_records, run_records_py
 from srtm.broker.stats import (
     RateWindow,
     TopicStats,
@@ -21,6 +21,7 @@ from srtm.broker.stats import (
 
 c_fresh = queue._c_fresh_records
 c_times = stats._c_first_attempt_times
+c_run = queue._c_run_records
 
 _TIME = st.integers(0, 2**62)
 records = st.builds(
@@ -36,7 +37,7 @@ records = st.builds(
 
 def test_the_c_records_module_was_built() -> None:
     """Optional at install (no compiler: Python's is used); said here when missing."""
-    if c_fresh is None or c_times is None:
+    if c_fresh is None or c_times is None or c_run is None:
         pytest.skip("srtm.broker._records not built: the pure-Python versions are used")
 
 
@@ -50,6 +51,32 @@ def test_fresh_records_equal_pythons(bodies: list[bytes], now: int, arrival: int
     assert fresh_records(ids, bodies, now, arrival, "pub") == want
     if c_fresh is not None:
         assert c_fresh(ids, bodies, now, arrival, "pub") == want
+
+
+@given(
+    bodies=st.lists(st.binary(max_size=20), max_size=30),
+    times=st.tuples(_TIME, _TIME, _TIME, st.integers(0, 65534)),
+    origin=st.sampled_from([None, object()]),
+)
+def test_run_records_equal_pythons(
+    bodies: list[bytes], times: tuple[int, int, int, int], origin: object
+) -> None:
+    ids = [b"%016x" % i for i in range(len(bodies))]
+    run = (len(bodies), *times, "pub", origin)
+    want = run_records_py(ids, bodies, run)  # type: ignore[arg-type]
+    assert want == [(i, b, *run[1:]) for i, b in zip(ids, bodies, strict=True)]
+    assert run_records(ids, bodies, run) == want  # type: ignore[arg-type]
+    if c_run is not None:
+        assert c_run(ids, bodies, run) == want  # type: ignore[arg-type]
+
+
+def test_run_records_need_an_id_each_and_a_whole_run() -> None:
+    if c_run is None:
+        pytest.skip("srtm.broker._records not built")
+    with pytest.raises(ValueError):
+        c_run([b"%016x" % 1], [b"a", b"b"], (2, 1, 2, 3, 0, "", None))
+    with pytest.raises(ValueError):
+        c_run([b"%016x" % 1], [b"a"], (1, 1, 2, 3, 0, ""))  # type: ignore[arg-type]
 
 
 def test_fresh_records_need_an_id_each() -> None:

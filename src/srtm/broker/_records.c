@@ -5,6 +5,8 @@
  *
  *   fresh_records(ids, bodies, now, arrival, publisher) -> list of
  *       (id, body, now, arrival, arrival, 0, publisher, None)
+ *   run_records(ids, bodies, run) -> list of (id, body, *run[1:]) for a queue's run
+ *       (srtm.broker.queue.run_records_py), as messages are taken from a queue
  *   first_attempt_times(records, now) -> (count, latency, token_wait, lateness)
  *       of the records on their first attempt (field 5 == 0): now - arrival,
  *       release - arrival and now - release, each as native int64 bytes.
@@ -53,6 +55,45 @@ static PyObject *fresh_records(PyObject *Py_UNUSED(self), PyObject *args) {
         PyList_SET_ITEM(out, i, r);
     }
     Py_DECREF(zero);
+    return out;
+}
+
+/* The records of a queue's run: (id, body, *run[1:]) for each id and body. */
+static PyObject *run_records(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *ids, *bodies, *run;
+    if (!PyArg_ParseTuple(args, "O!O!O!:run_records", &PyList_Type, &ids, &PyList_Type, &bodies,
+                          &PyTuple_Type, &run))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    if (PyList_GET_SIZE(ids) != n) {
+        PyErr_SetString(PyExc_ValueError, "run_records: as many ids as bodies");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(run) != 7) {
+        PyErr_SetString(PyExc_ValueError, "run_records: a run is a tuple of 7");
+        return NULL;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyTuple_New(8);
+        if (r == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *id = PyList_GET_ITEM(ids, i), *body = PyList_GET_ITEM(bodies, i);
+        Py_INCREF(id);
+        PyTuple_SET_ITEM(r, 0, id);
+        Py_INCREF(body);
+        PyTuple_SET_ITEM(r, 1, body);
+        for (int k = 1; k < 7; k++) {
+            PyObject *v = PyTuple_GET_ITEM(run, k);
+            Py_INCREF(v);
+            PyTuple_SET_ITEM(r, k + 1, v);
+        }
+        PyList_SET_ITEM(out, i, r);
+    }
     return out;
 }
 
@@ -121,6 +162,8 @@ static PyObject *first_attempt_times(PyObject *Py_UNUSED(self), PyObject *args) 
 static PyMethodDef methods[] = {
     {"fresh_records", fresh_records, METH_VARARGS,
      "fresh_records(ids, bodies, now, arrival, publisher): a published batch's records."},
+    {"run_records", run_records, METH_VARARGS,
+     "run_records(ids, bodies, run): the records of a queue's run (id, body, *run[1:])."},
     {"first_attempt_times", first_attempt_times, METH_VARARGS,
      "first_attempt_times(records, now): count, latency, token wait, lateness (int64 bytes)."},
     {NULL, NULL, 0, NULL},

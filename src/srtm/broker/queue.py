@@ -1,10 +1,11 @@
 """A FIFO of messages bounded in memory: past ``mem_size`` it overflows to a backend.
 
-Queued messages are kept as plain tuples of their fields, not ``Message`` objects:
-CPython's collector stops tracking a tuple of atomic values after one young
-collection, so a queue a million deep costs full collections nothing (as objects they
-made the broker spend a third of its time in collections, with pauses of 250 ms).
-A record is immutable, so every channel of a topic can share the same one. A message
+Queued messages are kept as plain tuples of their fields (records), or as runs of
+messages published together (their ids and bodies apart, see ``MessageQueue``), not
+``Message`` objects: CPython's collector stops tracking a tuple of atomic values after
+one young collection, so a queue a million deep costs full collections nothing (as
+objects they made the broker spend a third of its time in collections, with pauses of
+250 ms). A record is immutable, so every channel of a topic can share the same one. A message
 read from disk also carries its ``origin`` (settled when it is FIN'd or written again),
 which only the records of messages read back from disk hold. ``DeferredQueue`` keeps
 deferred messages by due time under the same bound, over the same kind of backend.
@@ -16,13 +17,16 @@ import bisect
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from srtm.broker.message import Message, Origin
 
 #: (id, body, timestamp_ns, arrival_ns, release_ns, attempts, publisher, origin): Message's
 #: fields
 Record = tuple[bytes, bytes, int, int, int, int, str, Origin | None]
+
+T = TypeVar("T")
 
 #: A publish of more messages than this is taken this many at a time, one slice per loop
 #: turn (``Broker.publish``), and its connection runs nothing else until it is done: a
@@ -64,7 +68,7 @@ def fresh_records(
     return fresh_records_py(ids, bodies, now, arrival, publisher)
 
 
-def popleft_many(dq: deque[Record], k: int) -> list[Record]:
+def popleft_many(dq: deque[T], k: int) -> list[T]:
     """Up to ``k`` records from the front of ``dq``, in order: the whole deque in one
     copy where it holds no more."""
     if len(dq) <= k:
@@ -108,49 +112,124 @@ class Overflow(Protocol):
     def read_ahead(self) -> list[Message]: ...
 
 
+@dataclass(slots=True)  # not frozen: a frozen one's __init__ costs a setattr per field
+class Fresh:
+    """Messages published together (``fresh_records``' arguments), not yet made records:
+    a queue keeps them as a run (see ``MessageQueue``)."""
+
+    ids: list[bytes]
+    bodies: list[bytes]
+    now: int
+    arrival: int
+    publisher: str
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+    def records(self) -> list[Record]:
+        return fresh_records(self.ids, self.bodies, self.now, self.arrival, self.publisher)
+
+
+#: Messages that share every field but their id and body, kept in a ``MessageQueue`` as
+#: (count, timestamp_ns, arrival_ns, release_ns, attempts, publisher, origin): a
+#: record's fields 2–7 are a run's 1–6. Its ids and bodies are in the queue's ``_ids``
+#: and ``_bodies``.
+Run = tuple[int, int, int, int, int, str, Origin | None]
+
+
+def run_records_py(ids: list[bytes], bodies: list[bytes], run: Run) -> list[Record]:
+    """The records of a run's messages ``ids`` and ``bodies``."""
+    _, ts, arrival, release, attempts, publisher, origin = run
+    return [
+        (i, b, ts, arrival, release, attempts, publisher, origin)
+        for i, b in zip(ids, bodies, strict=True)
+    ]
+
+
+_c_run_records: Callable[[list[bytes], list[bytes], Run], list[Record]] | None
+try:
+    from srtm.broker._records import run_records as _c_run_records
+except ImportError:  # not built, or built before it had run_records: made in Python
+    _c_run_records = None
+
+
+def run_records(ids: list[bytes], bodies: list[bytes], run: Run) -> list[Record]:
+    """``run_records_py``, in C where ``srtm.broker._records`` was built (at install)."""
+    if _c_run_records is not None:
+        return _c_run_records(ids, bodies, run)
+    return run_records_py(ids, bodies, run)
+
+
 class MessageQueue:
     """FIFO order across memory and overflow: once anything overflowed, later messages
     follow it there until memory has caught up.
+
+    In memory a message is a record, or one of a *run*: messages published together (an
+    MPUB) share every field but their id and body, so they are kept as one ``Run`` and
+    their ids and bodies in two lists of their own, without a record each (a record is
+    a tuple of 8, 112 bytes: a third of what a queued message of 100 bytes cost). Records
+    are made as messages are taken. Runs and records are in ``_runs``, in order; a PUB's
+    one message stays a record (a run of one would cost no less).
 
     Without an overflow backend (ephemeral topics and channels, as in nsqd) messages past
     the bound are dropped and counted in ``dropped``.
     """
 
-    __slots__ = ("_mem", "dropped", "mem_size", "overflow")
+    __slots__ = ("_at", "_bodies", "_ids", "_n", "_runs", "dropped", "mem_size", "overflow")
 
     def __init__(self, mem_size: int, overflow: Overflow | None = None) -> None:
         if mem_size < 0:
             raise ValueError(f"mem_size must be >= 0, got {mem_size}")
-        self._mem: deque[Record] = deque()
+        self._runs: deque[Record | Run] = deque()
+        #: The runs' ids and bodies from ``_at`` on (lists, not deques: a take slices
+        #: them in C; what was taken is cut off once it is half of them).
+        self._ids: list[bytes] = []
+        self._bodies: list[bytes] = []
+        self._at = 0
+        #: Messages in memory (records, and the runs' messages).
+        self._n = 0
         self.mem_size = mem_size
         self.overflow = overflow
         self.dropped = 0
 
     def __len__(self) -> int:
-        return len(self._mem) + (len(self.overflow) if self.overflow is not None else 0)
+        return self._n + (len(self.overflow) if self.overflow is not None else 0)
 
     def __bool__(self) -> bool:
         """Whether ``popleft`` has a message to give now (what the backend holds but
         cannot read at the moment does not count)."""
-        if self._mem:
+        if self._n:
             return True
         if self.overflow is None or not len(self.overflow):
             return False
         self._refill()
-        return bool(self._mem)
+        return bool(self._n)
 
     @property
     def memory_depth(self) -> int:
-        return len(self._mem)
+        return self._n
 
     @property
     def backend_depth(self) -> int:
         return len(self.overflow) if self.overflow is not None else 0
 
+    def _records(self) -> Iterator[Record]:
+        """What memory holds, in order, as records (without taking it)."""
+        at = self._at
+        ids, bodies = iter(self._ids[at:]), iter(self._bodies[at:])
+        for e in self._runs:
+            if len(e) == 8:
+                yield e
+            else:
+                k = e[0]
+                yield from run_records_py(
+                    list(itertools.islice(ids, k)), list(itertools.islice(bodies, k)), e
+                )
+
     def memory(self) -> list[Message]:
         """The messages held in memory, in order (copies), with what the backend read
         ahead of its disk and holds in memory too (what a graceful stop saves)."""
-        out = [Message(*r) for r in self._mem]
+        out = [Message(*r) for r in self._records()]
         if self.overflow is not None:
             out += self.overflow.read_ahead()
         return out
@@ -158,35 +237,57 @@ class MessageQueue:
     def append(self, msg: Message) -> bool:
         """Queue ``msg`` at the back; False if it had to be dropped (no backend, full)."""
         ov = self.overflow
-        if ov is not None and (len(ov) or len(self._mem) >= self.mem_size):
+        if ov is not None and (len(ov) or self._n >= self.mem_size):
             ov.push(msg)
             return True
-        if len(self._mem) >= self.mem_size and ov is None:
+        if self._n >= self.mem_size and ov is None:
             self.dropped += 1
             settle(msg.origin)
             return False
-        self._mem.append(
+        self._runs.append(
             (msg.id, msg.body, msg.timestamp_ns, msg.arrival_ns, msg.release_ns, msg.attempts,
              msg.publisher, msg.origin)
         )  # fmt: skip
+        self._n += 1
         return True
 
-    def extend(self, records: list[Record]) -> None:
-        """Queue fresh records (no ``origin``) at the back, as ``append`` would each: what
-        fits in memory (while nothing waits in the backend) in one C-level extend, the rest
-        handed to the backend in one call (or dropped, without one)."""
-        mem = self._mem
+    def extend(self, batch: list[Record] | Fresh) -> None:
+        """Queue fresh messages (no ``origin``) at the back, as ``append`` would each: what
+        fits in memory (while nothing waits in the backend) in one C-level extend (a
+        ``Fresh`` batch of more than one as a run), the rest handed to the backend in one
+        call (or dropped, without one)."""
         ov = self.overflow
-        if ov is None or not len(ov):
-            room = self.mem_size - len(mem)
-            if len(records) <= room:
-                mem.extend(records)
+        room = 0 if ov is not None and len(ov) else max(0, self.mem_size - self._n)
+        if type(batch) is list:
+            if len(batch) <= room:
+                self._runs.extend(batch)
+                self._n += len(batch)
                 return
-            if room > 0:
-                mem.extend(records[:room])
-                records = records[room:]
-        if ov is not None:
-            ov.push_many(records)
+            if room:
+                self._runs.extend(batch[:room])
+                self._n += room
+            self._spill(batch[room:])
+            return
+        assert isinstance(batch, Fresh)
+        n = len(batch)
+        if room < 2 or n < 2:  # none, or one: a record costs no more than a run
+            self.extend(batch.records())
+            return
+        ids, bodies = batch.ids, batch.bodies
+        if room < n:
+            ids, bodies = ids[:room], bodies[:room]
+        self._ids.extend(ids)
+        self._bodies.extend(bodies)
+        k = len(ids)
+        self._runs.append((k, batch.now, batch.arrival, batch.arrival, 0, batch.publisher, None))
+        self._n += k
+        if k < n:
+            self._spill(batch.records()[k:])
+
+    def _spill(self, records: list[Record]) -> None:
+        """What memory has no room for: to the backend, or dropped without one."""
+        if self.overflow is not None:
+            self.overflow.push_many(records)
             return
         self.dropped += len(records)
         for r in records:
@@ -195,23 +296,60 @@ class MessageQueue:
     def take(self, n: int) -> list[Record]:
         """Up to ``n`` records from the front, in order (memory first, refilled from the
         backend as ``popleft`` would)."""
-        mem = self._mem
+        runs = self._runs
         out: list[Record] = []
         while len(out) < n:
-            if not mem:
+            if not runs:
                 self._refill()
-                if not mem:
+                if not runs:
                     break
-            out += popleft_many(mem, n - len(out))
+            if self._at == len(self._ids):  # records only (no run): as many as wanted at once
+                got = popleft_many(runs, n - len(out))
+                self._n -= len(got)
+                out += got  # type: ignore[arg-type]  # records only, as said
+                continue
+            head = runs[0]
+            if len(head) == 8:
+                runs.popleft()
+                out.append(head)
+                self._n -= 1
+                continue
+            k = min(head[0], n - len(out))
+            at = self._at
+            out += run_records(self._ids[at : at + k], self._bodies[at : at + k], head)
+            self._skip(k)
+            if k == head[0]:
+                runs.popleft()
+            else:
+                runs[0] = (head[0] - k, *head[1:])
+            self._n -= k
         return out
+
+    def _skip(self, k: int) -> None:
+        """The first ``k`` of the runs' messages are taken: forget them (cut off in one
+        move once they are half the lists, so each is moved at most once on average)."""
+        at = self._at + k
+        ids = self._ids
+        if at == len(ids):
+            ids.clear()
+            self._bodies.clear()
+            at = 0
+        elif at >= 1024 and 2 * at >= len(ids):
+            del ids[:at]
+            del self._bodies[:at]
+            at = 0
+        self._at = at
 
     def appendleft(self, msg: Message) -> None:
         """Put a message back at the front (a requeue on disconnect); never dropped."""
-        self._mem.appendleft(to_record(msg))
+        self._runs.appendleft(to_record(msg))
+        self._n += 1
 
     def extendleft(self, msgs: Iterable[Message]) -> None:
         """Put ``msgs`` in front, keeping their order (restoring what a stop saved)."""
-        self._mem.extendleft(reversed([to_record(m) for m in msgs]))
+        records = [to_record(m) for m in msgs]
+        self._runs.extendleft(reversed(records))
+        self._n += len(records)
 
     def _refill(self) -> None:
         """Take what the backend can give now into memory, up to the bound (in one call:
@@ -219,35 +357,56 @@ class MessageQueue:
         ov = self.overflow
         if ov is None or not len(ov):
             return  # nothing there: no call down (a drained channel's every take asks)
-        room = max(1, self.mem_size) - len(self._mem)
+        room = max(1, self.mem_size) - self._n
         if room > 0:
-            self._mem.extend(ov.pop_records(room))
+            records = ov.pop_records(room)
+            self._runs.extend(records)
+            self._n += len(records)
+
+    def _head(self) -> Record | Run | None:
+        """The first record or run in memory (refilled from the backend if none)."""
+        if not self._runs:
+            self._refill()
+        return self._runs[0] if self._runs else None
 
     def peek_release_ns(self) -> int | None:
         """The head's release time, without taking it."""
-        if not self._mem:
-            self._refill()
-        return self._mem[0][4] if self._mem else None
+        h = self._head()
+        return None if h is None else h[4] if len(h) == 8 else h[3]
 
     def peek_arrival_ns(self) -> int | None:
-        if not self._mem:
-            self._refill()
-        return self._mem[0][3] if self._mem else None
+        h = self._head()
+        return None if h is None else h[3] if len(h) == 8 else h[2]
 
     def head_arrival_ns(self) -> int | None:
         """The head's arrival if the head is in memory (None: empty, or the head is in the
         backend, which is not asked: a reader of the stats must not move messages)."""
-        return self._mem[0][3] if self._mem else None
+        if not self._runs:
+            return None
+        h = self._runs[0]
+        return h[3] if len(h) == 8 else h[2]
 
     def set_head_release(self, release_ns: int) -> None:
         """Book the head's release time (the queue must not be empty)."""
-        r = self._mem[0]
-        self._mem[0] = (r[0], r[1], r[2], r[3], release_ns, r[5], r[6], r[7])
+        runs = self._runs
+        h = runs[0]
+        if len(h) == 8:
+            runs[0] = (h[0], h[1], h[2], h[3], release_ns, h[5], h[6], h[7])
+            return
+        # The head of a run: it leaves the run as a record of its own.
+        if h[0] == 1:
+            runs.popleft()
+        else:
+            runs[0] = (h[0] - 1, *h[1:])
+        mid, body = self._ids[self._at], self._bodies[self._at]
+        self._skip(1)
+        runs.appendleft((mid, body, h[1], h[2], release_ns, h[4], h[5], h[6]))
 
     def popleft(self) -> Message:
-        if not self._mem:
-            self._refill()
-        return Message(*self._mem.popleft())
+        records = self.take(1)
+        if not records:
+            raise IndexError("pop from an empty queue")
+        return Message(*records[0])
 
     def drain(self) -> Iterator[Message]:
         """Take every message, in order (memory first, then the backend)."""
@@ -256,9 +415,15 @@ class MessageQueue:
 
     def clear(self) -> int:
         n = len(self)
-        for r in self._mem:
-            settle(r[7])
-        self._mem.clear()
+        for e in self._runs:
+            origin = e[7] if len(e) == 8 else e[6]
+            if origin is not None:
+                origin.settle(1 if len(e) == 8 else e[0])
+        self._runs.clear()
+        self._ids.clear()
+        self._bodies.clear()
+        self._at = 0
+        self._n = 0
         if self.overflow is not None:
             self.overflow.clear()
         return n

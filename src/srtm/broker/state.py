@@ -18,6 +18,7 @@ from typing import Protocol
 from srtm.broker.message import Message, Origin
 from srtm.broker.queue import (
     DeferredQueue,
+    Fresh,
     MessageQueue,
     Record,
     attempted,
@@ -128,10 +129,10 @@ class Channel:
         self.message_count += 1
         self.queue.append(msg)
 
-    def put_many(self, records: list[Record]) -> None:
-        """Fresh messages, as records (see ``Topic.put_many``)."""
-        self.message_count += len(records)
-        self.queue.extend(records)
+    def put_many(self, batch: list[Record] | Fresh) -> None:
+        """Fresh messages, as records or a ``Fresh`` batch (see ``Topic.put_many``)."""
+        self.message_count += len(batch)
+        self.queue.extend(batch)
 
     def defer(self, msg: Message, due_ns: int) -> None:
         heapq.heappush(self._deferred, (due_ns, next(self._seq), msg))
@@ -554,28 +555,30 @@ class Topic:
         """
         self.message_count += len(bodies)
         self.message_bytes += sum(map(len, bodies))
-        records: list[Record]
+        batch: list[Record] | Fresh
         if publisher is None:
-            records = [
+            batch = [
                 (i, b, now, arrival, arrival, 0, publisher_of(b), None)
                 for i, b in zip(ids, bodies, strict=True)
             ]
+        elif len(bodies) == 1:  # a PUB: a record (a run of one would cost no less)
+            batch = fresh_records(ids, bodies, now, arrival, publisher)
         else:
-            records = fresh_records(ids, bodies, now, arrival, publisher)
+            batch = Fresh(ids, bodies, now, arrival, publisher)
         if self.meter is None and not self.on_hold:
             # Unshaped: released on arrival (release_ns == arrival_ns, as ``put`` sets it),
             # to every channel, or held for the first one (as ``release`` would). A
             # replica keeps only its homed channels: ``release`` knows which.
             if not direct or self.paused or len(self.shaping) or self.homing is not None:
-                self.shaping.extend(records)
+                self.shaping.extend(batch)
             elif self.channels:
                 for ch in self.channels.values():
-                    ch.put_many(records)
+                    ch.put_many(batch)
             else:
-                self.held.extend(records)
+                self.held.extend(batch)
             return 0.0
         backlog = 0.0
-        for r in records:
+        for r in batch if isinstance(batch, list) else batch.records():
             backlog = max(backlog, self._queue(Message(*r)))
         return backlog
 
