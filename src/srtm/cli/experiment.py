@@ -45,7 +45,8 @@ ScenarioArg = Annotated[
         "arriving, one deleted, sensors joining, on capacity-limited brokers (live, or with "
         "--sim at the paper's scale, SRTM against LB). `trading-day`, `excess-capacity`, "
         "`latency-effects`: the utility-aware allocation paper's experiments (live at small "
-        "scale, or with --sim at the paper's)."
+        "scale, or with --sim at the paper's). `control-plane-faults`: 3 etcd members, 3 "
+        "controllers and 4 brokers under load through the control plane's faults (live)."
     ),
 ]
 OutOpt = Annotated[
