@@ -257,3 +257,26 @@ async def follow_plan(
                         version = plan.get("version")
                         emulator.route(routes_of(plan))
             await asyncio.sleep(interval_s)
+
+
+class AckLedger(Emulator):
+    """An emulator that keeps the send time of each message a broker acknowledged, by
+    (publisher, seq)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.acked: dict[tuple[str, int], int] = {}
+
+    def _publish(self, address: str, bodies: list[bytes]) -> None:
+        before = set(self._pending)
+        super()._publish(address, bodies)
+        for fut in set(self._pending) - before:
+            fut.add_done_callback(functools.partial(self._record, bodies=bodies))
+
+    def _record(self, fut: asyncio.Future[bytes], bodies: list[bytes]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        for body in bodies:
+            h = header.decode(body)
+            if h is not None:
+                self.acked[(h.publisher, h.seq)] = h.send_ns

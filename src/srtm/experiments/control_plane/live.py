@@ -58,9 +58,8 @@ from srtm.experiments.scenarios.live import Sink, _favoured, _run_async
 from srtm.launch import BrokerProcess, ServerProcess, die_with_parent, new_token
 from srtm.launch import start_broker as launch_broker
 from srtm.launch import start_controller as launch_controller
-from srtm.protocol import header
 from srtm.workload import PublisherSpec, build
-from srtm.workload.emulator import Emulator, follow_plan
+from srtm.workload.emulator import AckLedger, follow_plan
 
 OnProgress = Callable[[str, float, float], None]
 RUN = "control-plane-faults"
@@ -74,29 +73,6 @@ ASK_TIMEOUT_S = 0.5
 MAX_LATE_S = 0.01
 START_TIMEOUT_S = 60.0
 LEAD_S = 1.0
-
-
-class AckLedger(Emulator):
-    """An emulator that keeps the send time of each message a broker acknowledged, by
-    (publisher, seq)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.acked: dict[tuple[str, int], int] = {}
-
-    def _publish(self, address: str, bodies: list[bytes]) -> None:
-        before = set(self._pending)
-        super()._publish(address, bodies)
-        for fut in set(self._pending) - before:
-            fut.add_done_callback(functools.partial(self._record, bodies=bodies))
-
-    def _record(self, fut: asyncio.Future[bytes], bodies: list[bytes]) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            return
-        for body in bodies:
-            h = header.decode(body)
-            if h is not None:
-                self.acked[(h.publisher, h.seq)] = h.send_ns
 
 
 @dataclass

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import math
 import os
@@ -45,9 +44,8 @@ from srtm.experiments.figures.common import pyplot
 from srtm.experiments.scenarios.live import Sink, _run_async
 from srtm.experiments.sizing import Sizing
 from srtm.launch import LocalCluster, start_cluster
-from srtm.protocol import header
 from srtm.workload import PublisherSpec, Schedule, build
-from srtm.workload.emulator import Emulator, follow_plan
+from srtm.workload.emulator import AckLedger, follow_plan
 
 __all__ = ["NOT_SIZED", "LiveDiurnal", "diurnal_live", "run", "verdicts"]
 
@@ -159,28 +157,6 @@ def schedule(s: LiveDiurnal, name: str, n: int, rate: float, seed: int) -> Sched
                     sched.publishers, sched.duration_s, sched.seed)  # fmt: skip
 
 
-class _AckedEmulator(Emulator):
-    """An emulator that records which (publisher, seq) a broker acknowledged."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.acked: set[tuple[str, int]] = set()
-
-    def _publish(self, address: str, bodies: list[bytes]) -> None:
-        before = set(self._pending)
-        super()._publish(address, bodies)
-        for fut in set(self._pending) - before:
-            fut.add_done_callback(functools.partial(self._record, bodies=bodies))
-
-    def _record(self, fut: asyncio.Future[bytes], bodies: list[bytes]) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            return
-        for body in bodies:
-            h = header.decode(body)
-            if h is not None:
-                self.acked.add((h.publisher, h.seq))
-
-
 @dataclass
 class _Run:
     name: str
@@ -190,7 +166,7 @@ class _Run:
     ledger: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
-    emulators: dict[str, _AckedEmulator] = field(default_factory=dict)
+    emulators: dict[str, AckLedger] = field(default_factory=dict)
     sinks: dict[str, Sink] = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)
     #: Each topic's sub-buckets as ``GET /topics/NAME`` showed them, every second.
@@ -259,7 +235,7 @@ async def _drive(
                     events.append((off + LEAVE_LAG_S, "leave", topic, p))
             sink = info.sinks[topic] = Sink(url, topic, traces, info.name)
             await sink.wait_brokers(1)
-            em = _AckedEmulator(schedule(s, topic, n, rate, s.seed * 100 + k), topic, {},
+            em = AckLedger(schedule(s, topic, n, rate, s.seed * 100 + k), topic, {},
                                 name=f"diurnal-{topic}", max_late_s=MAX_LATE_S)  # fmt: skip
             info.emulators[topic] = em
         if s.kill:
