@@ -180,11 +180,13 @@ def test_a_dead_broker_is_marked_down_and_its_publishers_placed_again(tmp_path: 
         plan = create(ctrl, topic_doc("failover", n=80))  # 800 msg/s: both brokers
         assert len(plan["brokers"]) == 2
         brokers[1].proc.kill()
+        # On a busy machine the survivor's 1-s timeout may lapse too for a moment (a
+        # plan with neither); it registers again and the plan ends on it alone.
         after = eventually.blocking(
-            lambda: (p := ctrl.json("/plan?topic=failover"))["version"] > 1 and p,
-            "a new plan without the dead broker",
+            lambda: ctrl.json("/plan?topic=failover"),
+            "a new plan on the surviving broker alone",
+            until=lambda p: p["version"] > 1 and [b["id"] for b in p["brokers"]] == ["1"],
         )
-        assert [b["id"] for b in after["brokers"]] == ["1"]
         assert len(after["brokers"][0]["publishers"]) + len(after["unassigned"]) == 80
         assert [p["tcp_port"] for p in ctrl.json("/lookup?topic=failover")["producers"]] == [
             brokers[0].tcp[1]
