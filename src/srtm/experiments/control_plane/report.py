@@ -22,8 +22,9 @@ MIN_DELIVERY_RATIO = 0.95
 
 #: How a broker is partitioned here, for the report and the document.
 PARTITION = (
-    "no root, no namespaces: each broker reaches etcd and the controllers through "
-    "cuttable links started by the run (TCP to etcd; HTTP to the controllers, a 307's "
+    "made without namespaces (so that it runs without root): each broker reaches etcd "
+    "and the controllers through cuttable links started by the run (TCP to etcd; HTTP "
+    "to the controllers, a 307's "
     "Location rewritten to the leader's link); the broker with the largest live shares "
     "has its links cut (they stall silently). Its clients reach it directly, and the "
     "controllers' pushes to it are not cut."
