@@ -27,7 +27,10 @@ import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from srtm.experiments.host import HostFigures
 
 #: Emulator send lateness p99 (real send time − intended), as a share of the lateness at
 #: which it skips an event instead (10 ms in live runs): half of that means the emulator
@@ -51,6 +54,25 @@ BROKER_LATE_P99_SLO_SHARE = 0.5
 RUN_QUEUE_WAIT_SHARE = 0.4
 #: CPU time stolen by the hypervisor, as a share of the machine's CPU time in the window.
 STEAL_SHARE = 0.05
+
+
+def machine_reasons(
+    figures: HostFigures | None, why: list[str], waiter: str | None = None, span: str = "the run"
+) -> list[str]:
+    """``why`` with the machine's own reasons added by the thresholds above: a run process
+    that waited for a CPU (``waiter`` names it; None: its pid), stolen CPU time; and, beside
+    any reason at all, how much of the machine other processes used."""
+    if figures is None:
+        return why
+    wait = figures.run_queue_wait
+    if wait is not None and wait > RUN_QUEUE_WAIT_SHARE:
+        who = waiter if waiter is not None else str(figures.waited_most)
+        why.append(f"{who} waited for a CPU {wait:.0%} of {span}")
+    if figures.steal is not None and figures.steal > STEAL_SHARE:
+        why.append(f"{figures.steal:.0%} of the CPU time stolen")
+    if why and figures.foreign_cpu is not None:
+        why.append(f"other processes used {figures.foreign_cpu:.0%} of the {figures.cpus} CPUs")
+    return why
 
 
 @dataclass(frozen=True)

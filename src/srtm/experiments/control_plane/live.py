@@ -607,12 +607,5 @@ def disturbed(skipped: int, sent: int, figures: host.HostFigures | None) -> str 
     why = []
     if skipped > validity.SKIPPED_SHARE * max(sent + skipped, 1):
         why.append(f"{skipped:,} sends skipped as over {MAX_LATE_S * 1e3:g} ms late")
-    if figures is not None:
-        wait = figures.run_queue_wait
-        if wait is not None and wait > validity.RUN_QUEUE_WAIT_SHARE:
-            why.append(f"{figures.waited_most} waited for a CPU {wait:.0%} of the run")
-        if figures.steal is not None and figures.steal > validity.STEAL_SHARE:
-            why.append(f"{figures.steal:.0%} of the CPU time stolen")
-        if why and figures.foreign_cpu is not None:
-            why.append(f"other processes used {figures.foreign_cpu:.0%} of the {figures.cpus} CPUs")
+    validity.machine_reasons(figures, why)
     return "; ".join(why) or None

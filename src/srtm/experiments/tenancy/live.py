@@ -328,15 +328,7 @@ def disturbed(
     if skipped > validity.SKIPPED_SHARE * sent:
         why.append(f"{skipped:,} send events skipped as over {max_late * 1e3:g} ms late "
                    f"({skipped / sent:.1%} of the messages sent)")  # fmt: skip
-    if figures is not None:
-        wait = figures.run_queue_wait
-        if wait is not None and wait > validity.RUN_QUEUE_WAIT_SHARE:
-            why.append(f"a run process waited for a CPU {wait:.0%} of the run")
-        if figures.steal is not None and figures.steal > validity.STEAL_SHARE:
-            why.append(f"{figures.steal:.0%} of the CPU time stolen")
-    if why and figures is not None and figures.foreign_cpu is not None:
-        why.append(f"other processes used {figures.foreign_cpu:.0%} of the "
-                   f"{figures.cpus} CPUs")  # fmt: skip
+    validity.machine_reasons(figures, why, "a run process")
     return "; ".join(why) or None
 
 

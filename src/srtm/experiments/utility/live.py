@@ -463,16 +463,7 @@ def disturbed(info: Run) -> str | None:
             f"producers sent under {1 - PRODUCER_SHORT_SHARE:.0%} of their due messages in "
             f"{len(short)} flow-stages (first: {short[0][0]} in {short[0][1]})"
         )
-    figures = info.host
-    if figures is not None:
-        wait = figures.run_queue_wait
-        if wait is not None and wait > validity.RUN_QUEUE_WAIT_SHARE:
-            why.append(f"a run process waited for a CPU {wait:.0%} of the run")
-        if figures.steal is not None and figures.steal > validity.STEAL_SHARE:
-            why.append(f"{figures.steal:.0%} of the CPU time stolen")
-        if why and figures.foreign_cpu is not None:
-            why.append(f"other processes used {figures.foreign_cpu:.0%} of the "
-                       f"{figures.cpus} CPUs")  # fmt: skip
+    validity.machine_reasons(info.host, why, "a run process")
     return "; ".join(why) or None
 
 
