@@ -32,21 +32,14 @@ T = TypeVar("T")
 _CHUNK = 65_536
 
 
-class CutLink:
-    """One forwarder: listens on 127.0.0.1 (ephemeral port), each connection piped to
-    ``target``; open until ``cut``. Lives on the ``CutLinks`` loop."""
+class _Switch:
+    """What both forwarders share: the port they listen on, and the switch ``cut`` turns
+    off (what passes then waits) and ``heal`` turns on again."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
+    def __init__(self) -> None:
         self._open = asyncio.Event()
         self._open.set()
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
-
-    async def listen(self) -> None:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
 
     @property
     def address(self) -> str:
@@ -57,6 +50,21 @@ class CutLink:
 
     def heal(self) -> None:
         self._open.set()
+
+
+class CutLink(_Switch):
+    """One forwarder: listens on 127.0.0.1 (ephemeral port), each connection piped to
+    ``target``; open until ``cut``. Lives on the ``CutLinks`` loop."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        super().__init__()
+        self.target = target
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def listen(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
@@ -103,19 +111,17 @@ _PASSED = ("authorization", "content-type", "accept", "user-agent")
 _HOP_BY_HOP = ("content-length", "transfer-encoding", "connection", "keep-alive", "date", "server")
 
 
-class CutHttpLink:
+class CutHttpLink(_Switch):
     """One HTTP forwarder to the controller at ``target`` (``host:port``): each request
     sent on as it came; a redirect's ``Location`` naming a controller that has a link in
     ``rewrite`` (``host:port`` -> the link's) names that link instead."""
 
     def __init__(self, target: str, rewrite: dict[str, str]) -> None:
+        super().__init__()
         self.target, self.rewrite = target, rewrite
-        self._open = asyncio.Event()
-        self._open.set()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._closing = False
-        self.port = 0
 
     async def listen(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -131,16 +137,6 @@ class CutHttpLink:
         server = site._server  # aiohttp gives the bound port no other way
         assert isinstance(server, asyncio.Server)
         self.port = server.sockets[0].getsockname()[1]
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def cut(self) -> None:
-        self._open.clear()
-
-    def heal(self) -> None:
-        self._open.set()
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         await self._open.wait()  # cut: the request waits, answered nothing
