@@ -152,3 +152,11 @@ async def test_a_push_after_the_registration_was_sent_beats_its_answer(
     assert v.bucket is not None and v.bucket.rate == 3.0 and broker.topics["w"].on_hold
     broker.shares.apply({"t": (5.0, 5.0)}, [], sent=time.monotonic())  # a newer answer
     assert t.bucket is not None and t.bucket.rate == 5.0
+
+
+async def test_a_deleted_topic_leaves_no_push_record(make_broker: MakeBroker) -> None:
+    broker = await make_broker(controller="http://127.0.0.1:9")
+    broker.shares.renew_lease(time.monotonic(), 60)
+    broker.shares.set_bucket("gone", 1.0, 1.0)
+    broker.delete_topic("gone")
+    assert "gone" not in broker.shares._pushed_at

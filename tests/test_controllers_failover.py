@@ -79,6 +79,9 @@ def test_the_current_controller_is_tried_first_then_the_rest_in_order() -> None:
     leader = "http://10.0.0.9:4161"
     assert known.settle(leader) is True  # learned from a redirect: it joins the list
     assert known.order() == [leader, A, B, C]
+    # Only the newest learned address is kept: redirects cannot grow the list.
+    other = "http://10.0.0.10:4161"
+    assert known.settle(other) is True and known.order() == [other, A, B, C]
 
 
 def test_a_walk_passes_over_what_does_not_answer_and_ends() -> None:

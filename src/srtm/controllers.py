@@ -82,11 +82,14 @@ class ControllerSet:
 
     urls: list[str]
     current: str = ""
+    #: How many of ``urls`` were given (the rest: learned from redirects, at most one).
+    given: int = 0
 
     def __post_init__(self) -> None:
         if not self.urls:
             raise ValueError("no controller URL")
         self.current = self.current or self.urls[0]
+        self.given = self.given or len(self.urls)
 
     def order(self) -> list[str]:
         """The order one request tries them in: the current one, then the others as given."""
@@ -96,6 +99,8 @@ class ControllerSet:
         """``url`` answered: try it first from now on (learned from a redirect, it joins the
         list). True if that is a switch."""
         if url not in self.urls:
+            if len(self.urls) > self.given:  # one learned address kept, the newest
+                self.urls.pop()
             self.urls.append(url)
         switched, self.current = url != self.current, url
         return switched

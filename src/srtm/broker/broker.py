@@ -362,6 +362,7 @@ class Broker:
         topic = self.topics.pop(name)
         self.names_changed.set()
         self.releaser.shaped.pop(name, None)
+        self.shares.forget(name)
         for ch_name in list(topic.channels):
             ch = topic.channels.pop(ch_name)
             self.scan.timed.discard(ch)

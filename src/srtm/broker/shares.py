@@ -129,6 +129,11 @@ class Shares:
             if bounds is not None and name in bounds:
                 self.host.policing.set_bound(name, bounds[name])
 
+    def forget(self, topic_name: str) -> None:
+        """The topic is deleted here: nothing kept of it (what a broker holds per topic
+        stays bounded by the topics it has)."""
+        self._pushed_at.pop(topic_name, None)
+
     def hold(self, topic_name: str, pushed: bool = True) -> None:
         """The topic is managed but this broker has no share of it: what comes is kept
         (acknowledged, queued, spilled to disk like any message) and released by the
