@@ -250,7 +250,11 @@ async def broker(
     try:
         yield b, log
     finally:
-        await asyncio.to_thread(b.stop)
+        try:
+            await asyncio.to_thread(b.stop)
+        except subprocess.TimeoutExpired:
+            tail = log.read_text()[-4000:]
+            raise AssertionError(f"the broker did not stop; its log:\n{tail}") from None
 
 
 def listed(c: ServerProcess) -> list[int]:

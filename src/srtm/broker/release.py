@@ -228,4 +228,5 @@ class Releaser:
                 self._timer.disarm()
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wakeup.wait(), (wait - spin) / 1e9)
+                    async with asyncio.timeout((wait - spin) / 1e9):  # keeps a cancel
+                        await wakeup.wait()

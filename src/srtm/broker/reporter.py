@@ -132,8 +132,13 @@ async def report_loop(
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=5), headers=headers
     ) as session:
+        task = asyncio.current_task()
         try:
             while True:
+                if task is not None and task.cancelling():
+                    # A cancel that a library turned into a timeout, or that wait_for
+                    # dropped (Python 3.11), must still end the loop: the stop waits on it.
+                    raise asyncio.CancelledError
                 try:
                     if registered and broker.shares.lapses != lapses:
                         registered = False  # lapsed: the shares come back with a registration
@@ -179,7 +184,8 @@ async def next_report(broker: Broker, interval_s: float) -> None:
     gap = min(MIN_REPORT_GAP_S, interval_s)
     await asyncio.sleep(gap)
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(broker.names_changed.wait(), interval_s - gap)
+        async with asyncio.timeout(interval_s - gap):  # never drops a cancel, unlike wait_for
+            await broker.names_changed.wait()
     broker.names_changed.clear()
 
 

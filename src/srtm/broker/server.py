@@ -19,6 +19,8 @@ from srtm.controllers import Controllers
 log = logging.getLogger("srtm.broker")
 #: fds a broker needs beside its clients: listeners, HTTP, timers, a few queue files.
 _FD_ROOM = 256
+#: How long a stop waits for the reporter's deregistration (s).
+REPORTER_STOP_S = 3.0
 
 
 def raise_fd_limit() -> int:
@@ -85,8 +87,12 @@ async def serve(options: BrokerOptions, on_ready: Callable[[Broker], None] | Non
     finally:
         if reporter is not None:
             reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
+            # Deregistering takes a second at most; past a few, the stop goes on without.
+            done, _ = await asyncio.wait({reporter}, timeout=REPORTER_STOP_S)
+            if not done:
+                log.warning("the reporter did not stop within %.0f s", REPORTER_STOP_S)
+            elif not reporter.cancelled() and reporter.exception() is not None:
+                log.error("the reporter failed", exc_info=reporter.exception())
         if liveness is not None:  # after deregistering: the key then goes at once
             await liveness.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -133,7 +133,8 @@ class Election:
                 elif not await self.campaign():
                     self._vacant.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._vacant.wait(), self.leadership.lease_s)
+                        async with asyncio.timeout(self.leadership.lease_s):  # keeps a cancel
+                            await self._vacant.wait()
             except EtcdError as e:
                 log.warning("leader election: %s", e)
                 await asyncio.sleep(self.leadership.lease_s / 4)
@@ -148,7 +149,8 @@ class Election:
             await asyncio.sleep(lead.lease_s / 4)
             sent = self._clock()
             try:
-                ttl = await asyncio.wait_for(self.etcd.keepalive(self.lease), lead.lease_s / 2)
+                async with asyncio.timeout(lead.lease_s / 2):
+                    ttl = await self.etcd.keepalive(self.lease)
             except (EtcdError, TimeoutError) as e:
                 log.warning("leader lease keepalive failed: %s", e)
                 ttl = None
