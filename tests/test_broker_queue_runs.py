@@ -21,6 +21,7 @@ _ids = MessageIds(7)
 _op = st.one_of(
     st.tuples(st.just("fresh"), st.integers(1, 6)),
     st.tuples(st.just("records"), st.integers(1, 4)),
+    st.tuples(st.just("single"), st.integers(0, 2)),
     st.tuples(st.just("append"), st.just(1)),
     st.tuples(st.just("appendleft"), st.just(1)),
     st.tuples(st.just("take"), st.integers(0, 9)),
@@ -30,6 +31,11 @@ _op = st.one_of(
 
 def fresh(n: int, at: int) -> Fresh:
     return Fresh(_ids.take(n), [b"b%d" % at + b"x" * i for i in range(n)], at, at + 1, "pub")
+
+
+def single(at: int, publisher: int) -> Fresh:
+    """A PUB's one message: what a queue keeps among singles (times and publisher apart)."""
+    return Fresh(_ids.take(1), [b"s%d" % at], 10**18 + at, 10**18 + 2 * at, f"p{publisher}")
 
 
 def one(at: int) -> Message:
@@ -51,6 +57,13 @@ def test_runs_keep_the_order_and_fields_of_records(ops: list[tuple[str, int]], m
             model += records[:room]
             dropped += k - room
             q.extend(batch if op == "fresh" else records)
+        elif op == "single":
+            batch = single(at, k)
+            if len(model) < mem:
+                model += batch.records()
+            else:
+                dropped += 1
+            q.extend(batch)
         elif op == "append":
             m = one(at)
             if len(model) < mem:
@@ -135,6 +148,36 @@ def test_a_queued_message_costs_no_more_than_the_bound() -> None:
     per_message = held / _MEASURED
     assert topic.channels["c"].depth == _MEASURED
     assert per_message <= _BOUND, f"{per_message:.1f} bytes per queued message"
+
+
+#: A message PUB'd alone, one channel: its body (144) and id (64) as above, two list
+#: slots (16), its two times in arrays (16), its publisher's list slot (8) and its deque
+#: slot's share: 248 bytes. As a record it cost 374 (a tuple of 8 and two ints beside).
+_SINGLE_BOUND = 256
+
+
+def test_a_message_published_alone_costs_no_more_than_its_bound() -> None:
+    ids = MessageIds(1)
+    topic = Topic("t", memory_queues())
+    topic.channel("c")
+    publishers = [f"sensor-{i}" for i in range(50)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for k in range(_MEASURED):
+            body = k.to_bytes(_BODY, "big")
+            topic.put_many(ids.take(1), [body], 10**18 + k, 10**18 + k + 1, publishers[k % 50])
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    held = sum(rounded(t.size) for t in after.traces) - sum(rounded(t.size) for t in before.traces)
+    per_message = held / _MEASURED
+    assert topic.channels["c"].depth == _MEASURED
+    assert per_message <= _SINGLE_BOUND, f"{per_message:.1f} bytes per message PUB'd alone"
+    (first,) = topic.channels["c"].queue.take(1)
+    assert first[2:7] == (10**18, 10**18 + 1, 10**18 + 1, 0, "sensor-0")
 
 
 def test_fresh_records_still_make_what_a_run_gives() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -130,6 +131,14 @@ class Fresh:
         return fresh_records(self.ids, self.bodies, self.now, self.arrival, self.publisher)
 
 
+#: Messages published one at a time (PUBs) back to back, kept in a ``MessageQueue`` as
+#: ``[count]``: their ids and bodies are in the queue's ``_ids`` and ``_bodies`` as a
+#: run's are, and what differs from one to the next (timestamp, arrival, publisher) in
+#: its ``_stamps``, ``_arrivals`` and ``_publishers``; released on arrival, on no attempt
+#: yet, read from no disk. A list, not a tuple: the next PUB adds one to its count.
+Singles = list[int]
+
+
 #: Messages that share every field but their id and body, kept in a ``MessageQueue`` as
 #: (count, timestamp_ns, arrival_ns, release_ns, attempts, publisher, origin): a
 #: record's fields 2–7 are a run's 1–6. Its ids and bodies are in the queue's ``_ids``
@@ -160,6 +169,20 @@ def run_records(ids: list[bytes], bodies: list[bytes], run: Run) -> list[Record]
     return run_records_py(ids, bodies, run)
 
 
+def singles_records(
+    ids: list[bytes],
+    bodies: list[bytes],
+    stamps: array[int],
+    arrivals: array[int],
+    publishers: list[str],
+) -> list[Record]:
+    """The records of singles' messages (released on arrival, no attempt yet, no origin),
+    made in C by ``zip``."""
+    k = len(ids)
+    zeros, nones = itertools.repeat(0, k), itertools.repeat(None, k)
+    return list(zip(ids, bodies, stamps, arrivals, arrivals, zeros, publishers, nones, strict=True))
+
+
 class MessageQueue:
     """FIFO order across memory and overflow: once anything overflowed, later messages
     follow it there until memory has caught up.
@@ -168,24 +191,34 @@ class MessageQueue:
     MPUB) share every field but their id and body, so they are kept as one ``Run`` and
     their ids and bodies in two lists of their own, without a record each (a record is
     a tuple of 8, 112 bytes: a third of what a queued message of 100 bytes cost). Records
-    are made as messages are taken. Runs and records are in ``_runs``, in order; a PUB's
-    one message stays a record (a run of one would cost no less).
+    are made as messages are taken. PUBs back to back are kept the same way (``Singles``),
+    with their times in arrays and their publishers in a list: 16 bytes of arrays and a
+    list slot where a record cost 120 and two ints 64. Runs, singles and records are in
+    ``_runs``, in order.
 
     Without an overflow backend (ephemeral topics and channels, as in nsqd) messages past
     the bound are dropped and counted in ``dropped``.
     """
 
-    __slots__ = ("_at", "_bodies", "_ids", "_n", "_runs", "dropped", "mem_size", "overflow")
+    __slots__ = (
+        "_arrivals", "_at", "_bodies", "_ids", "_n", "_publishers", "_runs", "_sat", "_stamps",
+        "dropped", "mem_size", "overflow",
+    )  # fmt: skip
 
     def __init__(self, mem_size: int, overflow: Overflow | None = None) -> None:
         if mem_size < 0:
             raise ValueError(f"mem_size must be >= 0, got {mem_size}")
-        self._runs: deque[Record | Run] = deque()
+        self._runs: deque[Record | Run | Singles] = deque()
         #: The runs' ids and bodies from ``_at`` on (lists, not deques: a take slices
         #: them in C; what was taken is cut off once it is half of them).
         self._ids: list[bytes] = []
         self._bodies: list[bytes] = []
         self._at = 0
+        #: The singles' times and publishers from ``_sat`` on (cut off as ``_ids`` is).
+        self._stamps = array("q")
+        self._arrivals = array("q")
+        self._publishers: list[str] = []
+        self._sat = 0
         #: Messages in memory (records, and the runs' messages).
         self._n = 0
         self.mem_size = mem_size
@@ -215,16 +248,26 @@ class MessageQueue:
 
     def _records(self) -> Iterator[Record]:
         """What memory holds, in order, as records (without taking it)."""
-        at = self._at
+        at, sat = self._at, self._sat
         ids, bodies = iter(self._ids[at:]), iter(self._bodies[at:])
+        stamps, arrivals = iter(self._stamps[sat:]), iter(self._arrivals[sat:])
+        publishers = iter(self._publishers[sat:])
         for e in self._runs:
-            if len(e) == 8:
+            if not isinstance(e, list) and len(e) == 8:
                 yield e
-            else:
-                k = e[0]
-                yield from run_records_py(
-                    list(itertools.islice(ids, k)), list(itertools.islice(bodies, k)), e
+                continue
+            k = e[0]
+            some_ids, some_bodies = itertools.islice(ids, k), itertools.islice(bodies, k)
+            if isinstance(e, list):
+                yield from singles_records(
+                    list(some_ids),
+                    list(some_bodies),
+                    array("q", itertools.islice(stamps, k)),
+                    array("q", itertools.islice(arrivals, k)),
+                    list(itertools.islice(publishers, k)),
                 )
+            else:
+                yield from run_records_py(list(some_ids), list(some_bodies), e)
 
     def memory(self) -> list[Message]:
         """The messages held in memory, in order (copies), with what the backend read
@@ -270,7 +313,10 @@ class MessageQueue:
             return
         assert isinstance(batch, Fresh)
         n = len(batch)
-        if room < 2 or n < 2:  # none, or one: a record costs no more than a run
+        if n == 1 and room:
+            self._single(batch)
+            return
+        if room < 2 or n < 2:  # none: to the backend as records
             self.extend(batch.records())
             return
         ids, bodies = batch.ids, batch.bodies
@@ -283,6 +329,20 @@ class MessageQueue:
         self._n += k
         if k < n:
             self._spill(batch.records()[k:])
+
+    def _single(self, batch: Fresh) -> None:
+        """One fresh message at the back: one more of the singles there, or the first."""
+        self._ids += batch.ids
+        self._bodies += batch.bodies
+        self._stamps.append(batch.now)
+        self._arrivals.append(batch.arrival)
+        self._publishers.append(batch.publisher)
+        runs = self._runs
+        if runs and isinstance(tail := runs[-1], list):
+            tail[0] += 1
+        else:
+            runs.append([1])
+        self._n += 1
 
     def _spill(self, records: list[Record]) -> None:
         """What memory has no room for: to the backend, or dropped without one."""
@@ -309,6 +369,24 @@ class MessageQueue:
                 out += got  # type: ignore[arg-type]  # records only, as said
                 continue
             head = runs[0]
+            if isinstance(head, list):  # singles
+                k = min(head[0], n - len(out))
+                at, sat = self._at, self._sat
+                out += singles_records(
+                    self._ids[at : at + k],
+                    self._bodies[at : at + k],
+                    self._stamps[sat : sat + k],
+                    self._arrivals[sat : sat + k],
+                    self._publishers[sat : sat + k],
+                )
+                self._skip(k)
+                self._skip_singles(k)
+                if k == head[0]:
+                    runs.popleft()
+                else:
+                    head[0] -= k
+                self._n -= k
+                continue
             if len(head) == 8:
                 runs.popleft()
                 out.append(head)
@@ -340,6 +418,18 @@ class MessageQueue:
             at = 0
         self._at = at
 
+    def _skip_singles(self, k: int) -> None:
+        """As ``_skip``, for the singles' times and publishers."""
+        at = self._sat + k
+        if at == len(self._publishers):
+            del self._stamps[:], self._arrivals[:]
+            self._publishers.clear()
+            at = 0
+        elif at >= 1024 and 2 * at >= len(self._publishers):
+            del self._stamps[:at], self._arrivals[:at], self._publishers[:at]
+            at = 0
+        self._sat = at
+
     def appendleft(self, msg: Message) -> None:
         """Put a message back at the front (a requeue on disconnect); never dropped."""
         self._runs.appendleft(to_record(msg))
@@ -363,7 +453,7 @@ class MessageQueue:
             self._runs.extend(records)
             self._n += len(records)
 
-    def _head(self) -> Record | Run | None:
+    def _head(self) -> Record | Run | Singles | None:
         """The first record or run in memory (refilled from the backend if none)."""
         if not self._runs:
             self._refill()
@@ -372,10 +462,14 @@ class MessageQueue:
     def peek_release_ns(self) -> int | None:
         """The head's release time, without taking it."""
         h = self._head()
+        if isinstance(h, list):
+            return self._arrivals[self._sat]  # singles are released on arrival
         return None if h is None else h[4] if len(h) == 8 else h[3]
 
     def peek_arrival_ns(self) -> int | None:
         h = self._head()
+        if isinstance(h, list):
+            return self._arrivals[self._sat]
         return None if h is None else h[3] if len(h) == 8 else h[2]
 
     def head_arrival_ns(self) -> int | None:
@@ -384,12 +478,19 @@ class MessageQueue:
         if not self._runs:
             return None
         h = self._runs[0]
+        if isinstance(h, list):
+            return self._arrivals[self._sat]
         return h[3] if len(h) == 8 else h[2]
 
     def set_head_release(self, release_ns: int) -> None:
         """Book the head's release time (the queue must not be empty)."""
         runs = self._runs
         h = runs[0]
+        if isinstance(h, list):  # the first of singles leaves them as a record of its own
+            (r,) = self.take(1)
+            runs.appendleft((r[0], r[1], r[2], r[3], release_ns, r[5], r[6], r[7]))
+            self._n += 1
+            return
         if len(h) == 8:
             runs[0] = (h[0], h[1], h[2], h[3], release_ns, h[5], h[6], h[7])
             return
@@ -416,6 +517,8 @@ class MessageQueue:
     def clear(self) -> int:
         n = len(self)
         for e in self._runs:
+            if isinstance(e, list):
+                continue  # singles: read from no disk
             origin = e[7] if len(e) == 8 else e[6]
             if origin is not None:
                 origin.settle(1 if len(e) == 8 else e[0])
@@ -423,6 +526,9 @@ class MessageQueue:
         self._ids.clear()
         self._bodies.clear()
         self._at = 0
+        del self._stamps[:], self._arrivals[:]
+        self._publishers.clear()
+        self._sat = 0
         self._n = 0
         if self.overflow is not None:
             self.overflow.clear()

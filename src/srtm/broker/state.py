@@ -22,7 +22,6 @@ from srtm.broker.queue import (
     MessageQueue,
     Record,
     attempted,
-    fresh_records,
     settle,
 )
 from srtm.protocol import ProtocolError, is_ephemeral
@@ -556,15 +555,15 @@ class Topic:
         self.message_count += len(bodies)
         self.message_bytes += sum(map(len, bodies))
         batch: list[Record] | Fresh
-        if publisher is None:
+        if publisher is not None:
+            batch = Fresh(ids, bodies, now, arrival, publisher)
+        elif len(bodies) == 1:  # a PUB: a queue keeps it among singles (no record)
+            batch = Fresh(ids, bodies, now, arrival, publisher_of(bodies[0]))
+        else:
             batch = [
                 (i, b, now, arrival, arrival, 0, publisher_of(b), None)
                 for i, b in zip(ids, bodies, strict=True)
             ]
-        elif len(bodies) == 1:  # a PUB: a record (a run of one would cost no less)
-            batch = fresh_records(ids, bodies, now, arrival, publisher)
-        else:
-            batch = Fresh(ids, bodies, now, arrival, publisher)
         if self.meter is None and not self.on_hold:
             # Unshaped: released on arrival (release_ns == arrival_ns, as ``put`` sets it),
             # to every channel, or held for the first one (as ``release`` would). A
