@@ -322,7 +322,9 @@ class Collector:
                 self.got.append(time.monotonic())
 
     def within(self, start: float, seconds: float) -> int:
-        return sum(1 for t in self.got if t - start <= seconds)
+        """Messages received from ``start`` for ``seconds`` (not before: what the bucket
+        released while the requests were still being made is no part of the window)."""
+        return sum(1 for t in self.got if 0 <= t - start <= seconds)
 
     async def close(self) -> None:
         self._task.cancel()

@@ -619,7 +619,7 @@ async def test_kill_9_right_after_a_dpub_ok_keeps_it_and_delivers_it_when_due(
     not before (issue 29: 0 of 500 survived while they lived in memory only)."""
     data = tmp_path / "data"
     args = ["--mem-queue-size", "0"]
-    n, defer_s = 300, 4.0
+    n, defer_s = 300, 8.0  # long enough for a restart on a loaded machine
     first = start_broker(data, args)
     try:
         first.post("/topic/create?topic=t")
