@@ -16,8 +16,16 @@ from typing import Any
 import pytest
 
 from srtm.broker.node import ChildPlan, NodeFull, added_plan
-from srtm.control.nodes import NodeProvisioner, NodeRoom, node_room, node_urls, pick_node
-from srtm.control.provision import CommandProvisioner, ProvisionError
+from srtm.control.nodes import (
+    NodeProvisioner,
+    NodeRoom,
+    node_room,
+    node_urls,
+    pick_node,
+    provisioner_for,
+)
+from srtm.control.options import ControllerOptions
+from srtm.control.provision import CommandProvisioner, LocalProvisioner, ProvisionError
 from srtm.launch import ServerProcess, start_controller, start_node
 from support import eventually
 
@@ -157,3 +165,12 @@ async def test_no_node_and_no_new_host_is_a_provisioning_error() -> None:
     prov = NodeProvisioner(["http://127.0.0.1:9"], None, None, timeout_s=5)  # nothing there
     with pytest.raises(ProvisionError, match="no node has an idle core"):
         await prov.start("1001")
+
+
+def test_the_controller_puts_its_nodes_before_its_new_host_provisioner() -> None:
+    opts = ControllerOptions(nodes="http://n1:4149,http://n2:4149", provision_cmd="hook")
+    prov = provisioner_for(opts, "http://c:4161")
+    assert isinstance(prov, NodeProvisioner)
+    assert prov.urls == ["http://n1:4149", "http://n2:4149"]
+    assert isinstance(prov.new_host, CommandProvisioner)
+    assert isinstance(provisioner_for(ControllerOptions(), "http://c:4161"), LocalProvisioner)
