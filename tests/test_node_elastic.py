@@ -5,11 +5,13 @@ a real node, a real controller and the provisioner between them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import stat
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,8 @@ from srtm.control.nodes import (
 )
 from srtm.control.options import ControllerOptions
 from srtm.control.provision import CommandProvisioner, LocalProvisioner, ProvisionError
-from srtm.launch import ServerProcess, start_controller, start_node
+from srtm.control.service import ControllerService
+from srtm.launch import ServerProcess, new_token, start_controller, start_node
 from support import eventually
 
 # -- pure: the node's side ------------------------------------------------------------------
@@ -174,3 +177,46 @@ def test_the_controller_puts_its_nodes_before_its_new_host_provisioner() -> None
     assert prov.urls == ["http://n1:4149", "http://n2:4149"]
     assert isinstance(prov.new_host, CommandProvisioner)
     assert isinstance(provisioner_for(ControllerOptions(), "http://c:4161"), LocalProvisioner)
+
+
+@pytest.mark.slow
+async def test_the_elastic_loop_grows_a_node_before_it_asks_for_a_host(tmp_path: Path) -> None:
+    """A controller under --rebalance with --min-brokers 2 and one broker up spawns one:
+    with the node's API among its --nodes, the node runs it, under the node's host."""
+    log, hook = tmp_path / "hook.log", tmp_path / "hook.sh"
+    hook.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    hook.chmod(hook.stat().st_mode | stat.S_IXUSR)
+    token = new_token()
+    # The grace (one broker timeout) keeps the first spawn until the node is known.
+    opts = ControllerOptions(
+        db=tmp_path / "c.db", http_port=0, tick_s=0.2, token=token, rebalance=True,
+        rebalance_interval_s=0.3, min_brokers=2, max_brokers=3, broker_timeout_s=15.0,
+        provision_cmd=str(hook),
+    )  # fmt: skip
+    service = ControllerService(opts)
+    await service.start()
+    assert service.http_address is not None and service.elastic is not None
+    url = "http://{}:{}".format(*service.http_address)
+    node = None
+    try:
+        node = await asyncio.to_thread(start_node, tmp_path / "node", 1, [
+            "--broker-id", "10", "--host-id", "h1", "--max-brokers", "2", "--node-address",
+            "127.0.0.1:0", "--controller", url, "--report-interval-s", "0.2",
+        ], token=token)  # fmt: skip
+        assert node.api is not None
+        # What --nodes URL would have built at the start, now that the node's port is known.
+        with_nodes = replace(opts, nodes="http://{}:{}".format(*node.api))
+        service.provisioner = provisioner_for(with_nodes, url)
+        ctrl = service.ctrl
+        await eventually(
+            lambda: {b.id: b.host for b in ctrl.up()}, "the loop spawned 1001 on the node",
+            until=lambda up: up == {"10": "h1", "1001": "h1"}, timeout=60,
+        )  # fmt: skip
+        doc = await asyncio.to_thread(node_doc, node.api)
+        assert [(b["id"], b["added"]) for b in doc["brokers"]] == [(10, False), (1001, True)]
+        assert not log.exists()  # no new host was asked for
+        assert any("spawn 1001" in e for e in service.elastic.events)
+    finally:
+        await service.stop()
+        if node is not None:
+            await asyncio.to_thread(node.stop, 60)
