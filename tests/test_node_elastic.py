@@ -107,6 +107,17 @@ def node_doc(api: tuple[str, int]) -> dict[str, Any]:
         return doc
 
 
+def call(url: str, method: str, query: str, token: str) -> tuple[int, str]:
+    """``/node/brokers?QUERY`` with the token: the status and the refusal's code."""
+    req = urllib.request.Request(f"{url}/node/brokers?{query}", method=method,
+                                 headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)["message"]
+
+
 def hosts(ctrl: ServerProcess) -> dict[str, tuple[str, bool]]:
     return {b["id"]: (b["host"], b["down"]) for b in ctrl.json("/brokers")["brokers"]}
 
@@ -148,12 +159,20 @@ async def test_a_spawn_takes_a_nodes_idle_core_before_a_new_host(tmp_path: Path)
         )  # fmt: skip
         assert not log.exists()  # no new host was asked for
 
+        # The node's API refuses by name what it cannot do.
+        for method, query, status, code in (
+            ("POST", "id=1003", 409, "NODE_FULL"), ("POST", "id=x", 400, "INVALID_ID"),
+            ("POST", "", 400, "MISSING_ARG_ID"), ("DELETE", "id=77", 404, "NOT_FOUND"),
+        ):  # fmt: skip
+            assert call(url, method, query, ctrl.token) == (status, code)
+
         await prov.start("1002")  # the node is full: a new host
         assert log.read_text().split("\n")[:-1] == ["start 1002"]
         assert prov.new_hosts == ["1002"] and prov.can_stop("1001")
 
         await prov.stop("1001")  # a despawn gives the core back to the node
         assert [b["id"] for b in node_doc(node.api)["brokers"]] == [10]
+        assert call(url, "DELETE", "id=10", ctrl.token) == (400, "BAD_REQUEST")  # the last
         assert "1001" not in prov.added  # the hook may stop any broker: can_stop stays true
         await prov.stop("1002")
         assert log.read_text().split("\n")[:-1] == ["start 1002", "stop 1002"]
