@@ -1449,7 +1449,8 @@ def footnotes(cfg: Config) -> list[str]:
         "consumer; PUB→OK from the send to the OK's read. A PUB due while its sensor's last "
         "one is unanswered goes out with that OK (held: the broker's doing). The "
         "generator's lateness (send − due, PUBs not held) shows a disturbed run: its timers "
-        "wake on the loop's millisecond grid, so up to ~1 ms is its own; more is the machine.",
+        "wake on the loop's millisecond grid, so up to ~1 ms is its own; more is the machine. "
+        "Its own CPU per PUB is in the JSON (generator_cpu_us_per_pub).",
         f"¹⁰ srtm only: {LOW_TOTAL_RATE} msg/s in all as N topics of the row's rate (10/s: 40 "
         "topics), each with a bucket of that rate and burst 1, offered 2 % over it by one "
         "publisher connection round the topics, a consumer per topic; release lateness from "

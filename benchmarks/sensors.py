@@ -168,9 +168,11 @@ async def sensors_run(
     cmd = encode_command(Pub(topic, b"s" * size))
     conns = await _connect(addr, run, cmd, sensors)
     try:
+        cpu0 = time.process_time()
         first, last = await _drive([s for _, s in conns], run, sensors * rate)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run.done.wait(), DRAIN_S)
+        cpu = time.process_time() - cpu0
     finally:
         run.closing = True
         for transport, _ in conns:
@@ -194,6 +196,8 @@ async def sensors_run(
         **{f"due_{k}": v for k, v in quantiles(from_due, (0.99,), suffix="_us").items()},
         **{f"late_{k}": v for k, v in quantiles(late, (0.5, 0.99), suffix="_us").items()},
         "late_max_us": float(late.max()) if late.size else 0.0,
+        # The generator's own CPU per PUB (µs): what one core of it could drive at most.
+        "generator_cpu_us_per_pub": cpu / max(run.acked, 1) * 1e6,
     }
 
 
