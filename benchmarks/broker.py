@@ -6,7 +6,9 @@ both on 127.0.0.1 with ephemeral ports, temporary data directories and the same
 ``--mem-queue-size``, and measures them alternately (which goes first swaps every run) with
 the same load: NSQ's own ``bench_writer`` / ``bench_reader`` (100-byte messages) for
 throughput, and our generator (a process of its own) for end-to-end latency, memory per
-queued message and the shaped topic's release lateness (srtm only). The table gives, per
+queued message and the shaped topic's release lateness (srtm only), also at a sensor
+topic's low rates; ``benchmarks/sensors.py`` for open-loop sensors (one connection each,
+one PUB, wait for the OK, at a fixed offered rate). The table gives, per
 row, each broker's median of ``--runs`` runs with min–max, and srtm / nsqd as the median
 of the per-run ratios with their range. A minimal uvloop server that answers every
 PUB/MPUB with OK and keeps nothing is measured with bench_writer too: the ceiling for a
@@ -50,6 +52,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sensors import DRAIN_S, task_sensors
 from srtm.launch import BrokerProcess, die_with_parent, start_broker
 from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Mpub, Pub, encode_command, response
 from srtm.protocol.frames import ATTEMPTS_AT, BODY_AT, HEARTBEAT, ID_AT
@@ -83,12 +86,21 @@ IO_TIMEOUT_S = 10.0
 #: A measurement is bounded by its duration and these many seconds, whatever happens.
 TASK_SLACK_S = 60.0
 TARGET_LATENESS_P99_US = 100.0
+#: The open-loop sensor rows: (sensors, PUBs a second each), one connection per sensor.
+SENSOR_LOADS = ((2_000, 1.0), (200, 100.0))
+#: The shaped rows at a sensor topic's rates (msg/s): each row runs as many topics at
+#: that rate as make ``LOW_TOTAL_RATE`` together, so that even 10/s gives its p99 enough
+#: releases in a few seconds (40 topics of 10/s: 2,000 in 5 s).
+LOW_RATES = (10, 100, 400)
+LOW_TOTAL_RATE = 400
 TARGET_E2E_P99_US = 1_000.0
 
 #: The unit of /proc/PID/stat's utime and stime.
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: What ``--only`` may name: the measurements of a run (``Bench.steps``).
-STEP_NAMES = ("memory", "batched", "single", "at-once", "latency", "shaped")
+STEP_NAMES = ("memory", "batched", "single", "at-once", "latency", "shaped", "sensors", "low-rate")
+#: The measurements of srtm alone (nsqd has no shaping).
+SRTM_ONLY = ("shaped", "low-rate")
 
 _I32 = struct.Struct(">I")
 _Q = struct.Struct(">q")
@@ -323,9 +335,72 @@ def _paced(
     }
 
 
+def task_paced_topics(
+    addr: tuple[str, int], topics: list[str], rate: float, duration_s: float, settle_s: float
+) -> dict[str, float]:
+    """Publish ``rate`` msg/s to each of ``topics`` (one connection, PUBs pipelined,
+    round the topics on one absolute schedule) while one consumer per topic FINs every
+    message; counts only (the broker's /stats has what is measured)."""
+    cons = [subscribe(addr, t, CHANNEL) for t in topics]
+    pub = connect(addr)
+    try:
+        return _paced_topics(cons, pub, topics, rate, duration_s, settle_s)
+    finally:
+        for c in cons:
+            c.close()
+        pub.close()
+
+
+def _paced_topics(
+    cons: list[socket.socket],
+    pub: socket.socket,
+    topics: list[str],
+    rate: float,
+    duration_s: float,
+    settle_s: float,
+) -> dict[str, float]:
+    clock = time.time_ns
+    cmds = [encode_command(Pub(t, b"x" * BODY_SIZE)) for t in topics]
+    total_rate = rate * len(topics)
+    step = NS_PER_S / total_rate
+    total = int(total_rate * duration_s)
+    frames = {c: FrameReader() for c in cons}
+    pframes = FrameReader()
+    unused = bytearray(1)
+    sent = acked = got = again = 0
+    t0 = clock() + 20_000_000
+    end_ns = t0 + int((duration_s + settle_s) * NS_PER_S)
+    late_ns = 0  # the generator's own: how far behind its schedule a send went out
+    socks = [*cons, pub]
+    while got < total or acked < total:
+        now = clock()
+        if sent < total:
+            due = min(total, int((now - t0) / step) + 1)
+            if due > sent:
+                late_ns = max(late_ns, now - (t0 + int(sent * step)))
+                pub.sendall(b"".join(cmds[j % len(cmds)] for j in range(sent, due)))
+                sent = due
+            timeout = max(0.0, (t0 + sent * step - clock()) / NS_PER_S)
+        else:
+            if now > end_ns:
+                break
+            timeout = 0.05
+        readable, _, _ = select.select(socks, [], [], timeout)
+        for sock in readable:
+            if sock is pub:
+                acked += take_responses(pframes, recv(pub), pub)
+            else:
+                g, a = consume(frames[sock], recv(sock), sock, 0, None, unused)
+                got, again = got + g, again + a
+    return {"sent": sent, "acked": acked, "received": got, "lost": total - got,
+            "redelivered": again, "generator_late_max_us": late_ns / 1e3}  # fmt: skip
+
+
 TASKS: dict[str, Callable[..., dict[str, float]]] = {
     "publish": task_publish,
     "paced": task_paced,
+    "paced_topics": task_paced_topics,
+    "sensors": task_sensors,
 }
 
 
@@ -740,6 +815,8 @@ class Row:
     ratio_goal: float | None = None
     #: srtm's median at most this (latency rows).
     srtm_max: float | None = None
+    #: srtm / nsqd at most this (latency rows side by side).
+    ratio_max: float | None = None
     goal_note: str = ""
     #: The label in the CPU table (the measurement, where ``label`` names one figure of it).
     cpu_label: str = ""
@@ -775,6 +852,15 @@ class Row:
         return [srtm[r] / nsqd[r] for r in sorted(srtm.keys() & nsqd.keys()) if nsqd[r]]
 
 
+def sensor_key(sensors: int, rate: float) -> str:
+    return f"sensors{sensors}x{rate:g}"
+
+
+def low_topics(rate: int) -> int:
+    """How many topics at ``rate`` make ``LOW_TOTAL_RATE`` together (at least one)."""
+    return max(1, LOW_TOTAL_RATE // rate)
+
+
 def make_rows() -> dict[str, Row]:
     rows = [
         Row("mpub", f"batched publish: bench_writer, MPUB-{MPUB_BATCH} ¹", "msg/s", 1.0),
@@ -793,6 +879,26 @@ def make_rows() -> dict[str, Row]:
         Row("mem", f"memory per queued message ⁶ ({MEM_MSGS:,} queued)", "bytes"),
     ]
     rows[-1].goal_note = "no worse than before"
+    rows[-1].section_end = True
+    for n, rate in SENSOR_LOADS:
+        k = sensor_key(n, rate)
+        rows += [
+            Row(f"{k}_p50", f"open-loop sensors ⁹: {n:,} at {rate:g} msg/s, PUB→OK p50", "µs",
+                ratio_max=1.0, cpu_label=f"open-loop sensors ⁹: {n:,} at {rate:g} msg/s"),
+            Row(f"{k}_p99", "    p99", "µs", ratio_max=1.0),
+            Row(f"{k}_p999", "    p99.9", "µs", ratio_max=1.0),
+            Row(f"{k}_held", "    PUBs held behind an unanswered one", "msgs"),
+            Row(f"{k}_late", "    the generator's lateness p99", "µs", section_end=True),
+        ]  # fmt: skip
+    for rate in LOW_RATES:
+        k = f"low{rate}"
+        n = low_topics(rate)
+        rows += [
+            Row(f"{k}_p50", f"shaped {n} × {rate}/s b=1 ¹⁰: release lateness p50 (highest)",
+                "µs", cpu_label=f"shaped {n} topic{'s' * (n > 1)} × {rate}/s ¹⁰"),
+            Row(f"{k}_p99", "    release lateness p99 (highest)", "µs",
+                srtm_max=TARGET_LATENESS_P99_US, section_end=rate == LOW_RATES[-1]),
+        ]  # fmt: skip
     by_key = {r.key: r for r in rows}
     by_key["both_pub"].cpu_label = "publish and consume at once ³, per message published"
     by_key["e2e_p50"].cpu_label = "end-to-end latency at half srtm's capacity ⁴"
@@ -1077,6 +1183,81 @@ class Bench:
 
         self.guarded(keys, f"srtm: shaped topic, run {run + 1}", measure)
 
+    def sensors(self, run: int, name: str) -> None:
+        """Each of ``SENSOR_LOADS``: open-loop sensors (``benchmarks/sensors.py``) on a
+        topic with one channel, no consumer."""
+        for n, rate in SENSOR_LOADS:
+            keys = [f"{sensor_key(n, rate)}_{q}" for q in ("p50", "p99", "p999", "held", "late")]
+            what = f"{name}: {n:,} sensors at {rate:g}/s, run {run + 1}"
+            self.guarded(keys, what, partial(self._sensor_load, run, name, n, rate, keys))
+
+    def _sensor_load(self, run: int, name: str, n: int, rate: float, keys: list[str]) -> None:
+        broker = self.brokers[name]
+        d = self.cfg.duration_s
+        topic = f"bench_sensors{n}_{run}"
+        broker.create_channel(topic)
+        try:
+            cpu0 = broker.cpu_s()
+            res = self.task(
+                "sensors", d + DRAIN_S, addr=broker.tcp, topic=topic, sensors=n, rate=rate,
+                duration_s=d, size=BODY_SIZE,
+            )  # fmt: skip
+            self.rows[keys[0]].add_cpu(name, run, broker.cpu_s() - cpu0, res["acked"])
+        finally:
+            self.delete_topic(broker, topic)
+        self.rows[keys[0]].raw.append({"broker": name, "run": run, **res})
+        values = ("p50_us", "p99_us", "p999_us", "held", "late_p99_us")
+        for key, value in zip(keys, values, strict=True):
+            self.rows[key].add(name, run, res[value])
+
+    def low_rate(self, run: int) -> None:
+        """Release lateness at a sensor topic's rates: ``low_topics(rate)`` shaped topics
+        at ``rate`` each (bucket ``rate``, burst 1, offered 2 % over), srtm only."""
+        for rate in LOW_RATES:
+            keys = [f"low{rate}_p50", f"low{rate}_p99"]
+            what = f"srtm: {low_topics(rate)} topics at {rate}/s, run {run + 1}"
+            self.guarded(keys, what, partial(self._low_rate, run, rate, keys))
+
+    def _low_rate(self, run: int, rate: int, keys: list[str]) -> None:
+        broker = self.brokers["srtm"]
+        d = self.cfg.duration_s
+        topics = [f"bench_low{rate}_{i}_{run}" for i in range(low_topics(rate))]
+        # The backlog grows by 2 % of what was offered: drained within a few periods.
+        settle = self.cfg.settle_s + 0.02 * d + 3 / rate
+        for t in topics:
+            q = urllib.parse.urlencode({"topic": t, "rate": rate, "burst": 1})
+            broker.post(f"/srtm/bucket?{q}")
+        try:
+            cpu0 = broker.cpu_s()
+            res = self.task(
+                "paced_topics", d + settle, addr=broker.tcp, topics=topics, rate=rate * 1.02,
+                duration_s=d, settle_s=settle,
+            )  # fmt: skip
+            cpu = broker.cpu_s() - cpu0
+            docs = [broker.stats(t) for t in topics]
+        finally:
+            for t in topics:
+                self.delete_topic(broker, t)
+        late = []
+        for t, doc in zip(topics, docs, strict=True):
+            srtm = next((x for x in doc["srtm"]["topics"] if x["topic"] == t), None)
+            if srtm is None:
+                raise BrokerError(f"topic {t} missing from /stats' srtm section")
+            late.append(srtm["release_lateness_ns"])
+        self.rows[keys[0]].raw.append({"broker": "srtm", "run": run, **res, "lateness_ns": late})
+        self.rows[keys[0]].add_cpu("srtm", run, cpu, res["received"])
+        if res["lost"] or res["redelivered"] or res["acked"] != res["sent"]:
+            raise BrokerError(
+                f"{res['sent']:,.0f} sent, {res['acked']:,.0f} acknowledged, "
+                f"{res['received']:,.0f} delivered, {res['redelivered']:,.0f} redelivered"
+            )
+        counted = sum(x["count"] for x in late)
+        if counted != res["received"]:
+            raise BrokerError(f"release lateness counted {counted:,} of {res['received']:,.0f}")
+        # The highest of the topics' quantiles: each topic's own is within it.
+        self.rows[keys[0]].add("srtm", run, max(x["p50"] for x in late) / 1e3)
+        self.rows[keys[1]].add("srtm", run, max(x["p99"] for x in late) / 1e3)
+
     def steps(self, run: int) -> Iterator[tuple[str, Callable[[], None]]]:
         """One run: each measurement on both brokers back to back (memory first, on fresh
         processes); the anchor between; the shaped topic last (srtm only)."""
@@ -1086,6 +1267,7 @@ class Bench:
             ("single", "single PUB", self.single),
             ("at-once", "publish and consume at once", self.at_once),
             ("latency", "end-to-end latency", self.latency),
+            ("sensors", "open-loop sensors", self.sensors),
         ]
         for step, what, fn in both:
             if step not in self.cfg.only:
@@ -1096,12 +1278,14 @@ class Bench:
                 yield "anchor: bench_writer", partial(self.on_anchor, run)
         if "shaped" in self.cfg.only:
             yield "srtm: shaped topic", partial(self.shaped, run)
+        if "low-rate" in self.cfg.only:
+            yield "srtm: shaped topics at low rates", partial(self.low_rate, run)
 
 
 def steps_per_run(only: tuple[str, ...]) -> int:
     """What ``Bench.steps`` yields for one run: each measurement on both brokers, the
     anchor after the batched one, the shaped topic on srtm alone."""
-    return sum(1 if s == "shaped" else len(BROKERS) + (s == "batched") for s in only)
+    return sum(1 if s in SRTM_ONLY else len(BROKERS) + (s == "batched") for s in only)
 
 
 def check_paced(res: dict[str, float]) -> None:
@@ -1121,7 +1305,7 @@ DASH = "—"
 def fmt(value: float | None, unit: str) -> str:
     if value is None or value != value:
         return DASH
-    if unit == "msg/s" or unit == "bytes":
+    if unit in ("msg/s", "bytes", "msgs"):
         return f"{value:,.0f}"
     if unit == "s" and value < 10:
         return f"{value:.2f}"
@@ -1143,6 +1327,9 @@ def goal_cell(row: Row) -> str:
     if row.ratio_goal is not None:
         text = f"≥ {row.ratio_goal:g}×"
         return f"{text} {verdict(statistics.median(ratios) >= row.ratio_goal)}" if ratios else text
+    if row.ratio_max is not None:
+        text = f"≤ {row.ratio_max:g}×"
+        return f"{text} {verdict(statistics.median(ratios) <= row.ratio_max)}" if ratios else text
     if row.srtm_max is not None:
         text = f"srtm ≤ {row.srtm_max:,.0f} {row.unit}"
         med = row.median("srtm")
@@ -1256,6 +1443,19 @@ def footnotes(cfg: Config) -> list[str]:
         "or bench_reader's count; at once, those published (each also consumed); the "
         "paced rows (⁴, ⁵), those delivered, their settling time included; the memory row, "
         "the messages queued.",
+        "⁹ benchmarks/sensors.py, one process on uvloop: one connection per sensor, each "
+        "sending one PUB and waiting for its OK, on a fixed schedule spread evenly over the "
+        f"sensors and the second (open loop), for {d}, into a topic with one channel and no "
+        "consumer; PUB→OK from the send to the OK's read. A PUB due while its sensor's last "
+        "one is unanswered goes out with that OK (held: the broker's doing). The "
+        "generator's lateness (send − due, PUBs not held) shows a disturbed run: its timers "
+        "wake on the loop's millisecond grid, so up to ~1 ms is its own; more is the machine. "
+        "Its own CPU per PUB is in the JSON (generator_cpu_us_per_pub).",
+        f"¹⁰ srtm only: {LOW_TOTAL_RATE} msg/s in all as N topics of the row's rate (10/s: 40 "
+        "topics), each with a bucket of that rate and burst 1, offered 2 % over it by one "
+        "publisher connection round the topics, a consumer per topic; release lateness from "
+        "each topic's /stats after its backlog drained; the row gives the highest of the "
+        "topics' p50 and p99 (each topic's own is at most that).",
     ]
 
 
@@ -1349,8 +1549,8 @@ def main(
     ] = None,
 ) -> None:
     """nsqd 1.3.0 and the srtm broker side by side: bench_writer (MPUB, PUB), bench_reader,
-    both at once, end-to-end latency, memory per queued message, and the shaped topic's
-    release lateness (srtm only)."""
+    both at once, end-to-end latency, memory per queued message, open-loop sensors' PUB→OK,
+    and the shaped topic's release lateness at 10,000/s and at 10–400/s (srtm only)."""
     unknown = sorted(set(only or ()) - set(STEP_NAMES))
     if unknown:
         raise typer.BadParameter(

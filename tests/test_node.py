@@ -4,6 +4,7 @@ and the restart backoff are pure; the end-to-end test runs a real node and contr
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -24,7 +25,7 @@ from srtm.broker.node import (
     layout,
     restart_delay,
 )
-from srtm.launch import ServerProcess, start_controller, start_node
+from srtm.launch import ServerProcess, start_broker, start_controller, start_node
 from srtm.protocol import Pub, Rdy, Sub
 from support import eventually
 
@@ -195,3 +196,49 @@ def test_a_process_that_cannot_start_stops_the_node_with_its_reason(tmp_path: Pa
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and "srtm node" not in done.stdout
     assert "--mcap" in done.stderr and "exited with code" in done.stderr
+
+
+@pytest.mark.slow
+async def test_a_node_killed_moves_the_publishers_of_every_process_it_had(tmp_path: Path) -> None:
+    """kill -9 of the node takes both its processes with it: the controller marks both
+    down and every publisher they had goes to the broker of the other host."""
+    ctrl = start_controller(tmp_path / "c.db", ["--broker-timeout-s", "2"])
+    assert ctrl.token is not None
+    url = f"http://{ctrl.http_address}"
+    node = other = None
+    try:
+        node = start_node(tmp_path / "node", 2, [
+            "--broker-id", "10", "--host-id", "h1", "--controller", url, "--mcap", "600",
+            "--report-interval-s", "0.2",
+        ], token=ctrl.token)  # fmt: skip
+        other = start_broker(tmp_path / "b20", [
+            "--broker-id", "20", "--host-id", "h2", "--controller", url, "--mcap", "2000",
+            "--report-interval-s", "0.2",
+        ], token=ctrl.token)  # fmt: skip
+        await eventually(lambda: len(brokers(ctrl)), "three brokers registered",
+                         until=lambda n: n == 3)  # fmt: skip
+        pubs = [{"id": f"p{i}", "rate": 10, "group": f"g{i}"} for i in range(9)]
+        doc = {"name": "spread", "slo_p99_ms": 50, "burst": 20, "policy": "lb",
+               "publishers": pubs}  # fmt: skip
+        plan = json.loads(ctrl.post("/topics", json.dumps(doc).encode()))
+        assert sorted(b["id"] for b in plan["brokers"]) == ["10", "11", "20"]  # both carry some
+
+        node.proc.kill()  # the host dies: its processes die with the node
+        node.proc.wait(timeout=10)
+        await eventually(
+            lambda: {b["id"]: b["down"] for b in brokers(ctrl)},
+            "both processes of the node down", until=lambda d: d["10"] and d["11"],
+        )  # fmt: skip
+
+        def placed() -> set[str]:
+            return {ctrl.json(f"/assign?topic=spread&publisher={p['id']}")["tcp_address"]
+                    for p in pubs}  # fmt: skip
+
+        await eventually(placed, "every publisher on the other host's broker",
+                         until=lambda where: where == {other.tcp_address})  # fmt: skip
+    finally:
+        if node is not None and node.alive():
+            node.stop()
+        if other is not None:
+            other.stop()
+        ctrl.stop()

@@ -29,6 +29,7 @@ from typing import IO, Any
 _BROKER_READY = re.compile(r"tcp=([\d.]+):(\d+) http=([\d.]+):(\d+)")
 _CONTROLLER_READY = re.compile(r"srtm controller http=([\d.]+):(\d+)")
 _NODE_READY = re.compile(r"srtm node host=(\S+) brokers=(\d+) (.*)")
+_NODE_API = re.compile(r"^node=([\d.]+):(\d+) ")
 _NODE_BROKER = re.compile(r"\[broker (\d+) tcp=([\d.]+):(\d+) http=([\d.]+):(\d+)\]")
 
 
@@ -237,6 +238,8 @@ class NodeProcess(ServerProcess):
 
     host: str = ""
     brokers: list[tuple[int, tuple[str, int], tuple[str, int]]] = field(default_factory=list)
+    #: Its own HTTP API (``--node-address``), if it serves one.
+    api: tuple[str, int] | None = None
 
 
 def start_node(
@@ -257,7 +260,8 @@ def start_node(
         token=token,
     )  # fmt: skip
     parts = [(int(b[1]), (b[2], int(b[3])), (b[4], int(b[5]))) for b in _NODE_BROKER.finditer(m[3])]
-    node = NodeProcess(proc, parts[0][2], token=token, host=m[1], brokers=parts)
+    api = (a[1], int(a[2])) if (a := _NODE_API.match(m[3])) else None
+    node = NodeProcess(proc, parts[0][2], token=token, host=m[1], brokers=parts, api=api)
     _drain(node)
     return node
 

@@ -18,7 +18,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,6 +105,29 @@ def extra_flags_refused(extra: Sequence[str]) -> str | None:
     return None
 
 
+def added_plan(
+    plans: Sequence[ChildPlan], broker_id: int, max_processes: int, data_dir: Path
+) -> ChildPlan:
+    """The plan of one more process, ``broker_id``, beside ``plans`` (the node's now): its
+    data in ``data_dir/broker-ID`` (named by its id, so an id added again finds what it
+    acknowledged before), any free ports on the first process's hosts. ValueError naming
+    what is wrong; ``NodeFull`` when the node already runs ``max_processes``."""
+    if not 0 <= broker_id <= MAX_BROKER_ID:
+        raise ValueError(f"broker id {broker_id} is not in 0..{MAX_BROKER_ID}")
+    if any(p.broker_id == broker_id for p in plans):
+        raise ValueError(f"broker {broker_id} already runs on this node")
+    if len(plans) >= max_processes:
+        raise NodeFull(f"this node runs {len(plans)} of its {max_processes} processes")
+    first = plans[0]
+    index = max(p.index for p in plans) + 1
+    return ChildPlan(index, broker_id, data_dir / f"broker-{broker_id}",
+                     (first.tcp[0], 0), (first.http[0], 0))  # fmt: skip
+
+
+class NodeFull(Exception):
+    """The node runs as many processes as it may (``--max-brokers``)."""
+
+
 @dataclass
 class Child:
     """A running (or restarting) process of the node."""
@@ -114,12 +137,16 @@ class Child:
     started_s: float = 0.0
     quick_deaths: int = 0
     restarts: int = 0
+    #: Added after the start (``NodeSupervisor.add``), not one of ``--brokers``.
+    added: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 class NodeSupervisor:
     """N broker processes under one host id: ``start`` (all ready, or none left),
-    ``run`` (restarting those that die) until ``stop``."""
+    ``run`` (restarting those that die) until ``stop``; ``add`` and ``remove`` one more
+    process while running, up to ``max_processes`` (the controller's elastic loop uses a
+    host's idle cores before a new host: ``srtm.broker.node_http``)."""
 
     def __init__(
         self,
@@ -127,13 +154,22 @@ class NodeSupervisor:
         host_id: str,
         extra: Sequence[str] = (),
         *,
+        max_processes: int | None = None,
+        data_dir: Path | None = None,
         start_timeout_s: float = 60.0,
         stop_timeout_s: float = 30.0,
     ) -> None:
         self.children = [Child(p) for p in plans]
         self.host_id, self.extra = host_id, list(extra)
+        self.max_processes = max(len(plans), max_processes or len(plans))
+        self.data_dir = data_dir if data_dir is not None else plans[0].data_dir.parent
         self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
         self.stopping = asyncio.Event()
+        self._watchers: dict[int, asyncio.Task[None]] = {}
+        #: Where its HTTP API answers (``serve_node``), if it has one.
+        self.api_address: tuple[str, int] | None = None
+        #: ``add``/``remove`` one at a time: the count checked is the count started.
+        self._changing = asyncio.Lock()
 
     async def _spawn(self, child: Child) -> None:
         """Start ``child`` and wait for its ready line; its ports are then the ones it
@@ -182,18 +218,53 @@ class NodeSupervisor:
             f"http={join_host_port(*c.plan.http)}]"
             for c in self.children
         ]
-        return f"srtm node host={self.host_id} brokers={len(self.children)} " + " ".join(parts)
+        api = "" if self.api_address is None else f"node={join_host_port(*self.api_address)} "
+        return f"srtm node host={self.host_id} brokers={len(self.children)} {api}" + " ".join(parts)
 
     async def run(self) -> None:
         """Keep every process running until ``stop``: one that dies is started again
         with its id, ports and data directory, after ``restart_delay``."""
-        watchers = [asyncio.create_task(self._watch(c)) for c in self.children]
+        for c in self.children:
+            self._watchers[c.plan.broker_id] = asyncio.create_task(self._watch(c))
         try:
             await self.stopping.wait()
         finally:
+            watchers = list(self._watchers.values())
             for w in watchers:
                 w.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
+
+    async def add(self, broker_id: int) -> Child:
+        """One more process, ``broker_id`` (``added_plan``: ValueError, ``NodeFull``),
+        started, ready and watched like the others; RuntimeError if it did not start."""
+        async with self._changing:
+            plan = added_plan([c.plan for c in self.children], broker_id, self.max_processes,
+                              self.data_dir)  # fmt: skip
+            child = Child(plan, added=True)
+            await self._spawn(child)
+            self.children.append(child)
+            self._watchers[broker_id] = asyncio.create_task(self._watch(child))
+            log.warning("broker %d added: tcp=%s http=%s (%d of %d processes)", broker_id,
+                        join_host_port(*child.plan.tcp), join_host_port(*child.plan.http),
+                        len(self.children), self.max_processes)  # fmt: skip
+            return child
+
+    async def remove(self, broker_id: int) -> int:
+        """Stop process ``broker_id`` for good (SIGTERM: it saves what it owes; killed after
+        ``stop_timeout_s``) and return its exit code; KeyError if the node has none."""
+        async with self._changing:
+            child = next((c for c in self.children if c.plan.broker_id == broker_id), None)
+            if child is None:
+                raise KeyError(broker_id)
+            if len(self.children) == 1:
+                raise ValueError("the node's last process is stopped with the node (SIGTERM)")
+            self.children.remove(child)
+            watcher = self._watchers.pop(broker_id, None)
+            if watcher is not None:
+                watcher.cancel()
+            code = await self._stop_all([child])
+            log.warning("broker %d removed (exit code %d)", broker_id, code)
+            return code
 
     async def _watch(self, child: Child) -> None:
         while not self.stopping.is_set():
@@ -224,7 +295,11 @@ class NodeSupervisor:
         """SIGTERM to every process (each saves what it still owes), a wait of up to
         ``stop_timeout_s`` for all, then SIGKILL for any still running."""
         self.stopping.set()
-        procs = [c.proc for c in self.children if c.proc is not None]
+        await self._stop_all(self.children)
+
+    async def _stop_all(self, children: Sequence[Child]) -> int:
+        """SIGTERM to ``children``, killed after ``stop_timeout_s``; the last exit code."""
+        procs = [c.proc for c in children if c.proc is not None]
         for p in procs:
             if p.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -239,26 +314,27 @@ class NodeSupervisor:
                     with contextlib.suppress(ProcessLookupError):
                         p.kill()
             await asyncio.gather(*(p.wait() for p in procs))
-        for c in self.children:
+        for c in children:
             for t in c.tasks:
                 t.cancel()
+        return (procs[-1].returncode or 0) if procs else 0
+
+    def to_json(self) -> dict[str, object]:
+        """``GET /node``: the host, the processes it runs and may run, each one's row."""
+        return {
+            "host": self.host_id,
+            "processes": len(self.children),
+            "max_processes": self.max_processes,
+            "brokers": [
+                {"id": c.plan.broker_id, "tcp_address": join_host_port(*c.plan.tcp),
+                 "http_address": join_host_port(*c.plan.http), "restarts": c.restarts,
+                 "added": c.added}
+                for c in self.children
+            ],
+        }  # fmt: skip
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:
     """Read what a process prints after its ready line, so it never blocks on a pipe."""
     while await stream.readline():
         pass
-
-
-async def serve_node(node: NodeSupervisor, ready: Callable[[NodeSupervisor], None]) -> None:
-    """Start ``node``, call ``ready``, keep it running until SIGTERM or SIGINT, then stop
-    every process."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, node.stopping.set)
-    await node.start()
-    ready(node)
-    try:
-        await node.run()
-    finally:
-        await node.stop()

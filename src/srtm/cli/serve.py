@@ -19,6 +19,7 @@ from srtm.cli.common import fail
 from srtm.config import Address, Setting, SettingError, read_table, resolve, settings
 from srtm.control.options import ENV_PREFIX as CONTROLLER_ENV
 from srtm.control.options import ControllerOptions
+from srtm.security import is_loopback
 
 T = TypeVar("T")
 
@@ -181,6 +182,18 @@ def _address(value: str, flag: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value of ``flag`` among broker options passed through (``--flag V`` or
+    ``--flag=V``; the last one given), or None."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
 def node(
     ctx: typer.Context,
     brokers: Annotated[
@@ -209,6 +222,23 @@ def node(
     stop_timeout_s: Annotated[
         float, typer.Option(help="How long a stop waits for the processes before killing them.")
     ] = 30.0,
+    max_brokers: Annotated[
+        int | None,
+        typer.Option(
+            help="Processes the node may run: the controller's elastic loop adds one to a "
+            "node below it before it asks for a new host (default: the machine's cores, "
+            "at least --brokers).",
+            min=1,
+        ),
+    ] = None,
+    node_address: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT of the node's HTTP API (GET /node; POST and DELETE "
+            "/node/brokers?id=ID, with the token): give it to the controller's --nodes. "
+            "Default: none.",
+        ),
+    ] = None,
 ) -> None:
     """Run N broker processes on this host, one per core: each its own broker (id, ports,
     data directory) registered under one host id. Options not listed here are broker
@@ -218,7 +248,8 @@ def node(
     import asyncio
     import socket
 
-    from srtm.broker.node import NodeSupervisor, extra_flags_refused, layout, serve_node
+    from srtm.broker.node import NodeSupervisor, extra_flags_refused, layout
+    from srtm.broker.node_http import serve_node
 
     if (why := extra_flags_refused(ctx.args)) is not None:
         raise typer.BadParameter(why)
@@ -230,10 +261,18 @@ def node(
         plans = layout(n, broker_id, data_dir, tcp, http)
     except ValueError as exc:
         raise fail(escape(str(exc))) from exc
+    api = None if node_address is None else _address(node_address, "--node-address")
+    token = os.environ.get("SRTM_TOKEN") or _flag_value(ctx.args, "--token")
+    if api is not None and token is None and not is_loopback(api[0]):
+        raise typer.BadParameter(
+            "without a token (SRTM_TOKEN or --token) the node's API binds loopback only",
+            param_hint="--node-address",
+        )
     supervisor = NodeSupervisor(
-        plans, host_id or socket.gethostname(), extra, stop_timeout_s=stop_timeout_s
-    )
+        plans, host_id or socket.gethostname(), extra, stop_timeout_s=stop_timeout_s,
+        max_processes=max(n, max_brokers or os.cpu_count() or 1), data_dir=data_dir,
+    )  # fmt: skip
     try:
-        asyncio.run(serve_node(supervisor, lambda s: print(s.ready_line(), flush=True)))
+        asyncio.run(serve_node(supervisor, lambda s: print(s.ready_line(), flush=True), api, token))
     except (RuntimeError, OSError) as exc:
         raise fail(escape(str(exc))) from exc

@@ -143,6 +143,12 @@ class ControllerOptions:
         "A provisioning command or a local broker's start may take this long (s).",
         minimum=0.1,
     )
+    nodes: str | None = setting(
+        None,
+        "Elasticity: URL[,URL...] of srtm node APIs (their --node-address): a spawned "
+        "broker is first added to a node with idle cores, and only when none has one "
+        "started on a new host (--provision-cmd, else locally).",
+    )
     spawn_mcap: float = setting(
         110_000.0, "The --mcap of brokers the local provisioner starts (msg/s).", minimum=1
     )

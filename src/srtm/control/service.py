@@ -26,10 +26,9 @@ from srtm.control.follow import Follower
 from srtm.control.leadership import LeaderInfo, Leadership, Role
 from srtm.control.liveness import LivenessWatch
 from srtm.control.model import FitState, FittingProgress
+from srtm.control.nodes import node_urls, provisioner_for
 from srtm.control.options import ControllerOptions
 from srtm.control.provision import (
-    CommandProvisioner,
-    LocalProvisioner,
     Provisioner,
     ProvisionError,
 )
@@ -113,6 +112,8 @@ class ControllerService:
             self.utility.model = model_from_doc(doc)
         self._utility_tasks: list[asyncio.Task[None]] = []
         self._optimizing = False
+        if opts.rebalance and opts.nodes:
+            node_urls(opts.nodes)  # a bad --nodes stops the start, named
         if opts.rebalance:
             self.elastic = Elastic(
                 opts.rebalance_settings,
@@ -149,18 +150,9 @@ class ControllerService:
                 self._utility_tasks.append(asyncio.create_task(self._rate_control_loop()))
 
     def _provisioner(self) -> Provisioner:
-        opts = self.options
-        if opts.provision_cmd:
-            return CommandProvisioner(opts.provision_cmd, timeout_s=opts.provision_timeout_s)
         assert self.http_address is not None
-        scheme = "https" if opts.tls_cert is not None else "http"
-        return LocalProvisioner(
-            "{}://{}:{}".format(scheme, *self.http_address),
-            opts.spawn_dir or opts.db.with_name(opts.db.name + "-brokers"),
-            token=opts.token,
-            mcap=opts.spawn_mcap,
-            timeout_s=opts.provision_timeout_s,
-        )
+        scheme = "https" if self.options.tls_cert is not None else "http"
+        return provisioner_for(self.options, "{}://{}:{}".format(scheme, *self.http_address))
 
     async def stop(self) -> None:
         await self.follower.close()
