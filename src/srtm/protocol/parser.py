@@ -293,12 +293,25 @@ _SIMPLE: dict[bytes, Callable[[Parser, list[bytes]], Command]] = {
 # -- commands with a body -----------------------------------------------------------------
 
 
+#: Topic names already found valid, as read (a publisher names the same topic in every
+#: PUB): emptied when full, so no client can make it hold more.
+_VALID_TOPICS: dict[bytes, str] = {}
+_VALID_TOPICS_MAX = 4096
+
+
 def _topic(parts: list[bytes], command: str, min_params: int = 2) -> str:
     if len(parts) < min_params:
         raise ProtocolError(e.E_INVALID, f"{command} insufficient number of parameters")
-    topic = _text(parts[1])
+    raw = parts[1]
+    topic = _VALID_TOPICS.get(raw)
+    if topic is not None:
+        return topic
+    topic = _text(raw)
     if not is_valid_name(topic):
         raise ProtocolError(e.E_BAD_TOPIC, f"{command} topic name {topic!r} is not valid")
+    if len(_VALID_TOPICS) >= _VALID_TOPICS_MAX:
+        _VALID_TOPICS.clear()
+    _VALID_TOPICS[raw] = topic
     return topic
 
 
