@@ -216,8 +216,9 @@ def run_cmd(
         ),
     ] = None,
     model: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
+            "--model",
             help="table1 live: the broker model for model-assisted fitting, a file from an "
             "earlier `srtm calibrate` on brokers run as the experiment's (default: "
             "calibrate as part of the run).",

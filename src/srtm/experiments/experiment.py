@@ -103,7 +103,7 @@ class RunSettings:
     only: str | None = None
     outage_s: float | None = None
     #: A broker model file from ``srtm calibrate`` (table1 live: model-assisted fitting).
-    model: Path | None = None
+    model: str | None = None
 
 
 @dataclass(frozen=True)

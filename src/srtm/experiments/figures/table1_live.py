@@ -329,7 +329,7 @@ def run_live(run: RunSettings) -> Summary:
     out = run.out
     out.mkdir(parents=True, exist_ok=True)
     groups = QUICK_GROUPS if run.quick else LIVE_GROUPS
-    model = check_model(run.model) if run.model is not None else None
+    model = check_model(Path(run.model)) if run.model is not None else None
     if model is None:
         model = calibrate_model(out, run.quick, run.term)
     run.term.err.print(f"model-assisted fitting uses {model}")
