@@ -61,3 +61,24 @@ def test_a_short_calibration_against_a_real_broker(tmp_path: Path) -> None:
     model = fit(m, replace(plan))
     save(model, tmp_path / "m.json")
     assert load(tmp_path / "m.json") == model and model.mcap > 0
+
+
+def test_saturating_an_emulated_server_leaves_no_backlog_for_the_next_step(
+    tmp_path: Path,
+) -> None:
+    """A ``--capacity`` broker takes messages faster than its server delivers them: the
+    first saturation step's backlog held the server through the next ones, which then
+    delivered nothing (and calibration divided by zero). Bounded, each step delivers."""
+    from srtm.experiments.calibrate import _generator
+    from srtm.launch import start_broker
+
+    broker = start_broker(tmp_path / "b", ["--capacity", "1000", "--release-spin-us", "0"])
+    try:
+        with _generator(broker.tcp) as call:
+            rates = [
+                call("saturate", 30, batch=batch, connections=1, seconds=0.8, max_undelivered=200)
+                for batch in (1, 10, 1)
+            ]
+    finally:
+        broker.stop()
+    assert all(300 < r < 1_100 for r in rates), rates

@@ -197,6 +197,9 @@ def calibrate(
         saturation_s=saturation_s,
         trickle_rate=trickle_rate,
         broker_args=tuple(broker_arg or ()),
+        # An emulated server takes messages faster than it delivers them: bounded, so
+        # that one saturation step's backlog does not hold it through the next steps.
+        max_undelivered=200 if any(a.startswith("--capacity") for a in broker_arg or ()) else 0,
     )
     with _bar(console, "calibrating", plan.steps()) as on_progress:
         try:

@@ -41,7 +41,8 @@ ScenarioArg = Annotated[
     str,
     typer.Argument(
         help="A shipped scenario (see `srtm experiment list`), a TOML file, or with --sim "
-        "one of the paper's figures (fig4 … fig9, table1). `multi-tenant`: many topics "
+        "one of the paper's figures (fig4 … fig9, table1; table1 also live: online fitting "
+        "on local brokers, measured-only and model-assisted). `multi-tenant`: many topics "
         "arriving, one deleted, sensors joining, on capacity-limited brokers (live, or with "
         "--sim at the paper's scale, SRTM against LB). `trading-day`, `excess-capacity`, "
         "`latency-effects`: the utility-aware allocation paper's experiments (live at small "
@@ -171,8 +172,9 @@ def run_cmd(
     sim: Annotated[
         bool,
         typer.Option(
+            "--sim/--live",
             help="Simulate at the paper's scale instead: the figures, multi-tenant, diurnal "
-            "and the utility experiments."
+            "and the utility experiments (--live, the default: on local brokers).",
         ),
     ] = False,
     as_json: JsonOpt = False,
@@ -184,7 +186,8 @@ def run_cmd(
         typer.Option(
             help="trading-day, excess-capacity, latency-effects live: short stages "
             "(7 s each) for tests; control-plane-faults: short warm-up and settling, an "
-            "8-s outage (unless --outage-s)."
+            "8-s outage (unless --outage-s); table1 live: groups of 5 and 20 only, a "
+            "shorter calibration."
         ),
     ] = False,
     decide: Annotated[
@@ -212,6 +215,15 @@ def run_cmd(
             min=1,
         ),
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="table1 live: the broker model for model-assisted fitting, a file from an "
+            "earlier `srtm calibrate` on brokers run as the experiment's (default: "
+            "calibrate as part of the run).",
+        ),
+    ] = None,
 ) -> None:
     """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
     the workload, collect traces, stop everything, and print the summary; with --sim,
@@ -223,7 +235,7 @@ def run_cmd(
     mode = Mode.sim if sim else Mode.live
     run = RunSettings(
         out, TERMINAL, as_json, policies_of(policy), duration, warmup, analysis, spark_master,
-        scale, quick, decide, only, outage_s,
+        scale, quick, decide, only, outage_s, model,
     )  # fmt: skip
     try:
         summary = start(registry.find(scenario), mode, given, run)

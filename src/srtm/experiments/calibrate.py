@@ -75,6 +75,9 @@ class CalibrationPlan:
     saturation_s: float = 2.0
     connections: int = 16
     broker_args: tuple[str, ...] = ()
+    #: Saturation keeps at most this many messages published and not yet delivered (0:
+    #: no bound); needed for a broker with ``--capacity`` (``saturate``).
+    max_undelivered: int = 0
 
     def steps(self) -> int:
         return 1 + 3 + 1 + len(self.fractions) + 1  # start, saturation, trickle, paced, fit
@@ -135,17 +138,29 @@ class _Frames:
 
 
 def saturate(
-    addr: tuple[str, int], topic: str, batch: int, connections: int, seconds: float
+    addr: tuple[str, int],
+    topic: str,
+    batch: int,
+    connections: int,
+    seconds: float,
+    max_undelivered: int = 0,
 ) -> float:
-    """Delivered msg/s with every publishing connection keeping commands in flight."""
+    """Delivered msg/s with every publishing connection keeping commands in flight; with
+    ``max_undelivered``, no more than that many messages published and not yet delivered.
+    A broker with ``--capacity`` takes messages far faster than its emulated server
+    delivers them: unbounded, the backlog one step leaves would hold the broker-wide
+    server through the next steps."""
     sub = _Frames(_subscribe(addr, topic))
     pubs = [_Frames(_connect(addr)) for _ in range(connections)]
     body = b"x" * BODY
     cmd = encode_command(Pub(topic, body) if batch == 1 else Mpub(topic, [body] * batch))
     window = max(1, 100 // (batch * connections))
+    credits = {p.sock: 0 for p in pubs}  # commands acknowledged and not yet sent again
+    sent = 0
     try:
         for p in pubs:
             p.sock.sendall(cmd * window)
+            sent += window * batch
         start = time.perf_counter()
         first = sub.messages
         socks = {p.sock: p for p in pubs} | {sub.sock: sub}
@@ -155,8 +170,15 @@ def saturate(
                 f = socks[s]
                 before = f.oks
                 f.feed(0, False)
-                if f is not sub and f.oks > before:
-                    s.sendall(cmd * (f.oks - before))
+                if f is not sub:
+                    credits[s] += f.oks - before
+            for s, n in credits.items():
+                if max_undelivered:
+                    n = min(n, max(0, max_undelivered - (sent - sub.messages)) // batch)
+                if n > 0:
+                    s.sendall(cmd * n)
+                    credits[s] -= n
+                    sent += n * batch
         return (sub.messages - first) / (time.perf_counter() - start)
     finally:
         for f in [*pubs, sub]:
@@ -307,7 +329,7 @@ def measure(
                     tick(f"saturation: {key}")
                     out.saturation[key] = call(
                         "saturate", limit, batch=batch, connections=conns,
-                        seconds=plan.saturation_s,
+                        seconds=plan.saturation_s, max_undelivered=plan.max_undelivered,
                     )  # fmt: skip
                 tick(f"trickle: {plan.trickle_rate:g} msg/s")
                 out.trickle_ns = call(

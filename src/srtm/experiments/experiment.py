@@ -52,6 +52,7 @@ class Option(StrEnum):
     decide = "--decide"
     only = "--only"
     outage_s = "--outage-s"
+    model = "--model"
 
 
 class Analysis(StrEnum):
@@ -101,6 +102,8 @@ class RunSettings:
     decide: str = "controller"
     only: str | None = None
     outage_s: float | None = None
+    #: A broker model file from ``srtm calibrate`` (table1 live: model-assisted fitting).
+    model: str | None = None
 
 
 @dataclass(frozen=True)

@@ -85,13 +85,36 @@ class Figure:
         )
 
 
-EXPERIMENTS = tuple(Figure(name) for name in FIGURES)
+@dataclass(frozen=True)
+class TableOne(Figure):
+    """Table I: simulated like the other figures, and live (``table1_live``): online
+    fitting on local brokers, measured-only and model-assisted."""
+
+    live_options: ClassVar[frozenset[Option]] = frozenset(
+        {Option.quick, Option.strict, Option.model}
+    )
+
+    @property
+    def description(self) -> str:
+        return (
+            "Table I: online fitting rounds per group size, simulated at full scale or "
+            "live on local brokers (measured-only and model-assisted)"
+        )
+
+    def live(self, run: RunSettings) -> Summary:
+        from srtm.experiments.figures.table1_live import run_live
+
+        return run_live(run)
+
+
+EXPERIMENTS = tuple(TableOne(n) if n == "table1" else Figure(n) for n in FIGURES)
 
 __all__ = [
     "EXPERIMENTS",
     "FIGURES",
     "Figure",
     "FigureResult",
+    "TableOne",
     "fig4",
     "fig5",
     "fig6",

@@ -85,6 +85,9 @@ class LiveRun:
     drained: bool = True
     #: The run's own conditions in the measured window (``validity.check``).
     validity: Validity | None = None
+    #: Seconds from the topic's creation until fitting ended (the driver's clock; None:
+    #: no fitting, or it had not ended within the budget).
+    fit_s: float | None = None
 
 
 def run_name(sc: Scenario, policy: str) -> str:
@@ -100,11 +103,12 @@ def run(
     warmup_s: float | None = None,
     on_progress: OnProgress | None = None,
     sizing: Sizing | None = None,
+    fit_budget_s: float = FIT_BUDGET_S,
 ) -> dict[str, Any]:
     """Run ``sc`` under ``policy``; write traces under ``out/traces`` and the summary to
     ``out/<run>.json``; return the summary. Nothing is left running, even on Ctrl-C.
     ``sizing``: how ``sc`` was sized to this machine (``srtm.experiments.sizing``), kept
-    in the summary."""
+    in the summary. ``fit_budget_s``: the longest the warm-up waits for fitting."""
     policy = parse_policy(policy)  # callers from untyped input
     duration = sc.duration_s if duration_s is None else duration_s
     warmup = sc.warmup_s if warmup_s is None else warmup_s
@@ -123,11 +127,17 @@ def run(
         # Releases are ms apart here: no spinning, or 4 brokers would need 4 cores.
         "--release-spin-us", "0",
     ]  # fmt: skip
-    cluster = start_cluster(cluster_dir, sc.brokers, broker_args=broker_args, tie_to_parent=True)
+    cluster = start_cluster(
+        cluster_dir, sc.brokers, broker_args=broker_args, controller_args=controller_args(sc),
+        tie_to_parent=True,
+    )  # fmt: skip
     info = LiveRun(name, policy)
     try:
         progress("starting brokers", 1, 1)
-        _run_async(_drive(sc, policy, cluster, traces, info, duration, warmup, progress))
+        drive = _drive(
+            sc, policy, cluster, traces, info, (warmup, duration, fit_budget_s), progress
+        )
+        _run_async(drive)
     finally:
         progress("stopping", 0, 1)
         cluster.stop()  # brokers flush their traces on the way out
@@ -177,6 +187,14 @@ def profile(sc: Scenario) -> tuple[float, float]:
     return params.rate, max(1.0, float(round(params.burst)))
 
 
+def controller_args(sc: Scenario) -> list[str]:
+    """A model-assisted scenario's controller may read model files from the folder of
+    ``fit.model`` (and only there: ``--models-dir``)."""
+    if sc.fit is None or sc.fit.model is None:
+        return []
+    return ["--models-dir", str(Path(sc.fit.model).resolve().parent)]
+
+
 def topic_document(sc: Scenario, policy: str, specs: list[PublisherSpec]) -> dict[str, Any]:
     rate, burst = profile(sc)
     doc: dict[str, Any] = {
@@ -185,7 +203,10 @@ def topic_document(sc: Scenario, policy: str, specs: list[PublisherSpec]) -> dic
         "publishers": [{"id": p.id, "rate": p.rate, "group": p.group} for p in specs],
     }  # fmt: skip
     if sc.fit is not None and policy != "lb":  # LB is the baseline: it places, no more
-        doc["fit"] = asdict(sc.fit)
+        fit = {k: v for k, v in asdict(sc.fit).items() if v is not None}
+        if sc.fit.model is not None:  # named under --models-dir (``controller_args``)
+            fit["model"] = Path(sc.fit.model).name
+        doc["fit"] = fit
     return doc
 
 
@@ -195,10 +216,11 @@ async def _drive(
     cluster: LocalCluster,
     traces: Path,
     info: LiveRun,
-    duration: float,
-    warmup: float,
+    spans: tuple[float, float, float],
     progress: OnProgress,
 ) -> None:
+    """``spans``: the warm-up, the measured window and the fitting budget, seconds."""
+    warmup, duration, budget = spans
     url = cluster.url
     specs = sc.specs()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
@@ -207,13 +229,14 @@ async def _drive(
         try:
             doc = topic_document(sc, policy, specs)
             info.rate, info.burst = doc["rate"], doc["burst"]
+            created = time.monotonic()
             async with http.post(f"{url}/topics", json=doc, headers=cluster.headers) as r:
                 body = await r.json()
                 if r.status != 201:
                     raise RuntimeError(f"the controller refused the topic: {body.get('message')}")
             plan = await _get(http, f"{url}/plan?topic={sc.topic}")
             await sink.wait_brokers(len(plan["brokers"]))
-            total_s = warmup + duration + (FIT_BUDGET_S if "fit" in doc else 0.0)
+            total_s = warmup + duration + (budget if "fit" in doc else 0.0)
             schedule = build(specs, total_s, spread_s=sc.spread_ms / 1e3, seed=sc.seed)
             emulator = Emulator(
                 schedule, sc.topic, {}, message_size=sc.message_size, max_late_s=max_late_s(sc)
@@ -226,7 +249,8 @@ async def _drive(
             sending = asyncio.create_task(emulator.run(start_ns=t0))
             with _favoured():
                 try:
-                    start = await _warm_up(http, url, sc, "fit" in doc, warmup, t0, progress, info)
+                    fit = (created, budget) if "fit" in doc else None
+                    start = await _warm_up(http, url, sc, fit, warmup, t0, progress, info)
                     end = start + int(duration * 1e9)
                     info.window = analysis.MeasuredWindow(start, end)
                     emulator.stop_at(end)
@@ -284,16 +308,18 @@ async def _warm_up(
     http: aiohttp.ClientSession,
     url: str,
     sc: Scenario,
-    fitting: bool,
+    fitting: tuple[float, float] | None,
     warmup: float,
     t0: int,
     progress: OnProgress,
     info: LiveRun,
 ) -> int:
-    """Wait out the warm-up (and fitting); returns when the measured window starts."""
+    """Wait out the warm-up (and fitting: ``(when the topic was created, budget s)``);
+    returns when the measured window starts."""
     ready_at = t0 + int(warmup * 1e9)
-    if fitting:
-        deadline = time.monotonic() + FIT_BUDGET_S
+    if fitting is not None:
+        created, budget = fitting
+        deadline = time.monotonic() + budget
         while time.monotonic() < deadline:
             doc = await _get(http, f"{url}/topics/{sc.topic}")
             info.fitting = doc.get("fitting")
@@ -301,6 +327,7 @@ async def _warm_up(
             rounds = sum((info.fitting or {}).get("rounds", []))
             progress(f"fitting (round {rounds + 1})", 0, 1)
             if state in ("done", "failed"):
+                info.fit_s = time.monotonic() - created
                 break
             await asyncio.sleep(0.25)  # polls the fitting's state (progress shown meanwhile)
         progress("fitting", 1, 1)
@@ -545,6 +572,9 @@ def _summarize(sc: Scenario, info: LiveRun, traces: Path, duration: float) -> di
         ),
         "fitting_rounds": (info.fitting or {}).get("rounds", []),
         "fitting_state": (info.fitting or {}).get("state"),
+        "fitting_outcome": (info.fitting or {}).get("outcome"),
+        "fitting_note": (info.fitting or {}).get("note"),
+        "fitting_s": info.fit_s,
         "analysis": dict(analysis.ENGINE),
     }
     summary |= analysis.summarize(broker_rows, sub_rows, info.window, sc.slo_p99_ms)

@@ -31,11 +31,14 @@ class PublisherClass:
 
 @dataclass(frozen=True, slots=True)
 class Fit:
-    """Online fitting's settings (measurement window, samples needed, settle time)."""
+    """Online fitting's settings (measurement window, samples needed, settle time);
+    ``model``: a broker model file from ``srtm calibrate`` that makes fitting
+    model-assisted (the run's controller reads it from the file's folder)."""
 
     window_s: float = 2.0
     min_samples: int = 200
     settle_s: float = 0.5
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
