@@ -100,7 +100,9 @@ def test_a_bad_model_file_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"bad\.json"):
         check_model(bad)
     result = CliRunner().invoke(
-        app, ["run", "table1", "--live", "--model", str(bad), "--out", str(tmp_path)]
+        app,
+        ["run", "table1", "--live", "--model", str(bad), "--out", str(tmp_path)],
+        env={"COLUMNS": "400"},  # the error box must not wrap the long temporary path
     )
     assert result.exit_code == 2 and "bad.json" in result.output  # before any broker starts
     sim = CliRunner().invoke(app, ["run", "table1", "--sim", "--model", str(bad)])
