@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from srtm.experiments.scenarios.scenario import PublisherOrder
     from srtm.experiments.sizing import Sizing
     from srtm.placement import Policy
 
@@ -52,6 +53,7 @@ class Option(StrEnum):
     decide = "--decide"
     only = "--only"
     outage_s = "--outage-s"
+    publisher_order = "--publisher-order"
 
 
 class Analysis(StrEnum):
@@ -101,6 +103,9 @@ class RunSettings:
     decide: str = "controller"
     only: str | None = None
     outage_s: float | None = None
+    #: The order a live scenario's publishers are handed to the controller (None: the
+    #: scenario's own, block unless its file says otherwise).
+    publisher_order: PublisherOrder | None = None
 
 
 @dataclass(frozen=True)
