@@ -32,7 +32,7 @@ def demo(
             "publisher order.",
             min=1,
         ),
-    ] = 20.0,
+    ] = 15.0,
     warmup: Annotated[
         float, typer.Option(help="Seconds of traffic before measuring (fitting runs in it).", min=0)
     ] = 5.0,
