@@ -292,6 +292,7 @@ def test_analysis_joins_sides_and_accounts_for_every_message() -> None:
 
 # -- the demo -----------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # four runs and Spark: minutes on a busy machine (300 s was hit)
 def test_mini_demo_end_to_end(tmp_path: Path) -> None:
     """`srtm demo` for 5 s per run: LB and SRTM with the publishers in block and in
     shuffled order, every run complete with every message delivered, one JSON comparison
@@ -301,7 +302,7 @@ def test_mini_demo_end_to_end(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "srtm", "demo", "--duration", "5", "--warmup", "2",
          "--out", str(out), "--json", "--analysis", "spark"],
-        capture_output=True, text=True, timeout=420, env=env,
+        capture_output=True, text=True, timeout=540, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     docs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
