@@ -3,16 +3,18 @@ a slowed machine?
 
 Runs ``srtm demo --json`` RUNS times in a row, each in its own output directory, and
 prints one row per run: the scale the demo chose for this machine, LB's and SRTM's p99
-and brokers, SRTM's fitting rounds and outcome, whether each run was valid, and the
-conclusion. ``--cpu-quota Q`` runs every demo (and so every process it starts) in a cgroup
-limited to Q CPUs (cgroup v1 or v2, as root), which stands for a slower machine; ``--cpus
+and brokers with the publishers in block order, their p99s in shuffled order, SRTM's
+fitting rounds and outcome, whether each run was valid, and the conclusion.
+``--cpu-quota Q`` runs every demo (and so every process it starts) in a cgroup limited to
+Q CPUs (cgroup v1 or v2, as root), which stands for a slower machine; ``--cpus
 0`` pins them to those CPUs with taskset instead. The anchor in the same run is LB, which
 fitting does not touch.
 
     .venv/bin/python benchmarks/demo_runs.py [--runs 10] [--cpu-quota 1.0] [--out DIR]
 
 A run counts as "as the paper says" when it is valid, SRTM is within the SLO and uses
-fewer brokers than LB, and the conclusion names SRTM alone within the SLO.
+fewer brokers than LB, and the conclusion names SRTM alone within the SLO (in block
+order, the paper's setting; the shuffled order's figures are shown beside it).
 """
 
 from __future__ import annotations
@@ -67,12 +69,18 @@ def _run(i: int, out: Path, quota: Path | None, cpus: str | None, extra: list[st
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         return {"run": i, "error": f"exit {done.returncode}", "seconds": took}
-    doc: dict[str, Any] = json.loads(lines[-1])
+    by_order = {d.get("publisher_order", "block"): d for d in map(json.loads, lines)}
+    doc: dict[str, Any] = by_order.get("block") or next(iter(by_order.values()))
+    doc["shuffled"] = by_order.get("shuffled")
     srtm = json.loads((out / f"run-{i}" / "correlated-sensors-srtm.json").read_text())
     doc |= {"run": i, "seconds": took, "sizing": srtm.get("sizing"),
             "fitting_rounds": srtm.get("fitting_rounds"),
             "fitting_outcome": _outcome(out / f"run-{i}")}  # fmt: skip
     return doc
+
+
+def _p99(policies: dict[str, Any], policy: str) -> str:
+    return f"{policies[policy]['p99_ms']:.1f}" if policy in policies else "-"
 
 
 def _outcome(run: Path) -> str | None:
@@ -125,18 +133,21 @@ def main(
                   + (f", CPU quota {cpu_quota:g} per {cpu_period_ms:g} ms" if quota else "")
                   + (f", taskset {cpus}" if cpus else ""))  # fmt: skip
     for col in ("run", "scale", "SLO ms", "LB p99", "LB brokers", "SRTM p99", "SRTM brokers",
-                "rounds", "fitting", "valid", "as the paper", "s"):  # fmt: skip
+                "shuffled: LB p99", "SRTM p99", "rounds", "fitting", "valid", "as the paper",
+                "s"):  # fmt: skip
         table.add_column(col, justify="right")
     for d in docs:
         if "error" in d:
-            table.add_row(str(d["run"]), d["error"], *[""] * 9, f"{d['seconds']:.0f}")
+            table.add_row(str(d["run"]), d["error"], *[""] * 11, f"{d['seconds']:.0f}")
             continue
         lb, sr = d["policies"]["lb"], d["policies"]["srtm"]
+        mixed = (d.get("shuffled") or {}).get("policies", {})
         table.add_row(
             str(d["run"]), f"{(d.get('sizing') or {}).get('scale', '')}",
             f"{d['slo_p99_ms']:.3g}", f"{lb['p99_ms']:.1f}", str(lb["brokers_used"]),
-            f"{sr['p99_ms']:.1f}", str(sr["brokers_used"]), str(sum(d["fitting_rounds"] or [])),
-            str(d["fitting_outcome"]), "no" if d["disturbed"] else "yes",
+            f"{sr['p99_ms']:.1f}", str(sr["brokers_used"]), _p99(mixed, "lb"), _p99(mixed, "srtm"),
+            str(sum(d["fitting_rounds"] or [])), str(d["fitting_outcome"]),
+            "no" if d["disturbed"] or (d.get("shuffled") or {}).get("disturbed") else "yes",
             "yes" if as_paper(d) else "NO", f"{d['seconds']:.0f}",
         )  # fmt: skip
     console.print(table)

@@ -292,18 +292,36 @@ def test_analysis_joins_sides_and_accounts_for_every_message() -> None:
 
 # -- the demo -----------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # four runs and Spark: minutes on a busy machine (300 s was hit)
 def test_mini_demo_end_to_end(tmp_path: Path) -> None:
-    """`srtm demo` for 5 s per policy: both runs complete with every message delivered, the
-    JSON comparison and the report with its plots are written, and nothing is left running."""
+    """`srtm demo` for 5 s per run: LB and SRTM with the publishers in block and in
+    shuffled order, every run complete with every message delivered, one JSON comparison
+    per order and the report with its plots written, and nothing left running."""
     out = tmp_path / "demo"
     env = os.environ | {"COLUMNS": "160"}
     proc = subprocess.run(
         [sys.executable, "-m", "srtm", "demo", "--duration", "5", "--warmup", "2",
          "--out", str(out), "--json", "--analysis", "spark"],
-        capture_output=True, text=True, timeout=240, env=env,
+        capture_output=True, text=True, timeout=540, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    docs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [d["publisher_order"] for d in docs] == ["block", "shuffled"]
+    doc, shuffled = docs
+    # Block order keeps LB's groups whole on its brokers; shuffled gives each a slice of
+    # most; SRTM gives every broker a slice of every group in both.
+    groups = {(d["publisher_order"], p): r["groups_per_broker"]
+              for d in docs for p, r in d["policies"].items()}  # fmt: skip
+    assert max(groups["block", "lb"].values()) <= 3
+    assert min(groups["shuffled", "lb"].values()) >= 7
+    assert set(groups["block", "srtm"].values()) == set(groups["shuffled", "srtm"].values()) == {10}
+    for d in docs:
+        assert (d["srtm_gain"] is None) == d["disturbed"]
+    assert set(shuffled["policies"]) == {"lb", "srtm"}
+    for policy, row in shuffled["policies"].items():
+        assert row["published"] == row["delivered"] > 0, policy
+    assert (out / "correlated-sensors-lb-shuffled.json").exists()
+    assert "publishers in shuffled order" in proc.stdout
     assert set(doc["policies"]) == {"lb", "srtm"}
     for policy, row in doc["policies"].items():
         assert 0 < row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"], policy

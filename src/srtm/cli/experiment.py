@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -26,6 +26,9 @@ from srtm.experiments.experiment import (
     start,
 )
 from srtm.placement import POLICIES, Policy, parse_policy
+
+if TYPE_CHECKING:
+    from srtm.experiments.scenarios.scenario import PublisherOrder
 
 # The experiments' packages (pandas, pyarrow, the simulator) are imported where used:
 # `srtm broker` starts through this same command line and should not pay for them.
@@ -99,6 +102,20 @@ AnalysisOpt = Annotated[
         "process), or 'auto' (Spark, and local if Spark cannot start, e.g. without Java)."
     ),
 ]
+PublisherOrderOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--publisher-order",
+        help="Live scenarios: the order the publishers are handed to the controller and "
+        "its placement policy. 'block' (default): each correlation group's members one "
+        "after another, as the scenario lists them, so the blind policies (LB, Conc, "
+        "MaxMin), which fill each broker with consecutive publishers, keep every group "
+        "whole on one broker, their worst case. 'shuffled': a permutation seeded by the "
+        "scenario's seed, so a blind policy gives each broker a slice of most groups, as "
+        "it would for publishers connecting in any order. The groups and the workload are "
+        "the same. Default: the scenario's own (`publisher_order` in its file; block).",
+    ),
+]
 SparkMasterOpt = Annotated[
     str | None,
     typer.Option(
@@ -126,6 +143,19 @@ def given_on_command_line(ctx: typer.Context, name: str) -> bool:
 
 def usage(exc: UsageError) -> typer.BadParameter:
     return typer.BadParameter(str(exc), param_hint=exc.option)
+
+
+def order_of(text: str | None) -> PublisherOrder | None:
+    """``--publisher-order``'s value (None when not given), or exit 2 naming the option
+    and the choices."""
+    from srtm.experiments.scenarios.scenario import parse_publisher_order
+
+    if text is None:
+        return None
+    try:
+        return parse_publisher_order(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--publisher-order") from exc
 
 
 def policies_of(text: str) -> tuple[Policy, ...]:
@@ -224,6 +254,7 @@ def run_cmd(
             "calibrate as part of the run).",
         ),
     ] = None,
+    publisher_order: PublisherOrderOpt = None,
 ) -> None:
     """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
     the workload, collect traces, stop everything, and print the summary; with --sim,
@@ -235,7 +266,7 @@ def run_cmd(
     mode = Mode.sim if sim else Mode.live
     run = RunSettings(
         out, TERMINAL, as_json, policies_of(policy), duration, warmup, analysis, spark_master,
-        scale, quick, decide, only, outage_s, model,
+        scale, quick, decide, only, outage_s, model, order_of(publisher_order),
     )  # fmt: skip
     try:
         summary = start(registry.find(scenario), mode, given, run)
@@ -258,6 +289,7 @@ def compare_cmd(
     spark_master: SparkMasterOpt = None,
     strict: StrictOpt = False,
     scale: ScaleOpt = "auto",
+    publisher_order: PublisherOrderOpt = None,
 ) -> None:
     """Run SCENARIO under several policies and print them side by side, with plots and an
     HTML report in OUT."""
@@ -265,7 +297,7 @@ def compare_cmd(
 
     run = RunSettings(
         out, TERMINAL, as_json, policies_of(policies), duration, warmup, analysis,
-        spark_master, scale,
+        spark_master, scale, publisher_order=order_of(publisher_order),
     )  # fmt: skip
     try:
         summary = scenarios.find(scenario).compare(run)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from srtm.experiments.scenarios.scenario import PublisherOrder
     from srtm.experiments.sizing import Sizing
     from srtm.placement import Policy
 
@@ -53,6 +54,7 @@ class Option(StrEnum):
     only = "--only"
     outage_s = "--outage-s"
     model = "--model"
+    publisher_order = "--publisher-order"
 
 
 class Analysis(StrEnum):
@@ -104,6 +106,9 @@ class RunSettings:
     outage_s: float | None = None
     #: A broker model file from ``srtm calibrate`` (table1 live: model-assisted fitting).
     model: str | None = None
+    #: The order a live scenario's publishers are handed to the controller (None: the
+    #: scenario's own, block unless its file says otherwise).
+    publisher_order: PublisherOrder | None = None
 
 
 @dataclass(frozen=True)

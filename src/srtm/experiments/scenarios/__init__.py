@@ -26,7 +26,14 @@ from srtm.experiments.experiment import (
     progress,
     sizing_of,
 )
-from srtm.experiments.scenarios.scenario import Scenario, available, load, parse
+from srtm.experiments.scenarios.scenario import (
+    PublisherOrder,
+    Scenario,
+    available,
+    load,
+    parse,
+    parse_publisher_order,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -35,6 +42,7 @@ if TYPE_CHECKING:
     from srtm.placement import Policy
 
 __all__ = [
+    "PublisherOrder",
     "Scenario",
     "ScenarioExperiment",
     "analyse",
@@ -43,6 +51,7 @@ __all__ = [
     "find",
     "load",
     "parse",
+    "parse_publisher_order",
     "run_policies",
 ]
 
@@ -54,7 +63,7 @@ class ScenarioExperiment:
     scenario: Scenario
     live_options: ClassVar[frozenset[Option]] = frozenset(
         {Option.policy, Option.duration, Option.warmup, Option.analysis,
-         Option.spark_master, Option.strict, Option.scale}
+         Option.spark_master, Option.strict, Option.scale, Option.publisher_order}
     )  # fmt: skip
 
     @property
@@ -71,20 +80,20 @@ class ScenarioExperiment:
 
         from srtm.experiments.scenarios import report
 
-        sc, how = sized(self.scenario, run.scale, run.term)
+        sc, how = sized(self.scenario.with_order(run.publisher_order), run.scale, run.term)
         summaries = run_policies(
             sc, run.policies, run.out, run.duration_s, run.warmup_s, how, run.term
         )
         analyse(summaries, run.out, run.analysis, run.spark_master, run.term.err)
-        report.print_table(summaries, f"{sc.name}: SLO p99 ≤ {sc.slo_p99_ms:g} ms", run.term.out)
+        report.print_table(summaries, _title(sc), run.term.out)
         run.term.err.print(f"summaries and traces under {run.out}")
         document = json.dumps(report.compact(summaries))
-        return _summary(self.name, summaries, document, saved(summaries, run.out))
+        return _summary(self.name, summaries, (document,), saved(summaries, run.out))
 
     def compare(self, run: RunSettings) -> Summary:
         """The scenario under each policy of ``run``, side by side, with plots and an HTML
         report in ``run.out``."""
-        sc, how = sized(self.scenario, run.scale, run.term)
+        sc, how = sized(self.scenario.with_order(run.publisher_order), run.scale, run.term)
         summaries = run_policies(
             sc, run.policies, run.out, run.duration_s, run.warmup_s, how, run.term
         )
@@ -104,8 +113,10 @@ def shipped() -> list[ScenarioExperiment]:
     return [ScenarioExperiment(load(name)) for name in available()]
 
 
-def demo(run: RunSettings) -> Summary:
-    """The main job: correlated sensors under LB, then SRTM, with the HTML report."""
+def demo(run: RunSettings, orders: Sequence[PublisherOrder] = tuple(PublisherOrder)) -> Summary:
+    """The main job: correlated sensors under LB, then SRTM, with publishers handed over
+    in each of ``orders`` (block: each group whole, the blind policy's worst case; shuffled:
+    the order a user meets), with the HTML report."""
     term = run.term
     sc = find("correlated-sensors").scenario
     started = time.monotonic()
@@ -113,9 +124,14 @@ def demo(run: RunSettings) -> Summary:
     sc, how = sized(sc, run.scale, term)
     term.err.print(
         f"SLO p99 ≤ {sc.slo_p99_ms:g} ms; {sc.brokers} brokers on 127.0.0.1; "
-        f"{run.duration_s:g} s measured per policy."
+        f"{run.duration_s:g} s measured per policy; publishers in "
+        f"{' and '.join(orders)} order."
     )
-    summaries = run_policies(sc, run.policies, run.out, run.duration_s, run.warmup_s, how, term)
+    summaries = []
+    for order in orders:
+        summaries += run_policies(
+            sc.with_order(order), run.policies, run.out, run.duration_s, run.warmup_s, how, term
+        )
     analyse(summaries, run.out, run.analysis, run.spark_master, term.err)
     done = finish(sc, summaries, run.out, term)
     term.err.print(f"finished in {time.monotonic() - started:.0f} s")
@@ -144,8 +160,9 @@ def run_policies(
     from srtm.experiments.scenarios import live
 
     summaries = []
+    shuffled = "" if sc.publisher_order is PublisherOrder.block else f" / {sc.publisher_order}"
     for policy in policies:
-        with progress(term, f"{sc.name} / {policy}") as update, ctrl_c_wins():
+        with progress(term, f"{sc.name} / {policy}{shuffled}") as update, ctrl_c_wins():
             summaries.append(
                 live.run(
                     sc, policy, out, duration_s=duration, warmup_s=warmup, on_progress=update,
@@ -196,17 +213,24 @@ def analyse(
 
 
 def finish(sc: Scenario, summaries: list[dict[str, Any]], out: Path, term: Terminal) -> Summary:
-    """The table, the plots and the HTML page of ``summaries``."""
+    """The table of each publisher order's runs, the plots and the HTML page of
+    ``summaries``; one JSON document per order."""
     import json
 
     from srtm.experiments.scenarios import report
 
-    report.print_table(summaries, f"{sc.name}: SLO p99 ≤ {sc.slo_p99_ms:g} ms", term.out)
+    groups = report.by_order(summaries)
+    for order, group in groups.items():
+        report.print_table(group, _title(sc.with_order(PublisherOrder(order))), term.out)
     images = report.plots(summaries, out / "traces", out)
     page = report.write_html(summaries, images, out, sc)
     term.err.print(f"report: {page}")
-    document = json.dumps(report.compact(summaries))
-    return _summary(sc.name, summaries, document, (*saved(summaries, out), *images, page))
+    documents = tuple(json.dumps(report.compact(g)) for g in groups.values())
+    return _summary(sc.name, summaries, documents, (*saved(summaries, out), *images, page))
+
+
+def _title(sc: Scenario) -> str:
+    return f"{sc.name}, publishers in {sc.publisher_order} order: SLO p99 ≤ {sc.slo_p99_ms:g} ms"
 
 
 def saved(summaries: Sequence[dict[str, Any]], out: Path) -> tuple[Path, ...]:
@@ -218,10 +242,13 @@ def saved(summaries: Sequence[dict[str, Any]], out: Path) -> tuple[Path, ...]:
 
 
 def _summary(
-    name: str, summaries: Sequence[dict[str, Any]], document: str, report: tuple[Path, ...]
+    name: str,
+    summaries: Sequence[dict[str, Any]],
+    documents: tuple[str, ...],
+    report: tuple[Path, ...],
 ) -> Summary:
     from srtm.experiments.scenarios import report as tables
 
     bad = bool(tables.disturbances(summaries))
     verdict = RunVerdict.disturbed if bad else RunVerdict.ok
-    return Summary(name, Mode.live, (document,), verdict, report)
+    return Summary(name, Mode.live, documents, verdict, report)

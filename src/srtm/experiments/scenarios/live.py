@@ -29,7 +29,7 @@ import numpy as np
 
 from srtm.analysis import profile_bucket
 from srtm.experiments import analysis, host
-from srtm.experiments.scenarios.scenario import Scenario
+from srtm.experiments.scenarios.scenario import PublisherOrder, Scenario, groups_per_broker
 from srtm.experiments.sizing import Sizing
 from srtm.experiments.validity import RunFigures, Validity, check
 from srtm.launch import LocalCluster, die_with_parent, start_cluster
@@ -91,7 +91,10 @@ class LiveRun:
 
 
 def run_name(sc: Scenario, policy: str) -> str:
-    return f"{sc.name}-{policy}"
+    """``<scenario>-<policy>``, and ``-shuffled`` after it when the publishers were handed
+    over shuffled (so both orders' runs can share an output directory)."""
+    suffix = "" if sc.publisher_order is PublisherOrder.block else f"-{sc.publisher_order}"
+    return f"{sc.name}-{policy}{suffix}"
 
 
 def run(
@@ -117,7 +120,7 @@ def run(
     name = run_name(sc, policy)
     traces = out / "traces"
     _clear_run(traces, name)
-    cluster_dir = out / "cluster" / policy
+    cluster_dir = out / "cluster" / name.removeprefix(f"{sc.name}-")
     shutil.rmtree(cluster_dir, ignore_errors=True)
     progress = on_progress or (lambda *_: None)
     progress("starting brokers", 0, 1)
@@ -222,12 +225,12 @@ async def _drive(
     """``spans``: the warm-up, the measured window and the fitting budget, seconds."""
     warmup, duration, budget = spans
     url = cluster.url
-    specs = sc.specs()
+    specs = sc.specs()  # the workload: the same schedule in either publisher order
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         preload = await _start_preload(sc, cluster, http)
         sink = Sink(url, sc.topic, traces, info.run)
         try:
-            doc = topic_document(sc, policy, specs)
+            doc = topic_document(sc, policy, sc.placement_specs())
             info.rate, info.burst = doc["rate"], doc["burst"]
             created = time.monotonic()
             async with http.post(f"{url}/topics", json=doc, headers=cluster.headers) as r:
@@ -533,6 +536,7 @@ def _metadata(sc: Scenario, info: LiveRun) -> dict[str, Any]:
         "run": info.run,
         "policy": info.policy,
         "scenario": sc.name,
+        "publisher_order": str(sc.publisher_order),
         "slo_p99_ms": sc.slo_p99_ms,
         "time_scale": sc.time_scale,
         "topic": sc.topic,
@@ -557,6 +561,7 @@ def _summarize(sc: Scenario, info: LiveRun, traces: Path, duration: float) -> di
         "run": info.run,
         "scenario": sc.name,
         "policy": info.policy,
+        "publisher_order": str(sc.publisher_order),
         "slo_p99_ms": sc.slo_p99_ms,
         "duration_s": duration,
         "window_start_ns": info.window.start_ns,
@@ -564,6 +569,10 @@ def _summarize(sc: Scenario, info: LiveRun, traces: Path, duration: float) -> di
         "rate": info.rate,
         "burst": info.burst,
         "brokers_assigned": len(info.plan.get("brokers", [])),
+        # How the final plan cut the correlation groups (the point of publisher_order).
+        "groups_per_broker": groups_per_broker(
+            {b["id"]: b["publishers"] for b in info.plan.get("brokers", [])}, sc.specs()
+        ),
         "brokers_available": sc.brokers,
         # Who the final plan left without a broker (``validity.findings``).
         "publishers": len(sc.specs()),

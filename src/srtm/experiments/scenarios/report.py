@@ -1,5 +1,5 @@
-"""Comparisons of live runs: one row per policy (the terminal's table), PNG plots and an
-HTML page."""
+"""Comparisons of live runs: one row per policy and publisher order (the terminal's
+table), PNG plots and an HTML page."""
 
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ from srtm.experiments.validity import Finding
 #: (heading, how to read it from a run summary, format)
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("policy", "policy", "{}"),
+    ("order", "publisher_order", "{}"),
     ("p50 ms", "e2e_ms.p50", "{:.1f}"),
     ("p95 ms", "e2e_ms.p95", "{:.1f}"),
     ("p99 ms", "e2e_ms.p99", "{:.1f}"),
     ("SLO", "slo_met", "{}"),
     ("run", "validity", "{}"),
     ("brokers", "brokers_used", "{}"),
+    ("groups", "groups_per_broker", "{}"),
     ("placed", "placed", "{}"),
     ("tokens", "token_share_tail", "{:.0%}"),
     ("rounds", "fitting_rounds", "{}"),
@@ -32,7 +34,11 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 #: What the short headings mean (printed under the table).
 LEGEND = (
     "SLO: p99 within the SLO, on every broker, with every publisher served (a finding under "
-    "the table says why not); brokers: brokers that carried the topic; placed: publishers "
+    "the table says why not); order: the order the publishers were handed to the "
+    "placement policy (block: each correlation group's members one after another; "
+    "shuffled: a seeded permutation); brokers: brokers that carried the topic; groups: "
+    "correlation groups a broker of the final plan has members of, on average; placed: "
+    "publishers "
     "the final plan gave a broker, of the topic's; tokens: share of the "
     "slowest 1 % of messages' latency spent waiting for tokens (the DRL penalty); rounds: "
     "measurement rounds of online fitting (LB is not fitted); run: whether the run's own "
@@ -41,6 +47,25 @@ LEGEND = (
 )
 #: Said instead of a conclusion when a run was disturbed.
 RERUN = "Re-run on a quieter machine (close other programs, or run fewer things at once)."
+
+
+def order_of(summary: dict[str, Any]) -> str:
+    """The publisher order of the run ('block' for a summary from before runs said)."""
+    return str(summary.get("publisher_order", "block"))
+
+
+def label(summary: dict[str, Any]) -> str:
+    """The run's name in lists and plots: its policy, and its order when not block."""
+    order = order_of(summary)
+    return summary["policy"] if order == "block" else f"{summary['policy']} ({order})"
+
+
+def by_order(summaries: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The summaries grouped by publisher order, in the order they first come."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for s in summaries:
+        out.setdefault(order_of(s), []).append(s)
+    return out
 
 
 def status(summary: dict[str, Any]) -> str:
@@ -72,6 +97,11 @@ def value(summary: dict[str, Any], path: str) -> Any:
         return "-" if total is None or unplaced is None else f"{total - unplaced:,}/{total:,}"
     if path == "validity":
         return {"valid": "ok", "disturbed": "DISTURBED"}.get(status(summary), "-")
+    if path == "publisher_order":
+        return order_of(summary)
+    if path == "groups_per_broker":
+        per = summary.get("groups_per_broker") or {}
+        return f"{sum(per.values()) / len(per):.1f}" if per else "-"
     if path == "fitting_rounds":
         rounds = summary.get("fitting_rounds") or []
         return sum(rounds) if rounds else "-"
@@ -124,10 +154,8 @@ def checks_line(summary: dict[str, Any]) -> str:
 
 
 def disturbances(summaries: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
-    """Policy -> the reasons its run was disturbed, for the disturbed runs only."""
-    return {
-        s["policy"]: list(s["validity"]["reasons"]) for s in summaries if status(s) == "disturbed"
-    }
+    """Run (``label``) -> the reasons it was disturbed, for the disturbed runs only."""
+    return {label(s): list(s["validity"]["reasons"]) for s in summaries if status(s) == "disturbed"}
 
 
 def failures(summary: dict[str, Any]) -> list[str]:
@@ -136,12 +164,20 @@ def failures(summary: dict[str, Any]) -> list[str]:
 
 
 def conclusion(summaries: Sequence[dict[str, Any]]) -> str | None:
-    """What the comparison shows, in one sentence; None when any run was disturbed (the
-    figures of a starved machine have shown the opposite of the truth). A policy with a
-    failing finding is outside the SLO, with the finding said, and its p99 is not ranked:
-    the p99s compared are those of runs that served the whole workload on healthy brokers."""
+    """What the comparison shows, in one sentence per publisher order (runs are compared
+    within their order); None when any run was disturbed (the figures of a starved
+    machine have shown the opposite of the truth). A policy with a failing finding is
+    outside the SLO, with the finding said, and its p99 is not ranked: the p99s compared
+    are those of runs that served the whole workload on healthy brokers."""
     if not summaries or disturbances(summaries):
         return None
+    orders = by_order(summaries)
+    if len(orders) == 1:
+        return _conclusion(summaries)
+    return " ".join(f"{order.capitalize()} order: {_conclusion(g)}" for order, g in orders.items())
+
+
+def _conclusion(summaries: Sequence[dict[str, Any]]) -> str:
     slo = summaries[0]["slo_p99_ms"]
     p99 = {s["policy"]: float(s["e2e_ms"]["p99"]) for s in summaries}
     failed = {s["policy"]: failures(s) for s in summaries}
@@ -162,13 +198,42 @@ def conclusion(summaries: Sequence[dict[str, Any]]) -> str | None:
     return text
 
 
+def srtm_gain(summaries: Sequence[dict[str, Any]]) -> float | None:
+    """LB's p99 over SRTM's, within one publisher order: how many times lower SRTM's tail
+    is. None without both runs, or when either was disturbed (nothing to conclude)."""
+    runs = {s["policy"]: s for s in summaries}
+    lb, srtm = runs.get("lb"), runs.get("srtm")
+    if lb is None or srtm is None or disturbances([lb, srtm]):
+        return None
+    return float(lb["e2e_ms"]["p99"]) / float(srtm["e2e_ms"]["p99"])
+
+
+def gain_lines(summaries: Sequence[dict[str, Any]]) -> list[str]:
+    """Per publisher order, LB's and SRTM's p99 and brokers and what SRTM gains; said
+    plainly when a run was disturbed instead."""
+    lines = []
+    for order, group in by_order(summaries).items():
+        runs = {s["policy"]: s for s in group}
+        if "lb" not in runs or "srtm" not in runs:
+            continue
+        lb, srtm = runs["lb"], runs["srtm"]
+        gain = srtm_gain(group)
+        figures = (
+            f"LB p99 {lb['e2e_ms']['p99']:.1f} ms on {lb['brokers_used']} brokers, SRTM "
+            f"{srtm['e2e_ms']['p99']:.1f} ms on {srtm['brokers_used']}"
+        )
+        said = "disturbed, no conclusion" if gain is None else f"SRTM's p99 {gain:.1f}x lower"
+        lines.append(f"publishers in {order} order: {figures}: {said}")
+    return lines
+
+
 def _named(policy: str, why: list[str]) -> str:
     return policy.upper() + (f" ({'; '.join(why)})" if why else "")
 
 
 def findings_lines(summaries: Sequence[dict[str, Any]]) -> list[str]:
     """'policy: finding' for every finding of every run."""
-    return [f"{s['policy']}: {f.text}" for s in summaries for f in findings(s)]
+    return [f"{label(s)}: {f.text}" for s in summaries for f in findings(s)]
 
 
 def disturbed_note(summaries: Sequence[dict[str, Any]]) -> str | None:
@@ -189,27 +254,35 @@ def disturbed_note(summaries: Sequence[dict[str, Any]]) -> str | None:
 
 
 def compact(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The comparison as one JSON document: per policy p50, p95, p99 (ms), brokers used,
+    """The comparison of runs in one publisher order as one JSON document: the order, per
+    policy p50, p95, p99 (ms), brokers used, the groups each broker has members of,
     whether the run was disturbed (and why), whether it met the SLO, its findings and the
-    figures they come from; the conclusion, or null if any run was disturbed."""
+    figures they come from; the conclusion, or null if any run was disturbed; LB's p99
+    over SRTM's (``srtm_gain``)."""
+    orders = list(by_order(summaries))
+    if len(orders) > 1:
+        raise ValueError(f"one comparison per publisher order, got {', '.join(orders)}")
     found = disturbances(summaries)
     return {
         "scenario": summaries[0]["scenario"] if summaries else None,
+        "publisher_order": orders[0] if orders else None,
         "slo_p99_ms": summaries[0]["slo_p99_ms"] if summaries else None,
         "analysis": engine(summaries),
         "disturbed": bool(found),
         "conclusion": conclusion(summaries),
+        "srtm_gain": srtm_gain(summaries),
         "policies": {
             s["policy"]: {
                 "p50_ms": s["e2e_ms"]["p50"],
                 "p95_ms": s["e2e_ms"]["p95"],
                 "p99_ms": s["e2e_ms"]["p99"],
                 "brokers_used": s["brokers_used"],
+                "groups_per_broker": s.get("groups_per_broker"),
                 "token_share_tail": s["token_share_tail"],
                 "published": s["accounting"]["published"],
                 "delivered": s["accounting"]["delivered"],
                 "validity": status(s),
-                "disturbed_by": found.get(s["policy"], []),
+                "disturbed_by": found.get(label(s), []),
                 "within_slo": within_slo(s),
                 "findings": [f.to_json() for f in findings(s)],
                 "publishers": s.get("publishers"),
@@ -249,7 +322,7 @@ def plots(summaries: Sequence[dict[str, Any]], traces: Path, out: Path) -> list[
         _, sub = analysis.load(traces, s["run"])
         window = analysis.MeasuredWindow(s["window_start_ns"], s["window_end_ns"])
         x, y = analysis.cdf(analysis.e2e_ms(sub, window))
-        ax.plot(x, y, label=f"{s['policy']} (p99 {s['e2e_ms']['p99']:.1f} ms)")
+        ax.plot(x, y, label=f"{label(s)} (p99 {s['e2e_ms']['p99']:.1f} ms)")
     ax.axvline(summaries[0]["slo_p99_ms"], color="grey", linestyle="--", label="SLO (p99)")
     ax.axhline(0.99, color="grey", linestyle=":", linewidth=0.8)
     ax.set_xscale("log")
@@ -268,7 +341,7 @@ def plots(summaries: Sequence[dict[str, Any]], traces: Path, out: Path) -> list[
     for i, s in enumerate(summaries):
         brokers = sorted(s["per_broker"], key=int)
         xs = [int(b) + (i - (len(summaries) - 1) / 2) * width for b in brokers]
-        ax.bar(xs, [s["per_broker"][b]["p99"] for b in brokers], width, label=s["policy"])
+        ax.bar(xs, [s["per_broker"][b]["p99"] for b in brokers], width, label=label(s))
     ax.axhline(summaries[0]["slo_p99_ms"], color="grey", linestyle="--", label="SLO (p99)")
     ax.set_xlabel("broker")
     ax.set_ylabel("p99 latency (ms)")
@@ -295,7 +368,7 @@ def write_html(
         for p in images
     )
     accounting = "".join(
-        f"<li>{html.escape(s['policy'])}: published {s['accounting']['published']:,}, "
+        f"<li>{html.escape(label(s))}: published {s['accounting']['published']:,}, "
         f"delivered {s['accounting']['delivered']:,}, {html.escape(loss_text(s))}, "
         f"duplicates {s['accounting']['duplicates']}{html.escape(unsent_text(s))}</li>"
         for s in summaries
@@ -307,6 +380,7 @@ def write_html(
         else ""
     )
     note = disturbed_note(summaries)
+    gains = "".join(f"<li>{html.escape(line)}</li>" for line in gain_lines(summaries))
     verdict = (
         '<p class="disturbed"><strong>Disturbed run.</strong> '
         + "<br>".join(html.escape(line) for line in note.splitlines())
@@ -326,7 +400,9 @@ img{{max-width:100%}}
 <p>SLO: p99 &le; {scenario.slo_p99_ms:g} ms. Measured window: {summaries[0]["duration_s"]:g} s
 per policy, after a warm-up in which the controller places (and, except for LB, fits) the
 topic. {html.escape(LEGEND)}</p>
+<p>Publishers handed to the placement policy in {html.escape(_orders_text(summaries))}.</p>
 {verdict}
+{f"<ul>{gains}</ul>" if gains else ""}
 {found_html}
 <table><tr>{head}</tr>{body}</table>
 <p>Latency figures computed by: {html.escape(engine(summaries))}.</p>
@@ -354,7 +430,7 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str, out: Console) -
         acc = s["accounting"]
         same = "=" if acc["published"] == acc["delivered"] and acc["lost"] == 0 else "≠"
         out.print(
-            f"{s['policy']}: published {acc['published']:,} {same} delivered "
+            f"{label(s)}: published {acc['published']:,} {same} delivered "
             f"{acc['delivered']:,} ({loss_text(s)}, duplicates {acc['duplicates']}"
             f"{unsent_text(s)}); "
             f"{s['emulator']['skipped_late']:,} events skipped as over "
@@ -379,3 +455,10 @@ def _print_verdict(summaries: Sequence[dict[str, Any]], out: Console) -> None:
     text = conclusion(summaries)
     if text and len(summaries) > 1:
         out.print(f"[bold]{text}[/bold]", highlight=False)
+    for line in gain_lines(summaries):
+        out.print(line, highlight=False)
+
+
+def _orders_text(summaries: Sequence[dict[str, Any]]) -> str:
+    """'block order', 'shuffled order', or 'block and shuffled order'."""
+    return " and ".join(by_order(summaries)) + " order"

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 from typing import Any, cast
@@ -14,6 +17,48 @@ from typing import Any, cast
 from srtm.protocol import is_valid_name
 from srtm.workload import PublisherSpec
 from srtm.workload.schedule import Process
+
+
+class PublisherOrder(StrEnum):
+    """The order in which a scenario's publishers are handed to the controller, and so to
+    the placement policy. The blind policies (LB, Conc, MaxMin) fill each broker with
+    consecutive publishers: in ``block`` order (each group's members one after another, as
+    the file lists them) that keeps every group whole on one broker, their worst case; in
+    ``shuffled`` order (a permutation seeded by the scenario's seed) each broker gets a
+    slice of most groups by chance, as a balancer that sees connections arrive would.
+    The groups and the workload are the same in both."""
+
+    block = "block"
+    shuffled = "shuffled"
+
+
+def parse_publisher_order(text: str) -> PublisherOrder:
+    """``text`` as a ``PublisherOrder``; ValueError naming the choices when it is none."""
+    try:
+        return PublisherOrder(text)
+    except ValueError:
+        choices = ", ".join(o.value for o in PublisherOrder)
+        raise ValueError(f"publisher order must be one of {choices}, got {text!r}") from None
+
+
+def ordered(
+    specs: Sequence[PublisherSpec], order: PublisherOrder, seed: int
+) -> list[PublisherSpec]:
+    """``specs`` in ``order``: as given (block), or permuted by ``random.Random(seed)``
+    (shuffled; the same seed, the same permutation)."""
+    out = list(specs)
+    if order is PublisherOrder.shuffled:
+        random.Random(seed).shuffle(out)
+    return out
+
+
+def groups_per_broker(
+    assignment: Mapping[str, Sequence[str]], specs: Sequence[PublisherSpec]
+) -> dict[str, int]:
+    """Broker -> how many correlation groups it has members of: 1 where a blind policy
+    kept groups whole, every group where the placement sliced them all."""
+    group = {p.id: p.group for p in specs if p.group is not None}
+    return {b: len({group[p] for p in ps if p in group}) for b, ps in assignment.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +123,9 @@ class Scenario:
     #: How much slower in time than its file this scenario runs (``sizing.scaled``):
     #: rates were multiplied by it and queueing durations divided by it.
     time_scale: float = 1.0
+    #: The order publishers are handed to the controller (TOML ``publisher_order``;
+    #: ``--publisher-order`` overrides it).
+    publisher_order: PublisherOrder = PublisherOrder.block
 
     @property
     def rate(self) -> float:
@@ -98,6 +146,16 @@ class Scenario:
                 process = cast(Process, c.process)  # PublisherSpec checks it
                 out.append(PublisherSpec(f"{c.prefix}{len(out)}", c.rate, process, c.batch, g))
         return out
+
+    def placement_specs(self) -> list[PublisherSpec]:
+        """``specs()`` in the order they are handed to the controller (``publisher_order``).
+        The workload's schedule is built from ``specs()`` in either order, so that only the
+        placement differs between the two."""
+        return ordered(self.specs(), self.publisher_order, self.seed)
+
+    def with_order(self, order: PublisherOrder | None) -> Scenario:
+        """This scenario with publishers handed over in ``order`` (None: its own)."""
+        return self if order is None else dataclasses.replace(self, publisher_order=order)
 
 
 def available() -> list[str]:
@@ -146,6 +204,11 @@ def parse(doc: dict[str, Any], where: str = "scenario") -> Scenario:
         for i, p in enumerate(doc.get("preload", []))
     )
     fields = {k: v for k, v in doc.items() if k in known}
+    if "publisher_order" in fields:
+        try:
+            fields["publisher_order"] = parse_publisher_order(fields["publisher_order"])
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
     try:
         sc = Scenario(publishers=classes, fit=fit, preload=preload, **fields)
     except TypeError as exc:
