@@ -114,7 +114,47 @@ class UtilityOverTime:
         return Summary(self.name, Mode.sim, (json.dumps(result.data),), done, tuple(result.files))
 
 
-EXPERIMENTS: tuple[UtilityExperiment | UtilityOverTime, ...] = (
+@dataclass(frozen=True)
+class MeasuredCongestion:
+    """Rate control on the broker's measured CPU, live only (``congestion``): a broker
+    pushed over its CPU budget by a load generator; the managed topic's rate falls,
+    its SLO holds, and the rate recovers when the load leaves."""
+
+    name: str = "measured-congestion"
+    live_options: ClassVar[frozenset[Option]] = frozenset(
+        {Option.quick, Option.strict, Option.scale}
+    )
+
+    @property
+    def description(self) -> str:
+        return "rate control driven by a broker's measured CPU (the utility paper, live)"
+
+    def live(self, run: RunSettings) -> Summary:
+        from srtm.experiments.utility import congestion
+
+        unsized(run.scale, self.name, congestion.NOT_SIZED, run.term)
+        with progress(run.term, f"{self.name} live") as update:
+            summary = congestion.run(run.out, quick=run.quick, on_progress=update)
+        png = congestion.plot(summary, run.out)
+        for c in summary["claims"]:
+            mark = "✓" if c["ok"] else "✗"
+            run.term.out.print(f"{mark} {c['paper']}: {c['sim']}", highlight=False)
+        run.term.out.print(
+            "disturbed: " + summary["disturbed"] if summary["disturbed"] else "not disturbed",
+            highlight=False,
+        )
+        ok = all(c["ok"] for c in summary["claims"])
+        return Summary(
+            self.name,
+            Mode.live,
+            (json.dumps(summary),),
+            verdict(disturbed=bool(summary["disturbed"]), ok=ok),
+            (run.out / "measured-congestion-live.json", png),
+        )
+
+
+EXPERIMENTS: tuple[UtilityExperiment | UtilityOverTime | MeasuredCongestion, ...] = (
     *(UtilityExperiment(name) for name in NAMES),
     *(UtilityOverTime(name) for name in OVER_TIME),
+    MeasuredCongestion(),
 )
