@@ -426,3 +426,18 @@ def test_control_step_moves_every_flow_of_the_last_run() -> None:
     n = {("a", "gold"): 10, ("b", "gold"): 10}
     out = control_step(p, {"a": 50, "b": 50}, n, {"b1": frozenset({"cpu"})})
     assert out["a"] > 50 > out["b"]
+
+
+def test_an_infeasible_run_sets_r_min_and_leaves_admission_alone() -> None:
+    c = _controller(MODELLED)
+    u = UtilityControl(UtilitySettings(cpu_capacity=0.2, egress_max=125e6))
+    # Judged by measurement, a broker pushed past its budget by what the optimizer does
+    # not allocate has no capacity left: even r_min does not fit.
+    _load(c, cpu=0.5)
+    problem = u.build(c)
+    assert problem.capacity["b0"]["cpu"] == 0
+    alloc = optimize(problem)
+    assert not alloc.feasible
+    _, orders = u.apply(c, problem, alloc, 1.0)
+    assert orders == []
+    assert u.targets == {"t": 10.0}  # on its way to r_min, a quarter a step

@@ -299,7 +299,8 @@ class UtilityControl:
         self, ctrl: Controller, problem: Problem, alloc: Allocation, t_s: float
     ) -> tuple[list[Action], list[tuple[str, str, dict[str, Any]]]]:
         """The run's rates as share changes, and the admission orders: (broker, topic,
-        ``{"classes", "order"}``) for every broker of every one-to-many flow."""
+        ``{"classes", "order"}``) for every broker of every one-to-many flow (none from
+        an infeasible run)."""
         self.problem, self.allocation, self.t_s = problem, alloc, t_s
         self.runs += 1
         actions: list[Action] = []
@@ -314,7 +315,11 @@ class UtilityControl:
             )
             self.targets.pop(f.name, None)
             actions += ctrl.set_rate(f.name, self.paced(f.name, topic.spec.rate, rate))
-            if f.kind is FlowKind.ONE_TO_MANY:
+            # An infeasible run (the minimum rates alone do not fit) has no answer for the
+            # population: it admits nobody, and evicting every consumer would leave the
+            # topic holding what it gets until one is back (seconds of stale messages).
+            # The brokers keep the counts they have.
+            if f.kind is FlowKind.ONE_TO_MANY and alloc.feasible:
                 # Most important first: the paper's order of utility per consumer.
                 ranked = sorted(f.classes, key=lambda c: (-c.utility.value(rate), c.name))
                 body = {

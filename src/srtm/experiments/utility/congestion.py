@@ -49,7 +49,7 @@ TOPIC, LOAD_TOPIC = "quotes", "load"
 R_MIN, R_MAX = 20.0, 400.0
 GOLD = 4
 SLO_MS = 50.0
-CPU_CAPACITY = 0.15
+CPU_CAPACITY = 0.2
 LOAD_RATE = 5000.0
 QUIET_S, LOAD_S, AFTER_S = 15.0, 25.0, 20.0
 QUICK = (8.0, 15.0, 12.0)
@@ -78,6 +78,9 @@ class Point:
     broker_cpu: float
     #: Messages of the topic waiting behind its bucket at the broker.
     waiting: int = 0
+    #: Messages a second the producer sent, and the slowest subscriber received.
+    sent: float = 0.0
+    delivered: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -185,16 +188,23 @@ async def _waiting(http: aiohttp.ClientSession, broker_url: str) -> int:
 
 
 async def _sample(
-    http: aiohttp.ClientSession, broker_url: str, run: _CongestionRun, pid: int, t0: float
-) -> None:
+    http: aiohttp.ClientSession, broker_url: str, run: _CongestionRun, pid: int, t0: float,
+    subs: list[Subscriber],
+) -> None:  # fmt: skip
     last_t, last_cpu = time.monotonic(), process_cpu_s(pid)
+    last_sent, last_got = run.sent, [s.received for s in subs]
     while True:
         await asyncio.sleep(SAMPLE_S)
         now, cpu = time.monotonic(), process_cpu_s(pid)
-        share = (cpu - last_cpu) / max(now - last_t, 1e-6)
+        span = max(now - last_t, 1e-6)
+        got = [s.received for s in subs]
+        slowest = min((g - h for g, h in zip(got, last_got, strict=True)), default=0)
         waiting = await _waiting(http, broker_url)
-        run.points.append(Point(now - t0, run.allowed, share, waiting))
-        last_t, last_cpu = now, cpu
+        run.points.append(Point(
+            now - t0, run.allowed, (cpu - last_cpu) / span, waiting,
+            (run.sent - last_sent) / span, slowest / span,
+        ))  # fmt: skip
+        last_t, last_cpu, last_sent, last_got = now, cpu, run.sent, got
 
 
 def _p99_ms(subs: list[Subscriber]) -> float:
@@ -240,7 +250,7 @@ async def _phases(
     watch = host.take(pids)
     loops = (
         _follow(http, url, run), _produce(pub, run),
-        _sample(http, broker_url, run, broker_pid, t0),
+        _sample(http, broker_url, run, broker_pid, t0, subs),
     )  # fmt: skip
     tasks = [asyncio.create_task(c) for c in loops]
     ph = run.phases
