@@ -49,6 +49,11 @@ TOPIC, LOAD_TOPIC = "quotes", "load"
 R_MIN, R_MAX = 20.0, 400.0
 GOLD = 4
 SLO_MS = 50.0
+#: The topic's bound on the wait behind its bucket (``block``: the producer's connection
+#: is not read beyond it), and the producer's credit cap: a cut of the rate then leaves
+#: no backlog that would wait seconds at the lower rate.
+MAX_WAIT_MS = SLO_MS / 2
+CREDIT_S = 0.05
 CPU_CAPACITY = 0.2
 LOAD_RATE = 5000.0
 QUIET_S, LOAD_S, AFTER_S = 15.0, 25.0, 20.0
@@ -81,6 +86,9 @@ class Point:
     #: Messages a second the producer sent, and the slowest subscriber received.
     sent: float = 0.0
     delivered: float = 0.0
+    #: The p99 of the end-to-end latency of what the subscribers received since the
+    #: sample before (ms; 0 when nothing came).
+    p99_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,10 @@ def verdicts(
     ]  # fmt: skip
 
 
+def _new_histogram() -> HdrHistogram:
+    return HdrHistogram(1, 3_600_000_000_000, 3)
+
+
 @dataclass
 class _CongestionRun:
     phases: Phases
@@ -146,6 +158,7 @@ class _CongestionRun:
     sent: int = 0
     due: float = 0.0
     host: host.HostFigures | None = None
+    phase_latency: HdrHistogram = dataclasses.field(default_factory=_new_histogram)
 
 
 async def _follow(http: aiohttp.ClientSession, url: str, run: _CongestionRun) -> None:
@@ -159,13 +172,17 @@ async def _follow(http: aiohttp.ClientSession, url: str, run: _CongestionRun) ->
 
 
 async def _produce(pub: Publisher, run: _CongestionRun) -> None:
+    """Send at the allowed rate. A flow-controlled producer: what it could not send while
+    the broker held its connection (the topic's bound, ``MAX_WAIT_MS``) it does not send
+    in a burst afterwards (its credit is capped at ``CREDIT_S`` of the rate)."""
     await pub.start()
     last, credit = time.monotonic(), 0.0
     while True:
         await asyncio.sleep(0.01)
         now = time.monotonic()
-        credit += run.allowed * (now - last)
-        run.due += run.allowed * (now - last)
+        grant = min(run.allowed * (now - last), max(1.0, run.allowed * CREDIT_S) - credit)
+        credit += max(0.0, grant)
+        run.due += max(0.0, grant)
         last = now
         while credit >= 1.0:
             credit -= 1.0
@@ -200,25 +217,42 @@ async def _sample(
         got = [s.received for s in subs]
         slowest = min((g - h for g, h in zip(got, last_got, strict=True)), default=0)
         waiting = await _waiting(http, broker_url)
+        p99 = _take_p99_ms(subs, run.phase_latency)
         run.points.append(Point(
             now - t0, run.allowed, (cpu - last_cpu) / span, waiting,
-            (run.sent - last_sent) / span, slowest / span,
+            (run.sent - last_sent) / span, slowest / span, p99,
         ))  # fmt: skip
         last_t, last_cpu, last_sent, last_got = now, cpu, run.sent, got
 
 
-def _p99_ms(subs: list[Subscriber]) -> float:
-    merged = HdrHistogram(1, 3_600_000_000_000, 3)
+def _p99(hist: HdrHistogram) -> float:
+    return hist.get_value_at_percentile(99.0) / 1e6 if hist.get_total_count() else 0.0
+
+
+def _take_p99_ms(subs: list[Subscriber], phase: HdrHistogram) -> float:
+    """The p99 (ms) of what the subscribers received since the last call; what they
+    received goes into ``phase`` too."""
+    merged = _new_histogram()
     for s in subs:
         merged.add(s.latency)
         s.latency.reset()
-    return merged.get_value_at_percentile(99.0) / 1e6 if merged.get_total_count() else 0.0
+    phase.add(merged)
+    return _p99(merged)
+
+
+def _p99_ms(subs: list[Subscriber], run: _CongestionRun) -> float:
+    """The phase's p99 (ms) so far, and a new phase."""
+    _take_p99_ms(subs, run.phase_latency)
+    value = _p99(run.phase_latency)
+    run.phase_latency = _new_histogram()
+    return value
 
 
 async def _drive(cluster: Any, run: _CongestionRun, quick: bool, progress: OnProgress) -> None:
     url, headers = cluster.url, cluster.headers
     broker = cluster.brokers[0]
     doc = {"name": TOPIC, "slo_p99_ms": SLO_MS, "burst": R_MAX / 10, "rate": R_MAX,
+           "max_wait_ms": MAX_WAIT_MS, "overflow": "block",
            "publishers": [{"id": "quotes-producer", "rate": R_MAX}], "utility": SPEC}  # fmt: skip
     pids = [os.getpid(), cluster.controller.proc.pid, broker.proc.pid]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
@@ -231,7 +265,7 @@ async def _drive(cluster: Any, run: _CongestionRun, quick: bool, progress: OnPro
             for i in range(GOLD)
         ]  # fmt: skip
         await asyncio.gather(*(s.start() for s in subs))
-        pub = Publisher(TOPIC, "quotes-producer", controller=url)
+        pub = Publisher(TOPIC, "quotes-producer", controller=url, max_pending=20)
         # The generator's process is spawned before the clock starts (it takes seconds
         # to import), so that the load comes when the phase says.
         with _generator(broker.tcp, broker.proc.pid) as call:
@@ -257,17 +291,17 @@ async def _phases(
     try:
         progress("quiet", 0, ph.end_s)
         await asyncio.sleep(ph.load_start_s)
-        run.p99_ms["quiet"] = _p99_ms(subs)
+        run.p99_ms["quiet"] = _p99_ms(subs, run)
         progress("load", ph.load_start_s, ph.end_s)
         await asyncio.to_thread(
             call, "drive", ph.load_end_s - ph.load_start_s + 30, topic=LOAD_TOPIC,
             rate=LOAD_RATE, consumers=1, warmup_s=0.0,
             seconds=ph.load_end_s - ph.load_start_s, body=100,
         )  # fmt: skip
-        run.p99_ms["load"] = _p99_ms(subs)
+        run.p99_ms["load"] = _p99_ms(subs, run)
         progress("after", ph.load_end_s, ph.end_s)
         await asyncio.sleep(max(0.0, t0 + ph.end_s - time.monotonic()))
-        run.p99_ms["after"] = _p99_ms(subs)
+        run.p99_ms["after"] = _p99_ms(subs, run)
         run.host = host.between(watch, host.take(pids), os.cpu_count() or 1)
     finally:
         for t in tasks:
