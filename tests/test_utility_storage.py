@@ -4,6 +4,7 @@ each acknowledgement, so the disk's latency bounds the rate they can send."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -79,3 +80,93 @@ def test_latency_estimate_smooths_and_skips_nonsense() -> None:
     assert est.update(-1) == pytest.approx(0.015)
     with pytest.raises(ValueError):
         LatencyEstimate(alpha=0)
+
+
+# -- live: the broker measures it, the controller bounds the rate by it -------------------
+async def test_a_persisted_publish_reports_its_storage_latency(tmp_path: Path) -> None:
+    """With --mem-queue-size 0 every PUB is acknowledged once its disk write is done: the
+    broker reports the mean time from arrival to that write, per topic, once per report."""
+    from srtm.broker import Broker, BrokerOptions
+    from srtm.broker.reporter import report_document
+    from srtm.client import Publisher
+
+    broker = Broker(
+        BrokerOptions(tcp_port=0, http_port=0, data_dir=tmp_path / "d", mem_queue_size=0)
+    )
+    await broker.start()
+    assert broker.tcp_address is not None
+    pub = Publisher("logged", "p", address="{}:{}".format(*broker.tcp_address))
+    try:
+        await pub.start()
+        for _ in range(20):
+            await (await pub.publish())
+        doc = report_document(broker)
+        latency = doc["topics"]["logged"]["storage_latency_ms"]
+        assert 0 < latency < 5_000
+        # Taken once: the next report has nothing new to tell.
+        assert "storage_latency_ms" not in report_document(broker)["topics"]["logged"]
+    finally:
+        await pub.close()
+        await broker.stop()
+
+
+async def test_an_in_memory_topic_reports_no_storage_latency(tmp_path: Path) -> None:
+    from srtm.broker import Broker, BrokerOptions
+    from srtm.broker.reporter import report_document
+    from srtm.client import Publisher
+
+    broker = Broker(BrokerOptions(tcp_port=0, http_port=0, data_dir=tmp_path / "d"))
+    await broker.start()
+    assert broker.tcp_address is not None
+    pub = Publisher("fast", "p", address="{}:{}".format(*broker.tcp_address))
+    try:
+        await pub.start()
+        await (await pub.publish())
+        assert "storage_latency_ms" not in report_document(broker)["topics"]["fast"]
+    finally:
+        await pub.close()
+        await broker.stop()
+
+
+def test_the_controller_caps_a_persisted_topics_rate_at_its_producers_reach() -> None:
+    from srtm.control.utility import UtilityControl
+    from srtm.utility import optimize
+    from support import registered, topic_of
+
+    spec = {
+        "kind": "one-to-many", "r_min": 10, "r_max": 200,
+        "classes": [{"name": "gold", "available": 10, "utility": {"slope": 1}}],
+    }  # fmt: skip
+    c = registered(2)
+    c.create_topic(topic_of(4, rate=50.0), "lb", 0, utility=spec)  # 4 publishers
+    u = UtilityControl()
+
+    def report(latency_ms: float | None) -> None:
+        stored = None if latency_ms is None else {"t": latency_ms}
+        for b in ("b0", "b1"):
+            c.report(b, 50.0, {"t": (50.0, 0.0)}, 1.0, demand={"t": {"gold": 10}},
+                     storage_latency_ms=stored)  # fmt: skip
+
+    report(None)
+    assert u.build(c).flows[0].r_max == 200  # nothing persisted: no bound
+    report(40.0)  # 4 producers each waiting 40 ms: at most 100 msg/s
+    u.observe(c)
+    flow = u.build(c).flows[0]
+    assert flow.r_max == pytest.approx(100)
+    assert optimize(u.build(c)).rates["t"] == pytest.approx(100)
+    report(1000.0)  # far slower: smoothed (a fifth of the way), never under r_min
+    u.observe(c)
+    assert u.storage["t"].value_s == pytest.approx(0.04 + 0.2 * (1.0 - 0.04))
+    assert u.build(c).flows[0].r_max == pytest.approx(4 / u.storage["t"].value_s)
+
+
+def test_a_report_with_a_bad_storage_latency_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from srtm.control.documents import BrokerReport, parse
+
+    good = {"load": 1.0, "topics": {"t": {"rate": 1.0, "backlog": 0.0, "storage_latency_ms": 3}}}
+    assert parse(BrokerReport, good).storage_latency_ms() == {"t": 3}
+    bad = {"load": 1.0, "topics": {"t": {"rate": 1.0, "backlog": 0.0, "storage_latency_ms": -1}}}
+    with pytest.raises((ValueError, ValidationError)):
+        parse(BrokerReport, bad)

@@ -38,6 +38,7 @@ from srtm.utility.ratecontrol import (
     control_step,
     pressure,
 )
+from srtm.utility.storage import LatencyEstimate, rate_bound
 
 #: The message size assumed for a topic no broker has reported bytes of yet.
 DEFAULT_MESSAGE_BYTES = 100
@@ -194,6 +195,10 @@ class UtilityControl:
     #: Per topic: the last run's rate where it is below the topic's rate, reached by
     #: paced cuts (``paced``) at the rate control steps.
     targets: dict[str, float] = field(default_factory=dict)
+    #: Per persisted topic: its storage latency (s), the worst its brokers report,
+    #: smoothed (``storage.LatencyEstimate``): what bounds its rate (``storage_bound``).
+    storage: dict[str, LatencyEstimate] = field(default_factory=dict)
+    storage_at: dict[str, int] = field(default_factory=dict)
 
     def paced(self, name: str, current: float, wanted: float) -> float:
         """The rate to set now for a topic at ``current`` that the optimizer puts at
@@ -216,7 +221,9 @@ class UtilityControl:
 
     def observe(self, ctrl: Controller) -> None:
         """Correct each broker's model by its last report's measured / predicted CPU
-        (``srtm.utility.cost.correct``: smoothed, clamped), once per report."""
+        (``srtm.utility.cost.correct``: smoothed, clamped), once per report; fold each
+        persisted topic's reported storage latency into its estimate."""
+        self.observe_storage(ctrl)
         for info in ctrl.up():
             if info.resources is None or self.corrected_at.get(info.id) == info.reports_seen:
                 continue
@@ -265,6 +272,32 @@ class UtilityControl:
             if info.resources is not None and self.judged_by_measurement(ctrl, info.id)
         }
 
+    def observe_storage(self, ctrl: Controller) -> None:
+        """Per topic, once per round of reports: the worst storage latency its brokers
+        report, folded into the topic's estimate."""
+        worst: dict[str, float] = {}
+        for info in ctrl.up():
+            for name, ms in info.storage_latency_ms.items():
+                worst[name] = max(worst.get(name, 0.0), ms / 1e3)
+        seen = sum(info.reports_seen for info in ctrl.up())
+        for name, latency_s in worst.items():
+            if self.storage_at.get(name) == seen:
+                continue
+            self.storage_at[name] = seen
+            self.storage.setdefault(name, LatencyEstimate()).update(latency_s)
+
+    def storage_bound(self, ctrl: Controller, flow: FlowSpec) -> float:
+        """The flow's ``r_max``, capped where its topic persists to disk at what its
+        producers can send when each waits for its acknowledgement:
+        ``producers / storage latency`` (``storage.rate_bound``; the producers are the
+        topic's declared publishers)."""
+        est = self.storage.get(flow.name)
+        topic = ctrl.topics.get(flow.name)
+        if est is None or est.value_s is None or topic is None:
+            return flow.r_max
+        producers = len(topic.spec.publishers)
+        return rate_bound(flow.r_min, flow.r_max, producers, est.value_s)
+
     def costs(self, ctrl: Controller, name: str, buckets: dict[str, float]) -> FlowCosts:
         """The topic's costs: its brokers' corrections weighted by their shares."""
         shares = shares_of(buckets)
@@ -281,6 +314,7 @@ class UtilityControl:
                 continue
             demand = {b: ctrl.brokers[b].demand.get(name, {}) for b in topic.buckets}
             buckets = {b: p.rate for b, p in topic.buckets.items()}
+            flow = dataclasses.replace(flow, r_max=self.storage_bound(ctrl, flow))
             inputs.append(TopicInput(flow, buckets, demand, self.costs(ctrl, name, buckets)))
         caps = {
             b.id: {
