@@ -54,6 +54,7 @@ SLO_MS = 50.0
 #: no backlog that would wait seconds at the lower rate.
 MAX_WAIT_MS = SLO_MS / 2
 CREDIT_S = 0.05
+IN_FLIGHT_S = MAX_WAIT_MS / 1e3
 CPU_CAPACITY = 0.2
 LOAD_RATE = 5000.0
 QUIET_S, LOAD_S, AFTER_S = 15.0, 25.0, 20.0
@@ -174,19 +175,31 @@ async def _follow(http: aiohttp.ClientSession, url: str, run: _CongestionRun) ->
 async def _produce(pub: Publisher, run: _CongestionRun) -> None:
     """Send at the allowed rate. A flow-controlled producer: what it could not send while
     the broker held its connection (the topic's bound, ``MAX_WAIT_MS``) it does not send
-    in a burst afterwards (its credit is capped at ``CREDIT_S`` of the rate)."""
+    in a burst afterwards (its credit is capped at ``CREDIT_S`` of the rate), and it
+    keeps at most ``IN_FLIGHT_S`` of the rate unanswered (at least one): a message
+    stamped and sent while the broker holds the connection waits in it, so a window of
+    20 at 20 msg/s was a second of wait at the bottom of a cut."""
     await pub.start()
     last, credit = time.monotonic(), 0.0
+    unanswered = 0
+
+    def answered(fut: asyncio.Future[None]) -> None:
+        nonlocal unanswered
+        unanswered -= 1
+        _ignore(fut)
+
     while True:
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.005)
         now = time.monotonic()
         grant = min(run.allowed * (now - last), max(1.0, run.allowed * CREDIT_S) - credit)
         credit += max(0.0, grant)
         run.due += run.allowed * (now - last)
         last = now
-        while credit >= 1.0:
+        window = max(1, int(run.allowed * IN_FLIGHT_S))
+        while credit >= 1.0 and unanswered < window:
             credit -= 1.0
-            (await pub.publish()).add_done_callback(_ignore)
+            unanswered += 1
+            (await pub.publish()).add_done_callback(answered)
             run.sent += 1
 
 
