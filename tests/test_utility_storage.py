@@ -170,3 +170,86 @@ def test_a_report_with_a_bad_storage_latency_is_refused() -> None:
     bad = {"load": 1.0, "topics": {"t": {"rate": 1.0, "backlog": 0.0, "storage_latency_ms": -1}}}
     with pytest.raises((ValueError, ValidationError)):
         parse(BrokerReport, bad)
+
+
+@pytest.mark.slow
+async def test_a_persisted_topics_rate_is_bounded_end_to_end(tmp_path: Path) -> None:
+    """An in-process controller and a broker with --mem-queue-size 0 reporting to it: a
+    publisher that waits for each acknowledgement gives the topic a storage latency,
+    the broker reports it, and the controller's run caps the topic's r_max (10^6 in the
+    spec) at 1 / latency, shown in GET /utility."""
+    import asyncio
+    import contextlib
+
+    import aiohttp
+
+    from srtm.broker import Broker, BrokerOptions
+    from srtm.broker.http import serve_http
+    from srtm.broker.reporter import report_loop
+    from srtm.client import Publisher, Subscriber
+    from srtm.control.options import ControllerOptions
+    from srtm.control.service import ControllerService
+    from support import eventually
+
+    service = ControllerService(
+        ControllerOptions(http_port=0, db=tmp_path / "c.db", tick_s=0.2, utility_interval_s=0.5)
+    )
+    await service.start()
+    assert service.http_address is not None
+    url = f"http://127.0.0.1:{service.http_address[1]}"
+    broker = Broker(BrokerOptions(
+        tcp_port=0, http_port=0, data_dir=tmp_path / "b", broker_id=1, controller=url,
+        report_interval_s=0.2, mem_queue_size=0,
+    ))  # fmt: skip
+    await broker.start()
+    runner, _ = await serve_http(broker)
+    reporting = asyncio.create_task(report_loop(broker, url, 1e7, 0.2))
+    spec = {"kind": "one-to-many", "r_min": 10, "r_max": 1e6,
+            "classes": [{"name": "gold", "available": 1, "utility": {"slope": 1}}]}  # fmt: skip
+    topic = {"name": "logged", "slo_p99_ms": 1000, "burst": 1000, "rate": 500,
+             "publishers": [{"id": "p1", "rate": 400}], "utility": spec}  # fmt: skip
+    sub = Subscriber("logged", "c", controller=url, refresh_s=0.2, consumer_class="gold")
+    pub = Publisher("logged", "p1", controller=url)
+    stop = asyncio.Event()
+
+    def retrieved(fut: asyncio.Future[None]) -> None:
+        if not fut.cancelled():
+            fut.exception()  # an ack pending at the close fails; that is not the test
+
+    async def closed_loop() -> None:  # one message per transaction
+        await pub.start()
+        while not stop.is_set():
+            ack = await pub.publish()
+            ack.add_done_callback(retrieved)
+            await ack
+
+    sending: asyncio.Task[None] | None = None
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/topics", json=topic) as r:
+                assert r.status == 201, await r.text()
+            await sub.start()
+            sending = asyncio.create_task(closed_loop())
+
+            async def bound() -> float:
+                async with http.get(f"{url}/utility") as r:
+                    flows = (await r.json())["flows"]
+                return float(flows[0]["r_max"]) if flows else 1e6
+
+            r_max = await eventually(bound, "a run capping r_max", until=lambda v: v < 1e6)
+        latency = service.utility.storage["logged"].value_s
+        assert latency is not None and r_max == pytest.approx(1 / latency, rel=1e-6)
+    finally:
+        stop.set()
+        if sending is not None:  # its last acknowledgement comes while the broker is up
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(sending), 5)
+            sending.cancel()
+            await asyncio.gather(sending, return_exceptions=True)
+        await pub.close()
+        await sub.close()
+        reporting.cancel()
+        await asyncio.gather(reporting, return_exceptions=True)
+        await runner.cleanup()
+        await broker.stop()
+        await service.stop()
