@@ -235,6 +235,12 @@ def test_rate_control_judges_declared_costs_by_the_rates_carried_not_by_measured
     u.apply(c, problem, alloc, 1.0)
     # Each broker carries half at (1e-3 + 10 · 1e-4) CPU-s a message: 0.1 at 100 msg/s.
     assert alloc.rates["t"] == pytest.approx(100)
+    # From the topic's 220 the cut is paced, a quarter a step: 165, 123.75, then 100.
+    assert c.topics["t"].spec.rate == pytest.approx(165)
+    u.control(c)
+    assert c.topics["t"].spec.rate == pytest.approx(123.75)
+    u.control(c)
+    assert c.topics["t"].spec.rate == pytest.approx(100) and not u.targets
     # At the plan, measuring 8 times the declared CPU but not over its own threshold:
     # full by the declared costs, so it holds; the model is not corrected.
     _report(c, 50.0, cpu=0.8)
@@ -251,6 +257,82 @@ def test_rate_control_judges_declared_costs_by_the_rates_carried_not_by_measured
     _report(c, 25.0, cpu=0.9, hot=True)
     assert congestion(c, problem, alloc.admitted)[0] == {"b0": {"cpu"}, "b1": {"cpu"}}
     assert u.control(c) and c.topics["t"].spec.rate < rate
+
+
+#: No cost declared: the cost model plans it, and its brokers' measured CPU judges it.
+MODELLED: dict[str, Any] = {
+    "kind": "one-to-many", "r_min": 10, "r_max": 200,
+    "classes": [{"name": "gold", "available": 10, "utility": {"slope": 1}}],
+}  # fmt: skip
+
+
+def _load(c: Controller, cpu: float, background: float = 0.0) -> None:
+    """Both brokers report the topic at 50 msg/s to 10 channels, ``cpu`` measured, and a
+    topic without a utility spec at ``background`` msg/s to one channel."""
+    for b in ("b0", "b1"):
+        topics = {"t": (50.0, 0.0)} | ({"load": (background, 0.0)} if background else {})
+        carried = {"t": frozenset(f"c{i}" for i in range(10))}
+        if background:
+            carried["load"] = frozenset({"c"})
+        c.report(b, 50.0 + background, topics, 1.0, demand={"t": {"gold": 10}},
+                 resources={"cpu": cpu}, carried=carried)  # fmt: skip
+
+
+def test_rate_control_reacts_to_measured_cpu_when_no_cost_is_declared() -> None:
+    c = _controller(MODELLED)
+    u = UtilityControl(UtilitySettings(cpu_capacity=0.5, egress_max=125e6))
+    _load(c, cpu=0.05)
+    problem = u.build(c)
+    alloc = optimize(problem)
+    u.apply(c, problem, alloc, 1.0)
+    assert alloc.rates["t"] == 200  # the model's cost is far below the capacity
+    # The broker's real CPU over --cpu-capacity (not over its own 0.85 flag): congested
+    # by its measurement, though the model says the topic costs a few per cent of it.
+    _load(c, cpu=0.6)
+    assert u.measured_cpu(c) == {"b0": 0.6, "b1": 0.6}
+    over, _ = congestion(c, problem, alloc.admitted, u.measured_cpu(c), 0.5)
+    assert over == {"b0": {"cpu"}, "b1": {"cpu"}}
+    assert congestion(c, problem, alloc.admitted) == ({}, {})  # by the model: free
+    assert u.control(c) and c.topics["t"].spec.rate < 200
+    # Within 5 % of the capacity: full, it holds; well under it: it rises again.
+    rate = c.topics["t"].spec.rate
+    _load(c, cpu=0.49)
+    assert u.control(c) == [] and c.topics["t"].spec.rate == rate
+    _load(c, cpu=0.1)
+    assert u.control(c) and c.topics["t"].spec.rate > rate
+
+
+def test_a_declared_cpu_cost_keeps_a_broker_judged_by_the_plan() -> None:
+    c = _controller(DECLARED)
+    u = UtilityControl(UtilitySettings(cpu_capacity=0.5, egress_max=125e6))
+    _load(c, cpu=0.6)
+    assert u.measured_cpu(c) == {}
+    assert not u.judged_by_measurement(c, "b0")
+
+
+def test_cpu_spent_outside_the_optimizer_is_not_there_to_give() -> None:
+    # Judged by the plan (declared costs): the unmanaged topic by the cost model.
+    c = _controller(DECLARED)
+    c.create_topic(topic_of(2, rate=50.0, name="load"), "lb", 0)
+    u = UtilityControl(UtilitySettings(cpu_capacity=0.5, egress_max=125e6))
+    _load(c, cpu=0.3, background=5000.0)
+    # 5000 · (23.7 + 6.4) µs = 0.1505 cores a broker.
+    background = 5000.0 * (23.7e-6 + 6.4e-6)
+    assert u.background(c, c.brokers["b0"]) == pytest.approx(background)
+    assert u.build(c).capacity["b0"]["cpu"] == pytest.approx(0.5 - background)
+    # Judged by measurement: all the measured CPU the managed topics do not explain.
+    c = _controller(MODELLED)
+    _load(c, cpu=0.3, background=5000.0)
+    managed = 50.0 * (23.7e-6 + 10 * 6.4e-6)
+    assert u.background(c, c.brokers["b0"]) == pytest.approx(0.3 - managed)
+    assert u.build(c).capacity["b0"]["cpu"] == pytest.approx(0.5 - 0.3 + managed)
+
+
+def test_an_optimizer_cut_is_paced_and_a_rise_is_not() -> None:
+    u = UtilityControl()
+    assert u.paced("t", 400, 20) == 300 and u.targets == {"t": 20}
+    assert u.paced("t", 300, 350) == 350 and u.targets == {}
+    assert u.paced("t", 100, 90) == 90 and u.targets == {}
 
 
 # -- rate control ------------------------------------------------------------------------
@@ -344,3 +426,18 @@ def test_control_step_moves_every_flow_of_the_last_run() -> None:
     n = {("a", "gold"): 10, ("b", "gold"): 10}
     out = control_step(p, {"a": 50, "b": 50}, n, {"b1": frozenset({"cpu"})})
     assert out["a"] > 50 > out["b"]
+
+
+def test_an_infeasible_run_sets_r_min_and_leaves_admission_alone() -> None:
+    c = _controller(MODELLED)
+    u = UtilityControl(UtilitySettings(cpu_capacity=0.2, egress_max=125e6))
+    # Judged by measurement, a broker pushed past its budget by what the optimizer does
+    # not allocate has no capacity left: even r_min does not fit.
+    _load(c, cpu=0.5)
+    problem = u.build(c)
+    assert problem.capacity["b0"]["cpu"] == 0
+    alloc = optimize(problem)
+    assert not alloc.feasible
+    _, orders = u.apply(c, problem, alloc, 1.0)
+    assert orders == []
+    assert u.targets == {"t": 10.0}  # on its way to r_min, a quarter a step

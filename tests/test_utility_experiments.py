@@ -89,3 +89,61 @@ def test_cli_json_and_live_refusal(tmp_path: Path) -> None:
         live = runner.invoke(app, ["run", name, "--decide", "nobody", "--out", str(tmp_path)])
         assert live.exit_code == 2
         assert "--decide" in live.output
+
+
+# -- Fig. 7 and Fig. 10 over time (dynamics, reliability, correction) ----------------------
+def test_mixed_reliability_reproduces_fig_7(tmp_path: Path) -> None:
+    from srtm.experiments.utility import reliability
+
+    result = reliability.mixed_reliability(tmp_path)
+    assert oks(result) == [True] * 6
+    before, first, settled, _ = result.data["windows"]
+    assert before["gold"] == 10 and settled["gold"] == 200
+    assert settled["gdfloor_allowed"] < first["gdfloor_allowed"]
+    assert all(f.exists() for f in result.files)
+
+
+def test_mixed_reliability_verdicts_follow_the_disk() -> None:
+    """A disk fast enough never caps gdfloor: the latency verdict and bronze's return fail."""
+    import dataclasses
+
+    from srtm.experiments.utility import dynamics, reliability
+    from srtm.utility.storage import Logger
+
+    fast = dataclasses.replace(reliability.scenario(), logger=Logger(2e9, 1e-5))
+    rows = reliability.windows(dynamics.run(fast))
+    no_bound = dataclasses.replace(dynamics.Loops(), bound=False)
+    unbounded = reliability.windows(dynamics.run(fast, no_bound))[-1]
+    verdicts = [c["ok"] for c in reliability.claims(rows, unbounded)]
+    assert verdicts[0] and not verdicts[3] and not verdicts[4] and not verdicts[5]
+
+
+def test_model_correction_reproduces_fig_10_and_needs_the_correction(tmp_path: Path) -> None:
+    import dataclasses
+
+    from srtm.experiments.utility import correction, dynamics
+
+    result = correction.model_correction(tmp_path)
+    assert oks(result) == [True] * 4
+    tests = {r["test"]: r for r in result.data["tests"]}
+    assert set(tests) == set(correction.PAPER)
+    assert all(r["low"] <= r["average"] <= r["high"] for r in tests.values())
+    off = correction.model_correction(
+        tmp_path / "off", dataclasses.replace(dynamics.Loops(), correct=False)
+    )
+    assert not oks(off)[2] and not oks(off)[3]
+
+
+def test_dynamics_is_deterministic_and_keeps_rates_in_range() -> None:
+    from srtm.experiments.utility import correction, dynamics
+
+    sc = correction.excess_capacity()
+    a, b = dynamics.run(sc), dynamics.run(sc)
+    assert [t.cpu for t in a] == [t.cpu for t in b]
+    for t in a:
+        for f in sc.flows:
+            assert f.r_min - 1e-9 <= t.allowed[f.name] <= f.r_max + 1e-9
+    # After flow 0's producers drop to 50, the others take its share (Fig. 8's effect).
+    after = dynamics.window(a, correction.EXCESS_DROP_S + 60, correction.EXCESS_S)
+    assert dynamics.mean([t.rates["flow-0"] for t in after]) <= 50
+    assert dynamics.mean([t.rates["flow-1"] for t in after]) > 150

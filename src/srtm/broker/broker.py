@@ -47,7 +47,7 @@ from srtm.broker.restart import restore
 from srtm.broker.scan import Scan
 from srtm.broker.shares import Shares
 from srtm.broker.state import Channel, LimitReached, Topic
-from srtm.broker.stats import BrokerStats
+from srtm.broker.stats import BrokerStats, StorageLatencyMeter
 from srtm.broker.takes import Take, Takes
 from srtm.broker.tcp import Client, enable_kernel_timestamps
 from srtm.broker.tls import identity_keys, server_context
@@ -77,6 +77,8 @@ class Broker:
         #: Bytes sent to connections closed since start (``egress_bytes``).
         self._sent_closed = 0
         self.stats = BrokerStats(self.options.window_seconds)
+        #: Per topic: how long publishes waited for their disk write before the OK.
+        self.storage_latency: dict[str, StorageLatencyMeter] = {}
         self.ids = MessageIds(self.options.broker_id, time.time_ns() // 1000)
         self.started_ns = time.time_ns()
         self.tcp_address: tuple[str, int] | None = None
@@ -436,7 +438,15 @@ class Broker:
         self.stats.topic(topic.name).window.add(arrival, n, backlog)
         self.releaser.kick(topic)
         if pushed:
-            return self.persistence.write_through()
+            written = self.persistence.write_through()
+            # The storage latency (Bhola et al. §III-C): arrival to the write the
+            # acknowledgement waits for; the bucket's wait comes after the OK here.
+            meter = self.storage_latency.setdefault(topic.name, StorageLatencyMeter())
+            if written is None:  # written inline: acknowledged now
+                meter.add(time.time_ns() - arrival)
+            else:
+                written.add_done_callback(lambda _: meter.add(time.time_ns() - arrival))
+            return written
         return None
 
     def publish_deferred(

@@ -97,6 +97,10 @@ def report_document(broker: Broker, meter: ResourceMeter | None = None) -> dict[
     for name, adm in broker.admission.items():
         if name in topics:
             topics[name]["demand"] = adm.demand()
+    for name, stored in broker.storage_latency.items():
+        latency = stored.take_ms()
+        if name in topics and latency is not None:
+            topics[name]["storage_latency_ms"] = latency
     doc: dict[str, Any] = {"version": 2, "load": load, "topics": topics}
     if meter is not None:
         doc["resources"] = meter.read(broker)

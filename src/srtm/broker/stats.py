@@ -433,3 +433,26 @@ class BrokerStats:
             if ts is not None:
                 out += [r for r in ts.recorders() if len(r.pending) >= FLUSH_AT]
         return out
+
+
+class StorageLatencyMeter:
+    """A topic's storage latency between two reports: the mean time (ns) from a
+    publish's arrival to the disk write its acknowledgement waited for, over the
+    publishes that waited for one (``srtm.utility.storage``; the controller bounds a
+    persisted topic's rate by it)."""
+
+    def __init__(self) -> None:
+        self.total_ns = 0
+        self.count = 0
+
+    def add(self, latency_ns: int) -> None:
+        self.total_ns += max(0, latency_ns)
+        self.count += 1
+
+    def take_ms(self) -> float | None:
+        """The mean since the last call (ms), and start again; None if none waited."""
+        if self.count == 0:
+            return None
+        mean = self.total_ns / self.count / 1e6
+        self.total_ns = self.count = 0
+        return mean

@@ -113,7 +113,7 @@ class ControllerAPI:
             request.match_info["id"], doc.load, doc.windows(), time.monotonic(), doc.depths(),
             doc.waiting(), doc.arrived(), doc.carried(), doc.seen(),
             None if doc.resources is None else dict(doc.resources), doc.demand(),
-            doc.arrived_bytes(),
+            doc.arrived_bytes(), doc.storage_latency_ms(),
         )  # fmt: skip
         if repairs:
             self.service.repair(repairs)

@@ -104,6 +104,7 @@ def report(
     resources: Mapping[str, Any] | None = None,
     demand: dict[str, dict[str, int]] | None = None,
     arrived_bytes: dict[str, int] | None = None,
+    storage_latency_ms: dict[str, float] | None = None,
 ) -> list[Action]:
     """A broker's report: its load, each topic's TB Adaptor window, (``depths``) what
     it still holds per topic, (``waiting``) what waits for tokens and (``arrived``)
@@ -112,7 +113,8 @@ def report(
 
     ``carried``: every topic it has, with its channels (the registry's input);
     ``seen``: each topic's share there; ``resources`` (``documents.BrokerResources``),
-    ``demand``, ``arrived_bytes``: what the utility optimizer and rate control read
+    ``demand``, ``arrived_bytes``, ``storage_latency_ms``: what the utility optimizer
+    and rate control read
     (``BrokerInfo``). Returns what puts back a share the broker lost (an NSQ tool
     deleted or emptied the topic, say): the caller carries these out only while no
     change of that topic is on its way (``repairs``)."""
@@ -137,6 +139,7 @@ def report(
     info.resources = None if resources is None else Resources.from_json(resources)
     info.demand = dict(demand or {})
     info.arrived_bytes = dict(arrived_bytes or {})
+    info.storage_latency_ms = dict(storage_latency_ms or {})
     if seen is None:
         return []
     info.shares = {name: s for name, s in seen.items() if isinstance(s, BucketParams)}

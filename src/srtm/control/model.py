@@ -97,6 +97,9 @@ class BrokerInfo:
     demand: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Per topic: bytes of the messages ``arrived`` counts.
     arrived_bytes: dict[str, int] = field(default_factory=dict)
+    #: Per persisted topic: mean ms from a publish's arrival to its disk write over
+    #: the last report interval (absent: none waited for the disk).
+    storage_latency_ms: dict[str, float] = field(default_factory=dict)
     #: Per topic: the sub-bucket it shaped with at its last report (held or unmanaged
     #: topics absent): what a repair of another broker's share must leave room for.
     shares: dict[str, BucketParams] = field(default_factory=dict)

@@ -109,12 +109,16 @@ def asked(demand: Mapping[str, Mapping[str, int]], klass: str) -> int:
 
 def run_doc(problem: Problem, alloc: Allocation, t_s: float) -> dict[str, Any]:
     """``GET /utility``: ``{"t_s", "feasible", "total_utility", "flows": [{"name",
-    "rate", "admitted": {class: n}, "utility"}]}``."""
+    "rate", "admitted": {class: n}, "utility", "r_max"}]}`` (``r_max``: the one the run
+    used, a persisted topic's capped by its storage latency)."""
     return {
         "t_s": t_s,
         "feasible": alloc.feasible,
         "total_utility": alloc.utility,
-        "flows": [flow_doc(f, alloc.rates[f.name], alloc.admitted) for f in problem.flows],
+        "flows": [
+            {**flow_doc(f, alloc.rates[f.name], alloc.admitted), "r_max": f.r_max}
+            for f in problem.flows
+        ],
     }
 
 

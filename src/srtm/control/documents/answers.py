@@ -153,13 +153,20 @@ class TopicAllocation(FlowAllocation):
     current_rate: float
 
 
+class RunFlow(FlowAllocation):
+    """A flow of ``GET /utility``'s run, with the ``r_max`` the run used: the spec's,
+    capped for a persisted topic by its storage latency (docs/utility.md)."""
+
+    r_max: float
+
+
 class UtilityRun(Answer):
     """``GET /utility``: the optimizer's last run (``t_s`` null: none yet)."""
 
     t_s: float | None
     feasible: bool
     total_utility: float
-    flows: list[FlowAllocation]
+    flows: list[RunFlow]
 
 
 class PublisherAssignment(Answer):

@@ -95,6 +95,9 @@ class TopicWindow(TypedDict):
     #: Consumers per class that asked for it: connected, and refused ones still waiting
     #: (admission control's demand, the optimizer's ``available``).
     demand: NotRequired[dict[str, Annotated[int, Field(ge=0, le=MAX_COUNT)]]]
+    #: Mean ms from a publish's arrival to the disk write its OK waited for, over the
+    #: report interval (a persisted topic; absent when none waited).
+    storage_latency_ms: NotRequired[Annotated[float, Field(ge=0, le=3.6e6, allow_inf_nan=False)]]
 
 
 @with_config(STRICT)
@@ -140,6 +143,11 @@ class BrokerReport(Request):
 
     def arrived_bytes(self) -> dict[str, int]:
         return {n: w["arrived_bytes"] for n, w in self.topics.items() if "arrived_bytes" in w}
+
+    def storage_latency_ms(self) -> dict[str, float]:
+        return {
+            n: w["storage_latency_ms"] for n, w in self.topics.items() if "storage_latency_ms" in w
+        }
 
     def windows(self) -> dict[str, tuple[float, float]]:
         """Topic -> (average rate, max backlog), the TB Adaptor's inputs."""
