@@ -101,6 +101,8 @@ class RunSettings:
     decide: str = "controller"
     only: str | None = None
     outage_s: float | None = None
+    #: ``compare --slo-ms``: the live scenario's p99 SLO instead of its own (None: its own).
+    slo_ms: float | None = None
 
 
 @dataclass(frozen=True)
