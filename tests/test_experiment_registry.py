@@ -54,7 +54,11 @@ def test_an_option_not_taken_is_refused_naming_it() -> None:
         refuse(registry.find("fig4"), Mode.live, [])
     assert sim_only.value.option == "--sim"
     with pytest.raises(UsageError, match="not simulated"):
-        refuse(registry.find("correlated-sensors"), Mode.sim, [])
+        refuse(registry.find("control-plane-faults"), Mode.sim, [])
+    refuse(registry.find("correlated-sensors"), Mode.sim, [Option.policy])
+    with pytest.raises(UsageError, match="does not take") as sim_scale:
+        refuse(registry.find("correlated-sensors"), Mode.sim, [Option.scale])
+    assert sim_scale.value.option == "--scale"
 
 
 @pytest.mark.parametrize(
@@ -127,12 +131,13 @@ def _files(folder: Path) -> set[Path]:
         pytest.param("multi-tenant", _quick_tenancy, marks=pytest.mark.slow),  # ~10 s
         ("diurnal", _quick_diurnal),
         ("trading-day", _as_is),
+        ("correlated-sensors-1ms", _as_is),
     ],
 )
 def test_a_simulated_run_returns_the_files_of_its_report(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, quick: Any
 ) -> None:
-    # One experiment of each family with a simulation (the scenarios have none), shrunk
+    # One experiment of each family with a simulation, shrunk
     # where the paper's scale is slow; a file there before the run is not its report.
     quick(monkeypatch)
     out = tmp_path / "out"

@@ -227,7 +227,11 @@ def test_the_shipped_scenarios_load() -> None:
     poisson = scenarios.load("poisson-sensors")
     assert {p.process for p in poisson.specs()} == {"poisson"}
     assert {p.group for p in poisson.specs()} == {None} and poisson.rate == 3_000
-    assert set(scenarios.available()) == {"correlated-sensors", "poisson-sensors"}
+    assert set(scenarios.available()) == {
+        "correlated-sensors",
+        "correlated-sensors-1ms",
+        "poisson-sensors",
+    }
 
 
 @pytest.mark.parametrize(

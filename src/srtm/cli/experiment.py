@@ -43,9 +43,10 @@ TERMINAL = Terminal(console, out_console)
 ScenarioArg = Annotated[
     str,
     typer.Argument(
-        help="A shipped scenario (see `srtm experiment list`), a TOML file, or with --sim "
-        "one of the paper's figures (fig4 … fig9, table1; table1 also live: online fitting "
-        "on local brokers, measured-only and model-assisted). `multi-tenant`: many topics "
+        help="A shipped scenario (see `srtm experiment list`; with --sim, in the simulator "
+        "on the paper's broker model), a TOML file, or with --sim one of the paper's "
+        "figures (fig4 … fig9, table1; table1 also live: online fitting on local brokers, "
+        "measured-only and model-assisted). `multi-tenant`: many topics "
         "arriving, one deleted, sensors joining, on capacity-limited brokers (live, or with "
         "--sim at the paper's scale, SRTM against LB). `trading-day`, `excess-capacity`, "
         "`latency-effects`: the utility-aware allocation paper's experiments (live at small "
@@ -194,7 +195,11 @@ def run_cmd(
     ctx: typer.Context,
     scenario: ScenarioArg,
     policy: Annotated[
-        str, typer.Option(help="Placement policy: lb, conc, maxmin or srtm.")
+        str,
+        typer.Option(
+            help="Placement policy: lb, conc, maxmin or srtm (a live scenario takes several, "
+            "comma-separated, live or with --sim)."
+        ),
     ] = "srtm",
     duration: DurationOpt = None,
     warmup: WarmupOpt = None,
@@ -204,7 +209,8 @@ def run_cmd(
         typer.Option(
             "--sim/--live",
             help="Simulate at the paper's scale instead: the figures, multi-tenant, diurnal "
-            "and the utility experiments (--live, the default: on local brokers).",
+            "and the utility experiments; a live scenario as written, on the paper's "
+            "broker model (--live, the default: on local brokers).",
         ),
     ] = False,
     as_json: JsonOpt = False,
@@ -217,7 +223,8 @@ def run_cmd(
             help="trading-day, excess-capacity, latency-effects live: short stages "
             "(7 s each) for tests; control-plane-faults: short warm-up and settling, an "
             "8-s outage (unless --outage-s); table1 live: groups of 5 and 20 only, a "
-            "shorter calibration."
+            "shorter calibration; a live scenario: a 4-s measured window after a 2-s "
+            "warm-up (unless --duration, --warmup)."
         ),
     ] = False,
     decide: Annotated[
@@ -290,6 +297,24 @@ def compare_cmd(
     strict: StrictOpt = False,
     scale: ScaleOpt = "auto",
     publisher_order: PublisherOrderOpt = None,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            help="A 4-s measured window after a 2-s warm-up (fitting still runs to its "
+            "end), unless --duration or --warmup says otherwise: for tests, not results."
+        ),
+    ] = False,
+    slo_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--slo-ms",
+            help="Judge the topic against this p99 SLO (ms) instead of the scenario's, on "
+            "the same brokers and workload (placement, fitting and the run check all use "
+            "it; the emulator's skip limit keeps its ratio to the SLO). With --scale, the "
+            "SLO given is then scaled like the scenario's own.",
+            min=0.001,
+        ),
+    ] = None,
 ) -> None:
     """Run SCENARIO under several policies and print them side by side, with plots and an
     HTML report in OUT."""
@@ -297,7 +322,8 @@ def compare_cmd(
 
     run = RunSettings(
         out, TERMINAL, as_json, policies_of(policies), duration, warmup, analysis,
-        spark_master, scale, publisher_order=order_of(publisher_order),
+        spark_master, scale, quick, slo_ms=slo_ms,
+        publisher_order=order_of(publisher_order),
     )  # fmt: skip
     try:
         summary = scenarios.find(scenario).compare(run)

@@ -109,6 +109,8 @@ class RunSettings:
     #: The order a live scenario's publishers are handed to the controller (None: the
     #: scenario's own, block unless its file says otherwise).
     publisher_order: PublisherOrder | None = None
+    #: ``compare --slo-ms``: the live scenario's p99 SLO instead of its own (None: its own).
+    slo_ms: float | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from srtm.placement import BrokerCapacity, Fitting, Placement, Policy, TopicSpec, place
+from srtm.placement.fitting import FitOutcome
 from srtm.ratelimit import BucketParams, split_floored
 from srtm.sim.arrivals import Trace, from_schedule
 from srtm.sim.engine import Background, Share, SimResult, simulate
@@ -56,6 +57,9 @@ class LivePrediction:
     assignment: Mapping[str, tuple[str, ...]]
     result: SimResult
     fitting_rounds: tuple[int, ...] = ()
+    #: Publishers fitting left without a broker, and how it ended (None: not fitted).
+    unplaced: tuple[str, ...] = ()
+    fitting_outcome: FitOutcome | None = None
 
     @property
     def p99_ms(self) -> float:
@@ -105,6 +109,8 @@ def predict(
     models = dict.fromkeys(ids, emulated)
     background = {b: Background(setup.preload.get(b, 0.0)) for b in ids}
     rounds: tuple[int, ...] = ()
+    unplaced: tuple[str, ...] = ()
+    outcome: FitOutcome | None = None
     if assignment is None:
         fleet = [BrokerCapacity(b, setup.mcap, setup.preload.get(b, 0.0)) for b in ids]
         if policy == "lb" or setup.fit_window_s is None:
@@ -116,6 +122,7 @@ def predict(
                                setup.spread_s, seed=setup.seed, fresh=False)  # fmt: skip
             done = run_fitting(fitting, oracle)
             assignment, rounds = dict(done.assignment), done.rounds
+            unplaced, outcome = done.unassigned, done.outcome
         buckets = None
     result = simulate(
         trace,
@@ -125,7 +132,8 @@ def predict(
         seed=setup.seed,
         warmup_s=warmup_s,
     )
-    return LivePrediction(policy, {b: tuple(ps) for b, ps in assignment.items()}, result, rounds)
+    placed = {b: tuple(ps) for b, ps in assignment.items()}
+    return LivePrediction(policy, placed, result, rounds, unplaced, outcome)
 
 
 def replay(

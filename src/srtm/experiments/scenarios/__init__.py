@@ -1,13 +1,14 @@
 """The shipped live scenarios (TOML files beside this package, loaded by ``scenario``):
 each one ``Live`` experiment, run under one policy (``srtm experiment run``), several side
-by side (``compare``) or LB against SRTM on correlated sensors (``demo``). ``live`` runs
-one policy, ``report`` makes the tables, plots and the HTML page."""
+by side (``compare``) or LB against SRTM on correlated sensors (``demo``), and
+``Simulated`` too (``run --sim``: ``simulated``). ``live`` runs one policy, ``report``
+makes the tables, plots and the HTML page."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -63,8 +64,12 @@ class ScenarioExperiment:
     scenario: Scenario
     live_options: ClassVar[frozenset[Option]] = frozenset(
         {Option.policy, Option.duration, Option.warmup, Option.analysis,
-         Option.spark_master, Option.strict, Option.scale, Option.publisher_order}
+         Option.spark_master, Option.strict, Option.scale, Option.publisher_order,
+         Option.quick}
     )  # fmt: skip
+
+    #: ``--sim``: every policy asked for (``--policy lb,conc,maxmin,srtm``).
+    sim_options: ClassVar[frozenset[Option]] = frozenset({Option.policy})
 
     @property
     def name(self) -> str:
@@ -81,24 +86,66 @@ class ScenarioExperiment:
         from srtm.experiments.scenarios import report
 
         sc, how = sized(self.scenario.with_order(run.publisher_order), run.scale, run.term)
-        summaries = run_policies(
-            sc, run.policies, run.out, run.duration_s, run.warmup_s, how, run.term
-        )
+        duration, warmup = spans(run)
+        summaries = run_policies(sc, run.policies, run.out, duration, warmup, how, run.term)
         analyse(summaries, run.out, run.analysis, run.spark_master, run.term.err)
         report.print_table(summaries, _title(sc), run.term.out)
         run.term.err.print(f"summaries and traces under {run.out}")
         document = json.dumps(report.compact(summaries))
         return _summary(self.name, summaries, (document,), saved(summaries, run.out))
 
+    def sim(self, run: RunSettings) -> Summary:
+        """The scenario as written under each policy of ``run``, in the simulator
+        (``simulated``), its table printed and its JSON saved in ``run.out``."""
+        import json
+
+        from srtm.experiments.scenarios import simulated
+
+        sc = self.scenario
+        with run.term.err.status(f"simulating {sc.name} under {', '.join(run.policies)}"):
+            rows = simulated.simulate(sc, run.policies)
+        run.term.out.print(simulated.table(sc, rows))
+        doc = simulated.document(sc, rows)
+        path = simulated.save(run.out, sc, doc)
+        return Summary(self.name, Mode.sim, (json.dumps(doc),), report=(path,))
+
     def compare(self, run: RunSettings) -> Summary:
         """The scenario under each policy of ``run``, side by side, with plots and an HTML
-        report in ``run.out``."""
-        sc, how = sized(self.scenario.with_order(run.publisher_order), run.scale, run.term)
-        summaries = run_policies(
-            sc, run.policies, run.out, run.duration_s, run.warmup_s, how, run.term
-        )
+        report in ``run.out``; with ``run.slo_ms``, at that SLO (``with_slo``)."""
+        sc = self.scenario.with_order(run.publisher_order)
+        sc = sc if run.slo_ms is None else with_slo(sc, run.slo_ms)
+        sc, how = sized(sc, run.scale, run.term)
+        duration, warmup = spans(run)
+        summaries = run_policies(sc, run.policies, run.out, duration, warmup, how, run.term)
         analyse(summaries, run.out, run.analysis, run.spark_master, run.term.err)
         return finish(sc, summaries, run.out, run.term)
+
+
+#: ``--quick``: the measured window and the warm-up (s) unless given; fitting still runs to
+#: its end in the warm-up. Long enough for a table of every policy and the run check's
+#: figures, far too short to judge a p99 by (a few thousand messages).
+QUICK_DURATION_S = 4.0
+QUICK_WARMUP_S = 2.0
+
+
+def with_slo(sc: Scenario, slo_ms: float) -> Scenario:
+    """``sc`` judged against ``slo_ms`` instead of its own SLO, on the same brokers and
+    workload. The emulator's skip limit keeps its ratio to the SLO (the run check's
+    send-lateness limits are shares of it), as the broker-lateness limit does."""
+    if not (slo_ms > 0 and slo_ms < float("inf")):
+        raise UsageError("--slo-ms", f"must be a number of ms > 0, got {slo_ms!r}")
+    ratio = slo_ms / sc.slo_p99_ms
+    return replace(sc, slo_p99_ms=slo_ms, max_send_late_ms=sc.max_send_late_ms * ratio)
+
+
+def spans(run: RunSettings) -> tuple[float | None, float | None]:
+    """The measured window and warm-up a run asks for (None: the scenario's)."""
+    if not run.quick:
+        return run.duration_s, run.warmup_s
+    return (
+        QUICK_DURATION_S if run.duration_s is None else run.duration_s,
+        QUICK_WARMUP_S if run.warmup_s is None else run.warmup_s,
+    )
 
 
 def find(name: str) -> ScenarioExperiment:

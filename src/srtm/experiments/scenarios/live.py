@@ -44,15 +44,13 @@ OnProgress = Callable[[str, float, float], None]
 FIT_BUDGET_S = 60.0
 #: Traffic after fitting before the measured window starts (moves settle, adaptor acts).
 SETTLE_S = 2.0
-#: The emulator skips (and counts) events it could only send this late: on a busy
-#: machine a stalled scheduler would otherwise release them as one burst. A scenario
-#: slowed in time (``Scenario.time_scale``) divides it by its scale, as its other
-#: queueing durations (``max_late_s``).
-MAX_SEND_LATE_S = 0.01
 
 
 def max_late_s(sc: Scenario) -> float:
-    return MAX_SEND_LATE_S / sc.time_scale
+    """How late the emulator may send an event before it skips it instead
+    (``Scenario.max_send_late_ms``): a scenario slowed in time (``Scenario.time_scale``)
+    divides it by its scale, as its other queueing durations."""
+    return sc.max_send_late_ms / 1e3 / sc.time_scale
 
 
 #: The emulator's schedule starts this long after the driver starts it.

@@ -120,6 +120,11 @@ class Scenario:
     message_size: int = 100
     fit: Fit | None = field(default_factory=Fit)
     preload: tuple[Preload, ...] = ()
+    #: The emulator skips (and counts) events it could only send this late: a stalled
+    #: scheduler would otherwise release them as one burst. Its lateness reshapes the
+    #: correlated bursts placement is about, so a scenario with a tighter SLO keeps it
+    #: tighter (``live.max_late_s``; the run check's send-lateness limits follow it).
+    max_send_late_ms: float = 10.0
     #: How much slower in time than its file this scenario runs (``sizing.scaled``):
     #: rates were multiplied by it and queueing durations divided by it.
     time_scale: float = 1.0
@@ -242,7 +247,8 @@ def _check(sc: Scenario, where: str) -> None:
         raise ValueError(f"{where}: topic {sc.topic!r} is not a valid NSQ name")
     positive = {"brokers": sc.brokers, "capacity": sc.capacity, "mcap": sc.mcap,
                 "slo_p99_ms": sc.slo_p99_ms, "duration_s": sc.duration_s,
-                "rate_factor": sc.rate_factor}  # fmt: skip
+                "rate_factor": sc.rate_factor,
+                "max_send_late_ms": sc.max_send_late_ms}  # fmt: skip
     for key, value in positive.items():
         if not (isinstance(value, int | float) and value > 0):
             raise ValueError(f"{where}: {key} must be > 0, got {value!r}")
