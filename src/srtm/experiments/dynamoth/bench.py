@@ -310,3 +310,7 @@ class FanoutRows:
     def sent_in(self, t0_ns: int, t1_ns: int) -> np.ndarray:
         send = self.rows[:, 3]
         return self.rows[(send >= t0_ns) & (send < t1_ns)]
+
+    def received_in(self, t0_ns: int, t1_ns: int) -> np.ndarray:
+        recv = self.rows[:, 4]
+        return self.rows[(recv >= t0_ns) & (recv < t1_ns)]
