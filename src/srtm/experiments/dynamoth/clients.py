@@ -6,9 +6,10 @@ publish to the tile they are in), each sending ``each`` msg/s; every tile is rea
 subscriber (in their own process). Brokers emulate a small instance (``--capacity``
 msg/s each), so that one fills at a load this machine carries. Every client is declared
 at the start (placed by the ``lb`` policy over the run's brokers); in steps, more of them
-start sending, up to each count of ``clients``. Per step, after ``settle_s``,
-``measure_s``: the response time (publish → receipt) mean, p50 and p99 of the messages
-sent in the window, the messages delivered per second, and each broker's share of them.
+start sending (round robin over the brokers their plans name), up to each count of
+``clients``. Per step, after ``settle_s``, ``measure_s``: the response time (publish →
+receipt) mean, p50 and p99 of the messages sent in the window, the messages delivered
+per second, and each broker's share of them.
 """
 
 from __future__ import annotations
@@ -76,10 +77,12 @@ async def _one(s: ClientsSettings, out: Path, brokers: int) -> dict[str, Any]:
             # that one clump of sends fits.
             await bench.topic(t, s.each * len(mine) * 1.1, s.burst, mine, s.each)
             await fan.sub(t, "view")
+        order = await _spread(bench, sorted(set(tile)))
         for n in s.clients:
             new = []
             for i in range(len(pubs), n):
-                pub = Publisher(tile[i], f"{tile[i]}-c{i}", controller=bench.url, max_pending=1_000)
+                t, who = order[i]
+                pub = Publisher(t, who, controller=bench.url, max_pending=1_000)
                 await pub.start()
                 new.append(pub)
             pubs += new
@@ -135,6 +138,26 @@ async def _one(s: ClientsSettings, out: Path, brokers: int) -> dict[str, Any]:
         "sent": bench.pacing.sent,
         "disturbed": why,
     }
+
+
+async def _spread(bench: Bench, tiles: list[str]) -> list[tuple[str, str]]:
+    """Every client as (tile, id), in the order they start: round robin over the brokers
+    their plans put them on, so that each step's clients are spread as the placement
+    spreads all of them (``lb`` fills a broker with a topic's consecutive publishers)."""
+    per: dict[str, list[tuple[int, str, str]]] = {}
+    for t in tiles:
+        doc = await bench.call("GET", f"/topics/{t}")
+        for b in doc["brokers"]:
+            mine = ((int(p.rsplit("c", 1)[1]), t, p) for p in b["publishers"])
+            per.setdefault(b["id"], []).extend(mine)
+    queues = [sorted(v) for _, v in sorted(per.items())]
+    order: list[tuple[str, str]] = []
+    while any(queues):
+        for q in queues:
+            if q:
+                _, t, p = q.pop(0)
+                order.append((t, p))
+    return order
 
 
 def run(out: Path, s: ClientsSettings | None = None) -> dict[str, Any]:
