@@ -46,7 +46,9 @@ ScenarioArg = Annotated[
         "--sim at the paper's scale, SRTM against LB). `trading-day`, `excess-capacity`, "
         "`latency-effects`: the utility-aware allocation paper's experiments (live at small "
         "scale, or with --sim at the paper's). `control-plane-faults`: 3 etcd members, 3 "
-        "controllers and 4 brokers under load through the control plane's faults (live)."
+        "controllers and 4 brokers under load through the control plane's faults (live). "
+        "`dynamoth-replication`, `dynamoth-clients`, `dynamoth-move`: Dynamoth's evaluation "
+        "(live)."
     ),
 ]
 OutOpt = Annotated[
@@ -184,7 +186,7 @@ def run_cmd(
         typer.Option(
             help="trading-day, excess-capacity, latency-effects live: short stages "
             "(7 s each) for tests; control-plane-faults: short warm-up and settling, an "
-            "8-s outage (unless --outage-s)."
+            "8-s outage (unless --outage-s); dynamoth-*: fewer, shorter steps."
         ),
     ] = False,
     decide: Annotated[
