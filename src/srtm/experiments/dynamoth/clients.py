@@ -51,9 +51,13 @@ class ClientsStep:
     sent_msg_s: float
     delivered_msg_s: float
     per_broker: dict[str, float]
-    mean_ms: float
-    p50_ms: float
-    p99_ms: float
+    #: Latency of the messages sent in the window that were received by the run's end
+    #: (None: none was: over capacity, the queue only grows).
+    mean_ms: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    #: Sent in the window and not received by the end of the run.
+    unreceived: int
 
 
 async def _one(s: ClientsSettings, out: Path, brokers: int) -> dict[str, Any]:
@@ -117,7 +121,7 @@ async def _one(s: ClientsSettings, out: Path, brokers: int) -> dict[str, Any]:
             ids.get(got.brokers[b], got.brokers[b]): float((came[:, 2] == b).sum() / span)
             for b in np.unique(came[:, 2])
         }
-        mean = float(lat.mean() / 1e6) if len(lat) else 0.0
+        mean = float(lat.mean() / 1e6) if len(lat) else None
         steps.append(
             ClientsStep(
                 brokers,
@@ -127,8 +131,9 @@ async def _one(s: ClientsSettings, out: Path, brokers: int) -> dict[str, Any]:
                 len(came) / span,
                 per,
                 mean,
-                quantile_ms(lat, 0.5),
-                quantile_ms(lat, 0.99),
+                quantile_ms(lat, 0.5) if len(lat) else None,
+                quantile_ms(lat, 0.99) if len(lat) else None,
+                max(0, bench.pacing.sent_in(t0, t1) - len(rows)),
             )
         )
     return {

@@ -31,6 +31,7 @@ CLIENTS_COLUMNS = (
     "mean ms",
     "p50 ms",
     "p99 ms",
+    "not received",
 )
 MOVE_COLUMNS = (
     "run",
@@ -49,6 +50,15 @@ MOVE_COLUMNS = (
 
 def _per(per: dict[str, float]) -> str:
     return " / ".join(f"{b}: {v:,.0f}" for b, v in sorted(per.items())) or "-"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _nan(value: float | None) -> float:
+    """A figure for a plot: None (nothing measured) is a gap."""
+    return float("nan") if value is None else value
 
 
 def replication_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
@@ -78,9 +88,10 @@ def clients_rows(doc: dict[str, Any]) -> list[tuple[str, ...]]:
             f"{s['sent_msg_s']:,.0f}",
             f"{s['delivered_msg_s']:,.0f}",
             _per(s["per_broker"]),
-            f"{s['mean_ms']:.1f}",
-            f"{s['p50_ms']:.1f}",
-            f"{s['p99_ms']:.1f}",
+            _ms(s["mean_ms"]),
+            _ms(s["p50_ms"]),
+            _ms(s["p99_ms"]),
+            f"{s['unreceived']:,}",
         )
         for r in doc["runs"]
         for s in r["steps"]
@@ -177,8 +188,8 @@ def plot_clients(doc: dict[str, Any], out: Path) -> Path:
     for r in doc["runs"]:
         n = [s["clients"] for s in r["steps"]]
         label = f"{r['brokers']} broker" + ("s" if r["brokers"] > 1 else "")
-        resp.plot(n, [s["mean_ms"] for s in r["steps"]], "o-", label=f"{label}, mean")
-        resp.plot(n, [s["p99_ms"] for s in r["steps"]], "s--", label=f"{label}, p99")
+        resp.plot(n, [_nan(s["mean_ms"]) for s in r["steps"]], "o-", label=f"{label}, mean")
+        resp.plot(n, [_nan(s["p99_ms"]) for s in r["steps"]], "s--", label=f"{label}, p99")
         load.plot(n, [s["delivered_msg_s"] for s in r["steps"]], "o-", label=label)
     first = doc["runs"][0]["steps"]
     load.plot(
