@@ -51,7 +51,9 @@ ScenarioArg = Annotated[
         "--sim at the paper's scale, SRTM against LB). `trading-day`, `excess-capacity`, "
         "`latency-effects`: the utility-aware allocation paper's experiments (live at small "
         "scale, or with --sim at the paper's). `control-plane-faults`: 3 etcd members, 3 "
-        "controllers and 4 brokers under load through the control plane's faults (live)."
+        "controllers and 4 brokers under load through the control plane's faults (live). "
+        "`dynamoth-replication`, `dynamoth-clients`, `dynamoth-move`: Dynamoth's evaluation "
+        "(live)."
     ),
 ]
 OutOpt = Annotated[
@@ -224,7 +226,7 @@ def run_cmd(
             "(7 s each) for tests; control-plane-faults: short warm-up and settling, an "
             "8-s outage (unless --outage-s); table1 live: groups of 5 and 20 only, a "
             "shorter calibration; a live scenario: a 4-s measured window after a 2-s "
-            "warm-up (unless --duration, --warmup)."
+            "warm-up (unless --duration, --warmup); dynamoth-*: fewer, shorter steps."
         ),
     ] = False,
     decide: Annotated[

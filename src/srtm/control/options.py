@@ -115,6 +115,13 @@ class ControllerOptions:
         "none came for this long (s).",
         minimum=0,
     )
+    subscriber_wait_s: float = setting(
+        2.0,
+        "A broker gaining a topic's traffic gets it once its subscribers read it there (each "
+        "channel the topic has elsewhere registered by it), or after this long (s); 0: at "
+        "once, and what arrives first waits there for them.",
+        minimum=0,
+    )
     rebalance: bool = setting(
         False,
         "Elasticity: run the rebalancer every --rebalance-interval-s and carry out its "

@@ -60,6 +60,8 @@ class Pusher:
         self.epoch: int | None = None
         #: Whether this controller acts now: nothing is sent to brokers when not.
         self.acting: Callable[[], bool] = lambda: True
+        #: How long a change waits for a gaining broker's subscribers (``_readers_found``).
+        self.subscriber_wait_s = 0.0
 
     def open(self) -> None:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
@@ -114,6 +116,7 @@ class Pusher:
         lock = self._shares.setdefault(topic, asyncio.Lock())
         async with lock:
             down, up = phases(actions)
+            await self._readers_found(topic, [a.broker for a in up])
             # A broker losing publishers forwards before its share shrinks: what they
             # still send it meanwhile is shaped by their new broker, not its drain share.
             first, routed = forwarding_first(routed, down)
@@ -140,6 +143,31 @@ class Pusher:
                 await self._route(r)
         if topic not in self.ctrl.topics and not lock.locked():
             self._shares.pop(topic, None)  # no lock kept per topic ever deleted
+
+    async def _readers_found(self, topic: str, gaining: list[str]) -> None:
+        """Make-before-break for subscribers (Dynamoth's: subscribe to the new server,
+        then leave the old one): before a broker gains the topic's traffic, wait until it
+        carries every channel the topic has elsewhere, i.e. each channel's subscriber
+        found it in /lookup (the plan already lists it) and SUBscribed, or until
+        ``subscriber_wait_s``. A broker with no subscriber holds what it gets: a move to a
+        broker not yet read held tens of messages there for 60-175 ms, until the
+        subscribers' next lookup (docs/results/dynamoth.md)."""
+        if self.subscriber_wait_s <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.subscriber_wait_s
+        reg = self.ctrl.registry
+
+        def unread() -> list[str]:
+            return [b for b in gaining if b in self.ctrl.brokers
+                    and not self.ctrl.brokers[b].down and reg.unread(topic, b)]  # fmt: skip
+
+        while waiting := unread():
+            if loop.time() >= deadline:
+                log.info("topic %s: no subscriber read %s after %g s; moving on", topic,
+                         ", ".join(waiting), self.subscriber_wait_s)  # fmt: skip
+                return
+            await asyncio.sleep(0.01)
 
     def _current(self, action: SetBucket) -> bool:
         """Is this increase still what the topic's plan gives the broker? (A later plan

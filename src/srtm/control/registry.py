@@ -106,6 +106,16 @@ class LookupRegistry:
         when = self.tombstoned.get((topic, broker))
         return when is not None and now - when < self.tombstone_s
 
+    def unread(self, topic: str, broker: str) -> frozenset[str]:
+        """The channels of ``topic`` that other brokers carry and ``broker`` does not: a
+        subscriber of each has not read ``broker`` yet (a channel is created by a SUB)."""
+        mine = self.carried.get(broker, {}).get(topic, frozenset())
+        others: set[str] = set()
+        for b, topics in self.carried.items():
+            if b != broker:
+                others |= topics.get(topic, frozenset())
+        return frozenset(others - mine)
+
     def producers(self, topic: str) -> list[str]:
         """The brokers registered for ``topic``, tombstoned or not."""
         return list(self.keys.get((topic, ""), {}))

@@ -95,6 +95,7 @@ class ControllerService:
         #: What goes to brokers: actions carried out, probes, measurements, admissions.
         self.pusher = Pusher(self.ctrl, opts.token, retry_s=min(0.5, opts.tick_s))
         self.pusher.acting = self.acting
+        self.pusher.subscriber_wait_s = opts.subscriber_wait_s
         self._tasks: set[asyncio.Task[None]] = set()
         self._tick: asyncio.Task[None] | None = None
         #: Silent brokers being asked whether their address still answers.

@@ -1,6 +1,6 @@
 """Every experiment ``srtm experiment run`` knows, by name: the paper's figures, the
-shipped live scenarios, multi-tenant, diurnal, the utility experiments and
-control-plane-faults; and the live
+shipped live scenarios, multi-tenant, diurnal, the utility experiments,
+control-plane-faults and Dynamoth's analogues; and the live
 scenarios ``srtm experiment list`` shows."""
 
 from __future__ import annotations
@@ -12,7 +12,15 @@ from srtm.experiments.experiment import Experiment, Mode, UsageError, options, t
 
 def experiments() -> dict[str, Experiment]:
     """Each experiment by its name."""
-    from srtm.experiments import control_plane, diurnal, figures, scenarios, tenancy, utility
+    from srtm.experiments import (
+        control_plane,
+        diurnal,
+        dynamoth,
+        figures,
+        scenarios,
+        tenancy,
+        utility,
+    )
 
     found: list[Experiment] = [
         *figures.EXPERIMENTS,
@@ -21,6 +29,7 @@ def experiments() -> dict[str, Experiment]:
         diurnal.EXPERIMENT,
         *utility.EXPERIMENTS,
         control_plane.EXPERIMENT,
+        *dynamoth.EXPERIMENTS,
     ]
     return {e.name: e for e in found}
 
