@@ -212,6 +212,16 @@ def run_cmd(
             min=1,
         ),
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="The paper's figures and table1 (--sim): the broker model, 'calibrated' "
+            "(default: `srtm calibrate` on the development machine, at the paper's speed), "
+            "'paper' (service times chosen to make the paper's thresholds hold) or the "
+            "path of a `srtm calibrate` file (put at the paper's speed).",
+        ),
+    ] = None,
 ) -> None:
     """Run SCENARIO once: start a local cluster, create and place (fit) the topic, emulate
     the workload, collect traces, stop everything, and print the summary; with --sim,
@@ -223,7 +233,7 @@ def run_cmd(
     mode = Mode.sim if sim else Mode.live
     run = RunSettings(
         out, TERMINAL, as_json, policies_of(policy), duration, warmup, analysis, spark_master,
-        scale, quick, decide, only, outage_s,
+        scale, quick, decide, only, outage_s, model,
     )  # fmt: skip
     try:
         summary = start(registry.find(scenario), mode, given, run)

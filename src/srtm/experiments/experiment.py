@@ -52,6 +52,7 @@ class Option(StrEnum):
     decide = "--decide"
     only = "--only"
     outage_s = "--outage-s"
+    model = "--model"
 
 
 class Analysis(StrEnum):
@@ -101,6 +102,8 @@ class RunSettings:
     decide: str = "controller"
     only: str | None = None
     outage_s: float | None = None
+    #: The simulated figures' broker model: ``calibrated`` (None), ``paper`` or a file.
+    model: str | None = None
 
 
 @dataclass(frozen=True)
