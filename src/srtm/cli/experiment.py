@@ -284,7 +284,8 @@ def validate_cmd(
     model: Annotated[
         str,
         typer.Option(
-            help="Broker model for the simulator: 'paper' or a file from `srtm calibrate`."
+            help="Broker model for the simulator: 'calibrated' (the shipped `srtm "
+            "calibrate` of the development machine), 'paper' or a file from `srtm calibrate`."
         ),
     ],
     scenario: Annotated[
