@@ -96,7 +96,9 @@ def _quick_figure(monkeypatch: pytest.MonkeyPatch) -> None:
     from srtm.experiments import figures
 
     real = figures.run_figure
-    monkeypatch.setattr(figures, "run_figure", lambda name, out: real(name, out, quick=True))
+    monkeypatch.setattr(
+        figures, "run_figure", lambda name, out, **kw: real(name, out, quick=True, **kw)
+    )
 
 
 def _quick_tenancy(monkeypatch: pytest.MonkeyPatch) -> None:

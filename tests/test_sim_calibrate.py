@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +16,9 @@ from srtm.experiments.calibrate import (
     fit,
     measure,
     measured_capacity,
+    validity,
 )
+from srtm.experiments.host import HostFigures
 from srtm.sim.model import BrokerModel, Dist, load, save
 from srtm.sim.probe import probe
 
@@ -61,6 +64,9 @@ def test_a_short_calibration_against_a_real_broker(tmp_path: Path) -> None:
     model = fit(m, replace(plan))
     save(model, tmp_path / "m.json")
     assert load(tmp_path / "m.json") == model and model.mcap > 0
+    notes = model.notes
+    assert notes["command"].startswith("srtm calibrate") and notes["revision"]
+    assert notes["validity"]["verdict"] in ("disturbed", "not disturbed")
 
 
 def test_saturating_an_emulated_server_leaves_no_backlog_for_the_next_step(
@@ -82,3 +88,32 @@ def test_saturating_an_emulated_server_leaves_no_backlog_for_the_next_step(
     finally:
         broker.stop()
     assert all(300 < r < 1_100 for r in rates), rates
+
+
+def _figures(wait: float | None = 0.1, foreign: float | None = 0.05) -> HostFigures:
+    return HostFigures(run_queue_wait=wait, waited_most=42, steal=0.0, foreign_cpu=foreign, cpus=2)
+
+
+def test_a_calibration_on_a_busy_machine_is_disturbed_and_says_why() -> None:
+    quiet = validity(_figures())
+    assert quiet["verdict"] == "not disturbed" and quiet["reasons"] == []
+    busy = validity(_figures(foreign=0.69))
+    assert busy["verdict"] == "disturbed"
+    assert busy["reasons"] == [
+        "other processes used 69% of the 2 CPUs (at most 25% leaves the broker and the "
+        "generator theirs)"
+    ]
+    starved = validity(_figures(wait=0.5, foreign=0.3))
+    assert starved["verdict"] == "disturbed"
+    assert starved["reasons"][0] == "42 waited for a CPU 50% of the calibration"
+    assert len(starved["reasons"]) == 2  # the foreign share once, beside it
+    assert validity(None)["verdict"] == "unknown"
+    json.dumps(busy)  # kept in the model file as it is
+
+
+def test_the_plan_names_the_command_that_measures_it() -> None:
+    assert CalibrationPlan().command() == "srtm calibrate"
+    plan = CalibrationPlan(slo_p99_ms=20, step_s=4, broker_args=("--capacity", "2000"))
+    assert plan.command() == (
+        "srtm calibrate --slo-ms 20 --step-s 4 --broker-arg=--capacity --broker-arg=2000"
+    )

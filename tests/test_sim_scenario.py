@@ -114,3 +114,21 @@ def test_validation_reads_live_runs_and_tables_the_predictions(tmp_path: Path) -
     assert entry["policy"] == "lb" and entry["measured_p99_ms"] == 5.0
     assert entry["replay_ok"] == (abs(entry["replay_p99_ms"] / 5.0 - 1) <= 0.3)
     assert (tmp_path / "out" / "validation.png").exists()
+
+
+def test_validation_simulates_a_scaled_run_at_its_scale() -> None:
+    # A run on a slow machine ran the scenario slowed in time (its summary's sizing.scale):
+    # the nominal schedule on its slowed brokers would overload them.
+    from srtm.experiments.figures.validation import live_setup
+    from srtm.experiments.scenarios import load
+
+    sc = load("correlated-sensors")
+    nominal, _ = live_setup(sc)
+    slow, preload = live_setup(sc, 0.55)
+    assert slow.capacity == pytest.approx(0.55 * nominal.capacity)
+    assert slow.mcap == pytest.approx(0.55 * nominal.mcap)
+    assert slow.slo_p99_ms == pytest.approx(nominal.slo_p99_ms / 0.55, rel=1e-2)
+    rate = sum(p.rate for p in slow.specs)
+    assert rate == pytest.approx(0.55 * sum(p.rate for p in nominal.specs))
+    assert slow.bucket.rate < nominal.bucket.rate
+    assert preload == {str(p.broker): 0.55 * p.rate for p in sc.preload}

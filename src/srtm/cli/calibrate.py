@@ -224,6 +224,9 @@ def calibrate(
         ("capacity at the SLO, model", f"{model.capacity_at_slo or 0:,.0f} msg/s"),
         ("mcap written", f"{model.mcap:,.0f} msg/s"),
         ("fit error (mean |log|)", f"{notes['fit_mean_abs_log_error']:.2f}"),
+        ("revision / machine", f"{notes['revision']} / {notes['machine']['description']}"),
+        ("machine during the calibration", "; ".join(
+            [notes["validity"]["verdict"], *notes["validity"]["reasons"]])),
     ]  # fmt: skip
     for k, v in rows:
         table.add_row(k, v)

@@ -258,9 +258,12 @@ def run_cmd(
         str | None,
         typer.Option(
             "--model",
-            help="table1 live: the broker model for model-assisted fitting, a file from an "
-            "earlier `srtm calibrate` on brokers run as the experiment's (default: "
-            "calibrate as part of the run).",
+            help="The broker model. The paper's figures and table1 with --sim: "
+            "'calibrated' (default: `srtm calibrate` on the development machine, at the "
+            "paper's speed), 'paper' (service times chosen to make the paper's thresholds "
+            "hold) or the path of a `srtm calibrate` file (put at the paper's speed). "
+            "table1 live: a file from an earlier `srtm calibrate` on brokers run as the "
+            "experiment's, for model-assisted fitting (default: calibrate as part of the run).",
         ),
     ] = None,
     publisher_order: PublisherOrderOpt = None,
@@ -346,7 +349,8 @@ def validate_cmd(
     model: Annotated[
         str,
         typer.Option(
-            help="Broker model for the simulator: 'paper' or a file from `srtm calibrate`."
+            help="Broker model for the simulator: 'calibrated' (the shipped `srtm "
+            "calibrate` of the development machine), 'paper' or a file from `srtm calibrate`."
         ),
     ],
     scenario: Annotated[

@@ -19,6 +19,11 @@ byte messages carrying their send time:
 
 The broker is one asyncio thread, so the model has one core. ``mcap`` is the measured
 capacity at the SLO (what the Load Distributor should assume for this broker).
+
+A calibration shares the machine like a live run: the machine's figures over the measured
+span (``srtm.experiments.host``) give it a verdict, ``disturbed`` or ``not disturbed``,
+kept in the model's ``notes["validity"]`` with the revision and the machine measured on.
+A disturbed calibration measured the machine's queue, not the broker.
 """
 
 from __future__ import annotations
@@ -26,10 +31,13 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing
+import os
+import platform
 import select
 import socket
 import statistics
 import struct
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from srtm.experiments import host
+from srtm.experiments.validity import machine_reasons
 from srtm.launch import start_broker
 from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Mpub, Pub, encode_command
 from srtm.protocol.frames import BODY_AT, HEARTBEAT, ID_AT
@@ -59,6 +69,10 @@ EVENT_GRID = tuple(range(0, 13))
 #: Seconds each candidate model is simulated per paced step while fitting.
 FIT_PROBE_S = 1.5
 IO_TIMEOUT_S = 10.0
+#: Share of the machine's CPU time other processes may use while calibrating: saturation
+#: runs keep the broker and the load generator each on a CPU of the two, so a quarter of
+#: the machine used by others means one of them shared its CPU much of the time.
+FOREIGN_CPU_SHARE = 0.25
 
 #: (what, done, total) for a progress bar.
 OnProgress = Callable[[str, float, float], None]
@@ -81,6 +95,19 @@ class CalibrationPlan:
 
     def steps(self) -> int:
         return 1 + 3 + 1 + len(self.fractions) + 1  # start, saturation, trickle, paced, fit
+
+    def command(self) -> str:
+        """The ``srtm calibrate`` command line that measures this plan (the flags it
+        differs from the defaults by; ``fractions`` and ``connections`` have none)."""
+        default = CalibrationPlan()
+        flags = [
+            f"--{name.replace('_', '-')} {value:g}"
+            for name, flag in (("slo_ms", "slo_p99_ms"), ("step_s", "step_s"),
+                               ("saturation_s", "saturation_s"), ("trickle_rate", "trickle_rate"))
+            if (value := getattr(self, flag)) != getattr(default, flag)
+        ]  # fmt: skip
+        flags += [f"--broker-arg={arg}" for arg in self.broker_args]
+        return " ".join(["srtm calibrate", *flags])
 
 
 # == the load generator (its own process) ===============================================
@@ -239,17 +266,20 @@ def serve_steps(conn: Connection, tasks: Mapping[str, Callable[..., Any]]) -> No
 
 @contextlib.contextmanager
 def step_process(
-    target: Callable[..., None], args: tuple[Any, ...], what: str
+    target: Callable[..., None], args: tuple[Any, ...], what: str, pids: list[int] | None = None
 ) -> Iterator[Callable[..., Any]]:
     """``target(conn, *args)`` (it calls ``serve_steps``) in a spawned process of its own,
     so that the load it generates does not share the calibrating process's GIL; yields
     ``call(name, timeout_s, **kwargs)``, which runs one step there and returns its
-    result. ``what`` names the steps in errors."""
+    result. ``what`` names the steps in errors; the process's pid is added to ``pids``
+    (the run's own processes, for its validity)."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=target, args=(child, *args), daemon=True)
     proc.start()
     child.close()
+    if pids is not None and proc.pid is not None:
+        pids.append(proc.pid)
 
     def call(name: str, timeout_s: float, **kwargs: Any) -> Any:
         parent.send((name, kwargs))
@@ -280,9 +310,9 @@ def _generator_main(conn: Connection, addr: tuple[str, int]) -> None:
 
 
 @contextlib.contextmanager
-def _generator(addr: tuple[str, int]) -> Iterator[Callable[..., Any]]:
+def _generator(addr: tuple[str, int], pids: list[int]) -> Iterator[Callable[..., Any]]:
     count = iter(range(1_000_000))
-    with step_process(_generator_main, (addr,), "calibration") as step:
+    with step_process(_generator_main, (addr,), "calibration", pids) as step:
 
         def call(name: str, timeout_s: float, **kwargs: Any) -> Any:
             # A topic of its own per step: what one step left queued never reaches the next.
@@ -298,6 +328,8 @@ class CalibrationMeasurements:
     trickle_ns: list[int] = field(default_factory=list)
     #: (offered rate, p50 ms, p99 ms, messages) per paced step.
     steps: list[tuple[float, float, float, int]] = field(default_factory=list)
+    #: The machine over the measured span (None: not read, e.g. not Linux).
+    figures: host.HostFigures | None = None
 
 
 def measure(
@@ -319,7 +351,9 @@ def measure(
         broker = start_broker(Path(tmp) / "data", list(plan.broker_args))
         try:
             addr = broker.tcp
-            with _generator(addr) as call:
+            pids = [broker.proc.pid, os.getpid()]
+            with _generator(addr, pids) as call:
+                watch = host.take(pids)
                 limit = plan.saturation_s + 30
                 for key, batch, conns in (
                     ("pub", 1, 1),
@@ -345,6 +379,7 @@ def measure(
                     )
                     q = quantiles(lat, (0.5, 0.99), scale=1e6)
                     out.steps.append((rate, q["p50"], q["p99"], int(lat.size)))
+                out.figures = host.between(watch, host.take(pids), os.cpu_count() or 1)
         finally:
             broker.stop()
     tick("fitting the model")
@@ -433,7 +468,10 @@ def fit(m: CalibrationMeasurements, plan: CalibrationPlan) -> BrokerModel:
         "mcap_from": "measured capacity at the SLO" if cap > 0 else
                      "80 % of the model's throughput (the SLO was missed even at the "
                      "lowest paced rate)",
-        "machine": {"cpus": _cpus()},
+        "command": plan.command(),
+        "machine": {"cpus": _cpus(), "description": machine()},
+        "revision": revision(),
+        "validity": validity(m.figures),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }  # fmt: skip
     return replace(
@@ -444,9 +482,65 @@ def fit(m: CalibrationMeasurements, plan: CalibrationPlan) -> BrokerModel:
     )
 
 
-def _cpus() -> int:
-    import os
+def validity(figures: host.HostFigures | None) -> dict[str, Any]:
+    """The calibration's verdict from the machine's figures over its span: the live runs'
+    reasons (``machine_reasons``) and other processes' share of the CPUs."""
+    if figures is None:
+        return {"verdict": "unknown", "reasons": ["the machine's figures could not be read"]}
+    # the live runs' reasons; beside any of them, the share other processes used
+    why = machine_reasons(figures, [], span="the calibration")
+    foreign = figures.foreign_cpu
+    if not why and foreign is not None and foreign > FOREIGN_CPU_SHARE:
+        why.append(
+            f"other processes used {foreign:.0%} of the {figures.cpus} CPUs "
+            f"(at most {FOREIGN_CPU_SHARE:.0%} leaves the broker and the generator theirs)"
+        )
+    return {
+        "verdict": "disturbed" if why else "not disturbed",
+        "reasons": why,
+        "foreign_cpu": figures.foreign_cpu,
+        "run_queue_wait": figures.run_queue_wait,
+        "steal": figures.steal,
+    }
 
+
+def revision() -> str:
+    """The checkout's ``git rev-parse --short HEAD`` (with ``+dirty`` when files under
+    ``src`` differ from it), or ``unknown`` outside a checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        git = ["git", "-C", str(here)]
+        rev = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--", str(here.parent)],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return rev + ("+dirty" if dirty else "")  # fmt: skip
+
+
+def machine() -> str:
+    """The CPU model and count, the kernel and Python: where the figures were measured."""
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    python = platform.python_version()
+    return f"{os.cpu_count()} × {model}, Linux {platform.release()}, Python {python}"
+
+
+def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 

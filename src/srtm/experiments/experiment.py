@@ -104,7 +104,8 @@ class RunSettings:
     decide: str = "controller"
     only: str | None = None
     outage_s: float | None = None
-    #: A broker model file from ``srtm calibrate`` (table1 live: model-assisted fitting).
+    #: The broker model: for the simulated figures ``calibrated`` (None), ``paper`` or a
+    #: file; for table1 live a ``srtm calibrate`` file (None: calibrate in the run).
     model: str | None = None
     #: The order a live scenario's publishers are handed to the controller (None: the
     #: scenario's own, block unless its file says otherwise).

@@ -2,14 +2,15 @@
 
 Pure and vectorised (numpy): ``arrivals`` (the workload's processes in bulk), ``engine``
 (token waits, processing queues, latency per message), ``model`` (broker models as JSON;
-``paper`` ships), ``placing`` and ``predict`` (placements, model-assisted fitting), and
-``scenario`` (live scenarios and replays). No I/O: the models are measured on a real broker
+``calibrated``, measured, and ``paper``, chosen, ship; ``at_paper_speed``), ``placing``
+and ``predict`` (placements, model-assisted fitting), and ``scenario`` (live scenarios and
+replays). No I/O: the models are measured on a real broker
 by ``srtm.experiments.calibrate``.
 """
 
 from srtm.sim.arrivals import Trace, from_schedule, generate, homogeneous
 from srtm.sim.engine import Background, Share, SimResult, Stats, simulate
-from srtm.sim.model import BrokerModel, Dist, load, paper, save
+from srtm.sim.model import BrokerModel, Dist, at_paper_speed, calibrated, load, paper, save
 from srtm.sim.placing import on_brokers, shares_of, topic_of, validated
 from srtm.sim.predict import BrokerSim, Predictor, SimRounds, predictor_for_topic, run_fitting
 from srtm.sim.probe import capacity_at_slo, probe
@@ -25,6 +26,8 @@ __all__ = [
     "SimRounds",
     "Stats",
     "Trace",
+    "at_paper_speed",
+    "calibrated",
     "capacity_at_slo",
     "from_schedule",
     "generate",

@@ -196,9 +196,9 @@ class PublisherDoc(TypedDict):
 
 
 class FitSettings(Request):
-    """Online fitting (``"fit": true`` takes the defaults); ``model`` (``"paper"`` or a
-    model file from ``srtm calibrate`` under the controller's ``--models-dir``, at most
-    1 MiB) makes it model-assisted."""
+    """Online fitting (``"fit": true`` takes the defaults); ``model`` (a built-in model,
+    ``"calibrated"`` or ``"paper"``, or a model file from ``srtm calibrate`` under the
+    controller's ``--models-dir``, at most 1 MiB) makes it model-assisted."""
 
     model_config = ConfigDict(extra="forbid")
 

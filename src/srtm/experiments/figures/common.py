@@ -19,7 +19,7 @@ from srtm.placement import BrokerCapacity, Policy
 from srtm.ratelimit import BucketParams
 from srtm.sim.arrivals import Trace, generate
 from srtm.sim.engine import Background, SimResult, simulate
-from srtm.sim.model import BrokerModel, paper
+from srtm.sim.model import BrokerModel, at_paper_speed, calibrated, load, paper
 from srtm.sim.placing import Choice, shares_of, topic_of, validated
 from srtm.workload import PublisherSpec
 
@@ -42,6 +42,23 @@ BURST_MARGIN = 1.1
 MESSAGES = 600_000
 
 
+def figure_model(model: BrokerModel | None = None) -> BrokerModel:
+    """The figures' broker: ``model``, or by default the broker ``srtm calibrate``
+    measured, at the paper's speed (``srtm.sim.model.at_paper_speed``)."""
+    return model if model is not None else at_paper_speed(calibrated())
+
+
+def model_named(name: str | None) -> BrokerModel:
+    """``--model``: ``paper`` is the model chosen to make the paper's thresholds hold, as
+    it is; ``calibrated`` (the default) or the path of a ``srtm calibrate`` file is a
+    measured broker, put at the paper's speed. ValueError naming a bad file."""
+    if name is None or name == "calibrated":
+        return figure_model()
+    if name == "paper":
+        return paper()
+    return at_paper_speed(load(name))
+
+
 def profiled_bucket(trace: Trace, margin: float | None = None) -> BucketParams:
     """The topic's ``(r, b)`` as the paper profiles it, with ``BURST_MARGIN`` on ``b``."""
     b = profile_bucket(trace.t_ns)
@@ -58,7 +75,7 @@ class Setup:
     spread_s: float = 0.0
     duration_s: float = 10.0
     seed: int = 0
-    model: BrokerModel = field(default_factory=paper)
+    model: BrokerModel = field(default_factory=figure_model)
 
     def brokers(self) -> list[BrokerCapacity]:
         return [
@@ -117,9 +134,9 @@ def duration_for(publishers: int, quick: bool) -> float:
     return min(30.0, max(3.0, target / (publishers * RATE)))
 
 
-def scaled(factor: int) -> BrokerModel:
-    """The paper's broker at 1/``factor`` of its speed and ``mcap`` (quick runs)."""
-    m = paper()
+def scaled(factor: int, model: BrokerModel | None = None) -> BrokerModel:
+    """The figures' broker at 1/``factor`` of its speed and ``mcap`` (quick runs)."""
+    m = figure_model(model)
     return replace(
         m,
         name=f"{m.name}/{factor}",

@@ -15,6 +15,7 @@ from srtm.experiments.figures.common import (
     axes,
     claim,
     duration_for,
+    figure_model,
     label_points,
     panel_name,
     run,
@@ -22,9 +23,17 @@ from srtm.experiments.figures.common import (
     write,
 )
 from srtm.sim.arrivals import homogeneous
+from srtm.sim.model import BrokerModel
 
 
-def fig5(out_dir: Path, *, seed: int = 0, quick: bool = False, reps: int = 3) -> FigureResult:
+def fig5(
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    quick: bool = False,
+    reps: int = 3,
+    model: BrokerModel | None = None,
+) -> FigureResult:
     """LB against Conc on idle brokers, by number of publishers."""
     t0 = time.perf_counter()
     counts = (1_000, 4_000) if quick else (1_000, 2_000, 4_000, 6_000, 8_000, 10_000)
@@ -46,6 +55,7 @@ def fig5(out_dir: Path, *, seed: int = 0, quick: bool = False, reps: int = 3) ->
                         homogeneous(n, process=process, batch=batch),
                         duration_s=duration_for(n, quick),
                         seed=seed + r,
+                        model=figure_model(model),
                     )
                     o = run(setup, policy)
                     p99s.append(o.p99_ms)

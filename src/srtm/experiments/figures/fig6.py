@@ -18,6 +18,7 @@ from srtm.experiments.figures.common import (
     axes,
     claim,
     duration_for,
+    figure_model,
     label_points,
     panel_name,
     run,
@@ -25,9 +26,12 @@ from srtm.experiments.figures.common import (
     write,
 )
 from srtm.sim.arrivals import homogeneous
+from srtm.sim.model import BrokerModel
 
 
-def fig6(out_dir: Path, *, seed: int = 0, quick: bool = False) -> FigureResult:
+def fig6(
+    out_dir: Path, *, seed: int = 0, quick: bool = False, model: BrokerModel | None = None
+) -> FigureResult:
     """Conc against MaxMin on brokers preloaded with 10–80 kmsg/s of Poisson traffic."""
     t0 = time.perf_counter()
     counts = (2_000, 8_000) if quick else (2_000, 4_000, 6_000, 8_000, 10_000)
@@ -50,6 +54,7 @@ def fig6(out_dir: Path, *, seed: int = 0, quick: bool = False) -> FigureResult:
                     PRELOAD_BATCH,
                     duration_s=duration_for(n, quick),
                     seed=seed,
+                    model=figure_model(model),
                 )
                 o = run(setup, policy)
                 per_broker = {b: r.stats.p99_ms for b, r in o.result.brokers.items()}

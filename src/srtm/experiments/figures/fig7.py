@@ -8,12 +8,17 @@ from typing import Any
 
 from srtm.experiments.figures.common import FigureResult, claim
 from srtm.experiments.figures.groups import by_group_size, panel_points
+from srtm.sim.model import BrokerModel
 
 
-def fig7(out_dir: Path, *, seed: int = 0, quick: bool = False) -> FigureResult:
+def fig7(
+    out_dir: Path, *, seed: int = 0, quick: bool = False, model: BrokerModel | None = None
+) -> FigureResult:
     """SRTM against Max-Min, perfectly correlated groups of 5–30 publishers."""
     title = "Fig. 7: correlation-aware allocation (groups in lockstep)"
-    return by_group_size("fig7", title, out_dir, _claims, forced=False, seed=seed, quick=quick)
+    return by_group_size(
+        "fig7", title, out_dir, _claims, model=model, forced=False, seed=seed, quick=quick
+    )
 
 
 def _claims(data: Mapping[str, Any]) -> list[dict[str, Any]]:

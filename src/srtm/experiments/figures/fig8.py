@@ -8,12 +8,17 @@ from typing import Any
 
 from srtm.experiments.figures.common import FigureResult, claim
 from srtm.experiments.figures.groups import by_group_size, panel_points
+from srtm.sim.model import BrokerModel
 
 
-def fig8(out_dir: Path, *, seed: int = 0, quick: bool = False) -> FigureResult:
+def fig8(
+    out_dir: Path, *, seed: int = 0, quick: bool = False, model: BrokerModel | None = None
+) -> FigureResult:
     """As Fig. 7, with Max-Min held to the number of brokers SRTM uses."""
     title = "Fig. 8: Max-Min on as many brokers as SRTM"
-    return by_group_size("fig8", title, out_dir, _claims, forced=True, seed=seed, quick=quick)
+    return by_group_size(
+        "fig8", title, out_dir, _claims, model=model, forced=True, seed=seed, quick=quick
+    )
 
 
 def _claims(data: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -6,19 +6,28 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from srtm.experiments.figures.common import FigureResult, Setup, claim
+from srtm.experiments.figures.common import FigureResult, Setup, claim, figure_model
 from srtm.experiments.figures.groups import grouped, groups_figure
+from srtm.sim.model import BrokerModel
 
 SPREADS_MS = (0.0, 2.0, 4.0, 8.0, 16.0)
 
 
-def fig9(out_dir: Path, *, seed: int = 0, quick: bool = False) -> FigureResult:
+def fig9(
+    out_dir: Path, *, seed: int = 0, quick: bool = False, model: BrokerModel | None = None
+) -> FigureResult:
     """Groups of 25 whose members fire spread evenly over 0–16 ms."""
     spreads = (0.0, 16.0) if quick else SPREADS_MS
     dur = 4.0 if quick else 20.0
 
     def setup_of(process: str, ms: float) -> Setup:
-        return Setup(grouped(process, 25), spread_s=ms / 1e3, duration_s=dur, seed=seed)
+        return Setup(
+            grouped(process, 25),
+            spread_s=ms / 1e3,
+            duration_s=dur,
+            seed=seed,
+            model=figure_model(model),
+        )
 
     return groups_figure(
         "fig9",

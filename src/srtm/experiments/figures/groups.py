@@ -12,12 +12,14 @@ from srtm.experiments.figures.common import (
     FigureResult,
     Setup,
     axes,
+    figure_model,
     label_points,
     run,
     slo_axis,
     write,
 )
 from srtm.sim.arrivals import homogeneous
+from srtm.sim.model import BrokerModel
 from srtm.workload import PublisherSpec
 
 GROUP_PUBLISHERS = 1_000
@@ -85,14 +87,22 @@ def groups_figure(
 
 
 def by_group_size(
-    name: str, title: str, out_dir: Path, claims: Claims, *, forced: bool, seed: int, quick: bool
+    name: str,
+    title: str,
+    out_dir: Path,
+    claims: Claims,
+    *,
+    model: BrokerModel | None,
+    forced: bool,
+    seed: int,
+    quick: bool,
 ) -> FigureResult:
     """Figs. 7 and 8: groups in lockstep, by group size (5–30)."""
     sizes = (5, 20) if quick else GROUP_SIZES
     dur = 4.0 if quick else 20.0
 
     def setup_of(process: str, g: float) -> Setup:
-        return Setup(grouped(process, int(g)), duration_s=dur, seed=seed)
+        return Setup(grouped(process, int(g)), duration_s=dur, seed=seed, model=figure_model(model))
 
     return groups_figure(
         name, title, out_dir, sizes, setup_of, "group size", claims, forced=forced, quick=quick

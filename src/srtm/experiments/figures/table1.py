@@ -12,6 +12,7 @@ from srtm.experiments.figures.common import (
     SLO_MS,
     FigureResult,
     claim,
+    figure_model,
     profiled_bucket,
     pyplot,
     write,
@@ -19,7 +20,7 @@ from srtm.experiments.figures.common import (
 from srtm.experiments.figures.groups import GROUP_BATCH, GROUP_PUBLISHERS, GROUP_SIZES
 from srtm.placement import BrokerCapacity, Finished, Fitting
 from srtm.sim.arrivals import generate, homogeneous
-from srtm.sim.model import BrokerModel, paper
+from srtm.sim.model import BrokerModel
 from srtm.sim.placing import topic_of
 from srtm.sim.predict import BrokerSim, Predictor, SimRounds, run_fitting
 
@@ -50,7 +51,7 @@ def fit_topic(
     brokers, SRTM policy; measurement rounds are simulated (``SimRounds``). With
     ``assisted`` the predictor simulates the profiled trace first. Returns the result,
     the state machine, and how many simulations the predictor ran."""
-    m = model or paper()
+    m = figure_model(model)
     specs = homogeneous(publishers, process=process, batch=GROUP_BATCH, group_size=group)
     profiled = generate(specs, profile_s, seed=seed)
     topic = topic_of(specs, profiled_bucket(profiled), SLO_MS)
@@ -80,7 +81,9 @@ def fit_topic(
     return done, fitting, predictor.calls if predictor else 0
 
 
-def table1(out_dir: Path, *, seed: int = 0, quick: bool = False) -> FigureResult:
+def table1(
+    out_dir: Path, *, seed: int = 0, quick: bool = False, model: BrokerModel | None = None
+) -> FigureResult:
     """Measurement rounds of online fitting: the paper's, measured-only, model-assisted."""
     t0 = time.perf_counter()
     sizes = (5, 20) if quick else GROUP_SIZES
@@ -97,7 +100,7 @@ def table1(out_dir: Path, *, seed: int = 0, quick: bool = False) -> FigureResult
         }
         for method, assisted in (("measured", False), ("model_assisted", True)):
             t = time.perf_counter()
-            done, _, sims = fit_topic(g, assisted=assisted, window_s=window, seed=seed)
+            done, _, sims = fit_topic(g, assisted=assisted, window_s=window, seed=seed, model=model)
             entry[method] = {
                 "rounds": list(done.rounds),
                 "total": sum(done.rounds),

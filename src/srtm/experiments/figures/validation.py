@@ -7,12 +7,16 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from srtm.experiments.figures.common import FigureResult, axes, claim, write
 from srtm.placement import POLICIES
 from srtm.ratelimit import BucketParams
 from srtm.sim.model import BrokerModel
+
+if TYPE_CHECKING:
+    from srtm.experiments.scenarios.scenario import Scenario
+    from srtm.sim.scenario import LiveSetup
 
 #: Predicted p99 within this factor of the measured one counts as a match (issue 7).
 TOLERANCE = 0.3
@@ -32,28 +36,13 @@ def validate_live(
     the publishers' real timing, stalls included, on the same buckets) and **own** (the
     simulator places and fits by itself from the schedule)."""
     from srtm.experiments import analysis, scenarios
-    from srtm.experiments.scenarios.live import profile
     from srtm.sim.model import load
-    from srtm.sim.scenario import LiveSetup, predict, replay
+    from srtm.sim.scenario import predict, replay
 
     t0 = time.perf_counter()
     m = model if isinstance(model, BrokerModel) else load(model)
     sc = scenarios.load(scenario)
-    rate, burst = profile(sc)
-    preload = {str(p.broker): p.rate for p in sc.preload}
-    setup = LiveSetup(
-        sc.specs(),
-        BucketParams(rate, burst),
-        sc.slo_p99_ms,
-        sc.brokers,
-        sc.capacity,
-        sc.mcap,
-        sc.spread_ms / 1e3,
-        sc.seed,
-        sc.duration_s,
-        preload,
-        sc.fit.window_s if sc.fit else None,
-    )
+    setups: dict[float, tuple[LiveSetup, dict[str, float]]] = {}
     rows, entries = [], []
     for run_dir in runs:
         for policy in POLICIES:
@@ -63,6 +52,11 @@ def validate_live(
                 continue
             summary = json.loads(summary_path.read_text())
             meta = json.loads(meta_path.read_text())
+            # a run on a slow machine ran its scenario slowed in time: simulate that one
+            scale = float((summary.get("sizing") or {}).get("scale") or 1.0)
+            if scale not in setups:
+                setups[scale] = live_setup(sc, scale)
+            setup, preload = setups[scale]
             docs = meta.get("buckets") or {}
             if not docs or any(v is None for v in docs.values()):
                 continue  # a run without sub-buckets cannot be replayed
@@ -155,3 +149,29 @@ def validate_live(
         rows,
     )
     return write(res, out_dir, fig, t0)
+
+
+def live_setup(sc: Scenario, scale: float = 1.0) -> tuple[LiveSetup, dict[str, float]]:
+    """The simulator's view of ``sc`` as a live run at ``scale`` ran it (the run's
+    ``sizing.scale``: rates, capacities and the SLO slowed in time, as
+    ``srtm.experiments.sizing.scaled`` slows them), and the preloads by broker."""
+    from srtm.experiments.scenarios.live import profile
+    from srtm.experiments.sizing import scaled
+    from srtm.sim.scenario import LiveSetup
+
+    sc = scaled(sc, scale)
+    rate, burst = profile(sc)
+    setup = LiveSetup(
+        sc.specs(),
+        BucketParams(rate, burst),
+        sc.slo_p99_ms,
+        sc.brokers,
+        sc.capacity,
+        sc.mcap,
+        sc.spread_ms / 1e3,
+        sc.seed,
+        sc.duration_s,
+        {str(p.broker): p.rate for p in sc.preload},
+        sc.fit.window_s if sc.fit else None,
+    )
+    return setup, {str(p.broker): p.rate for p in sc.preload}
