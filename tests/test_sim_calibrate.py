@@ -80,7 +80,7 @@ def test_saturating_an_emulated_server_leaves_no_backlog_for_the_next_step(
 
     broker = start_broker(tmp_path / "b", ["--capacity", "1000", "--release-spin-us", "0"])
     try:
-        with _generator(broker.tcp) as call:
+        with _generator(broker.tcp, []) as call:
             rates = [
                 call("saturate", 30, batch=batch, connections=1, seconds=0.8, max_undelivered=200)
                 for batch in (1, 10, 1)
