@@ -154,3 +154,6 @@ def test_the_comparison_says_its_order_and_what_srtm_gains_in_it() -> None:
     lb = summary("lb", "shuffled", 12.0) | {"validity": busy}
     assert report.compact([lb, shuffled[1]])["srtm_gain"] is None
     assert report.gain_lines([lb, shuffled[1]])[0].endswith("disturbed, no conclusion")
+    # LB ahead is said as SRTM behind, never as a gain below one.
+    behind = [summary("lb", "shuffled", 7.0), summary("srtm", "shuffled", 9.8)]
+    assert report.gain_lines(behind)[0].endswith("SRTM's p99 1.4x higher, on 6 brokers")

@@ -222,7 +222,12 @@ def gain_lines(summaries: Sequence[dict[str, Any]]) -> list[str]:
             f"LB p99 {lb['e2e_ms']['p99']:.1f} ms on {lb['brokers_used']} brokers, SRTM "
             f"{srtm['e2e_ms']['p99']:.1f} ms on {srtm['brokers_used']}"
         )
-        said = "disturbed, no conclusion" if gain is None else f"SRTM's p99 {gain:.1f}x lower"
+        if gain is None:
+            said = "disturbed, no conclusion"
+        elif gain >= 1:
+            said = f"SRTM's p99 {gain:.1f}x lower"
+        else:  # LB did better: said so, not as a gain below one
+            said = f"SRTM's p99 {1 / gain:.1f}x higher, on {srtm['brokers_used']} brokers"
         lines.append(f"publishers in {order} order: {figures}: {said}")
     return lines
 
