@@ -352,7 +352,8 @@ def test_mini_demo_end_to_end(tmp_path: Path) -> None:
         assert (checked["status"] == "disturbed") == bool(row["disturbed_by"])
     assert doc["disturbed"] == any(r["validity"] == "disturbed" for r in doc["policies"].values())
     assert (doc["conclusion"] is None) == doc["disturbed"]
-    assert ("No conclusion" in proc.stdout) == doc["disturbed"]
+    # The output holds both orders' conclusions: "No conclusion" if either was disturbed.
+    assert ("No conclusion" in proc.stdout) == any(d["disturbed"] for d in docs)
     for name in ("report.html", "latency_cdf.png", "broker_p99.png"):
         assert (out / name).stat().st_size > 0, name
     assert "published" in proc.stdout and "delivered" in proc.stdout
