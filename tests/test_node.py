@@ -82,7 +82,11 @@ def children(pid: int) -> dict[int, int]:
     """The node's broker processes: broker id -> pid."""
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
+        try:
+            kids = (task / "children").read_text().split()
+        except FileNotFoundError:  # the thread ended after the listing
+            continue
+        for child in kids:
             try:
                 argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
             except FileNotFoundError:  # it exited meanwhile
