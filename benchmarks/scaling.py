@@ -136,7 +136,10 @@ def node_children(pid: int) -> list[int]:
     """The node's broker processes."""
     out = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        out += [int(c) for c in (task / "children").read_text().split()]
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:  # the thread ended after the listing
+            continue
     return out
 
 
