@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -160,3 +161,48 @@ async def test_a_deleted_topic_leaves_no_push_record(make_broker: MakeBroker) ->
     broker.shares.set_bucket("gone", 1.0, 1.0)
     broker.delete_topic("gone")
     assert "gone" not in broker.shares._pushed_at
+    assert "gone" not in broker.shares._heard
+
+
+async def test_a_share_change_older_than_one_taken_is_refused(broker_api: BrokerApi) -> None:
+    """A push held up on a cut link and delivered after the heal (its controller timed it
+    out and moved on) must not bring back a share given away since: brokers take a
+    controller's orders in its numbering, per topic (409 STALE_PUSH, nothing changed)."""
+    broker, s = broker_api
+
+    async def push(path: str, order: int | None, epoch: int | None = None) -> tuple[int, Any]:
+        headers = {} if order is None else {"X-SRTM-Order": str(order)}
+        if epoch is not None:
+            headers["X-SRTM-Epoch"] = str(epoch)
+        async with s.post(path, headers=headers) as r:
+            return r.status, await r.json()
+
+    assert (await push("/srtm/bucket?topic=t&rate=9&burst=9", 20))[0] == 200
+    status, doc = await push("/srtm/bucket?topic=t&rate=50&burst=50", 10)
+    assert status == 409 and doc["message"] == "STALE_PUSH", doc
+    bucket = broker.topics["t"].bucket
+    assert bucket is not None and bucket.rate == 9.0  # unchanged
+    assert (await push("/srtm/bucket/hold?topic=t", 15))[0] == 409
+    assert (await push("/srtm/bucket/arm?topic=t&rate=1&burst=1&token=x", 19))[0] == 409
+    assert broker.topics["t"].bucket is not None
+    # Another topic has its own numbering; a newer leader's epoch beats any number.
+    assert (await push("/srtm/bucket?topic=u&rate=2&burst=2", 5))[0] == 200
+    assert (await push("/srtm/bucket?topic=t&rate=3&burst=3", 1, epoch=2))[0] == 200
+    assert (await push("/srtm/bucket?topic=t&rate=4&burst=4", 99, epoch=1))[0] == 409
+    assert (await push("/srtm/bucket?topic=t&rate=5&burst=5", None))[0] == 200  # a tool's
+    status, doc = await push("/srtm/bucket?topic=t&rate=5&burst=5", "x")  # type: ignore[arg-type]
+    assert status == 400 and doc["message"] == "BAD_ORDER", doc
+
+
+async def test_a_push_sent_before_the_registration_answer_is_refused_after_it(
+    make_broker: MakeBroker,
+) -> None:
+    broker = await make_broker(controller="http://127.0.0.1:9")
+    broker.shares.renew_lease(time.monotonic(), 60)
+    broker.shares.apply({}, ["t"], order=(3, 1000))
+    assert not broker.shares.admit("t", (3, 999))  # sent before the answer
+    assert not broker.shares.admit("t", (2, 5000))  # a deposed leader's
+    assert broker.shares.admit("t", (3, 1001))
+    assert not broker.shares.admit("t", (3, 1001))  # the same order twice
+    broker.shares.apply({}, ["t"], order=(3, 10))  # an older answer lowers nothing
+    assert not broker.shares.admit("u", (3, 500))

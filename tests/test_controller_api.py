@@ -439,3 +439,28 @@ async def test_a_registration_mid_change_holds_the_topic_its_share_comes_by_push
             assert answer["buckets"] == {} and answer["held"] == ["t"]
     finally:
         await service.stop()
+
+
+async def test_registration_answers_are_numbered_among_the_orders_to_brokers(
+    controller_api: ControllerClient,
+) -> None:
+    """Each answer's ``order`` comes after every earlier one (and after every push the
+    controller sent before it): a broker refuses pushes older than its answer."""
+    _, first = await controller_api.call("POST", "/brokers", REGISTRATION)
+    _, second = await controller_api.call("POST", "/brokers", REGISTRATION)
+    assert first["order"][0] == 0 and second["order"][0] == 0  # no epoch on SQLite
+    assert second["order"][1] > first["order"][1] > 0
+
+
+def test_the_pushers_numbers_go_up_and_carry_the_leaders_epoch() -> None:
+    from types import SimpleNamespace
+
+    from srtm.control.push import Pusher
+
+    pusher = Pusher(SimpleNamespace(), None, 0.1)  # type: ignore[arg-type]
+    a = pusher.next_order()
+    headers = pusher._headers()
+    pusher.epoch = 7
+    b = pusher.next_order()
+    assert a[0] == 0 and "X-SRTM-Epoch" not in headers
+    assert a[1] < int(headers["X-SRTM-Order"]) < b[1] and b[0] == 7

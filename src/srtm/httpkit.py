@@ -175,6 +175,26 @@ class EpochFence:
         return True
 
 
+#: The header a controller numbers its orders to brokers in (``push_order``).
+ORDER_HEADER = "X-SRTM-Order"
+
+
+def push_order(request: web.Request) -> tuple[int, int] | None:
+    """A controller's order as ``(epoch, number)``, comparable with the others: its
+    ``X-SRTM-Epoch`` (0 without: one controller, on SQLite) and ``X-SRTM-Order``, which
+    each controller numbers upwards. None without the number (a tool's request: not in
+    any order). HttpError 400 naming the header that is not a number."""
+    number = request.headers.get(ORDER_HEADER)
+    if number is None:
+        return None
+    epoch = request.headers.get(EPOCH_HEADER, "0")
+    try:
+        return int(epoch), int(number)
+    except ValueError:
+        detail = f"{ORDER_HEADER}: {number[:40]!r}, {EPOCH_HEADER}: {epoch[:40]!r}"
+        raise HttpError(400, "BAD_ORDER", detail) from None
+
+
 def epoch_fenced(fence: EpochFence) -> Middleware:
     """409 ``STALE_LEADER`` to a request whose epoch is below the highest seen."""
 

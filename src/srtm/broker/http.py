@@ -91,6 +91,7 @@ from srtm.httpkit import (
     error_response,
     has_token,
     ok,
+    push_order,
     token_required,
     unauthorized,
 )
@@ -431,6 +432,7 @@ class BrokerHttp:
         it does not depend on it)."""
         q = parse_query(BucketSetQuery, request.query)
         route = await self._handoff_route(request, q.topic, q.handoff, q.token)
+        self._in_order(request, q.topic)
         if route is not None:  # whatever becomes of the share: a route does not need it
             self.broker.relay.set_route(route)
         try:
@@ -461,6 +463,7 @@ class BrokerHttp:
         With ``handoff`` and ``token``: as POST /srtm/bucket's decrease."""
         q = parse_query(HoldQuery, request.query)
         route = await self._handoff_route(request, q.topic, q.handoff, q.token)
+        self._in_order(request, q.topic)
         if route is not None:
             self.broker.relay.set_route(route)
         self.broker.shares.hold(q.topic)
@@ -473,6 +476,7 @@ class BrokerHttp:
         decrease); then it is applied as POST /srtm/bucket would. One per topic; good once
         and for a few seconds; a POST /srtm/bucket, hold or DELETE of the topic clears it."""
         q = parse_query(ArmQuery, request.query)
+        self._in_order(request, q.topic)
         try:
             self.broker.handoffs.arm(q.topic, q.rate, q.burst, q.token)
         except (ValueError, OverflowError) as exc:
@@ -495,10 +499,18 @@ class BrokerHttp:
             raise HttpError(400, "INVALID_BODY", "the route is of another topic")
         return route
 
+    def _in_order(self, request: web.Request, topic: str) -> None:
+        """409 ``STALE_PUSH`` to a share change its controller sent before one this
+        broker already took (``Shares.admit``): it is old news, and nothing changes."""
+        order = push_order(request)
+        if not self.broker.shares.admit(topic, order):
+            raise HttpError(409, "STALE_PUSH", f"order {order} is older than one taken")
+
     async def bucket_delete(self, request: web.Request) -> web.Response:
         """Unmanage the topic (no sub-bucket, no hold): what waits is released at once.
         A topic this broker does not have is not created (404)."""
         name = self._known_topic(request)
+        self._in_order(request, name)
         self.broker.shares.clear(name)
         return _json(BucketAnswer(topic=name, bucket=None))
 
@@ -662,15 +674,18 @@ ROUTES: tuple[Route, ...] = (
           query=TopicQuery, answer=BucketReading, errors=_NO_TOPIC),
     Route("POST", "/srtm/bucket", _H.bucket_set,
           query=BucketSetQuery, body=RouteBody, body_required=False, answer=BucketSetAnswer,
-          errors={400: "INVALID_BUCKET, INVALID_HANDOFF, " + _ROUTE_REFUSALS,
-                  409: "LEASE_EXPIRED", 413: "BODY_TOO_BIG"}),
+          errors={400: "INVALID_BUCKET, INVALID_HANDOFF, BAD_ORDER, " + _ROUTE_REFUSALS,
+                  409: "LEASE_EXPIRED, STALE_PUSH", 413: "BODY_TOO_BIG"}),
     Route("POST", "/srtm/bucket/hold", _H.bucket_hold,
           query=HoldQuery, body=RouteBody, body_required=False, answer=BucketAnswer,
-          errors={**_FULL, 400: "INVALID_HANDOFF, " + _ROUTE_REFUSALS, 413: "BODY_TOO_BIG"}),
+          errors={**_FULL, 400: "INVALID_HANDOFF, BAD_ORDER, " + _ROUTE_REFUSALS,
+                  409: "STALE_PUSH", 413: "BODY_TOO_BIG"}),
     Route("POST", "/srtm/bucket/arm", _H.bucket_arm,
-          query=ArmQuery, answer=ArmAnswer, errors={400: "INVALID_BUCKET"}),
+          query=ArmQuery, answer=ArmAnswer,
+          errors={400: "INVALID_BUCKET, BAD_ORDER", 409: "STALE_PUSH"}),
     Route("DELETE", "/srtm/bucket", _H.bucket_delete,
-          query=TopicQuery, answer=BucketAnswer, errors=_NO_TOPIC),
+          query=TopicQuery, answer=BucketAnswer,
+          errors={**_NO_TOPIC, 400: "BAD_ORDER", 409: "STALE_PUSH"}),
     Route("GET", "/srtm/admission", _H.admission_get,
           query=TopicQuery, answer=AdmissionDoc),
     Route("POST", "/srtm/admission", _H.admission_set,

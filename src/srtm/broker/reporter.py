@@ -233,5 +233,17 @@ def apply_registration(broker: Broker, sent: float, answer: Any) -> float | None
                 bounds[name] = check_bound(b.get("max_wait_ms"), b.get("overflow"))
             except ValueError as exc:
                 log.error("topic %s: bound from the controller refused: %s", name, exc)
-    broker.shares.apply(shares, held, bounds, sent)
+    broker.shares.apply(shares, held, bounds, sent, answer_order(answer.get("order")))
     return float(lease)
+
+
+def answer_order(value: Any) -> tuple[int, int] | None:
+    """A registration answer's ``order``, ``[epoch, number]`` (None: absent or not two
+    whole numbers, as from a controller that numbers nothing)."""
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        return value[0], value[1]
+    return None

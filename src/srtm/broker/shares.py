@@ -79,6 +79,11 @@ class Shares:
         #: When the controller last pushed each topic's share (monotonic s): a
         #: registration answer sent before that is older news for the topic.
         self._pushed_at: dict[str, float] = {}
+        #: Per topic: the newest order (``srtm.httpkit.push_order``) of the controller's
+        #: pushes this broker took; and the order of its last registration answer. A
+        #: push older than either is stale (``admit``).
+        self._heard: dict[str, tuple[int, int]] = {}
+        self._floor: tuple[int, int] = (0, 0)
 
     def set_bucket(
         self, topic_name: str, rate: float, burst: float, leased: bool = False
@@ -100,19 +105,38 @@ class Shares:
         host.releaser.kick(topic)
         return bucket
 
+    def admit(self, topic_name: str, order: tuple[int, int] | None) -> bool:
+        """May a push of the topic's share with this order be applied? Not if the
+        controller sent it before its last registration answer or before a push of the
+        topic already taken: a request held up on a cut link and delivered after the
+        heal (the controller timed it out and moved on) would otherwise bring back a
+        share the controller has since given to another broker. Taken pushes are
+        noted; one without an order (a tool's) is always admitted."""
+        if order is None:
+            return True
+        if order < self._floor or order <= self._heard.get(topic_name, (0, 0)):
+            return False
+        self._heard[topic_name] = order
+        return True
+
     def apply(
         self,
         buckets: dict[str, tuple[float, float]],
         held: list[str],
         bounds: dict[str, Bound] | None = None,
         sent: float = float("inf"),
+        order: tuple[int, int] | None = None,
     ) -> None:
         """What a registration answer says this broker carries: these sub-buckets (with
         their topics' bounds), and a hold on these other managed topics. Any other topic
         keeps its state, and so does one whose share the controller pushed after the
         registration was ``sent`` (monotonic s): the push is the newer word, and the
         answer's share may be one the push's change already took back (with etcd, a
-        broker takes pushes before its answer comes). By default no push is newer."""
+        broker takes pushes before its answer comes). By default no push is newer.
+        ``order``: the answer's place in the controller's order; a push older than it
+        is refused from now on (``admit``)."""
+        if order is not None:
+            self._floor = max(self._floor, order)
         pushed = self._pushed_at
         for name in held:
             if is_valid_name(name) and pushed.get(name, float("-inf")) < sent:
@@ -133,6 +157,7 @@ class Shares:
         """The topic is deleted here: nothing kept of it (what a broker holds per topic
         stays bounded by the topics it has)."""
         self._pushed_at.pop(topic_name, None)
+        self._heard.pop(topic_name, None)
 
     def hold(self, topic_name: str, pushed: bool = True) -> None:
         """The topic is managed but this broker has no share of it: what comes is kept

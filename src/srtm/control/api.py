@@ -104,6 +104,7 @@ class ControllerAPI:
             "held": held,
             # With etcd: where it watches brokers' liveness keys (a broker checks it).
             "live_prefix": None if self.ctrl.live is None else self.ctrl.live.prefix,
+            "order": self.service.next_order(),
         })  # fmt: skip
 
     async def report(self, request: web.Request) -> web.Response:

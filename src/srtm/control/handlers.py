@@ -54,6 +54,8 @@ class Service(Protocol):
 
     def in_place(self, topic: str) -> bool: ...
 
+    def next_order(self) -> tuple[int, int]: ...
+
 
 async def read_json(request: web.Request) -> dict[str, Any]:
     """The body as a JSON object (refused naming the line and column where it stops being

@@ -8,6 +8,7 @@ import asyncio
 import errno
 import logging
 import secrets
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ from srtm.control.fitting_run import as_result
 from srtm.control.leadership import EPOCH_HEADER
 from srtm.control.model import BrokerInfo
 from srtm.control.state import Controller
+from srtm.httpkit import ORDER_HEADER
 from srtm.placement import RoundResult
 from srtm.security import bearer_header
 
@@ -62,6 +64,8 @@ class Pusher:
         self.acting: Callable[[], bool] = lambda: True
         #: How long a change waits for a gaining broker's subscribers (``_readers_found``).
         self.subscriber_wait_s = 0.0
+        #: The number of the last order sent (``next_order``).
+        self._last_order = 0
 
     def open(self) -> None:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
@@ -70,12 +74,23 @@ class Pusher:
         if self.session is not None:
             await self.session.close()
 
+    def next_order(self) -> tuple[int, int]:
+        """The next order's place, ``(epoch, number)``: numbers go up within this
+        process and, being at least the wall clock in ns, past a restarted one's too
+        (on SQLite, where there is no epoch). Brokers refuse a share change older than
+        one they took or than their registration answer (``srtm.httpkit.push_order``)."""
+        self._last_order = max(self._last_order + 1, time.time_ns())
+        return self.epoch or 0, self._last_order
+
     def _headers(self) -> dict[str, str]:
-        """What the controller sends to brokers: the cluster token, if any, and the
-        leader's epoch (brokers refuse a deposed leader's: 409 ``STALE_LEADER``)."""
+        """What the controller sends to brokers: the cluster token, if any, the
+        leader's epoch (brokers refuse a deposed leader's: 409 ``STALE_LEADER``) and the
+        request's number in its order (``next_order``)."""
         headers = bearer_header(self.token)
+        epoch, number = self.next_order()
         if self.epoch is not None:
-            headers[EPOCH_HEADER] = str(self.epoch)
+            headers[EPOCH_HEADER] = str(epoch)
+        headers[ORDER_HEADER] = str(number)
         return headers
 
     # -- actions -------------------------------------------------------------------------
@@ -207,10 +222,11 @@ class Pusher:
             body = None if push.plan.route is None else push.plan.route.doc
         if isinstance(action, Hold):
             params = {"topic": action.topic, **extra}
-            # A refused route (400) would be refused again: taken, logged.
+            # A refused route (400) would be refused again, a stale hold (409) is older
+            # than what the broker took since: taken, logged.
             return await self._post_to_broker(
                 action.broker, "/srtm/bucket/hold", params, action.topic,
-                taken=(200, 400), body=body,
+                taken=(200, 400, 409), body=body,
             )  # fmt: skip
         return await self._push_bucket(action, extra, body)
 
@@ -280,7 +296,7 @@ class Pusher:
         or an unreachable broker is logged, not raised (a re-registering broker gets its
         sub-buckets again). True when the answer's status is in ``taken``: nothing to try
         again (a bucket refused as invalid (400) never will be; a broker whose lease
-        lapsed (409) holds the topic)."""
+        lapsed (409) holds the topic; one that took a newer order (409) has it)."""
         info = self.ctrl.brokers.get(broker)
         if info is None or self.session is None or not self.acting():
             return True  # nothing to retry: a controller not acting sends nothing

@@ -392,6 +392,10 @@ class ControllerService:
         if todo:
             self.execute(todo)
 
+    def next_order(self) -> tuple[int, int]:
+        """A registration answer's place among the orders to brokers (``Pusher``)."""
+        return self.pusher.next_order()
+
     def in_place(self, topic: str) -> bool:
         """Are the topic's share changes all carried out (its plan's brokers shape with
         their new shares)?"""

@@ -45,6 +45,12 @@ class Registered(Answer):
         "(PREFIX/live/); a broker with --etcd-endpoints takes no share from a controller "
         "that does not watch its key (docs/broker.md, 'Liveness in etcd').",
     )
+    order: tuple[int, int] = Field(
+        description="[epoch, number]: the answer's place among the controller's orders "
+        "(X-SRTM-Epoch, X-SRTM-Order); the broker refuses a share change sent before it "
+        "(409 STALE_PUSH), such as one held up on a cut link (docs/broker.md, 'Stale "
+        "pushes').",
+    )
 
 
 class PlanBroker(Answer):
