@@ -138,7 +138,8 @@ def test_a_silent_broker_whose_address_refuses_is_down_before_its_timeout() -> N
 
 def test_a_repair_that_grows_a_share_waits_for_room_among_the_others() -> None:
     """A broker's share is put back only where the others' live shares leave room: a
-    share no plan gives (left by a leader deposed mid-change) is held first."""
+    share no plan gives (a push delivered late, a change a deposed leader left half
+    done) is held first."""
     from srtm.control.actions import HELD, Hold
     from srtm.placement import PublisherLoad, TopicSpec
     from srtm.ratelimit import BucketParams
@@ -162,3 +163,31 @@ def test_a_repair_that_grows_a_share_waits_for_room_among_the_others() -> None:
     c.report(other, 0.0, {}, now=3, seen={"t": stray})
     (shrink,) = c.report(member, 0.0, {}, now=3, seen={"t": BucketParams(500.0, 50.0)})
     assert isinstance(shrink, SetBucket) and shrink.bucket == BucketParams(400.0, 40.0)
+
+
+def test_a_repair_that_grows_waits_until_every_other_broker_reported_to_this_controller() -> None:
+    """A new leader (or a restarted controller) reads the plan but not what brokers
+    shape: one may still shape by the plan before it. Until each other broker up has
+    reported, no share grows by a repair; one that shrinks goes at once."""
+    from srtm.control.follow import replace_state
+    from srtm.placement import PublisherLoad, TopicSpec
+    from srtm.ratelimit import BucketParams
+
+    c = Controller()
+    for b in ("a", "b"):
+        c.register(b, f"127.0.0.1:{ord(b)}", f"127.0.0.1:{ord(b) + 1}", 1e6, 0.0)
+    pubs = (PublisherLoad("p", 100.0), PublisherLoad("q", 100.0))
+    c.create_topic(TopicSpec("t", pubs, 40.0, 5.0, 400.0), "lb", 0.0)
+    plan = dict(c.topics["t"].buckets)
+    assert set(plan) == {"a", "b"}
+    leader = Controller()  # another controller takes over: it reads the state
+    replace_state(leader, c.to_json(), 10.0)
+    below = BucketParams(plan["a"].rate / 2, plan["a"].burst / 2)
+    assert leader.report("a", 0.0, {}, now=11, seen={"t": below}) == []  # b unheard of
+    leader.report("b", 0.0, {}, now=11, seen={"t": plan["b"]})
+    (grow,) = leader.report("a", 0.0, {}, now=12, seen={"t": below})
+    assert isinstance(grow, SetBucket) and grow.bucket == plan["a"]
+    replace_state(leader, c.to_json(), 13.0)
+    above = BucketParams(plan["a"].rate * 2, plan["a"].burst)
+    (shrink,) = leader.report("a", 0.0, {}, now=14, seen={"t": above})
+    assert isinstance(shrink, SetBucket) and shrink.bucket == plan["a"]

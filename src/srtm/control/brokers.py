@@ -57,7 +57,7 @@ def register(
     info.host = host or broker_id
     info.last_seen_s, info.down = c.awake(now), False
     c.registry.drop(broker_id)  # a new producer, as an nsqd reconnecting
-    info.reports, info.depths, info.waiting = {}, {}, {}
+    info.reports, info.depths, info.waiting, info.shares = {}, {}, {}, None
     info.arrived, info.arrived_before = {}, {}
     # A broker that (re)starts, or whose lease lapsed, holds every managed topic:
     # its shares again, and a hold on every other managed topic; then its routes
@@ -171,11 +171,16 @@ def room(c: ControllerState, topic: TopicState, broker_id: str, want: BucketPara
     plan gives in all, each other broker up counted at the larger of its last reported
     share and its plan's? (A plan that brokers have not all carried out, one a deposed
     leader left half done, or one older than a broker's share: an increase pushed on its
-    own would not wait for the others' decreases.)"""
+    own would not wait for the others' decreases.) Not while another broker up has not
+    reported its shares to this controller: after a leader change, a broker may still
+    shape by the plan before the one the new leader read (a live run put a share back
+    on one broker while the other still shaped by the older plan: Σ rate 425 > r = 400)."""
     name, rate, burst = topic.spec.name, want.rate, want.burst
     for b, info in c.brokers.items():
         if b == broker_id or info.down:  # down: its lease lapsed, it holds
             continue
+        if info.shares is None:
+            return False
         shares = [p for p in (topic.buckets.get(b), info.shares.get(name)) if p is not None]
         rate += max((p.rate for p in shares), default=0.0)
         burst += max((p.burst for p in shares), default=0.0)

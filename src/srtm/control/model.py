@@ -102,7 +102,9 @@ class BrokerInfo:
     storage_latency_ms: dict[str, float] = field(default_factory=dict)
     #: Per topic: the sub-bucket it shaped with at its last report (held or unmanaged
     #: topics absent): what a repair of another broker's share must leave room for.
-    shares: dict[str, BucketParams] = field(default_factory=dict)
+    #: None: unknown, no report since it registered or since this controller read its
+    #: state (a new leader, a restart): it may shape by a plan older than the one read.
+    shares: dict[str, BucketParams] | None = None
 
     def __post_init__(self) -> None:
         if not self.host:
