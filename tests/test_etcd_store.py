@@ -4,6 +4,8 @@ a dead or silent endpoint is passed over for the next, and failures say what fai
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import socket
 import threading
 import time
@@ -178,3 +180,32 @@ def test_a_fenced_write_goes_through_only_while_its_fence_holds(etcd: EtcdMember
     with pytest.raises(Fenced, match="no longer this leader's"):
         store.write([("topic:a", None), ("topic:b", "{}")])
     assert store.get("topic:a") is not None and store.get("topic:b") is None  # nothing applied
+
+
+async def test_a_fenced_write_nobody_waits_for_leaves_no_unretrieved_error() -> None:
+    """A caller cancelled while its write was on its way (a task ended as the leader
+    stepped down): the write's error is logged once, not warned of again by asyncio."""
+
+    class FencedStore:
+        def get(self, key: str) -> str | None:
+            return None
+
+        def write(self, rows: object) -> None:
+            raise Fenced("not written: /p/leader is no longer this leader's")
+
+    loop = asyncio.get_running_loop()
+    warned: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: warned.append(context))
+    try:
+        writer = StoreWriter(controller(), FencedStore())  # type: ignore[arg-type]
+        waiter = writer.mark(brokers=True)
+        waiter.cancel()
+        while writer._next_write is not None or writer._writing is not None:
+            await asyncio.sleep(0.001)
+        del waiter
+        gc.collect()
+        await asyncio.sleep(0)
+        await writer.close()
+    finally:
+        loop.set_exception_handler(None)
+    assert not warned, warned

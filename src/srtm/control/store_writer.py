@@ -73,6 +73,9 @@ class StoreWriter:
         if self._next_write is None:
             loop = asyncio.get_running_loop()
             self._next_write = loop.create_future()
+            # A shield whose caller was cancelled first stops looking at this future:
+            # its error is logged by ``_written``, not left for asyncio to warn of.
+            self._next_write.add_done_callback(_retrieved)
             if self._writing is None:
                 self._schedule_flush()
         # Shielded: a caller cancelled while it waits (a task ended at stop) must not
