@@ -158,6 +158,31 @@ async def test_a_dead_endpoint_is_passed_over(etcd: EtcdMember, dead: str) -> No
             await c.get("/k")
 
 
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """An endpoint that accepts connections (the kernel's backlog) and never answers, as
+    an etcd member does with a keepalive while the cluster has no leader."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def test_a_keepalive_is_asked_of_every_endpoint_at_once(
+    etcd: EtcdMember, silent: str, dead: str
+) -> None:
+    """One after another, a silent endpoint first would cost its whole timeout (30 s
+    here) before the member that answers is asked."""
+    async with Etcd([etcd.url]) as c:
+        lease = await c.grant(30)
+    async with Etcd([silent, dead, etcd.url], timeout_s=30) as c:
+        async with asyncio.timeout(10):
+            assert await c.keepalive(lease) >= 1
+    async with Etcd([silent, dead], timeout_s=0.5) as c:
+        with pytest.raises(EtcdError, match="no etcd endpoint answered /v3/lease/keepalive"):
+            await c.keepalive(lease)
+
+
 def test_an_endpoint_must_be_a_url() -> None:
     with pytest.raises(ValueError, match="not http://host:port"):
         Etcd(["127.0.0.1:2379"])

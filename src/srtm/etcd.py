@@ -266,8 +266,14 @@ class Etcd:
         return int(answer["ID"])
 
     async def keepalive(self, lease_id: int) -> int:
-        """Renew the lease; the seconds it now has (0: it is gone: expired or revoked)."""
-        answer = await self._post("/v3/lease/keepalive", {"ID": str(lease_id)})
+        """Renew the lease; the seconds it now has (0: it is gone: expired or revoked).
+
+        Asked of every endpoint at once, the first answer taken (a renewal applied twice
+        is one renewal). While etcd elects a new leader its members hold a keepalive until
+        one exists; asked one after another, each took its whole timeout, and a broker
+        whose liveness had 3 s left lapsed when etcd's raft leader was killed
+        (docs/results/control-plane-faults.md)."""
+        answer = await self._post_all("/v3/lease/keepalive", {"ID": str(lease_id)})
         return int(answer.get("result", {}).get("TTL", 0))
 
     async def revoke(self, lease_id: int) -> None:
@@ -320,26 +326,47 @@ class Etcd:
         if self.endpoints[0] == failed and len(self.endpoints) > 1:
             self.endpoints.append(self.endpoints.pop(0))
 
+    async def _post_one(self, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST to one endpoint: its answer (EtcdError: refused, or not a JSON object)."""
+        async with self._open().post(url + path, json=body) as resp:
+            text = await resp.text()
+        if resp.status != 200:
+            raise EtcdError(f"etcd at {url} refused {path}: {resp.status} {text[:200]}")
+        try:
+            answer = json.loads(text)
+        except ValueError as e:
+            raise EtcdError(f"etcd at {url} answered {path} with {e}") from e
+        if not isinstance(answer, dict):
+            raise EtcdError(f"etcd at {url} answered {path} with {answer!r:.200}")
+        return answer
+
+    async def _post_all(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST to every endpoint at once (only for requests that may be applied more
+        than once): the first answer; the others are cancelled."""
+        tasks = {asyncio.ensure_future(self._post_one(u, path, body)): u for u in self.endpoints}
+        pending, failures = set(tasks), []
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if (exc := task.exception()) is None:
+                        return task.result()
+                    failures.append(f"{tasks[task]}: {str(exc) or type(exc).__name__}")
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        raise EtcdError(f"no etcd endpoint answered {path}: " + "; ".join(sorted(failures)))
+
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST to the first endpoint that answers, starting with the one that answered
         last. A request whose answer timed out may have been applied: the next endpoint
         applies it again (the callers' writes are idempotent or fenced)."""
-        session = self._open()
         failures = []
         for url in list(self.endpoints):
             try:
-                async with session.post(url + path, json=body) as resp:
-                    text = await resp.text()
-                    if resp.status != 200:
-                        raise EtcdError(f"etcd at {url} refused {path}: {resp.status} {text[:200]}")
-                    answer = json.loads(text)
+                return await self._post_one(url, path, body)
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
                 failures.append(f"{url}: {str(e) or type(e).__name__}")
                 self._rotate(url)
-                continue
-            except ValueError as e:
-                raise EtcdError(f"etcd at {url} answered {path} with {e}") from e
-            if not isinstance(answer, dict):
-                raise EtcdError(f"etcd at {url} answered {path} with {answer!r:.200}")
-            return answer
         raise EtcdError(f"no etcd endpoint answered {path}: " + "; ".join(failures))

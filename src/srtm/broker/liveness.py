@@ -211,6 +211,8 @@ class LivenessKeeper:
             except Exception:  # an odd answer must not end the liveness for good
                 log.exception("keeping the liveness lease failed")
             wait = sent + self.settings.interval_s - self.clock()
+            if failing:  # etcd may be electing a leader: ask again soon, within validity
+                wait = min(wait, self.settings.interval_s / 4)
             await asyncio.sleep(max(0.0, wait))
 
     async def step(self, sent: float) -> None:
