@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -51,3 +53,19 @@ async def test_sampling_keeps_about_that_share(tmp_path: Path) -> None:
 def test_sample_out_of_range_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="sample"):
         TraceWriter(tmp_path, "r", "b", sample=0.0)
+
+
+def test_pyarrows_first_array_costs_nothing_once_a_writer_exists(tmp_path: Path) -> None:
+    """pyarrow's first array imports pandas (hundreds of ms holding the GIL): a writer
+    pays it when it is made, at the broker's start, not on its first roll's thread while
+    the event loop serves. Checked in a fresh interpreter: whether pandas is loaded."""
+    code = (
+        "import sys; from pathlib import Path; from srtm.broker.traces import TraceWriter; "
+        "assert 'pandas' not in sys.modules, 'pandas already loaded by the import'; "
+        f"TraceWriter(Path({str(tmp_path)!r}), 'r', 'b'); "
+        "print('pandas' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "True"

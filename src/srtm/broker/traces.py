@@ -57,6 +57,11 @@ class TraceWriter:
         self._last_roll = time.monotonic()
         self._seq = 0
         self._writes: set[asyncio.Task[None]] = set()
+        # pyarrow imports pandas on its first array, about 250 ms holding the GIL. On the
+        # writer thread's first roll that stalled the event loop: a traced broker's first
+        # dispatches waited 10-45 ms (the "first move" hold in docs/results/dynamoth.md).
+        # Here, at start, nothing waits on it.
+        pa.array([0], type=pa.int64())
 
     def __len__(self) -> int:
         return len(self._cols["msg_id"])

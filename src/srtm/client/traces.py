@@ -37,6 +37,9 @@ class SubscriberTraces:
         self._rows: list[tuple[str, str, str, str, str | None, int, int, int]] = []
         self._seq = 0
         self._writes: set[asyncio.Task[None]] = set()
+        # pyarrow's first array imports pandas (~250 ms holding the GIL): now, not on the
+        # first roll's thread while the client's loop runs (srtm.broker.traces).
+        pa.array([0], type=pa.int64())
 
     def add(
         self, broker: str, topic: str, msg_id: str, publisher: str, group: str | None,
