@@ -122,3 +122,33 @@ def test_quick_move_traces_both_runs(tmp_path: Path) -> None:
         assert r["moves"] and r["sent"] == r["delivered"], r
         for m in r["moves"]:
             assert len(m["hop_ms"]) == 4 and m["messages"] > 0, m
+
+
+def test_a_live_run_starts_with_the_runs_before_it_collected() -> None:
+    """The garbage of an earlier run in the same process is collected before the next
+    starts, not by a full collection in its middle (which made dynamoth-move's second
+    run send late)."""
+    import gc
+    import weakref
+
+    from srtm.experiments.scenarios.live import _run_async
+
+    class Left:
+        me: object = None
+
+    left = Left()
+    left.me = left  # a cycle: only the cyclic collector frees it
+    gone = weakref.ref(left)
+    del left
+    seen: list[bool] = []
+
+    async def run() -> None:
+        seen.append(gone() is None)
+
+    gc.disable()  # no collection but the one the runner makes
+    try:
+        _run_async(run())
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    assert seen == [True]
