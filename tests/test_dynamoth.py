@@ -150,5 +150,4 @@ def test_a_live_run_starts_with_the_runs_before_it_collected() -> None:
         _run_async(run())
     finally:
         gc.enable()
-        gc.unfreeze()
     assert seen == [True]

@@ -174,12 +174,12 @@ def _clear_run(traces: Path, name: str) -> None:
 
 def _run_async(coro: Any) -> None:
     """Run a live run's driver on uvloop (asyncio without it). The garbage of the runs
-    before it is collected first and what survives frozen, as the broker does at start:
-    a full collection in the middle of a run (54 ms for the 7,000 objects one move run
-    left) made the next run's load generator send late (dynamoth-move's second run
-    skipped 35-47 sends as over 10 ms late, and none once collected before)."""
+    before it is collected first: a full collection in the middle of a run (54 ms for
+    the 7,000 objects one move run left) made the next run's load generator send late
+    (dynamoth-move's second run skipped 35-47 sends as over 10 ms late, and none once
+    collected before). Not frozen, unlike the broker's start: a process running many
+    runs (the test suite) would keep every frozen object's cycles for good."""
     gc.collect()
-    gc.freeze()
     try:
         import uvloop
 
