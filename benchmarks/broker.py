@@ -1503,10 +1503,32 @@ def git_revision() -> str:
     return rev + ("+dirty src" if dirty else "")
 
 
+#: A KVM guest's idle driver polls this long before it halts (the kernel's ``haltpoll``).
+HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+
+
+def guest_halt_poll_ns() -> int | None:
+    """How long an idle CPU of this (KVM) guest polls before halting, None where the
+    guest has no ``haltpoll``. At 0 every idle CPU halts, and each wake-up of a process
+    waiting on another core is an interrupt through the host: the round trip of a
+    single PUB is made of such wake-ups (docs/results/broker.md, "The machine's
+    wake-ups")."""
+    try:
+        return int(HALT_POLL.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def halt_poll_text() -> str:
+    ns = guest_halt_poll_ns()
+    return "no guest halt polling module" if ns is None else f"guest_halt_poll_ns {ns:,}"
+
+
 def write_json(path: Path, bench: Bench, cfg: Config) -> None:
     doc = {
         "python": sys.version,
         "platform": platform.platform(),
+        "guest_halt_poll_ns": guest_halt_poll_ns(),
         "cpu_count": os.cpu_count(),
         "loadavg": os.getloadavg(),
         "revision": git_revision(),
@@ -1637,7 +1659,10 @@ def main(
                 highlight=False,
             )
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    console.print(f"revision {git_revision()}; load average at the end {load}", highlight=False)
+    console.print(
+        f"revision {git_revision()}; load average at the end {load}; {halt_poll_text()}",
+        highlight=False,
+    )
     for note in footnotes(cfg):
         console.print(note, highlight=False)
     for problem in bench.problems:
