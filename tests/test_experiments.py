@@ -243,6 +243,7 @@ def test_the_shipped_scenarios_load() -> None:
         ({"colour": "red"}, "unknown keys"),
         ({"publishers": []}, "publishers must be"),
         ({"preload": [{"broker": 9, "rate": 10.0}]}, "preload broker 9"),
+        ({"profile_trace": "yesterday"}, "profile_trace must be one of other-draw, run"),
     ],
 )
 def test_bad_scenarios_are_named(change: dict[str, object], message: str) -> None:
@@ -255,6 +256,30 @@ def test_bad_scenarios_are_named(change: dict[str, object], message: str) -> Non
         scenarios.parse(doc)
     with pytest.raises(ValueError, match="no scenario"):
         scenarios.load("no-such-scenario")
+
+
+def test_a_periodic_topic_profiled_on_its_run_fits_the_run() -> None:
+    """Periodic sensors keep their phases: profiled on another draw (other phases), Table
+    I's topic of groups of 5 gets a bucket too shallow for what the run sends; profiled
+    on the run (``profile_trace = "run"``, as Table I live does), 99 % of the run's
+    messages wait no token, as on a deployment that profiles its own sensors."""
+    import dataclasses
+
+    from srtm.analysis import token_delays
+    from srtm.experiments.figures.table1_live import FitMode, scenario_for
+    from srtm.experiments.scenarios.live import profile
+    from srtm.experiments.scenarios.scenario import ProfileTrace
+
+    own = scenario_for(5, FitMode.measured, None)
+    assert own.profile_trace is ProfileTrace.run
+    drawn = dataclasses.replace(own, profile_trace=ProfileTrace.other_draw)
+    run = build(own.specs(), 30.0, spread_s=own.spread_ms / 1e3, seed=own.seed).arrivals_ns()
+
+    def waiting(sc: scenarios.Scenario) -> float:
+        rate, burst = profile(sc)
+        return float(np.mean(token_delays(run, rate, burst) > 0))
+
+    assert waiting(own) <= 0.01 < waiting(drawn)
 
 
 # -- analysis -----------------------------------------------------------------------------

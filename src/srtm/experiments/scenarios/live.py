@@ -30,7 +30,12 @@ import numpy as np
 
 from srtm.analysis import profile_bucket
 from srtm.experiments import analysis, host
-from srtm.experiments.scenarios.scenario import PublisherOrder, Scenario, groups_per_broker
+from srtm.experiments.scenarios.scenario import (
+    ProfileTrace,
+    PublisherOrder,
+    Scenario,
+    groups_per_broker,
+)
 from srtm.experiments.sizing import Sizing
 from srtm.experiments.validity import RunFigures, Validity, check
 from srtm.launch import LocalCluster, die_with_parent, start_cluster
@@ -189,9 +194,11 @@ def _run_async(coro: Any) -> None:
 
 
 def profile(sc: Scenario) -> tuple[float, float]:
-    """The topic's (r, b), profiled as the paper does from a trace of its own workload (a
-    different seed from the one the run sends)."""
-    sample = build(sc.specs(), 10.0, spread_s=sc.spread_ms / 1e3, seed=sc.seed + 10_000)
+    """The topic's (r, b), profiled as the paper does from 10 s of a trace of its own
+    workload: drawn with a different seed from the one the run sends, or (``profile_trace
+    = run``) the run's own schedule, whose periodic publishers keep their phases."""
+    seed = sc.seed if sc.profile_trace is ProfileTrace.run else sc.seed + 10_000
+    sample = build(sc.specs(), 10.0, spread_s=sc.spread_ms / 1e3, seed=seed)
     params = profile_bucket(sample.arrivals_ns(), sc.rate_factor)
     return params.rate, max(1.0, float(round(params.burst)))
 

@@ -32,6 +32,16 @@ class PublisherOrder(StrEnum):
     shuffled = "shuffled"
 
 
+class ProfileTrace(StrEnum):
+    """What a scenario's topic bucket is profiled on (``live.profile``): the workload
+    drawn again with another seed (``other-draw``: for Poisson publishers a new sample
+    of the same traffic), or the run's own schedule (``run``: periodic publishers keep
+    their phases, so another draw is other sensors; a deployment profiles its own)."""
+
+    other_draw = "other-draw"
+    run = "run"
+
+
 def parse_publisher_order(text: str) -> PublisherOrder:
     """``text`` as a ``PublisherOrder``; ValueError naming the choices when it is none."""
     try:
@@ -131,6 +141,8 @@ class Scenario:
     #: The order publishers are handed to the controller (TOML ``publisher_order``;
     #: ``--publisher-order`` overrides it).
     publisher_order: PublisherOrder = PublisherOrder.block
+    #: What the topic's bucket is profiled on (TOML ``profile_trace``).
+    profile_trace: ProfileTrace = ProfileTrace.other_draw
 
     @property
     def rate(self) -> float:
@@ -214,6 +226,14 @@ def parse(doc: dict[str, Any], where: str = "scenario") -> Scenario:
             fields["publisher_order"] = parse_publisher_order(fields["publisher_order"])
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
+    if "profile_trace" in fields:
+        try:
+            fields["profile_trace"] = ProfileTrace(fields["profile_trace"])
+        except ValueError:
+            choices = ", ".join(t.value for t in ProfileTrace)
+            raise ValueError(
+                f"{where}: profile_trace must be one of {choices}, got {fields['profile_trace']!r}"
+            ) from None
     try:
         sc = Scenario(publishers=classes, fit=fit, preload=preload, **fields)
     except TypeError as exc:
