@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from srtm.analysis import profile_bucket
+from srtm.analysis import profile_bucket, required_burst
 from srtm.placement import BrokerCapacity, Fitting, PublisherLoad, RoundResult, search_quantum
 from srtm.placement.fitting import balanced_order
 from srtm.ratelimit import BucketParams
@@ -19,6 +20,7 @@ from srtm.sim.predict import (
     Predictor,
     SimRounds,
     adaptor_bucket,
+    envelope_for,
     predictor_for_topic,
     run_fitting,
     share_bucket,
@@ -130,3 +132,32 @@ def test_the_controller_builds_a_simulator_predictor() -> None:
     cands = balanced_order(topic.publishers)
     idle, busy = predictor("a", [], cands), predictor("b", [], cands)
     assert idle is not None and busy is not None and busy <= idle
+
+
+def test_the_controllers_predictor_simulates_its_draw_within_an_envelope_that_fits_it() -> None:
+    """The controller knows a topic by rates and groups and draws Poisson events; a bucket
+    profiled on the topic's periodic traffic is too shallow for that draw, and token
+    waits alone made every prediction miss (Table I live kept no publisher anywhere).
+    The simulated topic gets the burst its own draw needs (``envelope_for``)."""
+    specs = homogeneous(300, process="periodic", batch=1, group_size=5, rate=1.0)
+    b = profile_bucket(generate(specs, 10.0, seed=3).t_ns)
+    topic = topic_of(specs, b, 20.0)
+    one = [BrokerCapacity("1", 600.0)]
+    model = paper().emulated(1000.0)  # a 1-ms server per message, as Table I live's brokers
+    predictor = predictor_for_topic(topic, one, model, duration_s=10.0)
+    sim = predictor.sims["1"]
+    assert sim.topic.burst > topic.burst  # the Poisson draw needed a deeper bucket
+    assert sim.topic.burst == required_burst(sim.trace.t_ns, topic.rate, 0.99)
+    cands = balanced_order(topic.publishers)
+    assert predictor("1", [], cands) == len(cands)
+    # With the profiled burst as it was, the draw's token waits alone break the SLO.
+    shallow = BrokerSim(sim.trace, topic, model, seed=1)
+    assert shallow.p99([p.id for p in cands])[0] > 2 * topic.slo_p99_ms
+
+
+def test_an_envelope_deep_enough_already_is_kept() -> None:
+    _, trace, topic = grouped_topic()
+    need = required_burst(trace.t_ns, topic.rate, 0.99)
+    deep = replace(topic, burst=need + 5)
+    assert envelope_for(deep, trace) is deep
+    assert envelope_for(replace(topic, burst=need / 2), trace).burst == need

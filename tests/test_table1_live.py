@@ -14,6 +14,7 @@ from srtm.cli.experiment import app
 from srtm.experiments.figures.table1_live import (
     COLUMNS,
     QUICK_GROUPS,
+    SLO_MS,
     FitMode,
     FitRow,
     assemble,
@@ -110,9 +111,12 @@ def test_a_bad_model_file_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_the_model_view_is_what_the_controllers_predictor_says_of_one_broker() -> None:
+    # The paper's broker serves a message in 9 µs: the topic's 300 msg/s fit one broker
+    # in the model too, once its Poisson draw has a bucket that fits it (before, token
+    # waits alone put p99 at 290 ms and the model kept none).
     view = model_view(5, Path("paper"))
-    assert view["publishers"] == 300 and 0 <= view["keeps"] <= 300
-    assert view["p99_all_on_one_ms"] > 0 and view["burst"] >= 1
+    assert view["publishers"] == 300 and view["keeps"] == 300
+    assert 0 < view["p99_all_on_one_ms"] < 0.5 * SLO_MS and view["burst"] >= 1
 
 
 @pytest.mark.slow

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from srtm.analysis import virtual_backlog
+from srtm.analysis import required_burst, virtual_backlog
 from srtm.placement import (
     BrokerCapacity,
     Finished,
@@ -228,13 +228,29 @@ def predictor_for_topic(
 ) -> Predictor:
     """A predictor for a topic the controller knows only as publishers with rates and
     groups: its profiled trace is drawn as Poisson events (batch 1), a group's members
-    firing together; each broker carries its current load as Poisson background."""
+    firing together; each broker carries its current load as Poisson background.
+
+    The topic's bucket was profiled on its real traffic, so that traffic fits it (99 %
+    of messages wait no token); the drawn events have the same rates and groups but
+    not the same times, and may need a deeper bucket to fit as well. The simulated
+    topic gets the deeper of the two (``envelope_for``), so that the predictions weigh
+    where publishers go, not how the draw differs from the traffic profiled."""
     m = model if isinstance(model, BrokerModel) else load(model)
     specs = [PublisherSpec(p.id, p.rate, "poisson", 1, p.group) for p in topic.publishers]
     trace = generate(specs, duration_s, seed=seed)
+    topic = envelope_for(topic, trace)
     return Predictor(
         {
             b.id: BrokerSim(trace, topic, m, Background(b.load), seed=seed + i + 1)
             for i, b in enumerate(brokers)
         }
     )
+
+
+def envelope_for(topic: TopicSpec, trace: Trace) -> TopicSpec:
+    """``topic`` with its burst deepened to what ``trace`` needs at the topic's rate for
+    99 % of its messages to wait no token (as the topic's own bucket was profiled)."""
+    if trace.messages == 0 or topic.rate <= 0:
+        return topic
+    need = required_burst(trace.t_ns, topic.rate, 0.99)
+    return replace(topic, burst=need) if need > topic.burst else topic

@@ -283,11 +283,12 @@ def model_view(group: int, model: Path) -> dict[str, Any]:
     """What the controller's model says of the topic all on one idle broker, built as
     the controller builds it (``predictor_for_topic``: publishers known by rate and
     group only, the topic's profiled bucket): the simulated p99 and how many of the
-    publishers, in the order listed, it predicts one broker keeps within its target. A
-    model that keeps none on an idle broker plans nothing, and fitting falls back to
-    the measured search."""
+    publishers, a slice of every group as fitting offers them (``balanced_order``), it
+    predicts one broker keeps within its target. A model that keeps none on an idle
+    broker plans nothing, and fitting falls back to the measured search."""
     from srtm.experiments.scenarios.live import profile
     from srtm.placement import BrokerCapacity
+    from srtm.placement.fitting import balanced_order
     from srtm.placement.model import PublisherLoad, TopicSpec
     from srtm.sim.model import load
     from srtm.sim.predict import predictor_for_topic
@@ -300,7 +301,7 @@ def model_view(group: int, model: Path) -> dict[str, Any]:
     p99, _ = predict.sims["1"].p99([p.id for p in pubs])
     return {
         "rate": rate, "burst": burst, "p99_all_on_one_ms": p99,
-        "keeps": predict("1", [], pubs), "publishers": len(pubs),
+        "keeps": predict("1", [], balanced_order(pubs)), "publishers": len(pubs),
     }  # fmt: skip
 
 
