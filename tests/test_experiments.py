@@ -307,6 +307,11 @@ def test_analysis_joins_sides_and_accounts_for_every_message() -> None:
     assert s["e2e_ms"]["p99"] == pytest.approx(np.percentile(e2e, 99) / 1e6)
     assert s["token_wait_ms"]["p50"] == pytest.approx(np.percentile(token[100:900], 50) / 1e6)
     assert s["slo_violations"] == pytest.approx(float((e2e > 3e6).mean()))
+    # Each hop on its own: publisher to broker, in the broker, broker to subscriber.
+    assert s["to_broker_ms"]["p50"] == pytest.approx(0.1)
+    assert s["processing_ms"]["p99"] == pytest.approx(0.2)
+    assert s["to_subscriber_ms"]["p99"] == pytest.approx(0.05)
+    assert s["transit_ms"]["p50"] == pytest.approx(0.15)
     assert s["brokers_used"] == 2 and sum(b["messages"] for b in s["per_broker"].values()) == 800
     tail = e2e >= np.percentile(e2e, 99)
     assert s["token_share_tail"] == pytest.approx(token[100:900][tail].sum() / e2e[tail].sum())
@@ -317,6 +322,26 @@ def test_analysis_joins_sides_and_accounts_for_every_message() -> None:
     missing = pd.concat([sub_rows.iloc[5:], sub_rows.iloc[[10]]])  # 5 lost, 1 twice
     acc = analysis.accounting(missing, published)
     assert (acc["lost"], acc["duplicates"], acc["delivered"]) == (5, 1, 995)
+
+
+def test_a_groups_bursts_are_its_sends_close_together() -> None:
+    """Two groups of 3 firing every 100 ms (sends 10 µs apart, each received 1 ms after it
+    was sent) and one ungrouped publisher: 2 × 10 bursts in the window, each sent over
+    20 µs and all received 1.02 ms after its first send."""
+    rows = []
+    for g, offset in (("a", 0), ("b", 50_000_000)):
+        for k in range(10):
+            for m in range(3):
+                send = offset + k * 100_000_000 + m * 10_000
+                rows.append((f"{g}{m}", g, k, send, send + 1_000_000))
+    rows += [("solo", None, k, k * 1_000_000, k * 1_000_000 + 5) for k in range(50)]
+    sub = pd.DataFrame(rows, columns=["publisher", "group", "seq", "t_send_ns", "t_recv_ns"])
+    out = analysis.group_bursts(sub, analysis.MeasuredWindow(0, 1_000_000_000))
+    assert out["bursts"] == 20 and out["size_p50"] == 3
+    assert out["send_spread_ms"]["p99"] == pytest.approx(0.02)
+    assert out["done_ms"]["p50"] == pytest.approx(1.02)
+    late = analysis.group_bursts(sub, analysis.MeasuredWindow(960_000_000, 2_000_000_000))
+    assert late == {"bursts": 0}  # nothing grouped sent in that window
 
 
 # -- the demo -----------------------------------------------------------------------------

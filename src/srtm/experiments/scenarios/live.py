@@ -601,6 +601,7 @@ def _summarize(sc: Scenario, info: LiveRun, traces: Path, duration: float) -> di
     }
     summary |= analysis.summarize(broker_rows, sub_rows, info.window, sc.slo_p99_ms)
     summary["accounting"] = analysis.accounting(sub_rows, published)
+    summary["group_bursts"] = analysis.group_bursts(sub_rows, info.window)
     summary["drained"] = info.drained
     if rep is not None:
         summary["emulator"] = {
