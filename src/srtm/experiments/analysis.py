@@ -64,11 +64,9 @@ BURST_GAP_NS = 2_000_000
 def group_bursts(sub: pd.DataFrame, window: MeasuredWindow) -> dict[str, Any]:
     """How a correlation group's bursts go through, from the subscriber's rows sent in
     ``window``: how many bursts (a group's sends at most ``BURST_GAP_NS`` apart), their
-    size, how long the load generator took to send one (``send_spread_ms``: its last
-    send − its first), and how long after its first send the subscriber had all of it
-    (``done_ms``). A burst's message can meet an SLO shorter than ``done_ms`` only by
-    being early in it; where the generator's spread alone exceeds the SLO, the run
-    measures the generator."""
+    size, over how long the load generator sent one (``send_spread_ms``: its last send −
+    its first; the scenario's ``spread_ms`` and the generator's own lateness), and how
+    long after its first send the subscriber had all of it (``done_ms``)."""
     rows = sub[(sub["t_send_ns"] >= window.start_ns) & (sub["t_send_ns"] < window.end_ns)]
     rows = rows[rows["group"].notna()].drop_duplicates(["publisher", "seq"])
     if rows.empty:
