@@ -189,3 +189,30 @@ async def test_measurement_rounds_estimate_e2e_for_named_publishers(
     assert other["samples"] == 0 and other["p99_ms"] is None
     status, doc = await call(s, "POST", "/srtm/measure?topic=m", b"")
     assert (status, doc["message"]) == (400, "MISSING_ARG_WINDOW_MS")
+    assert mine["settled"] and mine["settle_ms"] < 100  # unshaped: nothing to wait for
+
+
+async def test_a_round_opens_once_the_topics_backlog_has_drained(
+    broker_api: BrokerApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a move leaves on the broker that lost publishers is a backlog waiting for
+    tokens; a round measured on it measured the move. 50 messages with a burst of 3 at
+    100 tokens/s take about 0.47 s to drain: the round waits for them first."""
+    from srtm.broker import measurement
+
+    broker, s = broker_api
+    await call(s, "POST", "/srtm/bucket?topic=w&rate=100&burst=3")
+    await call(s, "POST", "/channel/create?topic=w&channel=c")
+    await call(s, "POST", "/mpub?topic=w", b"\n".join(b"%d" % i for i in range(50)))
+    assert len(broker.topics["w"].shaping) > 40
+    status, doc = await call(s, "POST", "/srtm/measure?topic=w&window_ms=50", b"")
+    assert status == 200 and doc["settled"]
+    assert 300 < doc["settle_ms"] < 3_000
+    assert len(broker.topics["w"].shaping) == 0
+    # A backlog that cannot drain in time: the round starts anyway, and says so.
+    monkeypatch.setattr(measurement, "MAX_SETTLE_NS", 100_000_000)
+    await call(s, "POST", "/srtm/bucket?topic=v&rate=1&burst=1")
+    await call(s, "POST", "/channel/create?topic=v&channel=c")
+    await call(s, "POST", "/mpub?topic=v", b"\n".join(b"%d" % i for i in range(20)))
+    status, doc = await call(s, "POST", "/srtm/measure?topic=v&window_ms=50", b"")
+    assert status == 200 and not doc["settled"] and 100 <= doc["settle_ms"] < 1_000

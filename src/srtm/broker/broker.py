@@ -28,6 +28,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 from srtm.broker.accept import Acceptor, refuse
@@ -548,8 +549,18 @@ class Broker:
         self, topic: str, publishers: frozenset[str] | None, window_ns: int
     ) -> Measurement:
         """Run a measurement round for ``window_ns`` and return it; cancelling the call
-        ends the round. At most ``max_measurements`` run at once (MeasurementsBusy)."""
-        return await self.measurements.run(topic, publishers, window_ns, self.clients)
+        ends the round. At most ``max_measurements`` run at once (MeasurementsBusy). It
+        starts once none of the topic's messages waits for tokens (``Measurements.run``)."""
+        return await self.measurements.run(
+            topic, publishers, window_ns, self.clients, partial(self._backlog_settled, topic)
+        )
+
+    def _backlog_settled(self, name: str) -> bool:
+        """None of ``name``'s messages waits for tokens: what is left of a move has
+        drained. A queue as deep as the burst is not enough: with the bucket empty, each
+        of them waits a token's time more (an unshaped topic never waits)."""
+        topic = self.topics.get(name)
+        return topic is None or topic.bucket is None or len(topic.shaping) == 0
 
     @property
     def max_measurements(self) -> int:

@@ -476,6 +476,14 @@ class MeasureAnswer(Doc):
         description="p99 of how late the broker's event loop woke for its 10 ms ticks "
         "during the round: a starved loop adds this to what the round measured",
     )
+    settle_ms: float = Field(
+        0.0,
+        description="how long the round waited, before it started, until none of the "
+        "topic's messages waited for tokens (what a move left)",
+    )
+    settled: bool = Field(
+        True, description="false: some still waited after 5 s, and the round started anyway"
+    )
 
 
 class AdmissionClassDoc(Doc):

@@ -591,9 +591,10 @@ class BrokerHttp:
         """A measurement round: p50 and p99 of the estimated end-to-end latency.
 
         Of the topic's messages from the body's ``publishers`` (all if absent) over
-        ``window_ms``, answered when the window ends. At most ``broker.max_measurements``
-        rounds run at once (429 beyond); a client that goes away ends its round (the server
-        cancels the handler)."""
+        ``window_ms``, answered when the window ends. The window opens once none of the
+        topic's messages waits for tokens (at most 5 s later). At most
+        ``broker.max_measurements`` rounds run or wait at once (429 beyond); a client
+        that goes away ends its round (the server cancels the handler)."""
         q = parse_query(MeasureQuery, request.query)
         pubs = None
         body = await bounded_body(request, self.limits.max_msg_size)
@@ -609,7 +610,8 @@ class BrokerHttp:
             MeasureAnswer(topic=q.topic, window_ms=q.window_ms, samples=int(s["count"]),
                           p99_ms=s["p99"] / 1e6 if s["count"] else None,
                           p50_ms=s["p50"] / 1e6 if s["count"] else None,
-                          loop_lag_p99_ms=lag["p99"] / 1e6 if lag["count"] else None)
+                          loop_lag_p99_ms=lag["p99"] / 1e6 if lag["count"] else None,
+                          settle_ms=m.settle_ns / 1e6, settled=m.settled)
         )  # fmt: skip
 
     async def openapi(self, request: web.Request) -> web.Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,6 +25,11 @@ MAX_MEASUREMENTS = 16
 #: a loop starved of CPU adds its lag to every latency the round measures, and whoever
 #: judges the round should know (online fitting repeats such a round instead).
 LAG_TICK_NS = 10_000_000
+#: The longest a round waits for its topic's backlog to drain before it starts
+#: (``Measurements.run``'s ``settled``). A move leaves a backlog on the broker that
+#: lost publishers, which drains at the share's margin over its load (10 %: seconds);
+#: a round that started on it measured the move, and fitting halved shares that fit.
+MAX_SETTLE_NS = 5_000_000_000
 
 
 class MeasurementsBusy(RuntimeError):
@@ -43,6 +48,10 @@ class Measurement:
     latency: Recorder = field(default_factory=Recorder)
     #: How late the broker's loop woke for each ``LAG_TICK_NS`` tick of the round.
     lag: Recorder = field(default_factory=Recorder)
+    #: How long the round waited for the topic's backlog before it started, and whether
+    #: it had drained then (False: ``MAX_SETTLE_NS`` ran out).
+    settle_ns: int = 0
+    settled: bool = True
 
 
 class MeasuredClient(Protocol):
@@ -62,12 +71,14 @@ class Measurements:
 
     def __init__(self, limit: int = MAX_MEASUREMENTS) -> None:
         self.running: list[Measurement] = []
+        #: Rounds waiting for their topic's backlog (they count against ``limit``).
+        self.settling = 0
         self.limit = limit
         #: Publisher name -> RTT of its connection, refreshed every second.
         self.publisher_rtt_ns: dict[str, int] = {}
 
     def __len__(self) -> int:
-        return len(self.running)
+        return len(self.running) + self.settling
 
     def refresh_rtts(self, clients: Iterable[MeasuredClient]) -> None:
         for c in list(clients):
@@ -98,22 +109,43 @@ class Measurements:
         publishers: frozenset[str] | None,
         window_ns: int,
         clients: Iterable[MeasuredClient],
+        settled: Callable[[], bool] | None = None,
     ) -> Measurement:
         """Run a round for ``window_ns`` and return it; cancelling the call ends the round.
-        At most ``limit`` run at once (MeasurementsBusy). ``clients``: the connections,
-        whose RTTs are read afresh as the round starts."""
+        At most ``limit`` run or wait at once (MeasurementsBusy). ``clients``: the
+        connections, whose RTTs are read afresh as the round starts. ``settled``: whether
+        the topic's backlog has drained; the round starts once it has, or after
+        ``MAX_SETTLE_NS``, so that it measures the placement rather than a move."""
         if not MIN_MEASURE_NS <= window_ns <= MAX_MEASURE_NS:
             raise ValueError(f"window {window_ns} ns is not within 1 ms..60 s")
-        if len(self.running) >= self.limit:
-            raise MeasurementsBusy(f"{len(self.running)} measurement rounds are running")
+        if len(self) >= self.limit:
+            raise MeasurementsBusy(f"{len(self)} measurement rounds are running")
+        self.settling += 1
+        try:
+            settle_ns, ok = await _settle(settled, MAX_SETTLE_NS)
+        finally:
+            self.settling -= 1
         self.refresh_rtts(clients)
         m = Measurement(topic, publishers, time.time_ns() + window_ns)
+        m.settle_ns, m.settled = settle_ns, ok
         self.running.append(m)
         try:
             await _ticks(m, LAG_TICK_NS)
         finally:
             self.running.remove(m)
         return m
+
+
+async def _settle(settled: Callable[[], bool] | None, limit_ns: int) -> tuple[int, bool]:
+    """Wait until ``settled()``, looking every ``LAG_TICK_NS``, for at most ``limit_ns``:
+    (how long it waited, whether it settled)."""
+    start = time.monotonic_ns()
+    while settled is not None and not settled():
+        waited = time.monotonic_ns() - start
+        if waited >= limit_ns:
+            return waited, False
+        await asyncio.sleep(min(LAG_TICK_NS, limit_ns - waited) / 1e9)
+    return time.monotonic_ns() - start, True
 
 
 async def _ticks(m: Measurement, tick_ns: int) -> None:
