@@ -27,7 +27,7 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -548,19 +548,10 @@ class Broker:
     async def measure(
         self, topic: str, publishers: frozenset[str] | None, window_ns: int
     ) -> Measurement:
-        """Run a measurement round for ``window_ns`` and return it; cancelling the call
-        ends the round. At most ``max_measurements`` run at once (MeasurementsBusy). It
-        starts once none of the topic's messages waits for tokens (``Measurements.run``)."""
-        return await self.measurements.run(
-            topic, publishers, window_ns, self.clients, partial(self._backlog_settled, topic)
-        )
-
-    def _backlog_settled(self, name: str) -> bool:
-        """None of ``name``'s messages waits for tokens: what is left of a move has
-        drained. A queue as deep as the burst is not enough: with the bucket empty, each
-        of them waits a token's time more (an unshaped topic never waits)."""
-        topic = self.topics.get(name)
-        return topic is None or topic.bucket is None or len(topic.shaping) == 0
+        """A measurement round (``Measurements.run``: it opens once the topic's backlog has
+        drained); cancelling the call ends it. MeasurementsBusy past ``max_measurements``."""
+        drained = partial(backlog_drained, self.topics, topic)
+        return await self.measurements.run(topic, publishers, window_ns, self.clients, drained)
 
     @property
     def max_measurements(self) -> int:
@@ -569,3 +560,11 @@ class Broker:
     @max_measurements.setter
     def max_measurements(self, limit: int) -> None:
         self.measurements.limit = limit
+
+
+def backlog_drained(topics: Mapping[str, Topic], name: str) -> bool:
+    """None of ``name``'s messages waits for tokens: what a move left has drained. A
+    queue as deep as the burst is not enough: with the bucket empty, each of them waits
+    a token's time more (an unshaped topic never waits)."""
+    topic = topics.get(name)
+    return topic is None or topic.bucket is None or len(topic.shaping) == 0
