@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from srtm.protocol import is_valid_name
 from srtm.workload import PublisherSpec
@@ -42,13 +42,21 @@ class ProfileTrace(StrEnum):
     run = "run"
 
 
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _choice(kind: type[_E], label: str, text: str) -> _E:
+    """``text`` as a ``kind``; ValueError naming ``label`` and the choices when it is none."""
+    try:
+        return kind(text)
+    except ValueError:
+        choices = ", ".join(c.value for c in kind)
+        raise ValueError(f"{label} must be one of {choices}, got {text!r}") from None
+
+
 def parse_publisher_order(text: str) -> PublisherOrder:
     """``text`` as a ``PublisherOrder``; ValueError naming the choices when it is none."""
-    try:
-        return PublisherOrder(text)
-    except ValueError:
-        choices = ", ".join(o.value for o in PublisherOrder)
-        raise ValueError(f"publisher order must be one of {choices}, got {text!r}") from None
+    return _choice(PublisherOrder, "publisher order", text)
 
 
 def ordered(
@@ -221,19 +229,14 @@ def parse(doc: dict[str, Any], where: str = "scenario") -> Scenario:
         for i, p in enumerate(doc.get("preload", []))
     )
     fields = {k: v for k, v in doc.items() if k in known}
-    if "publisher_order" in fields:
-        try:
-            fields["publisher_order"] = parse_publisher_order(fields["publisher_order"])
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-    if "profile_trace" in fields:
-        try:
-            fields["profile_trace"] = ProfileTrace(fields["profile_trace"])
-        except ValueError:
-            choices = ", ".join(t.value for t in ProfileTrace)
-            raise ValueError(
-                f"{where}: profile_trace must be one of {choices}, got {fields['profile_trace']!r}"
-            ) from None
+    choices = (("publisher_order", PublisherOrder, "publisher order"),
+               ("profile_trace", ProfileTrace, "profile_trace"))  # fmt: skip
+    for key, kind, label in choices:
+        if key in fields:
+            try:
+                fields[key] = _choice(kind, label, fields[key])
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
     try:
         sc = Scenario(publishers=classes, fit=fit, preload=preload, **fields)
     except TypeError as exc:
