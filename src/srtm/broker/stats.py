@@ -56,6 +56,33 @@ def record_many(hist: HdrHistogram, values: np.ndarray) -> None:
     hist.max_value = max(hist.max_value, int(values.max()))
 
 
+_c_record: Callable[..., tuple[int, int]] | None
+try:
+    from srtm.broker._histogram import record as _c_record
+except ImportError:  # not built (no compiler at install): numpy's ``record_many``
+    _c_record = None
+
+
+def record_pending(hist: HdrHistogram, pending: array[int]) -> None:
+    """``record_many`` of ``pending`` clipped to the histogram's range (1 ns .. 1 h), in
+    C where ``srtm.broker._histogram`` was built."""
+    if _c_record is None:
+        record_many(hist, np.clip(np.frombuffer(pending, dtype=np.int64), 1, _MAX_NS))
+        return
+    low, high = _c_record(
+        hist.counts,
+        pending,
+        1,
+        _MAX_NS,
+        hist.unit_magnitude,
+        hist.sub_bucket_half_count_magnitude,
+        hist.sub_bucket_mask,
+    )
+    hist.total_count += len(pending)
+    hist.min_value = min(hist.min_value, low)
+    hist.max_value = max(hist.max_value, high)
+
+
 @functools.cache
 def _index_values(hist_shape: tuple[int, int, int, int]) -> tuple[np.ndarray, np.ndarray]:
     """Lowest value and width of every counts index (``get_value_from_index``, vectorised)."""
@@ -178,9 +205,8 @@ class Recorder:
     def flush(self) -> None:
         if not self.pending:
             return
-        values = np.clip(np.frombuffer(self.pending, dtype=np.int64), 1, _MAX_NS)
-        self.pending = array("q")
-        record_many(self.hist, values)
+        pending, self.pending = self.pending, array("q")
+        record_pending(self.hist, pending)
 
     @property
     def count(self) -> int:
