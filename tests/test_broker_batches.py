@@ -215,6 +215,37 @@ async def test_a_long_run_of_fins_has_the_same_answers_whole_or_in_pieces(
     await sub.close()
 
 
+async def test_due_releases_are_looked_at_before_every_command_of_a_read(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read of several commands releases what is due before each of them, so a shaped
+    release waits for at most one command, not for the whole read."""
+    broker = await make_broker()
+    assert broker.tcp_address is not None
+    seen: list[str] = []
+    looked = broker.releaser.release_due
+    published = broker.publish
+
+    def release_due() -> bool:
+        seen.append("look")
+        return looked()
+
+    def publish(topic: str, *args: object, **kwargs: object) -> object:
+        seen.append(topic)
+        return published(topic, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(broker.releaser, "release_due", release_due)
+    monkeypatch.setattr(broker, "publish", publish)
+    pub = await RawClient.connect(*broker.tcp_address)
+    await pub.send(Pub("a", b"1"), Pub("b", b"2"), Pub("c", b"3"))  # one write
+    for _ in range(3):
+        assert await pub.response() == b"OK"
+    pubs = [i for i, what in enumerate(seen) if what != "look"]
+    assert [seen[i] for i in pubs] == ["a", "b", "c"]
+    assert all(seen[i - 1] == "look" for i in pubs), seen
+    await pub.close()
+
+
 def mpub_events(bodies: list[bytes], count: int | None = None) -> list[object]:
     payload = struct.pack(">I", len(bodies) if count is None else count)
     payload += b"".join(struct.pack(">I", len(b)) + b for b in bodies)

@@ -35,11 +35,11 @@ _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
 _CLOSED = SessionState.CLOSED
 #: FINs of a run (``Fins``) run at a time, with due releases looked at in between.
 _FIN_CHUNK = 32
-#: Commands one connection runs per loop turn (a FIN of a run counting one, as in
-#: ``_run_all``): what one read completed beyond it waits for the next turn, and the
-#: socket is not read meanwhile, so a flooding connection gets a turn as long as any
-#: other's, not 32 KiB of commands (~900 PUBs) per turn. A loop turn more per 64
-#: commands costs a busy connection a few per cent at most; MPUBs are few per read.
+#: Commands one connection runs per loop turn (a run of FINs counting one): what one
+#: read completed beyond it waits for the next turn, and the socket is not read
+#: meanwhile, so a flooding connection gets a turn as long as any other's, not 32 KiB of
+#: commands (~900 PUBs) per turn. A loop turn more per 64 commands costs a busy
+#: connection a few per cent at most; MPUBs are few per read.
 TURN_BUDGET = 64
 
 
@@ -108,6 +108,8 @@ class Intake:
     def on_readable(self) -> None:
         if self._pending:
             return  # what the last read completed runs first (``_run_pending``)
+        # A release due now goes before this read's work, not after the loop's turn.
+        self._broker.release_due()
         try:
             data, ancdata, _, _ = self._sock.recvmsg(_READ_SIZE, _ANC_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -181,38 +183,29 @@ class Intake:
     def _run_all(self, events: list[Event], start: int, arrival: int) -> int:
         """Run what one read completed, in order, from ``start``, until ``TURN_BUDGET``
         commands ran or a publish blocked the connection; how far it got. Due shaped
-        releases are looked at every 32 commands, a FIN of a run (``Fins``, one per
-        message a consumer got) counting as one: while releases wait, a long run is run
-        32 FINs at a time (else at once: FINs release nothing)."""
-        gate, session, out, broker = self._gate, self._session, self._output, self._broker
-        work = 0
-        check = 32
+        releases are looked at before every command (a clock read while any wait, a few
+        µs apart), and while releases wait a FIN of a long run (``Fins``, one per message
+        a consumer got) is run ``_FIN_CHUNK`` FINs at a time (else at once: FINs release
+        nothing)."""
+        gate, session, out = self._gate, self._session, self._output
+        release_due = self._broker.release_due
         end = min(len(events), start + TURN_BUDGET)
         for i in range(start, end):
             if self.blocked:
                 return i
             event = events[i]
-            if (
-                type(event) is Fins
-                and len(ids := event.message_ids) > _FIN_CHUNK
-                and broker.release_due()
-            ):
+            waiting = release_due()
+            if type(event) is Fins and len(ids := event.message_ids) > _FIN_CHUNK and waiting:
                 for k in range(0, len(ids), _FIN_CHUNK):
-                    if work >= check:
-                        check = work + 32
-                        broker.release_due()
+                    if k:
+                        release_due()
                     if session.state is _CLOSED or out.closing:
                         return len(events)  # closed, or a fatal error: nothing after it
                     self._run_one(Fins(ids[k : k + _FIN_CHUNK]), arrival, gate)
-                    work += _FIN_CHUNK
                 continue
-            if work >= check:
-                check = work + 32
-                broker.release_due()
             if session.state is _CLOSED or out.closing:
                 return len(events)
             self._run_one(event, arrival, gate)
-            work += len(event.message_ids) if type(event) is Fins else 1
             if self._taking is not None:  # the rest runs once it is taken
                 self._later.extend((e, arrival, False) for e in events[i + 1 :])
                 return len(events)

@@ -110,8 +110,9 @@ class BrokerOptions:
     )
     release_spin_us: int = setting(
         200,
-        "Yield to the loop for this long (µs) before each shaped release instead of "
-        "sleeping, to absorb the timer's wake-up latency.",
+        "Yield to the loop for at least this long (µs) before each shaped release instead "
+        "of sleeping, to absorb the timer's wake-up latency; longer (up to 1 ms) where the "
+        "timer is measured to wake later. 0: never spin.",
         minimum=0,
     )
     scan_interval_ms: int = setting(

@@ -19,7 +19,7 @@ from srtm.broker.message import Message
 from srtm.broker.options import BrokerOptions
 from srtm.broker.state import Channel, Topic
 from srtm.broker.stats import BrokerStats
-from srtm.broker.timer import TimerFd
+from srtm.broker.timer import TimerFd, WakeMargin
 from srtm.ratelimit import TokenBucket
 
 log = logging.getLogger("srtm.broker")
@@ -49,7 +49,7 @@ class Releaser:
         #: Checked before every release of shaped topics: past the lease it holds them.
         self._lease_ok = lease_ok
         self._timer_kind = options.release_timer
-        self._spin_ns = options.release_spin_ns
+        self.margin = WakeMargin(options.release_spin_ns)
         #: The topics with a sub-bucket: the only ones the release loop looks at.
         self.shaped: dict[str, Topic] = {}
         #: Earliest release time among shaped topics (None: nothing waits for tokens).
@@ -89,6 +89,8 @@ class Releaser:
 
     def _on_timer(self) -> None:
         assert self._timer is not None and self._wakeup is not None
+        if (armed := self._timer.armed_ns) is not None:
+            self.margin.woke(time.time_ns() - armed)
         self._timer.consume()
         self._wakeup.set()
 
@@ -200,23 +202,23 @@ class Releaser:
 
     async def run(self) -> None:
         """Release shaped messages on time: sleep while the next release is far, then
-        yield to the loop for the last ``release_spin_ns``.
+        yield to the loop for the last stretch (``margin``).
 
-        The sleep ends on a timerfd armed ``release_spin_ns`` before the release (ns
-        precise); without one, on an asyncio timeout (about 1 ms coarse), so the spin
-        must then be longer.
+        The sleep ends on a timerfd armed that long before the release (ns precise, the
+        stretch as long as its wake-ups have been late: ``WakeMargin``); without one, on
+        an asyncio timeout (about 1 ms coarse), so the spin must then be longer.
         """
         assert self._wakeup is not None
         wakeup = self._wakeup
-        spin = self._spin_ns
-        if self._timer is None:
-            spin = max(spin, _ASYNCIO_TIMER_SLACK_NS)
+        margin = self.margin
         while True:
             due = self.release_shaped(time.time_ns())
             if due is None:
                 wakeup.clear()
                 await wakeup.wait()
                 continue
+            spin = margin.spin_ns if self._timer is not None else _ASYNCIO_TIMER_SLACK_NS
+            spin = max(spin, margin.floor_ns)
             wait = due - time.time_ns()
             if wait <= spin:
                 await asyncio.sleep(0)
