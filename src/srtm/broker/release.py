@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import heapq
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +26,10 @@ from srtm.ratelimit import TokenBucket
 
 log = logging.getLogger("srtm.broker")
 _FOREVER = 2**63 - 1
+#: How often the release loop books every shaped topic afresh, whatever its kicks said
+#: (a safety net, and the start after a restart): a change no kick reported waits at
+#: most this long once the loop runs.
+REBOOK_NS = 100_000_000
 #: How late an asyncio timeout can end (epoll waits in whole milliseconds), with margin.
 _ASYNCIO_TIMER_SLACK_NS = 1_500_000
 
@@ -52,6 +58,13 @@ class Releaser:
         self.margin = WakeMargin(options.release_spin_ns)
         #: The topics with a sub-bucket: the only ones the release loop looks at.
         self.shaped: dict[str, Topic] = {}
+        #: Each shaped topic's next release, earliest first (due, tie-break, topic), and
+        #: which entry is each topic's current one: the others are stale, skipped when
+        #: they come up. A release looks at the topics due, not at every shaped topic.
+        self._heap: list[tuple[int, int, Topic]] = []
+        self._booked: dict[str, tuple[int, Topic]] = {}
+        self._ticket = itertools.count()
+        self._rebook_at = 0
         #: Earliest release time among shaped topics (None: nothing waits for tokens).
         self.next_release_ns: int | None = None
         self._wakeup: asyncio.Event | None = None
@@ -111,7 +124,18 @@ class Releaser:
             # What ``Topic.put_many`` handed straight to the channels is dispatched too.
             self._ready(topic, at_once=False)
             return
-        self._wake(topic.next_release_ns())
+        due = topic.next_release_ns()
+        if due is not None:
+            self._book(topic, due)
+        self._wake(due)
+
+    def _book(self, topic: Topic, due: int) -> None:
+        """Have the release loop look at ``topic`` by ``due`` (an earlier booking stands:
+        it finds the topic not due yet and books it again)."""
+        booked = self._booked.get(topic.name)
+        if booked is None or booked[1] is not topic or due < booked[0]:
+            self._booked[topic.name] = (due, topic)
+            heapq.heappush(self._heap, (due, next(self._ticket), topic))
 
     def _wake(self, due: int | None) -> None:
         """Make the release loop wake up by ``due``."""
@@ -183,16 +207,28 @@ class Releaser:
         """Release every shaped message due by ``now``, and what the emulated server has
         processed; returns the next time something is due."""
         self._lease_ok()  # a lapsed lease holds the shaped topics (they leave ``shaped``)
-        due = None
-        for topic in list(self.shaped.values()):
+        if now >= self._rebook_at:
+            self._rebook_at = now + REBOOK_NS
+            for topic in self.shaped.values():
+                if (nxt := topic.next_release_ns()) is not None:
+                    self._book(topic, nxt)
+        heap, booked, shaped = self._heap, self._booked, self.shaped
+        while heap and heap[0][0] <= now:
+            when, _, topic = heapq.heappop(heap)
+            mine = booked.get(topic.name)
+            if mine is None or mine[0] != when or mine[1] is not topic:
+                continue  # stale: the topic was booked again since
+            del booked[topic.name]
+            if shaped.get(topic.name) is not topic:
+                continue  # no longer shaped: a kick books it if it is again
             nxt = topic.next_release_ns()
-            if nxt is None:
-                continue
-            if nxt <= now:
+            if nxt is not None and nxt <= now:
                 self.release(topic, now, at_once=True)
                 nxt = topic.next_release_ns()
-            if nxt is not None and (due is None or nxt < due):
-                due = nxt
+            if nxt is not None:
+                self._book(topic, nxt)
+        # The earliest booking (if stale, the loop finds nothing due then and goes on).
+        due = heap[0][0] if heap else None
         if self._processing:
             nxt = self.processed(now)
             if nxt is not None and (due is None or nxt < due):
@@ -221,7 +257,7 @@ class Releaser:
             spin = max(spin, margin.floor_ns)
             wait = due - time.time_ns()
             if wait <= spin:
-                await asyncio.sleep(0)
+                await self._spin(spin)
                 continue
             wakeup.clear()
             if self._timer is not None:
@@ -232,3 +268,12 @@ class Releaser:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout((wait - spin) / 1e9):  # keeps a cancel
                         await wakeup.wait()
+
+    async def _spin(self, spin: int) -> None:
+        """Yield to the loop until the earliest release is due, or is more than ``spin``
+        away (a read released it first: the next one may be far). Each turn reads only
+        ``next_release_ns`` (a read or a kick keeps it current), not every shaped topic as
+        ``release_shaped`` does: with many shaped topics that made each turn, and so each
+        release, tens of µs later."""
+        while (due := self.next_release_ns) is not None and 0 < due - time.time_ns() <= spin:
+            await asyncio.sleep(0)
