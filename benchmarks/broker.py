@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import multiprocessing
 import os
@@ -86,6 +88,10 @@ IO_TIMEOUT_S = 10.0
 #: A measurement is bounded by its duration and these many seconds, whatever happens.
 TASK_SLACK_S = 60.0
 TARGET_LATENESS_P99_US = 100.0
+#: The machine's timer anchor (¹¹): this many sleeps of this long.
+TIMER_SLEEPS = 400
+TIMER_SLEEP_S = 0.0025
+_PR_SET_TIMERSLACK = 29
 #: The open-loop sensor rows: (sensors, PUBs a second each), one connection per sensor.
 SENSOR_LOADS = ((2_000, 1.0), (200, 100.0))
 #: The shaped rows at a sensor topic's rates (msg/s): each row runs as many topics at
@@ -399,7 +405,28 @@ def _paced_topics(
             "redelivered": again, "generator_late_max_us": late_ns / 1e3}  # fmt: skip
 
 
+def task_timer_wake(sleeps: int, sleep_s: float) -> dict[str, float]:
+    """How late this machine wakes a thread that sleeps ``sleep_s`` with 1 ns of timer
+    slack (as the broker's release timer does), ``sleeps`` times: the floor under a
+    shaped release at low rates, where the broker sleeps between releases."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    want = int(sleep_s * NS_PER_S)
+    late = []
+    for _ in range(sleeps):
+        t0 = time.perf_counter_ns()
+        time.sleep(sleep_s)
+        late.append(time.perf_counter_ns() - t0 - want)
+    late.sort()
+    return {
+        "p50_us": late[len(late) // 2] / 1e3,
+        "p99_us": late[int(len(late) * 0.99)] / 1e3,
+        "max_us": late[-1] / 1e3,
+    }
+
+
 TASKS: dict[str, Callable[..., dict[str, float]]] = {
+    "timer_wake": task_timer_wake,
     "publish": task_publish,
     "paced": task_paced,
     "paced_topics": task_paced_topics,
@@ -894,6 +921,10 @@ def make_rows() -> dict[str, Row]:
             Row(f"{k}_held", "    PUBs held behind an unanswered one", "msgs"),
             Row(f"{k}_late", "    the generator's lateness p99", "µs", section_end=True),
         ]  # fmt: skip
+    rows += [
+        Row("timer_p50", "this machine's timer ¹¹: a 2.5 ms sleep wakes late by, p50", "µs"),
+        Row("timer_p99", "    p99", "µs"),
+    ]
     for rate in LOW_RATES:
         k = f"low{rate}"
         n = low_topics(rate)
@@ -1236,11 +1267,21 @@ class Bench:
 
     def low_rate(self, run: int) -> None:
         """Release lateness at a sensor topic's rates: ``low_topics(rate)`` shaped topics
-        at ``rate`` each (bucket ``rate``, burst 1, offered 2 % over), srtm only."""
+        at ``rate`` each (bucket ``rate``, burst 1, offered 2 % over), srtm only; first,
+        how late the machine wakes a sleeping thread (the anchor of these rows)."""
+        keys = ["timer_p50", "timer_p99"]
+        self.guarded(keys, f"the machine's timer, run {run + 1}", partial(self._timer, run, keys))
         for rate in LOW_RATES:
             keys = [f"low{rate}_p50", f"low{rate}_p99"]
             what = f"srtm: {low_topics(rate)} topics at {rate}/s, run {run + 1}"
             self.guarded(keys, what, partial(self._low_rate, run, rate, keys))
+
+    def _timer(self, run: int, keys: list[str]) -> None:
+        res = self.task("timer_wake", TIMER_SLEEPS * TIMER_SLEEP_S * 2, sleeps=TIMER_SLEEPS,
+                        sleep_s=TIMER_SLEEP_S)  # fmt: skip
+        self.rows[keys[0]].raw.append({"broker": "machine", "run": run, **res})
+        self.rows[keys[0]].add("srtm", run, res["p50_us"])
+        self.rows[keys[1]].add("srtm", run, res["p99_us"])
 
     def _low_rate(self, run: int, rate: int, keys: list[str]) -> None:
         broker = self.brokers["srtm"]
@@ -1481,6 +1522,11 @@ def footnotes(cfg: Config) -> list[str]:
         "publisher connection round the topics, a consumer per topic; release lateness from "
         "each topic's /stats after its backlog drained; the row gives the highest of the "
         "topics' p50 and p99 (each topic's own is at most that).",
+        f"¹¹ in the generator's process, with the brokers idle, before the rows ¹⁰: "
+        f"{TIMER_SLEEPS:,} sleeps of {TIMER_SLEEP_S * 1e3:g} ms with 1 ns of timer slack (as "
+        "srtm's release timer), each one's wake-up past its end. A broker that sleeps between "
+        "releases wakes this late unless it spins (--release-spin-us, lengthened to how late "
+        "its timer has been, up to 1 ms); shown in the srtm column.",
     ]
 
 
