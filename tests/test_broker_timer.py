@@ -54,3 +54,15 @@ def test_a_floor_of_zero_never_spins() -> None:
     margin = WakeMargin(0)
     margin.woke(500 * US)
     assert margin.spin_ns == 0
+
+
+def test_a_cap_at_or_below_the_floor_keeps_the_spin_at_the_floor() -> None:
+    """``--release-spin-max-us`` no more than ``--release-spin-us``: the spin never grows,
+    whatever the timer did (the CPU a long spin costs is not spent)."""
+    for cap in (0, 150 * US, 200 * US):
+        margin = WakeMargin(200 * US, cap)
+        margin.woke(900 * US)
+        assert margin.spin_ns == 200 * US
+    margin = WakeMargin(200 * US, 500 * US)
+    margin.woke(900 * US)
+    assert margin.spin_ns == 500 * US

@@ -111,8 +111,15 @@ class BrokerOptions:
     release_spin_us: int = setting(
         200,
         "Yield to the loop for at least this long (µs) before each shaped release instead "
-        "of sleeping, to absorb the timer's wake-up latency; longer (up to 1 ms) where the "
-        "timer is measured to wake later. 0: never spin.",
+        "of sleeping, to absorb the timer's wake-up latency; longer (up to "
+        "--release-spin-max-us) where the timer is measured to wake later. 0: never spin.",
+        minimum=0,
+    )
+    release_spin_max_us: int = setting(
+        1000,
+        "The longest the spin before a shaped release grows to where the timer wakes late "
+        "(µs): spinning costs CPU while the loop waits. At most --release-spin-us: it "
+        "never grows.",
         minimum=0,
     )
     scan_interval_ms: int = setting(
@@ -319,3 +326,7 @@ class BrokerOptions:
     @property
     def release_spin_ns(self) -> int:
         return self.release_spin_us * 1000
+
+    @property
+    def release_spin_max_ns(self) -> int:
+        return self.release_spin_max_us * 1000

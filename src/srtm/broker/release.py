@@ -55,7 +55,7 @@ class Releaser:
         #: Checked before every release of shaped topics: past the lease it holds them.
         self._lease_ok = lease_ok
         self._timer_kind = options.release_timer
-        self.margin = WakeMargin(options.release_spin_ns)
+        self.margin = WakeMargin(options.release_spin_ns, options.release_spin_max_ns)
         #: The topics with a sub-bucket: the only ones the release loop looks at.
         self.shaped: dict[str, Topic] = {}
         #: Each shaped topic's next release, earliest first (due, tie-break, topic), and

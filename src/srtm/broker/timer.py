@@ -22,8 +22,9 @@ _TFD_TIMER_ABSTIME = 1
 _PR_SET_TIMERSLACK = 29
 
 
-#: The longest a wait ends early to spin instead: past it, spinning costs more CPU than a
-#: late release is worth (a timer this late is a loaded machine, not a wake-up).
+#: The longest a wait ends early to spin instead, by default (``--release-spin-max-us``):
+#: past it, spinning costs more CPU than a late release is worth (a timer this late is a
+#: loaded machine, not a wake-up).
 MAX_SPIN_NS = 1_000_000
 
 
@@ -33,14 +34,16 @@ class WakeMargin:
     latency is spent spinning, not late: at least ``floor_ns`` (``--release-spin-us``), and
     a quarter more than the latest wake-ups seen, a high-water mark that decays by
     ``decay`` a wake-up (half-life about 140: the one wake-up in a hundred that is late
-    past the rest still sets the spin when the next such one comes), at most
-    ``MAX_SPIN_NS``; a floor of 0 never spins.
+    past the rest still sets the spin when the next such one comes), at most ``cap_ns``
+    (``--release-spin-max-us``; a cap below the floor: the floor); a floor of 0 never
+    spins.
 
     On the development VM a timer wakes 60-130 µs late at the median and 170-400 µs at
     p99; where it wakes on time the spin stays at its floor. The same build then spins
     only as long as its machine needs."""
 
     floor_ns: int
+    cap_ns: int = MAX_SPIN_NS
     decay: float = 0.995
     high_ns: float = 0.0
 
@@ -52,7 +55,7 @@ class WakeMargin:
     def spin_ns(self) -> int:
         if not self.floor_ns:  # never spin: brokers sharing cores (live experiments)
             return 0
-        return max(self.floor_ns, min(MAX_SPIN_NS, int(self.high_ns * 1.25)))
+        return max(self.floor_ns, min(self.cap_ns, int(self.high_ns * 1.25)))
 
 
 class _Timespec(ctypes.Structure):
