@@ -38,7 +38,7 @@ class WakeMargin:
     (``--release-spin-max-us``; a cap below the floor: the floor); a floor of 0 never
     spins.
 
-    On the development VM a timer wakes 60-130 µs late at the median and 170-400 µs at
+    On the development VM a timer wakes 52-82 µs late at the median and 157-662 µs at
     p99; where it wakes on time the spin stays at its floor. The same build then spins
     only as long as its machine needs."""
 
