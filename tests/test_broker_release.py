@@ -5,7 +5,7 @@ due, not on every release of every other shaped topic, and a booking that went s
 from __future__ import annotations
 
 from srtm.broker.options import BrokerOptions
-from srtm.broker.release import REBOOK_NS, Releaser
+from srtm.broker.release import Releaser
 from srtm.broker.state import Channel, Topic, memory_queues
 from srtm.broker.stats import BrokerStats
 
@@ -80,22 +80,15 @@ def test_a_topic_replaced_under_its_name_is_released_by_its_own_booking() -> Non
     assert delivered(new) == 1 and delivered(old) == 1
 
 
-def test_a_topic_shaped_without_a_kick_is_found_by_the_next_rebooking() -> None:
-    """As a restart leaves it: shaped before the loop runs, no kick."""
+def test_stale_bookings_do_not_pile_up() -> None:
+    """A topic retuned faster again and again leaves a stale booking each time; the heap
+    is rebuilt from the live ones before they pile up, and nothing is lost."""
     rel, topics = releaser()
-    topic = Topic("t", memory_queues())
-    topic.channel("c")
-    topic.shape(1.0, 1.0, lambda: T0)
-    topic.put_many([b"t-0000000000000"], [b"m"], T0, T0, "p")
-    topics["t"] = rel.shaped["t"] = topic
-    assert rel.release_shaped(T0) is None  # the loop's first pass books every topic
-    assert delivered(topic) == 1
-    late = Topic("u", memory_queues())
-    late.channel("c")
-    late.shape(1.0, 1.0, lambda: T0)
-    late.put_many([b"u-0000000000000"], [b"m"], T0, T0, "p")
-    topics["u"] = rel.shaped["u"] = late
-    rel.release_shaped(T0 + REBOOK_NS // 2)
-    assert delivered(late) == 0  # not looked at yet
-    rel.release_shaped(T0 + REBOOK_NS)
-    assert delivered(late) == 1
+    topic = shaped(rel, topics, "t", 0.001, 2)  # the second message due in 1,000 s
+    assert rel.release_shaped(T0) == T0 + 1_000 * S
+    for k in range(1_000):
+        topic.shape(0.001 + k * 0.001, 1.0, lambda: T0)  # sooner every time
+        rel.kick(topic)
+    assert len(rel._heap) <= 2 * len(rel._booked) + 64
+    assert rel.release_shaped(T0 + 2 * S) is None
+    assert delivered(topic) == 2

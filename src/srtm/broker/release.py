@@ -26,10 +26,8 @@ from srtm.ratelimit import TokenBucket
 
 log = logging.getLogger("srtm.broker")
 _FOREVER = 2**63 - 1
-#: How often the release loop books every shaped topic afresh, whatever its kicks said
-#: (a safety net, and the start after a restart): a change no kick reported waits at
-#: most this long once the loop runs.
-REBOOK_NS = 100_000_000
+#: Stale bookings the heap may hold beyond twice the live ones before it is rebuilt.
+_STALE_SLACK = 64
 #: How late an asyncio timeout can end (epoll waits in whole milliseconds), with margin.
 _ASYNCIO_TIMER_SLACK_NS = 1_500_000
 
@@ -64,7 +62,6 @@ class Releaser:
         self._heap: list[tuple[int, int, Topic]] = []
         self._booked: dict[str, tuple[int, Topic]] = {}
         self._ticket = itertools.count()
-        self._rebook_at = 0
         #: Earliest release time among shaped topics (None: nothing waits for tokens).
         self.next_release_ns: int | None = None
         self._wakeup: asyncio.Event | None = None
@@ -131,11 +128,16 @@ class Releaser:
 
     def _book(self, topic: Topic, due: int) -> None:
         """Have the release loop look at ``topic`` by ``due`` (an earlier booking stands:
-        it finds the topic not due yet and books it again)."""
+        it finds the topic not due yet and books it again). Whatever makes a shaped
+        topic due sooner kicks it (a publish, a new or retuned bucket, a resume, the
+        start), as it always had to for the loop to wake up."""
         booked = self._booked.get(topic.name)
         if booked is None or booked[1] is not topic or due < booked[0]:
             self._booked[topic.name] = (due, topic)
             heapq.heappush(self._heap, (due, next(self._ticket), topic))
+            if len(self._heap) > 2 * len(self._booked) + _STALE_SLACK:
+                self._heap = [(d, next(self._ticket), t) for d, t in self._booked.values()]
+                heapq.heapify(self._heap)
 
     def _wake(self, due: int | None) -> None:
         """Make the release loop wake up by ``due``."""
@@ -207,14 +209,9 @@ class Releaser:
         """Release every shaped message due by ``now``, and what the emulated server has
         processed; returns the next time something is due."""
         self._lease_ok()  # a lapsed lease holds the shaped topics (they leave ``shaped``)
-        if now >= self._rebook_at:
-            self._rebook_at = now + REBOOK_NS
-            for topic in self.shaped.values():
-                if (nxt := topic.next_release_ns()) is not None:
-                    self._book(topic, nxt)
-        heap, booked, shaped = self._heap, self._booked, self.shaped
-        while heap and heap[0][0] <= now:
-            when, _, topic = heapq.heappop(heap)
+        booked, shaped = self._booked, self.shaped
+        while self._heap and self._heap[0][0] <= now:
+            when, _, topic = heapq.heappop(self._heap)
             mine = booked.get(topic.name)
             if mine is None or mine[0] != when or mine[1] is not topic:
                 continue  # stale: the topic was booked again since
@@ -228,7 +225,7 @@ class Releaser:
             if nxt is not None:
                 self._book(topic, nxt)
         # The earliest booking (if stale, the loop finds nothing due then and goes on).
-        due = heap[0][0] if heap else None
+        due = self._heap[0][0] if self._heap else None
         if self._processing:
             nxt = self.processed(now)
             if nxt is not None and (due is None or nxt < due):
@@ -272,8 +269,6 @@ class Releaser:
     async def _spin(self, spin: int) -> None:
         """Yield to the loop until the earliest release is due, or is more than ``spin``
         away (a read released it first: the next one may be far). Each turn reads only
-        ``next_release_ns`` (a read or a kick keeps it current), not every shaped topic as
-        ``release_shaped`` does: with many shaped topics that made each turn, and so each
-        release, tens of µs later."""
+        ``next_release_ns``, which reads and kicks keep current."""
         while (due := self.next_release_ns) is not None and 0 < due - time.time_ns() <= spin:
             await asyncio.sleep(0)
