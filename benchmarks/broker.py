@@ -922,7 +922,7 @@ def make_rows() -> dict[str, Row]:
             Row(f"{k}_late", "    the generator's lateness p99", "µs", section_end=True),
         ]  # fmt: skip
     rows += [
-        Row("timer_p50", "this machine's timer ¹¹: a 2.5 ms sleep wakes late by, p50", "µs"),
+        Row("timer_p50", "this machine's timer ¹¹: a 2.5 ms sleep's lateness, p50", "µs"),
         Row("timer_p99", "    p99", "µs"),
     ]
     for rate in LOW_RATES:

@@ -1,9 +1,10 @@
 """What the broker measures: latency histograms (HDR), 1 s rates, the adaptor's window.
 
 The hot path only appends to an array; values reach the HDR histogram in batches
-(``Recorder.flush``), indexed with numpy exactly as ``HdrHistogram.record_value``
-indexes one value, because that call costs about 0.7 µs in pure Python and a
-per-value loop once a second stalls the loop for milliseconds.
+(``Recorder.flush``), indexed exactly as ``HdrHistogram.record_value`` indexes one value
+(in C, ``_histogram.c``, where built; else with numpy), because that call costs about
+0.7 µs in pure Python and a per-value loop once a second stalls the loop for
+milliseconds.
 """
 
 from __future__ import annotations

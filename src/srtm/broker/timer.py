@@ -3,7 +3,9 @@
 asyncio's timers wait in ``epoll_wait``, whose timeout is whole milliseconds, so a
 release is up to ~1 ms late. A timerfd armed for an absolute time becomes readable
 when the kernel's high-resolution timer fires; the loop sees it as ordinary I/O.
-With the thread's timer slack set to 1 ns, the wake-up is late only by scheduling.
+With the thread's timer slack set to 1 ns, the wake-up is late only by scheduling, and
+``WakeMargin`` learns how late that is, so that the release loop stops sleeping early
+enough.
 """
 
 from __future__ import annotations
