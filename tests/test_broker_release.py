@@ -29,7 +29,7 @@ def shaped(rel: Releaser, topics: dict[str, Topic], name: str, rate: float, n: i
     topic.channel("c")
     topic.shape(rate, 1.0, lambda: T0)
     topics[name] = rel.shaped[name] = topic
-    ids = [b"%s-%013d" % (name.encode()[:2], i) for i in range(n)]
+    ids = [(name.encode() + b"--")[:3] + b"%013d" % i for i in range(n)]  # 16 bytes
     topic.put_many(ids, [b"m"] * n, T0, T0, "p")
     rel.kick(topic)
     return topic
@@ -72,7 +72,7 @@ def test_a_topic_replaced_under_its_name_is_released_by_its_own_booking() -> Non
     new.channel("c")
     new.shape(0.1, 1.0, lambda: T0 + 5 * S)
     topics["t"] = rel.shaped["t"] = new
-    new.put_many([b"n-0000000000000"], [b"m"], T0 + 5 * S, T0 + 5 * S, "p")
+    new.put_many([b"n--0000000000000"], [b"m"], T0 + 5 * S, T0 + 5 * S, "p")
     rel.kick(new)  # due at T0 + 5 s: later than the old topic's booking
     rel.release_shaped(T0 + S)
     assert delivered(old) == 1 and delivered(new) == 0
