@@ -21,6 +21,7 @@ import pytest
 
 from srtm.broker import Broker, BrokerOptions
 from srtm.experiments import analysis, scenarios
+from srtm.pipeline.quantiles import rank
 from srtm.protocol import header
 from srtm.workload import PublisherSpec, build
 from srtm.workload.emulator import Emulator, routes_of
@@ -383,7 +384,8 @@ def test_mini_demo_end_to_end(tmp_path: Path) -> None:
         assert 1 <= row["brokers_used"] <= 6
     assert doc["policies"]["lb"]["brokers_used"] == 6  # LB uses every broker
     # The Spark pipeline computed the figures, over the same window as the in-process
-    # analysis: nearest-rank against interpolated quantiles of the same messages.
+    # analysis: its nearest-rank quantile is within one order statistic of the
+    # interpolated one, among the same messages (a 2 % bound failed on a sparse tail).
     assert doc["analysis"] == "spark"
     for policy, row in doc["policies"].items():
         summary = json.loads((out / f"correlated-sensors-{policy}.json").read_text())
@@ -391,8 +393,12 @@ def test_mini_demo_end_to_end(tmp_path: Path) -> None:
         local = summary["in_process"]
         assert row["brokers_used"] == local["brokers_used"]
         assert set(summary["per_broker"]) == set(local["per_broker"])
-        for q in ("p50", "p95", "p99"):
-            assert row[f"{q}_ms"] == pytest.approx(local["e2e_ms"][q], rel=0.02, abs=0.05), q
+        lat = np.sort(_measured_e2e_ns(out / "traces", summary["run"]))
+        for q, at in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+            k = rank(at, lat.size)
+            low, high = lat[max(k - 1, 0)] / 1e6, lat[min(k + 1, lat.size - 1)] / 1e6
+            assert low <= row[f"{q}_ms"] <= high, (q, low, row[f"{q}_ms"], high)
+            assert low <= local["e2e_ms"][q] <= high, (q, low, local["e2e_ms"][q], high)
         assert summary["token_share_tail"] == pytest.approx(local["token_share_tail"], abs=0.05)
     # Each run checked itself over its window; a disturbed one draws no conclusion.
     for policy, row in doc["policies"].items():
@@ -413,6 +419,18 @@ def test_mini_demo_end_to_end(tmp_path: Path) -> None:
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
     assert left.stdout == "", f"left running: {left.stdout}"
     _validate_the_demo_runs(out, doc, tmp_path / "validation")
+
+
+def _measured_e2e_ns(traces: Path, run: str) -> np.ndarray[Any, Any]:
+    """End-to-end latencies (ns) of the messages a run measured, as both analyses take
+    them: sent within its window, each (broker, message id) once."""
+    meta = json.loads((traces / "runs" / f"{run}.json").read_text())
+    window = analysis.MeasuredWindow(meta["window_start_ns"], meta["window_end_ns"])
+    _, sub = analysis.load(traces, run)
+    m = sub[(sub["t_send_ns"] >= window.start_ns) & (sub["t_send_ns"] < window.end_ns)]
+    m = m.drop_duplicates(["broker", "msg_id"])
+    lat: np.ndarray[Any, Any] = (m["t_recv_ns"] - m["t_send_ns"]).to_numpy(np.int64)
+    return lat
 
 
 def _group_of(pattern: str) -> str:
