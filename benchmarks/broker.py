@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import json
 import multiprocessing
 import os
@@ -55,6 +53,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sensors import DRAIN_S, task_sensors
+from srtm.broker.timer import tighten_timer_slack
 from srtm.launch import BrokerProcess, die_with_parent, start_broker
 from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Mpub, Pub, encode_command, response
 from srtm.protocol.frames import ATTEMPTS_AT, BODY_AT, HEARTBEAT, ID_AT
@@ -91,7 +90,6 @@ TARGET_LATENESS_P99_US = 100.0
 #: The machine's timer anchor (¹¹): this many sleeps of this long.
 TIMER_SLEEPS = 400
 TIMER_SLEEP_S = 0.0025
-_PR_SET_TIMERSLACK = 29
 #: The open-loop sensor rows: (sensors, PUBs a second each), one connection per sensor.
 SENSOR_LOADS = ((2_000, 1.0), (200, 100.0))
 #: The shaped rows at a sensor topic's rates (msg/s): each row runs as many topics at
@@ -409,8 +407,7 @@ def task_timer_wake(sleeps: int, sleep_s: float) -> dict[str, float]:
     """How late this machine wakes a thread that sleeps ``sleep_s`` with 1 ns of timer
     slack (as the broker's release timer does), ``sleeps`` times: the floor under a
     shaped release at low rates, where the broker sleeps between releases."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    tighten_timer_slack()
     want = int(sleep_s * NS_PER_S)
     late = []
     for _ in range(sleeps):

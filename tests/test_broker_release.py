@@ -92,3 +92,15 @@ def test_stale_bookings_do_not_pile_up() -> None:
     assert len(rel._heap) <= 2 * len(rel._booked) + 64
     assert rel.release_shaped(T0 + 2 * S) is None
     assert delivered(topic) == 2
+
+
+def test_a_topic_no_longer_shaped_is_not_kept_by_its_booking() -> None:
+    """Deleted (or held, or unmanaged) with a release booked far ahead: the loop's heap
+    lets go of it, and of what waits in it, at once."""
+    rel, topics = releaser()
+    shaped(rel, topics, "t", 0.001, 2)  # the second message booked 1,000 s ahead
+    assert rel.release_shaped(T0) == T0 + 1_000 * S
+    rel.unshape("t")
+    assert "t" not in rel.shaped
+    assert all(entry[2].name != "t" for entry in rel._heap)
+    assert rel.release_shaped(T0 + 1_000 * S) is None

@@ -364,7 +364,7 @@ class Broker:
     def delete_topic(self, name: str) -> None:
         topic = self.topics.pop(name)
         self.names_changed.set()
-        self.releaser.shaped.pop(name, None)
+        self.releaser.unshape(name)
         self.shares.forget(name)
         for ch_name in list(topic.channels):
             ch = topic.channels.pop(ch_name)

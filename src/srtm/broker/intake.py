@@ -108,8 +108,6 @@ class Intake:
     def on_readable(self) -> None:
         if self._pending:
             return  # what the last read completed runs first (``_run_pending``)
-        # A release due now goes before this read's work, not after the loop's turn.
-        self._broker.release_due()
         try:
             data, ancdata, _, _ = self._sock.recvmsg(_READ_SIZE, _ANC_SIZE)
         except (BlockingIOError, InterruptedError):

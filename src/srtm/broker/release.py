@@ -136,8 +136,19 @@ class Releaser:
             self._booked[topic.name] = (due, topic)
             heapq.heappush(self._heap, (due, next(self._ticket), topic))
             if len(self._heap) > 2 * len(self._booked) + _STALE_SLACK:
-                self._heap = [(d, next(self._ticket), t) for d, t in self._booked.values()]
-                heapq.heapify(self._heap)
+                self._rebuild()
+
+    def _rebuild(self) -> None:
+        """The heap of the live bookings only (stale ones dropped)."""
+        self._heap = [(d, next(self._ticket), t) for d, t in self._booked.values()]
+        heapq.heapify(self._heap)
+
+    def unshape(self, name: str) -> None:
+        """The topic is no longer shaped here (deleted, held, unmanaged): nothing of the
+        loop's keeps it, nor what still waits in it, until its booking would come up."""
+        self.shaped.pop(name, None)
+        if self._booked.pop(name, None) is not None:
+            self._rebuild()
 
     def _wake(self, due: int | None) -> None:
         """Make the release loop wake up by ``due``."""

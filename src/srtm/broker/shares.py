@@ -170,7 +170,7 @@ class Shares:
         topic = host.topic(topic_name)
         topic.hold()
         host.handoffs.clear(topic_name)
-        host.releaser.shaped.pop(topic_name, None)
+        host.releaser.unshape(topic_name)
         host.persistence.save_meta()
 
     def clear(self, topic_name: str) -> None:
@@ -180,7 +180,7 @@ class Shares:
         topic = host.topics[topic_name]
         topic.unshape()
         host.handoffs.clear(topic_name)
-        host.releaser.shaped.pop(topic_name, None)
+        host.releaser.unshape(topic_name)
         host.persistence.save_meta()
         host.releaser.release_all(topic)
 

@@ -60,6 +60,12 @@ class WakeMargin:
         return max(self.floor_ns, min(self.cap_ns, int(self.high_ns * 1.25)))
 
 
+def tighten_timer_slack() -> None:
+    """Let this thread's timers fire 1 ns late at most: the default slack lets the
+    kernel fire them up to 50 µs late to batch wake-ups."""
+    ctypes.CDLL(ctypes.util.find_library("c")).prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
+
+
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
@@ -81,8 +87,7 @@ class TimerFd:
         self.fd: int = fd
         self.armed_ns: int | None = None
         self._spec = _Itimerspec()
-        # Default slack lets the kernel fire up to 50 µs late to batch wake-ups.
-        self._libc.prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
+        tighten_timer_slack()
 
     def arm(self, at_ns: int) -> None:
         """Fire at ``at_ns`` (CLOCK_REALTIME ns); a time in the past fires at once."""
