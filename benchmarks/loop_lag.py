@@ -1,9 +1,10 @@
 """How long the broker's event loop is held while its queues go through disk.
 
 The broker writes overflowing messages to its disk queues with plain ``write(2)`` calls
-(batched, page cache) and reads them back; that file work runs on its disk thread, and
-what is left on the event loop is bookkeeping. This measures what it costs the loop
-(before the disk thread it was all on the loop): a probe on the broker's
+(batched, page cache) and reads them back; that file work runs on its disk thread, but a
+publish's small write to an open segment, which runs on the loop
+(``--disk-inline-write-bytes``; the third mode turns it off). This measures what it costs
+the loop (before the disk thread it was all on the loop): a probe on the broker's
 loop sleeps 1 ms over and over and records how late it wakes (loop lag), and every call
 into a disk queue is timed. The anchor, in the same run, is the same load with queues in
 memory (nothing touches the disk): the difference is the disk's share of the lag.
@@ -86,17 +87,18 @@ def _timed(durations: list[float], fn: Callable[..., Any]) -> Callable[..., Any]
     return wrapper
 
 
-async def _one(mem_queue_size: int, messages: int) -> dict[str, float]:
+async def _one(mem_queue_size: int, inline_bytes: int, messages: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         opts = BrokerOptions(
-            tcp_port=0, http_port=0, data_dir=Path(tmp), mem_queue_size=mem_queue_size
-        )
+            tcp_port=0, http_port=0, data_dir=Path(tmp), mem_queue_size=mem_queue_size,
+            disk_inline_write_bytes=inline_bytes,
+        )  # fmt: skip
         broker = Broker(opts)
         await broker.start()
         assert broker.tcp_address is not None
         lags: list[float] = []
         disk_calls: list[float] = []
-        originals = {name: getattr(DiskQueue, name) for name in ("flush", "pop", "push")}
+        originals = {name: getattr(DiskQueue, name) for name in ("flush", "pop", "push", "written")}
         for name, fn in originals.items():
             setattr(DiskQueue, name, _timed(disk_calls, fn))
         done = multiprocessing.Event()
@@ -141,11 +143,16 @@ def main(
     messages: int = typer.Option(100_000, help="Messages published and consumed per run."),
 ) -> None:
     """Loop lag of the broker with queues through disk against queues in memory."""
-    modes = {"memory (anchor)": 1 << 30, "disk (mem-queue-size 0)": 0}
+    inline = BrokerOptions().disk_inline_write_bytes
+    modes = {
+        "memory (anchor)": (1 << 30, inline),
+        "disk (mem-queue-size 0)": (0, inline),
+        "disk, no inline writes": (0, 0),
+    }
     results: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     for _ in range(runs):
-        for mode, size in modes.items():
-            results[mode].append(asyncio.run(_one(size, messages)))
+        for mode, (size, inline_bytes) in modes.items():
+            results[mode].append(asyncio.run(_one(size, inline_bytes, messages)))
     table = Table(title=f"broker loop lag, {messages:,} messages, medians of {runs} (range)")
     for col in ("queues", "msg/s", "lag p50 µs", "lag p99 µs", "lag max µs",
                 "disk calls", "disk call p99 µs", "disk call max µs", "in disk ms"):  # fmt: skip

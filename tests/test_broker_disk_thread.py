@@ -1,11 +1,15 @@
-"""No disk work on the event loop: the disk queues' file I/O runs on the broker's disk
-thread, and a publish that overflowed to disk is acknowledged only once written."""
+"""The disk queues' file I/O runs on the broker's disk thread, and a publish that
+overflowed to disk is acknowledged only once written. The one exception: a publish's small
+overflow to an open, idle segment is written on the event loop (``--disk-inline-write-bytes``),
+until one such write is slow; the tests of the thread turn it off."""
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import errno
 import io
+import itertools
 import os
 import socket
 import threading
@@ -18,6 +22,9 @@ import pytest
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.disk import DiskQueue
+from srtm.broker.disk.io import INLINE_PAUSE_NS, SLOW_INLINE_NS, DiskIO
+from srtm.broker.message import Message
+from srtm.broker.metrics import BrokerCollector
 from srtm.protocol import MAGIC_V2, Fin, Mpub, Pub, Rdy, Sub
 from srtm.protocol.commands import encode_command
 from support import MakeBroker, eventually
@@ -63,7 +70,7 @@ async def test_no_disk_queue_file_work_runs_on_the_event_loop(
     monkeypatch.setattr(io, "open", record("io.open", io.open))  # Path.open, Path.read_*
     monkeypatch.setattr(builtins, "open", record("open()", builtins.open))
 
-    broker = await make_broker(mem_queue_size=0, max_bytes_per_file=4096)
+    broker = await make_broker(mem_queue_size=0, max_bytes_per_file=4096, disk_inline_write_bytes=0)
     assert broker.tcp_address is not None
     loop_thread = threading.get_ident()
     pub = await RawClient.connect(*broker.tcp_address)
@@ -111,7 +118,7 @@ async def test_an_ok_waits_for_its_write_and_holds_later_frames_of_its_connectio
         return os.write(fd, data)
 
     _set_writer(monkeypatch, writer)
-    broker: Broker = await make_broker(mem_queue_size=0)
+    broker: Broker = await make_broker(mem_queue_size=0, disk_inline_write_bytes=0)
     assert broker.tcp_address is not None
     loop = asyncio.get_running_loop()
     a = socket.create_connection(broker.tcp_address)
@@ -162,7 +169,7 @@ async def test_http_pub_answers_once_written(
         return os.write(fd, data)
 
     _set_writer(monkeypatch, writer)
-    broker = await make_broker(mem_queue_size=0)
+    broker = await make_broker(mem_queue_size=0, disk_inline_write_bytes=0)
     runner, port = await serve_http(broker)
     try:
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
@@ -181,6 +188,124 @@ async def test_http_pub_answers_once_written(
     finally:
         release.set()
         await runner.cleanup()
+
+
+async def test_a_small_overflow_to_an_open_segment_is_written_before_its_ok_on_the_loop(
+    make_broker: MakeBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first PUB opens the segment on the disk thread; later ones are written on the
+    loop, each in the file before its OK (kill -9 keeps it), with no thread hand-off."""
+    queue_dir = tmp_path / "data" / "queues" / "q-s"
+    writes: list[int] = []
+    opens: list[int] = []
+    real_open = os.open
+
+    def writer(fd: int, data: Any) -> int:
+        writes.append(threading.get_ident())
+        return os.write(fd, data)
+
+    def recording_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        if str(path).startswith(str(queue_dir)):
+            opens.append(threading.get_ident())
+        return real_open(path, *args, **kwargs)
+
+    _set_writer(monkeypatch, writer)
+    monkeypatch.setattr(os, "open", recording_open)
+    broker = await make_broker(mem_queue_size=0)
+    assert broker.tcp_address is not None
+    loop_thread = threading.get_ident()
+    c = await RawClient.connect(*broker.tcp_address)
+    sizes = []
+    for i in range(20):
+        await c.send(Pub("s", b"reading %02d" % i))
+        assert await c.response() == b"OK"
+        sizes.append(sum(f.stat().st_size for f in queue_dir.glob("*.dat")))
+    await c.close()
+    assert all(a < b for a, b in itertools.pairwise(sizes)), sizes  # each OK'd write
+    assert opens and loop_thread not in opens  # the segment was opened off the loop
+    assert writes[0] != loop_thread  # the first write opened it, on the thread
+    assert writes[1:] == [loop_thread] * 19
+    scraped = {m.name: m.samples[0].value for m in BrokerCollector(broker).collect() if m.samples}
+    assert scraped["srtm_disk_inline_writes"] == 19
+    assert scraped["srtm_disk_slow_inline_writes"] == 0
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.ns = 1_000_000_000
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+async def _write_one(q: DiskQueue, n: int) -> bool:
+    """Push one message and have it written: whether that was inline (no future)."""
+    q.push(Message(b"%016x" % n, b"m%d" % n, 1, 2))
+    fut = q.written()
+    if fut is not None:
+        await fut
+    return fut is None
+
+
+async def test_a_slow_inline_write_sends_writes_to_the_disk_thread_for_a_while(
+    tmp_path: Path,
+) -> None:
+    clock = _Clock()
+    threads: list[int] = []
+    slow = False
+
+    def writer(fd: int, data: Any) -> int:
+        threads.append(threading.get_ident())
+        if slow:
+            clock.ns += SLOW_INLINE_NS + 1  # as if the kernel held the write this long
+        return os.write(fd, data)
+
+    io = DiskIO(asyncio.get_running_loop(), inline_bytes=1 << 16, clock=clock)
+    q = DiskQueue(tmp_path / "q", io=io, writer=writer)
+    loop_thread = threading.get_ident()
+    try:
+        assert not await _write_one(q, 0)  # opens the segment: the thread
+        assert await _write_one(q, 1)
+        slow = True
+        assert await _write_one(q, 2)  # inline, and slow
+        slow = False
+        assert io.slow_inline_writes == 1
+        assert not await _write_one(q, 3)  # paused: the thread again
+        clock.ns += INLINE_PAUSE_NS
+        assert await _write_one(q, 4)
+        assert [t == loop_thread for t in threads] == [False, True, True, False, True]
+        got = [m.body for m in iter(q.pop, None)]
+        assert got == [b"m%d" % n for n in range(5)]
+    finally:
+        await io.quiesce()
+        q.close()
+
+
+async def test_an_inline_write_that_fails_keeps_its_records_and_marks_the_queue_failing(
+    tmp_path: Path,
+) -> None:
+    full = False
+
+    def writer(fd: int, data: Any) -> int:
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return os.write(fd, data)
+
+    io = DiskIO(asyncio.get_running_loop(), inline_bytes=1 << 16)
+    q = DiskQueue(tmp_path / "q", io=io, writer=writer)
+    try:
+        assert not await _write_one(q, 0)
+        full = True
+        assert await _write_one(q, 1)  # tried inline: failed, not waited for
+        assert q.failing and q.pending == 1
+        assert await _write_one(q, 2) and q.pending == 2  # a failing queue is not written
+        full = False
+        q.flush()  # the housekeeping's retry (on the thread)
+        await eventually(lambda: not q.failing and q.pending == 0, what="written again")
+        assert [m.body for m in iter(q.pop, None)] == [b"m0", b"m1", b"m2"]
+    finally:
+        await io.quiesce()
+        q.close()
 
 
 async def test_a_graceful_stop_keeps_what_was_read_ahead_exactly_once(tmp_path: Path) -> None:

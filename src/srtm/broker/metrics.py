@@ -121,9 +121,19 @@ class BrokerCollector(Collector):
                 c_cli.add_metric(lv, len(ch.consumers))
         clients = GaugeMetricFamily("srtm_clients", "Connected clients")
         clients.add_metric([], len(b.clients))
+        inline = CounterMetricFamily(
+            "srtm_disk_inline_writes", "Publishes' writes to disk run on the event loop"
+        )
+        slow = CounterMetricFamily(
+            "srtm_disk_slow_inline_writes",
+            "Inline writes over 0.5 ms (each sends writes to the disk thread for 5 s)",
+        )
+        if (io := b.persistence.io) is not None:
+            inline.add_metric([], io.inline_writes)
+            slow.add_metric([], io.slow_inline_writes)
         yield from (msgs, depth, rate, avg, backlog, b_rate, b_burst, wait, lat, served, waited)
         yield from (age, bound_wait, bound_max, dropped, refused, blocked)
-        yield from (c_depth, c_flight, c_msgs, c_req, c_to, c_cli, clients)
+        yield from (c_depth, c_flight, c_msgs, c_req, c_to, c_cli, clients, inline, slow)
 
 
 def _quantiles(family: GaugeMetricFamily, labels: list[str], s: dict[str, float]) -> None:

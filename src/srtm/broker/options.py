@@ -213,6 +213,13 @@ class BrokerOptions:
     max_bytes_per_file: int = setting(
         16 << 20, "Size of each disk queue segment file (bytes).", minimum=1024
     )
+    disk_inline_write_bytes: int = setting(
+        64 << 10,
+        "A publish's overflow to disk up to this size is written on the event loop, not "
+        "the disk thread, when its segment is open and idle (bytes; 0: always the thread). "
+        "One slower than 0.5 ms sends writes to the thread for 5 s.",
+        minimum=0,
+    )
     disk_reserve_bytes: int = setting(
         32 << 20,
         "Disk space (bytes) claimed at start and given back at a graceful stop, so that "

@@ -366,12 +366,17 @@ class Persistence:
                     errors.E_PUB_FAILED, f"{what} failed: cannot write to disk ({disk.error})"
                 )
 
+    @property
+    def io(self) -> DiskIO | None:
+        """The disk thread, once the broker serves (its counts of inline writes)."""
+        return self._io
+
     # -- serving -------------------------------------------------------------------------
     def serve(self) -> None:
         """The broker serves now (after the restore): hold the disk reserve, and from now
         on run the disk queues' file work on a thread of their own."""
         self._reserve.claim()  # after the restore: it may need the space first
-        self._io = DiskIO(asyncio.get_running_loop())
+        self._io = DiskIO(asyncio.get_running_loop(), self._options.disk_inline_write_bytes)
         for disk in self.disks.values():
             disk.attach(self._io)
 

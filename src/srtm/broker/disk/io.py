@@ -17,6 +17,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +38,10 @@ log = logging.getLogger("srtm.broker.disk")
 
 #: What a queue reads ahead on the disk thread at a time (about bytes).
 READ_AHEAD_BYTES = 256 << 10
+#: An inline write slower than this (ns: the kernel throttled it, or the journal held it)
+#: sends every write to the disk thread for ``INLINE_PAUSE_NS``.
+SLOW_INLINE_NS = 500_000
+INLINE_PAUSE_NS = 5_000_000_000
 
 #: Writes ``data`` at the end of the open file ``fd``; returns how many bytes it wrote.
 Writer = Callable[[int, memoryview], int]
@@ -224,8 +229,23 @@ class DiskIO:
     (no future, no lock), and the thread runs little Python, so it seldom waits for the
     GIL the event loop holds (an MPUB that overflows waits for its write)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        inline_bytes: int = 0,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self.loop = loop
+        #: A publish's overflow up to this size is written on the event loop when its file
+        #: is open and idle (``DiskQueue.written``): into the page cache, a few
+        #: microseconds, where this thread's hand-off costs two thread wake-ups on the
+        #: acknowledgement's path (0: never).
+        self.inline_bytes = inline_bytes
+        self.clock = clock
+        #: Until when (``clock``) no write runs inline, after a slow one.
+        self._inline_paused_until = 0
+        #: Inline writes, and the slow ones among them (``SLOW_INLINE_NS``).
+        self.inline_writes = self.slow_inline_writes = 0
         self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         #: Work submitted whose completion has not run yet.
         self.outstanding = 0
@@ -238,6 +258,22 @@ class DiskIO:
         self._thread = threading.Thread(target=self._serve, name="srtm-disk_0", daemon=True)
         self._thread.start()
         atexit.register(self._stop)
+
+    def inline_allowed(self) -> bool:
+        """Whether a small write may run on the event loop now (not paused after a slow one)."""
+        return (
+            self.inline_bytes > 0 and not self.closed and self.clock() >= self._inline_paused_until
+        )
+
+    def inline_took(self, ns: int) -> None:
+        """An inline write took ``ns``: a slow one pauses inline writes (Redis writes its
+        log on its event loop the same way; the pause bounds how often the loop can wait)."""
+        self.inline_writes += 1
+        if ns > SLOW_INLINE_NS:
+            self.slow_inline_writes += 1
+            self._inline_paused_until = self.clock() + INLINE_PAUSE_NS
+            log.warning("a write to disk on the event loop took %.1f ms: writes go to the disk "
+                        "thread for %g s", ns / 1e6, INLINE_PAUSE_NS / 1e9)  # fmt: skip
 
     def submit(self, work: Callable[[], _T], done: Callable[[_T], None] | None = None) -> None:
         self.outstanding += 1

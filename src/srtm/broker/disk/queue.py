@@ -221,6 +221,8 @@ class DiskQueue:
             self.flush()
             return None
         assert self.io is not None
+        if self._write_inline() and (not self._buffer.records or self.error is not None):
+            return None
         fut = self.io.loop.create_future()
         self._waiters.append((self._pushed, fut))
         self.flush()
@@ -247,6 +249,26 @@ class DiskQueue:
         self._start_write()
         return self.error is None
 
+    def _write_inline(self) -> bool:
+        """Write the buffered records on the event loop if that is cheap and cannot
+        reorder anything: the segment's file is open, no write of this queue is running on
+        the disk thread, the batch is small, and the disk thread has not seen a slow inline
+        write lately. Whether it wrote (a publish's OK then waits for no thread hand-off)."""
+        io = self.io
+        if (
+            io is None
+            or self._writing
+            or self._wfd is None
+            or self._buffer.nbytes > io.inline_bytes
+            or self._segments.write.end >= self.segment_bytes
+            or not io.inline_allowed()
+        ):
+            return False
+        started = io.clock()
+        self._start_write(inline=True)
+        io.inline_took(io.clock() - started)
+        return True
+
     def _all_written(self) -> None:
         self._buffer.nbytes = 0
         self._unflushed.discard(self)
@@ -256,9 +278,10 @@ class DiskQueue:
             self._failing.discard(self)
         self._resolve_waiters(False)
 
-    def _start_write(self) -> None:
+    def _start_write(self, inline: bool = False) -> None:
         """Write the oldest buffered records (up to a segment's size) at the end of the
-        write segment; they stay readable from the buffer until the write is done."""
+        write segment; they stay readable from the buffer until the write is done.
+        ``inline``: on the caller's thread, now (see ``_write_inline``)."""
         if self._segments.write.end >= self.segment_bytes:
             self._rotate(sync=True)
         seg = self._segments.write
@@ -283,12 +306,18 @@ class DiskQueue:
             return write_batch(write, directory, path, fd, end, len(header), data, count)
 
         def done(res: WriteResult) -> None:
-            self._write_done(gen, fd, seg, res)
+            self._write_done(gen, fd, seg, res, inline)
 
-        self._run(work, done)
+        if inline:
+            done(work())
+        else:
+            self._run(work, done)
 
-    def _write_done(self, gen: int, fd: int | None, seg: Segment, res: WriteResult) -> None:
-        """Back from a write: count what is on disk; on an error keep the rest buffered."""
+    def _write_done(
+        self, gen: int, fd: int | None, seg: Segment, res: WriteResult, inline: bool = False
+    ) -> None:
+        """Back from a write: count what is on disk; on an error keep the rest buffered.
+        ``inline``: written in the middle of a publish, whose dispatch comes after it."""
         new_fd, good, k, exc, truncate_failed = res
         if gen != self._gen:  # cleared or removed meanwhile: its files are going
             if new_fd is not None and new_fd != fd:
@@ -326,7 +355,11 @@ class DiskQueue:
                 ):
                     self._start_write()
         if k and self.threaded and self._on_readable is not None:
-            self._on_readable()
+            if inline:
+                assert self.io is not None
+                self.io.loop.call_soon(self._on_readable)
+            else:
+                self._on_readable()
 
     def _written(self, seg: Segment, size: int, k: int) -> bool:
         """``k`` buffered records (``size`` bytes with the file header) are on disk now.
