@@ -80,6 +80,8 @@ RDY = 2_500
 CHANNEL = "bench"
 #: As nsq's bench.sh (--mem-queue-size=1000000), on both brokers.
 MEM_QUEUE_SIZE = 1_000_000
+#: Both brokers' default --mem-queue-size (the single-PUB row ¹² past which PUBs go to disk).
+DEFAULT_MEM_QUEUE_SIZE = 10_000
 #: Messages queued (MPUB, one channel) for the memory row.
 MEM_MSGS = 200_000
 #: No recv or send of the generator waits longer than this for the broker.
@@ -103,8 +105,8 @@ TARGET_E2E_P99_US = 1_000.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: What ``--only`` may name: the measurements of a run (``Bench.steps``).
 STEP_NAMES = (
-    "memory", "memory-pub", "batched", "single", "at-once", "latency", "shaped", "sensors",
-    "low-rate",
+    "memory", "memory-pub", "batched", "single", "single-disk", "at-once", "latency", "shaped",
+    "sensors", "low-rate",
 )  # fmt: skip
 #: The measurements of srtm alone (nsqd has no shaping).
 SRTM_ONLY = ("shaped", "low-rate")
@@ -892,6 +894,7 @@ def make_rows() -> dict[str, Row]:
     rows = [
         Row("mpub", f"batched publish: bench_writer, MPUB-{MPUB_BATCH} ¹", "msg/s", 1.0),
         Row("pub", "single PUB: bench_writer --batch-size=1 ¹", "msg/s", 1.0),  # issue 32
+        Row("pub_disk", "    at default queue sizes, overflowing to disk ¹²", "msg/s", 1.0),
         Row("consume", "consume: bench_reader on the batched backlog ²", "msg/s", 1.0),
         Row("both_pub", "publish and consume at once ³: bench_writer", "msg/s", 1.0),
         Row("both_sub", "    bench_reader", "msg/s", 1.0, section_end=True),
@@ -932,6 +935,7 @@ def make_rows() -> dict[str, Row]:
                 srtm_max=TARGET_LATENESS_P99_US, section_end=rate == LOW_RATES[-1]),
         ]  # fmt: skip
     by_key = {r.key: r for r in rows}
+    by_key["pub_disk"].cpu_label = "single PUB at default queue sizes, to disk ¹²"
     by_key["both_pub"].cpu_label = "publish and consume at once ³, per message published"
     by_key["e2e_p50"].cpu_label = "end-to-end latency at half srtm's capacity ⁴"
     by_key["late_p50"].cpu_label = f"shaped {SHAPED_RATE:,}/s b={SHAPED_BURST} ⁵"
@@ -1110,7 +1114,26 @@ class Bench:
         self.guarded(["mpub", "consume"], f"{name}: batched publish, run {run + 1}", measure)
 
     def single(self, run: int, name: str) -> None:
-        broker = self.brokers[name]
+        self._single(run, name, self.brokers[name], "pub", "single PUB")
+
+    def single_disk(self, run: int, name: str) -> None:
+        """Single PUB on a fresh broker at the default --mem-queue-size (¹²): all but the
+        first 10,000 messages go to disk, each acknowledged once written."""
+        where = self.workdir / f"run-{run + 1}-{name}-disk"
+        where.mkdir()
+        if name == "nsqd":
+            broker = start_nsqd(self.nsqd_binary, where, DEFAULT_MEM_QUEUE_SIZE)
+        else:
+            broker = start_srtm(where, DEFAULT_MEM_QUEUE_SIZE)
+        try:
+            self._single(run, name, broker, "pub_disk", "single PUB to disk")
+        finally:
+            try:
+                broker.stop(30)
+            except subprocess.TimeoutExpired:
+                self.problems.append(f"{name} (PUB to disk) still running 30 s after SIGTERM")
+
+    def _single(self, run: int, name: str, broker: Broker, key: str, what: str) -> None:
         topic = f"bench_pub_{run}"
 
         def measure() -> None:
@@ -1118,13 +1141,13 @@ class Bench:
                 cmd = tool_cmd(self.writer, broker.tcp, topic, self.cfg.duration_s, batch_size=1)
                 cpu0 = broker.cpu_s()
                 (w,) = run_tools([cmd], self.timeout())
-                self.rows["pub"].add_cpu(name, run, broker.cpu_s() - cpu0, w["msgs"])
-                self.rows["pub"].raw.append({"broker": name, "run": run, **w})
-                self.rows["pub"].add(name, run, w["rate"])
+                self.rows[key].add_cpu(name, run, broker.cpu_s() - cpu0, w["msgs"])
+                self.rows[key].raw.append({"broker": name, "run": run, **w})
+                self.rows[key].add(name, run, w["rate"])
             finally:
                 self.delete_topic(broker, topic)
 
-        self.guarded(["pub"], f"{name}: single PUB, run {run + 1}", measure)
+        self.guarded([key], f"{name}: {what}, run {run + 1}", measure)
 
     def on_anchor(self, run: int) -> None:
         """bench_writer against the minimal uvloop server, batched and single."""
@@ -1328,6 +1351,7 @@ class Bench:
             ("memory-pub", "memory, PUB'd alone", self.memory_pub),
             ("batched", "batched publish, consume", self.batched),
             ("single", "single PUB", self.single),
+            ("single-disk", "single PUB to disk", self.single_disk),
             ("at-once", "publish and consume at once", self.at_once),
             ("latency", "end-to-end latency", self.latency),
             ("sensors", "open-loop sensors", self.sensors),
@@ -1524,6 +1548,9 @@ def footnotes(cfg: Config) -> list[str]:
         "srtm's release timer), each one's wake-up past its end. A broker that sleeps between "
         "releases wakes this late unless it spins (--release-spin-us, lengthened to how late "
         "its timer has been, up to 1 ms); shown in the srtm column.",
+        f"¹² as ¹ with --batch-size=1, on a fresh pair of brokers at their default "
+        f"--mem-queue-size ({DEFAULT_MEM_QUEUE_SIZE:,}): past that, each PUB's OK waits for "
+        "its write to the disk queue (the OS holds it: kill -9 keeps it, as with nsqd).",
     ]
 
 
