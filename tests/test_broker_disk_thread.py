@@ -22,7 +22,13 @@ import pytest
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.disk import DiskQueue
-from srtm.broker.disk.io import INLINE_PAUSE_NS, SLOW_INLINE_NS, DiskIO
+from srtm.broker.disk.io import (
+    INLINE_PAUSE_NS,
+    MAX_INLINE_PAUSE_NS,
+    SLOW_INLINE_NS,
+    STRIKES_KEPT_NS,
+    DiskIO,
+)
 from srtm.broker.message import Message
 from srtm.broker.metrics import BrokerCollector
 from srtm.protocol import MAGIC_V2, Fin, Mpub, Pub, Rdy, Sub
@@ -250,6 +256,8 @@ async def _write_one(q: DiskQueue, n: int) -> bool:
 async def test_a_slow_inline_write_sends_writes_to_the_disk_thread_for_a_while(
     tmp_path: Path,
 ) -> None:
+    """A slow inline write pauses inline writes; slow ones in a row pause them longer, and
+    one long after the last pause starts again from the shortest."""
     clock = _Clock()
     threads: list[int] = []
     slow = False
@@ -263,19 +271,35 @@ async def test_a_slow_inline_write_sends_writes_to_the_disk_thread_for_a_while(
     io = DiskIO(asyncio.get_running_loop(), inline_bytes=1 << 16, clock=clock)
     q = DiskQueue(tmp_path / "q", io=io, writer=writer)
     loop_thread = threading.get_ident()
-    try:
-        assert not await _write_one(q, 0)  # opens the segment: the thread
-        assert await _write_one(q, 1)
-        slow = True
-        assert await _write_one(q, 2)  # inline, and slow
+    n = 0
+
+    async def inline(slowly: bool = False) -> bool:
+        nonlocal n, slow
+        slow = slowly
+        n += 1
+        written_inline = await _write_one(q, n)
         slow = False
-        assert io.slow_inline_writes == 1
-        assert not await _write_one(q, 3)  # paused: the thread again
+        assert (threads[-1] == loop_thread) == written_inline
+        return written_inline
+
+    try:
+        assert not await inline()  # opens the segment: the thread
+        assert await inline()
+        assert await inline(slowly=True)  # inline, and slow: paused for the shortest pause
+        assert not await inline()
         clock.ns += INLINE_PAUSE_NS
-        assert await _write_one(q, 4)
-        assert [t == loop_thread for t in threads] == [False, True, True, False, True]
+        assert await inline(slowly=True)  # again, right after: twice as long
+        clock.ns += INLINE_PAUSE_NS
+        assert not await inline()
+        clock.ns += INLINE_PAUSE_NS
+        assert await inline()
+        clock.ns += STRIKES_KEPT_NS + MAX_INLINE_PAUSE_NS
+        assert await inline(slowly=True)  # long after: the shortest pause again
+        clock.ns += INLINE_PAUSE_NS
+        assert await inline()
+        assert io.slow_inline_writes == 3
         got = [m.body for m in iter(q.pop, None)]
-        assert got == [b"m%d" % n for n in range(5)]
+        assert got == [b"m%d" % i for i in range(1, n + 1)]
     finally:
         await io.quiesce()
         q.close()

@@ -217,7 +217,8 @@ class BrokerOptions:
         64 << 10,
         "A publish's overflow to disk up to this size is written on the event loop, not "
         "the disk thread, when its segment is open and idle (bytes; 0: always the thread). "
-        "One slower than 0.5 ms sends writes to the thread for 5 s.",
+        "One slower than 0.5 ms sends writes to the thread for 50 ms, doubled for each "
+        "slow one in a row, up to 5 s.",
         minimum=0,
     )
     disk_reserve_bytes: int = setting(

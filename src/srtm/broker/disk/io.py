@@ -38,10 +38,14 @@ log = logging.getLogger("srtm.broker.disk")
 
 #: What a queue reads ahead on the disk thread at a time (about bytes).
 READ_AHEAD_BYTES = 256 << 10
-#: An inline write slower than this (ns: the kernel throttled it, or the journal held it)
-#: sends every write to the disk thread for ``INLINE_PAUSE_NS``.
+#: An inline write slower than this (ns: the kernel throttled it, the journal held it, or
+#: the thread lost its core) sends every write to the disk thread for a pause: the first
+#: ``INLINE_PAUSE_NS``, doubled for each slow one within ``STRIKES_KEPT_NS`` of the last
+#: pause's end, up to ``MAX_INLINE_PAUSE_NS``.
 SLOW_INLINE_NS = 500_000
-INLINE_PAUSE_NS = 5_000_000_000
+INLINE_PAUSE_NS = 50_000_000
+MAX_INLINE_PAUSE_NS = 5_000_000_000
+STRIKES_KEPT_NS = 10_000_000_000
 
 #: Writes ``data`` at the end of the open file ``fd``; returns how many bytes it wrote.
 Writer = Callable[[int, memoryview], int]
@@ -242,8 +246,10 @@ class DiskIO:
         #: acknowledgement's path (0: never).
         self.inline_bytes = inline_bytes
         self.clock = clock
-        #: Until when (``clock``) no write runs inline, after a slow one.
+        #: Until when (``clock``) no write runs inline, after a slow one; slow ones in a
+        #: row (each within ``STRIKES_KEPT_NS`` of the last pause's end).
         self._inline_paused_until = 0
+        self._strikes = 0
         #: Inline writes, and the slow ones among them (``SLOW_INLINE_NS``).
         self.inline_writes = self.slow_inline_writes = 0
         self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
@@ -267,13 +273,19 @@ class DiskIO:
 
     def inline_took(self, ns: int) -> None:
         """An inline write took ``ns``: a slow one pauses inline writes (Redis writes its
-        log on its event loop the same way; the pause bounds how often the loop can wait)."""
+        log on its event loop the same way; the pause bounds how often the loop can wait,
+        and grows while slow writes keep coming)."""
         self.inline_writes += 1
-        if ns > SLOW_INLINE_NS:
-            self.slow_inline_writes += 1
-            self._inline_paused_until = self.clock() + INLINE_PAUSE_NS
-            log.warning("a write to disk on the event loop took %.1f ms: writes go to the disk "
-                        "thread for %g s", ns / 1e6, INLINE_PAUSE_NS / 1e9)  # fmt: skip
+        if ns <= SLOW_INLINE_NS:
+            return
+        now = self.clock()
+        in_a_row = now < self._inline_paused_until + STRIKES_KEPT_NS
+        self._strikes = self._strikes + 1 if in_a_row else 1
+        pause = min(MAX_INLINE_PAUSE_NS, INLINE_PAUSE_NS << min(self._strikes - 1, 16))
+        self._inline_paused_until = now + pause
+        self.slow_inline_writes += 1
+        log.warning("a write to disk on the event loop took %.1f ms: writes go to the disk "
+                    "thread for %g s", ns / 1e6, pause / 1e9)  # fmt: skip
 
     def submit(self, work: Callable[[], _T], done: Callable[[_T], None] | None = None) -> None:
         self.outstanding += 1
