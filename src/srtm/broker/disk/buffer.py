@@ -1,8 +1,9 @@
 """A disk queue's write buffer: records pushed and not written yet, encoded when pushed,
-cut into batches for writing."""
+cut into batches for writing; and the publishes waiting for their records' write."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections import deque
 
@@ -140,3 +141,39 @@ class WriteBuffer:
         self.records.clear()
         self.forget_encoded()
         self.nbytes = 0
+
+
+class WriteWaiters:
+    """Publishes waiting for their records to leave the write buffer (written, or handed
+    out from memory while writing fails), each for the first ``n`` records pushed."""
+
+    __slots__ = ("_waiting", "pushed")
+
+    def __init__(self) -> None:
+        #: Records pushed so far.
+        self.pushed = 0
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    def wait(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """A future done once every record pushed so far is out of the buffer."""
+        fut = loop.create_future()
+        self._waiting.append((self.pushed, fut))
+        return fut
+
+    def resolve(self, left: int, everyone: bool) -> None:
+        """``left`` records are still buffered: those waiting for none of them are done
+        (``everyone``: all, whatever they wait for)."""
+        if not self._waiting:
+            return
+        done = self.pushed - left
+        keep = []
+        for target, fut in self._waiting:
+            if everyone or target <= done:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((target, fut))
+        self._waiting = keep

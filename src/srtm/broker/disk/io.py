@@ -265,11 +265,22 @@ class DiskIO:
         self._thread.start()
         atexit.register(self._stop)
 
-    def inline_allowed(self) -> bool:
-        """Whether a small write may run on the event loop now (not paused after a slow one)."""
+    def inline_allowed(self, nbytes: int) -> bool:
+        """Whether a write of ``nbytes`` may run on the event loop now: at most
+        ``inline_bytes``, and not paused after a slow one."""
         return (
-            self.inline_bytes > 0 and not self.closed and self.clock() >= self._inline_paused_until
+            0 < nbytes <= self.inline_bytes
+            and not self.closed
+            and self.clock() >= self._inline_paused_until
         )
+
+    def run_inline(self, work: Callable[[], _T]) -> _T:
+        """``work`` (a write) on the caller's thread, timed (``inline_took``)."""
+        started = self.clock()
+        try:
+            return work()
+        finally:
+            self.inline_took(self.clock() - started)
 
     def inline_took(self, ns: int) -> None:
         """An inline write took ``ns``: a slow one pauses inline writes (Redis writes its

@@ -34,7 +34,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
 
-from srtm.broker.disk.buffer import WriteBuffer
+from srtm.broker.disk.buffer import WriteBuffer, WriteWaiters
 from srtm.broker.disk.codec import (
     FILE_HEADER,
     CorruptRecord,
@@ -137,9 +137,7 @@ class DiskQueue:
         self._failed_last = False
         #: Bumped when the queue's files go (clear, remove): late completions are ignored.
         self._gen = 0
-        #: Pushes so far, and publishes waiting for the write of the first ``n`` of them.
-        self._pushed = 0
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._waiters = WriteWaiters()
         self._buffer = WriteBuffer()
         self._open_failed = False
 
@@ -173,18 +171,7 @@ class DiskQueue:
             done(result)
 
     def _resolve_waiters(self, everyone: bool) -> None:
-        """Publishes waiting for their records' write: done once they went through one."""
-        if not self._waiters:
-            return
-        done = self._pushed - len(self._buffer.records)
-        keep = []
-        for target, fut in self._waiters:
-            if everyone or target <= done:
-                if not fut.done():
-                    fut.set_result(None)
-            else:
-                keep.append((target, fut))
-        self._waiters = keep
+        self._waiters.resolve(len(self._buffer.records), everyone)
 
     # -- write side -------------------------------------------------------------------------
     def push(self, msg: Message) -> None:
@@ -196,13 +183,13 @@ class DiskQueue:
              msg.publisher, msg.origin),
             self.error is None,
         )  # fmt: skip
-        self._pushed += 1
+        self._waiters.pushed += 1
         self._pushed_more()
 
     def push_many(self, records: list[Record]) -> None:
         """``push`` of each (an MPUB's overflow): one extend, no ``Message`` per record."""
         self._buffer.extend(records, self.error is None)
-        self._pushed += len(records)
+        self._waiters.pushed += len(records)
         self._pushed_more()
 
     def _pushed_more(self) -> None:
@@ -214,17 +201,23 @@ class DiskQueue:
     def written(self) -> asyncio.Future[None] | None:
         """Have what is buffered written; a future done once everything pushed so far went
         through a write (None: nothing to wait for, or already written inline). A queue
-        that is failing is not waited for (the housekeeping loop retries it)."""
+        that is failing is not waited for (the housekeeping loop retries it).
+
+        Written on the event loop, at once, where nothing can be reordered (the file is
+        open, no write of this queue runs on the thread) and ``DiskIO.inline_allowed``
+        (small, no slow one lately); else on the disk thread."""
         if not self._buffer.records or self.error is not None:
             return None
-        if not self.threaded:
+        io = self.io
+        if io is None or io.closed:
             self.flush()
             return None
-        assert self.io is not None
-        if self._write_inline() and (not self._buffer.records or self.error is not None):
-            return None
-        fut = self.io.loop.create_future()
-        self._waiters.append((self._pushed, fut))
+        inline = io.inline_allowed(self._buffer.nbytes) and not self._writing
+        if inline and self._wfd is not None and self._segments.write.end < self.segment_bytes:
+            self._start_write(inline=True)
+            if not self._buffer.records or self.error is not None:
+                return None
+        fut = self._waiters.wait(io.loop)
         self.flush()
         return fut
 
@@ -248,26 +241,6 @@ class DiskQueue:
             return True
         self._start_write()
         return self.error is None
-
-    def _write_inline(self) -> bool:
-        """Write the buffered records on the event loop if that is cheap and cannot
-        reorder anything: the segment's file is open, no write of this queue is running on
-        the disk thread, the batch is small, and the disk thread has not seen a slow inline
-        write lately. Whether it wrote (a publish's OK then waits for no thread hand-off)."""
-        io = self.io
-        if (
-            io is None
-            or self._writing
-            or self._wfd is None
-            or self._buffer.nbytes > io.inline_bytes
-            or self._segments.write.end >= self.segment_bytes
-            or not io.inline_allowed()
-        ):
-            return False
-        started = io.clock()
-        self._start_write(inline=True)
-        io.inline_took(io.clock() - started)
-        return True
 
     def _all_written(self) -> None:
         self._buffer.nbytes = 0
@@ -309,7 +282,8 @@ class DiskQueue:
             self._write_done(gen, fd, seg, res, inline)
 
         if inline:
-            done(work())
+            assert self.io is not None
+            done(self.io.run_inline(work))
         else:
             self._run(work, done)
 
@@ -512,7 +486,7 @@ class DiskQueue:
                     log.warning("%s: cannot open a segment (%s); retrying", self.directory, exc)
                 self._open_failed = True
             else:
-                self._unreadable(seg, exc)
+                self._unread -= seg.skip_unread(exc)
         else:
             self._open_failed = False
         if seg.read >= seg.records:
@@ -522,13 +496,6 @@ class DiskQueue:
                 self._on_readable()
             elif not msgs and self._unread and not self._open_failed:
                 self._read_more()  # skipped a damaged segment: the next one
-
-    def _unreadable(self, seg: Segment, exc: Exception) -> None:
-        """Damaged since it was written or counted: skip what cannot be read."""
-        lost = seg.records - seg.read
-        log.error("%s: %s; %d records skipped", seg.path, exc, lost)
-        self._unread -= lost
-        seg.records = seg.read
 
     def _done_reading(self, seg: Segment) -> None:
         if seg is self._segments.write:

@@ -45,6 +45,14 @@ class Segment:
     #: What every message read from it carries (one object for all of them).
     origin: Origin | None = None
 
+    def skip_unread(self, exc: Exception) -> int:
+        """Damaged since it was written or counted: what cannot be read is skipped (how
+        many records, logged)."""
+        lost = self.records - self.read
+        log.error("%s: %s; %d records skipped", self.path, exc, lost)
+        self.records = self.read
+        return lost
+
 
 class SegmentOrigin:
     """Where a popped message came from: settling it lets its segment go."""
