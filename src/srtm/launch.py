@@ -30,6 +30,7 @@ _BROKER_READY = re.compile(r"tcp=([\d.]+):(\d+) http=([\d.]+):(\d+)")
 _CONTROLLER_READY = re.compile(r"srtm controller http=([\d.]+):(\d+)")
 _NODE_READY = re.compile(r"srtm node host=(\S+) brokers=(\d+) (.*)")
 _NODE_API = re.compile(r"^node=([\d.]+):(\d+) ")
+_NODE_SHARED = re.compile(r"shared=([\d.]+):(\d+) ")
 _NODE_BROKER = re.compile(r"\[broker (\d+) tcp=([\d.]+):(\d+) http=([\d.]+):(\d+)\]")
 
 
@@ -240,6 +241,8 @@ class NodeProcess(ServerProcess):
     brokers: list[tuple[int, tuple[str, int], tuple[str, int]]] = field(default_factory=list)
     #: Its own HTTP API (``--node-address``), if it serves one.
     api: tuple[str, int] | None = None
+    #: Its shared address (``--shared-address``), if it has one.
+    shared: tuple[str, int] | None = None
 
 
 def start_node(
@@ -261,7 +264,10 @@ def start_node(
     )  # fmt: skip
     parts = [(int(b[1]), (b[2], int(b[3])), (b[4], int(b[5]))) for b in _NODE_BROKER.finditer(m[3])]
     api = (a[1], int(a[2])) if (a := _NODE_API.match(m[3])) else None
-    node = NodeProcess(proc, parts[0][2], token=token, host=m[1], brokers=parts, api=api)
+    shared = (s[1], int(s[2])) if (s := _NODE_SHARED.search(m[3])) else None
+    node = NodeProcess(
+        proc, parts[0][2], token=token, host=m[1], brokers=parts, api=api, shared=shared
+    )
     _drain(node)
     return node
 

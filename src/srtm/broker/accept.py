@@ -1,14 +1,18 @@
 """Accepting connections under pressure: the broker's accept loop (``Acceptor``), which
-accept failures it retries how, and how a connection over the limit is turned away.
+accept failures it retries how, and how a connection over the limit is turned away; and
+the connections its node accepted for it on the node's shared address
+(``SharedConnections``, see ``srtm.broker.shared``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import socket
 from collections.abc import Callable
+from functools import partial
 
 from srtm.protocol import ProtocolError, frames
 
@@ -86,15 +90,27 @@ class Acceptor:
     connection waits in the kernel's backlog meanwhile, and ``error`` says so, for /ping);
     a connection gone before it was accepted is skipped."""
 
-    def __init__(self, listener: socket.socket, admit: Callable[[socket.socket], None]) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        admit: Callable[..., None],
+        shared_fd: int | None = None,
+    ) -> None:
         self.listener: socket.socket | None = listener
         self._admit = admit
         #: Why accepting TCP connections fails right now (None: it does not).
         self.error: str | None = None
+        #: What the node deals it from its shared address (``admit(sock, shared=True)``).
+        self.shared = None
+        if shared_fd is not None:
+            channel = socket.socket(fileno=shared_fd)
+            self.shared = SharedConnections(channel, partial(admit, shared=True))
 
     def detach(self) -> socket.socket | None:
-        """Tell the loop it is over; the caller closes the listener once the loop's task
-        has ended."""
+        """Tell the loop it is over (and the node: no more of its connections); the caller
+        closes the listener once the loop's task has ended."""
+        if self.shared is not None:
+            self.shared.close()
         listener, self.listener = self.listener, None
         return listener
 
@@ -123,3 +139,43 @@ class Acceptor:
                 self.error = None
             backoff.reset()
             self._admit(sock)
+
+
+class SharedConnections:
+    """A process's side: the connections its node deals arrive on ``channel``, each
+    handed to ``admit``; a closed channel (the node is gone) ends it."""
+
+    def __init__(self, channel: socket.socket, admit: Callable[[socket.socket], None]) -> None:
+        channel.setblocking(False)
+        self.channel: socket.socket | None = channel
+        self._admit = admit
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(channel.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        while self.channel is not None:
+            try:
+                msg, fds, _, _ = socket.recv_fds(self.channel, 16, 16)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                log.warning("the node's channel failed (%s): no more shared connections", exc)
+                self.close()
+                return
+            if not msg and not fds:
+                self.close()  # the node closed it
+                return
+            for fd in fds:
+                try:
+                    sock = socket.socket(fileno=fd)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        socket.close(fd)
+                    continue
+                self._admit(sock)
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self._loop.remove_reader(self.channel.fileno())
+            self.channel.close()
+            self.channel = None

@@ -133,7 +133,7 @@ class Broker:
             # Accepted sockets inherit it, so even bytes that arrive before the accept
             # (a client's first PUB) carry their kernel receive stamp.
             enable_kernel_timestamps(listener)
-        self.acceptor = Acceptor(listener, self._admit)
+        self.acceptor = Acceptor(listener, self._admit, opts.shared_fd)
         self.tcp_address = listener.getsockname()[:2]
         self._tasks = [
             asyncio.create_task(self.acceptor.run(), name="srtm-accept"),
@@ -180,14 +180,14 @@ class Broker:
         self.stopped.set()
 
     # -- background tasks ----------------------------------------------------------------
-    def _admit(self, sock: socket.socket) -> None:
+    def _admit(self, sock: socket.socket, shared: bool = False) -> None:
         limit = self.options.max_connections
         if limit and len(self.clients) >= limit:
             self.refused_connections += 1
             refuse(sock, f"max connections ({limit}) reached")
             return
         try:
-            self.clients.add(Client(self, sock, self.options.kernel_timestamps))
+            self.clients.add(Client(self, sock, self.options.kernel_timestamps, shared))
         except OSError:
             sock.close()  # gone before we could set it up
 

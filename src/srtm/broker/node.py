@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from srtm.broker.shared import Dealer
 from srtm.httpkit import join_host_port
 from srtm.launch import die_with_parent
 
@@ -30,7 +31,9 @@ log = logging.getLogger("srtm.node")
 #: The highest broker id (``BrokerOptions.broker_id``: the first 3 hex digits of ids).
 MAX_BROKER_ID = 4095
 #: Flags the node sets for each process: given among the broker options, they are refused.
-OWN_FLAGS = ("--broker-id", "--data-dir", "--tcp-address", "--http-address", "--host-id")
+OWN_FLAGS = (
+    "--broker-id", "--data-dir", "--tcp-address", "--http-address", "--host-id", "--shared-fd",
+)  # fmt: skip
 #: A process that ran this long before it died starts again at once (its failures reset).
 STABLE_S = 30.0
 #: The first restart's delay and the longest (s): doubled per quick death in between.
@@ -158,8 +161,12 @@ class NodeSupervisor:
         data_dir: Path | None = None,
         start_timeout_s: float = 60.0,
         stop_timeout_s: float = 30.0,
+        dealer: Dealer | None = None,
     ) -> None:
         self.children = [Child(p) for p in plans]
+        #: Deals the connections of the node's shared address to its processes (None: none).
+        self.dealer = dealer
+        self._dealing: asyncio.Task[None] | None = None
         self.host_id, self.extra = host_id, list(extra)
         self.max_processes = max(len(plans), max_processes or len(plans))
         self.data_dir = data_dir if data_dir is not None else plans[0].data_dir.parent
@@ -173,14 +180,25 @@ class NodeSupervisor:
 
     async def _spawn(self, child: Child) -> None:
         """Start ``child`` and wait for its ready line; its ports are then the ones it
-        got, kept for its restarts (its address stays the one the controller knows)."""
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "srtm", *child.plan.argv(self.host_id, self.extra),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            # Its own session: a terminal's Ctrl-C reaches the node, which stops each
-            # child in turn; the node's death still stops them (die_with_parent).
-            start_new_session=True, preexec_fn=die_with_parent,
-        )  # fmt: skip
+        got, kept for its restarts (its address stays the one the controller knows).
+        With a shared address it gets a new channel for the connections dealt to it."""
+        argv = child.plan.argv(self.host_id, self.extra)
+        channel = None
+        if self.dealer is not None:
+            channel = self.dealer.channel(child.plan.broker_id)
+            argv += ["--shared-fd", str(channel.fileno())]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "srtm", *argv,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                # Its own session: a terminal's Ctrl-C reaches the node, which stops each
+                # child in turn; the node's death still stops them (die_with_parent).
+                start_new_session=True, preexec_fn=die_with_parent,
+                pass_fds=() if channel is None else (channel.fileno(),),
+            )  # fmt: skip
+        finally:
+            if channel is not None:
+                channel.close()  # the process has its own copy
         child.proc, child.started_s = proc, time.monotonic()
         assert proc.stdout is not None
         try:
@@ -210,6 +228,8 @@ class NodeSupervisor:
         except BaseException:
             await self.stop()
             raise
+        if self.dealer is not None:
+            self._dealing = asyncio.create_task(self.dealer.acceptor.run(), name="srtm-deal")
 
     def ready_line(self) -> str:
         """What the node prints once every process is ready: each one's addresses."""
@@ -219,6 +239,8 @@ class NodeSupervisor:
             for c in self.children
         ]
         api = "" if self.api_address is None else f"node={join_host_port(*self.api_address)} "
+        if self.dealer is not None:
+            api += f"shared={join_host_port(*self.dealer.address)} "
         return f"srtm node host={self.host_id} brokers={len(self.children)} {api}" + " ".join(parts)
 
     async def run(self) -> None:
@@ -262,6 +284,8 @@ class NodeSupervisor:
             watcher = self._watchers.pop(broker_id, None)
             if watcher is not None:
                 watcher.cancel()
+            if self.dealer is not None:
+                self.dealer.drop(broker_id)
             code = await self._stop_all([child])
             log.warning("broker %d removed (exit code %d)", broker_id, code)
             return code
@@ -272,6 +296,8 @@ class NodeSupervisor:
             code = await child.proc.wait()
             if self.stopping.is_set():
                 return
+            if self.dealer is not None:
+                self.dealer.drop(child.plan.broker_id)  # none dealt to it until it is back
             ran = time.monotonic() - child.started_s
             child.quick_deaths = child.quick_deaths + 1 if ran < STABLE_S else 1
             delay = restart_delay(child.quick_deaths)
@@ -295,6 +321,11 @@ class NodeSupervisor:
         """SIGTERM to every process (each saves what it still owes), a wait of up to
         ``stop_timeout_s`` for all, then SIGKILL for any still running."""
         self.stopping.set()
+        if self._dealing is not None:
+            self._dealing.cancel()
+            await asyncio.gather(self._dealing, return_exceptions=True)
+        if self.dealer is not None:
+            self.dealer.close()  # no more connections dealt; those dealt stay served
         await self._stop_all(self.children)
 
     async def _stop_all(self, children: Sequence[Child]) -> int:
@@ -320,15 +351,18 @@ class NodeSupervisor:
         return (procs[-1].returncode or 0) if procs else 0
 
     def to_json(self) -> dict[str, object]:
-        """``GET /node``: the host, the processes it runs and may run, each one's row."""
+        """``GET /node``: the host, the processes it runs and may run, each one's row (with
+        the connections dealt to it from the shared address)."""
+        d = self.dealer
         return {
             "host": self.host_id,
             "processes": len(self.children),
             "max_processes": self.max_processes,
+            "shared_address": None if d is None else join_host_port(*d.address),
             "brokers": [
                 {"id": c.plan.broker_id, "tcp_address": join_host_port(*c.plan.tcp),
                  "http_address": join_host_port(*c.plan.http), "restarts": c.restarts,
-                 "added": c.added}
+                 "added": c.added, "dealt": 0 if d is None else d.dealt[c.plan.broker_id]}
                 for c in self.children
             ],
         }  # fmt: skip

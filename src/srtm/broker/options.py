@@ -146,6 +146,11 @@ class BrokerOptions:
     mcap: float = setting(
         110_000.0, "Messages/s this broker can process, told to the controller.", minimum=1
     )
+    shared_fd: int | None = setting(
+        None,
+        "Set by srtm node --shared-address: the Unix socket on which the node passes this "
+        "process the connections it accepted there (they refuse SUB).",
+    )
     etcd_endpoints: str | None = setting(
         None,
         "With --controller: keep this broker's liveness lease in etcd, HOST:PORT[,HOST:PORT...] "

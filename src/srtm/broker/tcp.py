@@ -28,6 +28,7 @@ from srtm.broker.auth import Authenticator, Gate
 from srtm.broker.intake import Intake
 from srtm.broker.output import Output
 from srtm.broker.queue import PUBLISH_SLICE, Record
+from srtm.broker.shared import SUB_REFUSED
 from srtm.broker.state import DeliveryError
 from srtm.broker.tls import tcp_requires_tls
 from srtm.protocol import Parser, ProtocolError, errors, frames
@@ -207,9 +208,13 @@ class Client:
     leaves through its ``Output``; the session's orders on the broker are carried out
     here."""
 
-    def __init__(self, broker: BrokerPort, sock: socket.socket, kernel_timestamps: bool) -> None:
+    def __init__(
+        self, broker: BrokerPort, sock: socket.socket, kernel_timestamps: bool, shared: bool = False
+    ) -> None:
         self.broker = broker
         self.sock = sock
+        #: Dealt by the node from its shared address: a publisher's (SUB is refused).
+        self.shared = shared
         self.loop = asyncio.get_running_loop()
         opts = broker.options
         self.parser = Parser(opts.limits, batch_fins=True)
@@ -321,6 +326,8 @@ class Client:
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + 1
 
     def subscribe(self, topic: str, channel: str) -> None:
+        if self.shared:
+            raise ProtocolError(errors.E_INVALID, SUB_REFUSED)
         self.channel = self.broker.subscribe(topic, channel, self)
 
     def handoff(self, topic: str, token: str) -> None:

@@ -239,6 +239,14 @@ def node(
             "Default: none.",
         ),
     ] = None,
+    shared_address: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT where plain NSQ publishers reach every process: the node deals "
+            "each connection to its processes in turn (SUB is refused there: consumers "
+            "find each process through /lookup). Default: none.",
+        ),
+    ] = None,
 ) -> None:
     """Run N broker processes on this host, one per core: each its own broker (id, ports,
     data directory) registered under one host id. Options not listed here are broker
@@ -250,6 +258,7 @@ def node(
 
     from srtm.broker.node import NodeSupervisor, extra_flags_refused, layout
     from srtm.broker.node_http import serve_node
+    from srtm.broker.shared import Dealer
 
     if (why := extra_flags_refused(ctx.args)) is not None:
         raise typer.BadParameter(why)
@@ -268,9 +277,17 @@ def node(
             "without a token (SRTM_TOKEN or --token) the node's API binds loopback only",
             param_hint="--node-address",
         )
+    dealer = None
+    if shared_address is not None:
+        shared = _address(shared_address, "--shared-address")
+        try:
+            dealer = Dealer(socket.create_server(shared))
+        except OSError as exc:
+            raise fail(escape(f"--shared-address {shared_address}: {exc}")) from exc
     supervisor = NodeSupervisor(
         plans, host_id or socket.gethostname(), extra, stop_timeout_s=stop_timeout_s,
         max_processes=max(n, max_brokers or os.cpu_count() or 1), data_dir=data_dir,
+        dealer=dealer,
     )  # fmt: skip
     try:
         asyncio.run(serve_node(supervisor, lambda s: print(s.ready_line(), flush=True), api, token))
