@@ -39,7 +39,7 @@ import traceback
 import urllib.parse
 import urllib.request
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from multiprocessing.connection import Connection
@@ -54,7 +54,7 @@ from rich.table import Table
 
 from sensors import DRAIN_S, task_sensors
 from srtm.broker.timer import tighten_timer_slack
-from srtm.launch import BrokerProcess, die_with_parent, start_broker
+from srtm.launch import BrokerProcess, die_with_parent, start_broker, start_node
 from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Mpub, Pub, encode_command, response
 from srtm.protocol.frames import ATTEMPTS_AT, BODY_AT, HEARTBEAT, ID_AT
 from srtm.quantiles import quantiles
@@ -82,6 +82,8 @@ CHANNEL = "bench"
 MEM_QUEUE_SIZE = 1_000_000
 #: Both brokers' default --mem-queue-size (the single-PUB row ¹² past which PUBs go to disk).
 DEFAULT_MEM_QUEUE_SIZE = 10_000
+#: The processes of the node in the single-PUB row ¹³: srtm node's default, one a core.
+NODE_PROCESSES = os.cpu_count() or 1
 #: Messages queued (MPUB, one channel) for the memory row.
 MEM_MSGS = 200_000
 #: No recv or send of the generator waits longer than this for the broker.
@@ -105,8 +107,8 @@ TARGET_E2E_P99_US = 1_000.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: What ``--only`` may name: the measurements of a run (``Bench.steps``).
 STEP_NAMES = (
-    "memory", "memory-pub", "batched", "single", "single-disk", "at-once", "latency", "shaped",
-    "sensors", "low-rate",
+    "memory", "memory-pub", "batched", "single", "single-disk", "single-node", "at-once",
+    "latency", "shaped", "sensors", "low-rate",
 )  # fmt: skip
 #: The measurements of srtm alone (nsqd has no shaping).
 SRTM_ONLY = ("shaped", "low-rate")
@@ -757,6 +759,27 @@ def start_srtm(workdir: Path, mem_queue_size: int) -> Broker:
     return Broker("srtm", bp.proc, bp.tcp, bp.http, log, bp.headers, bp)
 
 
+def cpu_s(pids: Sequence[int]) -> float:
+    """utime + stime of ``pids``, all their threads (s); a process gone counts 0."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / CLOCK_TICKS
+
+
+def node_children(pid: int) -> list[int]:
+    """The node's broker processes."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:  # the thread ended after the listing
+            continue
+    return out
+
+
 _TOOL_RESULT = re.compile(r"duration: (\S+) - [\d.]+mb/s - ([\d.]+)ops/s")
 _GO_DURATION_PART = re.compile(r"([\d.]+)(h|ms|µs|us|ns|m|s)")
 _GO_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "ns": 1e-9}
@@ -895,6 +918,8 @@ def make_rows() -> dict[str, Row]:
         Row("mpub", f"batched publish: bench_writer, MPUB-{MPUB_BATCH} ¹", "msg/s", 1.0),
         Row("pub", "single PUB: bench_writer --batch-size=1 ¹", "msg/s", 1.0),  # issue 32
         Row("pub_disk", "    at default queue sizes, overflowing to disk ¹²", "msg/s", 1.0),
+        Row("pub_node", f"    into srtm node, {NODE_PROCESSES} processes, one address ¹³", "msg/s",
+            1.0),
         Row("consume", "consume: bench_reader on the batched backlog ²", "msg/s", 1.0),
         Row("both_pub", "publish and consume at once ³: bench_writer", "msg/s", 1.0),
         Row("both_sub", "    bench_reader", "msg/s", 1.0, section_end=True),
@@ -936,6 +961,7 @@ def make_rows() -> dict[str, Row]:
         ]  # fmt: skip
     by_key = {r.key: r for r in rows}
     by_key["pub_disk"].cpu_label = "single PUB at default queue sizes, to disk ¹²"
+    by_key["pub_node"].cpu_label = f"single PUB into srtm node ({NODE_PROCESSES} processes) ¹³"
     by_key["both_pub"].cpu_label = "publish and consume at once ³, per message published"
     by_key["e2e_p50"].cpu_label = "end-to-end latency at half srtm's capacity ⁴"
     by_key["late_p50"].cpu_label = f"shaped {SHAPED_RATE:,}/s b={SHAPED_BURST} ⁵"
@@ -1132,6 +1158,34 @@ class Bench:
                 broker.stop(30)
             except subprocess.TimeoutExpired:
                 self.problems.append(f"{name} (PUB to disk) still running 30 s after SIGTERM")
+
+    def single_node(self, run: int, name: str) -> None:
+        """Single PUB into a whole host (¹³): nsqd, which uses every core, against a fresh
+        ``srtm node`` of one process a core, through its shared address."""
+        if name == "nsqd":
+            self._single(run, name, self.brokers[name], "pub_node", "single PUB, node row")
+            return
+        where = self.workdir / f"run-{run + 1}-node"
+        args = ["--shared-address", "127.0.0.1:0", "--mem-queue-size", str(self.cfg.mem_queue_size)]
+        node = start_node(where, NODE_PROCESSES, args)
+        assert node.shared is not None
+        row, address = self.rows["pub_node"], node.shared
+        pids = [node.proc.pid, *node_children(node.proc.pid)]
+
+        def measure() -> None:
+            cmd = tool_cmd(self.writer, address, f"bench_node_{run}", self.cfg.duration_s,
+                           batch_size=1)  # fmt: skip
+            cpu0 = cpu_s(pids)
+            (w,) = run_tools([cmd], self.timeout())
+            row.add_cpu(name, run, cpu_s(pids) - cpu0, w["msgs"])
+            row.raw.append({"broker": name, "run": run, **w})
+            row.add(name, run, w["rate"])
+
+        try:
+            self.guarded(["pub_node"], f"srtm node: single PUB, run {run + 1}", measure)
+        finally:
+            if node.stop(60):
+                self.problems.append("srtm node exited with an error after SIGTERM")
 
     def _single(self, run: int, name: str, broker: Broker, key: str, what: str) -> None:
         topic = f"bench_pub_{run}"
@@ -1352,6 +1406,7 @@ class Bench:
             ("batched", "batched publish, consume", self.batched),
             ("single", "single PUB", self.single),
             ("single-disk", "single PUB to disk", self.single_disk),
+            ("single-node", "single PUB into a node", self.single_node),
             ("at-once", "publish and consume at once", self.at_once),
             ("latency", "end-to-end latency", self.latency),
             ("sensors", "open-loop sensors", self.sensors),
@@ -1551,6 +1606,10 @@ def footnotes(cfg: Config) -> list[str]:
         f"¹² as ¹ with --batch-size=1, on a fresh pair of brokers at their default "
         f"--mem-queue-size ({DEFAULT_MEM_QUEUE_SIZE:,}): past that, each PUB's OK waits for "
         "its write to the disk queue (the OS holds it: kill -9 keeps it, as with nsqd).",
+        f"¹³ as ¹ with --batch-size=1, into a fresh srtm node --brokers {NODE_PROCESSES} "
+        "--shared-address (one process a core, the node dealing connections to them in "
+        "turn) beside the run's nsqd, which uses every core itself; srtm's CPU is the node's "
+        "and all its processes'.",
     ]
 
 

@@ -41,12 +41,13 @@ from rich.table import Table
 
 from broker import (
     CHANNEL,
-    CLOCK_TICKS,
     MEM_QUEUE_SIZE,
     MPUB_BATCH,
     RDY,
     TASK_SLACK_S,
+    cpu_s,
     find_nsqd,
+    node_children,
     run_tools,
     start_nsqd,
     tool_cmd,
@@ -120,27 +121,6 @@ def extrapolate(
 
 
 # -- the measurement --------------------------------------------------------------------------
-
-
-def cpu_s(pids: Sequence[int]) -> float:
-    """utime + stime of ``pids``, all their threads (s); a process gone counts 0."""
-    total = 0
-    for pid in pids:
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / CLOCK_TICKS
-
-
-def node_children(pid: int) -> list[int]:
-    """The node's broker processes."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except FileNotFoundError:  # the thread ended after the listing
-            continue
-    return out
 
 
 def pin(pids: Sequence[int], cores: set[int]) -> None:
