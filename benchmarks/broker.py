@@ -82,8 +82,10 @@ CHANNEL = "bench"
 MEM_QUEUE_SIZE = 1_000_000
 #: Both brokers' default --mem-queue-size (the single-PUB row ¹² past which PUBs go to disk).
 DEFAULT_MEM_QUEUE_SIZE = 10_000
-#: The processes of the node in the single-PUB row ¹³: srtm node's default, one a core.
+#: The processes of the node in the rows ¹³: srtm node's default, one a core.
 NODE_PROCESSES = os.cpu_count() or 1
+#: The rows ¹³ (a node's shared address): their keys and bench_writer's batch size.
+NODE_ROWS = (("mpub_node", MPUB_BATCH), ("pub_node", 1))
 #: Messages queued (MPUB, one channel) for the memory row.
 MEM_MSGS = 200_000
 #: No recv or send of the generator waits longer than this for the broker.
@@ -107,7 +109,7 @@ TARGET_E2E_P99_US = 1_000.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: What ``--only`` may name: the measurements of a run (``Bench.steps``).
 STEP_NAMES = (
-    "memory", "memory-pub", "batched", "single", "single-disk", "single-node", "at-once",
+    "memory", "memory-pub", "batched", "single", "single-disk", "node", "at-once",
     "latency", "shaped", "sensors", "low-rate",
 )  # fmt: skip
 #: The measurements of srtm alone (nsqd has no shaping).
@@ -920,6 +922,7 @@ def make_rows() -> dict[str, Row]:
         Row("pub_disk", "    at default queue sizes, overflowing to disk ¹²", "msg/s", 1.0),
         Row("pub_node", f"    into srtm node, {NODE_PROCESSES} processes, one address ¹³", "msg/s",
             1.0),
+        Row("mpub_node", f"MPUB-{MPUB_BATCH} into srtm node, as above ¹³", "msg/s", 1.0),
         Row("consume", "consume: bench_reader on the batched backlog ²", "msg/s", 1.0),
         Row("both_pub", "publish and consume at once ³: bench_writer", "msg/s", 1.0),
         Row("both_sub", "    bench_reader", "msg/s", 1.0, section_end=True),
@@ -962,6 +965,9 @@ def make_rows() -> dict[str, Row]:
     by_key = {r.key: r for r in rows}
     by_key["pub_disk"].cpu_label = "single PUB at default queue sizes, to disk ¹²"
     by_key["pub_node"].cpu_label = f"single PUB into srtm node ({NODE_PROCESSES} processes) ¹³"
+    by_key[
+        "mpub_node"
+    ].cpu_label = f"MPUB-{MPUB_BATCH} into srtm node ({NODE_PROCESSES} processes) ¹³"
     by_key["both_pub"].cpu_label = "publish and consume at once ³, per message published"
     by_key["e2e_p50"].cpu_label = "end-to-end latency at half srtm's capacity ⁴"
     by_key["late_p50"].cpu_label = f"shaped {SHAPED_RATE:,}/s b={SHAPED_BURST} ⁵"
@@ -1140,7 +1146,7 @@ class Bench:
         self.guarded(["mpub", "consume"], f"{name}: batched publish, run {run + 1}", measure)
 
     def single(self, run: int, name: str) -> None:
-        self._single(run, name, self.brokers[name], "pub", "single PUB")
+        self._publish(run, name, self.brokers[name], "pub")
 
     def single_disk(self, run: int, name: str) -> None:
         """Single PUB on a fresh broker at the default --mem-queue-size (¹²): all but the
@@ -1152,56 +1158,75 @@ class Bench:
         else:
             broker = start_srtm(where, DEFAULT_MEM_QUEUE_SIZE)
         try:
-            self._single(run, name, broker, "pub_disk", "single PUB to disk")
+            self._publish(run, name, broker, "pub_disk")
         finally:
             try:
                 broker.stop(30)
             except subprocess.TimeoutExpired:
                 self.problems.append(f"{name} (PUB to disk) still running 30 s after SIGTERM")
 
-    def single_node(self, run: int, name: str) -> None:
-        """Single PUB into a whole host (¹³): nsqd, which uses every core, against a fresh
-        ``srtm node`` of one process a core, through its shared address."""
+    def into_node(self, run: int, name: str) -> None:
+        """MPUB and single PUB into a whole host (¹³): nsqd, which uses every core, against
+        a fresh ``srtm node`` of one process a core, through its shared address."""
         if name == "nsqd":
-            self._single(run, name, self.brokers[name], "pub_node", "single PUB, node row")
+            for key, batch in NODE_ROWS:
+                self._publish(run, name, self.brokers[name], key, batch)
             return
         where = self.workdir / f"run-{run + 1}-node"
         args = ["--shared-address", "127.0.0.1:0", "--mem-queue-size", str(self.cfg.mem_queue_size)]
         node = start_node(where, NODE_PROCESSES, args)
         assert node.shared is not None
-        row, address = self.rows["pub_node"], node.shared
         pids = [node.proc.pid, *node_children(node.proc.pid)]
+        https = [http for _, _, http in node.brokers]
+        cpu = partial(cpu_s, pids)
 
-        def measure() -> None:
-            cmd = tool_cmd(self.writer, address, f"bench_node_{run}", self.cfg.duration_s,
-                           batch_size=1)  # fmt: skip
-            cpu0 = cpu_s(pids)
-            (w,) = run_tools([cmd], self.timeout())
-            row.add_cpu(name, run, cpu_s(pids) - cpu0, w["msgs"])
-            row.raw.append({"broker": name, "run": run, **w})
-            row.add(name, run, w["rate"])
+        def delete(topic: str) -> None:  # from every process, as from the run's brokers
+            for http in https:
+                with contextlib.suppress(OSError):
+                    url = f"http://{http[0]}:{http[1]}/topic/delete?topic={topic}"
+                    req = urllib.request.Request(url, b"", method="POST", headers=node.headers)
+                    urllib.request.urlopen(req, timeout=IO_TIMEOUT_S).close()
 
         try:
-            self.guarded(["pub_node"], f"srtm node: single PUB, run {run + 1}", measure)
+            for key, batch in NODE_ROWS:
+                self._publish(run, name, node.shared, key, batch, cpu, delete)
         finally:
             if node.stop(60):
                 self.problems.append("srtm node exited with an error after SIGTERM")
 
-    def _single(self, run: int, name: str, broker: Broker, key: str, what: str) -> None:
-        topic = f"bench_pub_{run}"
+    def _publish(
+        self,
+        run: int,
+        name: str,
+        to: Broker | tuple[str, int],
+        key: str,
+        batch: int = 1,
+        cpu: Callable[[], float] | None = None,
+        delete: Callable[[str], None] | None = None,
+    ) -> None:
+        """bench_writer at ``batch`` into ``to`` (a broker, or an address whose server's
+        CPU is ``cpu`` and whose topics ``delete`` removes) for row ``key``."""
+        topic = f"bench_{key}_{run}"
+        if isinstance(to, Broker):
+            address, cpu, broker = to.tcp, to.cpu_s, to
+            delete = partial(self.delete_topic, broker)
+        else:
+            address = to
+        assert cpu is not None and delete is not None
+        row = self.rows[key]
 
         def measure() -> None:
             try:
-                cmd = tool_cmd(self.writer, broker.tcp, topic, self.cfg.duration_s, batch_size=1)
-                cpu0 = broker.cpu_s()
+                cmd = tool_cmd(self.writer, address, topic, self.cfg.duration_s, batch_size=batch)
+                cpu0 = cpu()
                 (w,) = run_tools([cmd], self.timeout())
-                self.rows[key].add_cpu(name, run, broker.cpu_s() - cpu0, w["msgs"])
-                self.rows[key].raw.append({"broker": name, "run": run, **w})
-                self.rows[key].add(name, run, w["rate"])
+                row.add_cpu(name, run, cpu() - cpu0, w["msgs"])
+                row.raw.append({"broker": name, "run": run, **w})
+                row.add(name, run, w["rate"])
             finally:
-                self.delete_topic(broker, topic)
+                delete(topic)
 
-        self.guarded([key], f"{name}: {what}, run {run + 1}", measure)
+        self.guarded([key], f"{name}: {row.cpu_label or row.label.strip()}, run {run + 1}", measure)
 
     def on_anchor(self, run: int) -> None:
         """bench_writer against the minimal uvloop server, batched and single."""
@@ -1406,7 +1431,7 @@ class Bench:
             ("batched", "batched publish, consume", self.batched),
             ("single", "single PUB", self.single),
             ("single-disk", "single PUB to disk", self.single_disk),
-            ("single-node", "single PUB into a node", self.single_node),
+            ("node", "MPUB and single PUB into a node", self.into_node),
             ("at-once", "publish and consume at once", self.at_once),
             ("latency", "end-to-end latency", self.latency),
             ("sensors", "open-loop sensors", self.sensors),
@@ -1606,7 +1631,7 @@ def footnotes(cfg: Config) -> list[str]:
         f"¹² as ¹ with --batch-size=1, on a fresh pair of brokers at their default "
         f"--mem-queue-size ({DEFAULT_MEM_QUEUE_SIZE:,}): past that, each PUB's OK waits for "
         "its write to the disk queue (the OS holds it: kill -9 keeps it, as with nsqd).",
-        f"¹³ as ¹ with --batch-size=1, into a fresh srtm node --brokers {NODE_PROCESSES} "
+        f"¹³ as ¹, into a fresh srtm node --brokers {NODE_PROCESSES} "
         "--shared-address (one process a core, the node dealing connections to them in "
         "turn) beside the run's nsqd, which uses every core itself; srtm's CPU is the node's "
         "and all its processes'.",
