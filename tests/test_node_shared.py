@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from nsq_raw import RawClient
 from srtm.broker.accept import E_TOO_MANY_CONNECTIONS
 from srtm.broker.shared import SUB_REFUSED, Dealer
@@ -151,3 +153,10 @@ async def test_a_node_deals_its_shared_address_over_its_live_processes(tmp_path:
     finally:
         if node.alive():
             node.stop()
+
+
+async def test_a_shared_fd_that_is_no_socket_is_refused_by_name(
+    make_broker: MakeBroker, tmp_path: Path
+) -> None:
+    with (tmp_path / "plain").open("w") as f, pytest.raises(OSError, match="--shared-fd"):
+        await make_broker(shared_fd=f.fileno())

@@ -103,7 +103,11 @@ class Acceptor:
         #: What the node deals it from its shared address (``admit(sock, shared=True)``).
         self.shared = None
         if shared_fd is not None:
-            channel = socket.socket(fileno=shared_fd)
+            try:
+                channel = socket.socket(fileno=shared_fd)
+            except OSError as exc:
+                raise OSError(exc.errno, f"--shared-fd {shared_fd} (set by srtm node): "
+                              f"{exc.strerror}") from exc  # fmt: skip
             self.shared = SharedConnections(channel, partial(admit, shared=True))
 
     def detach(self) -> socket.socket | None:
