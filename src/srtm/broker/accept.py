@@ -101,7 +101,7 @@ class Acceptor:
         #: Why accepting TCP connections fails right now (None: it does not).
         self.error: str | None = None
         #: What the node deals it from its shared address (``admit(sock, shared=True)``).
-        self.shared = None
+        self.shared: SharedConnections | None = None
         if shared_fd is not None:
             try:
                 channel = socket.socket(fileno=shared_fd)

@@ -126,7 +126,8 @@ class BrokerCollector(Collector):
         )
         slow = CounterMetricFamily(
             "srtm_disk_slow_inline_writes",
-            "Inline writes over 0.5 ms (each sends writes to the disk thread for 5 s)",
+            "Inline writes over 0.5 ms (each pauses them: 50 ms, doubled while they keep "
+            "coming, up to 5 s)",
         )
         if (io := b.persistence.io) is not None:
             inline.add_metric([], io.inline_writes)
