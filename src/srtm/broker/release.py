@@ -56,10 +56,11 @@ class Releaser:
         self.margin = WakeMargin(options.release_spin_ns, options.release_spin_max_ns)
         #: The topics with a sub-bucket: the only ones the release loop looks at.
         self.shaped: dict[str, Topic] = {}
-        #: Each shaped topic's next release, earliest first (due, tie-break, topic), and
+        #: Each shaped topic's next release, earliest first (due, tie-break, name), and
         #: which entry is each topic's current one: the others are stale, skipped when
         #: they come up. A release looks at the topics due, not at every shaped topic.
-        self._heap: list[tuple[int, int, Topic]] = []
+        #: Entries name their topic, so a stale one keeps no topic (nor its messages).
+        self._heap: list[tuple[int, int, str]] = []
         self._booked: dict[str, tuple[int, Topic]] = {}
         self._ticket = itertools.count()
         #: Earliest release time among shaped topics (None: nothing waits for tokens).
@@ -134,21 +135,21 @@ class Releaser:
         booked = self._booked.get(topic.name)
         if booked is None or booked[1] is not topic or due < booked[0]:
             self._booked[topic.name] = (due, topic)
-            heapq.heappush(self._heap, (due, next(self._ticket), topic))
+            heapq.heappush(self._heap, (due, next(self._ticket), topic.name))
             if len(self._heap) > 2 * len(self._booked) + _STALE_SLACK:
                 self._rebuild()
 
     def _rebuild(self) -> None:
         """The heap of the live bookings only (stale ones dropped)."""
-        self._heap = [(d, next(self._ticket), t) for d, t in self._booked.values()]
+        self._heap = [(d, next(self._ticket), name) for name, (d, _) in self._booked.items()]
         heapq.heapify(self._heap)
 
     def unshape(self, name: str) -> None:
         """The topic is no longer shaped here (deleted, held, unmanaged): nothing of the
-        loop's keeps it, nor what still waits in it, until its booking would come up."""
+        loop's keeps it, nor what still waits in it (its heap entry, stale now, names it).
+        O(1): a lapsed lease unshapes every shaped topic in one go."""
         self.shaped.pop(name, None)
-        if self._booked.pop(name, None) is not None:
-            self._rebuild()
+        self._booked.pop(name, None)
 
     def _wake(self, due: int | None) -> None:
         """Make the release loop wake up by ``due``."""
@@ -222,11 +223,12 @@ class Releaser:
         self._lease_ok()  # a lapsed lease holds the shaped topics (they leave ``shaped``)
         booked, shaped = self._booked, self.shaped
         while self._heap and self._heap[0][0] <= now:
-            when, _, topic = heapq.heappop(self._heap)
-            mine = booked.get(topic.name)
-            if mine is None or mine[0] != when or mine[1] is not topic:
-                continue  # stale: the topic was booked again since
-            del booked[topic.name]
+            when, _, name = heapq.heappop(self._heap)
+            mine = booked.get(name)
+            if mine is None or mine[0] != when:
+                continue  # stale: the topic was booked again since, or unshaped
+            topic = mine[1]
+            del booked[name]
             if shaped.get(topic.name) is not topic:
                 continue  # no longer shaped: a kick books it if it is again
             nxt = topic.next_release_ns()
