@@ -1065,22 +1065,28 @@ class Bench:
     def memory(self, run: int, name: str) -> None:
         self._memory(run, name, self.brokers[name], "mem", "mpub")
 
-    def memory_pub(self, run: int, name: str) -> None:
-        """As ``memory``, with PUBs (pipelined), on a broker of its own started for it:
-        the run's brokers have held messages, and neither gives memory back at once."""
-        where = self.workdir / f"run-{run + 1}-{name}-pub"
+    @contextlib.contextmanager
+    def fresh(self, run: int, name: str, what: str, mem_queue_size: int) -> Iterator[Broker]:
+        """A broker of its own for one measurement (``what``), stopped after it."""
+        where = self.workdir / f"run-{run + 1}-{name}-{what}"
         where.mkdir()
         if name == "nsqd":
-            broker = start_nsqd(self.nsqd_binary, where, self.cfg.mem_queue_size)
+            broker = start_nsqd(self.nsqd_binary, where, mem_queue_size)
         else:
-            broker = start_srtm(where, self.cfg.mem_queue_size)
+            broker = start_srtm(where, mem_queue_size)
         try:
-            self._memory(run, name, broker, "mem_pub", "pub_pipelined")
+            yield broker
         finally:
             try:
                 broker.stop(30)
             except subprocess.TimeoutExpired:
-                self.problems.append(f"{name} (PUB memory) still running 30 s after SIGTERM")
+                self.problems.append(f"{name} ({what}) still running 30 s after SIGTERM")
+
+    def memory_pub(self, run: int, name: str) -> None:
+        """As ``memory``, with PUBs (pipelined), on a broker of its own started for it:
+        the run's brokers have held messages, and neither gives memory back at once."""
+        with self.fresh(run, name, "pub", self.cfg.mem_queue_size) as broker:
+            self._memory(run, name, broker, "mem_pub", "pub_pipelined")
 
     def _memory(self, run: int, name: str, broker: Broker, key: str, mode: str) -> None:
         topic = f"bench_mem_{run}"
@@ -1151,19 +1157,8 @@ class Bench:
     def single_disk(self, run: int, name: str) -> None:
         """Single PUB on a fresh broker at the default --mem-queue-size (¹²): all but the
         first 10,000 messages go to disk, each acknowledged once written."""
-        where = self.workdir / f"run-{run + 1}-{name}-disk"
-        where.mkdir()
-        if name == "nsqd":
-            broker = start_nsqd(self.nsqd_binary, where, DEFAULT_MEM_QUEUE_SIZE)
-        else:
-            broker = start_srtm(where, DEFAULT_MEM_QUEUE_SIZE)
-        try:
+        with self.fresh(run, name, "disk", DEFAULT_MEM_QUEUE_SIZE) as broker:
             self._publish(run, name, broker, "pub_disk")
-        finally:
-            try:
-                broker.stop(30)
-            except subprocess.TimeoutExpired:
-                self.problems.append(f"{name} (PUB to disk) still running 30 s after SIGTERM")
 
     def into_node(self, run: int, name: str) -> None:
         """MPUB and single PUB into a whole host (¹³): nsqd, which uses every core, against
