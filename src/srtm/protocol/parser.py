@@ -85,6 +85,11 @@ class Parser:
     def feed(self, data: bytes) -> list[Event]:
         if self._failed:
             return []
+        if not self._buf and self._pending is None and self._magic_seen and type(data) is bytes:
+            # A sensor's read: one whole publish, parsed without the buffer.
+            one = one_publish(data, self.limits)
+            if one is not None:
+                return [one]
         self._buf += data
         events: list[Event] = []
         try:
@@ -183,6 +188,37 @@ class Parser:
         (size,) = _SIZE.unpack_from(buf, after)
         self._pending = (build, head(self, parts, size), size)
         return after + 4
+
+
+def one_publish(data: bytes, limits: Limits) -> Pub | Mpub | None:
+    """``data`` parsed when it is exactly one well-formed PUB, or MPUB of one message,
+    to a topic name already seen valid (what a sensor sends per read); None otherwise,
+    and the general parser then gives the same command, or the error, from it."""
+    if data.startswith(b"PUB "):
+        start = 4
+    elif data.startswith(b"MPUB "):
+        start = 5
+    else:
+        return None
+    end = data.find(b"\n", start, limits.max_line + 1)
+    topic = _VALID_TOPICS.get(data[start:end]) if end > 0 else None
+    if topic is None or len(data) < end + 5:
+        return None
+    (size,) = _SIZE.unpack_from(data, end + 1)
+    if len(data) != end + 5 + size:
+        return None
+    if start == 4:
+        return Pub(topic, data[end + 5 :]) if 0 < size <= limits.max_msg_size else None
+    if size < 9 or size > limits.max_body_size:
+        return None
+    count, msg = _ONE_MESSAGE.unpack_from(data, end + 5)
+    if count != 1 or msg != size - 8 or msg > limits.max_msg_size:
+        return None
+    return Mpub(topic, [data[end + 13 :]])
+
+
+#: An MPUB body's count and its first message's size.
+_ONE_MESSAGE = struct.Struct(">ii")
 
 
 def whole_fin_lines(buf: bytearray, pos: int) -> bytes | None:

@@ -1,0 +1,91 @@
+"""A read holding exactly one PUB, or an MPUB of one message (a sensor's), is parsed
+without the parser's buffer (``one_publish``): the same events as the general parser
+gives for the same bytes, whatever they are."""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from srtm.protocol import MAGIC_V2, Mpub, Parser, ProtocolError, Pub, encode_command
+from srtm.protocol.limits import Limits
+from srtm.protocol.parser import one_publish
+
+names = st.from_regex(r"[.a-zA-Z0-9_-]{1,64}", fullmatch=True)
+bodies = st.binary(min_size=1, max_size=200)
+publishes = st.one_of(
+    st.builds(Pub, names, bodies), st.builds(Mpub, names, st.lists(bodies, min_size=1, max_size=3))
+)
+
+
+def seen(event: object) -> object:
+    """An event as compared: errors by what they say (exceptions compare by identity)."""
+    if isinstance(event, ProtocolError):
+        return ("error", event.code, event.message, event.fatal)
+    return event
+
+
+def whole(data: bytes, limits: Limits | None = None) -> list[object]:
+    """``data`` in one read after the magic: where the fast path applies."""
+    parser = Parser(limits)
+    assert parser.feed(MAGIC_V2) == []
+    return [seen(e) for e in parser.feed(data)]
+
+
+def general(data: bytes, limits: Limits | None = None) -> list[object]:
+    """The same bytes through the buffer: the first byte alone, then the rest."""
+    parser = Parser(limits)
+    out = parser.feed(MAGIC_V2 + data[:1])
+    out += parser.feed(data[1:])
+    return [seen(e) for e in out]
+
+
+def mutated(data: bytes, at: int, byte: int) -> bytes:
+    return data[:at] + bytes([byte]) + data[at + 1 :] if data else data
+
+
+@given(publishes, st.data())
+def test_the_same_events_as_the_general_parser(cmd: Pub | Mpub, draw: st.DataObject) -> None:
+    data = encode_command(cmd)
+    general(data)  # the topic's name is then one seen valid, as on a live connection
+    assert whole(data) == general(data) == [cmd]
+    # Cut short, run on into a second command, or one byte changed: still the same.
+    cut = draw.draw(st.integers(1, len(data) - 1))
+    at = draw.draw(st.integers(0, len(data) - 1))
+    byte = draw.draw(st.integers(0, 255))
+    for variant in (data[:cut], data + data[:cut], data + data, mutated(data, at, byte)):
+        assert whole(variant) == general(variant)
+
+
+@given(publishes, st.integers(-1, 1), st.integers(-1, 1))
+def test_limits_are_kept(cmd: Pub | Mpub, msg_by: int, body_by: int) -> None:
+    """Limits one byte under, at and over what the command needs."""
+    data = encode_command(cmd)
+    size = len(cmd.body) if isinstance(cmd, Pub) else max(map(len, cmd.bodies))
+    body = len(data) - data.index(b"\n") - 5
+    limits = Limits(max_msg_size=size + msg_by, max_body_size=body + body_by)
+    general(data)
+    assert whole(data, limits) == general(data, limits)
+
+
+def test_what_it_takes_and_leaves() -> None:
+    general(b"PUB seen\n" + struct.pack(">i", 1) + b"x")
+    limits = Limits()
+    assert one_publish(b"PUB seen\n" + struct.pack(">i", 2) + b"ab", limits) == Pub("seen", b"ab")
+    one = b"MPUB seen\n" + struct.pack(">iii", 9, 1, 1) + b"z"
+    assert one_publish(one, limits) == Mpub("seen", [b"z"])
+    # a name never parsed before is left to the general path, which checks it
+    assert one_publish(b"PUB unseen-x\n" + struct.pack(">i", 1) + b"x", limits) is None
+    assert one_publish(b"PUB seen\r\n" + struct.pack(">i", 1) + b"x", limits) is None
+    assert one_publish(b"PUB seen extra\n" + struct.pack(">i", 1) + b"x", limits) is None
+    assert one_publish(b"PUB seen\n" + struct.pack(">i", 0), limits) is None
+    two = b"MPUB seen\n" + struct.pack(">iii", 14, 2, 1) + b"z" + struct.pack(">i", 1) + b"y"
+    assert one_publish(two, limits) is None
+    assert whole(two) == general(two) == [Mpub("seen", [b"z", b"y"])]
+    long_line = Limits(max_line=6)  # "PUB seen" is 8 bytes long
+    data = b"PUB seen\n" + struct.pack(">i", 1) + b"x"
+    assert one_publish(data, long_line) is None
+    assert whole(data, long_line) == general(data, long_line)
+    assert whole(data, long_line)[0][1] == "E_INVALID"  # type: ignore[index]
