@@ -413,15 +413,21 @@ class Broker:
         it came on) is the relay's to forward or replicate; ``local``: accept it here."""
         if not local and topic_name in self.relay.routes:
             return self.relay.publish(topic_name, bodies, arrival, publisher, client)
-        topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
+        # The topic at hand, unbounded, on a healthy disk (a sensor's): no call more.
+        topic = self.topics.get(topic_name)
+        if topic is None or self.persistence.failing:
+            topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
         bodies = bodies if isinstance(bodies, list) else list(bodies)
-        refuse_over_bound(topic, len(bodies), arrival)
+        bounded = topic.bound is not None
+        if bounded:
+            refuse_over_bound(topic, len(bodies), arrival)
         done: asyncio.Future[Any] | None
         if len(bodies) > PUBLISH_SLICE:
             done = self.takes.take(Take(topic, bodies, arrival, publisher))
         else:
             done = self._put(topic, bodies, arrival, publisher)
-        self.policing.block_over_bound(topic, client)
+        if bounded:
+            self.policing.block_over_bound(topic, client)
         return done
 
     def _put(
