@@ -295,7 +295,7 @@ async def test_a_measurement_round_ends_with_its_client(tmp_path: Path, token: s
 
 async def test_measurement_rounds_are_limited_per_broker(tmp_path: Path) -> None:
     broker, runner, port = await serve(tmp_path, None)
-    broker.max_measurements = 3
+    broker.measurements.limit = 3
     writers = []
     try:
         for _ in range(3):

@@ -409,24 +409,22 @@ class Broker:
         once what overflowed to disk is written (None: nothing to wait for): the publish
         is acknowledged only then. More than ``PUBLISH_SLICE`` messages are taken in
         slices, over loop turns: the future is then done once all are taken and written.
-        A topic with a relay route (``client``: the connection
-        it came on) is the relay's to forward or replicate; ``local``: accept it here."""
+        A topic with a relay route (``client``: the connection it came on) is the relay's
+        to forward or replicate; ``local``: accept it here."""
         if not local and topic_name in self.relay.routes:
             return self.relay.publish(topic_name, bodies, arrival, publisher, client)
-        # The topic at hand, unbounded, on a healthy disk (a sensor's): no call more.
-        topic = self.topics.get(topic_name)
+        topic = self.topics.get(topic_name)  # a sensor's publish: no call more
         if topic is None or self.persistence.failing:
             topic = self._publish_topic(topic_name, "PUB", errors.E_PUB_FAILED)
         bodies = bodies if isinstance(bodies, list) else list(bodies)
-        bounded = topic.bound is not None
-        if bounded:
+        if topic.bound is not None:
             refuse_over_bound(topic, len(bodies), arrival)
         done: asyncio.Future[Any] | None
         if len(bodies) > PUBLISH_SLICE:
             done = self.takes.take(Take(topic, bodies, arrival, publisher))
         else:
             done = self._put(topic, bodies, arrival, publisher)
-        if bounded:
+        if topic.bound is not None:
             self.policing.block_over_bound(topic, client)
         return done
 
@@ -555,17 +553,9 @@ class Broker:
         self, topic: str, publishers: frozenset[str] | None, window_ns: int
     ) -> Measurement:
         """A measurement round (``Measurements.run``: it opens once the topic's backlog has
-        drained); cancelling the call ends it. MeasurementsBusy past ``max_measurements``."""
+        drained); cancelling the call ends it. MeasurementsBusy past ``measurements.limit``."""
         drained = partial(backlog_drained, self.topics, topic)
         return await self.measurements.run(topic, publishers, window_ns, self.clients, drained)
-
-    @property
-    def max_measurements(self) -> int:
-        return self.measurements.limit
-
-    @max_measurements.setter
-    def max_measurements(self, limit: int) -> None:
-        self.measurements.limit = limit
 
 
 def backlog_drained(topics: Mapping[str, Topic], name: str) -> bool:

@@ -593,7 +593,7 @@ class BrokerHttp:
         Of the topic's messages from the body's ``publishers`` (all if absent) over
         ``window_ms``, answered when the window ends. The window opens once none of the
         topic's messages waits for tokens (at most 5 s later). At most
-        ``broker.max_measurements`` rounds run or wait at once (429 beyond); a client
+        ``broker.measurements.limit`` rounds run or wait at once (429 beyond); a client
         that goes away ends its round (the server cancels the handler)."""
         q = parse_query(MeasureQuery, request.query)
         pubs = None
