@@ -363,8 +363,12 @@ async def test_sample_rate_delivers_a_share(target: Target) -> None:
         async def settled() -> dict[str, Any]:
             return await channel_stats(target, "sampled")
 
+        # Put on the channel (nsqd's topic hands them over after the MPUB's answer), then
+        # taken off it: sent to the client or dropped.
         stats = await eventually(
-            settled, "every message taken off the channel", until=lambda s: s.get("depth") == 0
+            settled,
+            "every message put on the channel and taken off it",
+            until=lambda s: s.get("message_count") == n and s.get("depth") == 0,
         )
         sent = stats["in_flight_count"]
         assert n // 4 < sent < 3 * n // 4
