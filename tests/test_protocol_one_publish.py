@@ -1,6 +1,6 @@
-"""A read holding exactly one PUB, or an MPUB of one message (a sensor's), is parsed
-without the parser's buffer (``one_publish``): the same events as the general parser
-gives for the same bytes, whatever they are."""
+"""A read holding exactly one PUB, or an MPUB of one message (a sensor's, ``one_publish``),
+or whole FIN lines (a consumer's) is parsed without the parser's buffer: the same events
+as the general parser gives for the same bytes, whatever they are."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import struct
 from hypothesis import given
 from hypothesis import strategies as st
 
-from srtm.protocol import MAGIC_V2, Mpub, Parser, ProtocolError, Pub, encode_command
+from srtm.protocol import MAGIC_V2, Fin, Mpub, Parser, ProtocolError, Pub, encode_command
 from srtm.protocol.limits import Limits
 from srtm.protocol.parser import one_publish
 
@@ -27,16 +27,16 @@ def seen(event: object) -> object:
     return event
 
 
-def whole(data: bytes, limits: Limits | None = None) -> list[object]:
+def whole(data: bytes, limits: Limits | None = None, batch_fins: bool = False) -> list[object]:
     """``data`` in one read after the magic: where the fast path applies."""
-    parser = Parser(limits)
+    parser = Parser(limits, batch_fins)
     assert parser.feed(MAGIC_V2) == []
     return [seen(e) for e in parser.feed(data)]
 
 
-def general(data: bytes, limits: Limits | None = None) -> list[object]:
+def general(data: bytes, limits: Limits | None = None, batch_fins: bool = False) -> list[object]:
     """The same bytes through the buffer: the first byte alone, then the rest."""
-    parser = Parser(limits)
+    parser = Parser(limits, batch_fins)
     out = parser.feed(MAGIC_V2 + data[:1])
     out += parser.feed(data[1:])
     return [seen(e) for e in out]
@@ -89,3 +89,29 @@ def test_what_it_takes_and_leaves() -> None:
     assert one_publish(data, long_line) is None
     assert whole(data, long_line) == general(data, long_line)
     assert whole(data, long_line)[0][1] == "E_INVALID"  # type: ignore[index]
+
+
+ids = st.binary(min_size=16, max_size=16)
+
+
+@given(st.lists(ids, min_size=1, max_size=70), st.booleans(), st.data())
+def test_fin_lines_give_the_same_events(
+    mids: list[bytes], batch: bool, draw: st.DataObject
+) -> None:
+    """Ids with a space, a newline or a \r in them, a line cut short, a byte changed or
+    another command after: the general parser's events, batched (``Fins``) or not."""
+    data = b"".join(encode_command(Fin(m)) for m in mids)
+    cut = draw.draw(st.integers(1, len(data) - 1))
+    at = draw.draw(st.integers(0, len(data) - 1))
+    byte = draw.draw(st.integers(0, 255))
+    tail = encode_command(Pub("t", b"x"))
+    for variant in (data, data[:cut], data + tail, mutated(data, at, byte)):
+        assert whole(variant, batch_fins=batch) == general(variant, batch_fins=batch)
+
+
+def test_whole_fin_lines_in_one_read() -> None:
+    mids = [b"%016d" % i for i in range(40)]
+    data = b"".join(encode_command(Fin(m)) for m in mids)
+    assert whole(data) == [Fin(m) for m in mids]
+    (fins,) = whole(data, batch_fins=True)
+    assert fins.message_ids == mids  # type: ignore[attr-defined]

@@ -86,10 +86,14 @@ class Parser:
         if self._failed:
             return []
         if not self._buf and self._pending is None and self._magic_seen and type(data) is bytes:
-            # A sensor's read: one whole publish, parsed without the buffer.
+            # A sensor's read (one whole publish) or a consumer's (whole FIN lines),
+            # parsed without the buffer.
             one = one_publish(data, self.limits)
             if one is not None:
                 return [one]
+            if not len(data) % _FIN_LINE and data.startswith(b"FIN ") and whole_fin_lines(data, 0):
+                ids = fin_ids(data)
+                return [Fins(ids)] if self.batch_fins else [Fin(i) for i in ids]
         self._buf += data
         events: list[Event] = []
         try:
@@ -221,7 +225,7 @@ def one_publish(data: bytes, limits: Limits) -> Pub | Mpub | None:
 _ONE_MESSAGE = struct.Struct(">ii")
 
 
-def whole_fin_lines(buf: bytearray, pos: int) -> bytes | None:
+def whole_fin_lines(buf: bytes | bytearray, pos: int) -> bytes | None:
     """Every whole 21-byte line from ``pos`` on, where all are well-formed FIN lines (what
     ``_FIN_RUN`` matches there; b"": not one whole line), else None. A read of a consumer's
     FINs is nothing else, up to a line cut at its end; this checks it in a few passes in
