@@ -50,7 +50,7 @@ from srtm.broker.shares import Shares
 from srtm.broker.state import Channel, LimitReached, Topic
 from srtm.broker.stats import BrokerStats, StorageLatencyMeter
 from srtm.broker.takes import Take, Takes
-from srtm.broker.tcp import Client, enable_kernel_timestamps
+from srtm.broker.tcp import Client, check_deadlines, enable_kernel_timestamps
 from srtm.broker.tls import identity_keys, server_context
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_valid_name
@@ -200,9 +200,7 @@ class Broker:
         interval = min(1.0, min(timeouts) / 4000)
         while True:
             await asyncio.sleep(interval)
-            now = time.time_ns()
-            for client in list(self.clients):
-                client.check_deadlines(now)
+            await check_deadlines(self.clients)
 
     async def _housekeeping_loop(self) -> None:
         """Every 100 ms, move the measured values of each histogram holding
@@ -220,7 +218,8 @@ class Broker:
             del recorders  # no reference to a deleted topic's histograms while sleeping
             if time.monotonic() - rolled >= 1.0:
                 rolled = time.monotonic()
-                self.measurements.refresh_rtts(self.clients)
+                if self.measurements.running:  # only rounds use them (a syscall each)
+                    await self.measurements.refresh_rtts(self.clients)
                 await self.persistence.housekeep()
                 if (traces := self.dispatcher.traces) is not None:
                     traces.maybe_roll()
