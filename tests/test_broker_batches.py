@@ -33,7 +33,7 @@ def put(topic: Topic, n: int, arrival: int = 5, direct: bool = True) -> float:
 @pytest.mark.parametrize("start", [0, 1 << 40, (1 << 52) - 40])
 def test_ids_taken_at_once_are_the_ids_taken_one_by_one(start: int) -> None:
     a, b = MessageIds(4095, start), MessageIds(4095, start)
-    for n in (300, 1, 0, 31, 32, 33):  # few and many take different ways
+    for n in (300, 1, 0, 31, 32, 33):  # one, few and many take different ways
         assert a.take(n) == [b.next() for _ in range(n)]
         assert a.next() == b.next() and a.last == b.last
 

@@ -77,6 +77,9 @@ class MessageIds:
 
     def take(self, n: int) -> list[bytes]:
         """``n`` ids at once, in order (as ``n`` calls of ``next``)."""
+        if n == 1:  # a PUB: no comprehension (a frame of its own)
+            self.last = last = self.last + 1
+            return [b"%016x" % (self._prefix | last)]
         first = self.last + 1
         self.last += n
         prefix = self._prefix

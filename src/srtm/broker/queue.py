@@ -312,7 +312,7 @@ class MessageQueue:
             self._spill(batch[room:])
             return
         assert isinstance(batch, Fresh)
-        n = len(batch)
+        n = len(batch.bodies)  # not ``len(batch)``: a Python call
         if n == 1 and room:
             self._single(batch)
             return
