@@ -23,6 +23,7 @@ from srtm.broker.node import (
     ChildPlan,
     extra_flags_refused,
     layout,
+    pick_cpu,
     restart_delay,
 )
 from srtm.launch import ServerProcess, start_broker, start_controller, start_node
@@ -73,6 +74,17 @@ def test_the_node_refuses_broker_options_it_sets_per_process() -> None:
     assert extra_flags_refused(["--mcap", "5", "--controller", "http://c"]) is None
     assert "--data-dir is set by srtm node" in str(extra_flags_refused(["--data-dir=x"]))
     assert "--broker-id" in str(extra_flags_refused(["--broker-id", "3"]))
+
+
+def test_processes_take_a_cpu_each_in_turn_and_an_added_one_an_idle_cpu() -> None:
+    cpus = [2, 5, 7]
+    taken: list[int | None] = []
+    for _ in range(5):
+        taken.append(pick_cpu(cpus, taken))
+    assert taken == [2, 5, 7, 2, 5]
+    assert pick_cpu(cpus, [2, None, 7]) == 5  # a process not pinned takes no CPU
+    assert pick_cpu(cpus, [2, 7, 2, 7, 5]) == 5  # after a removal, the idlest
+    assert pick_cpu([3], [3, 3]) == 3
 
 
 # -- a real node ------------------------------------------------------------------------------
@@ -170,12 +182,16 @@ async def test_a_node_registers_restarts_and_stops_its_brokers(tmp_path: Path) -
         await pub.close()
         before = children(node.proc.pid)
         assert set(before) == {10, 11}
+        cpus = sorted(os.sched_getaffinity(0))  # the node's, as its parent's
+        pinned = {b: os.sched_getaffinity(pid) for b, pid in before.items()}
+        assert pinned == {10: {cpus[0]}, 11: {cpus[1 % len(cpus)]}}
         os.kill(before[11], signal.SIGKILL)
         after = await eventually(
             lambda: children(node.proc.pid), "broker 11 started again",
             until=lambda now: now.get(11, before[11]) != before[11], timeout=30,
         )  # fmt: skip
         assert after[10] == before[10]  # the other process was left alone
+        assert os.sched_getaffinity(after[11]) == pinned[11]  # on its CPU again
         sub = await eventually(lambda: connected(tcp), "broker 11 listening at its address")
         await sub.send(Sub("kept", "c"), Rdy(1))
         assert await sub.response() == b"OK"
@@ -191,6 +207,31 @@ async def test_a_node_registers_restarts_and_stops_its_brokers(tmp_path: Path) -
         if node.alive():
             node.stop()
         ctrl.stop()
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_a_node_pins_its_processes_to_a_cpu_each_unless_told_not_to(
+    tmp_path: Path, pin: bool
+) -> None:
+    flag = "--cpu-affinity" if pin else "--no-cpu-affinity"
+    node = start_node(tmp_path / "node", 2, ["--node-address", "127.0.0.1:0", flag])
+    try:
+        assert node.api is not None
+        url = f"http://{node.api[0]}:{node.api[1]}/node"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            rows = {b["id"]: b["cpu"] for b in json.load(resp)["brokers"]}
+        cpus = sorted(os.sched_getaffinity(0))
+        mine = {b: os.sched_getaffinity(pid) for b, pid in children(node.proc.pid).items()}
+        if pin:
+            assert rows == {0: cpus[0], 1: cpus[1 % len(cpus)]}
+            assert mine == {b: {cpu} for b, cpu in rows.items()}
+        else:
+            assert rows == {0: None, 1: None}
+            assert mine == {0: set(cpus), 1: set(cpus)}
+        assert node.stop(timeout=60) == 0
+    finally:
+        if node.alive():
+            node.stop()
 
 
 def test_a_process_that_cannot_start_stops_the_node_with_its_reason(tmp_path: Path) -> None:

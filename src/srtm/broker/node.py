@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from srtm.broker.shared import Dealer
@@ -93,6 +95,13 @@ def _nth(address: tuple[str, int], i: int) -> tuple[str, int]:
     return address[0], address[1] + i if address[1] else 0
 
 
+def pick_cpu(cpus: Sequence[int], in_use: Sequence[int | None]) -> int:
+    """The CPU for a process: the first of ``cpus`` (the node's) that the fewest of
+    ``in_use`` (its other processes' CPUs) run on, so that processes take a core each in
+    turn and an added one takes a core left idle."""
+    return min(cpus, key=list(in_use).count)
+
+
 def restart_delay(quick_deaths: int) -> float:
     """How long to wait before restarting a process that died ``quick_deaths`` times in a
     row, each within ``STABLE_S`` of its start (1: once): a crash loop backs off."""
@@ -142,6 +151,8 @@ class Child:
     restarts: int = 0
     #: Added after the start (``NodeSupervisor.add``), not one of ``--brokers``.
     added: bool = False
+    #: The CPU it runs on (None: wherever the OS puts it); a restart keeps it.
+    cpu: int | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -162,8 +173,11 @@ class NodeSupervisor:
         start_timeout_s: float = 60.0,
         stop_timeout_s: float = 30.0,
         dealer: Dealer | None = None,
+        cpus: Sequence[int] = (),
     ) -> None:
         self.children = [Child(p) for p in plans]
+        #: The CPUs its processes are pinned to, one each in turn (none: not pinned).
+        self.cpus = list(cpus)
         #: Deals the connections of the node's shared address to its processes (None: none).
         self.dealer = dealer
         self._dealing: asyncio.Task[None] | None = None
@@ -183,6 +197,8 @@ class NodeSupervisor:
         got, kept for its restarts (its address stays the one the controller knows).
         With a shared address it gets a new channel for the connections dealt to it."""
         argv = child.plan.argv(self.host_id, self.extra)
+        if self.cpus and child.cpu is None:
+            child.cpu = pick_cpu(self.cpus, [c.cpu for c in self.children if c is not child])
         channel = None
         if self.dealer is not None:
             channel = self.dealer.channel(child.plan.broker_id)
@@ -193,7 +209,7 @@ class NodeSupervisor:
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 # Its own session: a terminal's Ctrl-C reaches the node, which stops each
                 # child in turn; the node's death still stops them (die_with_parent).
-                start_new_session=True, preexec_fn=die_with_parent,
+                start_new_session=True, preexec_fn=partial(_in_child, child.cpu),
                 pass_fds=() if channel is None else (channel.fileno(),),
             )  # fmt: skip
         finally:
@@ -362,10 +378,21 @@ class NodeSupervisor:
             "brokers": [
                 {"id": c.plan.broker_id, "tcp_address": join_host_port(*c.plan.tcp),
                  "http_address": join_host_port(*c.plan.http), "restarts": c.restarts,
-                 "added": c.added, "dealt": 0 if d is None else d.dealt[c.plan.broker_id]}
+                 "added": c.added, "cpu": c.cpu,
+                 "dealt": 0 if d is None else d.dealt[c.plan.broker_id]}
                 for c in self.children
             ],
         }  # fmt: skip
+
+
+def _in_child(cpu: int | None) -> None:
+    """Before a process's ``exec``: it dies with the node, and runs on ``cpu`` (with
+    every thread it starts). Pinned, a process keeps its core's caches and is not moved
+    onto a core another process of the node is busy on: single PUB into a node of two
+    on the 2-core development VM rose from 29-31 k to 33-38 k a second."""
+    die_with_parent()
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:

@@ -247,6 +247,14 @@ def node(
             "find each process through /lookup). Default: none.",
         ),
     ] = None,
+    cpu_affinity: Annotated[
+        bool,
+        typer.Option(
+            help="Pin each process to one of the CPUs this command may run on, in turn "
+            "(GET /node shows which). Off: the OS places them, better where other busy "
+            "programs share the host's cores.",
+        ),
+    ] = True,
 ) -> None:
     """Run N broker processes on this host, one per core: each its own broker (id, ports,
     data directory) registered under one host id. Options not listed here are broker
@@ -287,7 +295,7 @@ def node(
     supervisor = NodeSupervisor(
         plans, host_id or socket.gethostname(), extra, stop_timeout_s=stop_timeout_s,
         max_processes=max(n, max_brokers or os.cpu_count() or 1), data_dir=data_dir,
-        dealer=dealer,
+        dealer=dealer, cpus=sorted(os.sched_getaffinity(0)) if cpu_affinity else (),
     )  # fmt: skip
     try:
         asyncio.run(serve_node(supervisor, lambda s: print(s.ready_line(), flush=True), api, token))
