@@ -109,8 +109,8 @@ TARGET_E2E_P99_US = 1_000.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: What ``--only`` may name: the measurements of a run (``Bench.steps``).
 STEP_NAMES = (
-    "memory", "memory-pub", "batched", "single", "single-disk", "node", "at-once",
-    "latency", "shaped", "sensors", "low-rate",
+    "memory", "memory-pub", "batched", "single", "single-disk", "node", "node-disk",
+    "at-once", "latency", "shaped", "sensors", "low-rate",
 )  # fmt: skip
 #: The measurements of srtm alone (nsqd has no shaping).
 SRTM_ONLY = ("shaped", "low-rate")
@@ -922,6 +922,8 @@ def make_rows() -> dict[str, Row]:
         Row("pub_disk", "    at default queue sizes, overflowing to disk ¹²", "msg/s", 1.0),
         Row("pub_node", f"    into srtm node, {NODE_PROCESSES} processes, one address ¹³", "msg/s",
             1.0),
+        Row("pub_node_disk", "    into srtm node, default queue sizes, overflowing to disk ¹³",
+            "msg/s", 1.0),
         Row("mpub_node", f"MPUB-{MPUB_BATCH} into srtm node, as above ¹³", "msg/s", 1.0),
         Row("consume", "consume: bench_reader on the batched backlog ²", "msg/s", 1.0),
         Row("both_pub", "publish and consume at once ³: bench_writer", "msg/s", 1.0),
@@ -968,6 +970,7 @@ def make_rows() -> dict[str, Row]:
     by_key[
         "mpub_node"
     ].cpu_label = f"MPUB-{MPUB_BATCH} into srtm node ({NODE_PROCESSES} processes) ¹³"
+    by_key["pub_node_disk"].cpu_label = "single PUB into srtm node, to disk ¹³"
     by_key["both_pub"].cpu_label = "publish and consume at once ³, per message published"
     by_key["e2e_p50"].cpu_label = "end-to-end latency at half srtm's capacity ⁴"
     by_key["late_p50"].cpu_label = f"shaped {SHAPED_RATE:,}/s b={SHAPED_BURST} ⁵"
@@ -1167,8 +1170,24 @@ class Bench:
             for key, batch in NODE_ROWS:
                 self._publish(run, name, self.brokers[name], key, batch)
             return
-        where = self.workdir / f"run-{run + 1}-node"
-        args = ["--shared-address", "127.0.0.1:0", "--mem-queue-size", str(self.cfg.mem_queue_size)]
+        self._node(run, "node", self.cfg.mem_queue_size, NODE_ROWS)
+
+    def into_node_disk(self, run: int, name: str) -> None:
+        """Single PUB into a whole host at default queue sizes (¹³, ¹²): a fresh nsqd, and
+        a fresh node, each past its memory queue from the 10,001st message."""
+        if name == "nsqd":
+            with self.fresh(run, name, "node-disk", DEFAULT_MEM_QUEUE_SIZE) as broker:
+                self._publish(run, name, broker, "pub_node_disk")
+            return
+        self._node(run, "node-disk", DEFAULT_MEM_QUEUE_SIZE, (("pub_node_disk", 1),))
+
+    def _node(
+        self, run: int, what: str, mem_queue_size: int, rows: Sequence[tuple[str, int]]
+    ) -> None:
+        """``rows`` (key, bench_writer's batch) into a fresh ``srtm node`` (¹³)."""
+        name = "srtm"
+        where = self.workdir / f"run-{run + 1}-{what}"
+        args = ["--shared-address", "127.0.0.1:0", "--mem-queue-size", str(mem_queue_size)]
         node = start_node(where, NODE_PROCESSES, args)
         assert node.shared is not None
         pids = [node.proc.pid, *node_children(node.proc.pid)]
@@ -1183,7 +1202,7 @@ class Bench:
                     urllib.request.urlopen(req, timeout=IO_TIMEOUT_S).close()
 
         try:
-            for key, batch in NODE_ROWS:
+            for key, batch in rows:
                 self._publish(run, name, node.shared, key, batch, cpu, delete)
         finally:
             if node.stop(60):
@@ -1427,6 +1446,7 @@ class Bench:
             ("single", "single PUB", self.single),
             ("single-disk", "single PUB to disk", self.single_disk),
             ("node", "MPUB and single PUB into a node", self.into_node),
+            ("node-disk", "single PUB into a node, to disk", self.into_node_disk),
             ("at-once", "publish and consume at once", self.at_once),
             ("latency", "end-to-end latency", self.latency),
             ("sensors", "open-loop sensors", self.sensors),
@@ -1627,9 +1647,10 @@ def footnotes(cfg: Config) -> list[str]:
         f"--mem-queue-size ({DEFAULT_MEM_QUEUE_SIZE:,}): past that, each PUB's OK waits for "
         "its write to the disk queue (the OS holds it: kill -9 keeps it, as with nsqd).",
         f"¹³ as ¹, into a fresh srtm node --brokers {NODE_PROCESSES} "
-        "--shared-address (one process a core, the node dealing connections to them in "
-        "turn) beside the run's nsqd, which uses every core itself; srtm's CPU is the node's "
-        "and all its processes'.",
+        "--shared-address (one process a core, each pinned to its CPU, the node dealing "
+        "connections to them in turn) beside the run's nsqd, which uses every core itself; "
+        "srtm's CPU is the node's and all its processes'. The row to disk: a fresh node and a "
+        "fresh nsqd, each at its default --mem-queue-size, as ¹².",
     ]
 
 
