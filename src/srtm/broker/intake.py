@@ -1,7 +1,8 @@
 """What one client connection reads, run as commands, in order (the publisher's side).
 
 Reads use ``recvmsg`` so each read carries the kernel's receive timestamp
-(SO_TIMESTAMPNS); every command completed by a read gets that read's stamp. A connection
+(SO_TIMESTAMPNS); every command completed by a read gets that read's stamp. A run of a
+read's PUBs to one topic is one publish (``Pubs``). A connection
 runs at most ``TURN_BUDGET`` commands per loop turn; nothing after a publish taken in
 slices (``PUBLISH_SLICE``) until it is taken; and nothing at all, nor reads, while a
 topic it published to is over its bound under ``block`` (``block``/``unblock``).
@@ -10,6 +11,7 @@ topic it published to is over its bound under ``block`` (``block``/``unblock``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import socket
 import struct
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from srtm.broker.output import Output
-from srtm.protocol import Event, Fins, Parser, ProtocolError, errors
+from srtm.protocol import Event, Fins, Parser, ProtocolError, Pub, Pubs, errors
 from srtm.protocol.session import Session, SessionState
 
 if TYPE_CHECKING:
@@ -184,11 +186,14 @@ class Intake:
         releases are looked at before every command (a clock read while any wait, a few
         µs apart), and while releases wait a FIN of a long run (``Fins``, one per message
         a consumer got) is run ``_FIN_CHUNK`` FINs at a time (else at once: FINs release
-        nothing)."""
+        nothing). A run of PUBs to one topic (a pipelining publisher's) is one publish,
+        ``Pubs``, where no auth gate judges each command: taken or refused whole, as an
+        MPUB of them would be, and answered OK each; each counts toward the budget."""
         gate, session, out = self._gate, self._session, self._output
         release_due = self._broker.release_due
         end = min(len(events), start + TURN_BUDGET)
-        for i in range(start, end):
+        i = start
+        while i < end:
             if self.blocked:
                 return i
             event = events[i]
@@ -200,13 +205,20 @@ class Intake:
                     if session.state is _CLOSED or out.closing:
                         return len(events)  # closed, or a fatal error: nothing after it
                     self._run_one(Fins(ids[k : k + _FIN_CHUNK]), arrival, gate)
+                i += 1
                 continue
             if session.state is _CLOSED or out.closing:
                 return len(events)
+            after = i + 1
+            if type(event) is Pub and gate is None and after < end and type(events[after]) is Pub:
+                bodies = _pub_run(event, events, after, end)
+                if len(bodies) > 1:
+                    event, after = Pubs(event.topic, bodies), i + len(bodies)
             self._run_one(event, arrival, gate)
             if self._taking is not None:  # the rest runs once it is taken
-                self._later.extend((e, arrival, False) for e in events[i + 1 :])
+                self._later.extend((e, arrival, False) for e in events[after:])
                 return len(events)
+            i = after
         return end
 
     def _run_one(self, event: Event, arrival: int, gate: Gate | None) -> None:
@@ -339,3 +351,14 @@ class Intake:
         ):
             return self._read_timeout_ns // 1_000_000
         return 0
+
+
+def _pub_run(first: Pub, events: list[Event], start: int, end: int) -> list[bytes]:
+    """The bodies of ``first`` and of the PUBs to its topic that follow it from ``start``
+    (by ``end``): a pipelining publisher's PUBs read together, taken as one publish."""
+    bodies = [first.body]
+    for e in itertools.islice(events, start, end):
+        if type(e) is not Pub or e.topic != first.topic:
+            break
+        bodies.append(e.body)
+    return bodies

@@ -3,7 +3,8 @@
 Values compared and hashed by their fields, never changed once made; not ``frozen``
 dataclasses all the same, since a frozen one costs twice the time to make (its
 ``__init__`` sets each field through ``object.__setattr__``) and the parser makes one
-per command, a FIN or PUB per message (the broker's makes one ``Fins`` per run of FINs).
+per command, a FIN or PUB per message (the broker's makes one ``Fins`` per run of FINs,
+and its reads one ``Pubs`` per run of PUBs to a topic).
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ class Sub:
 class Pub:
     topic: str
     body: bytes
+
+
+@dataclass(slots=True)
+class Pubs:
+    """PUB of each of ``bodies`` to ``topic``, in order: a run of PUBs to one topic read
+    together, as one value (the broker makes one of a read's consecutive ``Pub``s, as a
+    pipelining publisher sends them). Not hashable (its bodies are a list)."""
+
+    topic: str
+    bodies: list[bytes]
 
 
 @dataclass(slots=True, unsafe_hash=True)
@@ -100,7 +111,21 @@ class Handoff:
 
 
 Command = (
-    Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Fins | Req | Touch | Cls | Nop | Handoff
+    Identify
+    | Auth
+    | Sub
+    | Pub
+    | Pubs
+    | Mpub
+    | Dpub
+    | Rdy
+    | Fin
+    | Fins
+    | Req
+    | Touch
+    | Cls
+    | Nop
+    | Handoff
 )
 
 
@@ -119,6 +144,8 @@ def encode_command(cmd: Command) -> bytes:
             return f"SUB {topic} {channel}\n".encode()
         case Pub(topic, body):
             return f"PUB {topic}\n".encode() + sized(body)
+        case Pubs(topic, bodies):
+            return b"".join(f"PUB {topic}\n".encode() + sized(b) for b in bodies)
         case Mpub(topic, bodies):
             payload = struct.pack(">I", len(bodies)) + b"".join(sized(b) for b in bodies)
             return f"MPUB {topic}\n".encode() + sized(payload)

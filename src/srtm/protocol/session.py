@@ -30,6 +30,7 @@ from srtm.protocol.commands import (
     Mpub,
     Nop,
     Pub,
+    Pubs,
     Rdy,
     Req,
     Sub,
@@ -93,6 +94,7 @@ _COMMANDS: tuple[type[Command], ...] = (
     Auth,
     Sub,
     Pub,
+    Pubs,
     Mpub,
     Dpub,
     Rdy,
@@ -104,13 +106,13 @@ _COMMANDS: tuple[type[Command], ...] = (
     Nop,
     Handoff,
 )
-_PUBLISH = (Pub, Mpub, Dpub)
+_PUBLISH = (Pub, Pubs, Mpub, Dpub)
 
 #: The state table: for each state, the commands it accepts and the state each leads to
 #: (entered once the command succeeded), or None for a command read and ignored.
 #: A command a state does not list is refused: E_INVALID "cannot X in current state"
 #: (fatal). Publishing needs no subscription; RDY after CLS is ignored, as nsqd does.
-#: ``Fins`` (a run of FINs read together) goes wherever FIN goes.
+#: ``Fins`` (a run of FINs read together) goes wherever FIN goes, ``Pubs`` wherever PUB.
 TRANSITIONS: dict[SessionState, dict[type[Command], SessionState | None]] = {
     SessionState.INIT: {
         Identify: SessionState.INIT,
@@ -136,7 +138,7 @@ TRANSITIONS: dict[SessionState, dict[type[Command], SessionState | None]] = {
 
 def command_name(cmd: type[Command]) -> str:
     """The command's name on the wire (``Mpub`` -> ``MPUB``; ``Fins`` -> ``FIN``)."""
-    return "FIN" if cmd is Fins else cmd.__name__.upper()
+    return "FIN" if cmd is Fins else "PUB" if cmd is Pubs else cmd.__name__.upper()
 
 
 class SessionHost(Protocol):
@@ -512,6 +514,14 @@ class Session:
         self.conn.publish(cmd.topic, [cmd.body], arrival_ns)
         self.conn.write(OK_FRAME)
 
+    def _pubs(self, cmd: Pubs, arrival_ns: int) -> None:
+        """A PUB of each body, taken as one publish (and so taken or refused whole, as an
+        MPUB of them would be), each answered OK."""
+        if self.fake_relay:
+            self._refuse_fake_relay()
+        self.conn.publish(cmd.topic, cmd.bodies, arrival_ns)
+        self.conn.write(OK_FRAME * len(cmd.bodies))
+
     def _mpub(self, cmd: Mpub, arrival_ns: int) -> None:
         if self.fake_relay:
             self._refuse_fake_relay()
@@ -617,6 +627,7 @@ _RUN: dict[type[Command], _Handler] = {
     Auth: Session._auth,
     Sub: Session._sub,
     Pub: Session._pub,
+    Pubs: Session._pubs,
     Mpub: Session._mpub,
     Dpub: Session._dpub,
     Rdy: Session._rdy,
