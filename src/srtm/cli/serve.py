@@ -194,6 +194,13 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return value
 
 
+def _node_cpus() -> list[int]:
+    """The CPUs this process may run on, to pin a node's processes to (none where the OS
+    cannot say: not Linux)."""
+    getaffinity = getattr(os, "sched_getaffinity", None)
+    return sorted(getaffinity(0)) if getaffinity is not None else []
+
+
 def node(
     ctx: typer.Context,
     brokers: Annotated[
@@ -295,7 +302,7 @@ def node(
     supervisor = NodeSupervisor(
         plans, host_id or socket.gethostname(), extra, stop_timeout_s=stop_timeout_s,
         max_processes=max(n, max_brokers or os.cpu_count() or 1), data_dir=data_dir,
-        dealer=dealer, cpus=sorted(os.sched_getaffinity(0)) if cpu_affinity else (),
+        dealer=dealer, cpus=_node_cpus() if cpu_affinity else (),
     )  # fmt: skip
     try:
         asyncio.run(serve_node(supervisor, lambda s: print(s.ready_line(), flush=True), api, token))
