@@ -1,6 +1,7 @@
 """A pipelining publisher's PUBs to one topic, read together, are taken as one publish
 (``Pubs``): each is answered OK, in order, and queued in order, as one by one; other
-commands between them end a run. The session takes a run wherever it takes PUB."""
+commands between them end a run, and a topic with a bound is published PUB by PUB (its
+bound is judged at each). The session takes a run wherever it takes PUB."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from srtm.protocol import (
     encode_command,
 )
 from srtm.protocol.limits import Limits
+from srtm.ratelimit.overflow import Bound, OverflowPolicy
 from support import MakeBroker
 
 
@@ -53,6 +55,19 @@ def _read_all(peer: socket.socket) -> list[bytes]:
     return [f.data if f.kind is FrameType.RESPONSE else b"ERR " + f.data for f in reader.feed(data)]
 
 
+def _count_publishes(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Each publish the broker is asked for from now on: its topic and message count."""
+    calls: list[tuple[str, int]] = []
+    publish = broker.publish
+
+    def counted(topic: str, bodies: list[bytes], *args: Any, **kw: Any) -> Any:
+        calls.append((topic, len(bodies)))
+        return publish(topic, bodies, *args, **kw)
+
+    monkeypatch.setattr(broker, "publish", counted)
+    return calls
+
+
 def _queued(broker: Broker, topic: str) -> list[bytes]:
     queue = broker.topics[topic].channels["c"].queue
     return [r[1] for r in queue.take(len(queue))]
@@ -64,14 +79,7 @@ async def test_a_run_of_pubs_in_one_read_is_one_publish_answered_ok_each(
     broker = await make_broker()
     for topic in ("t", "u"):
         broker.channel(topic, "c")
-    calls: list[tuple[str, int]] = []
-    publish = broker.publish
-
-    def counted(topic: str, bodies: list[bytes], *args: Any, **kw: Any) -> Any:
-        calls.append((topic, len(bodies)))
-        return publish(topic, bodies, *args, **kw)
-
-    monkeypatch.setattr(broker, "publish", counted)
+    calls = _count_publishes(broker, monkeypatch)
     peer, server = _pair()
     with peer, server:
         client = Client(broker, server, True)
@@ -94,6 +102,27 @@ async def test_a_run_of_pubs_in_one_read_is_one_publish_answered_ok_each(
     assert calls == [("t", 3), ("u", 1), ("t", 2), ("t", 1), ("t", 2), ("t", 1)]
     assert _queued(broker, "t") == [b"t%d" % i for i in range(9)]
     assert _queued(broker, "u") == [b"u0"]
+
+
+async def test_a_bounded_topic_judges_its_bound_pub_by_pub(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = await make_broker()
+    broker.shares.set_bucket("t", 1_000_000.0, 1_000.0)
+    broker.policing.set_bound("t", Bound(60_000, OverflowPolicy.REFUSE))
+    calls = _count_publishes(broker, monkeypatch)
+    peer, server = _pair()
+    with peer, server:
+        client = Client(broker, server, True)
+        broker.clients.add(client)
+        asyncio.get_running_loop().remove_reader(server.fileno())
+        stream = b"".join(encode_command(Pub("t", b"m%d" % i)) for i in range(4))
+        peer.sendall(MAGIC_V2 + stream)
+        client.intake.on_readable()
+        answers = _read_all(peer)
+        client.close()
+    assert answers == [b"OK"] * 4
+    assert calls == [("t", 1)] * 4  # the bound, and so the run, judged at each PUB
 
 
 async def test_a_run_to_a_bad_topic_is_refused_once_and_ends_the_session(

@@ -547,6 +547,11 @@ class Broker:
         """Release shaped messages that are due (see ``Releaser.release_due``)."""
         return self.releaser.release_due()
 
+    def takes_runs(self, topic_name: str) -> bool:
+        """Whether a read's run of PUBs to the topic may be one publish: it has no bound,
+        which is judged PUB by PUB (refused, or the publisher blocked, at the first over)."""
+        return (topic := self.topics.get(topic_name)) is not None and topic.bound is None
+
     # -- measurement rounds --------------------------------------------------------------
     async def measure(
         self, topic: str, publishers: frozenset[str] | None, window_ns: int

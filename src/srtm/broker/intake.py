@@ -53,6 +53,8 @@ class IntakeBroker(Protocol):
 
     def release_due(self) -> bool: ...
 
+    def takes_runs(self, topic_name: str) -> bool: ...
+
 
 class IntakeConn(Protocol):
     """What ``Intake`` needs of its connection (``srtm.broker.tcp.Client``)."""
@@ -187,8 +189,8 @@ class Intake:
         µs apart), and while releases wait a FIN of a long run (``Fins``, one per message
         a consumer got) is run ``_FIN_CHUNK`` FINs at a time (else at once: FINs release
         nothing). A run of PUBs to one topic (a pipelining publisher's) is one publish,
-        ``Pubs``, where no auth gate judges each command: taken or refused whole, as an
-        MPUB of them would be, and answered OK each; each counts toward the budget."""
+        ``Pubs``, answered OK each (each counts toward the budget), where nothing judges
+        each PUB: no auth gate, and no bound on the topic (``takes_runs``)."""
         gate, session, out = self._gate, self._session, self._output
         release_due = self._broker.release_due
         end = min(len(events), start + TURN_BUDGET)
@@ -210,7 +212,13 @@ class Intake:
             if session.state is _CLOSED or out.closing:
                 return len(events)
             after = i + 1
-            if type(event) is Pub and gate is None and after < end and type(events[after]) is Pub:
+            if (
+                type(event) is Pub
+                and gate is None
+                and after < end
+                and type(events[after]) is Pub
+                and self._broker.takes_runs(event.topic)
+            ):
                 bodies = _pub_run(event, events, after, end)
                 if len(bodies) > 1:
                     event, after = Pubs(event.topic, bodies), i + len(bodies)

@@ -180,6 +180,10 @@ class BrokerPort(Protocol):
         """Release shaped messages that are due; whether any still wait."""
         ...
 
+    def takes_runs(self, topic_name: str) -> bool:
+        """Whether a read's run of PUBs to the topic may be one publish."""
+        ...
+
     def disconnected(self, client: Client) -> None: ...
 
 

@@ -516,7 +516,8 @@ class Session:
 
     def _pubs(self, cmd: Pubs, arrival_ns: int) -> None:
         """A PUB of each body, taken as one publish (and so taken or refused whole, as an
-        MPUB of them would be), each answered OK."""
+        MPUB of them would be: the broker makes runs only where nothing judges each PUB),
+        each answered OK."""
         if self.fake_relay:
             self._refuse_fake_relay()
         self.conn.publish(cmd.topic, cmd.bodies, arrival_ns)
