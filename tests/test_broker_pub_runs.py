@@ -33,13 +33,10 @@ from support import MakeBroker
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        peer = socket.create_connection(listener.getsockname())
-        server, _ = listener.accept()
-    peer.settimeout(5)
-    return peer, server
+    """A client's socket and the broker's end of its TCP connection, on 127.0.0.1."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        peer = socket.create_connection(listener.getsockname(), timeout=5)
+        return peer, listener.accept()[0]
 
 
 def _read_all(peer: socket.socket) -> list[bytes]:
