@@ -388,8 +388,8 @@ class NodeSupervisor:
 def _in_child(cpu: int | None) -> None:
     """Before a process's ``exec``: it dies with the node, and runs on ``cpu`` (with
     every thread it starts). Pinned, a process keeps its core's caches and is not moved
-    onto a core another process of the node is busy on: single PUB into a node of two
-    on the 2-core development VM rose from 29-31 k to 33-38 k a second."""
+    onto a core another process of the node is busy on (docs/broker.md has the
+    figures: single PUB into a node of two about a quarter faster)."""
     die_with_parent()
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
