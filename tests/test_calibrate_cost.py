@@ -13,7 +13,15 @@ from typer.testing import CliRunner
 
 from srtm.cli import app
 from srtm.cli.calibrate import parse_list
-from srtm.experiments.calibrate_cost import QUICK, CostPlan, CostStep, document, fit, fitted
+from srtm.experiments.calibrate_cost import (
+    QUICK,
+    CostPlan,
+    CostStep,
+    document,
+    fit,
+    fitted,
+    process_cpu_s,
+)
 
 runner = CliRunner()
 
@@ -55,6 +63,28 @@ def test_steps_behind_are_fitted_when_nothing_else_separates_a_from_b() -> None:
     steps += [step(r, 4, 0.01 + a * r + b * r * 3, fan=3) for r in (1000, 3000)]
     assert len(fitted(steps)) == 5
     assert fit(steps).model.b_cpu_s == pytest.approx(b)
+
+
+def test_a_process_cpu_is_read_finer_than_a_clock_tick() -> None:
+    """A quick step holds a few ms of the publishes' cost: another process's CPU is read
+    to well under a 10 ms tick. A child burns 23 ms of CPU, says how much it has used in
+    all (its own ns clock), and sleeps; it is read then."""
+    burn = (
+        "import sys, time\n"
+        "while time.process_time() < 0.023: pass\n"
+        "print(time.process_time(), flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        own = float(child.stdout.readline())
+        read = process_cpu_s(child.pid)
+    finally:
+        child.communicate("", timeout=10)
+    assert abs(read - own) < 0.002, (read, own)
 
 
 def test_a_plan_needs_two_rates_and_two_consumer_counts() -> None:
