@@ -91,6 +91,8 @@ class Parser:
             one = one_publish(data, self.limits)
             if one is not None:
                 return [one]
+            if (pubs := self._pubs(data, 0)) is not None and pubs[1] == len(data):
+                return pubs[0]  # a pipelining publisher's read: whole PUBs to one topic
             if not len(data) % _FIN_LINE and data.startswith(b"FIN ") and whole_fin_lines(data, 0):
                 ids = fin_ids(data)
                 return [Fins(ids)] if self.batch_fins else [Fin(i) for i in ids]
@@ -131,6 +133,10 @@ class Parser:
                     pos += size
                     self._pending = None
                     continue
+                if (pubs := self._pubs(buf, pos)) is not None:
+                    events += pubs[0]
+                    pos = pubs[1]
+                    continue
                 if buf.startswith(b"FIN ", pos) and (fins := self._fin_run(buf, pos)):
                     # Consumers send a FIN per message, back to back: the run at once.
                     ids = fin_ids(fins)
@@ -155,6 +161,18 @@ class Parser:
                 pos = rest
         finally:
             del buf[:pos]
+
+    def _pubs(self, buf: bytes | bytearray, pos: int) -> tuple[list[Event], int] | None:
+        """The PUBs of the run to one topic at ``pos`` (``pub_run``) and where it ends;
+        None where there is none, or its topic has not been found valid yet (the general
+        path checks it, and the next PUB to it takes this one)."""
+        if not buf.startswith(b"PUB ", pos):
+            return None
+        limits = self.limits
+        run = pub_run(buf, pos, limits.max_line, limits.max_msg_size)
+        if run is None or (topic := _VALID_TOPICS.get(run[0])) is None:
+            return None
+        return [Pub(topic, body) for body in run[1]], run[2]
 
     def _fin_run(self, buf: bytearray, pos: int) -> bytes:
         """The well-formed FIN lines back to back from ``pos`` (b"": none): checked in C
@@ -219,6 +237,46 @@ def one_publish(data: bytes, limits: Limits) -> Pub | Mpub | None:
     if count != 1 or msg != size - 8 or msg > limits.max_msg_size:
         return None
     return Mpub(topic, [data[end + 13 :]])
+
+
+def pub_run_py(
+    buf: bytes | bytearray, pos: int, max_line: int, max_size: int
+) -> tuple[bytes, list[bytes], int] | None:
+    """The whole PUBs to one topic back to back from ``pos``: (the topic as read, the
+    bodies, where the run ends); None where not even the first is one. Only the plain
+    form counts: "PUB <topic>\\n" (the line at most ``max_line`` bytes, the topic without
+    spaces or carriage returns), a size in 1..``max_size``, the whole body. The run stops
+    at anything else, which the general parser reads (and refuses where it is wrong), so
+    a run holds the PUBs the general parser would give for the same bytes."""
+    n, p = len(buf), pos
+    topic: bytes | None = None
+    bodies: list[bytes] = []
+    while buf.startswith(b"PUB ", p):
+        nl = buf.find(b"\n", p + 4, p + max_line + 1)
+        if nl < 0:
+            break
+        name = bytes(buf[p + 4 : nl])
+        if not name or b" " in name or b"\r" in name or (topic is not None and name != topic):
+            break
+        if n - (nl + 1) < 4:
+            break
+        (size,) = _SIZE.unpack_from(buf, nl + 1)
+        if size <= 0 or size > max_size or n - (nl + 5) < size:
+            break
+        topic = name
+        bodies.append(bytes(buf[nl + 5 : nl + 5 + size]))
+        p = nl + 5 + size
+    return (topic, bodies, p) if topic is not None else None
+
+
+_PubRun = Callable[[bytes | bytearray, int, int, int], tuple[bytes, list[bytes], int] | None]
+_c_pub_run: _PubRun | None
+try:
+    from srtm.protocol._pubrun import pub_run as _c_pub_run
+except ImportError:  # not built
+    _c_pub_run = None
+#: ``pub_run_py``, in C where ``srtm.protocol._pubrun`` was built (at install).
+pub_run: _PubRun = _c_pub_run or pub_run_py
 
 
 #: An MPUB body's count and its first message's size.

@@ -1,0 +1,3 @@
+def pub_run(
+    buf: bytes | bytearray, pos: int, max_line: int, max_size: int, /
+) -> tuple[bytes, list[bytes], int] | None: ...
