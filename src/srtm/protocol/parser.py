@@ -85,19 +85,25 @@ class Parser:
     def feed(self, data: bytes) -> list[Event]:
         if self._failed:
             return []
+        events: list[Event] = []
         if not self._buf and self._pending is None and self._magic_seen and type(data) is bytes:
-            # A sensor's read (one whole publish) or a consumer's (whole FIN lines),
-            # parsed without the buffer.
+            # A sensor's read (one whole publish), a pipelining publisher's (a run of PUBs
+            # to one topic) or a consumer's (whole FIN lines), parsed without the buffer;
+            # only what follows a run is buffered (a PUB cut at the read's end, say).
             one = one_publish(data, self.limits)
             if one is not None:
                 return [one]
-            if (pubs := self._pubs(data, 0)) is not None and pubs[1] == len(data):
-                return pubs[0]  # a pipelining publisher's read: whole PUBs to one topic
-            if not len(data) % _FIN_LINE and data.startswith(b"FIN ") and whole_fin_lines(data, 0):
+            if (pubs := self._pubs(data, 0)) is not None:
+                events, end = pubs
+                if end == len(data):
+                    return events
+                data = data[end:]
+            elif (
+                not len(data) % _FIN_LINE and data.startswith(b"FIN ") and whole_fin_lines(data, 0)
+            ):
                 ids = fin_ids(data)
                 return [Fins(ids)] if self.batch_fins else [Fin(i) for i in ids]
         self._buf += data
-        events: list[Event] = []
         try:
             self._parse(events)
         except ProtocolError as err:
