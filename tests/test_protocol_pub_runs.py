@@ -42,10 +42,11 @@ pieces = st.one_of(
 streams = st.builds(b"".join, st.lists(pieces, max_size=12))
 
 
-def test_the_c_run_finder_was_built() -> None:
+def test_the_parser_finds_runs_in_c_where_it_was_built() -> None:
     """Optional at install (no compiler: Python's is used); said here when missing."""
     if c_pub_run is None:
         pytest.skip("srtm.protocol._pubrun not built: the pure-Python run finder is used")
+    assert parser.pub_run is c_pub_run
 
 
 def test_a_run_is_the_plain_pubs_to_its_first_topic() -> None:
