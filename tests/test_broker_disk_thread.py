@@ -309,6 +309,32 @@ async def test_a_slow_inline_write_sends_writes_to_the_disk_thread_for_a_while(
         q.close()
 
 
+async def test_inline_writes_of_one_loop_turn_make_the_queue_readable_once_after_it(
+    tmp_path: Path,
+) -> None:
+    """A publish's inline write says "readable" only once the publish is done (the loop
+    turn after it), and the writes of publishes read in one turn say it once."""
+    calls: list[int] = []
+    io = DiskIO(asyncio.get_running_loop(), inline_bytes=1 << 16)
+    q = DiskQueue(tmp_path / "q", io=io, on_readable=lambda: calls.append(q.pending))
+    try:
+        assert not await _write_one(q, 0)  # opens the segment: the thread, told at once
+        assert calls == [0]
+        assert await _write_one(q, 1) and await _write_one(q, 2)
+        assert calls == [0]  # not in the middle of the publishes
+        await asyncio.sleep(0)
+        assert calls == [0, 0]
+        await asyncio.sleep(0)
+        assert calls == [0, 0]
+        assert await _write_one(q, 3)
+        await asyncio.sleep(0)
+        assert calls == [0, 0, 0]  # a later turn's write says it again
+        assert [m.body for m in iter(q.pop, None)] == [b"m0", b"m1", b"m2", b"m3"]
+    finally:
+        await io.quiesce()
+        q.close()
+
+
 async def test_an_inline_write_that_fails_keeps_its_records_and_marks_the_queue_failing(
     tmp_path: Path,
 ) -> None:

@@ -445,7 +445,9 @@ class Broker:
             written = self.persistence.write_through()
             # The storage latency (Bhola et al. §III-C): arrival to the write the
             # acknowledgement waits for; the bucket's wait comes after the OK here.
-            meter = self.storage_latency.setdefault(topic.name, StorageLatencyMeter())
+            meter = self.storage_latency.get(topic.name)
+            if meter is None:
+                meter = self.storage_latency[topic.name] = StorageLatencyMeter()
             if written is None:  # written inline: acknowledged now
                 meter.add(time.time_ns() - arrival)
             else:

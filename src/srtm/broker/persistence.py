@@ -343,6 +343,8 @@ class Persistence:
         publish that overflows, or fewer: publishes arriving while one is written go
         together in the next). The writes run on the disk thread; the future returned is
         done when they are (None: written inline, or nothing to write)."""
+        if len(self.pushed) == 1:  # the usual case: one queue (a PUB's channel)
+            return self.pushed.pop().written()
         waits = []
         pushed = list(self.pushed)
         self.pushed.clear()  # the same set: the queues hold it

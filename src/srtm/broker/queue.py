@@ -299,8 +299,11 @@ class MessageQueue:
         fits in memory (while nothing waits in the backend) in one C-level extend (a
         ``Fresh`` batch of more than one as a run), the rest handed to the backend in one
         call (or dropped, without one)."""
-        ov = self.overflow
-        room = 0 if ov is not None and len(ov) else max(0, self.mem_size - self._n)
+        room = self.mem_size - self._n
+        if room <= 0:
+            room = 0  # full: the backend is not asked what it holds (a call or two down)
+        elif (ov := self.overflow) is not None and len(ov):
+            room = 0
         if type(batch) is list:
             if len(batch) <= room:
                 self._runs.extend(batch)
@@ -312,11 +315,15 @@ class MessageQueue:
             self._spill(batch[room:])
             return
         assert isinstance(batch, Fresh)
+        if not room:  # all of it to the backend, as records
+            if batch.bodies:
+                self._spill(batch.records())
+            return
         n = len(batch.bodies)  # not ``len(batch)``: a Python call
-        if n == 1 and room:
+        if n == 1:
             self._single(batch)
             return
-        if room < 2 or n < 2:  # none: to the backend as records
+        if room < 2:  # one in memory, the rest to the backend
             self.extend(batch.records())
             return
         ids, bodies = batch.ids, batch.bodies

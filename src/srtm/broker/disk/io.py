@@ -274,14 +274,6 @@ class DiskIO:
             and self.clock() >= self._inline_paused_until
         )
 
-    def run_inline(self, work: Callable[[], _T]) -> _T:
-        """``work`` (a write) on the caller's thread, timed (``inline_took``)."""
-        started = self.clock()
-        try:
-            return work()
-        finally:
-            self.inline_took(self.clock() - started)
-
     def inline_took(self, ns: int) -> None:
         """An inline write took ``ns``: a slow one pauses inline writes (Redis writes its
         log on its event loop the same way; the pause bounds how often the loop can wait,

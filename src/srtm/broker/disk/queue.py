@@ -116,6 +116,9 @@ class DiskQueue:
         #: Called (on the event loop) when records were read or written that ``pop`` can
         #: now give: the broker dispatches the queue's channel or topic again.
         self._on_readable = on_readable
+        #: An ``_on_readable`` call is due at the end of this loop turn (after inline
+        #: writes: one call for all of them).
+        self._readable_soon = False
         self._segments = Segments(directory, self._unlink)
         self._unread = 0  # records on disk not read yet
         if self.threaded:
@@ -274,18 +277,24 @@ class DiskQueue:
             self._run(lambda: bad, lambda res: self._write_done(gen, fd, seg, res))
             return
         data = header + encoded
+        if inline:  # no closures: a publish's write on the event loop, timed
+            io = self.io
+            assert io is not None
+            started = io.clock()
+            try:
+                res = write_batch(write, directory, path, fd, end, len(header), data, count)
+            finally:
+                io.inline_took(io.clock() - started)
+            self._write_done(gen, fd, seg, res, True)
+            return
 
         def work() -> WriteResult:
             return write_batch(write, directory, path, fd, end, len(header), data, count)
 
         def done(res: WriteResult) -> None:
-            self._write_done(gen, fd, seg, res, inline)
+            self._write_done(gen, fd, seg, res)
 
-        if inline:
-            assert self.io is not None
-            done(self.io.run_inline(work))
-        else:
-            self._run(work, done)
+        self._run(work, done)
 
     def _write_done(
         self, gen: int, fd: int | None, seg: Segment, res: WriteResult, inline: bool = False
@@ -329,11 +338,17 @@ class DiskQueue:
                 ):
                     self._start_write()
         if k and self.threaded and self._on_readable is not None:
-            if inline:
-                assert self.io is not None
-                self.io.loop.call_soon(self._on_readable)
-            else:
+            if not inline:
                 self._on_readable()
+            elif not self._readable_soon:
+                assert self.io is not None
+                self._readable_soon = True
+                self.io.loop.call_soon(self._readable_now)
+
+    def _readable_now(self) -> None:
+        self._readable_soon = False
+        if self._on_readable is not None:
+            self._on_readable()
 
     def _written(self, seg: Segment, size: int, k: int) -> bool:
         """``k`` buffered records (``size`` bytes with the file header) are on disk now.
