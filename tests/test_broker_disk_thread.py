@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import srtm.broker.disk.io
+import srtm.broker.disk.queue
 from nsq_raw import RawClient
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.disk import DiskQueue
@@ -109,6 +110,41 @@ async def test_no_disk_queue_file_work_runs_on_the_event_loop(
     assert {"write", "open", "io.open", "unlink"} <= kinds, kinds  # the disk was used
     on_loop = [name for name, thread in calls if thread == loop_thread]
     assert not on_loop, f"file work on the event loop: {sorted(set(on_loop))}"
+
+
+async def test_a_read_back_wakes_the_channel_that_reads_not_the_topics_first(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages read back on the disk thread for a topic's second channel are dispatched
+    to its consumer once read, though the topic's first channel (no consumer) is another."""
+    read_batch = srtm.broker.disk.queue.read_batch
+
+    def slow_read(*args: Any) -> Any:
+        threading.Event().wait(0.05)  # the consumer drains what was read ahead meanwhile
+        return read_batch(*args)
+
+    monkeypatch.setattr(srtm.broker.disk.queue, "read_batch", slow_read)
+    broker = await make_broker(mem_queue_size=0, disk_inline_write_bytes=0)
+    assert broker.tcp_address is not None
+    pub = await RawClient.connect(*broker.tcp_address)
+    sub = await RawClient.connect(*broker.tcp_address)
+    broker.channel("t", "a")
+    await sub.send(Sub("t", "b"))
+    assert await sub.response() == b"OK"
+    sent = 1000  # past what is read ahead as written: the rest is read back
+    for i in range(0, sent, 100):
+        await pub.send(Mpub("t", [b"m%04d" % n for n in range(i, i + 100)]))
+        assert await pub.response() == b"OK"
+    # RDY 1: a read back finds the consumer with nothing in flight, waiting for it
+    await sub.send(Rdy(1))
+    got = []
+    while len(got) < sent:
+        m = await sub.message(timeout=3)
+        got.append(m.body)
+        await sub.send(Fin(m.id))
+    assert got == [b"m%04d" % n for n in range(sent)]
+    await pub.close()
+    await sub.close()
 
 
 async def test_an_ok_waits_for_its_write_and_holds_later_frames_of_its_connection_only(

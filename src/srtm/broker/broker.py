@@ -530,7 +530,10 @@ class Broker:
         topic = self.topics.get(name.split("@")[0])
         if topic is None:
             return
-        if name == topic.name:
+        if sep:  # a channel's ("topic:channel"; its topic's name is ``name`` too)
+            if (ch := topic.channels.get(channel)) is not None:
+                self.mark_ready(ch)
+        elif name == topic.name:
             # What the topic held for its first channel (read back after a restart):
             # that channel takes it, as it took what was in memory when it was made.
             first = next(iter(topic.channels.values()), None)
@@ -540,10 +543,8 @@ class Broker:
                 self.mark_ready(first)
         elif name.endswith("@deferred"):
             self.scan.deferring.add(topic)  # the scan takes what was read back when due
-        elif not sep:
+        else:
             self.releaser.kick(topic)
-        elif (ch := topic.channels.get(channel)) is not None:
-            self.mark_ready(ch)
 
     def release_due(self) -> bool:
         """Release shaped messages that are due (see ``Releaser.release_due``)."""
