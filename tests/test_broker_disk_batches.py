@@ -90,7 +90,7 @@ class ShortWriter:
     def __init__(self) -> None:
         self.room: int | None = None
 
-    def __call__(self, fd: int, data: memoryview) -> int:
+    def __call__(self, fd: int, data: bytes | memoryview) -> int:
         if self.room is None:
             return os.write(fd, data)
         if self.room <= 0:

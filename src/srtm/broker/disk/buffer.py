@@ -78,6 +78,8 @@ class WriteBuffer:
         if size + self.nbytes < segment_bytes and count <= MAX_WRITE_RECORDS:
             # All of it fits (the usual case): no loop per record; encoded when pushed.
             if lined_up:
+                if len(self.chunks) == 1:  # one publish's (a PUB's): no join
+                    return self.chunks[0][1], count
                 return b"".join([data for _, data in self.chunks]), count
             return encode_batch(list(records)), count
         if lined_up:

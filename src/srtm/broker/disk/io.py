@@ -48,7 +48,7 @@ MAX_INLINE_PAUSE_NS = 5_000_000_000
 STRIKES_KEPT_NS = 10_000_000_000
 
 #: Writes ``data`` at the end of the open file ``fd``; returns how many bytes it wrote.
-Writer = Callable[[int, memoryview], int]
+Writer = Callable[[int, bytes | memoryview], int]
 
 _syncer: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -140,7 +140,6 @@ def write_batch(
     """Append ``data`` (a file header of ``header`` bytes, then ``count`` version-2 records) to the
     segment ``path`` (opened if ``fd`` is None), which holds ``end`` good bytes. A failed
     write is taken back to its last whole record (``ftruncate`` needs no space)."""
-    view = memoryview(data)
     written = 0
     exc: OSError | None = None
     try:
@@ -150,7 +149,7 @@ def write_batch(
             if new:  # the file's name survives a power loss
                 in_background(lambda: fsync_dir(directory))
         while written < len(data):
-            n = write(fd, view[written:])
+            n = write(fd, memoryview(data)[written:] if written else data)
             if n <= 0:
                 raise OSError(errno.EIO, "write made no progress")
             written += n

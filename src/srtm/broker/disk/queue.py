@@ -257,7 +257,7 @@ class DiskQueue:
     def _start_write(self, inline: bool = False) -> None:
         """Write the oldest buffered records (up to a segment's size) at the end of the
         write segment; they stay readable from the buffer until the write is done.
-        ``inline``: on the caller's thread, now (see ``_write_inline``)."""
+        ``inline``: on the caller's thread, now (see ``written``)."""
         if self._segments.write.end >= self.segment_bytes:
             self._rotate(sync=True)
         seg = self._segments.write
