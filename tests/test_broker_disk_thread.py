@@ -13,6 +13,7 @@ import itertools
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -274,6 +275,7 @@ async def test_a_small_overflow_to_an_open_segment_is_written_before_its_ok_on_t
     scraped = {m.name: m.samples[0].value for m in BrokerCollector(broker).collect() if m.samples}
     assert scraped["srtm_disk_inline_writes"] == 19
     assert scraped["srtm_disk_slow_inline_writes"] == 0
+    assert scraped["srtm_disk_busy_inline_writes"] == 0
 
 
 class _Clock:
@@ -296,19 +298,24 @@ async def _write_one(q: DiskQueue, n: int) -> bool:
 async def test_a_slow_inline_write_sends_writes_to_the_disk_thread_for_a_while(
     tmp_path: Path,
 ) -> None:
-    """A slow inline write pauses inline writes; slow ones in a row pause them longer, and
-    one long after the last pause starts again from the shortest."""
+    """A slow inline write that waited in the kernel pauses inline writes; slow ones in a
+    row pause them longer, and one long after the last pause starts again from the
+    shortest."""
     clock = _Clock()
+    sleeps = itertools.count(1)
+    slept = 0
     threads: list[int] = []
     slow = False
 
     def writer(fd: int, data: Any) -> int:
+        nonlocal slept
         threads.append(threading.get_ident())
         if slow:
             clock.ns += SLOW_INLINE_NS + 1  # as if the kernel held the write this long
+            slept = next(sleeps)
         return os.write(fd, data)
 
-    io = DiskIO(asyncio.get_running_loop(), inline_bytes=1 << 16, clock=clock)
+    io = DiskIO(asyncio.get_running_loop(), inline_bytes=1 << 16, clock=clock, sleeps=lambda: slept)
     q = DiskQueue(tmp_path / "q", io=io, writer=writer)
     loop_thread = threading.get_ident()
     n = 0
@@ -366,6 +373,46 @@ async def test_inline_writes_of_one_loop_turn_make_the_queue_readable_once_after
         await asyncio.sleep(0)
         assert calls == [0, 0, 0]  # a later turn's write says it again
         assert [m.body for m in iter(q.pop, None)] == [b"m0", b"m1", b"m2", b"m3"]
+    finally:
+        await io.quiesce()
+        q.close()
+
+
+async def test_a_slow_inline_write_that_never_waited_in_the_kernel_pauses_nothing(
+    tmp_path: Path,
+) -> None:
+    """A write that took long on the CPU, or lost its core, was not held by the disk: the
+    writes that follow stay on the loop. The thread's own count of waits tells them apart:
+    here a write that really sleeps, and one that really spins, past the threshold."""
+    threads: list[int] = []
+    how = ""
+
+    def writer(fd: int, data: Any) -> int:
+        threads.append(threading.get_ident())
+        if how == "sleeps":
+            threading.Event().wait(2 * SLOW_INLINE_NS / 1e9)
+        elif how == "spins":
+            until = time.monotonic_ns() + 2 * SLOW_INLINE_NS
+            while time.monotonic_ns() < until:
+                pass
+        return os.write(fd, data)
+
+    io = DiskIO(asyncio.get_running_loop(), inline_bytes=1 << 16)
+    q = DiskQueue(tmp_path / "q", io=io, writer=writer)
+    loop_thread = threading.get_ident()
+    try:
+        assert not await _write_one(q, 0)  # opens the segment: the thread
+        how = "spins"
+        assert await _write_one(q, 1)
+        how = ""
+        assert await _write_one(q, 2) and threads[-1] == loop_thread
+        assert (io.busy_inline_writes, io.slow_inline_writes) == (1, 0)
+        how = "sleeps"
+        assert await _write_one(q, 3)
+        how = ""
+        assert not await _write_one(q, 4) and threads[-1] != loop_thread  # paused
+        assert (io.busy_inline_writes, io.slow_inline_writes) == (1, 1)
+        assert [m.body for m in iter(q.pop, None)] == [b"m%d" % i for i in range(5)]
     finally:
         await io.quiesce()
         q.close()

@@ -126,15 +126,21 @@ class BrokerCollector(Collector):
         )
         slow = CounterMetricFamily(
             "srtm_disk_slow_inline_writes",
-            "Inline writes over 0.5 ms (each pauses them: 50 ms, doubled while they keep "
-            "coming, up to 5 s)",
+            "Inline writes over 0.5 ms that waited in the kernel (each pauses them: 50 ms, "
+            "doubled while they keep coming, up to 5 s)",
+        )
+        busy = CounterMetricFamily(
+            "srtm_disk_busy_inline_writes",
+            "Inline writes over 0.5 ms that never waited in the kernel (CPU, or a core "
+            "taken away: no pause)",
         )
         if (io := b.persistence.io) is not None:
             inline.add_metric([], io.inline_writes)
             slow.add_metric([], io.slow_inline_writes)
+            busy.add_metric([], io.busy_inline_writes)
         yield from (msgs, depth, rate, avg, backlog, b_rate, b_burst, wait, lat, served, waited)
         yield from (age, bound_wait, bound_max, dropped, refused, blocked)
-        yield from (c_depth, c_flight, c_msgs, c_req, c_to, c_cli, clients, inline, slow)
+        yield from (c_depth, c_flight, c_msgs, c_req, c_to, c_cli, clients, inline, slow, busy)
 
 
 def _quantiles(family: GaugeMetricFamily, labels: list[str], s: dict[str, float]) -> None:

@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 import queue
+import resource
 import threading
 import time
 from collections.abc import Callable
@@ -38,10 +39,12 @@ log = logging.getLogger("srtm.broker.disk")
 
 #: What a queue reads ahead on the disk thread at a time (about bytes).
 READ_AHEAD_BYTES = 256 << 10
-#: An inline write slower than this (ns: the kernel throttled it, the journal held it, or
-#: the thread lost its core) sends every write to the disk thread for a pause: the first
-#: ``INLINE_PAUSE_NS``, doubled for each slow one within ``STRIKES_KEPT_NS`` of the last
-#: pause's end, up to ``MAX_INLINE_PAUSE_NS``.
+#: An inline write slower than this (ns) that waited in the kernel (the kernel throttled
+#: it, the journal or a page lock held it: ``sleeps`` went up) sends every write to the
+#: disk thread for a pause: the first ``INLINE_PAUSE_NS``, doubled for each slow one
+#: within ``STRIKES_KEPT_NS`` of the last pause's end, up to ``MAX_INLINE_PAUSE_NS``. One
+#: that never waited spent its time on the CPU, or lost its core to another task or to
+#: the hypervisor: not the disk's doing, and the loop loses that time whatever it runs.
 SLOW_INLINE_NS = 500_000
 INLINE_PAUSE_NS = 50_000_000
 MAX_INLINE_PAUSE_NS = 5_000_000_000
@@ -51,6 +54,17 @@ STRIKES_KEPT_NS = 10_000_000_000
 Writer = Callable[[int, bytes | memoryview], int]
 
 _syncer: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def thread_sleeps() -> int:
+    """How often the calling thread has waited in the kernel (voluntary context switches;
+    -1 where the OS does not count them per thread: every slow write then counts)."""
+    if _RUSAGE_THREAD is None:
+        return -1
+    return resource.getrusage(_RUSAGE_THREAD).ru_nvcsw
+
+
+_RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
 
 
 def in_background(fn: Callable[[], None]) -> None:
@@ -237,6 +251,7 @@ class DiskIO:
         loop: asyncio.AbstractEventLoop,
         inline_bytes: int = 0,
         clock: Callable[[], int] = time.monotonic_ns,
+        sleeps: Callable[[], int] = thread_sleeps,
     ) -> None:
         self.loop = loop
         #: A publish's overflow up to this size is written on the event loop when its file
@@ -244,13 +259,14 @@ class DiskIO:
         #: microseconds, where this thread's hand-off costs two thread wake-ups on the
         #: acknowledgement's path (0: never).
         self.inline_bytes = inline_bytes
-        self.clock = clock
+        self.clock, self.sleeps = clock, sleeps
         #: Until when (``clock``) no write runs inline, after a slow one; slow ones in a
         #: row (each within ``STRIKES_KEPT_NS`` of the last pause's end).
         self._inline_paused_until = 0
         self._strikes = 0
-        #: Inline writes, and the slow ones among them (``SLOW_INLINE_NS``).
-        self.inline_writes = self.slow_inline_writes = 0
+        #: Inline writes; the slow ones among them (``SLOW_INLINE_NS``) that waited in the
+        #: kernel, and those that did not (no pause).
+        self.inline_writes = self.slow_inline_writes = self.busy_inline_writes = 0
         self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         #: Work submitted whose completion has not run yet.
         self.outstanding = 0
@@ -273,12 +289,16 @@ class DiskIO:
             and self.clock() >= self._inline_paused_until
         )
 
-    def inline_took(self, ns: int) -> None:
-        """An inline write took ``ns``: a slow one pauses inline writes (Redis writes its
-        log on its event loop the same way; the pause bounds how often the loop can wait,
-        and grows while slow writes keep coming)."""
+    def inline_took(self, ns: int, sleeps_before: int) -> None:
+        """An inline write took ``ns`` (``sleeps`` was ``sleeps_before`` as it began): a
+        slow one that waited in the kernel pauses inline writes (Redis writes its log on
+        its event loop the same way; the pause bounds how often the loop can wait for the
+        disk, and grows while slow writes keep coming)."""
         self.inline_writes += 1
         if ns <= SLOW_INLINE_NS:
+            return
+        if sleeps_before >= 0 and self.sleeps() == sleeps_before:
+            self.busy_inline_writes += 1
             return
         now = self.clock()
         in_a_row = now < self._inline_paused_until + STRIKES_KEPT_NS

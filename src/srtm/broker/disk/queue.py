@@ -280,11 +280,11 @@ class DiskQueue:
         if inline:  # no closures: a publish's write on the event loop, timed
             io = self.io
             assert io is not None
-            started = io.clock()
+            started, sleeps = io.clock(), io.sleeps()
             try:
                 res = write_batch(write, directory, path, fd, end, len(header), data, count)
             finally:
-                io.inline_took(io.clock() - started)
+                io.inline_took(io.clock() - started, sleeps)
             self._write_done(gen, fd, seg, res, True)
             return
 
