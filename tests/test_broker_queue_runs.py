@@ -20,7 +20,7 @@ _ids = MessageIds(7)
 
 # One operation on the queue and on a plain list of records that models it.
 _op = st.one_of(
-    st.tuples(st.just("fresh"), st.integers(1, 6)),
+    st.tuples(st.just("fresh"), st.integers(0, 6)),
     st.tuples(st.just("records"), st.integers(1, 4)),
     st.tuples(st.just("single"), st.integers(0, 2)),
     st.tuples(st.just("append"), st.just(1)),

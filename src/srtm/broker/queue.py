@@ -323,7 +323,7 @@ class MessageQueue:
         if n == 1:
             self._single(batch)
             return
-        if room < 2:  # one in memory, the rest to the backend
+        if room < 2 or n < 2:  # one in memory, the rest to the backend (or none at all)
             self.extend(batch.records())
             return
         ids, bodies = batch.ids, batch.bodies
