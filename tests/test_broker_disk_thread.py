@@ -31,6 +31,7 @@ from srtm.broker.disk.io import (
     SLOW_INLINE_NS,
     STRIKES_KEPT_NS,
     DiskIO,
+    thread_sleeps,
 )
 from srtm.broker.message import Message
 from srtm.broker.metrics import BrokerCollector
@@ -140,7 +141,7 @@ async def test_a_read_back_wakes_the_channel_that_reads_not_the_topics_first(
     await sub.send(Rdy(1))
     got = []
     while len(got) < sent:
-        m = await sub.message(timeout=3)
+        m = await sub.message()
         got.append(m.body)
         await sub.send(Fin(m.id))
     assert got == [b"m%04d" % n for n in range(sent)]
@@ -382,32 +383,31 @@ async def test_a_slow_inline_write_that_never_waited_in_the_kernel_pauses_nothin
     tmp_path: Path,
 ) -> None:
     """A write that took long on the CPU, or lost its core, was not held by the disk: the
-    writes that follow stay on the loop. The thread's own count of waits tells them apart:
-    here a write that really sleeps, and one that really spins, past the threshold."""
+    writes that follow stay on the loop; one that waited pauses them."""
+    clock = _Clock()
+    slept = 0
     threads: list[int] = []
     how = ""
 
     def writer(fd: int, data: Any) -> int:
+        nonlocal slept
         threads.append(threading.get_ident())
-        if how == "sleeps":
-            threading.Event().wait(2 * SLOW_INLINE_NS / 1e9)
-        elif how == "spins":
-            until = time.monotonic_ns() + 2 * SLOW_INLINE_NS
-            while time.monotonic_ns() < until:
-                pass
+        if how:
+            clock.ns += SLOW_INLINE_NS + 1
+            slept += how == "waits"
         return os.write(fd, data)
 
-    io = DiskIO(asyncio.get_running_loop(), inline_bytes=1 << 16)
+    io = DiskIO(asyncio.get_running_loop(), inline_bytes=1 << 16, clock=clock, sleeps=lambda: slept)
     q = DiskQueue(tmp_path / "q", io=io, writer=writer)
     loop_thread = threading.get_ident()
     try:
         assert not await _write_one(q, 0)  # opens the segment: the thread
-        how = "spins"
+        how = "busy"
         assert await _write_one(q, 1)
         how = ""
         assert await _write_one(q, 2) and threads[-1] == loop_thread
         assert (io.busy_inline_writes, io.slow_inline_writes) == (1, 0)
-        how = "sleeps"
+        how = "waits"
         assert await _write_one(q, 3)
         how = ""
         assert not await _write_one(q, 4) and threads[-1] != loop_thread  # paused
@@ -416,6 +416,19 @@ async def test_a_slow_inline_write_that_never_waited_in_the_kernel_pauses_nothin
     finally:
         await io.quiesce()
         q.close()
+
+
+def test_a_thread_s_waits_count_a_sleep_and_not_a_spin() -> None:
+    """What tells the two apart (``thread_sleeps``): a wait in the kernel counts, time on
+    the CPU does not (no disk here, whose writes may or may not wait)."""
+    before = thread_sleeps()
+    until = time.monotonic_ns() + 2 * SLOW_INLINE_NS
+    while time.monotonic_ns() < until:
+        pass
+    spun = thread_sleeps()
+    threading.Event().wait(2 * SLOW_INLINE_NS / 1e9)
+    assert spun == before
+    assert thread_sleeps() > spun
 
 
 async def test_an_inline_write_that_fails_keeps_its_records_and_marks_the_queue_failing(
