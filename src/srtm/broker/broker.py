@@ -27,6 +27,7 @@ import asyncio
 import logging
 import socket
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
@@ -58,6 +59,8 @@ from srtm.protocol.header import publisher_of
 from srtm.protocol.session import E_SUB_FAILED
 
 log = logging.getLogger("srtm.broker")
+#: Each persisted topic's storage latency since the last report, by topic.
+_Meters = defaultdict[str, StorageLatencyMeter]
 
 
 class Broker:
@@ -79,7 +82,7 @@ class Broker:
         self._sent_closed = 0
         self.stats = BrokerStats(self.options.window_seconds)
         #: Per topic: how long publishes waited for their disk write before the OK.
-        self.storage_latency: dict[str, StorageLatencyMeter] = {}
+        self.storage_latency: _Meters = defaultdict(StorageLatencyMeter)
         self.ids = MessageIds(self.options.broker_id, time.time_ns() // 1000)
         self.started_ns = time.time_ns()
         self.tcp_address: tuple[str, int] | None = None
@@ -443,11 +446,8 @@ class Broker:
         self.releaser.kick(topic)
         if pushed:
             written = self.persistence.write_through()
-            # The storage latency (Bhola et al. §III-C): arrival to the write the
-            # acknowledgement waits for; the bucket's wait comes after the OK here.
-            meter = self.storage_latency.get(topic.name)
-            if meter is None:
-                meter = self.storage_latency[topic.name] = StorageLatencyMeter()
+            # The storage latency (Bhola et al. §III-C): arrival to the write the OK waits for.
+            meter = self.storage_latency[topic.name]
             if written is None:  # written inline: acknowledged now
                 meter.add(time.time_ns() - arrival)
             else:

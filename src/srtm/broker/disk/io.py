@@ -274,6 +274,8 @@ class DiskIO:
         self._idle.set()
         #: Set by ``quiesce``: queues then work inline (the graceful stop).
         self.closed = False
+        #: What ``once_soon`` runs at the end of this loop turn, in order.
+        self._soon: dict[Callable[[], None], None] = {}
         # A daemon, stopped (after the work queued) at a graceful stop or at exit, as an
         # executor's thread would be: an interpreter exit never waits for it forever.
         self._thread = threading.Thread(target=self._serve, name="srtm-disk_0", daemon=True)
@@ -288,6 +290,28 @@ class DiskIO:
             and not self.closed
             and self.clock() >= self._inline_paused_until
         )
+
+    def write_inline(
+        self, write: Writer, directory: Path, path: Path, fd: int | None, end: int,
+        header: int, data: bytes, count: int,
+    ) -> WriteResult:  # fmt: skip
+        """``write_batch`` on the caller's thread (the event loop), now, timed."""
+        started, sleeps = self.clock(), self.sleeps()
+        try:
+            return write_batch(write, directory, path, fd, end, header, data, count)
+        finally:
+            self.inline_took(self.clock() - started, sleeps)
+
+    def once_soon(self, fn: Callable[[], None]) -> None:
+        """``fn`` at the end of this loop turn, once however often asked meanwhile."""
+        if not self._soon:
+            self.loop.call_soon(self._run_soon)
+        self._soon[fn] = None
+
+    def _run_soon(self) -> None:
+        soon, self._soon = self._soon, {}
+        for fn in soon:
+            fn()
 
     def inline_took(self, ns: int, sleeps_before: int) -> None:
         """An inline write took ``ns`` (``sleeps`` was ``sleeps_before`` as it began): a

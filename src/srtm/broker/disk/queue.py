@@ -116,9 +116,6 @@ class DiskQueue:
         #: Called (on the event loop) when records were read or written that ``pop`` can
         #: now give: the broker dispatches the queue's channel or topic again.
         self._on_readable = on_readable
-        #: An ``_on_readable`` call is due at the end of this loop turn (after inline
-        #: writes: one call for all of them).
-        self._readable_soon = False
         self._segments = Segments(directory, self._unlink)
         self._unread = 0  # records on disk not read yet
         if self.threaded:
@@ -277,14 +274,9 @@ class DiskQueue:
             self._run(lambda: bad, lambda res: self._write_done(gen, fd, seg, res))
             return
         data = header + encoded
-        if inline:  # no closures: a publish's write on the event loop, timed
-            io = self.io
-            assert io is not None
-            started, sleeps = io.clock(), io.sleeps()
-            try:
-                res = write_batch(write, directory, path, fd, end, len(header), data, count)
-            finally:
-                io.inline_took(io.clock() - started, sleeps)
+        if inline:  # a publish's write, on the event loop (no closures)
+            assert self.io is not None
+            res = self.io.write_inline(write, directory, path, fd, end, len(header), data, count)
             self._write_done(gen, fd, seg, res, True)
             return
 
@@ -340,15 +332,9 @@ class DiskQueue:
         if k and self.threaded and self._on_readable is not None:
             if not inline:
                 self._on_readable()
-            elif not self._readable_soon:
+            else:  # after the publish that wrote: once for all of this loop turn's
                 assert self.io is not None
-                self._readable_soon = True
-                self.io.loop.call_soon(self._readable_now)
-
-    def _readable_now(self) -> None:
-        self._readable_soon = False
-        if self._on_readable is not None:
-            self._on_readable()
+                self.io.once_soon(self._on_readable)
 
     def _written(self, seg: Segment, size: int, k: int) -> bool:
         """``k`` buffered records (``size`` bytes with the file header) are on disk now.
