@@ -379,6 +379,33 @@ async def test_inline_writes_of_one_loop_turn_make_the_queue_readable_once_after
         q.close()
 
 
+async def test_once_soon_runs_each_callback_once_after_the_turn_even_past_a_failing_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    io = DiskIO(asyncio.get_running_loop())
+    ran: list[str] = []
+
+    def fails() -> None:
+        ran.append("fails")
+        raise RuntimeError("boom")
+
+    def a() -> None:
+        ran.append("a")
+
+    try:
+        for fn in (fails, a, fails, a):
+            io.once_soon(fn)
+        assert ran == []
+        await asyncio.sleep(0)
+        assert ran == ["fails", "a"]
+        assert "failed" in caplog.text
+        io.once_soon(a)
+        await asyncio.sleep(0)
+        assert ran == ["fails", "a", "a"]
+    finally:
+        await io.quiesce()
+
+
 async def test_a_slow_inline_write_that_never_waited_in_the_kernel_pauses_nothing(
     tmp_path: Path,
 ) -> None:

@@ -311,7 +311,10 @@ class DiskIO:
     def _run_soon(self) -> None:
         soon, self._soon = self._soon, {}
         for fn in soon:
-            fn()
+            try:
+                fn()
+            except Exception:  # the others still run (each was its own loop callback)
+                log.exception("disk: a callback after the loop turn's writes failed")
 
     def inline_took(self, ns: int, sleeps_before: int) -> None:
         """An inline write took ``ns`` (``sleeps`` was ``sleeps_before`` as it began): a
