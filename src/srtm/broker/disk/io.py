@@ -56,15 +56,15 @@ Writer = Callable[[int, bytes | memoryview], int]
 _syncer: concurrent.futures.ThreadPoolExecutor | None = None
 
 
+_RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
+
+
 def thread_sleeps() -> int:
     """How often the calling thread has waited in the kernel (voluntary context switches;
     -1 where the OS does not count them per thread: every slow write then counts)."""
     if _RUSAGE_THREAD is None:
         return -1
     return resource.getrusage(_RUSAGE_THREAD).ru_nvcsw
-
-
-_RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
 
 
 def in_background(fn: Callable[[], None]) -> None:
