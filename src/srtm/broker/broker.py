@@ -95,8 +95,6 @@ class Broker:
             if self.options.auth_http_address
             else None
         )
-        self._dirty: set[Channel] = set()
-        self._flush_scheduled = False
         self._tasks: list[asyncio.Task[None]] = []
         self.acceptor: Acceptor | None = None
         #: Connections closed at once because ``max_connections`` were open.
@@ -109,8 +107,8 @@ class Broker:
         emulated = self.options.capacity > 0
         self.dispatcher = Dispatcher(self.topics, self.stats, self.measurements, emulated)
         self.releaser = Releaser(
-            self.options, self.topics, self.stats, self.mark_ready, self.dispatcher.dispatch,
-            self.shares.lease_ok,
+            self.options, self.topics, self.stats, self.dispatcher.mark_ready,
+            self.dispatcher.dispatch, self.shares.lease_ok,
         )  # fmt: skip
         self.relay = Relay(self)
         #: What proves a relay link or a consumer class (docs/security.md, "Identities").
@@ -118,7 +116,7 @@ class Broker:
         self.handoffs = Handoffs(self.relay, self.shares.set_bucket)
         self.policing = Policing(self.topics, self.topic, self.persistence.save_meta)
         self.takes = Takes(self.topics, self._put)
-        self.scan = Scan(self.topics, self.mark_ready, self.releaser.kick)
+        self.scan = Scan(self.topics, self.dispatcher.mark_ready, self.releaser.kick)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -506,22 +504,8 @@ class Broker:
 
     # -- delivery ------------------------------------------------------------------------
     def mark_ready(self, channel: Channel) -> None:
-        """Dispatch this channel soon (once per loop turn, however many calls). One with
-        no consumer has nothing to dispatch (a single PUB into it would cost a loop turn
-        more); a consumer has RDY 0 until its RDY, which marks the channel again."""
-        if not channel.consumers:
-            return
-        self._dirty.add(channel)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        dirty, self._dirty = self._dirty, set()
-        dispatch = self.dispatcher.dispatch
-        for ch in dirty:
-            dispatch(ch)
+        """Dispatch this channel soon (``Dispatcher.mark_ready``)."""
+        self.dispatcher.mark_ready(channel)
 
     def _disk_readable(self, key: str) -> None:
         """The disk queue of ``key`` has read or written records ``pop`` can give now:

@@ -1,8 +1,10 @@
 """A channel's dispatch: what it takes for its consumers, sent to them, and what that
-records (stats, traces, measurement rounds)."""
+records (stats, traces, measurement rounds); at once, or once at the end of the loop
+turn however often it was asked for."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 
@@ -33,6 +35,26 @@ class Dispatcher:
         self._emulated_server = emulated_server
         #: Broker-side traces (``--trace-dir``), from start; None: none.
         self.traces: TraceWriter | None = None
+        #: Channels to dispatch at the end of this loop turn (``mark_ready``).
+        self._dirty: set[Channel] = set()
+        self._flush_scheduled = False
+
+    def mark_ready(self, channel: Channel) -> None:
+        """Dispatch this channel soon (once per loop turn, however many calls). One with
+        no consumer has nothing to dispatch (a single PUB into it would cost a loop turn
+        more); a consumer has RDY 0 until its RDY, which marks the channel again."""
+        if not channel.consumers:
+            return
+        self._dirty.add(channel)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for ch in dirty:
+            self.dispatch(ch)
 
     def dispatch(self, ch: Channel, send: bool = False) -> None:
         now = time.time_ns()
