@@ -5,7 +5,7 @@ set by the round trip, and every µs the broker spends on a PUB is on it. This d
 the real read path in process (``Intake.on_readable`` of a client of a broker with uvloop, as
 ``srtm broker`` runs it) over a loopback TCP pair, one PUB and its OK at a time, and
 measures in the same run the anchor: the same four socket calls with no broker between.
-The difference is the broker's own cost per PUB (parse, session, queue, bucket check,
+The difference is the broker's own cost per PUB (parse, session, queue,
 frame, write). ``--profile`` adds cProfile's split of one run by stage (cProfile inflates
 Python calls, so read its shares, not its times).
 
@@ -41,9 +41,9 @@ STAGES = {
     "read (recvmsg)": "recvmsg",
     "parse": "feed",
     "publish": "publish",
-    "  queue": "put_many",
+    "  queue": "put_one",
     "  ids": "take",
-    "  bucket check": "kick",
+    "  channels marked": "mark_ready",
     "write (OK and send)": "send",
 }
 

@@ -23,6 +23,7 @@ _op = st.one_of(
     st.tuples(st.just("fresh"), st.integers(0, 6)),
     st.tuples(st.just("records"), st.integers(1, 4)),
     st.tuples(st.just("single"), st.integers(0, 2)),
+    st.tuples(st.just("put_single"), st.integers(0, 2)),
     st.tuples(st.just("append"), st.just(1)),
     st.tuples(st.just("appendleft"), st.just(1)),
     st.tuples(st.just("take"), st.integers(0, 9)),
@@ -65,6 +66,13 @@ def test_runs_keep_the_order_and_fields_of_records(ops: list[tuple[str, int]], m
             else:
                 dropped += 1
             q.extend(batch)
+        elif op == "put_single":  # as "single" where it stays in memory, else nothing
+            batch = single(at, k)
+            (id_,), (body,) = batch.ids, batch.bodies
+            took = q.put_single(id_, body, batch.now, batch.arrival, batch.publisher)
+            assert took == (len(model) < mem)
+            if took:
+                model += batch.records()
         elif op == "append":
             m = one(at)
             if len(model) < mem:

@@ -321,7 +321,7 @@ class MessageQueue:
             return
         n = len(batch.bodies)  # not ``len(batch)``: a Python call
         if n == 1:
-            self._single(batch)
+            self._single(batch.ids[0], batch.bodies[0], batch.now, batch.arrival, batch.publisher)
             return
         if room < 2 or n < 2:  # one in memory, the rest to the backend (or none at all)
             self.extend(batch.records())
@@ -337,13 +337,27 @@ class MessageQueue:
         if k < n:
             self._spill(batch.records()[k:])
 
-    def _single(self, batch: Fresh) -> None:
+    def put_single(self, id_: bytes, body: bytes, now: int, arrival: int, publisher: str) -> bool:
+        """A PUB's message, as ``extend`` of its ``Fresh`` batch would queue it, where it
+        stays in memory (there is room, and nothing waits in the backend); False, with
+        nothing done, where it would not."""
+        if not self.has_room():
+            return False
+        self._single(id_, body, now, arrival, publisher)
+        return True
+
+    def has_room(self) -> bool:
+        """Whether a fresh message stays in memory: there is room, and nothing waits in
+        the backend (which it would have to follow)."""
+        return self._n < self.mem_size and ((ov := self.overflow) is None or not len(ov))
+
+    def _single(self, id_: bytes, body: bytes, now: int, arrival: int, publisher: str) -> None:
         """One fresh message at the back: one more of the singles there, or the first."""
-        self._ids += batch.ids
-        self._bodies += batch.bodies
-        self._stamps.append(batch.now)
-        self._arrivals.append(batch.arrival)
-        self._publishers.append(batch.publisher)
+        self._ids.append(id_)
+        self._bodies.append(body)
+        self._stamps.append(now)
+        self._arrivals.append(arrival)
+        self._publishers.append(publisher)
         runs = self._runs
         if runs and isinstance(tail := runs[-1], list):
             tail[0] += 1
