@@ -34,8 +34,7 @@ import typer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from broker import SHAPED_BURST, SHAPED_OFFER, SHAPED_RATE, task_paced
-from srtm.broker import Broker, BrokerOptions, intake, output, release, scan, stats, tcp
-from srtm.broker import broker as broker_mod
+from srtm.broker import Broker, BrokerOptions, dispatch, intake, output, release, scan, stats, tcp
 
 #: start, end (wall ns), CPU ns the thread got meanwhile, what ran.
 Span = tuple[int, int, int, str]
@@ -84,7 +83,7 @@ def _instrument(spans: Spans, releases: array[int], timed: bool) -> None:
             (intake.Intake, ("on_readable",)),
             (output.Output, ("_on_writable", "send")),
             (tcp.Client, ("_beat",)),
-            (broker_mod.Broker, ("_flush",)),
+            (dispatch.Dispatcher, ("_flush",)),
             (scan.Scan, ("scan",)),
             (stats.Recorder, ("flush",)),
             (release.Releaser, ("_on_timer",)),
