@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from srtm.broker.message import Message, MessageIds
-from srtm.broker.queue import MessageQueue, Record
+from srtm.broker.queue import MessageQueue
 from srtm.broker.state import Topic
 
 _ids = MessageIds(3)
@@ -64,8 +64,8 @@ def build(s: Setup) -> Topic:
 def state(topic: Topic) -> tuple[object, ...]:
     """Everything ``put_many`` changes, read without changing it."""
 
-    def records(q: MessageQueue) -> tuple[tuple[Record, ...], int]:
-        return tuple(q._records()), q.dropped
+    def records(q: MessageQueue) -> tuple[list[Message], int]:
+        return q.memory(), q.dropped
 
     chans = tuple((n, ch.message_count, records(ch.queue)) for n, ch in topic.channels.items())
     return (
