@@ -1,17 +1,25 @@
 """A read holding exactly one PUB, or an MPUB of one message (a sensor's, ``one_publish``),
 or whole FIN lines (a consumer's) is parsed without the parser's buffer: the same events
-as the general parser gives for the same bytes, whatever they are."""
+as the general parser gives for the same bytes, whatever they are; ``one_publish`` in C
+(where ``srtm.protocol._pubrun`` was built at install) gives what its Python reference
+gives."""
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from srtm.protocol import MAGIC_V2, Fin, Mpub, Parser, ProtocolError, Pub, encode_command
+from srtm.protocol import MAGIC_V2, Fin, Mpub, Parser, ProtocolError, Pub, encode_command, parser
 from srtm.protocol.limits import Limits
-from srtm.protocol.parser import one_publish
+from srtm.protocol.parser import one_publish_py
+
+c_one_publish = parser._c_one_publish
+#: Python's always, C's where it was built at install.
+PARSERS = [one_publish_py] + ([c_one_publish] if c_one_publish is not None else [])
 
 names = st.from_regex(r"[.a-zA-Z0-9_-]{1,64}", fullmatch=True)
 bodies = st.binary(min_size=1, max_size=200)
@@ -70,7 +78,38 @@ def test_limits_are_kept(cmd: Pub | Mpub, msg_by: int, body_by: int) -> None:
     assert whole(data, limits) == general(data, limits)
 
 
-def test_what_it_takes_and_leaves() -> None:
+def test_the_parser_reads_a_sensor_s_publish_in_c_where_it_was_built() -> None:
+    """Optional at install (no compiler: Python's is used); said here when missing."""
+    if c_one_publish is None:
+        pytest.skip("srtm.protocol._pubrun not built: the pure-Python one_publish is used")
+    assert parser.one_publish is c_one_publish
+
+
+@given(publishes, st.data(), st.integers(-1, 1), st.integers(-1, 1), st.integers(-2, 1))
+def test_c_reads_what_python_reads(
+    cmd: Pub | Mpub, draw: st.DataObject, msg_by: int, body_by: int, line_by: int
+) -> None:
+    """The same command, or None, for a publish whole, cut, run on, or with a byte
+    changed (its size, count or newline among them), under limits around it."""
+    data = encode_command(cmd)
+    general(data)  # its topic's name found valid
+    if draw.draw(st.booleans()):
+        general(encode_command(Pub(draw.draw(names), b"x")))  # another name, the table grows
+    size = len(cmd.body) if isinstance(cmd, Pub) else max(map(len, cmd.bodies))
+    body, line = len(data) - data.index(b"\n") - 5, data.index(b"\n")
+    limits = Limits(
+        max_msg_size=size + msg_by, max_body_size=body + body_by, max_line=line + line_by
+    )
+    cut = draw.draw(st.integers(1, len(data) - 1))
+    at = draw.draw(st.integers(0, len(data) - 1))
+    byte = draw.draw(st.integers(0, 255))
+    for variant in (data, data[:cut], data + data[:cut], mutated(data, at, byte)):
+        for lim in (limits, Limits()):
+            assert {repr(p(variant, lim)) for p in PARSERS} == {repr(one_publish_py(variant, lim))}
+
+
+@pytest.mark.parametrize("one_publish", PARSERS)
+def test_what_it_takes_and_leaves(one_publish: Callable[[bytes, Limits], object]) -> None:
     general(b"PUB seen\n" + struct.pack(">i", 1) + b"x")
     limits = Limits()
     assert one_publish(b"PUB seen\n" + struct.pack(">i", 2) + b"ab", limits) == Pub("seen", b"ab")

@@ -11,7 +11,13 @@
  * would give for the same bytes.
  *
  * Built at install (pip install -e ., make test); optional. A publisher that pipelines
- * PUBs sends tens in a read, and the general parser's Python costs about 2 µs for each. */
+ * PUBs sends tens in a read, and the general parser's Python costs about 2 µs for each.
+ *
+ * one_publish(data, limits) is srtm.protocol.parser.one_publish_py in C (the reference,
+ * and the path used where this module is not built): a read that is exactly one PUB, or
+ * an MPUB of one message, to a topic name already found valid (a sensor's read), as a
+ * Pub or Mpub; None for anything else. configure(valid_topics, Pub, Mpub) gives it the
+ * parser's table of names found valid and the two command types, once, at import. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -84,10 +90,126 @@ fail:
     return NULL;
 }
 
+/* What configure() gave: topic names found valid (bytes -> str), Pub and Mpub. */
+static PyObject *valid_topics, *pub_type, *mpub_type;
+
+static PyObject *configure(PyObject *self, PyObject *args) {
+    PyObject *topics, *pub, *mpub;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyDict_Type, &topics, &pub, &mpub))
+        return NULL;
+    Py_INCREF(topics);
+    Py_INCREF(pub);
+    Py_INCREF(mpub);
+    Py_XSETREF(valid_topics, topics);
+    Py_XSETREF(pub_type, pub);
+    Py_XSETREF(mpub_type, mpub);
+    Py_RETURN_NONE;
+}
+
+static int32_t be32(const unsigned char *p) {
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) |
+                     (uint32_t)p[3]);
+}
+
+/* The names of the limits it reads, made once (at import). */
+static PyObject *max_line_name, *max_msg_name, *max_body_name;
+
+/* limits.<name> as a Py_ssize_t (-1 with an exception set where it is not one). */
+static Py_ssize_t limit(PyObject *limits, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(limits, name);
+    if (v == NULL)
+        return -1;
+    Py_ssize_t n = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    return n;
+}
+
+static PyObject *one_publish(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "one_publish(data: bytes, limits)");
+        return NULL;
+    }
+    if (valid_topics == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "one_publish before configure()");
+        return NULL;
+    }
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), start;
+    if (n >= 4 && memcmp(b, "PUB ", 4) == 0)
+        start = 4;
+    else if (n >= 5 && memcmp(b, "MPUB ", 5) == 0)
+        start = 5;
+    else
+        Py_RETURN_NONE;
+    Py_ssize_t max_line = limit(args[1], max_line_name);
+    if (max_line == -1 && PyErr_Occurred())
+        return NULL;
+    /* The newline among the first max_line + 1 bytes, as data.find(b"\n", start,
+     * max_line + 1) looks for it. */
+    Py_ssize_t stop = max_line + 1 < n ? max_line + 1 : n;
+    const unsigned char *nl = stop > start ? memchr(b + start, '\n', (size_t)(stop - start)) : NULL;
+    if (nl == NULL)
+        Py_RETURN_NONE;
+    Py_ssize_t end = nl - b;
+    PyObject *key = PyBytes_FromStringAndSize((const char *)b + start, end - start);
+    if (key == NULL)
+        return NULL;
+    PyObject *topic = PyDict_GetItemWithError(valid_topics, key); /* borrowed */
+    Py_DECREF(key);
+    if (topic == NULL)
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    if (n < end + 5)
+        Py_RETURN_NONE;
+    Py_ssize_t size = be32(b + end + 1);
+    if (n != end + 5 + size)
+        Py_RETURN_NONE;
+    Py_ssize_t max_msg = limit(args[1], max_msg_name);
+    if (max_msg == -1 && PyErr_Occurred())
+        return NULL;
+    Py_INCREF(topic); /* held while the command is made */
+    PyObject *out = NULL;
+    if (start == 4) {
+        if (size > 0 && size <= max_msg) {
+            PyObject *body = PyBytes_FromStringAndSize((const char *)b + end + 5, size);
+            if (body != NULL)
+                out = PyObject_CallFunctionObjArgs(pub_type, topic, body, NULL);
+            Py_XDECREF(body);
+        } else {
+            out = Py_NewRef(Py_None);
+        }
+        Py_DECREF(topic);
+        return out;
+    }
+    Py_ssize_t max_body = limit(args[1], max_body_name);
+    if (max_body == -1 && PyErr_Occurred()) {
+        Py_DECREF(topic);
+        return NULL;
+    }
+    Py_ssize_t count = size >= 9 ? be32(b + end + 5) : 0, msg = size >= 9 ? be32(b + end + 9) : 0;
+    if (size < 9 || size > max_body || count != 1 || msg != size - 8 || msg > max_msg) {
+        Py_DECREF(topic);
+        Py_RETURN_NONE;
+    }
+    PyObject *bodies = PyList_New(1);
+    PyObject *body = bodies ? PyBytes_FromStringAndSize((const char *)b + end + 13, msg) : NULL;
+    if (body != NULL) {
+        PyList_SET_ITEM(bodies, 0, body); /* steals it */
+        out = PyObject_CallFunctionObjArgs(mpub_type, topic, bodies, NULL);
+    }
+    Py_XDECREF(bodies);
+    Py_DECREF(topic);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"pub_run", pub_run, METH_VARARGS,
      "pub_run(buf, pos, max_line, max_size): (topic, bodies, end) of the run of PUBs to one "
      "topic from pos, or None."},
+    {"configure", configure, METH_VARARGS,
+     "configure(valid_topics, Pub, Mpub): what one_publish reads names from and makes."},
+    {"one_publish", (PyCFunction)(void (*)(void))one_publish, METH_FASTCALL,
+     "one_publish(data, limits): the Pub or Mpub of one message that data is exactly, or "
+     "None."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -95,4 +217,11 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "srtm.protocol._pubrun", NULL, -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__pubrun(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__pubrun(void) {
+    max_line_name = PyUnicode_InternFromString("max_line");
+    max_msg_name = PyUnicode_InternFromString("max_msg_size");
+    max_body_name = PyUnicode_InternFromString("max_body_size");
+    if (max_line_name == NULL || max_msg_name == NULL || max_body_name == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}

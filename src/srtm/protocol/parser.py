@@ -218,7 +218,7 @@ class Parser:
         return after + 4
 
 
-def one_publish(data: bytes, limits: Limits) -> Pub | Mpub | None:
+def one_publish_py(data: bytes, limits: Limits) -> Pub | Mpub | None:
     """``data`` parsed when it is exactly one well-formed PUB, or MPUB of one message,
     to a topic name already seen valid (what a sensor sends per read); None otherwise,
     and the general parser then gives the same command, or the error, from it."""
@@ -401,6 +401,18 @@ _SIMPLE: dict[bytes, Callable[[Parser, list[bytes]], Command]] = {
 #: PUB): emptied when full, so no client can make it hold more.
 _VALID_TOPICS: dict[bytes, str] = {}
 _VALID_TOPICS_MAX = 4096
+
+_OnePublish = Callable[[bytes, Limits], Pub | Mpub | None]
+_c_one_publish: _OnePublish | None
+try:
+    from srtm.protocol._pubrun import configure as _c_configure
+    from srtm.protocol._pubrun import one_publish as _c_one_publish
+except ImportError:  # not built, or built before it had one_publish
+    _c_one_publish = None
+else:
+    _c_configure(_VALID_TOPICS, Pub, Mpub)  # the table it reads names from (cleared, kept)
+#: ``one_publish_py``, in C where ``srtm.protocol._pubrun`` was built (at install).
+one_publish: _OnePublish = _c_one_publish or one_publish_py
 
 
 def _topic(parts: list[bytes], command: str, min_params: int = 2) -> str:
