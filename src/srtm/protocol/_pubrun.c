@@ -141,8 +141,16 @@ static PyObject *one_publish(PyObject *self, PyObject *const *args, Py_ssize_t n
         start = 5;
     else
         Py_RETURN_NONE;
+    /* The limits first: nothing after the name's lookup runs code that could change the
+     * table (the name is held from there on, all the same). */
     Py_ssize_t max_line = limit(args[1], max_line_name);
     if (max_line == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t max_msg = limit(args[1], max_msg_name);
+    if (max_msg == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t max_body = start == 5 ? limit(args[1], max_body_name) : 0;
+    if (max_body == -1 && PyErr_Occurred())
         return NULL;
     /* The newline among the first max_line + 1 bytes, as data.find(b"\n", start,
      * max_line + 1) looks for it. */
@@ -158,17 +166,12 @@ static PyObject *one_publish(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_DECREF(key);
     if (topic == NULL)
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-    if (n < end + 5)
-        Py_RETURN_NONE;
-    Py_ssize_t size = be32(b + end + 1);
-    if (n != end + 5 + size)
-        Py_RETURN_NONE;
-    Py_ssize_t max_msg = limit(args[1], max_msg_name);
-    if (max_msg == -1 && PyErr_Occurred())
-        return NULL;
-    Py_INCREF(topic); /* held while the command is made */
+    Py_INCREF(topic); /* held until the command is made */
+    Py_ssize_t size = n >= end + 5 ? be32(b + end + 1) : -1;
     PyObject *out = NULL;
-    if (start == 4) {
+    if (n < end + 5 || n != end + 5 + size) {
+        out = Py_NewRef(Py_None);
+    } else if (start == 4) {
         if (size > 0 && size <= max_msg) {
             PyObject *body = PyBytes_FromStringAndSize((const char *)b + end + 5, size);
             if (body != NULL)
@@ -177,26 +180,22 @@ static PyObject *one_publish(PyObject *self, PyObject *const *args, Py_ssize_t n
         } else {
             out = Py_NewRef(Py_None);
         }
-        Py_DECREF(topic);
-        return out;
+    } else {
+        Py_ssize_t count = size >= 9 ? be32(b + end + 5) : 0;
+        Py_ssize_t msg = size >= 9 ? be32(b + end + 9) : 0;
+        if (size < 9 || size > max_body || count != 1 || msg != size - 8 || msg > max_msg) {
+            out = Py_NewRef(Py_None);
+        } else {
+            PyObject *bodies = PyList_New(1);
+            PyObject *body =
+                bodies ? PyBytes_FromStringAndSize((const char *)b + end + 13, msg) : NULL;
+            if (body != NULL) {
+                PyList_SET_ITEM(bodies, 0, body); /* steals it */
+                out = PyObject_CallFunctionObjArgs(mpub_type, topic, bodies, NULL);
+            }
+            Py_XDECREF(bodies);
+        }
     }
-    Py_ssize_t max_body = limit(args[1], max_body_name);
-    if (max_body == -1 && PyErr_Occurred()) {
-        Py_DECREF(topic);
-        return NULL;
-    }
-    Py_ssize_t count = size >= 9 ? be32(b + end + 5) : 0, msg = size >= 9 ? be32(b + end + 9) : 0;
-    if (size < 9 || size > max_body || count != 1 || msg != size - 8 || msg > max_msg) {
-        Py_DECREF(topic);
-        Py_RETURN_NONE;
-    }
-    PyObject *bodies = PyList_New(1);
-    PyObject *body = bodies ? PyBytes_FromStringAndSize((const char *)b + end + 13, msg) : NULL;
-    if (body != NULL) {
-        PyList_SET_ITEM(bodies, 0, body); /* steals it */
-        out = PyObject_CallFunctionObjArgs(mpub_type, topic, bodies, NULL);
-    }
-    Py_XDECREF(bodies);
     Py_DECREF(topic);
     return out;
 }
