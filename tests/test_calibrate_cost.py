@@ -117,17 +117,24 @@ def test_help_explains_each_option() -> None:
 
 @pytest.mark.slow
 def test_a_quick_cost_calibration_against_a_real_broker() -> None:
-    """The command as an operator runs it: one JSON document on stdout; A and B positive;
-    four consumers cost the broker more CPU than one."""
+    """The command as an operator runs it: one JSON document on stdout; B positive, A
+    positive or held at zero; four consumers cost the broker more CPU than one."""
     proc = subprocess.run(
         [sys.executable, "-m", "srtm", "calibrate", "--cost", "--quick", "--json"],
         capture_output=True, text=True, timeout=300, env=os.environ.copy(),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
-    assert doc["a_cpu_s_per_msg"] > 0
+    # A message's own cost (A, a few µs since a PUB got cheaper in 57cab7a and e356fb3) is
+    # small against a delivery's (B, about 20 µs) and against a quick step's spread: the
+    # fit may hold A at zero, and says so (2 of 4 quick runs on the 2-core VM at e356fb3;
+    # A was 0.2–23 µs in 4 runs at d13f7ba). Nothing else may be held.
     assert doc["b_cpu_s_per_delivery"] > 0
-    assert doc["held_at_zero"] == []
+    if "a_cpu_s" in doc["held_at_zero"]:
+        assert doc["a_cpu_s_per_msg"] == 0
+    else:
+        assert doc["a_cpu_s_per_msg"] > 0
+    assert set(doc["held_at_zero"]) <= {"a_cpu_s"}
     assert doc["r2"] <= 1.0
     samples = doc["samples"]
     assert [(s["offered"], s["consumers"]) for s in samples] == [
