@@ -5,9 +5,9 @@ set by the round trip, and every µs the broker spends on a PUB is on it. This d
 the real read path in process (``Intake.on_readable`` of a client of a broker with uvloop, as
 ``srtm broker`` runs it) over a loopback TCP pair, one PUB and its OK at a time, and
 measures in the same run the anchor: the same four socket calls with no broker between.
-The difference is the broker's own cost per PUB (parse, session, queue,
-frame, write). ``--profile`` adds cProfile's split of one run by stage (cProfile inflates
-Python calls, so read its shares, not its times).
+The difference is the broker's own cost per PUB (parse, session, queue, frame, write).
+``--profile`` adds cProfile's split of one run by stage (cProfile inflates Python calls,
+so read its shares, not its times).
 
     .venv/bin/python benchmarks/pub_path.py [--count 30000] [--runs 5] [--profile]
 """
