@@ -3,8 +3,9 @@ is left as ``put_many`` leaves it; where it does not, nothing changed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,6 +89,12 @@ def fits(s: Setup) -> bool:
 @settings(max_examples=400, deadline=None)
 @given(setups, st.sampled_from([None, "sensor-1"]))
 def test_put_one_leaves_the_topic_as_put_many_does(s: Setup, publisher: str | None) -> None:
+    check(s, publisher)
+
+
+def check(s: Setup, publisher: str | None) -> None:
+    """``put_one`` on a topic set up as ``s`` takes the message exactly where it fits,
+    then leaves the topic as ``put_many`` does; elsewhere it changes nothing."""
     fast, slow, untouched = build(s), build(s), build(s)
     (id_,) = _ids.take(1)
     took = fast.put_one(id_, b"reading", NOW, ARRIVAL, publisher, s.direct)
@@ -97,6 +104,31 @@ def test_put_one_leaves_the_topic_as_put_many_does(s: Setup, publisher: str | No
         assert state(fast) == state(slow)
     else:
         assert state(fast) == state(untouched)
+
+
+_FREE = Setup(((3, 0),), (3, 0), False, False, False, False, True)
+
+
+@pytest.mark.parametrize(
+    "s",
+    [
+        _FREE,
+        replace(_FREE, channels=()),  # held for the first channel
+        replace(_FREE, channels=((3, 1), (2, 0))),
+        replace(_FREE, paused=True),
+        replace(_FREE, shaped=True),
+        replace(_FREE, on_hold=True),
+        replace(_FREE, waiting=True),
+        replace(_FREE, direct=False),
+        replace(_FREE, channels=((1, 1),)),  # its one queue full
+        replace(_FREE, channels=((3, 0), (2, 2))),  # one of two full: neither takes it
+        replace(_FREE, channels=(), held=(2, 2)),
+    ],
+)
+def test_each_way_to_take_or_decline_once_for_certain(s: Setup) -> None:
+    """What the property test draws, each reason to decline and each way to take the
+    message, once each, whatever the draw."""
+    check(s, "sensor-2")
 
 
 def test_a_sensor_s_message_is_kept_as_a_single_with_its_fields() -> None:
