@@ -438,10 +438,9 @@ class Broker:
         ids, direct = self.ids.take(n), self.releaser.direct
         if n == 1 and topic.put_one(ids[0], bodies[0], now, arrival, publisher, direct):
             # A sensor's PUB, in memory: as below (``kick`` of an unshaped topic with
-            # nothing waiting marks its channels), in fewer steps, with nothing to write.
+            # nothing waiting is ``ready``), in fewer steps, with nothing to write.
             self.stats.topic(topic.name).window.add(arrival, 1, 0.0)
-            for ch in topic.channels.values():
-                self.dispatcher.mark_ready(ch)
+            self.releaser.ready(topic)
             return None
         pushed = self.persistence.pushed
         pushed.clear()

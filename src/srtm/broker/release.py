@@ -120,7 +120,7 @@ class Releaser:
             if topic.shaping:
                 self.release(topic, time.time_ns())
             # What ``Topic.put_many`` handed straight to the channels is dispatched too.
-            self._ready(topic, at_once=False)
+            self.ready(topic, at_once=False)
             return
         due = topic.next_release_ns()
         if due is not None:
@@ -176,13 +176,15 @@ class Releaser:
                 self._processing.append((done, topic, r.message))
             self._wake(self._processing[0][0])
             return
-        self._ready(topic, at_once)
+        self.ready(topic, at_once)
 
     def release_all(self, topic: Topic) -> None:
         """Everything that waits, now (the topic is no longer shaped)."""
         self.release(topic, _FOREVER)
 
-    def _ready(self, topic: Topic, at_once: bool) -> None:
+    def ready(self, topic: Topic, at_once: bool = False) -> None:
+        """Have ``topic``'s channels dispatched: now (``at_once``), else at the end of the
+        loop turn (what was handed straight to them, or released)."""
         for ch in topic.channels.values():
             if at_once:
                 self._dispatch(ch, True)
@@ -203,7 +205,7 @@ class Releaser:
             if now is not None:
                 self._stats.topic(topic.name).lateness.add(now - due)
         for topic in done.values():
-            self._ready(topic, at_once=now is not None)
+            self.ready(topic, at_once=now is not None)
         return queue[0][0] if queue else None
 
     def release_due(self) -> bool:
