@@ -128,6 +128,9 @@ class ListOverflow:
     def push_many(self, records: list[Record]) -> None:
         self.msgs += [Message(*r) for r in records]
 
+    def put_inline(self, r: Record) -> bool:
+        return False  # never written at once: ``push_many`` takes it
+
     def pop(self) -> Message | None:
         return self.msgs.pop(0) if self.msgs else None
 

@@ -42,6 +42,9 @@ class ListOverflow:
     def push_many(self, records: list[Record]) -> None:
         self.records += records
 
+    def put_inline(self, r: Record) -> bool:
+        return False  # never written at once: ``push_many`` takes it
+
     def pop_records(self, n: int) -> list[Record]:
         out, self.records = self.records[:n], self.records[n:]
         return out

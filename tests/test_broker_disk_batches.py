@@ -199,6 +199,9 @@ class CountingOverflow:
         self.calls += 1
         self.msgs += as_messages(records)
 
+    def put_inline(self, r: Record) -> bool:
+        return False  # never written at once: ``push_many`` takes it
+
     def pop(self) -> Message | None:
         return self.msgs.pop(0) if self.msgs else None
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from srtm.broker.disk import DiskQueue
 from srtm.broker.message import Message, MessageIds
-from srtm.broker.queue import Fresh, MessageQueue, Record, fresh_records, to_record
+from srtm.broker.queue import Fresh, Kept, MessageQueue, Record, fresh_records, to_record
 from srtm.broker.state import Topic, memory_queues
 
 _ids = MessageIds(7)
@@ -69,9 +69,9 @@ def test_runs_keep_the_order_and_fields_of_records(ops: list[tuple[str, int]], m
         elif op == "put_single":  # as "single" where it stays in memory, else nothing
             batch = single(at, k)
             (id_,), (body,) = batch.ids, batch.bodies
-            took = q.put_single(id_, body, batch.now, batch.arrival, batch.publisher)
-            assert took == (len(model) < mem)
-            if took:
+            kept = q.put_single(id_, body, batch.now, batch.arrival, batch.publisher)
+            assert kept is (Kept.MEMORY if len(model) < mem else Kept.NOT)  # no backend
+            if kept is Kept.MEMORY:
                 model += batch.records()
         elif op == "append":
             m = one(at)

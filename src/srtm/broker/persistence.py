@@ -188,6 +188,9 @@ class LazyDisk:
     def push_many(self, records: list[Record]) -> None:
         self.open().push_many(records)
 
+    def put_inline(self, r: Record) -> bool:
+        return self._disk is not None and self._disk.put_inline(r)
+
     def pop(self) -> Message | None:
         return None if self._disk is None else self._disk.pop()
 

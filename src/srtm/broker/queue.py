@@ -19,6 +19,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol, TypeVar
 
 from srtm.broker.message import Message, Origin
@@ -92,10 +93,23 @@ def settle(origin: Origin | None) -> None:
         origin.settle()
 
 
+class Kept(Enum):
+    """Where a sensor's PUB went by the short way (``MessageQueue.put_single``)."""
+
+    NOT = "not"  # nowhere: the general way (``extend``) takes it
+    MEMORY = "memory"
+    DISK = "disk"  # written to the backend's file at once (it is acknowledged as kept)
+
+
 class Overflow(Protocol):
     """Where messages beyond the memory bound go (a disk queue), FIFO."""
 
     def push(self, msg: Message) -> None: ...
+
+    def put_inline(self, r: Record) -> bool:
+        """``push`` of one fresh record, written at once, where that is cheap (False, with
+        nothing done, elsewhere: ``push_many`` takes it)."""
+        ...
 
     def push_many(self, records: list[Record]) -> None:
         """``push`` of each, in order (fresh records: an MPUB's overflow)."""
@@ -337,14 +351,18 @@ class MessageQueue:
         if k < n:
             self._spill(batch.records()[k:])
 
-    def put_single(self, id_: bytes, body: bytes, now: int, arrival: int, publisher: str) -> bool:
-        """A PUB's message, as ``extend`` of its ``Fresh`` batch would queue it, where it
-        stays in memory (there is room, and nothing waits in the backend); False, with
-        nothing done, where it would not."""
-        if not self.has_room():
-            return False
-        self._single(id_, body, now, arrival, publisher)
-        return True
+    def put_single(self, id_: bytes, body: bytes, now: int, arrival: int, publisher: str) -> Kept:
+        """A PUB's message, as ``extend`` of its ``Fresh`` batch would queue it: in memory
+        where there is room and nothing waits in the backend, else to the backend where it
+        writes it at once (``Overflow.put_inline``). ``Kept.NOT``, with nothing done,
+        elsewhere."""
+        if self.has_room():
+            self._single(id_, body, now, arrival, publisher)
+            return Kept.MEMORY
+        ov = self.overflow
+        if ov is not None and ov.put_inline((id_, body, now, arrival, arrival, 0, publisher, None)):
+            return Kept.DISK
+        return Kept.NOT
 
     def has_room(self) -> bool:
         """Whether a fresh message stays in memory: there is room, and nothing waits in

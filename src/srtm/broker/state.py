@@ -19,6 +19,7 @@ from srtm.broker.message import Message, Origin
 from srtm.broker.queue import (
     DeferredQueue,
     Fresh,
+    Kept,
     MessageQueue,
     Record,
     attempted,
@@ -583,33 +584,38 @@ class Topic:
 
     def put_one(
         self, id_: bytes, body: bytes, now: int, arrival: int, publisher: str | None, direct: bool
-    ) -> bool:
-        """``put_many`` of one message (a sensor's PUB) where it goes straight to memory,
-        in fewer steps: unshaped, to every channel, or held for the first, each with room
-        in memory. False, with nothing done, where it does not (``put_many`` takes it)."""
+    ) -> Kept:
+        """``put_many`` of one message (a sensor's PUB) where it goes straight to its one
+        queue, in fewer steps: unshaped, to its one channel, or held for the first, in
+        memory or written to disk at once (``MessageQueue.put_single``); or to each of
+        several channels, each with room in memory. ``Kept.NOT``, with nothing done, where
+        it does not (``put_many`` takes it)."""
         if self.meter is not None or self.on_hold or not direct or self.paused:
-            return False
+            return Kept.NOT
         if len(self.shaping) or self.homing is not None:
-            return False
+            return Kept.NOT
         pub = publisher_of(body) if publisher is None else publisher
         channels = self.channels
         if not channels:
-            if not self.held.put_single(id_, body, now, arrival, pub):
-                return False
+            kept = self.held.put_single(id_, body, now, arrival, pub)
+            if kept is Kept.NOT:
+                return kept
         elif len(channels) == 1:
             for ch in channels.values():
-                if not ch.queue.put_single(id_, body, now, arrival, pub):
-                    return False
+                kept = ch.queue.put_single(id_, body, now, arrival, pub)
+                if kept is Kept.NOT:
+                    return kept
                 ch.message_count += 1
         else:  # room in every queue first: all of them take it, or none
             if any(not ch.queue.has_room() for ch in channels.values()):
-                return False
+                return Kept.NOT
             for ch in channels.values():
                 ch.queue.put_single(id_, body, now, arrival, pub)
                 ch.message_count += 1
+            kept = Kept.MEMORY
         self.message_count += 1
         self.message_bytes += len(body)
-        return True
+        return kept
 
     def _queue(self, msg: Message, joined_ns: int | None = None) -> float:
         """Into the shaping queue; ``joined_ns``: when it joins, if later than its

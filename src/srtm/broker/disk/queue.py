@@ -38,6 +38,7 @@ from srtm.broker.disk.buffer import WriteBuffer, WriteWaiters
 from srtm.broker.disk.codec import (
     FILE_HEADER,
     CorruptRecord,
+    encode_batch,
 )
 from srtm.broker.disk.io import (
     READ_AHEAD_BYTES,
@@ -192,6 +193,40 @@ class DiskQueue:
         self._waiters.pushed += len(records)
         self._pushed_more()
 
+    def put_inline(self, r: Record) -> bool:
+        """``push`` of one fresh record and ``written`` (a sensor's PUB past memory), where
+        that writes it on the event loop at once: nothing buffered, writing works, the
+        write segment open, begun and with room, and ``DiskIO.inline_allowed`` (a write
+        running keeps its records buffered until it is done). False, with nothing done,
+        where it would not (``push`` takes it then). The caller has the queue's reader
+        dispatched, as for a message kept in memory: no ``on_readable``."""
+        io, fd = self.io, self._wfd
+        if fd is None or io is None or io.closed or self.error is not None:
+            return False
+        seg = self._segments.write
+        if self._buffer.records or not 0 < seg.end < self.segment_bytes:
+            return False
+        try:
+            data = encode_batch([r])
+        except (struct.error, OverflowError, ValueError):
+            return False  # ``push`` keeps it; its write fails, as any
+        size = len(data)
+        if not io.inline_allowed(size):
+            return False
+        self._waiters.pushed += 1
+        res = io.write_inline(self._write, self.directory, seg.path, fd, seg.end, 0, data, 1)
+        if res[2] == 1:  # written whole
+            origin = self._on_disk(seg, size, 1)
+            if origin is not None:
+                self._ahead.append((*r[:7], origin))
+                self._caught_up(seg)
+            return True
+        # Not written: it waits in memory as the general way's would, the queue failing.
+        self._buffer.add(r, False)
+        self._unflushed.add(self)
+        self._write_done(self._gen, fd, seg, res, True)
+        return True
+
     def _pushed_more(self) -> None:
         self._unflushed.add(self)
         self._pushed_to.add(self)
@@ -340,35 +375,40 @@ class DiskQueue:
         """``k`` buffered records (``size`` bytes with the file header) are on disk now.
         A reader that has read everything before them takes them as read from memory (no
         read back); returns whether it did."""
-        fill = (
-            k > 0
-            and self.threaded
-            and self._unread == 0
-            and not self._reading
-            and seg.read == seg.records
-            # a reader keeping up, and memory bounded: else they are read back later
-            and len(self._ahead) < READ_AHEAD_LOW
-            and k <= READ_AHEAD_RECORDS
-            and size <= READ_AHEAD_BYTES
-        )
         # The records' own bytes (the buffer's ``nbytes`` counts no file header).
         records_size = size - len(FILE_HEADER) if seg.end == 0 and size else size
-        seg.end += size
-        seg.records += k
-        origin: Origin | None = None
-        if fill:
-            seg.read += k
-            seg.read_pos = seg.end
-            seg.outstanding += k
-            origin = self._segments.origin(seg)
-        else:
-            self._unread += k
+        origin = self._on_disk(seg, size, k)
         done = self._buffer.take(k, records_size)
         for settled in filter(None, map(_origins, done)):
             settled.settle()  # durable here now: its own segment may go
         if origin is not None:
             self._ahead.extend([(*r[:7], origin) for r in done])
-        return fill
+        return origin is not None
+
+    def _on_disk(self, seg: Segment, size: int, k: int) -> Origin | None:
+        """``k`` records (``size`` bytes) were appended to ``seg``: counted there, and as
+        read (the origin they carry then) where a reader that has read everything before
+        them takes them from memory (no read back); else as unread."""
+        seg.end += size
+        seg.records += k
+        fill = (
+            k > 0
+            and self.threaded
+            and self._unread == 0
+            and not self._reading
+            and seg.read == seg.records - k
+            # a reader keeping up, and memory bounded: else they are read back later
+            and len(self._ahead) < READ_AHEAD_LOW
+            and k <= READ_AHEAD_RECORDS
+            and size <= READ_AHEAD_BYTES
+        )
+        if not fill:
+            self._unread += k
+            return None
+        seg.read += k
+        seg.read_pos = seg.end
+        seg.outstanding += k
+        return self._segments.origin(seg)
 
     def _failed(self, exc: OSError) -> None:
         if self.error is None:
