@@ -42,7 +42,7 @@ from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
 from srtm.broker.persistence import Persistence
 from srtm.broker.policing import Policing, refuse_over_bound
-from srtm.broker.queue import PUBLISH_SLICE, Kept
+from srtm.broker.queue import NOT_KEPT, ON_DISK, PUBLISH_SLICE
 from srtm.broker.relay import Relay
 from srtm.broker.release import Releaser
 from srtm.broker.restart import restore
@@ -438,12 +438,12 @@ class Broker:
         ids, direct = self.ids.take(n), self.releaser.direct
         if n == 1:
             kept = topic.put_one(ids[0], bodies[0], now, arrival, publisher, direct)
-            if kept is not Kept.NOT:
+            if kept is not NOT_KEPT:
                 # A sensor's PUB, in memory or written already: as below (``kick`` of an
                 # unshaped topic with nothing waiting is ``ready``), in fewer steps.
                 self.stats.topic(topic.name).window.add(arrival, 1, 0.0)
                 self.releaser.ready(topic)
-                if kept is Kept.DISK:
+                if kept is ON_DISK:
                     self.storage_latency[topic.name].add(time.time_ns() - arrival)
                 return None
         pushed = self.persistence.pushed

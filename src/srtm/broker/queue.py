@@ -101,6 +101,11 @@ class Kept(Enum):
     DISK = "disk"  # written to the backend's file at once (it is acknowledged as kept)
 
 
+#: ``Kept``'s members for the hot path: looking one up on the class costs ~60 ns on
+#: CPython 3.11, and a sensor's PUB compares a few.
+NOT_KEPT, IN_MEMORY, ON_DISK = Kept.NOT, Kept.MEMORY, Kept.DISK
+
+
 class Overflow(Protocol):
     """Where messages beyond the memory bound go (a disk queue), FIFO."""
 
@@ -358,11 +363,11 @@ class MessageQueue:
         elsewhere."""
         if self.has_room():
             self._single(id_, body, now, arrival, publisher)
-            return Kept.MEMORY
+            return IN_MEMORY
         ov = self.overflow
         if ov is not None and ov.put_inline((id_, body, now, arrival, arrival, 0, publisher, None)):
-            return Kept.DISK
-        return Kept.NOT
+            return ON_DISK
+        return NOT_KEPT
 
     def has_room(self) -> bool:
         """Whether a fresh message stays in memory: there is room, and nothing waits in

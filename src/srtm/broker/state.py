@@ -17,6 +17,8 @@ from typing import Protocol
 
 from srtm.broker.message import Message, Origin
 from srtm.broker.queue import (
+    IN_MEMORY,
+    NOT_KEPT,
     DeferredQueue,
     Fresh,
     Kept,
@@ -591,28 +593,28 @@ class Topic:
         several channels, each with room in memory. ``Kept.NOT``, with nothing done, where
         it does not (``put_many`` takes it)."""
         if self.meter is not None or self.on_hold or not direct or self.paused:
-            return Kept.NOT
+            return NOT_KEPT
         if len(self.shaping) or self.homing is not None:
-            return Kept.NOT
+            return NOT_KEPT
         pub = publisher_of(body) if publisher is None else publisher
         channels = self.channels
         if not channels:
             kept = self.held.put_single(id_, body, now, arrival, pub)
-            if kept is Kept.NOT:
+            if kept is NOT_KEPT:
                 return kept
         elif len(channels) == 1:
             for ch in channels.values():
                 kept = ch.queue.put_single(id_, body, now, arrival, pub)
-                if kept is Kept.NOT:
+                if kept is NOT_KEPT:
                     return kept
                 ch.message_count += 1
         else:  # room in every queue first: all of them take it, or none
             if any(not ch.queue.has_room() for ch in channels.values()):
-                return Kept.NOT
+                return NOT_KEPT
             for ch in channels.values():
                 ch.queue.put_single(id_, body, now, arrival, pub)
                 ch.message_count += 1
-            kept = Kept.MEMORY
+            kept = IN_MEMORY
         self.message_count += 1
         self.message_bytes += len(body)
         return kept
