@@ -28,20 +28,18 @@ import errno
 import logging
 import os
 import struct
-from collections import deque
 from collections.abc import Callable
 from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
 
+from srtm.broker.disk.ahead import READ_AHEAD_RECORDS, ReadAhead
 from srtm.broker.disk.buffer import WriteBuffer, WriteWaiters
 from srtm.broker.disk.codec import (
     FILE_HEADER,
-    CorruptRecord,
     encode_batch,
 )
 from srtm.broker.disk.io import (
-    READ_AHEAD_BYTES,
     DiskIO,
     ReadResult,
     Writer,
@@ -55,7 +53,7 @@ from srtm.broker.disk.io import (
     write_batch,
 )
 from srtm.broker.disk.segments import Segment, Segments
-from srtm.broker.message import Message, Origin
+from srtm.broker.message import Message
 from srtm.broker.queue import Record, popleft_many
 
 log = logging.getLogger("srtm.broker.disk")
@@ -68,11 +66,6 @@ DEFAULT_FLUSH_BYTES = 256 << 10
 #: otherwise create and delete a file per message. Its settled records go with it; a
 #: kill -9 meanwhile delivers them again (duplicates, bounded by this).
 CATCH_UP_ROTATE_BYTES = 16 << 10
-#: What a queue reads ahead on the disk thread at a time (records; about
-#: ``READ_AHEAD_BYTES``), and how few read records left make it read the next ones.
-READ_AHEAD_RECORDS = 4096
-READ_AHEAD_LOW = 256
-
 _origins = itemgetter(7)
 _T = TypeVar("_T")
 
@@ -118,7 +111,7 @@ class DiskQueue:
         #: now give: the broker dispatches the queue's channel or topic again.
         self._on_readable = on_readable
         self._segments = Segments(directory, self._unlink)
-        self._unread = 0  # records on disk not read yet
+        self._ahead = ReadAhead(self._segments)
         if self.threaded:
             # Made while serving: a new queue (restored ones are opened before serving),
             # so there is nothing to load; the directory is made on the disk thread, before
@@ -127,24 +120,20 @@ class DiskQueue:
             self._run(lambda: directory.mkdir(parents=True, exist_ok=True))
         else:
             directory.mkdir(parents=True, exist_ok=True)
-            last, self._unread = self._segments.load()
+            last, self._ahead.unread = self._segments.load()
         self._segments.start(last)
         self._wfd: int | None = None
-        #: Read from the segments (counted as read, not settled), not popped yet.
-        #: As queue records carrying their segment's origin (decoded on the disk thread).
-        self._ahead: deque[Record] = deque()
-        #: A write / a read is running (on the disk thread); another write was asked for.
-        self._writing = self._reading = self._again = False
+        #: A write is running (on the disk thread); another one was asked for.
+        self._writing = self._again = False
         self._failed_last = False
         #: Bumped when the queue's files go (clear, remove): late completions are ignored.
         self._gen = 0
         self._waiters = WriteWaiters()
         self._buffer = WriteBuffer()
-        self._open_failed = False
 
     # -- size ------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self._unread + len(self._ahead) + len(self._buffer.records)
+        return len(self._ahead) + len(self._buffer.records)
 
     @property
     def failing(self) -> bool:
@@ -216,9 +205,9 @@ class DiskQueue:
         self._waiters.pushed += 1
         res = io.write_inline(self._write, self.directory, seg.path, fd, seg.end, 0, data, 1)
         if res[2] == 1:  # written whole
-            origin = self._on_disk(seg, size, 1)
+            origin = self._ahead.appended(seg, size, 1, self.threaded)
             if origin is not None:
-                self._ahead.append((*r[:7], origin))
+                self._ahead.records.append((*r[:7], origin))
                 self._caught_up(seg)
             return True
         # Not written: it waits in memory as the general way's would, the queue failing.
@@ -377,38 +366,13 @@ class DiskQueue:
         read back); returns whether it did."""
         # The records' own bytes (the buffer's ``nbytes`` counts no file header).
         records_size = size - len(FILE_HEADER) if seg.end == 0 and size else size
-        origin = self._on_disk(seg, size, k)
+        origin = self._ahead.appended(seg, size, k, self.threaded)
         done = self._buffer.take(k, records_size)
         for settled in filter(None, map(_origins, done)):
             settled.settle()  # durable here now: its own segment may go
         if origin is not None:
-            self._ahead.extend([(*r[:7], origin) for r in done])
+            self._ahead.records.extend([(*r[:7], origin) for r in done])
         return origin is not None
-
-    def _on_disk(self, seg: Segment, size: int, k: int) -> Origin | None:
-        """``k`` records (``size`` bytes) were appended to ``seg``: counted there, and as
-        read (the origin they carry then) where a reader that has read everything before
-        them takes them from memory (no read back); else as unread."""
-        seg.end += size
-        seg.records += k
-        fill = (
-            k > 0
-            and self.threaded
-            and self._unread == 0
-            and not self._reading
-            and seg.read == seg.records - k
-            # a reader keeping up, and memory bounded: else they are read back later
-            and len(self._ahead) < READ_AHEAD_LOW
-            and k <= READ_AHEAD_RECORDS
-            and size <= READ_AHEAD_BYTES
-        )
-        if not fill:
-            self._unread += k
-            return None
-        seg.read += k
-        seg.read_pos = seg.end
-        seg.outstanding += k
-        return self._segments.origin(seg)
 
     def _failed(self, exc: OSError) -> None:
         if self.error is None:
@@ -450,7 +414,7 @@ class DiskQueue:
         """Up to ``n`` of the oldest messages, as ``pop`` would give them one by one (it
         may give fewer while reading is behind), as queue records: the read-ahead's taken
         in one slice."""
-        ahead = self._ahead
+        ahead = self._ahead.records
         out: list[Record] = []
         while len(out) < n:
             if ahead:
@@ -460,17 +424,17 @@ class DiskQueue:
             if r is None:
                 break
             out.append(r)
-        if len(ahead) <= READ_AHEAD_LOW and self._unread:
+        if self._ahead.low:
             self._read_more()
         return out
 
     def _pop_record(self) -> Record | None:
-        ahead = self._ahead
-        if len(ahead) <= READ_AHEAD_LOW and self._unread:
+        ahead = self._ahead.records
+        if self._ahead.low:
             self._read_more()
         if ahead:
             return ahead.popleft()
-        if self._unread or self._writing:
+        if self._ahead.unread or self._writing:
             return None  # being read, or being written (then read from memory)
         pending = self._buffer.records
         if pending and pending[0][7] is None and self.error is None:
@@ -487,13 +451,13 @@ class DiskQueue:
     def _read_more(self) -> None:
         """Read the next records of the oldest segment not read out (inline, or on the
         disk thread: ``on_readable`` then tells the broker)."""
-        if self._reading:
+        if self._ahead.reading:
             return
         seg = self._segments.first_unread()
         if seg is None:
-            self._unread = 0
+            self._ahead.unread = 0
             return
-        self._reading = True
+        self._ahead.reading = True
         gen, want, path, pos = self._gen, seg.records - seg.read, seg.path, seg.read_pos
         threaded = self.threaded
         origin = self._segments.origin(seg)
@@ -511,31 +475,20 @@ class DiskQueue:
         msgs, end, exc, opened = res
         if gen != self._gen:
             return
-        self._reading = False
+        ahead = self._ahead
+        ahead.reading = False
         if msgs:  # records carrying ``seg.origin``
-            n = len(msgs)
-            seg.read += n
-            seg.read_pos = end
-            seg.outstanding += n
-            self._unread -= n
-            self._ahead.extend(msgs)
+            ahead.read(seg, msgs, end)
         if exc is not None:
-            if not opened and not isinstance(exc, (FileNotFoundError, CorruptRecord)):
-                # Cannot open it now (out of fds, memory): nothing to read yet, and nothing
-                # from behind it either (FIFO); the next pop tries again.
-                if not self._open_failed:
-                    log.warning("%s: cannot open a segment (%s); retrying", self.directory, exc)
-                self._open_failed = True
-            else:
-                self._unread -= seg.skip_unread(exc)
+            ahead.stopped(seg, exc, opened, self.directory)
         else:
-            self._open_failed = False
+            ahead.open_failed = False
         if seg.read >= seg.records:
             self._done_reading(seg)
         if self.threaded:
             if msgs and self._on_readable is not None:
                 self._on_readable()
-            elif not msgs and self._unread and not self._open_failed:
+            elif not msgs and ahead.unread and not ahead.open_failed:
                 self._read_more()  # skipped a damaged segment: the next one
 
     def _done_reading(self, seg: Segment) -> None:
@@ -551,18 +504,18 @@ class DiskQueue:
     def read_ahead(self) -> list[Message]:
         """What was read from the segments and not popped yet (saved with the head at a
         graceful stop: it counts as read)."""
-        return [Message(*r) for r in self._ahead]
+        return self._ahead.messages()
 
     # -- dropping and deleting ---------------------------------------------------------------
     def _forget_files(self) -> None:
         """The queue's files are going: work still running for them is ignored when done,
         and publishes waiting for a write are answered."""
         self._gen += 1
-        self._writing = self._reading = self._again = False
+        self._writing = self._ahead.reading = self._again = False
         fd, self._wfd = self._wfd, None
         if fd is not None:
             self._run(lambda: close_quietly(fd))
-        self._ahead.clear()
+        self._ahead.records.clear()
         self._resolve_waiters(True)
 
     def clear(self) -> None:
@@ -572,7 +525,7 @@ class DiskQueue:
             origin.settle()
         self._buffer.clear()
         self._segments.clear()
-        self._unread = 0
+        self._ahead.unread = 0
         if self.error is not None:
             self.error = None
             self._failing.discard(self)
