@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import errno
 import gc
 import inspect
 import json
@@ -23,7 +24,8 @@ import pytest
 from hypothesis import strategies as st
 
 from srtm.broker import Broker
-from srtm.broker.queue import Record
+from srtm.broker.message import Message
+from srtm.broker.queue import Record, to_record
 from srtm.control import Controller
 from srtm.launch import BrokerProcess, start_broker
 from srtm.placement import PublisherLoad, TopicSpec
@@ -278,3 +280,50 @@ def queue_records(min_body: int = 0) -> st.SearchStrategy[Record]:
         st.integers(0, 2**16 - 1),
         st.text(max_size=20),
     )  # fmt: skip
+
+
+class ListOverflow:
+    """A disk queue's stand-in: FIFO records, all readable at once. ``inline``: it takes a
+    PUB's record the short way (``put_inline``) as a disk queue writing it at once does;
+    else never (``push_many`` takes it)."""
+
+    def __init__(self, inline: bool = False) -> None:
+        self.inline = inline
+        self.records: list[Record] = []
+
+    def push(self, msg: Message) -> None:
+        self.records.append(to_record(msg))
+
+    def push_many(self, records: list[Record]) -> None:
+        self.records += records
+
+    def put_inline(self, r: Record) -> bool:
+        if self.inline:
+            self.records.append(r)
+        return self.inline
+
+    def pop_records(self, n: int) -> list[Record]:
+        out, self.records = self.records[:n], self.records[n:]
+        return out
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def clear(self) -> None:
+        self.records.clear()
+
+    def read_ahead(self) -> list[Message]:
+        return []
+
+
+class FullableDisk:
+    """A disk queue's writer (``DiskQueue(writer=disk.write)``): ``os.write``, or ENOSPC
+    while ``full``."""
+
+    def __init__(self) -> None:
+        self.full = False
+
+    def write(self, fd: int, data: Any) -> int:
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return os.write(fd, data)

@@ -16,11 +16,11 @@ from nsq_raw import RawClient
 from srtm.broker import Broker
 from srtm.broker.http import serve_http
 from srtm.broker.message import Message
-from srtm.broker.queue import DeferredQueue, MessageQueue, Record, to_record
+from srtm.broker.queue import DeferredQueue, MessageQueue
 from srtm.broker.state import Topic, memory_queues
 from srtm.protocol import Dpub, FrameType, Mpub, Rdy, Sub, decode_message
 from srtm.ratelimit import check_conformance
-from support import MakeBroker, eventually
+from support import ListOverflow, MakeBroker, eventually
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -28,35 +28,6 @@ S = 1_000_000_000
 
 def message(i: int, arrival: int = 0) -> Message:
     return Message(b"%016x" % i, b"body%d" % i, arrival, arrival)
-
-
-class ListOverflow:
-    """A disk queue's stand-in: FIFO records, all readable at once."""
-
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-
-    def push(self, msg: Message) -> None:
-        self.records.append(to_record(msg))
-
-    def push_many(self, records: list[Record]) -> None:
-        self.records += records
-
-    def put_inline(self, r: Record) -> bool:
-        return False  # never written at once: ``push_many`` takes it
-
-    def pop_records(self, n: int) -> list[Record]:
-        out, self.records = self.records[:n], self.records[n:]
-        return out
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def clear(self) -> None:
-        self.records.clear()
-
-    def read_ahead(self) -> list[Message]:
-        return []
 
 
 # -- the deferred queue --------------------------------------------------------------------

@@ -6,8 +6,6 @@ and leaves the queue as they leave it; elsewhere it declines with nothing done. 
 from __future__ import annotations
 
 import asyncio
-import errno
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ from srtm.broker.message import Message
 from srtm.broker.queue import Kept, MessageQueue, Record
 from srtm.broker.state import Topic
 from srtm.protocol import Fin, Pub, Rdy, Sub
-from support import MakeBroker, eventually
+from support import FullableDisk, ListOverflow, MakeBroker, eventually
 
 NOW, ARRIVAL = 10**18 + 7, 10**18 + 5
 
@@ -124,22 +122,16 @@ async def test_a_failed_write_keeps_the_message_waiting_as_the_general_way_does(
 ) -> None:
     """Taken even so (acknowledged, as ``written`` acknowledges it): it waits in memory,
     the queue is failing, and it is written once writing works again."""
-    full = False
-
-    def writer(fd: int, data: Any) -> int:
-        if full:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return os.write(fd, data)
-
+    disk = FullableDisk()
     io = DiskIO(asyncio.get_running_loop(), inline_bytes=1 << 16)
-    q = DiskQueue(tmp_path / "q", io=io, writer=writer)
+    q = DiskQueue(tmp_path / "q", io=io, writer=disk.write)
     try:
         await push_written(q, record(0))
-        full = True
+        disk.full = True
         assert q.put_inline(record(1))
         assert q.failing and q.pending == 1 and len(q) == 2
         assert not q.put_inline(record(2))  # a failing queue: the general way
-        full = False
+        disk.full = False
         q.flush()
         await io.quiesce()
         assert not q.failing and q.pending == 0
@@ -149,42 +141,10 @@ async def test_a_failed_write_keeps_the_message_waiting_as_the_general_way_does(
         q.close()
 
 
-class Backend:
-    """A backend that takes a record the short way where told to."""
-
-    def __init__(self, takes: bool) -> None:
-        self.takes = takes
-        self.records: list[Record] = []
-
-    def push(self, msg: Message) -> None:
-        raise AssertionError("not the short way")
-
-    def push_many(self, records: list[Record]) -> None:
-        raise AssertionError("not the short way")
-
-    def put_inline(self, r: Record) -> bool:
-        if self.takes:
-            self.records.append(r)
-        return self.takes
-
-    def pop_records(self, n: int) -> list[Record]:
-        out, self.records = self.records[:n], self.records[n:]
-        return out
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def clear(self) -> None:
-        self.records.clear()
-
-    def read_ahead(self) -> list[Message]:
-        return []
-
-
 def test_put_single_goes_to_memory_then_to_a_backend_that_takes_it() -> None:
     """Memory while there is room; past it, and while anything waits in the backend
     (which a fresh message must follow), the backend's short way or nothing."""
-    backend = Backend(takes=True)
+    backend = ListOverflow(inline=True)
     q = MessageQueue(2, backend)
     r = [record(n) for n in range(4)]
     assert [q.put_single(*x[:4], x[6]) for x in r[:3]] == [Kept.MEMORY, Kept.MEMORY, Kept.DISK]
@@ -193,7 +153,7 @@ def test_put_single_goes_to_memory_then_to_a_backend_that_takes_it() -> None:
     # Room in memory again, but one waits in the backend: the next goes behind it.
     assert q.put_single(*r[3][:4], r[3][6]) is Kept.DISK
     assert q.take(5) == r[1:]
-    for nowhere in (MessageQueue(0, Backend(takes=False)), MessageQueue(0)):
+    for nowhere in (MessageQueue(0, ListOverflow()), MessageQueue(0)):
         assert nowhere.put_single(*r[0][:4], r[0][6]) is Kept.NOT
         assert len(nowhere) == 0 and nowhere.dropped == 0
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import errno
 import io
 import itertools
 import os
@@ -37,7 +36,7 @@ from srtm.broker.message import Message
 from srtm.broker.metrics import BrokerCollector
 from srtm.protocol import MAGIC_V2, Fin, Mpub, Pub, Rdy, Sub
 from srtm.protocol.commands import encode_command
-from support import MakeBroker, eventually
+from support import FullableDisk, MakeBroker, eventually
 
 PAD = b"." * 200  # enough that the backlog is written out (past 256 KiB) and read back
 OK_FRAME = b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
@@ -461,22 +460,16 @@ def test_a_thread_s_waits_count_a_sleep_and_not_a_spin() -> None:
 async def test_an_inline_write_that_fails_keeps_its_records_and_marks_the_queue_failing(
     tmp_path: Path,
 ) -> None:
-    full = False
-
-    def writer(fd: int, data: Any) -> int:
-        if full:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return os.write(fd, data)
-
+    disk = FullableDisk()
     io = DiskIO(asyncio.get_running_loop(), inline_bytes=1 << 16)
-    q = DiskQueue(tmp_path / "q", io=io, writer=writer)
+    q = DiskQueue(tmp_path / "q", io=io, writer=disk.write)
     try:
         assert not await _write_one(q, 0)
-        full = True
+        disk.full = True
         assert await _write_one(q, 1)  # tried inline: failed, not waited for
         assert q.failing and q.pending == 1
         assert await _write_one(q, 2) and q.pending == 2  # a failing queue is not written
-        full = False
+        disk.full = False
         q.flush()  # the housekeeping's retry (on the thread)
         await eventually(lambda: not q.failing and q.pending == 0, what="written again")
         assert [m.body for m in iter(q.pop, None)] == [b"m0", b"m1", b"m2"]
