@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from srtm.broker import queue, stats
+from srtm.broker import message, queue, stats
+from srtm.broker.message import MessageIds, hex_ids_py
 from srtm.broker.queue import Record, fresh_records, fresh_records_py, run_records, run_records_py
 from srtm.broker.stats import (
     RateWindow,
@@ -22,6 +23,7 @@ from srtm.broker.stats import (
 c_fresh = queue._c_fresh_records
 c_times = stats._c_first_attempt_times
 c_run = queue._c_run_records
+c_ids = message._c_hex_ids
 
 _TIME = st.integers(0, 2**62)
 records = st.builds(
@@ -37,7 +39,7 @@ records = st.builds(
 
 def test_the_c_records_module_was_built() -> None:
     """Optional at install (no compiler: Python's is used); said here when missing."""
-    if c_fresh is None or c_times is None or c_run is None:
+    if c_fresh is None or c_times is None or c_run is None or c_ids is None:
         pytest.skip("srtm.broker._records not built: the pure-Python versions are used")
 
 
@@ -128,3 +130,51 @@ def test_a_dispatch_counts_first_attempts_only() -> None:
     assert list(cs.token_wait.pending) == [50, 50]
     assert list(ts.lateness.pending) == [850, 850]
     assert list(ts.latency.pending) == [900, 900]
+
+
+@given(first=st.integers(0, 2**64 - 1), n=st.integers(0, 300))
+def test_hex_ids_equal_pythons(first: int, n: int) -> None:
+    """Message ids in bulk: C and its reference make the same ids, or fail alike past
+    64 bits."""
+    try:
+        want: list[bytes] | type[Exception] = hex_ids_py(first, n)
+    except OverflowError:
+        want = OverflowError
+    if want is not OverflowError:
+        assert want == [(b"%016x" % i)[-16:] for i in range(first, first + n)]
+        assert all(len(i) == 16 for i in want)  # type: ignore[union-attr]
+    if c_ids is None:
+        return
+    if want is OverflowError:
+        with pytest.raises(OverflowError):
+            c_ids(first, n)
+    else:
+        assert c_ids(first, n) == want
+
+
+def test_hex_ids_refuse_what_they_cannot_make() -> None:
+    for ids in filter(None, (c_ids, hex_ids_py)):
+        assert ids(2**64 - 1, 1) == [b"f" * 16]
+        with pytest.raises(OverflowError):
+            ids(2**64 - 1, 2)
+        with pytest.raises(OverflowError):
+            ids(-1, 1)
+        with pytest.raises(ValueError):
+            ids(0, -1)
+
+
+@pytest.mark.parametrize("start", [0, 5, 2**52 - 40])
+def test_a_broker_s_ids_are_the_same_in_c_and_in_python(
+    start: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MessageIds.take`` in C, and in each of its Python paths (one id, a few, many, and
+    past the counter's 52 bits), gives the ids ``next`` gives one at a time."""
+    sizes = [1, 3, 31, 32, 200, 1, 7]
+    one_by_one = MessageIds(0xABD, start=start)  # odd: past 52 bits the counter ORs into it
+    want = [[one_by_one.next() for _ in range(k)] for k in sizes]
+    if c_ids is not None:
+        fast = MessageIds(0xABD, start=start)
+        assert [fast.take(k) for k in sizes] == want
+    monkeypatch.setattr(message, "_c_hex_ids", None)
+    slow = MessageIds(0xABD, start=start)
+    assert [slow.take(k) for k in sizes] == want

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Protocol
+
+_c_hex_ids: Callable[[int, int], list[bytes]] | None
+try:
+    from srtm.broker._records import hex_ids as _c_hex_ids
+except ImportError:  # not built (optional at install): Python's below
+    _c_hex_ids = None
 
 
 @lru_cache(maxsize=64)
@@ -17,6 +24,17 @@ def _words(n: int) -> struct.Struct:
 def _sixteens(n: int) -> struct.Struct:
     """Cuts ``16 * n`` bytes into ``n`` of 16 in one call (half the time of a regex)."""
     return struct.Struct("16s" * n)
+
+
+def hex_ids_py(first: int, n: int) -> list[bytes]:
+    """The ``n`` ids ``first``, ``first + 1``, ..., each its 16 lowercase hex digits
+    (``_records.c``'s ``hex_ids``, and its errors: ValueError for a negative ``n``,
+    OverflowError for an id below 0 or past 64 bits)."""
+    if n < 0:
+        raise ValueError("hex_ids: n must be >= 0")
+    if first < 0 or first + max(n, 1) - 1 >= 1 << 64:
+        raise OverflowError("hex_ids: an id below 0 or past 64 bits")
+    return [b"%016x" % i for i in range(first, first + n)]
 
 
 class Origin(Protocol):
@@ -76,13 +94,15 @@ class MessageIds:
         return b"%016x" % (self._prefix | self.last)
 
     def take(self, n: int) -> list[bytes]:
-        """``n`` ids at once, in order (as ``n`` calls of ``next``)."""
-        if n == 1:  # a PUB: no comprehension (a frame of its own)
-            self.last = last = self.last + 1
-            return [b"%016x" % (self._prefix | last)]
+        """``n`` ids at once, in order (as ``n`` calls of ``next``): in C where
+        ``srtm.broker._records`` was built (``hex_ids_py`` is its reference)."""
         first = self.last + 1
         self.last += n
         prefix = self._prefix
+        if _c_hex_ids is not None and not self.last >> 52:
+            return _c_hex_ids(prefix | first, n)
+        if n == 1:  # a PUB: no comprehension (a frame of its own)
+            return [b"%016x" % (prefix | first)]
         if n < 32 or self.last >> 52:
             # Few (a format each is as fast), or past the counter's 52 bits (never, really).
             return [b"%016x" % (prefix | i) for i in range(first, first + n)]
