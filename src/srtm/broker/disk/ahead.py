@@ -28,10 +28,10 @@ class ReadAhead:
 
     __slots__ = ("_segments", "open_failed", "reading", "records", "unread")
 
-    def __init__(self, segments: Segments, unread: int = 0) -> None:
+    def __init__(self, segments: Segments) -> None:
         self._segments = segments
         self.records: deque[Record] = deque()
-        self.unread = unread
+        self.unread = 0
         self.reading = self.open_failed = False
 
     def __len__(self) -> int:
@@ -40,7 +40,7 @@ class ReadAhead:
     @property
     def low(self) -> bool:
         """Few records left read ahead, and more on disk: time to read the next ones."""
-        return len(self.records) <= READ_AHEAD_LOW and self.unread > 0
+        return len(self.records) <= READ_AHEAD_LOW and self.unread != 0
 
     def appended(self, seg: Segment, size: int, k: int, threaded: bool) -> Origin | None:
         """``k`` records (``size`` bytes) were appended to ``seg``: counted there, and as
