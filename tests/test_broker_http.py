@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import struct
 from typing import Any
 
 import pytest
 
+from srtm.broker.documents import StatsDoc
+from srtm.broker.stats import Recorder
 from srtm.version import NSQD_VERSION
 from support import BrokerApi, call
 
@@ -122,6 +125,39 @@ async def test_stats_has_nsqd_shape_and_srtm_section(
     assert "gap_ns" in doc["srtm"]["arrival_stamps"]
     status, text = await call(s, "GET", "/stats")
     assert status == 200 and "[st" in text
+
+
+async def test_stats_pools_release_lateness_of_the_topics_listed(
+    broker_api: BrokerApi,
+) -> None:
+    """The section's release lateness is that of every release of the topics listed,
+    counted once: not the highest of their own quantiles."""
+    broker, s = broker_api
+    rng = random.Random(32)
+    values = {
+        "la": [rng.randrange(1_000, 100_000) for _ in range(60)],
+        "lb": [rng.randrange(50_000, 5_000_000) for _ in range(40)],
+        "lc": [],
+    }
+    for name, late in values.items():
+        await call(s, "POST", f"/topic/create?topic={name}")
+        for v in late:
+            broker.stats.topic(name).lateness.add(v)
+    together = Recorder()
+    for v in values["la"] + values["lb"]:
+        together.add(v)
+    status, doc = await call(s, "GET", "/stats?format=json")
+    assert status == 200
+    pooled = doc["srtm"]["release_lateness_ns"]
+    assert pooled == {k: int(v) for k, v in together.summary().items()}
+    assert pooled["count"] == 100
+    highest = max(t["release_lateness_ns"]["p99"] for t in doc["srtm"]["topics"])
+    assert pooled["p99"] < highest
+    _, doc = await call(s, "GET", "/stats?format=json&topic=la")
+    (alone,) = doc["srtm"]["topics"]
+    assert doc["srtm"]["release_lateness_ns"] == alone["release_lateness_ns"]
+    assert alone["release_lateness_ns"]["count"] == 60
+    StatsDoc.model_validate(doc)
 
 
 async def test_metrics_are_prometheus_text(broker_api: BrokerApi) -> None:

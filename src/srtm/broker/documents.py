@@ -726,6 +726,11 @@ class ArrivalStampsDoc(Doc):
 class SrtmStatsDoc(Doc):
     broker_id: int
     arrival_stamps: ArrivalStampsDoc
+    release_lateness_ns: LatencySummaryDoc = Field(
+        description="The release lateness of the topics listed, together: each release "
+        "counted once (many topics at a low rate give a p99 that none has releases enough "
+        "for alone)"
+    )
     topics: list[SrtmTopicDoc]
 
 

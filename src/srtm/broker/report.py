@@ -15,10 +15,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from srtm.broker.relay import counters_of
-from srtm.broker.stats import Recorder, WindowRecorder
+from srtm.broker.stats import Recorder, WindowRecorder, summarise_many
 from srtm.quantiles import REPORTED
 
 if TYPE_CHECKING:
+    from hdrh.histogram import HdrHistogram
+
     from srtm.broker.admission import Admission
     from srtm.broker.broker import Broker
     from srtm.broker.state import Channel, Topic
@@ -212,6 +214,7 @@ def stats_document(
     now = time.time_ns()
     topics = []
     srtm_topics = []
+    lateness: list[HdrHistogram] = []
     for _, t in sorted(broker.topics.items()):  # by name, as nsqd
         if topic is not None and t.name != topic:
             continue
@@ -234,6 +237,8 @@ def stats_document(
             )
         )
         srtm_topics.append(_srtm_topic(broker, t, channel, now))
+        if (late := ts.lateness.recorded()) is not None:
+            lateness.append(late)
     producers = [client_doc(c) for c in broker.clients if c.pub_counts] if clients else []
     return dict(
         version=broker.version,
@@ -247,6 +252,7 @@ def stats_document(
                 kernel=broker.options.kernel_timestamps,
                 gap_ns=latency_summary(broker.stats.stamp_gaps),
             ),
+            release_lateness_ns=_summary_doc(summarise_many(lateness)),
             topics=srtm_topics,
         ),
     )

@@ -122,7 +122,8 @@ def summarise_many(hists: Sequence[HdrHistogram]) -> dict[str, float]:
     lowest, width = _index_values(_shape(hists[0]))
     counts = np.ctypeslib.as_array(hists[0].counts).astype(np.int64)
     for h in hists[1:]:
-        counts += np.ctypeslib.as_array(h.counts)
+        # 64-bit counts are unsigned: uint64 into int64 is no "same kind" cast for numpy
+        counts += np.ctypeslib.as_array(h.counts).astype(np.int64)
     cum = np.cumsum(counts)
     out["mean"] = float((counts * (lowest + (width >> 1))).sum() / total)
     for name, q in REPORTED:
