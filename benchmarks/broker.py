@@ -98,6 +98,9 @@ TIMER_SLEEPS = 400
 TIMER_SLEEP_S = 0.0025
 #: The open-loop sensor rows: (sensors, PUBs a second each), one connection per sensor.
 SENSOR_LOADS = ((2_000, 1.0), (200, 100.0))
+#: Each sensor load runs the measurement's duration or as long as this many PUBs take,
+#: whichever is longer: 2,000 sensors at 1/s in 5 s give a p99.9 from its 10 highest.
+SENSOR_MIN_PUBS = 30_000
 #: The shaped rows at a sensor topic's rates (msg/s): each row runs as many topics at
 #: that rate as make ``LOW_TOTAL_RATE`` together, so that even 10/s gives its p99 enough
 #: releases in a few seconds (40 topics of 10/s: 2,000 in 5 s).
@@ -906,6 +909,11 @@ class Row:
         return [srtm[r] / nsqd[r] for r in sorted(srtm.keys() & nsqd.keys()) if nsqd[r]]
 
 
+def sensor_duration(duration_s: float, sensors: int, rate: float) -> float:
+    """How long a sensor load runs (s): ``duration_s``, or ``SENSOR_MIN_PUBS`` at its rate."""
+    return max(duration_s, SENSOR_MIN_PUBS / (sensors * rate))
+
+
 def sensor_key(sensors: int, rate: float) -> str:
     return f"sensors{sensors}x{rate:g}"
 
@@ -1361,7 +1369,7 @@ class Bench:
 
     def _sensor_load(self, run: int, name: str, n: int, rate: float, keys: list[str]) -> None:
         broker = self.brokers[name]
-        d = self.cfg.duration_s
+        d = sensor_duration(self.cfg.duration_s, n, rate)
         topic = f"bench_sensors{n}_{run}"
         broker.create_channel(topic)
         try:
@@ -1595,6 +1603,9 @@ def build_cpu_table(rows: dict[str, Row], cfg: Config) -> Table:
 
 def footnotes(cfg: Config) -> list[str]:
     d = f"{cfg.duration_s:g} s"
+    sensor_loads = ", ".join(
+        f"{n:,} at {r:g}/s: {sensor_duration(cfg.duration_s, n, r):g} s" for n, r in SENSOR_LOADS
+    )
     return [
         f"Messages of {BODY_SIZE} bytes. Each run starts both brokers fresh on 127.0.0.1 with "
         f"--mem-queue-size {cfg.mem_queue_size:,} (as nsq's bench.sh) and otherwise defaults, "
@@ -1632,7 +1643,8 @@ def footnotes(cfg: Config) -> list[str]:
         "the messages queued.",
         "⁹ benchmarks/sensors.py, one process on uvloop: one connection per sensor, each "
         "sending one PUB and waiting for its OK, on a fixed schedule spread evenly over the "
-        f"sensors and the second (open loop), for {d}, into a topic with one channel and no "
+        f"sensors and the second (open loop), for {d} or as long as {SENSOR_MIN_PUBS:,} PUBs "
+        f"take ({sensor_loads}), into a topic with one channel and no "
         "consumer; PUB→OK from the send to the OK's read. A PUB due while its sensor's last "
         "one is unanswered goes out with that OK (held: the broker's doing). The "
         "generator's lateness (send − due, PUBs not held) shows a disturbed run: its timers "
