@@ -96,6 +96,8 @@ TARGET_LATENESS_P99_US = 100.0
 #: The machine's timer anchor (¹¹): this many sleeps of this long.
 TIMER_SLEEPS = 400
 TIMER_SLEEP_S = 0.0025
+#: Longest a topic's deletion waits for the broker to see its consumers go.
+CONSUMERS_GONE_S = 5.0
 #: The open-loop sensor rows: (sensors, PUBs a second each), one connection per sensor.
 SENSOR_LOADS = ((2_000, 1.0), (200, 100.0))
 #: Each sensor load runs the measurement's duration or as long as this many PUBs take,
@@ -909,6 +911,17 @@ class Row:
         return [srtm[r] / nsqd[r] for r in sorted(srtm.keys() & nsqd.keys()) if nsqd[r]]
 
 
+def wait_consumers_gone(broker: Broker, topic: str, timeout_s: float) -> None:
+    """Until none of ``topic``'s channels has a consumer (at most ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        doc = broker.stats(topic)
+        clients = sum(ch["client_count"] for t in doc["topics"] for ch in t["channels"])
+        if not clients:
+            return
+        time.sleep(0.02)
+
+
 def sensor_duration(duration_s: float, sensors: int, rate: float) -> float:
     """How long a sensor load runs (s): ``duration_s``, or ``SENSOR_MIN_PUBS`` at its rate."""
     return max(duration_s, SENSOR_MIN_PUBS / (sensors * rate))
@@ -1056,9 +1069,12 @@ class Bench:
             self.log.log(f"[red]{msg}[/]")
 
     def delete_topic(self, broker: Broker, topic: str) -> None:
-        """Delete and wait until the broker answers again, so that freeing the topic's
-        messages belongs to no measurement."""
+        """Delete once the broker has seen the topic's consumers go (nsqd 1.3.0 can panic
+        on a departing consumer's FIN that it reads while the channel is being deleted),
+        and wait until the broker answers again, so that freeing the topic's messages
+        belongs to no measurement."""
         with contextlib.suppress(OSError):
+            wait_consumers_gone(broker, topic, CONSUMERS_GONE_S)
             broker.post(f"/topic/delete?topic={topic}")
             time.sleep(0.05)  # a scan-loop tick (10 ms) or more
             t0 = time.perf_counter()
