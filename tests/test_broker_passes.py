@@ -1,10 +1,13 @@
 """Passes over every connection (deadline checks, RTT reads) take a loop turn per slice,
-so thousands of connections never hold the loop for milliseconds; and RTTs, a syscall per
-connection, are read only while a measurement round needs them."""
+so thousands of connections never hold the loop for milliseconds; deadlines are checked
+only where one bounds something; and RTTs, a syscall per connection, are read only while
+a measurement round needs them."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from dataclasses import dataclass, field
 
 import pytest
@@ -13,11 +16,11 @@ from nsq_raw import RawClient
 from srtm.broker import tcp
 from srtm.broker.measurement import RTTS_PER_TURN, Measurements
 from srtm.broker.tcp import DEADLINES_PER_TURN, check_deadlines
-from srtm.protocol import Pub
+from srtm.protocol import MAGIC_V2, Mpub, Pub, Rdy, Sub, encode_command
 from support import MakeBroker, eventually
 
 
-@dataclass
+@dataclass(eq=False)
 class Conn:
     """A connection as the passes see it; each call is logged in ``log``."""
 
@@ -26,9 +29,12 @@ class Conn:
     publisher: str = ""
     pub_counts: dict[str, int] = field(default_factory=dict)
     rtt_cache_ns: int = 0
+    #: What ``check_deadlines`` answers: whether a deadline still bounds it.
+    bounded: bool = True
 
-    def check_deadlines(self, now: int) -> None:
+    def check_deadlines(self, now: int) -> bool:
         self.log.append(self.name)
+        return self.bounded
 
     def rtt_ns(self) -> int:
         self.log.append(self.name)
@@ -43,10 +49,56 @@ def _other_work_ran_between_slices(log: list[object], n: int, per_turn: int) -> 
 
 async def test_deadline_checks_leave_the_loop_between_slices() -> None:
     log: list[object] = []
-    conns = [Conn(i, log) for i in range(3 * DEADLINES_PER_TURN + 5)]
+    conns = [Conn(i, log, bounded=i % 3 != 0) for i in range(3 * DEADLINES_PER_TURN + 5)]
+    watched = dict.fromkeys(conns)
     asyncio.get_running_loop().call_soon(log.append, "other")
-    await check_deadlines(conns)  # type: ignore[arg-type]
+    await check_deadlines(watched)  # type: ignore[arg-type]
     _other_work_ran_between_slices(log, len(conns), DEADLINES_PER_TURN)
+    # those no deadline bounds any more leave the watch; the rest stay, in order
+    assert list(watched) == [c for c in conns if c.bounded]
+
+
+async def test_the_deadline_pass_looks_only_at_connections_a_deadline_bounds(
+    make_broker: MakeBroker,
+) -> None:
+    """Idle connections are never watched; a command partly read is, until it is whole;
+    output a send left behind is, until the write timeout closes its connection."""
+    broker = await make_broker(read_timeout_ms=1000, write_timeout_ms=1000)
+    assert broker.tcp_address is not None
+    address = broker.tcp_address
+    idle = [await RawClient.connect(*address) for _ in range(10)]
+    part = await RawClient.connect(*address)
+    sink = socket.socket()
+    try:
+        await eventually(lambda: len(broker.clients) == 11, "the connections accepted")
+        await part.send(b"PUB t\n" + struct.pack(">I", 5) + b"ab")
+        await eventually(lambda: len(broker.deadline_watch) == 1, "the partial PUB watched")
+        await asyncio.sleep(0.3)  # a pass (every 250 ms here) keeps it: it is still partial
+        assert len(broker.deadline_watch) == 1
+        await part.send(b"cde")
+        assert await part.response() == b"OK"
+        await eventually(lambda: not broker.deadline_watch, "unwatched once whole")
+
+        # A consumer that does not read, tiny buffers both sides: the broker's send leaves
+        # bytes behind.
+        sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sink.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sink, address)
+        sink.send(MAGIC_V2 + encode_command(Sub("t", "c")) + encode_command(Rdy(200)))
+        channels = broker.topics["t"].channels
+        await eventually(lambda: "c" in channels and channels["c"].consumers, "subscribed")
+        (consumer,) = broker.clients - {c for c in broker.clients if c.channel is None}
+        consumer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        await part.send(Mpub("t", [b"m" * 1024] * 200))
+        assert await part.response() == b"OK"
+        await eventually(lambda: consumer in broker.deadline_watch, "unsent output watched")
+        await eventually(lambda: consumer not in broker.clients, "closed by the write timeout")
+        assert consumer not in broker.deadline_watch
+        assert len(broker.clients) == 11  # the idle ones and the publisher, never watched
+    finally:
+        sink.close()
+        for c in [*idle, part]:
+            await c.close()
 
 
 async def test_rtt_reads_leave_the_loop_between_slices() -> None:

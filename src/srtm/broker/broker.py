@@ -76,6 +76,10 @@ class Broker:
         #: lookupd before then looks again only a minute later).
         self.names_changed = asyncio.Event()
         self.clients: set[Client] = set()
+        #: The connections a deadline bounds now (output left unsent, a command partly
+        #: read), in the order they began: the deadline pass looks only at these, not at
+        #: thousands of idle sensors (a dict as an ordered set).
+        self.deadline_watch: dict[Client, None] = {}
         #: Consumer admission control per topic name (srtm.broker.admission).
         self.admission = Admissions()
         #: Bytes sent to connections closed since start (``egress_bytes``).
@@ -201,7 +205,7 @@ class Broker:
         interval = min(1.0, min(timeouts) / 4000)
         while True:
             await asyncio.sleep(interval)
-            await check_deadlines(self.clients)
+            await check_deadlines(self.deadline_watch)
 
     async def _housekeeping_loop(self) -> None:
         """Every 100 ms, move the measured values of each histogram holding
@@ -241,6 +245,7 @@ class Broker:
 
     # -- connections ---------------------------------------------------------------------
     def disconnected(self, client: Client) -> None:
+        self.deadline_watch.pop(client, None)
         if client in self.clients:  # counted once
             self.clients.discard(client)
             self._sent_closed += client.sent_bytes

@@ -68,6 +68,8 @@ class IntakeConn(Protocol):
 
     def send_error(self, err: ProtocolError) -> None: ...
 
+    def watch_deadlines(self) -> None: ...
+
 
 class Intake:
     """Reads ``sock`` into ``parser`` and runs what it completes through ``session``
@@ -338,11 +340,23 @@ class Intake:
         if not self._parser.incomplete:
             self._partial_since_ns = 0
         elif completed or not self._partial_since_ns:
+            if not self._partial_since_ns:
+                self._conn.watch_deadlines()
             self._partial_since_ns = now
 
     def restart_deadline(self) -> None:
         """Its command could not progress while it was not read: the deadline restarts."""
-        self._partial_since_ns = time.time_ns() if self._parser.incomplete else 0
+        if not self._parser.incomplete:
+            self._partial_since_ns = 0
+            return
+        if not self._partial_since_ns:
+            self._conn.watch_deadlines()
+        self._partial_since_ns = time.time_ns()
+
+    @property
+    def partial(self) -> bool:
+        """A command waits for more bytes (the read deadline bounds it)."""
+        return self._partial_since_ns != 0
 
     def overdue(self, now: int) -> int:
         """The read timeout in ms where a command is still incomplete after it while the

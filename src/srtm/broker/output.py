@@ -31,8 +31,9 @@ class Output:
     """The output of one connection on ``sock``: ``buf`` is what waits to be sent.
 
     ``on_pause`` and ``on_resume`` are called when ``buf`` (with what is held) crosses
-    the high-water mark and drains below the low one; ``close`` ends the connection
-    (a send failed, or lingering is over)."""
+    the high-water mark and drains below the low one, ``on_unsent`` when a send leaves
+    bytes behind (``stalled`` then matters until they are gone); ``close`` ends the
+    connection (a send failed, or lingering is over)."""
 
     def __init__(
         self,
@@ -45,6 +46,7 @@ class Output:
         close: Callable[[], None],
         on_pause: Callable[[], None],
         on_resume: Callable[[], None],
+        on_unsent: Callable[[], None],
     ) -> None:
         self._sock, self._loop, self._session, self._close = sock, loop, session, close
         self._remote = remote
@@ -67,6 +69,8 @@ class Output:
         #: Over the high-water mark, until below the low one.
         self.paused = False
         self._on_pause, self._on_resume = on_pause, on_resume
+        #: A send left bytes behind: from now on a write deadline bounds them.
+        self._on_unsent = on_unsent
         self.sent_bytes = 0
         self._write_timeout_ns = write_timeout_ms * 1_000_000
         #: Bytes sent at the last deadline check, and since when nothing more was.
@@ -109,6 +113,7 @@ class Output:
         if self.buf and self._session.state is not _CLOSED:
             self._writing = True
             self._loop.add_writer(self._sock.fileno(), self._on_writable)
+            self._on_unsent()
 
     def _on_writable(self) -> None:
         try:

@@ -142,6 +142,9 @@ class BrokerPort(Protocol):
     def stats(self) -> BrokerStats: ...
 
     @property
+    def deadline_watch(self) -> dict[Client, None]: ...
+
+    @property
     def tls_context(self) -> ssl.SSLContext | None: ...
 
     @property
@@ -195,15 +198,19 @@ def enable_kernel_timestamps(sock: socket.socket) -> bool:
     return True
 
 
-async def check_deadlines(clients: Iterable[Client]) -> None:
-    """``Client.check_deadlines`` of every connection, ``DEADLINES_PER_TURN`` a loop turn."""
-    batch = list(clients)
+async def check_deadlines(watched: dict[Client, None]) -> None:
+    """``Client.check_deadlines`` of each watched connection, ``DEADLINES_PER_TURN`` a loop
+    turn; one with nothing a deadline bounds any more leaves ``watched`` (it comes back
+    through ``Client.watch_deadlines``). Every connection, each second, was 5-9 µs each
+    (cold objects): 2,000 idle sensors cost 10 ms a second and their PUBs' p99."""
+    batch = list(watched)
     for k in range(0, len(batch), DEADLINES_PER_TURN):
         if k:
             await asyncio.sleep(0)
         now = time.time_ns()
         for client in batch[k : k + DEADLINES_PER_TURN]:
-            client.check_deadlines(now)
+            if not client.check_deadlines(now):
+                watched.pop(client, None)
 
 
 def session_settings(broker: BrokerPort) -> SessionSettings:
@@ -254,7 +261,7 @@ class Client:
         self.remote = f"{host}:{port}"
         self.output = Output(
             sock, self.loop, self.session, opts.max_output_buffer_bytes, opts.write_timeout_ms,
-            self.remote, self.close, self._pause, self._resume,
+            self.remote, self.close, self._pause, self._resume, self.watch_deadlines,
         )  # fmt: skip
         #: The session's frames go straight to the output (an OK per PUB: no call between).
         self.write = self.output.write
@@ -574,20 +581,27 @@ class Client:
         if self.channel is not None and self.rdy:
             self.broker.mark_ready(self.channel)
 
-    def check_deadlines(self, now: int) -> None:
-        """Called about every second: close a connection whose pending output made no
-        progress for the write timeout, or whose current command is not complete within
-        the read timeout."""
+    def watch_deadlines(self) -> None:
+        """Something a deadline bounds began (output a send left behind, a command partly
+        read): the broker's deadline pass looks at this connection until it is over."""
+        self.broker.deadline_watch[self] = None
+
+    def check_deadlines(self, now: int) -> bool:
+        """Called about every second while watched: close a connection whose pending output
+        made no progress for the write timeout, or whose current command is not complete
+        within the read timeout. Whether a deadline still bounds it (False: unwatch)."""
         if self.closed:
-            return
+            return False
         if self.output.stalled(now):
             self.close()
-            return
+            return False
         if ms := self.intake.overdue(now):
             log.warning("closing %s: a command still incomplete after %d ms", self.remote, ms)
             self.send_error(ProtocolError(errors.E_INVALID, f"command incomplete after {ms} ms"))
             self.output.send()
             self.close()  # whether or not the error frame left: its partial command goes
+            return False
+        return bool(self.output.buf) or self.intake.partial
 
     @property
     def closed(self) -> bool:
