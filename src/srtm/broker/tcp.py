@@ -202,7 +202,7 @@ async def check_deadlines(watched: dict[Client, None]) -> None:
     """``Client.check_deadlines`` of each watched connection, ``DEADLINES_PER_TURN`` a loop
     turn; one with nothing a deadline bounds any more leaves ``watched`` (it comes back
     through ``Client.watch_deadlines``). Every connection, each second, was 5-9 µs each
-    (cold objects): 2,000 idle sensors cost 10 ms a second and their PUBs' p99."""
+    (cold objects): 7-12 ms of the loop a second with 2,000 idle sensors."""
     batch = list(watched)
     for k in range(0, len(batch), DEADLINES_PER_TURN):
         if k:
