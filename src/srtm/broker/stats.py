@@ -122,8 +122,9 @@ def summarise_many(hists: Sequence[HdrHistogram]) -> dict[str, float]:
     lowest, width = _index_values(_shape(hists[0]))
     counts = np.ctypeslib.as_array(hists[0].counts).astype(np.int64)
     for h in hists[1:]:
-        # 64-bit counts are unsigned: uint64 into int64 is no "same kind" cast for numpy
-        counts += np.ctypeslib.as_array(h.counts).astype(np.int64)
+        # 64-bit counts are unsigned, and uint64 into int64 is no "same kind" cast for
+        # numpy: cast as added, not copied first (counts stay far below 2^63)
+        np.add(counts, np.ctypeslib.as_array(h.counts), out=counts, casting="unsafe")
     cum = np.cumsum(counts)
     out["mean"] = float((counts * (lowest + (width >> 1))).sum() / total)
     for name, q in REPORTED:
