@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import pytest
 
 from nsq_raw import RawClient
-from srtm.broker.message import Message, MessageIds
-from srtm.broker.queue import MessageQueue, Record, to_record
+from srtm.broker.message import MessageIds
+from srtm.broker.queue import MessageQueue
 from srtm.broker.state import UNBOOKED, Topic, memory_queues
 from srtm.protocol import MAGIC_V2, Fin, Mpub, Parser, ProtocolError, Pub, Rdy, Sub
-from support import MakeBroker, eventually
+from support import ListOverflow, MakeBroker, eventually
 
 MS = 1_000_000
 
@@ -114,38 +114,6 @@ def test_a_batch_in_flight_times_out_together_except_what_was_touched_or_finishe
     again = [m for _, m in ch.dispatch(1_000 * MS)]
     assert [m.id for m in again] == ids[2:] and {m.attempts for m in again} == {2}
     assert ch.tick(1_500 * MS) and ch.timeout_count == 3  # the touched one, later
-
-
-class ListOverflow:
-    """A backend that keeps messages in a list."""
-
-    def __init__(self) -> None:
-        self.msgs: list[Message] = []
-
-    def push(self, msg: Message) -> None:
-        self.msgs.append(msg)
-
-    def push_many(self, records: list[Record]) -> None:
-        self.msgs += [Message(*r) for r in records]
-
-    def put_inline(self, r: Record) -> bool:
-        return False  # never written at once: ``push_many`` takes it
-
-    def pop(self) -> Message | None:
-        return self.msgs.pop(0) if self.msgs else None
-
-    def pop_records(self, n: int) -> list[Record]:
-        taken, self.msgs = self.msgs[:n], self.msgs[n:]
-        return [to_record(m) for m in taken]
-
-    def __len__(self) -> int:
-        return len(self.msgs)
-
-    def clear(self) -> None:
-        self.msgs.clear()
-
-    def read_ahead(self) -> list[Message]:
-        return []
 
 
 def test_records_overflow_and_come_back_in_order() -> None:

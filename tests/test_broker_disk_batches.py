@@ -20,8 +20,8 @@ from srtm.broker.disk import queue as diskqueue
 from srtm.broker.disk.buffer import MAX_WRITE_RECORDS
 from srtm.broker.disk.codec import encode, encode_batch, encode_batch_py, record_bytes
 from srtm.broker.message import Message
-from srtm.broker.queue import MessageQueue, Record, to_record
-from support import queue_records
+from srtm.broker.queue import MessageQueue, Record
+from support import ListOverflow, queue_records
 
 c_encode_batch = codec._c_encode_batch
 
@@ -184,39 +184,20 @@ def test_a_publisher_that_cannot_be_encoded_fails_the_write_not_the_push(tmp_pat
     assert q.pending == 2
 
 
-class CountingOverflow:
-    """A backend that keeps what it is given and counts the calls."""
+class CountingOverflow(ListOverflow):
+    """``ListOverflow`` counting the calls that hand it messages."""
 
     def __init__(self) -> None:
-        self.msgs: list[Message] = []
+        super().__init__()
         self.calls = 0
 
     def push(self, msg: Message) -> None:
         self.calls += 1
-        self.msgs.append(msg)
+        super().push(msg)
 
     def push_many(self, records: list[Record]) -> None:
         self.calls += 1
-        self.msgs += as_messages(records)
-
-    def put_inline(self, r: Record) -> bool:
-        return False  # never written at once: ``push_many`` takes it
-
-    def pop(self) -> Message | None:
-        return self.msgs.pop(0) if self.msgs else None
-
-    def pop_records(self, n: int) -> list[Record]:
-        taken, self.msgs = self.msgs[:n], self.msgs[n:]
-        return [to_record(m) for m in taken]
-
-    def __len__(self) -> int:
-        return len(self.msgs)
-
-    def clear(self) -> None:
-        self.msgs.clear()
-
-    def read_ahead(self) -> list[Message]:
-        return []
+        super().push_many(records)
 
 
 def test_what_does_not_fit_in_memory_goes_to_the_backend_in_one_call() -> None:
