@@ -1,7 +1,7 @@
 """A held topic (managed, no share on this broker): what arrives is kept and released
 only by a sub-bucket that comes, or at once when the topic is unmanaged; the hold
 survives a restart, a broker with a controller restores its shaped topics held, and a
-lapsed lease holds them."""
+lapsed lease or a stop holds them."""
 
 from __future__ import annotations
 
@@ -121,6 +121,31 @@ async def test_a_lapsed_lease_holds_shaped_topics(make_broker: MakeBroker) -> No
         broker.shares.set_bucket("t", 1.0, 1.0)
     broker.shares.apply({"t": (2.0, 1.0)}, ["u"])  # a registration answer, with a lease
     assert broker.topics["t"].bucket is not None and broker.topics["u"].on_hold
+
+
+async def test_a_stopping_broker_holds_its_shares_and_takes_no_other(
+    make_broker: MakeBroker,
+) -> None:
+    broker = await make_broker(controller="http://127.0.0.1:9")
+    broker.shares.renew_lease(time.monotonic(), 60.0)
+    broker.shares.set_bucket("t", 1.0, 1.0)
+    broker.shares.stop()
+    assert broker.topics["t"].on_hold and broker.topics["t"].bucket is None
+    broker.shares.renew_lease(time.monotonic(), 60.0)  # an answer that comes after
+    assert not broker.shares.lease_ok()
+    with pytest.raises(LeaseExpired):
+        broker.shares.set_bucket("t", 1.0, 1.0)
+    broker.shares.apply({"t": (2.0, 1.0)}, [])  # a registration answer, with a lease
+    assert broker.topics["t"].bucket is None
+
+
+async def test_a_stopping_broker_without_a_controller_keeps_shaping(
+    make_broker: MakeBroker,
+) -> None:
+    broker = await make_broker()  # no one gives its share away: saved as it is
+    broker.shares.set_bucket("t", 1.0, 1.0)
+    broker.shares.stop()
+    assert broker.topics["t"].bucket is not None and not broker.topics["t"].on_hold
 
 
 async def test_hold_and_unmanage_over_http(broker_api: BrokerApi) -> None:

@@ -71,6 +71,57 @@ async def test_live_sub_buckets_never_exceed_the_topic_bucket(tmp_path: Path) ->
     await run_scenario(tmp_path, ordered=True)
 
 
+async def test_a_stopping_broker_holds_before_the_controller_hears_it_go(tmp_path: Path) -> None:
+    """The controller gives a deregistered broker's share away at once; that broker
+    must not shape by it any more while its stop goes on (two live sub-buckets would
+    then sum over the topic's bucket). Read at the moment the controller takes the
+    deregistration, its share is already held."""
+    token = new_token()
+    opts = ControllerOptions(http_port=0, db=tmp_path / "c.db", token=token, tick_s=0.2)
+    service = ControllerService(opts)
+    await service.start()
+    assert service.http_address is not None
+    url = f"http://127.0.0.1:{service.http_address[1]}"
+    brokers = [
+        await asyncio.to_thread(controlled_broker, tmp_path, i, url, token, 5000) for i in (1, 2)
+    ]
+    seen: list[dict[str, Any]] = []
+    deregister = service.ctrl.deregister
+
+    def deregister_seen(broker_id: str) -> Any:
+        # Still serving HTTP: the broker awaits this answer before it stops.
+        (topic,) = brokers[0].stats("nh")["srtm"]["topics"]
+        seen.append(topic)
+        return deregister(broker_id)
+
+    service.ctrl.deregister = deregister_seen  # type: ignore[method-assign]
+    try:
+        await eventually(lambda: len(service.ctrl.up()), "2 brokers up", until=lambda n: n == 2)
+        doc = {"name": "nh", "slo_p99_ms": 50.0, "burst": BURST, "rate": RATE, "policy": "lb",
+               "publishers": [{"id": f"p{i}", "rate": 100} for i in range(4)]}  # fmt: skip
+        headers = {"Authorization": f"Bearer {token}"}
+        async with (
+            aiohttp.ClientSession(headers=headers) as http,
+            http.post(f"{url}/topics", json=doc) as r,
+        ):
+            assert r.status == 201, await r.text()
+
+        def share() -> Any:
+            with contextlib.suppress(OSError):  # the topic is not there before its push
+                return brokers[0].json("/srtm/bucket?topic=nh")["bucket"]
+            return None
+
+        await eventually(share, "broker 1's share", until=lambda b: b is not None)
+        await asyncio.to_thread(brokers[0].stop)
+        assert len(seen) == 1, seen
+        assert seen[0]["bucket"] is None and seen[0]["held"], seen
+    finally:
+        await service.stop()
+        for b in brokers:
+            if b.alive():
+                await asyncio.to_thread(b.stop)
+
+
 async def run_scenario(tmp_path: Path, ordered: bool, drain: bool = True) -> dict[str, Any]:
     """The scenario; asserted only when ``ordered`` and ``drain`` (the others show what
     the order and draining members prevent: see the result printed)."""

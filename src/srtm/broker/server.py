@@ -85,6 +85,7 @@ async def serve(options: BrokerOptions, on_ready: Callable[[Broker], None] | Non
     try:
         await stop.wait()
     finally:
+        broker.shares.stop()  # before deregistering: see ``Shares.stop``
         if reporter is not None:
             reporter.cancel()
             # Deregistering takes a second at most; past a few, the stop goes on without.

@@ -84,6 +84,8 @@ class Shares:
         #: push older than either is stale (``admit``).
         self._heard: dict[str, tuple[int, int]] = {}
         self._floor: tuple[int, int] = (0, 0)
+        #: Set by ``stop``: no share is taken again in this run.
+        self.stopped = False
 
     def set_bucket(
         self, topic_name: str, rate: float, burst: float, leased: bool = False
@@ -92,6 +94,8 @@ class Shares:
         is paced by the new parameters from now on. Refused (LeaseExpired) while this
         broker's lease has lapsed, unless ``leased`` (it comes with a new lease)."""
         check_bucket(rate, burst)  # a bad pair creates no topic
+        if self.stopped:
+            raise LeaseExpired("this broker is stopping: it takes no share")
         if not leased and not self.lease_ok():
             raise LeaseExpired("this broker's lease lapsed: it takes shares again once registered")
         if not leased:
@@ -135,6 +139,8 @@ class Shares:
         broker takes pushes before its answer comes). By default no push is newer.
         ``order``: the answer's place in the controller's order; a push older than it
         is refused from now on (``admit``)."""
+        if self.stopped:
+            return
         if order is not None:
             self._floor = max(self._floor, order)
         pushed = self._pushed_at
@@ -207,6 +213,8 @@ class Shares:
         resumed after SIGSTOP never uses or shows a stale bucket)."""
         if not self.leased:
             return True
+        if self.stopped:
+            return False
         until = self.lease_until
         if until is not None and time.monotonic() < until:
             return self.watched or self.liveness is None
@@ -217,6 +225,19 @@ class Shares:
                 else "no word from the controller for the lease"
             )
         return False
+
+    def stop(self) -> None:
+        """The broker is stopping: hold every shaped topic, and take no share from now on
+        (a push, a handoff, a registration answer). Called before it deregisters: the
+        controller gives this broker's shares to others as soon as it hears, and a share
+        still used while the stop closes connections and writes to disk would add to
+        theirs (tests/test_no_holes.py saw that sum). What waits for tokens is kept and
+        restored held. Nothing changes without a controller: no one takes its shares."""
+        if not self.leased:
+            return
+        self.stopped = True
+        self.lease_until = None
+        self._hold_shaped()
 
     def lapse(self, why: str) -> None:
         """The lease is lost: hold every shaped topic until the broker registers again."""
