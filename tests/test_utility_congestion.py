@@ -3,6 +3,7 @@ run itself (slow: a controller, a broker and a load generator on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,36 @@ def test_verdicts_pass_when_rates_fall_and_recover_in_time() -> None:
 def test_verdicts_fail_on_a_slow_or_missing_reaction(points: list[cg.Point], failed: int) -> None:
     got = cg.verdicts(points, PHASES, {"load": 9.0})
     assert not got[failed]["ok"]
+
+
+def _cpu_follows_the_rate(cut_to: float | None, load_cpu: float) -> list[cg.Point]:
+    """The broker's CPU 0.25 ms a message of the topic, plus ``load_cpu`` under the load;
+    the rate cut to ``cut_to`` 2 s into the load (None: never) until the load leaves."""
+    out = []
+    for k in range(100):
+        t = k / 2
+        loaded = PHASES.load_start_s + 1 <= t < PHASES.load_end_s
+        cut = cut_to is not None and PHASES.load_start_s + 2 <= t < PHASES.load_end_s
+        rate = cut_to if cut and cut_to is not None else cg.R_MAX
+        out.append(cg.Point(t, rate, 0.00025 * rate + (load_cpu if loaded else 0.0)))
+    return out
+
+
+def test_a_partial_cut_that_brings_the_cpu_back_within_its_budget_is_a_fall() -> None:
+    # The load alone under the budget (0.12 of 0.2): at 280 msg/s the CPU is within it.
+    got = cg.verdicts(_cpu_follows_the_rate(280.0, 0.12), PHASES, {"load": 9.0})
+    assert got[1]["ok"], got[1]
+    assert "under 200 never; cut with the CPU back within its budget after 1.0 s" in got[1]["sim"]
+
+
+@pytest.mark.parametrize("load_cpu", [0.12, 0.2])
+def test_no_cut_is_no_fall_even_if_the_cpu_comes_back(load_cpu: float) -> None:
+    points = _cpu_follows_the_rate(None, load_cpu)
+    # The load eases by itself after 2 s: the CPU is back within budget, the rate uncut.
+    points = [p if p.t_s < PHASES.load_start_s + 3 else dataclasses.replace(p, broker_cpu=0.15)
+              for p in points]  # fmt: skip
+    got = cg.verdicts(points, PHASES, {"load": 9.0})
+    assert got[0]["ok"] and not got[1]["ok"], got
 
 
 def test_an_slo_missed_in_any_phase_fails_its_verdict() -> None:

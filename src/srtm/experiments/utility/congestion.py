@@ -12,7 +12,8 @@ consumer for ``LOAD_S``, which puts the broker's real CPU over its budget; then 
 Measured every half second: the topic's rate (the controller's), the broker process's
 CPU (``/proc``), and the subscribers' end-to-end latency per phase. Verdicts
 (``verdicts``, pure): the broker's CPU really went over its budget; the rate fell
-within ``FALL_S`` of the first sample over it; the topic's p99 stayed within its SLO in
+within ``FALL_S`` of the first sample over it (by half, or as far as brought the CPU
+back within the budget); the topic's p99 stayed within its SLO in
 every phase; the rate came back within ``RECOVER_S`` of the load leaving. Not sized to
 the machine: the load is what it is meant to be, a broker pushed over its budget
 (``NOT_SIZED``).
@@ -61,9 +62,11 @@ QUIET_S, LOAD_S, AFTER_S = 15.0, 25.0, 20.0
 QUICK = (8.0, 15.0, 12.0)
 UTILITY_INTERVAL_S, RATE_CONTROL_INTERVAL_S = 3.0, 1.0
 SAMPLE_S = 0.5
-#: The rate has fallen when it is under this share of its level before the load, and
-#: recovered when back over ``RECOVERED`` of it.
-FALLEN, RECOVERED = 0.5, 0.9
+#: The rate has fallen when it is under this share of its level before the load, or
+#: under ``CUT`` of it with the broker's CPU back within its budget (the load alone
+#: under the budget: a partial cut is the right answer); recovered when back over
+#: ``RECOVERED`` of it.
+FALLEN, CUT, RECOVERED = 0.5, 0.9, 0.9
 FALL_S, RECOVER_S = 5.0, 15.0
 SPEC: dict[str, Any] = {
     "kind": "one-to-many", "r_min": R_MIN, "r_max": R_MAX,
@@ -117,8 +120,17 @@ def verdicts(
     peak = max((p.broker_cpu for p in loaded), default=0.0)
     # The reaction is timed from the first sample over the budget: the load generator
     # (a process of its own) may take a moment to load the broker.
-    onset = next((p.t_s for p in loaded if p.broker_cpu > (1 + FULL_BAND) * capacity), None)
+    over = (1 + FULL_BAND) * capacity
+    onset = next((p.t_s for p in loaded if p.broker_cpu > over), None)
     fell = None if onset is None else first_at(points, onset, lambda p: p.rate < FALLEN * level)
+    # A load that alone stays under the budget needs only part of the rate cut: the
+    # rate has fallen far enough once it is cut and the CPU is back within the budget.
+    eased = (
+        None
+        if onset is None
+        else first_at(points, onset, lambda p: p.rate < CUT * level and p.broker_cpu <= over)
+    )
+    reacted = min((x for x in (fell, eased) if x is not None), default=None)
     back = first_at(points, ph.load_end_s, lambda p: p.rate >= RECOVERED * level)
     worst = max(p99_ms.values(), default=float("nan"))
     queued = max((p.waiting for p in points), default=0)
@@ -131,10 +143,12 @@ def verdicts(
               f"broker CPU up to {peak:.2f} cores under the load (budget {capacity:g}), "
               f"first over it {secs(None if onset is None else onset - ph.load_start_s)} "
               "of the load's start", onset is not None),
-        claim(f"rates fall within seconds (under {FALLEN:.0%} of their level within "
-              f"{FALL_S:g} s of the CPU going over)",
-              f"{level:.0f} msg/s before; under {FALLEN * level:.0f} {secs(fell)}",
-              fell is not None and fell <= FALL_S),
+        claim(f"rates fall within seconds (within {FALL_S:g} s of the CPU going over: "
+              f"under {FALLEN:.0%} of their level, or cut under {CUT:.0%} of it with the "
+              "CPU back within its budget)",
+              f"{level:.0f} msg/s before; under {FALLEN * level:.0f} {secs(fell)}; cut "
+              f"with the CPU back within its budget {secs(eased)}",
+              reacted is not None and reacted <= FALL_S),
         claim(f"the SLO (p99 {slo_ms:g} ms) is held",
               "p99 " + ", ".join(f"{k} {v:.1f} ms" for k, v in p99_ms.items())
               + f"; at most {queued} messages waiting behind the bucket",
