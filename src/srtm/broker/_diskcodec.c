@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "_bigendian.h"
+#include "_int64.h"
 
 #define FIXED 56 /* qqqqH16sHI */
 
@@ -69,7 +70,7 @@ static int get_i64(PyObject *o, long long *out) {
         PyErr_SetString(PyExc_TypeError, "a record's time fields must be ints");
         return -1;
     }
-    *out = PyLong_AsLongLong(o); /* OverflowError past int64, as struct's q */
+    *out = as_int64(o); /* OverflowError past int64, as struct's q */
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "_bigendian.h"
+#include "_int64.h"
 
 #define HEAD 34     /* size, type, timestamp, attempts, id */
 #define OVERHEAD 30 /* what the size counts besides the body: all but itself */
@@ -37,7 +38,7 @@ static int fields(PyObject *r, PyObject **id, PyObject **body, long long *ts, lo
         PyErr_SetString(PyExc_TypeError, "a record needs a 16-byte id, a bytes body, int fields");
         return -1;
     }
-    *ts = PyLong_AsLongLong(t);
+    *ts = as_int64(t);
     if (*ts == -1 && PyErr_Occurred())
         return -1;
     *attempts = PyLong_AsLong(a);
@@ -79,7 +80,7 @@ static PyObject *frame_records(PyObject *Py_UNUSED(self), PyObject *args) {
         Py_ssize_t blen = PyBytes_GET_SIZE(body);
         put32(p, (uint32_t)(blen + OVERHEAD));
         put32(p + 4, MESSAGE);
-        put64(p + 8, PyLong_AsLongLong(PyTuple_GET_ITEM(r, 2)));
+        put64(p + 8, as_int64(PyTuple_GET_ITEM(r, 2)));
         long a = PyLong_AsLong(PyTuple_GET_ITEM(r, 5)) + 1;
         p[16] = (unsigned char)(a >> 8);
         p[17] = (unsigned char)a;

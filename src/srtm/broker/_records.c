@@ -25,6 +25,8 @@
 #include <limits.h>
 #include <stdint.h>
 
+#include "_int64.h"
+
 static PyObject *fresh_records(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *ids, *bodies, *now, *arrival, *publisher;
     if (!PyArg_ParseTuple(args, "O!O!O!O!O:fresh_records", &PyList_Type, &ids, &PyList_Type,
@@ -108,7 +110,7 @@ static int time_field(PyObject *r, int k, long long *out) {
         PyErr_SetString(PyExc_TypeError, "a record's times and attempts must be ints");
         return -1;
     }
-    *out = PyLong_AsLongLong(v);
+    *out = as_int64(v);
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 
