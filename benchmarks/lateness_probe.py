@@ -2,7 +2,9 @@
 
 The broker runs in a child process (uvloop, collector frozen as ``srtm broker`` does)
 with a topic shaped at RATE/s, b = BURST; the parent offers 2 % above the rate (PUB,
-paced, one consumer FINs everything: ``benchmarks/broker.py``'s shaped row). In the
+paced, one consumer FINs everything: ``benchmarks/broker.py``'s shaped row). With
+``--topics N --rate R``: N topics shaped at R/s, b = 1, offered 2 % above by one
+publisher round them, a consumer each (``benchmarks/broker.py``'s low-rate rows). In the
 child, the broker's callbacks that can run long are timed (reads, dispatch flushes,
 sends, histogram flushes, the scans), the collector's passes are timed (gc.callbacks),
 and every release records its wall-clock lateness and how much CPU time the broker's
@@ -12,6 +14,7 @@ timed thing that overlapped its wait, else to the collector, else to the schedul
 to the loop itself (untimed work, the wake-up).
 
     .venv/bin/python benchmarks/lateness_probe.py [--duration 5] [--late-us 100]
+        [--topics 40 --rate 10]
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 import typer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from broker import SHAPED_BURST, SHAPED_OFFER, SHAPED_RATE, task_paced
+from broker import SHAPED_BURST, SHAPED_OFFER, SHAPED_RATE, task_paced, task_paced_topics
 from srtm.broker import Broker, BrokerOptions, dispatch, intake, output, release, scan, stats, tcp
 
 #: start, end (wall ns), CPU ns the thread got meanwhile, what ran.
@@ -116,7 +119,7 @@ def _instrument(spans: Spans, releases: array[int], timed: bool) -> None:
     gc.callbacks.append(on_gc)
 
 
-def _broker_main(conn: Any, timed: bool) -> None:
+def _broker_main(conn: Any, timed: bool, topics: list[str], rate: float) -> None:
     import uvloop
 
     spans = Spans()
@@ -129,7 +132,10 @@ def _broker_main(conn: Any, timed: bool) -> None:
             b = Broker(opts)
             await b.start()
             assert b.tcp_address is not None
-            b.shares.set_bucket("probe", SHAPED_RATE, SHAPED_BURST)
+            for topic in topics:
+                b.shares.set_bucket(topic, rate, 1)
+            if not topics:
+                b.shares.set_bucket("probe", SHAPED_RATE, SHAPED_BURST)
             gc.collect()
             gc.freeze()
             conn.send(b.tcp_address)
@@ -207,14 +213,24 @@ def main(
     duration: float = typer.Option(5.0, help="Seconds of paced load."),
     late_us: float = typer.Option(100.0, help="A release later than this is explained."),
     timed: bool = typer.Option(True, help="Time the callbacks (else only gc and releases)."),
+    topics: int = typer.Option(0, min=0, help="N topics at --rate each, b = 1 (0: the one)."),
+    rate: float = typer.Option(10.0, min=0.1, help="Each topic's rate (msg/s) with --topics."),
 ) -> None:
     """Run the shaped load against an instrumented broker and explain each late release."""
+    names = [f"low{i}" for i in range(topics)]
     parent, child = multiprocessing.Pipe()
-    proc = multiprocessing.get_context("spawn").Process(target=_broker_main, args=(child, timed))
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_broker_main, args=(child, timed, names, rate)
+    )
     proc.start()
     addr = parent.recv()
-    res = task_paced(addr, "probe", SHAPED_OFFER, duration, 1.0)
-    print(f"consumer: {res['received']:,.0f} received at {res['rate']:,.0f}/s")
+    if names:
+        # As the low-rate rows: 2 % over, settled for the backlog that makes.
+        res = task_paced_topics(addr, names, rate * 1.02, duration, 2.0 + 3 / rate)
+        print(f"consumers: {res['received']:,.0f} received")
+    else:
+        res = task_paced(addr, "probe", SHAPED_OFFER, duration, 1.0)
+        print(f"consumer: {res['received']:,.0f} received at {res['rate']:,.0f}/s")
     parent.send("stop")
     spans, releases = parent.recv()
     proc.join()
