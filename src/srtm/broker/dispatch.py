@@ -1,6 +1,8 @@
 """A channel's dispatch: what it takes for its consumers, sent to them, and what that
 records (stats, traces, measurement rounds); at once, or once at the end of the loop
-turn however often it was asked for."""
+turn however often it was asked for. Either way what it takes is sent then, not a loop
+callback later: by the end of the turn nothing more is written that it could share a
+send with, and the next turn would first read (and answer) whatever came meanwhile."""
 
 from __future__ import annotations
 
@@ -56,7 +58,8 @@ class Dispatcher:
         for ch in dirty:
             self.dispatch(ch)
 
-    def dispatch(self, ch: Channel, send: bool = False) -> None:
+    def dispatch(self, ch: Channel) -> None:
+        """What ``ch`` has for its consumers with room, taken and sent now."""
         now = time.time_ns()
         out = ch.take(now)
         if not out:
@@ -65,8 +68,7 @@ class Dispatcher:
         for consumer, records in out:
             assert isinstance(consumer, Client)
             consumer.send_records(records)
-            if send:
-                consumer.send_now()
+            consumer.send_now()
 
     def _account(self, ch: Channel, out: Sequence[tuple[object, list[Record]]], now: int) -> None:
         """What a dispatch records: stats, traces and measurement rounds. The topic's own

@@ -36,7 +36,7 @@ class Releaser:
     """Releases what topics' buckets let through, and emulates the processing server.
 
     ``mark_ready`` has a channel dispatched at the end of the loop turn, ``dispatch``
-    (channel, send) dispatches it now: an on-time shaped release goes out at once.
+    dispatches it now: an on-time shaped release goes out at once.
     """
 
     def __init__(
@@ -45,7 +45,7 @@ class Releaser:
         topics: dict[str, Topic],
         stats: BrokerStats,
         mark_ready: Callable[[Channel], None],
-        dispatch: Callable[[Channel, bool], None],
+        dispatch: Callable[[Channel], None],
         lease_ok: Callable[[], bool] = lambda: True,
     ) -> None:
         self._topics, self._stats = topics, stats
@@ -187,7 +187,7 @@ class Releaser:
         loop turn (what was handed straight to them, or released)."""
         for ch in topic.channels.values():
             if at_once:
-                self._dispatch(ch, True)
+                self._dispatch(ch)
             else:
                 self._mark_ready(ch)
 

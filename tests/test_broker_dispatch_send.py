@@ -1,0 +1,58 @@
+"""A dispatch sends what it took when it runs, at the end of the loop turn (or on time),
+not a loop callback later: the next turn would first read, and answer, whatever came
+meanwhile, and the message would wait behind that."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from srtm.broker.tcp import Client
+from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Pub, Rdy, Sub, encode_command
+from support import MakeBroker
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    """A client's socket and the broker's end of its TCP connection, on 127.0.0.1."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        peer = socket.create_connection(listener.getsockname(), timeout=5)
+        return peer, listener.accept()[0]
+
+
+def _frames(peer: socket.socket) -> list[FrameType]:
+    """The kinds of the frames the broker has sent so far (none waited for)."""
+    peer.setblocking(False)
+    data = b""
+    try:
+        while chunk := peer.recv(65536):
+            data += chunk
+    except BlockingIOError:
+        pass
+    return [f.kind for f in FrameReader().feed(data)]
+
+
+def _client(broker: object, server: socket.socket) -> Client:
+    client = Client(broker, server, True)  # type: ignore[arg-type]
+    broker.clients.add(client)  # type: ignore[attr-defined]
+    asyncio.get_running_loop().remove_reader(server.fileno())  # read here, at once
+    return client
+
+
+async def test_the_end_of_turn_dispatch_sends_what_it_took(make_broker: MakeBroker) -> None:
+    broker = await make_broker()
+    (cons_peer, cons_server), (pub_peer, pub_server) = _pair(), _pair()
+    with cons_peer, cons_server, pub_peer, pub_server:
+        consumer, publisher = _client(broker, cons_server), _client(broker, pub_server)
+        cons_peer.sendall(MAGIC_V2 + encode_command(Sub("t", "c")) + encode_command(Rdy(1)))
+        consumer.intake.on_readable()
+        assert _frames(cons_peer) == [FrameType.RESPONSE]  # SUB's OK
+        pub_peer.sendall(MAGIC_V2 + encode_command(Pub("t", b"reading")))
+        publisher.intake.on_readable()  # its OK is sent; the dispatch waits for the turn's end
+        assert _frames(pub_peer) == [FrameType.RESPONSE]
+        assert _frames(cons_peer) == []
+        # One loop turn: the dispatch scheduled by the PUB runs, then this task again.
+        await asyncio.sleep(0)
+        assert not consumer.output.buf
+        assert _frames(cons_peer) == [FrameType.MESSAGE]
+        consumer.close()
+        publisher.close()
