@@ -1,6 +1,7 @@
 """What one client connection sends: frames queued, sent together, held, bounded.
 
-Everything written in one loop turn (or while one read is handled) leaves in one send;
+Everything written in one loop turn (or while one read is handled) leaves in one send
+(a dispatch, which runs at the turn's end, sends what it wrote at once);
 answers behind a publish whose disk write is pending wait for it, and so does every
 frame after them (order is kept); over the high-water mark the connection is paused
 until what is queued drains below the low one; after a fatal error the connection
