@@ -12,6 +12,7 @@ import gc
 import inspect
 import json
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ from srtm.broker.queue import Record, to_record
 from srtm.control import Controller
 from srtm.launch import BrokerProcess, start_broker
 from srtm.placement import PublisherLoad, TopicSpec
+from srtm.protocol import Frame, FrameReader
 
 T = TypeVar("T")
 
@@ -36,6 +38,26 @@ T = TypeVar("T")
 MakeBroker = Callable[..., Awaitable[Broker]]
 #: The ``broker_api`` fixture: a broker and a client session on its HTTP API.
 BrokerApi = tuple[Broker, aiohttp.ClientSession]
+
+
+def loopback_pair() -> tuple[socket.socket, socket.socket]:
+    """A client's socket and the broker's end of its TCP connection, on 127.0.0.1 (for a
+    ``tcp.Client`` driven in the test's own process)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        peer = socket.create_connection(listener.getsockname(), timeout=5)
+        return peer, listener.accept()[0]
+
+
+def sent_frames(peer: socket.socket) -> list[Frame]:
+    """The frames the broker has sent to ``peer`` so far (none waited for)."""
+    peer.setblocking(False)
+    data = b""
+    try:
+        while chunk := peer.recv(65536):
+            data += chunk
+    except BlockingIOError:
+        pass
+    return FrameReader().feed(data)
 
 
 def tcp_address(broker: Broker) -> str:

@@ -8,27 +8,12 @@ import asyncio
 import socket
 
 from srtm.broker.tcp import Client
-from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Pub, Rdy, Sub, encode_command
-from support import MakeBroker
-
-
-def _pair() -> tuple[socket.socket, socket.socket]:
-    """A client's socket and the broker's end of its TCP connection, on 127.0.0.1."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        peer = socket.create_connection(listener.getsockname(), timeout=5)
-        return peer, listener.accept()[0]
+from srtm.protocol import MAGIC_V2, FrameType, Pub, Rdy, Sub, encode_command
+from support import MakeBroker, loopback_pair, sent_frames
 
 
 def _frames(peer: socket.socket) -> list[FrameType]:
-    """The kinds of the frames the broker has sent so far (none waited for)."""
-    peer.setblocking(False)
-    data = b""
-    try:
-        while chunk := peer.recv(65536):
-            data += chunk
-    except BlockingIOError:
-        pass
-    return [f.kind for f in FrameReader().feed(data)]
+    return [f.kind for f in sent_frames(peer)]
 
 
 def _client(broker: object, server: socket.socket) -> Client:
@@ -40,7 +25,7 @@ def _client(broker: object, server: socket.socket) -> Client:
 
 async def test_the_end_of_turn_dispatch_sends_what_it_took(make_broker: MakeBroker) -> None:
     broker = await make_broker()
-    (cons_peer, cons_server), (pub_peer, pub_server) = _pair(), _pair()
+    (cons_peer, cons_server), (pub_peer, pub_server) = loopback_pair(), loopback_pair()
     with cons_peer, cons_server, pub_peer, pub_server:
         consumer, publisher = _client(broker, cons_server), _client(broker, pub_server)
         cons_peer.sendall(MAGIC_V2 + encode_command(Sub("t", "c")) + encode_command(Rdy(1)))

@@ -29,27 +29,12 @@ from srtm.protocol import (
 )
 from srtm.protocol.limits import Limits
 from srtm.ratelimit.overflow import Bound, OverflowPolicy
-from support import MakeBroker
-
-
-def _pair() -> tuple[socket.socket, socket.socket]:
-    """A client's socket and the broker's end of its TCP connection, on 127.0.0.1."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        peer = socket.create_connection(listener.getsockname(), timeout=5)
-        return peer, listener.accept()[0]
+from support import MakeBroker, loopback_pair, sent_frames
 
 
 def _read_all(peer: socket.socket) -> list[bytes]:
     """What the broker answered so far, frame by frame."""
-    peer.setblocking(False)
-    data = b""
-    try:
-        while chunk := peer.recv(65536):
-            data += chunk
-    except BlockingIOError:
-        pass
-    reader = FrameReader()
-    return [f.data if f.kind is FrameType.RESPONSE else b"ERR " + f.data for f in reader.feed(data)]
+    return [f.data if f.kind is FrameType.RESPONSE else b"ERR " + f.data for f in sent_frames(peer)]
 
 
 def _count_publishes(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
@@ -77,7 +62,7 @@ async def test_a_run_of_pubs_in_one_read_is_one_publish_answered_ok_each(
     for topic in ("t", "u"):
         broker.channel(topic, "c")
     calls = _count_publishes(broker, monkeypatch)
-    peer, server = _pair()
+    peer, server = loopback_pair()
     with peer, server:
         client = Client(broker, server, True)
         broker.clients.add(client)
@@ -108,7 +93,7 @@ async def test_a_bounded_topic_judges_its_bound_pub_by_pub(
     broker.shares.set_bucket("t", 1_000_000.0, 1_000.0)
     broker.policing.set_bound("t", Bound(60_000, OverflowPolicy.REFUSE))
     calls = _count_publishes(broker, monkeypatch)
-    peer, server = _pair()
+    peer, server = loopback_pair()
     with peer, server:
         client = Client(broker, server, True)
         broker.clients.add(client)
@@ -126,7 +111,7 @@ async def test_a_run_to_a_bad_topic_is_refused_once_and_ends_the_session(
     make_broker: MakeBroker,
 ) -> None:
     broker = await make_broker()
-    peer, server = _pair()
+    peer, server = loopback_pair()
     with peer, server:
         client = Client(broker, server, True)
         broker.clients.add(client)
