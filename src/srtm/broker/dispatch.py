@@ -1,8 +1,8 @@
 """A channel's dispatch: what it takes for its consumers, sent to them, and what that
 records (stats, traces, measurement rounds); at once, or once at the end of the loop
-turn however often it was asked for. Either way what it takes is sent then, not a loop
-callback later: by the end of the turn nothing more is written that it could share a
-send with, and the next turn would first read (and answer) whatever came meanwhile."""
+turn however often it was asked for. Either way what it takes is sent then, not from a
+loop callback, which would run in the next turn after that turn's reads and their
+answers (a consumer's FIN, RDY and TOUCH have none that could share its send)."""
 
 from __future__ import annotations
 
