@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from srtm.broker import Broker
 from srtm.broker.tcp import Client
 from srtm.protocol import MAGIC_V2, FrameType, Pub, Rdy, Sub, encode_command
 from support import MakeBroker, loopback_pair, sent_frames
@@ -16,9 +17,9 @@ def _frames(peer: socket.socket) -> list[FrameType]:
     return [f.kind for f in sent_frames(peer)]
 
 
-def _client(broker: object, server: socket.socket) -> Client:
-    client = Client(broker, server, True)  # type: ignore[arg-type]
-    broker.clients.add(client)  # type: ignore[attr-defined]
+def _client(broker: Broker, server: socket.socket) -> Client:
+    client = Client(broker, server, True)
+    broker.clients.add(client)
     asyncio.get_running_loop().remove_reader(server.fileno())  # read here, at once
     return client
 
