@@ -428,8 +428,7 @@ async def test_nsq_tail_keeps_working_when_one_lookupd_dies(
         try:
             got_early: list[str] = []
             got_late: list[str] = []
-            lines_of(early, got_early)
-            lines_of(late, got_late)
+            pumps = [lines_of(early, got_early), lines_of(late, got_late)]
             await eventually(lambda: len(got_early), "the first 5", until=lambda n: n >= 5)
             c1.stop()  # a lookupd both tools know dies
             await eventually(lambda: listed(c2) == [b.tcp[1]], "the broker moved to c2")
@@ -440,6 +439,8 @@ async def test_nsq_tail_keeps_working_when_one_lookupd_dies(
                 asyncio.to_thread(early.wait, 60), asyncio.to_thread(late.wait, 60)
             )
             assert codes == [0, 0]
+            for pump in pumps:  # nsq_tail may exit before its last lines are read
+                await asyncio.to_thread(pump.join, 30)
             assert sorted(got_early) == [f"m{i}" for i in range(10)]
             assert sorted(got_late) == [f"m{i}" for i in range(5, 10)]
         finally:
@@ -468,12 +469,17 @@ def nsq_tail(c1: ServerProcess, c2: ServerProcess, topic: str) -> subprocess.Pop
     )  # fmt: skip
 
 
-def lines_of(proc: subprocess.Popen[str], into: list[str]) -> None:
-    """Collect ``proc``'s stdout lines into ``into`` on a thread (ends with the process)."""
+def lines_of(proc: subprocess.Popen[str], into: list[str]) -> threading.Thread:
+    """Collect ``proc``'s stdout lines into ``into`` on a thread, which ends at its EOF.
+
+    The process may exit before the thread has read what it wrote last: join the thread
+    before reading ``into``."""
 
     def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             into.append(line.rstrip("\n"))
 
-    threading.Thread(target=pump, daemon=True).start()
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
