@@ -190,11 +190,11 @@ async def test_due_releases_are_looked_at_before_every_command_of_a_read(
     make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A read of several commands releases what is due before each of them, so a shaped
-    release waits for at most one command, not for the whole read."""
+    release waits for at most one command, not for the whole read, and after the last."""
     broker = await make_broker()
     assert broker.tcp_address is not None
     seen: list[str] = []
-    looked = broker.releaser.release_due
+    looked = broker.release_due
     published = broker.publish
 
     def release_due() -> bool:
@@ -205,7 +205,7 @@ async def test_due_releases_are_looked_at_before_every_command_of_a_read(
         seen.append(topic)
         return published(topic, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(broker.releaser, "release_due", release_due)
+    monkeypatch.setattr(broker, "release_due", release_due)
     monkeypatch.setattr(broker, "publish", publish)
     pub = await RawClient.connect(*broker.tcp_address)
     await pub.send(Pub("a", b"1"), Pub("b", b"2"), Pub("c", b"3"))  # one write
@@ -214,6 +214,7 @@ async def test_due_releases_are_looked_at_before_every_command_of_a_read(
     pubs = [i for i, what in enumerate(seen) if what != "look"]
     assert [seen[i] for i in pubs] == ["a", "b", "c"]
     assert all(seen[i - 1] == "look" for i in pubs), seen
+    assert seen[-1] == "look", seen  # and after the last: what the read made due goes too
     await pub.close()
 
 

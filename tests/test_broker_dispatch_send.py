@@ -1,6 +1,7 @@
 """A dispatch sends what it took when it runs, at the end of the loop turn (or on time),
 not a loop callback later: the next turn would first read, and answer, whatever came
-meanwhile, and the message would wait behind that."""
+meanwhile, and the message would wait behind that. For the same reason a read releases
+what it made due before it returns."""
 
 from __future__ import annotations
 
@@ -40,5 +41,31 @@ async def test_the_end_of_turn_dispatch_sends_what_it_took(make_broker: MakeBrok
         await asyncio.sleep(0)
         assert not consumer.output.buf
         assert _frames(cons_peer) == [FrameType.MESSAGE]
+        consumer.close()
+        publisher.close()
+
+
+async def test_a_publish_its_bucket_lets_through_is_released_within_its_read(
+    make_broker: MakeBroker,
+) -> None:
+    """A shaped topic within its envelope: the message is due when it arrives, and goes to
+    the consumer from the read that took it (after the OK), not after a loop turn and a
+    wake of the release loop."""
+    broker = await make_broker()
+    (cons_peer, cons_server), (pub_peer, pub_server) = loopback_pair(), loopback_pair()
+    with cons_peer, cons_server, pub_peer, pub_server:
+        consumer, publisher = _client(broker, cons_server), _client(broker, pub_server)
+        cons_peer.sendall(MAGIC_V2 + encode_command(Sub("t", "c")) + encode_command(Rdy(2)))
+        consumer.intake.on_readable()
+        assert _frames(cons_peer) == [FrameType.RESPONSE]
+        broker.shares.set_bucket("t", 10.0, 1)  # one token now, the next in 100 ms
+        pub_peer.sendall(MAGIC_V2 + encode_command(Pub("t", b"due")))
+        publisher.intake.on_readable()
+        assert _frames(pub_peer) == [FrameType.RESPONSE]
+        assert _frames(cons_peer) == [FrameType.MESSAGE]
+        pub_peer.sendall(encode_command(Pub("t", b"held")))
+        publisher.intake.on_readable()  # no token: it waits for the release loop
+        assert _frames(pub_peer) == [FrameType.RESPONSE]
+        assert _frames(cons_peer) == []
         consumer.close()
         publisher.close()

@@ -28,7 +28,7 @@ import logging
 import socket
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
@@ -114,6 +114,9 @@ class Broker:
             self.options, self.topics, self.stats, self.dispatcher.mark_ready,
             self.dispatcher.dispatch, self.shares.lease_ok,
         )  # fmt: skip
+        #: Release shaped messages that are due (``Releaser.release_due``): called around
+        #: every command read, so without a call of the broker's own in between.
+        self.release_due: Callable[[], bool] = self.releaser.release_due
         self.relay = Relay(self)
         #: What proves a relay link or a consumer class (docs/security.md, "Identities").
         self.keys = identity_keys(self.options, self.relay.security.secret)
@@ -543,10 +546,6 @@ class Broker:
             self.scan.deferring.add(topic)  # the scan takes what was read back when due
         else:
             self.releaser.kick(topic)
-
-    def release_due(self) -> bool:
-        """Release shaped messages that are due (see ``Releaser.release_due``)."""
-        return self.releaser.release_due()
 
     def takes_runs(self, topic_name: str) -> bool:
         """Whether a read's run of PUBs to the topic may be one publish: it has no bound,
