@@ -11,7 +11,7 @@ and every release records its wall-clock lateness and how much CPU time the brok
 thread got meanwhile. A release later than ``--late-us`` is charged to the longest
 timed thing that overlapped its wait, else to the collector, else to the scheduler
 (the thread got far less CPU than the wall time that passed: it was not running), else
-to the loop itself (untimed work, the wake-up).  Releases due on arrival (a token was there:
+to the loop itself (untimed work, the wake-up). Releases due on arrival (a token was there:
 the lateness is the read's, from the kernel's stamp) are counted apart from those held
 for a token.
 
@@ -195,8 +195,10 @@ def _analyse(spans: list[Span], releases: list[tuple[int, int, int, int]], late_
     print(f"releases: {_percentiles(lates)}")
     # A message that found a token waited for nothing: its lateness is the read's, from
     # the kernel's stamp (the wake-up, the read, the answer), not the release loop's.
-    print(f"  due on arrival: {_percentiles([n - d for d, n, _, a in releases if a])}")
-    print(f"  held for a token: {_percentiles([n - d for d, n, _, a in releases if not a])}")
+    on_arrival = [now - due for due, now, _, arrived in releases if arrived]
+    held = [now - due for due, now, _, arrived in releases if not arrived]
+    print(f"  due on arrival: {_percentiles(on_arrival)}")
+    print(f"  held for a token: {_percentiles(held)}")
     k = sum(causes.values())
     print(f"later than {late_ns / 1e3:.0f} µs: {k} ({100 * k / n:.2f} %), charged to:")
     for cause, k in causes.most_common():
