@@ -10,9 +10,12 @@ PUB counts as *held*: the broker's doing, shown apart from the round trips.
 
 One process, one uvloop loop, every connection a ``Protocol`` (no task per sensor, no
 copies on the fast path: a read that is exactly one OK frame). The generator measures its
-own *lateness*, when it sent a PUB against when it was due (its timers wake on the loop's
-millisecond grid): a run where it is high was disturbed, by the machine or by the
-generator itself, and its round trips say less. Used by ``benchmarks/broker.py``'s sensor
+own *lateness*, when it sent a PUB against when it was due: a run where it is high was
+disturbed, by the machine or by the generator itself, and its round trips say less. Its
+waits between sends are shorter than uvloop's millisecond timers, which round them to a
+zero timeout: where sends are due less than a millisecond apart (over 1,000 PUBs a second
+in all), the loop polls and the generator takes a whole core
+(``generator_cpu_us_per_pub``; docs/results/broker.md). Used by ``benchmarks/broker.py``'s sensor
 rows (``--only sensors``); runs alone too:
 ``python benchmarks/sensors.py HOST:PORT TOPIC --sensors 200 --rate 100``.
 """
