@@ -334,9 +334,11 @@ def test_a_brokers_backlog_reaches_lookup_end_to_end(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_after_failover_a_restarted_brokers_backlog_is_drained(tmp_path: Path) -> None:
-    c = start_cluster(
-        tmp_path, 2, broker_args=["--mcap", "600"], controller_args=["--broker-timeout-s", "1"]
-    )
+    # Reports every 0.2 s: at the default 1 s, a broker's 0.6 s lease (0.6 x the 1 s
+    # timeout) lapsed between every two reports, and the timeout itself had no margin over
+    # them; once in CI the restarted broker was not listed within the 15 s wait.
+    fast = ["--mcap", "600", "--report-interval-s", "0.2"]
+    c = start_cluster(tmp_path, 2, broker_args=fast, controller_args=["--broker-timeout-s", "1"])
     ctrl = c.controller
     try:
         plan = json.loads(ctrl.post("/topics", json.dumps(topic_doc("t", n=10)).encode()))
@@ -352,7 +354,7 @@ def test_after_failover_a_restarted_brokers_backlog_is_drained(tmp_path: Path) -
         )
         back = start_broker(
             dead.data_dir,
-            ["--broker-id", str(home), "--controller", c.url, "--mcap", "600"],
+            ["--broker-id", str(home), "--controller", c.url, *fast],
             token=c.token,
         )
         c.brokers[home - 1] = back
