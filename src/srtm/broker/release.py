@@ -209,8 +209,9 @@ class Releaser:
         return queue[0][0] if queue else None
 
     def release_due(self) -> bool:
-        """Release shaped messages that are due; called between commands of a long read
-        so that a busy connection cannot hold releases back for a whole loop turn.
+        """Release shaped messages that are due; called before each command of a read
+        and after its answers, so that a busy connection cannot hold releases back for a
+        whole loop turn, and what a read made due goes from it.
         Whether any still wait (False: the read need not look again)."""
         due = self.next_release_ns
         if due is None:
