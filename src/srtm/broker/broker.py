@@ -35,6 +35,7 @@ from typing import Any
 from srtm.broker.accept import Acceptor, refuse
 from srtm.broker.admission import Admission, Admissions
 from srtm.broker.auth import Authenticator, close_quietly
+from srtm.broker.busypoll import BusyPoll
 from srtm.broker.dispatch import Dispatcher
 from srtm.broker.handoff import Handoffs
 from srtm.broker.measurement import Measurement, Measurements
@@ -117,6 +118,7 @@ class Broker:
         #: Release shaped messages that are due (``Releaser.release_due``): called around
         #: every command read, so without a call of the broker's own in between.
         self.release_due: Callable[[], bool] = self.releaser.release_due
+        self.busy_poll = BusyPoll(self.options.busy_poll_us * 1000)
         self.relay = Relay(self)
         #: What proves a relay link or a consumer class (docs/security.md, "Identities").
         self.keys = identity_keys(self.options, self.relay.security.secret)
@@ -148,6 +150,8 @@ class Broker:
             asyncio.create_task(self.scan.run(opts.scan_interval_ms / 1000), name="srtm-scan"),
             asyncio.create_task(self._housekeeping_loop(), name="srtm-housekeeping"),
         ]
+        if opts.busy_poll_us and not self.busy_poll.enabled:
+            log.info("busy polling off: fewer than two usable CPUs (affinity or cgroup quota)")
         self.releaser.start()
         self._tasks.append(asyncio.create_task(self.releaser.run(), name="srtm-release"))
         self._tasks.append(asyncio.create_task(self._deadline_loop(), name="srtm-deadlines"))

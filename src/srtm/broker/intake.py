@@ -26,6 +26,7 @@ from srtm.protocol.session import Session, SessionState
 
 if TYPE_CHECKING:
     from srtm.broker.auth import Gate
+    from srtm.broker.busypoll import BusyPoll
     from srtm.broker.stats import BrokerStats
 
 log = logging.getLogger("srtm.broker")
@@ -50,6 +51,9 @@ class IntakeBroker(Protocol):
 
     @property
     def stats(self) -> BrokerStats: ...
+
+    @property
+    def busy_poll(self) -> BusyPoll: ...
 
     def release_due(self) -> bool: ...
 
@@ -136,6 +140,7 @@ class Intake:
         events = self._parser.feed(data)
         self._note_partial(bool(events), user_ns)
         self._run_turn(events, 0, arrival)
+        self._broker.busy_poll.read(user_ns)
 
     def stop_reading(self) -> None:
         fd = self._sock.fileno()

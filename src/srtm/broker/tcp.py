@@ -36,6 +36,7 @@ from srtm.protocol.frames import MESSAGE_HEAD as _MESSAGE_HEAD
 from srtm.protocol.session import Keys, Session, SessionSettings, SessionState
 
 if TYPE_CHECKING:
+    from srtm.broker.busypoll import BusyPoll
     from srtm.broker.handoff import Handoffs
     from srtm.broker.options import BrokerOptions
     from srtm.broker.state import Channel
@@ -143,6 +144,9 @@ class BrokerPort(Protocol):
 
     @property
     def deadline_watch(self) -> dict[Client, None]: ...
+
+    @property
+    def busy_poll(self) -> BusyPoll: ...
 
     @property
     def tls_context(self) -> ssl.SSLContext | None: ...

@@ -164,8 +164,9 @@ def start_plane(directory: Path, s: CpScenario) -> Plane:
                 "--etcd-endpoints", ",".join(ends),
                 "--etcd-prefix", s.etcd_prefix, "--etcd-lease-s", str(s.broker_lease_s),
                 "--mcap", repr(s.mcap),
-                # Releases are ms apart: no spinning, or the brokers would need a core each.
-                "--release-spin-us", "0",
+                # Releases are ms apart: no spinning (nor polling), or the brokers would
+                # need a core each.
+                "--release-spin-us", "0", "--busy-poll-us", "0",
             ]  # fmt: skip
             broker = launch_broker(
                 directory / f"broker-{group}", args, preexec_fn=die_with_parent,

@@ -71,7 +71,7 @@ MEASURE_S = 3.0
 FIT_BUDGET_S = 150.0
 #: The broker's flags ``srtm calibrate`` measures with: the live brokers', less the
 #: emulated server (``calibrate_model`` puts it in front of the model).
-CALIBRATE_ARGS = ("--release-spin-us", "0")
+CALIBRATE_ARGS = ("--release-spin-us", "0", "--busy-poll-us", "0")
 MODEL_FILE = "table1-model.json"
 
 

@@ -131,8 +131,9 @@ def run(
     broker_args = [
         "--capacity", repr(sc.capacity), "--mcap", repr(sc.mcap),
         "--trace-dir", str(traces), "--run", name,
-        # Releases are ms apart here: no spinning, or 4 brokers would need 4 cores.
-        "--release-spin-us", "0",
+        # Releases are ms apart here: no spinning (nor polling), or 4 brokers would
+        # need 4 cores.
+        "--release-spin-us", "0", "--busy-poll-us", "0",
     ]  # fmt: skip
     cluster = start_cluster(
         cluster_dir, sc.brokers, broker_args=broker_args, controller_args=controller_args(sc),

@@ -125,7 +125,8 @@ def run(
     progress = on_progress or (lambda *_: None)
     progress("starting brokers", 0, 1)
     args = ["--capacity", repr(sc.capacity), "--mcap", repr(sc.mcap), "--trace-dir",
-            str(traces), "--run", name, "--release-spin-us", "0"]  # fmt: skip
+            str(traces), "--run", name,
+            "--release-spin-us", "0", "--busy-poll-us", "0"]  # fmt: skip
     cluster = start_cluster(cluster_dir, sc.brokers, broker_args=args, tie_to_parent=True)
     info = LiveTenancy(name, policy)
     try:

@@ -1,0 +1,138 @@
+"""Busy polling (``srtm.broker.busypoll``): the rule, the loop's polling, and the option."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from srtm.broker import Broker, BrokerOptions
+from srtm.broker.busypoll import BusyPoll, PollWindow, cgroup_cpu_quota, usable_cpus
+
+US = 1_000
+
+
+def test_a_run_of_close_reads_polls_for_the_window_after_each() -> None:
+    """Reads 20 µs apart (two synchronous publishers): after the first few, which show
+    that reads come close, each read polls for the window."""
+    window = PollWindow(30 * US)
+    polled = [window.read(1_000_000 + k * 20 * US) for k in range(12)]
+    assert not polled[0]
+    assert polled[-4:] == [True] * 4
+    assert polled.index(True) <= 8
+    assert window.until_ns == 1_000_000 + 11 * 20 * US + 30 * US
+
+
+def test_polling_follows_the_share_of_close_reads() -> None:
+    """One far read among close ones does not end it; mostly far reads do."""
+    window = PollWindow(30 * US)
+    t = 0
+    for _ in range(20):
+        t += 20 * US
+        window.read(t)
+    t += 1_000 * US
+    assert window.read(t)  # most reads still come close
+    for _ in range(6):
+        t += 100 * US
+        window.read(t)
+    t += 100 * US
+    assert not window.read(t)
+
+
+def test_reads_spread_evenly_apart_never_poll() -> None:
+    """2,000 sensors a second, 500 µs apart, or 200 at 100/s, 50 µs apart with jitter,
+    where one read in four chances to come within the window: no CPU spent polling."""
+    for spacing in (500 * US, 50 * US):
+        window = PollWindow(30 * US)
+        t = 0
+        for k in range(400):
+            t += spacing if k % 4 else 25 * US
+            assert not window.read(t)
+        assert window.until_ns == 0
+
+
+def test_a_window_of_zero_never_polls() -> None:
+    window = PollWindow(0)
+    assert not window.read(5)
+    assert not window.read(5)
+
+
+def test_a_single_usable_cpu_never_polls() -> None:
+    assert not BusyPoll(30 * US, cpus=1).enabled
+    assert BusyPoll(30 * US, cpus=2).enabled
+
+
+class CountingPoll(BusyPoll):
+    turns = 0
+
+    def _turn(self) -> None:
+        self.turns += 1
+        super()._turn()
+
+
+async def test_the_loop_polls_for_the_window_then_sleeps_again() -> None:
+    """While polling, the loop turns without waiting: during a 5 ms sleep (a timer the
+    loop would otherwise wait for in one ``epoll_wait``) the poll's callback runs turn
+    after turn; once the window has passed it stops by itself."""
+    poll = CountingPoll(20_000 * US, cpus=2)
+    now = time.time_ns()
+    for k in range(10, -1, -1):
+        poll.read(now - k * 1_000 * US)
+    await asyncio.sleep(0.005)
+    assert poll.turns > 20
+    await asyncio.sleep(0.03)  # past the window
+    turns = poll.turns
+    await asyncio.sleep(0.01)
+    assert poll.turns == turns
+
+
+async def test_a_read_far_from_the_last_does_not_poll() -> None:
+    poll = CountingPoll(20_000 * US, cpus=2)
+    now = time.time_ns()
+    for k in range(10, -1, -1):
+        poll.read(now - k * 50_000 * US)
+    await asyncio.sleep(0.005)
+    assert poll.turns == 0
+
+
+@pytest.mark.parametrize("us", [0, 30])
+async def test_the_option_sets_the_window(tmp_path: Path, us: int) -> None:
+    broker = Broker(BrokerOptions(data_dir=tmp_path, busy_poll_us=us))
+    single_cpu = usable_cpus() == 1
+    assert broker.busy_poll.window.window_ns == (0 if single_cpu else us * US)
+
+
+def _cgroup(tmp_path: Path, line: str, files: dict[str, str]) -> float | None:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    proc = tmp_path / "cgroup"
+    proc.write_text(line + "\n")
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text)
+    return cgroup_cpu_quota(proc, tmp_path / "fs")
+
+
+def test_a_cgroup_v2_quota_is_read_in_cpus(tmp_path: Path) -> None:
+    files = {"kubepods/pod1/cpu.max": "150000 100000\n"}
+    assert _cgroup(tmp_path, "0::/kubepods/pod1", files) == 1.5
+    assert _cgroup(tmp_path, "0::/", {"cpu.max": "max 100000\n"}) is None
+
+
+def test_a_cgroup_v1_quota_is_read_in_cpus(tmp_path: Path) -> None:
+    files = {"cpu,cpuacct/docker/x/cpu.cfs_quota_us": "50000\n",
+             "cpu,cpuacct/docker/x/cpu.cfs_period_us": "100000\n"}  # fmt: skip
+    lines = "4:memory:/docker/x\n3:cpu,cpuacct:/docker/x"
+    assert _cgroup(tmp_path, lines, files) == 0.5
+    none = {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}
+    assert _cgroup(tmp_path / "v1none", "1:cpu:/", none) is None
+
+
+def test_no_readable_cgroup_is_no_quota(tmp_path: Path) -> None:
+    assert cgroup_cpu_quota(tmp_path / "absent", tmp_path) is None
+    assert _cgroup(tmp_path, "0::/gone", {}) is None
+
+
+def test_a_quota_under_two_cpus_never_polls() -> None:
+    assert not BusyPoll(30 * US, cpus=1.5).enabled
