@@ -9,9 +9,9 @@ waits for it. Go's scheduler spins before it parks, so nsqd rarely pays it; Linu
 only done where it pays: for at most the window after a read, while most reads lately
 came within the window of the one before them (the next then likely does too). Reads
 further apart (a sensor a second, a quiet topic, sensors spread evenly over each second)
-never start it, and a process
-allowed less than two CPUs (its affinity, or its cgroup's quota) never polls: it would
-take that CPU from the clients that share it, or spend its quota.
+never start it, and a process allowed less than two CPUs (its affinity, or its cgroup's
+quota) never polls: it would take that CPU from the clients that share it, or spend its
+quota.
 """
 
 from __future__ import annotations

@@ -124,11 +124,11 @@ class BrokerOptions:
     )
     busy_poll_us: int = setting(
         30,
-        "After a read that came within this long (µs) of the one before it, poll the "
-        "sockets for this long instead of sleeping: a synchronous publisher's next PUB is "
-        "then read without waking the thread (docs/broker.md, 'Busy polling'). Costs CPU "
-        "only while reads are this close; never with less than two usable CPUs (affinity "
-        "or cgroup quota). 0: never poll.",
+        "While most reads come within this long (µs) of the one before them, poll the "
+        "sockets for this long after each instead of sleeping: a synchronous publisher's "
+        "next PUB is then read without waking the thread (docs/broker.md, 'Busy polling'). "
+        "Costs CPU only while reads are this close; never with less than two usable CPUs "
+        "(affinity or cgroup quota). 0: never poll.",
         minimum=0,
     )
     scan_interval_ms: int = setting(
