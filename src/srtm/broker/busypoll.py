@@ -4,7 +4,7 @@ short window after each one instead of sleeping in ``epoll_wait``.
 A thread that sleeps between a synchronous publisher's PUBs is woken for each: on a
 virtual machine an idle vCPU halts, and waking it (an interrupt between vCPUs, a context
 switch) costs both sides more than the broker's own work on the PUB, and the round trip
-waits for it. Go's scheduler spins before it parks, so nsqd rarely pays it; Linux's
+waits for it. Go's scheduler spins a while before it parks, so nsqd pays it less; Linux's
 ``net.core.busy_poll`` is the kernel's form of the same idea. Polling costs CPU, so it is
 only done where it pays: for at most the window after a read, while most reads lately
 came within the window of the one before them (the next then likely does too). Reads
@@ -111,6 +111,8 @@ class BusyPoll:
 
     def read(self, now_ns: int) -> None:
         """A connection was read at ``now_ns`` (``time.time_ns``)."""
+        if not self.window.window_ns:
+            return  # off: not even the share kept, on every read
         if self.window.read(now_ns) and not self._polling:
             self._polling = True
             if self._loop is None:
