@@ -35,7 +35,7 @@ from srtm.protocol import (
     errors,
     response,
 )
-from srtm.protocol.session import TRANSITIONS, Session, SessionSettings, SessionState
+from srtm.protocol.session import OK_FRAME, TRANSITIONS, Session, SessionSettings, SessionState
 
 MID = b"0123456789abcdef"
 MID2 = b"fedcba9876543210"
@@ -139,6 +139,11 @@ class FakeConnection:
 
     def publish(self, topic: str, bodies: list[bytes], arrival_ns: int) -> None:
         self._call("publish", topic, bodies, arrival_ns)
+
+    def publish_one(self, topic: str, body: bytes, arrival_ns: int) -> bool:
+        """Kept, unless ``fail`` names it (a string: not kept at once)."""
+        self._call("publish_one", topic, body, arrival_ns)
+        return "publish_one" not in self.fail
 
     def publish_deferred(self, topic: str, body: bytes, defer_ms: int, arrival_ns: int) -> None:
         self._call("publish_deferred", topic, body, defer_ms, arrival_ns)
@@ -247,6 +252,43 @@ def test_the_table_is_the_one_tested() -> None:
                 assert cmd not in TRANSITIONS[state]
             else:  # AUTH: the state takes it, and without an auth server it is refused
                 assert TRANSITIONS[state][cmd] is state
+
+
+# -- a sensor's read: one publish taken in place (``publish_one``) ----------------------------
+ONE_PUBLISH = [Pub("t", b"m"), Mpub("t", [b"m"])]
+
+
+@pytest.mark.parametrize("state", list(SessionState), ids=lambda s: s.value)
+@pytest.mark.parametrize("cmd", ONE_PUBLISH, ids=["PUB", "MPUB-of-one"])
+def test_publish_one_answers_where_receive_runs_it_in_place(
+    state: SessionState, cmd: Pub | Mpub
+) -> None:
+    """It answers OK, the connection having kept the message at once, exactly where the
+    table runs the command and stays; elsewhere it does nothing (``receive`` refuses,
+    ignores or moves on)."""
+    session, conn = session_in(state)
+    answer = session.publish_one(cmd, 7)
+    if EXPECTED[state][type(cmd)] is state:
+        assert answer == OK_FRAME
+        assert conn.calls == [("publish_one", "t", b"m", 7)]
+    else:
+        assert answer is None
+        assert conn.calls == []
+    assert session.state is state
+
+
+def test_publish_one_leaves_what_it_does_not_take_to_receive() -> None:
+    """An MPUB of two, a relay link's fake publisher, or a message the connection does
+    not keep at once: nothing done, nothing written (``receive`` runs them)."""
+    session, conn = session_in(INIT)
+    assert session.publish_one(Mpub("t", [b"a", b"b"]), 7) is None
+    session.fake_relay = True
+    assert session.publish_one(Pub("t", b"m"), 7) is None
+    assert conn.calls == []
+    session.fake_relay = False
+    conn.fail["publish_one"] = "not at once"
+    assert session.publish_one(Pub("t", b"m"), 7) is None
+    assert conn.calls == [("publish_one", "t", b"m", 7)]  # asked; nothing written
 
 
 # -- what the commands do -------------------------------------------------------------------

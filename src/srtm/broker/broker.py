@@ -440,6 +440,37 @@ class Broker:
             self.policing.block_over_bound(topic, client)
         return done
 
+    def publish_one(
+        self, topic_name: str, body: bytes, arrival: int, publisher: str | None
+    ) -> bool:
+        """``publish`` of one message where it is kept at once (``_put_one``: a sensor's
+        PUB), in fewer steps: to a topic that exists, has no relay route and no bound,
+        while the disk works. False, with nothing done, elsewhere: ``publish`` takes it."""
+        topic = self.topics.get(topic_name)
+        if topic is None or topic.bound is not None or self.persistence.failing:
+            return False
+        if topic_name in self.relay.routes:
+            return False
+        if self._put_one(topic, self.ids.take(1)[0], body, time.time_ns(), arrival, publisher):
+            return True
+        self.ids.give_back()  # ``publish`` takes it
+        return False
+
+    def _put_one(
+        self, topic: Topic, id_: bytes, body: bytes, now: int, arrival: int, publisher: str | None
+    ) -> bool:
+        """One message where ``Topic.put_one`` keeps it (in memory, or written already):
+        as ``_put`` would (``kick`` of an unshaped topic with nothing waiting is
+        ``ready``), in fewer steps. False, with nothing done, elsewhere."""
+        kept = topic.put_one(id_, body, now, arrival, publisher, self.releaser.direct)
+        if kept is NOT_KEPT:
+            return False
+        self.stats.topic(topic.name).window.add(arrival, 1, 0.0)
+        self.releaser.ready(topic)
+        if kept is ON_DISK:
+            self.storage_latency[topic.name].add(time.time_ns() - arrival)
+        return True
+
     def _put(
         self, topic: Topic, bodies: list[bytes], arrival: int, publisher: str | None
     ) -> asyncio.Future[Any] | None:
@@ -447,17 +478,10 @@ class Broker:
         taken in slices of it, ``Takes``)."""
         n = len(bodies)
         now = time.time_ns()
-        ids, direct = self.ids.take(n), self.releaser.direct
-        if n == 1:
-            kept = topic.put_one(ids[0], bodies[0], now, arrival, publisher, direct)
-            if kept is not NOT_KEPT:
-                # A sensor's PUB, in memory or written already: as below (``kick`` of an
-                # unshaped topic with nothing waiting is ``ready``), in fewer steps.
-                self.stats.topic(topic.name).window.add(arrival, 1, 0.0)
-                self.releaser.ready(topic)
-                if kept is ON_DISK:
-                    self.storage_latency[topic.name].add(time.time_ns() - arrival)
-                return None
+        ids = self.ids.take(n)
+        if n == 1 and self._put_one(topic, ids[0], bodies[0], now, arrival, publisher):
+            return None
+        direct = self.releaser.direct
         pushed = self.persistence.pushed
         pushed.clear()
         backlog = topic.put_many(ids, bodies, now, arrival, publisher, direct)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from srtm.broker.output import Output
-from srtm.protocol import Event, Fins, Parser, ProtocolError, Pub, Pubs, errors
+from srtm.protocol import Event, Fins, Mpub, Parser, ProtocolError, Pub, Pubs, errors
 from srtm.protocol.session import Session, SessionState
 
 if TYPE_CHECKING:
@@ -137,9 +137,15 @@ class Intake:
         self.last_read_ns = user_ns
         if self.unwrap is not None and not (data := self.unwrap(data)):
             return
-        events = self._parser.feed(data)
-        self._note_partial(bool(events), user_ns)
-        self._run_turn(events, 0, arrival)
+        one = self._parser.one(data)
+        if one is None:
+            events = self._parser.feed(data)
+            self._note_partial(bool(events), user_ns)
+            self._run_turn(events, 0, arrival)
+        else:
+            self._partial_since_ns = 0  # one whole command: nothing waits for more bytes
+            if not self._took_one(one, arrival):
+                self._run_turn([one], 0, arrival)
         self._broker.busy_poll.read(user_ns)
 
     def stop_reading(self) -> None:
@@ -185,6 +191,28 @@ class Intake:
                 self._loop.call_soon(self._run_pending)
         else:
             self._pending = None
+
+    def _took_one(self, one: Pub | Mpub, arrival: int) -> bool:
+        """A read that is one publish (a sensor's), where the session runs it in place
+        and the connection keeps it at once (``Session.publish_one``): run and answered
+        without ``_run_turn``'s steps, which it does not need (nothing waits before it,
+        no gate judges it, nothing it publishes waits for tokens). False, with nothing
+        done, elsewhere."""
+        out = self._output
+        if self._gate is not None or self._taking is not None or self._later or self.blocked:
+            return False
+        if out.closing:
+            return False
+        self._broker.release_due()  # what is due goes before it, as ``_run_all`` does
+        try:
+            answer = self._session.publish_one(one, arrival)
+        except Exception:
+            self._internal_error(one)
+            return True
+        if answer is None:
+            return False
+        out.answer(answer)
+        return True
 
     def _run_pending(self) -> None:
         events = self._pending

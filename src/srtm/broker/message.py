@@ -93,6 +93,11 @@ class MessageIds:
         self.last += 1
         return b"%016x" % (self._prefix | self.last)
 
+    def give_back(self) -> None:
+        """The last id taken was not used after all (its message was not kept): the next
+        ``take`` gives it again."""
+        self.last -= 1
+
     def take(self, n: int) -> list[bytes]:
         """``n`` ids at once, in order (as ``n`` calls of ``next``): in C where
         ``srtm.broker._records`` was built (``hex_ids_py`` is its reference)."""

@@ -92,6 +92,30 @@ class Output:
         self.buf += data
         self.queued()
 
+    def answer(self, data: bytes) -> None:
+        """``write`` of a read's only answer (a sensor's OK), sent now: straight from
+        ``data`` where nothing is queued, held or wrapped before it, else as ``write``
+        and ``send`` would."""
+        if self.buf or self.holds or self._writing or self.wrap is not None:
+            self.in_read = True  # sent below, not a loop turn later
+            self.write(data)
+            self.in_read = False
+            self.send_now()
+            return
+        if self._session.state is _CLOSED:
+            return
+        try:
+            sent = self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._close()
+            return
+        self.sent_bytes += sent
+        if sent < len(data):
+            self.buf += data[sent:]
+            self.send()
+
     def queued(self) -> None:
         """Bytes were added to ``buf``: bound it, and send at the end of the loop turn."""
         if len(self.buf) >= self._high and not self.paused:

@@ -166,6 +166,10 @@ class BrokerPort(Protocol):
         client: Client | None = None,
     ) -> asyncio.Future[Any] | None: ...
 
+    def publish_one(
+        self, topic_name: str, body: bytes, arrival: int, publisher: str | None
+    ) -> bool: ...
+
     def publish_deferred(
         self,
         topic_name: str,
@@ -345,6 +349,12 @@ class Client:
             if len(bodies) > PUBLISH_SLICE:
                 self.intake.run_after(written)
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + len(bodies)
+
+    def publish_one(self, topic: str, body: bytes, arrival_ns: int) -> bool:
+        if not self.broker.publish_one(topic, body, arrival_ns, self.session.attributed_to):
+            return False
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + 1
+        return True
 
     def publish_deferred(self, topic: str, body: bytes, defer_ms: int, arrival_ns: int) -> None:
         written = self.broker.publish_deferred(

@@ -82,6 +82,14 @@ class Parser:
         """Whether it holds part of a command: a line, or a body still arriving."""
         return bool(self._buf) or self._pending is not None
 
+    def one(self, data: bytes) -> Pub | Mpub | None:
+        """``data`` as one whole publish (``one_publish``: a sensor's read), where nothing
+        of an earlier read waits: what ``feed`` would give as its only event, and nothing
+        kept. None elsewhere (``feed`` then reads it)."""
+        if self._failed or self._buf or self._pending is not None or not self._magic_seen:
+            return None
+        return one_publish(data, self.limits) if type(data) is bytes else None
+
     def feed(self, data: bytes) -> list[Event]:
         if self._failed:
             return []

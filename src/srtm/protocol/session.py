@@ -149,6 +149,10 @@ class SessionHost(Protocol):
 
     def publish(self, topic: str, bodies: list[bytes], arrival_ns: int) -> None: ...
 
+    def publish_one(self, topic: str, body: bytes, arrival_ns: int) -> bool:
+        """``publish`` of one message where the connection keeps it at once; False, with
+        nothing done, elsewhere (``publish`` then takes it, or says why not)."""
+
     def publish_deferred(self, topic: str, body: bytes, defer_ms: int, arrival_ns: int) -> None: ...
 
     def subscribe(self, topic: str, channel: str) -> None: ...
@@ -286,6 +290,23 @@ class Session:
     def receive(self, event: Command | ProtocolError, arrival_ns: int) -> None:
         """Run one command that arrived at ``arrival_ns``; a parse error is raised back."""
         self._handlers[type(event)](self, event, arrival_ns)
+
+    def publish_one(self, cmd: Pub | Mpub, arrival_ns: int) -> bytes | None:
+        """``receive`` of a PUB, or of an MPUB of one message (what a sensor's read
+        brings), where this state runs it in place and the connection keeps it at once
+        (``SessionHost.publish_one``): the answer to send (its OK), which the caller
+        sends as ``write`` would. None, with nothing done, elsewhere: ``receive`` then
+        runs it, and refuses it where it should."""
+        kind = type(cmd)
+        if self._handlers[kind] is not _RUN[kind] or self.fake_relay:
+            return None
+        if isinstance(cmd, Pub):
+            body = cmd.body
+        elif len(cmd.bodies) == 1:
+            body = cmd.bodies[0]
+        else:
+            return None
+        return OK_FRAME if self.conn.publish_one(cmd.topic, body, arrival_ns) else None
 
     def accepts(self, cmd: type[Command]) -> bool:
         """Whether the current state runs ``cmd`` (rather than refusing it)."""

@@ -1,0 +1,202 @@
+"""A sensor's read, one PUB or an MPUB of one message, is taken in place
+(``Intake._took_one``: ``Session.publish_one``, ``Broker.publish_one``) and answered
+straight from its frame (``Output.answer``); what it leaves the broker and the client is
+what ``publish`` leaves (the general path, the reference), and whatever it declines goes
+through ``publish`` as before, answered as before."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from srtm.broker import Broker
+from srtm.broker.tcp import Client
+from srtm.protocol import MAGIC_V2, FrameType, Mpub, ProtocolError, Pub, encode_command, errors
+from srtm.ratelimit.overflow import Bound, OverflowPolicy
+from support import MakeBroker, loopback_pair, sent_frames
+
+
+def _answers(peer: socket.socket) -> list[bytes]:
+    return [f.data if f.kind is FrameType.RESPONSE else b"ERR " + f.data for f in sent_frames(peer)]
+
+
+def _publishes(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Each ``publish`` (the general path) from now on: its topic and message count."""
+    calls: list[tuple[str, int]] = []
+    publish = broker.publish
+
+    def counted(topic: str, bodies: list[bytes], *args: Any, **kw: Any) -> Any:
+        calls.append((topic, len(bodies)))
+        return publish(topic, bodies, *args, **kw)
+
+    monkeypatch.setattr(broker, "publish", counted)
+    return calls
+
+
+def _records(broker: Broker, topic: str) -> list[tuple[object, ...]]:
+    """What the topic's channel holds, each message without its id and clock stamps."""
+    queue = broker.topics[topic].channels["c"].queue
+    return [(m.body, m.attempts, m.publisher) for m in queue.memory()]
+
+
+def _reads(broker: Broker, reads: list[bytes]) -> tuple[list[bytes], Client]:
+    """Each of ``reads`` read on its own by a client driven here; what it answered."""
+    peer, server = loopback_pair()
+    with peer, server:
+        client = Client(broker, server, True)
+        broker.clients.add(client)
+        asyncio.get_running_loop().remove_reader(server.fileno())  # read here, at once
+        peer.sendall(MAGIC_V2)
+        client.intake.on_readable()
+        for data in reads:
+            peer.sendall(data)
+            client.intake.on_readable()
+        answers = _answers(peer)
+        client.close()
+    return answers, client
+
+
+async def test_a_sensor_s_reads_are_kept_as_publish_keeps_them(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = await make_broker()
+    for topic in ("t", "ref"):
+        broker.channel(topic, "c")
+    # The parser takes a read as one publish once the topic's name has been read whole.
+    assert _reads(broker, [encode_command(Pub("t", b"first"))])[0] == [b"OK"]
+    assert broker.publish("ref", [b"first"], 1, "") is None
+    calls = _publishes(broker, monkeypatch)
+    bodies = [b"m0", b"m1", b"m2"]
+    reads = [encode_command(Pub("t", bodies[0])), encode_command(Mpub("t", [bodies[1]]))]
+    reads.append(encode_command(Pub("t", bodies[2])))
+    answers, client = _reads(broker, reads)
+    assert answers == [b"OK"] * 3
+    assert calls == []  # none went through ``publish``
+    for body in bodies:  # the reference: the general path, as a publisher's would
+        assert broker.publish("ref", [body], 1, "") is None
+    assert _records(broker, "t") == _records(broker, "ref")
+    t, ref = broker.topics["t"], broker.topics["ref"]
+    counts = (t.message_count, t.message_bytes)
+    assert counts == (ref.message_count, ref.message_bytes) == (4, 11)
+    assert t.channels["c"].message_count == ref.channels["c"].message_count == 4
+    window = broker.stats.topic("t").window
+    assert window._count == broker.stats.topic("ref").window._count == 4
+    assert client.pub_counts == {"t": 3}
+
+
+def _bound(broker: Broker) -> None:
+    broker.shares.set_bucket("t", 1_000_000.0, 1_000.0)
+    broker.policing.set_bound("t", Bound(60_000, OverflowPolicy.REFUSE))
+
+
+def _shaped(broker: Broker) -> None:
+    broker.shares.set_bucket("t", 1_000_000.0, 1_000.0)
+
+
+def _paused(broker: Broker) -> None:
+    broker.topics["t"].paused = True
+
+
+DECLINED: dict[str, Callable[[Broker], None]] = {
+    "a topic with a bound": _bound,
+    "a shaped topic": _shaped,
+    "a paused topic": _paused,
+}
+
+
+@pytest.mark.parametrize("setup", list(DECLINED), ids=list(DECLINED))
+async def test_what_it_declines_goes_through_publish(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
+    broker = await make_broker()
+    broker.channel("t", "c")
+    DECLINED[setup](broker)
+    last_id = broker.ids.last
+    calls = _publishes(broker, monkeypatch)
+    answers, client = _reads(broker, [encode_command(Pub("t", b"m"))])
+    assert answers == [b"OK"]
+    assert calls == [("t", 1)]
+    assert broker.topics["t"].message_count == 1
+    assert broker.ids.last == last_id + 1  # the general path's id: none taken before it
+    assert client.pub_counts == {"t": 1}
+
+
+async def test_a_new_topic_and_a_failing_disk_go_through_publish(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first PUB to a topic makes it (``publish``); while a disk queue fails, a PUB
+    is refused with E_PUB_FAILED, as ``publish`` refuses it."""
+    broker = await make_broker()
+    calls = _publishes(broker, monkeypatch)
+    answers, _ = _reads(broker, [encode_command(Pub("new", b"m"))] * 2)
+    assert answers == [b"OK", b"OK"]
+    assert calls == [("new", 1)]  # the second, to a topic that is there, in place
+    broker.persistence.failing.add(object())  # type: ignore[arg-type]
+
+    def refuse(topic: object, what: str) -> None:  # the topic's own queue fails
+        raise ProtocolError(errors.E_PUB_FAILED, f"{what} failed: disk")
+
+    monkeypatch.setattr(broker.persistence, "refuse_if_failing", refuse)
+    answers, _ = _reads(broker, [encode_command(Pub("new", b"m"))])
+    assert calls[1:] == [("new", 1)]
+    assert len(answers) == 1 and answers[0].startswith(b"ERR E_PUB_FAILED")
+
+
+async def test_publish_one_declines_a_relayed_topic_with_nothing_done(
+    make_broker: MakeBroker,
+) -> None:
+    broker = await make_broker()
+    broker.channel("t", "c")
+    broker.relay.routes["t"] = object()  # type: ignore[assignment]
+    last_id = broker.ids.last
+    assert not broker.publish_one("t", b"m", 1, "")
+    assert broker.ids.last == last_id and broker.topics["t"].message_count == 0
+    del broker.relay.routes["t"]
+    assert broker.publish_one("t", b"m", 1, "")
+    assert broker.topics["t"].message_count == 1
+
+
+async def test_an_mpub_of_two_and_a_read_of_two_pubs_take_the_general_path(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = await make_broker()
+    broker.channel("t", "c")
+    calls = _publishes(broker, monkeypatch)
+    two_pubs = encode_command(Pub("t", b"a")) + encode_command(Pub("t", b"b"))
+    answers, _ = _reads(broker, [encode_command(Mpub("t", [b"x", b"y"])), two_pubs])
+    assert answers == [b"OK"] * 3
+    assert calls == [("t", 2), ("t", 2)]  # the MPUB; the two PUBs as one run
+    assert [r[0] for r in _records(broker, "t")] == [b"x", b"y", b"a", b"b"]
+
+
+async def test_the_answer_follows_what_was_queued_before_it(make_broker: MakeBroker) -> None:
+    """``Output.answer``: straight from the frame where nothing waits, else behind what
+    does (order kept), and held behind a publish whose disk write is pending."""
+    broker = await make_broker()
+    broker.channel("t", "c")
+    peer, server = loopback_pair()
+    with peer, server:
+        client = Client(broker, server, True)
+        out = client.output
+        out.answer(b"one")
+        assert not out.buf and peer.recv(16) == b"one"
+        out.buf += b"queued,"
+        out.answer(b"two")
+        assert not out.buf and peer.recv(16) == b"queued,two"
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        out.hold_until(written)
+        out.answer(b"three")
+        peer.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            peer.recv(16)
+        written.set_result(None)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        peer.setblocking(True)
+        peer.settimeout(5)
+        assert peer.recv(16) == b"three"
+        client.close()
