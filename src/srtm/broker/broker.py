@@ -444,10 +444,13 @@ class Broker:
         self, topic_name: str, body: bytes, arrival: int, publisher: str | None
     ) -> bool:
         """``publish`` of one message where it is kept at once (``_put_one``: a sensor's
-        PUB), in fewer steps: to a topic that exists, has no relay route and no bound,
-        while the disk works. False, with nothing done, elsewhere: ``publish`` takes it."""
+        PUB), in fewer steps: to a topic that exists, is not shaped (its messages wait
+        for tokens) and has no relay route and no bound, while the disk works. False, with
+        nothing done, elsewhere: ``publish`` takes it."""
         topic = self.topics.get(topic_name)
-        if topic is None or topic.bound is not None or self.persistence.failing:
+        if topic is None or topic.meter is not None or topic.bound is not None:
+            return False
+        if self.persistence.failing:
             return False
         if topic_name in self.relay.routes:
             return False
