@@ -106,7 +106,7 @@ class Broker:
         self.refused_connections = 0
         self.stopped = asyncio.Event()
         # The parts (see the module's docstring), each handed what it needs.
-        self.persistence = Persistence(self.options, self, self._disk_readable)
+        self.persistence = Persistence(self.options, self, partial(disk_readable, self))
         self.shares = Shares(self)
         self.measurements = Measurements()
         emulated = self.options.capacity > 0
@@ -443,16 +443,13 @@ class Broker:
     def publish_one(
         self, topic_name: str, body: bytes, arrival: int, publisher: str | None
     ) -> bool:
-        """``publish`` of one message where it is kept at once (``_put_one``: a sensor's
-        PUB), in fewer steps: to a topic that exists, is not shaped (its messages wait
-        for tokens) and has no relay route and no bound, while the disk works. False, with
-        nothing done, elsewhere: ``publish`` takes it."""
+        """``publish`` of a sensor's PUB kept at once (``_put_one``), in fewer steps: to a
+        topic that exists, unshaped, with no relay route or bound, while the disk works.
+        False, with nothing done, elsewhere: ``publish`` takes it."""
         topic = self.topics.get(topic_name)
         if topic is None or topic.meter is not None or topic.bound is not None:
             return False
-        if self.persistence.failing:
-            return False
-        if topic_name in self.relay.routes:
+        if self.persistence.failing or topic_name in self.relay.routes:
             return False
         if self._put_one(topic, self.ids.take(1)[0], body, time.time_ns(), arrival, publisher):
             return True
@@ -462,9 +459,8 @@ class Broker:
     def _put_one(
         self, topic: Topic, id_: bytes, body: bytes, now: int, arrival: int, publisher: str | None
     ) -> bool:
-        """One message where ``Topic.put_one`` keeps it (in memory, or written already):
-        as ``_put`` would (``kick`` of an unshaped topic with nothing waiting is
-        ``ready``), in fewer steps. False, with nothing done, elsewhere."""
+        """One message where ``Topic.put_one`` keeps it (in memory, or written already), as
+        ``_put`` would (``kick`` of an unshaped topic with nothing waiting is ``ready``)."""
         kept = topic.put_one(id_, body, now, arrival, publisher, self.releaser.direct)
         if kept is NOT_KEPT:
             return False
@@ -555,29 +551,6 @@ class Broker:
         """Dispatch this channel soon (``Dispatcher.mark_ready``)."""
         self.dispatcher.mark_ready(channel)
 
-    def _disk_readable(self, key: str) -> None:
-        """The disk queue of ``key`` has read or written records ``pop`` can give now:
-        dispatch its channel, or release its topic, again."""
-        name, sep, channel = key.partition(":")
-        topic = self.topics.get(name.split("@")[0])
-        if topic is None:
-            return
-        if sep:  # a channel's ("topic:channel"; its topic's name is ``name`` too)
-            if (ch := topic.channels.get(channel)) is not None:
-                self.mark_ready(ch)
-        elif name == topic.name:
-            # What the topic held for its first channel (read back after a restart):
-            # that channel takes it, as it took what was in memory when it was made.
-            first = next(iter(topic.channels.values()), None)
-            if first is not None:
-                for msg in topic.held.drain():
-                    first.put(msg)
-                self.mark_ready(first)
-        elif name.endswith("@deferred"):
-            self.scan.deferring.add(topic)  # the scan takes what was read back when due
-        else:
-            self.releaser.kick(topic)
-
     def takes_runs(self, topic_name: str) -> bool:
         """Whether a read's run of PUBs to the topic may be one publish: it has no bound,
         which is judged PUB by PUB (refused, or the publisher blocked, at the first over)."""
@@ -591,6 +564,30 @@ class Broker:
         drained); cancelling the call ends it. MeasurementsBusy past ``measurements.limit``."""
         drained = partial(backlog_drained, self.topics, topic)
         return await self.measurements.run(topic, publishers, window_ns, self.clients, drained)
+
+
+def disk_readable(broker: Broker, key: str) -> None:
+    """The disk queue of ``key`` has read or written records ``pop`` can give now:
+    dispatch its channel, or release its topic, again (``Persistence``'s callback)."""
+    name, sep, channel = key.partition(":")
+    topic = broker.topics.get(name.split("@")[0])
+    if topic is None:
+        return
+    if sep:  # a channel's ("topic:channel"; its topic's name is ``name`` too)
+        if (ch := topic.channels.get(channel)) is not None:
+            broker.mark_ready(ch)
+    elif name == topic.name:
+        # What the topic held for its first channel (read back after a restart): that
+        # channel takes it, as it took what was in memory when it was made.
+        first = next(iter(topic.channels.values()), None)
+        if first is not None:
+            for msg in topic.held.drain():
+                first.put(msg)
+            broker.mark_ready(first)
+    elif name.endswith("@deferred"):
+        broker.scan.deferring.add(topic)  # the scan takes what was read back when due
+    else:
+        broker.releaser.kick(topic)
 
 
 def backlog_drained(topics: Mapping[str, Topic], name: str) -> bool:
