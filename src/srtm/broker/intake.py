@@ -196,8 +196,8 @@ class Intake:
         """A read that is one publish (a sensor's), where the session runs it in place
         and the connection keeps it at once (``Session.publish_one``): run and answered
         without ``_run_turn``'s steps, which it does not need (nothing waits before it,
-        no gate judges it, nothing it publishes waits for tokens). False, with nothing
-        done, elsewhere."""
+        no gate judges it, nothing it publishes waits for tokens). False elsewhere, the
+        command not run (due releases may have gone first, as the general way sends them)."""
         out = self._output
         if self._gate is not None or self._taking is not None or self._later or self.blocked:
             return False
