@@ -30,7 +30,7 @@ from srtm.broker.queue import Record, to_record
 from srtm.control import Controller
 from srtm.launch import BrokerProcess, start_broker
 from srtm.placement import PublisherLoad, TopicSpec
-from srtm.protocol import Frame, FrameReader
+from srtm.protocol import Frame, FrameReader, FrameType
 
 T = TypeVar("T")
 
@@ -58,6 +58,24 @@ def sent_frames(peer: socket.socket) -> list[Frame]:
     except BlockingIOError:
         pass
     return FrameReader().feed(data)
+
+
+def answered(peer: socket.socket) -> list[bytes]:
+    """What the broker answered ``peer`` so far, frame by frame ("ERR ..." for errors)."""
+    return [f.data if f.kind is FrameType.RESPONSE else b"ERR " + f.data for f in sent_frames(peer)]
+
+
+def count_publishes(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Each ``Broker.publish`` (the general way) from now on: its topic and message count."""
+    calls: list[tuple[str, int]] = []
+    publish = broker.publish
+
+    def counted(topic: str, bodies: list[bytes], *args: Any, **kw: Any) -> Any:
+        calls.append((topic, len(bodies)))
+        return publish(topic, bodies, *args, **kw)
+
+    monkeypatch.setattr(broker, "publish", counted)
+    return calls
 
 
 def tcp_address(broker: Broker) -> str:

@@ -6,8 +6,6 @@ bound is judged at each). The session takes a run wherever it takes PUB."""
 from __future__ import annotations
 
 import asyncio
-import socket
-from typing import Any
 
 import pytest
 
@@ -29,25 +27,7 @@ from srtm.protocol import (
 )
 from srtm.protocol.limits import Limits
 from srtm.ratelimit.overflow import Bound, OverflowPolicy
-from support import MakeBroker, loopback_pair, sent_frames
-
-
-def _read_all(peer: socket.socket) -> list[bytes]:
-    """What the broker answered so far, frame by frame."""
-    return [f.data if f.kind is FrameType.RESPONSE else b"ERR " + f.data for f in sent_frames(peer)]
-
-
-def _count_publishes(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Each publish the broker is asked for from now on: its topic and message count."""
-    calls: list[tuple[str, int]] = []
-    publish = broker.publish
-
-    def counted(topic: str, bodies: list[bytes], *args: Any, **kw: Any) -> Any:
-        calls.append((topic, len(bodies)))
-        return publish(topic, bodies, *args, **kw)
-
-    monkeypatch.setattr(broker, "publish", counted)
-    return calls
+from support import MakeBroker, answered, count_publishes, loopback_pair
 
 
 def _queued(broker: Broker, topic: str) -> list[bytes]:
@@ -61,7 +41,7 @@ async def test_a_run_of_pubs_in_one_read_is_one_publish_answered_ok_each(
     broker = await make_broker()
     for topic in ("t", "u"):
         broker.channel(topic, "c")
-    calls = _count_publishes(broker, monkeypatch)
+    calls = count_publishes(broker, monkeypatch)
     peer, server = loopback_pair()
     with peer, server:
         client = Client(broker, server, True)
@@ -78,7 +58,7 @@ async def test_a_run_of_pubs_in_one_read_is_one_publish_answered_ok_each(
         ]
         peer.sendall(MAGIC_V2 + b"".join(encode_command(c) for c in commands))
         client.intake.on_readable()
-        answers = _read_all(peer)
+        answers = answered(peer)
         client.close()
     assert answers == [b"OK"] * 9  # a PUB each, the MPUB one
     assert calls == [("t", 3), ("u", 1), ("t", 2), ("t", 1), ("t", 2), ("t", 1)]
@@ -92,7 +72,7 @@ async def test_a_bounded_topic_judges_its_bound_pub_by_pub(
     broker = await make_broker()
     broker.shares.set_bucket("t", 1_000_000.0, 1_000.0)
     broker.policing.set_bound("t", Bound(60_000, OverflowPolicy.REFUSE))
-    calls = _count_publishes(broker, monkeypatch)
+    calls = count_publishes(broker, monkeypatch)
     peer, server = loopback_pair()
     with peer, server:
         client = Client(broker, server, True)
@@ -101,7 +81,7 @@ async def test_a_bounded_topic_judges_its_bound_pub_by_pub(
         stream = b"".join(encode_command(Pub("t", b"m%d" % i)) for i in range(4))
         peer.sendall(MAGIC_V2 + stream)
         client.intake.on_readable()
-        answers = _read_all(peer)
+        answers = answered(peer)
         client.close()
     assert answers == [b"OK"] * 4
     assert calls == [("t", 1)] * 4  # the bound, and so the run, judged at each PUB
@@ -119,7 +99,7 @@ async def test_a_run_to_a_bad_topic_is_refused_once_and_ends_the_session(
         raw = b"".join(b"PUB bad!\n" + len(b"x").to_bytes(4, "big") + b"x" for _ in range(3))
         peer.sendall(MAGIC_V2 + raw + encode_command(Pub("t", b"after")))
         client.intake.on_readable()
-        answers = _read_all(peer)
+        answers = answered(peer)
         client.close()
     # As one by one: the first PUB's error, fatal; nothing after it runs.
     assert len(answers) == 1 and answers[0].startswith(b"ERR E_BAD_TOPIC"), answers

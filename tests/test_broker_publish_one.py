@@ -7,34 +7,15 @@ through ``publish`` as before, answered as before."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from srtm.broker import Broker
 from srtm.broker.tcp import Client
-from srtm.protocol import MAGIC_V2, FrameType, Mpub, ProtocolError, Pub, encode_command, errors
+from srtm.protocol import MAGIC_V2, Mpub, ProtocolError, Pub, encode_command, errors
 from srtm.ratelimit.overflow import Bound, OverflowPolicy
-from support import MakeBroker, loopback_pair, sent_frames
-
-
-def _answers(peer: socket.socket) -> list[bytes]:
-    return [f.data if f.kind is FrameType.RESPONSE else b"ERR " + f.data for f in sent_frames(peer)]
-
-
-def _publishes(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Each ``publish`` (the general path) from now on: its topic and message count."""
-    calls: list[tuple[str, int]] = []
-    publish = broker.publish
-
-    def counted(topic: str, bodies: list[bytes], *args: Any, **kw: Any) -> Any:
-        calls.append((topic, len(bodies)))
-        return publish(topic, bodies, *args, **kw)
-
-    monkeypatch.setattr(broker, "publish", counted)
-    return calls
+from support import MakeBroker, answered, count_publishes, loopback_pair
 
 
 def _records(broker: Broker, topic: str) -> list[tuple[object, ...]]:
@@ -55,7 +36,7 @@ def _reads(broker: Broker, reads: list[bytes]) -> tuple[list[bytes], Client]:
         for data in reads:
             peer.sendall(data)
             client.intake.on_readable()
-        answers = _answers(peer)
+        answers = answered(peer)
         client.close()
     return answers, client
 
@@ -69,7 +50,7 @@ async def test_a_sensor_s_reads_are_kept_as_publish_keeps_them(
     # The parser takes a read as one publish once the topic's name has been read whole.
     assert _reads(broker, [encode_command(Pub("t", b"first"))])[0] == [b"OK"]
     assert broker.publish("ref", [b"first"], 1, "") is None
-    calls = _publishes(broker, monkeypatch)
+    calls = count_publishes(broker, monkeypatch)
     bodies = [b"m0", b"m1", b"m2"]
     reads = [encode_command(Pub("t", bodies[0])), encode_command(Mpub("t", [bodies[1]]))]
     reads.append(encode_command(Pub("t", bodies[2])))
@@ -116,7 +97,7 @@ async def test_what_it_declines_goes_through_publish(
     broker.channel("t", "c")
     DECLINED[setup](broker)
     last_id = broker.ids.last
-    calls = _publishes(broker, monkeypatch)
+    calls = count_publishes(broker, monkeypatch)
     answers, client = _reads(broker, [encode_command(Pub("t", b"m"))])
     assert answers == [b"OK"]
     assert calls == [("t", 1)]
@@ -131,7 +112,7 @@ async def test_a_new_topic_and_a_failing_disk_go_through_publish(
     """The first PUB to a topic makes it (``publish``); while a disk queue fails, a PUB
     is refused with E_PUB_FAILED, as ``publish`` refuses it."""
     broker = await make_broker()
-    calls = _publishes(broker, monkeypatch)
+    calls = count_publishes(broker, monkeypatch)
     answers, _ = _reads(broker, [encode_command(Pub("new", b"m"))] * 2)
     assert answers == [b"OK", b"OK"]
     assert calls == [("new", 1)]  # the second, to a topic that is there, in place
@@ -165,7 +146,7 @@ async def test_an_mpub_of_two_and_a_read_of_two_pubs_take_the_general_path(
 ) -> None:
     broker = await make_broker()
     broker.channel("t", "c")
-    calls = _publishes(broker, monkeypatch)
+    calls = count_publishes(broker, monkeypatch)
     two_pubs = encode_command(Pub("t", b"a")) + encode_command(Pub("t", b"b"))
     answers, _ = _reads(broker, [encode_command(Mpub("t", [b"x", b"y"])), two_pubs])
     assert answers == [b"OK"] * 3
