@@ -443,15 +443,14 @@ class Broker:
     def publish_one(
         self, topic_name: str, body: bytes, arrival: int, publisher: str | None
     ) -> bool:
-        """``publish`` of a sensor's PUB kept at once (``_put_one``), in fewer steps: to a
-        topic that exists, unshaped, with no relay route or bound, while the disk works.
-        False, with nothing done, elsewhere: ``publish`` takes it."""
+        """``publish`` of a sensor's PUB kept at once (``_put_one``), to an existing topic,
+        unshaped, unrouted, unbounded, the disk working; False (nothing done) elsewhere."""
         topic = self.topics.get(topic_name)
         if topic is None or topic.meter is not None or topic.bound is not None:
             return False
         if self.persistence.failing or topic_name in self.relay.routes:
             return False
-        if self._put_one(topic, self.ids.take(1)[0], body, time.time_ns(), arrival, publisher):
+        if self._put_one(topic, self.ids.next(), body, time.time_ns(), arrival, publisher):
             return True
         self.ids.give_back()  # ``publish`` takes it
         return False
@@ -459,13 +458,13 @@ class Broker:
     def _put_one(
         self, topic: Topic, id_: bytes, body: bytes, now: int, arrival: int, publisher: str | None
     ) -> bool:
-        """One message where ``Topic.put_one`` keeps it (in memory, or written already), as
-        ``_put`` would (``kick`` of an unshaped topic with nothing waiting is ``ready``)."""
+        """One message where ``Topic.put_one`` keeps it, as ``_put`` would (its kick: ready)."""
         kept = topic.put_one(id_, body, now, arrival, publisher, self.releaser.direct)
         if kept is NOT_KEPT:
             return False
         self.stats.topic(topic.name).window.add(arrival, 1, 0.0)
-        self.releaser.ready(topic)
+        if topic.channels:  # none: held for the first, nothing to dispatch
+            self.releaser.ready(topic)
         if kept is ON_DISK:
             self.storage_latency[topic.name].add(time.time_ns() - arrival)
         return True

@@ -94,6 +94,9 @@ class Intake:
         self._session, self._parser, self._gate, self._output = session, parser, gate, output
         self._loop = asyncio.get_running_loop()
         self.last_read_ns = time.time_ns()
+        #: ``BusyPoll.read`` where the broker polls (None: off, and no call on every read).
+        poll = broker.busy_poll
+        self._poll_read = poll.read if poll.enabled else None
         #: What a read goes through before the parser once TLS or compression is on
         #: (b"": nothing for the parser, or the connection closed).
         self.unwrap: Callable[[bytes], bytes] | None = None
@@ -146,7 +149,8 @@ class Intake:
             self._partial_since_ns = 0  # one whole command: nothing waits for more bytes
             if not self._took_one(one, arrival):
                 self._run_turn([one], 0, arrival)
-        self._broker.busy_poll.read(user_ns)
+        if self._poll_read is not None:
+            self._poll_read(user_ns)
 
     def stop_reading(self) -> None:
         fd = self._sock.fileno()

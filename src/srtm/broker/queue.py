@@ -361,10 +361,10 @@ class MessageQueue:
         where there is room and nothing waits in the backend, else to the backend where it
         writes it at once (``Overflow.put_inline``). ``Kept.NOT``, with nothing done,
         elsewhere."""
-        if self.has_room():
+        ov = self.overflow
+        if self._n < self.mem_size and (ov is None or not len(ov)):  # ``has_room``, inline
             self._single(id_, body, now, arrival, publisher)
             return IN_MEMORY
-        ov = self.overflow
         if ov is not None and ov.put_inline((id_, body, now, arrival, arrival, 0, publisher, None)):
             return ON_DISK
         return NOT_KEPT
