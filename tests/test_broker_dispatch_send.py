@@ -82,3 +82,21 @@ async def test_a_publish_its_bucket_lets_through_is_released_within_its_read(
         p.publisher.intake.on_readable()  # no token: it waits for the release loop
         assert _frames(p.pub_peer) == [FrameType.RESPONSE]
         assert _frames(p.cons_peer) == []
+
+
+async def test_a_subscribed_topic_s_first_release_finds_its_stats_made(
+    make_broker: MakeBroker,
+) -> None:
+    """The first message of a shaped topic is due on arrival (its bucket starts full), and
+    as late as the read that takes it: the stats a first dispatch would otherwise make
+    (the topic's and the channel's) are made by the consumer's SUB. (The SUB also makes
+    the first PUB's name one the quick parse knows: tests/test_protocol_one_publish.py.)"""
+    async with subscribed(make_broker, 2) as p:
+        ts = p.broker.stats.topics.get("t")
+        assert ts is not None and "c" in ts.channels
+        p.broker.shares.set_bucket("t", 10.0, 1)
+        p.pub_peer.sendall(MAGIC_V2 + encode_command(Pub("t", b"due")))
+        p.publisher.intake.on_readable()
+        assert _frames(p.cons_peer) == [FrameType.MESSAGE]
+        assert p.broker.stats.topics["t"] is ts
+        assert ts.lateness.count + len(ts.lateness.pending) == 1

@@ -13,7 +13,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from srtm.protocol import MAGIC_V2, Fin, Mpub, Parser, ProtocolError, Pub, encode_command, parser
+from srtm.protocol import (
+    MAGIC_V2,
+    Fin,
+    Mpub,
+    Parser,
+    ProtocolError,
+    Pub,
+    Sub,
+    encode_command,
+    parser,
+)
 from srtm.protocol.limits import Limits
 from srtm.protocol.parser import one_publish_py
 
@@ -128,6 +138,26 @@ def test_what_it_takes_and_leaves(one_publish: Callable[[bytes, Limits], object]
     assert one_publish(data, long_line) is None
     assert whole(data, long_line) == general(data, long_line)
     assert whole(data, long_line)[0][1] == "E_INVALID"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("one_publish", PARSERS)
+def test_a_subscribed_topic_s_first_pub_takes_the_quick_path(
+    one_publish: Callable[[bytes, Limits], object],
+) -> None:
+    """A consumer's SUB puts its topic among the names seen valid: the first PUB to it
+    (the first release of a shaped topic, due on arrival) is not left to the general
+    path. A bad name in a SUB is refused as before, and not taken."""
+    parser._VALID_TOPICS.clear()
+    data = b"PUB subscribed\n" + struct.pack(">i", 1) + b"x"
+    assert one_publish(data, Limits()) is None
+    assert general(b"SUB subscribed ch\n") == [Sub("subscribed", "ch")]
+    assert one_publish(data, Limits()) == Pub("subscribed", b"x")
+    refused = general(b"SUB bad*name ch\n")
+    assert refused == [("error", "E_BAD_TOPIC", "SUB topic name 'bad*name' is not valid", True)]
+    assert b"bad*name" not in parser._VALID_TOPICS
+    assert general(b"SUB\n") == [
+        ("error", "E_INVALID", "SUB insufficient number of parameters", True)
+    ]
 
 
 ids = st.binary(min_size=16, max_size=16)

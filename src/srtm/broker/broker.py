@@ -326,6 +326,7 @@ class Broker:
         and nothing is created)."""
         self.admission.check(topic_name, client.consumer_class, client)
         ch = self.channel(topic_name, channel_name, E_SUB_FAILED)
+        self.stats.topic(topic_name).channel(channel_name)  # now, not on the first release
         self.admission.join(topic_name, client.consumer_class, client)
         ch.add_consumer(client, time.time_ns())
         return ch

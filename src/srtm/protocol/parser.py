@@ -332,11 +332,10 @@ def fin_ids(fins: bytes) -> list[bytes]:
 
 
 def _sub(p: Parser, parts: list[bytes]) -> Command:
-    if len(parts) < 3:
-        raise ProtocolError(e.E_INVALID, "SUB insufficient number of parameters")
-    topic, channel = _text(parts[1]), _text(parts[2])
-    if not is_valid_name(topic):
-        raise ProtocolError(e.E_BAD_TOPIC, f"SUB topic name {topic!r} is not valid")
+    # The name goes into the table of valid ones (``_topic``): a consumer's topic is
+    # usually published to, and its first PUB then takes the quick path too.
+    topic = _topic(parts, "SUB", 3)
+    channel = _text(parts[2])
     if not is_valid_name(channel):
         raise ProtocolError(e.E_BAD_CHANNEL, f"SUB channel name {channel!r} is not valid")
     return Sub(topic, channel)
