@@ -118,6 +118,37 @@ def test_c_reads_what_python_reads(
             assert {repr(p(variant, lim)) for p in PARSERS} == {repr(one_publish_py(variant, lim))}
 
 
+class _Called:
+    """A command type whose fields are not slots: C makes it by calling it."""
+
+    def __init__(self, topic: str, body: object) -> None:
+        self.args = (topic, body)
+
+
+@pytest.mark.skipif(c_one_publish is None, reason="srtm.protocol._pubrun not built")
+def test_c_makes_a_command_by_its_slots_or_else_by_calling_its_type() -> None:
+    """Pub and Mpub are made by setting their two slots, as their __init__ would: the
+    same value, equal and hashed alike; a type without such slots is called."""
+    from srtm.protocol import _pubrun
+
+    general(b"PUB made\n" + struct.pack(">i", 1) + b"x")
+    data = b"PUB made\n" + struct.pack(">i", 2) + b"ab"
+    one = b"MPUB made\n" + struct.pack(">iii", 10, 1, 2) + b"ab"
+    assert c_one_publish is not None
+    made, reference = c_one_publish(data, Limits()), Pub("made", b"ab")
+    assert type(made) is Pub and made == reference and hash(made) == hash(reference)
+    assert c_one_publish(one, Limits()) == Mpub("made", [b"ab"])
+    try:
+        _pubrun.configure(parser._VALID_TOPICS, _Called, _Called)
+        called = c_one_publish(data, Limits())
+        assert isinstance(called, _Called) and called.args == ("made", b"ab")
+        called = c_one_publish(one, Limits())
+        assert isinstance(called, _Called) and called.args == ("made", [b"ab"])
+    finally:
+        _pubrun.configure(parser._VALID_TOPICS, Pub, Mpub)
+    assert c_one_publish(data, Limits()) == reference
+
+
 @pytest.mark.parametrize("one_publish", PARSERS)
 def test_what_it_takes_and_leaves(one_publish: Callable[[bytes, Limits], object]) -> None:
     general(b"PUB seen\n" + struct.pack(">i", 1) + b"x")

@@ -17,7 +17,8 @@
  * and the path used where this module is not built): a read that is exactly one PUB, or
  * an MPUB of one message, to a topic name already found valid (a sensor's read), as a
  * Pub or Mpub; None for anything else. configure(valid_topics, Pub, Mpub) gives it the
- * parser's table of names found valid and the two command types, once, at import. */
+ * parser's table of names found valid and the two command types, once, at import; it
+ * makes each command by setting its two slots, as the dataclass's __init__ would. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -92,6 +93,40 @@ fail:
 
 /* What configure() gave: topic names found valid (bytes -> str), Pub and Mpub. */
 static PyObject *valid_topics, *pub_type, *mpub_type;
+/* Each type's two slots (topic, then body or bodies), where both are plain slots: a
+ * command is then made by setting them, as its dataclass __init__ does, without running
+ * that Python function on every sensor's read. NULL: made by calling the type. */
+static PyObject *pub_slots[2], *mpub_slots[2];
+
+static void slots_of(PyObject *type, const char *first, const char *second, PyObject **out) {
+    const char *names[2] = {first, second};
+    for (int i = 0; i < 2; i++) {
+        Py_CLEAR(out[i]);
+        PyObject *d = PyType_Check(type) ? PyObject_GetAttrString(type, names[i]) : NULL;
+        if (d == NULL || !PyObject_TypeCheck(d, &PyMemberDescr_Type)) {
+            PyErr_Clear();
+            Py_XDECREF(d);
+            Py_CLEAR(out[0]);
+            return;
+        }
+        out[i] = d;
+    }
+}
+
+static PyObject *make(PyObject *type, PyObject **slots, PyObject *a, PyObject *b) {
+    if (slots[0] == NULL)
+        return PyObject_CallFunctionObjArgs(type, a, b, NULL);
+    PyTypeObject *t = (PyTypeObject *)type;
+    PyObject *o = t->tp_alloc(t, 0);
+    if (o == NULL)
+        return NULL;
+    if (Py_TYPE(slots[0])->tp_descr_set(slots[0], o, a) < 0 ||
+        Py_TYPE(slots[1])->tp_descr_set(slots[1], o, b) < 0) {
+        Py_DECREF(o);
+        return NULL;
+    }
+    return o;
+}
 
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *topics, *pub, *mpub;
@@ -103,6 +138,8 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     Py_XSETREF(valid_topics, topics);
     Py_XSETREF(pub_type, pub);
     Py_XSETREF(mpub_type, mpub);
+    slots_of(pub, "topic", "body", pub_slots);
+    slots_of(mpub, "topic", "bodies", mpub_slots);
     Py_RETURN_NONE;
 }
 
@@ -175,7 +212,7 @@ static PyObject *one_publish(PyObject *self, PyObject *const *args, Py_ssize_t n
         if (size > 0 && size <= max_msg) {
             PyObject *body = PyBytes_FromStringAndSize((const char *)b + end + 5, size);
             if (body != NULL)
-                out = PyObject_CallFunctionObjArgs(pub_type, topic, body, NULL);
+                out = make(pub_type, pub_slots, topic, body);
             Py_XDECREF(body);
         } else {
             out = Py_NewRef(Py_None);
@@ -191,7 +228,7 @@ static PyObject *one_publish(PyObject *self, PyObject *const *args, Py_ssize_t n
                 bodies ? PyBytes_FromStringAndSize((const char *)b + end + 13, msg) : NULL;
             if (body != NULL) {
                 PyList_SET_ITEM(bodies, 0, body); /* steals it */
-                out = PyObject_CallFunctionObjArgs(mpub_type, topic, bodies, NULL);
+                out = make(mpub_type, mpub_slots, topic, bodies);
             }
             Py_XDECREF(bodies);
         }
