@@ -51,12 +51,15 @@ async def test_a_sensor_s_reads_are_kept_as_publish_keeps_them(
     assert _reads(broker, [encode_command(Pub("t", b"first"))])[0] == [b"OK"]
     assert broker.publish("ref", [b"first"], 1, "") is None
     calls = count_publishes(broker, monkeypatch)
+    gaps = broker.stats.stamp_gaps
+    gaps_before = gaps.count + len(gaps.pending)
     bodies = [b"m0", b"m1", b"m2"]
     reads = [encode_command(Pub("t", bodies[0])), encode_command(Mpub("t", [bodies[1]]))]
     reads.append(encode_command(Pub("t", bodies[2])))
     answers, client = _reads(broker, reads)
     assert answers == [b"OK"] * 3
     assert calls == []  # none went through ``publish``
+    assert gaps.count + len(gaps.pending) == gaps_before + 4  # each read's stamp (and MAGIC's)
     for body in bodies:  # the reference: the general path, as a publisher's would
         assert broker.publish("ref", [body], 1, "") is None
     assert _records(broker, "t") == _records(broker, "ref")

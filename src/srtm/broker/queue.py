@@ -339,8 +339,10 @@ class MessageQueue:
                 self._spill(batch.records())
             return
         n = len(batch.bodies)  # not ``len(batch)``: a Python call
-        if n == 1:
-            self._single(batch.ids[0], batch.bodies[0], batch.now, batch.arrival, batch.publisher)
+        if n == 1:  # room, and nothing in the backend: kept in memory
+            self.put_single(
+                batch.ids[0], batch.bodies[0], batch.now, batch.arrival, batch.publisher
+            )
             return
         if room < 2 or n < 2:  # one in memory, the rest to the backend (or none at all)
             self.extend(batch.records())
@@ -363,7 +365,18 @@ class MessageQueue:
         elsewhere."""
         ov = self.overflow
         if self._n < self.mem_size and (ov is None or not len(ov)):  # ``has_room``, inline
-            self._single(id_, body, now, arrival, publisher)
+            # One more of the singles at the back, or the first of them.
+            self._ids.append(id_)
+            self._bodies.append(body)
+            self._stamps.append(now)
+            self._arrivals.append(arrival)
+            self._publishers.append(publisher)
+            runs = self._runs
+            if runs and isinstance(tail := runs[-1], list):
+                tail[0] += 1
+            else:
+                runs.append([1])
+            self._n += 1
             return IN_MEMORY
         if ov is not None and ov.put_inline((id_, body, now, arrival, arrival, 0, publisher, None)):
             return ON_DISK
@@ -373,20 +386,6 @@ class MessageQueue:
         """Whether a fresh message stays in memory: there is room, and nothing waits in
         the backend (which it would have to follow)."""
         return self._n < self.mem_size and ((ov := self.overflow) is None or not len(ov))
-
-    def _single(self, id_: bytes, body: bytes, now: int, arrival: int, publisher: str) -> None:
-        """One fresh message at the back: one more of the singles there, or the first."""
-        self._ids.append(id_)
-        self._bodies.append(body)
-        self._stamps.append(now)
-        self._arrivals.append(arrival)
-        self._publishers.append(publisher)
-        runs = self._runs
-        if runs and isinstance(tail := runs[-1], list):
-            tail[0] += 1
-        else:
-            runs.append([1])
-        self._n += 1
 
     def _spill(self, records: list[Record]) -> None:
         """What memory has no room for: to the backend, or dropped without one."""

@@ -71,15 +71,13 @@ class Releaser:
         #: one token is a D/1 queue whose release times are when each service starts.
         cap = options.capacity
         self.server = TokenBucket(cap, 1.0) if cap > 0 else None
+        #: Whether an unshaped topic may hand what is published straight to its channels
+        #: (``Topic.put_many``): not when the emulated server takes every message first.
+        #: (An attribute, not a property: every PUB reads it.)
+        self.direct = self.server is None
         self._service_ns = round(1e9 / cap) if cap > 0 else 0
         #: Released by their buckets, waiting for the server: (done at, topic, message).
         self._processing: collections.deque[tuple[int, Topic, Message]] = collections.deque()
-
-    @property
-    def direct(self) -> bool:
-        """Whether an unshaped topic may hand what is published straight to its channels
-        (``Topic.put_many``): not when the emulated server takes every message first."""
-        return self.server is None
 
     # -- lifecycle (on the running loop) -------------------------------------------------
     def start(self) -> None:
