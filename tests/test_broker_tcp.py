@@ -51,6 +51,36 @@ async def test_a_fatal_error_reaches_a_client_that_kept_sending(make_broker: Mak
     assert broker.topics == {}  # nothing after the fatal command ran
 
 
+async def test_a_consumer_s_fatal_error_ends_what_it_is_sent(make_broker: MakeBroker) -> None:
+    """A consumer with room and messages waiting sends a bad command: it gets the error
+    and then nothing (no message, no heartbeat), and the connection lingers as for any
+    fatal error: the client, still sending, is not reset. (A message dispatched after the
+    error failed to send on the shut socket, and that failure closed it with a reset.)"""
+    broker = await make_broker()
+    assert broker.tcp_address is not None
+    ch = broker.channel("t", "c")
+    ch.paused = True  # messages wait until the consumer has erred
+    assert broker.publish("t", [b"m1", b"m2"], 1, "") is None
+    reader, writer = await asyncio.open_connection(*broker.tcp_address)
+    writer.write(b"  V2SUB t c\nRDY 5\n\n")  # the empty line is the bad command
+    await eventually(lambda: any(c.output.closing for c in broker.clients), "the error")
+    client = next(iter(broker.clients))
+    assert ch.consumers == []
+    ch.paused = False
+    broker.mark_ready(ch)
+    await asyncio.sleep(0.05)  # the dispatch runs (it finds no consumer)
+    client.write(b"a late heartbeat")  # dropped: the write side is shut
+    for _ in range(3):
+        writer.write(b"PUB t\n\x00\x00\x00\x01x")  # discarded, not reset
+        await writer.drain()
+        await asyncio.sleep(0.01)
+    writer.close()
+    frames = FrameReader().feed(await reader.read())
+    assert [f.kind for f in frames] == [FrameType.RESPONSE, FrameType.ERROR]
+    assert frames[1].data.startswith(b"E_INVALID")
+    assert len(ch.queue) == 2 and not ch.in_flight  # nothing went to it
+
+
 @pytest.mark.parametrize(
     ("command", "code"),
     [

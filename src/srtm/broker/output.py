@@ -79,8 +79,10 @@ class Output:
         self._stalled_since_ns = 0
 
     def write(self, data: bytes) -> None:
-        """Queue ``data``; everything written in one loop turn leaves in one send."""
-        if self._session.state is _CLOSED:
+        """Queue ``data``; everything written in one loop turn leaves in one send. Nothing
+        once the connection lingers: its write side is shut (a send would fail, and the
+        close it made would reset the connection)."""
+        if self._session.state is _CLOSED or self._lingering is not None:
             return
         if self.wrap is not None:
             data = self.wrap(data)  # compressed and/or ciphertext (with handshake bytes)

@@ -547,12 +547,14 @@ class Client:
             fd = self.sock.fileno()
             if fd >= 0:
                 self.loop.remove_reader(fd)  # nothing read after it is executed
+            # Nothing is sent after the error either: a consumer gets no more messages
+            # (what it has in flight times out, as at close).
+            if self.channel is not None:
+                self.channel.remove_consumer(self)
 
     def evict(self, err: ProtocolError) -> None:
         """Disconnect a consumer its class no longer admits: it gets no more messages,
         then ``err`` (fatal), then the connection closes."""
-        if self.channel is not None:
-            self.channel.remove_consumer(self)  # what it has in flight times out, as at close
         self.rdy = 0
         self.send_error(err)
 
