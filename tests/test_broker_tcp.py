@@ -68,7 +68,7 @@ async def test_a_consumer_s_fatal_error_ends_what_it_is_sent(make_broker: MakeBr
     assert ch.consumers == []
     ch.paused = False
     broker.mark_ready(ch)
-    await asyncio.sleep(0.05)  # the dispatch runs (it finds no consumer)
+    await asyncio.sleep(0)  # the dispatch runs at the turn's end (it finds no consumer)
     client.write(b"a late heartbeat")  # dropped: the write side is shut
     for _ in range(3):
         writer.write(b"PUB t\n\x00\x00\x00\x01x")  # discarded, not reset

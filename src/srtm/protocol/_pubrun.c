@@ -100,8 +100,9 @@ static PyObject *pub_slots[2], *mpub_slots[2];
 
 static void slots_of(PyObject *type, const char *first, const char *second, PyObject **out) {
     const char *names[2] = {first, second};
+    Py_CLEAR(out[0]);
+    Py_CLEAR(out[1]);
     for (int i = 0; i < 2; i++) {
-        Py_CLEAR(out[i]);
         PyObject *d = PyType_Check(type) ? PyObject_GetAttrString(type, names[i]) : NULL;
         if (d == NULL || !PyObject_TypeCheck(d, &PyMemberDescr_Type)) {
             PyErr_Clear();
