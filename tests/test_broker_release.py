@@ -110,3 +110,25 @@ def test_a_topic_no_longer_shaped_is_not_kept_by_its_booking() -> None:
     assert "t" not in rel.shaped
     assert kept() is None  # nothing of the loop's holds the topic any more
     assert rel.release_shaped(T0 + 1_000 * S) is None
+
+
+def test_an_on_time_release_is_sent_before_it_is_accounted() -> None:
+    """The dispatch comes first (the release's lateness is measured at it), the token
+    wait after: both happen, in that order."""
+    topics: dict[str, Topic] = {}
+    stats = BrokerStats()
+    seen: list[int] = []
+
+    def mark_ready(_: Channel) -> None:
+        raise AssertionError("an on-time release is dispatched at once")
+
+    def dispatch(ch: Channel) -> None:
+        seen.append(len(stats.topic(ch.topic).token_wait.pending))
+
+    rel = Releaser(BrokerOptions(), topics, stats, mark_ready, dispatch)
+    topic = shaped(rel, topics, "t", 1.0, 2)
+    assert rel.release_shaped(T0) == T0 + S
+    assert rel.release_shaped(T0 + S) is None
+    assert seen == [0, 1]  # each dispatched before its own token wait was added
+    assert list(stats.topic("t").token_wait.pending) == [0, S]
+    assert delivered(topic) == 2

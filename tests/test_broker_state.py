@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from srtm.broker.message import Message
-from srtm.broker.state import Channel, DeliveryError, Topic, memory_queues
+from srtm.broker.state import UNBOOKED, Channel, DeliveryError, Topic, memory_queues
 from srtm.broker.stats import RateWindow, Recorder
 from srtm.quantiles import REPORTED
 from srtm.ratelimit import check_conformance
@@ -185,6 +185,20 @@ def test_shaped_burst_is_released_in_conformance_none_dropped() -> None:
     assert releases[9] == 0 and releases[10] > 0  # the burst's first b go at once
     # ... and the 200th waits (200 − 10) token times: 190 ms at 1,000/s
     assert releases[-1] == pytest.approx(190 * MS, abs=1_000)
+
+
+def test_a_release_leaves_the_next_head_to_be_booked_after_it_is_sent() -> None:
+    """What has no token by the release is not booked in it (its booking would hold up
+    what was released, which the caller sends first); asked next, it is booked as ever."""
+    topic = new_topic()
+    topic.shape(1_000, 2, clock=lambda: 0)
+    for i in range(4):
+        topic.put(message(i, arrival=0))
+    assert [r.due_ns for r in topic.release(0)] == [0, 0]  # the burst, at once
+    assert topic.shaping.peek_release_ns() == UNBOOKED
+    assert topic.next_release_ns() == MS  # the third, one token time on
+    assert [r.due_ns for r in topic.release(2 * MS)] == [MS, 2 * MS]
+    assert not topic.shaping
 
 
 def test_virtual_backlog_counts_tokens_owed() -> None:

@@ -81,6 +81,26 @@ def test_no_release_is_later_than_needed(gaps: list[int], rate: float, burst: fl
             assert check_conformance(sorted(earlier), rate, burst) is not None
 
 
+@given(
+    gaps=arrival_gaps,
+    rate=exact_rates,
+    burst=st.sampled_from([1.0, 2.0, 3.5]),
+    after=st.integers(min_value=0, max_value=20 * MS),
+)
+def test_may_release_by_says_whether_a_request_then_goes_then(
+    gaps: list[int], rate: float, burst: float, after: int
+) -> None:
+    """``may_release_by(x)`` is what a request arriving at ``x`` would find: released at
+    once, or only later (what the broker's release loop asks before booking the next)."""
+    arrivals = arrivals_from(gaps)
+    bucket, twin = TokenBucket(rate, burst, clock=FakeClock()), TokenBucket(rate, burst)
+    for a in arrivals:
+        bucket.reserve(at=a)
+        twin.reserve(at=a)
+    at = arrivals[-1] + after
+    assert bucket.may_release_by(at) == (twin.reserve(at=at).release_ns <= at)
+
+
 def test_try_acquire_drains_and_refills() -> None:
     clock = FakeClock()
     bucket = TokenBucket(1000.0, 5.0, clock=clock)

@@ -164,17 +164,17 @@ class Releaser:
         released = topic.release(upto, deliver=server is None)
         if not released:
             return
-        if topic.bucket is not None:
-            wait = self._stats.topic(topic.name).token_wait
-            for r in released:
-                wait.add(r.due_ns - r.message.arrival_ns)
-        if server is not None:
+        if server is None:
+            self.ready(topic, at_once)  # sent first: the accounting can wait, they cannot
+        else:
             for r in released:
                 done = server.reserve(at=r.due_ns).release_ns + self._service_ns
                 self._processing.append((done, topic, r.message))
             self._wake(self._processing[0][0])
-            return
-        self.ready(topic, at_once)
+        if topic.bucket is not None:
+            wait = self._stats.topic(topic.name).token_wait
+            for r in released:
+                wait.add(r.due_ns - r.message.arrival_ns)
 
     def release_all(self, topic: Topic) -> None:
         """Everything that waits, now (the topic is no longer shaped)."""

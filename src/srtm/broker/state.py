@@ -708,12 +708,17 @@ class Topic:
         it to the channels (else the caller delivers it later, e.g. after processing)."""
         out: list[Released] = []
         targets = self._targets()
+        bucket = self.bucket
         while (due := self.next_release_ns()) is not None and due <= now:
             msg = self.shaping.popleft()
             self._head_booking = None
             out.append(Released(msg, msg.release_ns))
             if deliver:
                 self._deliver(msg, targets)
+            # No token for another by ``now``: the next head is booked later (the caller
+            # asks ``next_release_ns``), after what was released here is sent.
+            if bucket is not None and not bucket.may_release_by(now):
+                break
         return out
 
     def deliver(self, msg: Message) -> None:

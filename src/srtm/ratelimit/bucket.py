@@ -261,6 +261,12 @@ class TokenBucket:
         with self._lock:
             return max(self._clock(), self._tat - self._tau)
 
+    def may_release_by(self, at: int) -> bool:
+        """Whether a one-token request booked now could be released by ``at``: False
+        means no request arriving by then can be (the tokens are owed past it)."""
+        with self._lock:
+            return self._tat - self._tau <= at
+
     @property
     def counters(self) -> BucketCounters:
         with self._lock:
