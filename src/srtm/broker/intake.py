@@ -46,11 +46,24 @@ _FIN_CHUNK = 32
 TURN_BUDGET = 64
 
 
+class ReleaseClock(Protocol):
+    """What ``Intake`` reads of the release loop (``srtm.broker.release.Releaser``)."""
+
+    #: The next shaped release (None: nothing waits for tokens).
+    next_release_ns: int | None
+
+    @property
+    def read_guard_ns(self) -> int: ...
+
+
 class IntakeBroker(Protocol):
     """What ``Intake`` needs of the broker."""
 
     @property
     def stats(self) -> BrokerStats: ...
+
+    @property
+    def releaser(self) -> ReleaseClock: ...
 
     @property
     def busy_poll(self) -> BusyPoll: ...
@@ -97,6 +110,9 @@ class Intake:
         #: ``BusyPoll.read`` where the broker polls (None: off, and no call on every read).
         poll = broker.busy_poll
         self._poll_read = poll.read if poll.enabled else None
+        self._releases = broker.releaser
+        #: The shaped release this read waits for (0: none; see ``_waits_for_release``).
+        self._waiting_for = 0
         #: What a read goes through before the parser once TLS or compression is on
         #: (b"": nothing for the parser, or the connection closed).
         self.unwrap: Callable[[bytes], bytes] | None = None
@@ -121,6 +137,8 @@ class Intake:
     def on_readable(self) -> None:
         if self._pending:
             return  # what the last read completed runs first (``_run_pending``)
+        if self._releases.next_release_ns is not None and self._waits_for_release():
+            return
         try:
             data, ancdata, _, _ = self._sock.recvmsg(_READ_SIZE, _ANC_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -151,6 +169,26 @@ class Intake:
                 self._run_turn([one], 0, arrival)
         if self._poll_read is not None:
             self._poll_read(user_ns)
+
+    def _waits_for_release(self) -> bool:
+        """Whether this read waits for the shaped release due within the read guard
+        (``Releaser.read_guard_ns``), so that a release is not late by the read's work;
+        the socket stays readable meanwhile, so the loop comes back at once, spinning as
+        the release loop does. A read waits for one release at most: once it has gone
+        (or the guard has passed), it is read."""
+        releases = self._releases
+        due = releases.next_release_ns
+        assert due is not None
+        now = time.time_ns()
+        if self._waiting_for:
+            if due == self._waiting_for and due > now:
+                return True
+            self._waiting_for = 0
+            return False
+        if 0 < due - now <= releases.read_guard_ns:
+            self._waiting_for = due
+            return True
+        return False
 
     def stop_reading(self) -> None:
         fd = self._sock.fileno()

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from srtm.broker.auth import Authenticator, Gate
-from srtm.broker.intake import Intake
+from srtm.broker.intake import Intake, ReleaseClock
 from srtm.broker.output import Output
 from srtm.broker.queue import PUBLISH_SLICE, Record
 from srtm.broker.shared import SUB_REFUSED
@@ -147,6 +147,9 @@ class BrokerPort(Protocol):
 
     @property
     def busy_poll(self) -> BusyPoll: ...
+
+    @property
+    def releaser(self) -> ReleaseClock: ...
 
     @property
     def tls_context(self) -> ssl.SSLContext | None: ...

@@ -1,0 +1,94 @@
+"""A read waits for a shaped release due within the read guard: a read after the loop
+slept runs cold for longer than a release's margin, and the release would wait for it.
+It waits for one release at most, and never where the loop does not spin."""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import socket
+import time
+from dataclasses import dataclass
+
+from srtm.broker import Broker
+from srtm.broker.options import BrokerOptions
+from srtm.broker.release import READ_GUARD_NS, Releaser
+from srtm.broker.stats import BrokerStats
+from srtm.broker.tcp import Client
+from srtm.protocol import MAGIC_V2, FrameType, Pub, encode_command
+from support import MakeBroker, loopback_pair, sent_frames
+
+S = 1_000_000_000
+
+
+@dataclass
+class Releases:
+    """The release loop as a read sees it, set by hand: a guard of 10 s keeps the test
+    apart from how fast this machine runs it."""
+
+    next_release_ns: int | None
+    read_guard_ns: int = 10 * S
+
+
+def _publisher(broker: Broker, server: socket.socket, releases: Releases) -> Client:
+    client = Client(broker, server, True)
+    broker.clients.add(client)
+    asyncio.get_running_loop().remove_reader(server.fileno())  # read here, by hand
+    client.intake._releases = releases
+    return client
+
+
+def _unread(sock: socket.socket) -> bool:
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+async def test_a_read_waits_for_the_release_due_within_the_guard(
+    make_broker: MakeBroker,
+) -> None:
+    broker = await make_broker()
+    releases = Releases(time.time_ns() + 5 * S)
+    peer, server = loopback_pair()
+    with peer, server:
+        client = _publisher(broker, server, releases)
+        peer.sendall(MAGIC_V2 + encode_command(Pub("t", b"reading")))
+        for _ in range(2):  # the socket stays readable: the loop comes back to it
+            client.intake.on_readable()
+            assert _unread(server) and sent_frames(peer) == []
+        releases.next_release_ns = None  # released: nothing else waits
+        client.intake.on_readable()
+        assert not _unread(server)
+        assert [f.kind for f in sent_frames(peer)] == [FrameType.RESPONSE]
+        client.close()
+
+
+async def test_a_read_waits_for_one_release_at_most(make_broker: MakeBroker) -> None:
+    broker = await make_broker()
+    releases = Releases(time.time_ns() + 5 * S)
+    peer, server = loopback_pair()
+    with peer, server:
+        client = _publisher(broker, server, releases)
+        peer.sendall(MAGIC_V2 + encode_command(Pub("t", b"reading")))
+        client.intake.on_readable()
+        assert sent_frames(peer) == []
+        assert releases.next_release_ns is not None
+        releases.next_release_ns += S  # that one went, the next is within the guard too
+        client.intake.on_readable()
+        assert [f.kind for f in sent_frames(peer)] == [FrameType.RESPONSE]
+        peer.sendall(encode_command(Pub("t", b"the next reading")))
+        client.intake.on_readable()  # a new read may wait, for the release due now
+        assert sent_frames(peer) == []
+        releases.next_release_ns = time.time_ns() - 1  # due, and not gone yet: late
+        client.intake.on_readable()
+        assert [f.kind for f in sent_frames(peer)] == [FrameType.RESPONSE]
+        client.close()
+
+
+def test_the_guard_is_at_most_the_spin_and_none_without_one() -> None:
+    def guard(options: BrokerOptions) -> int:
+        def ready(_: object) -> None:
+            pass
+
+        return Releaser(options, {}, BrokerStats(), ready, ready).read_guard_ns
+
+    assert guard(BrokerOptions()) == READ_GUARD_NS  # the default spin (200 µs+) covers it
+    assert guard(BrokerOptions(release_spin_us=0)) == 0  # sharing cores: reads never wait
