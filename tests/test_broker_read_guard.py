@@ -58,6 +58,10 @@ async def test_a_read_waits_for_the_release_due_within_the_guard(
         client.intake.on_readable()
         assert not _unread(server)
         assert [f.kind for f in sent_frames(peer)] == [FrameType.RESPONSE]
+        releases.next_release_ns = time.time_ns() + 5 * S  # a new one, due soon
+        peer.sendall(encode_command(Pub("t", b"the next reading")))
+        client.intake.on_readable()  # the read before it was read: this one may wait
+        assert _unread(server) and sent_frames(peer) == []
         client.close()
 
 

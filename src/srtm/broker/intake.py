@@ -139,6 +139,7 @@ class Intake:
             return  # what the last read completed runs first (``_run_pending``)
         if self._releases.next_release_ns is not None and self._waits_for_release():
             return
+        self._waiting_for = 0  # read: the next read may wait for a release again
         try:
             data, ancdata, _, _ = self._sock.recvmsg(_READ_SIZE, _ANC_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -180,11 +181,8 @@ class Intake:
         due = releases.next_release_ns
         assert due is not None
         now = time.time_ns()
-        if self._waiting_for:
-            if due == self._waiting_for and due > now:
-                return True
-            self._waiting_for = 0
-            return False
+        if self._waiting_for:  # until it goes (or the next is booked sooner), or is due
+            return due == self._waiting_for and due > now
         if 0 < due - now <= releases.read_guard_ns:
             self._waiting_for = due
             return True
