@@ -120,7 +120,7 @@ async def test_stats_has_nsqd_shape_and_srtm_section(
     assert srtm["bucket"]["rate"] == 1000 and srtm["bucket"]["burst"] == 4
     assert srtm["window"]["seconds"] == 10
     assert srtm["window"]["max_backlog"] == pytest.approx(6)  # 6 arrivals at once, 1 token each
-    for key in ("token_wait_ns", "latency_ns", "release_lateness_ns"):
+    for key in ("token_wait_ns", "latency_ns", "release_lateness_ns", "release_lateness_held_ns"):
         assert set(srtm[key]) == {"count", "mean", "p50", "p95", "p99", "p999"}
     assert "gap_ns" in doc["srtm"]["arrival_stamps"]
     status, text = await call(s, "GET", "/stats")
@@ -143,14 +143,19 @@ async def test_stats_pools_release_lateness_of_the_topics_listed(
         await call(s, "POST", f"/topic/create?topic={name}")
         for v in late:
             broker.stats.topic(name).lateness.add(v)
-    together = Recorder()
+        for v in late[::2]:  # as if every other one had waited for a token
+            broker.stats.topic(name).lateness_held.add(v)
+    together, held = Recorder(), Recorder()
     for v in values["la"] + values["lb"]:
         together.add(v)
+    for v in values["la"][::2] + values["lb"][::2]:
+        held.add(v)
     status, doc = await call(s, "GET", "/stats?format=json")
     assert status == 200
     pooled = doc["srtm"]["release_lateness_ns"]
     assert pooled == {k: int(v) for k, v in together.summary().items()}
     assert pooled["count"] == 100
+    assert doc["srtm"]["release_lateness_held_ns"] == {k: int(v) for k, v in held.summary().items()}
     highest = max(t["release_lateness_ns"]["p99"] for t in doc["srtm"]["topics"])
     assert pooled["p99"] < highest
     _, doc = await call(s, "GET", "/stats?format=json&topic=la")

@@ -132,6 +132,18 @@ def test_a_dispatch_counts_first_attempts_only() -> None:
     assert list(ts.latency.pending) == [900, 900]
 
 
+def test_a_release_held_for_a_token_is_counted_apart_as_well() -> None:
+    """Every release's lateness in ``lateness``; those held for a token (token wait > 0)
+    in ``lateness_held`` too, those due on arrival (token wait 0) not."""
+    ts = TopicStats(RateWindow())
+    held = (b"%016x" % 1, b"b", 0, 100, 150, 0, "", None)
+    on_arrival = (b"%016x" % 2, b"b", 0, 300, 300, 0, "", None)
+    ts.dispatched("ch", [held, on_arrival], 1_000, shaped=True, first_channel=True, lateness=True)
+    assert list(ts.lateness.pending) == [850, 700]
+    assert list(ts.lateness_held.pending) == [850]
+    assert ts.lateness_held in ts.recorders()  # flushed with the others
+
+
 @given(first=st.integers(0, 2**64 - 1), n=st.integers(0, 300))
 def test_hex_ids_equal_pythons(first: int, n: int) -> None:
     """Message ids in bulk: C and its reference make the same ids, or fail alike past

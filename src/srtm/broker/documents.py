@@ -688,6 +688,11 @@ class SrtmTopicDoc(Doc):
         "broker started, waits for a subscriber included (nsqd's e2e_processing_latency)"
     )
     release_lateness_ns: LatencySummaryDoc
+    release_lateness_held_ns: LatencySummaryDoc = Field(
+        description="release_lateness_ns of the releases held for a token only (token "
+        "wait > 0): the release loop's timing. A release due on arrival is as late as the "
+        "read that took it, from the kernel's stamp (the wake-up of a sleeping broker)"
+    )
     delivery_window_s: float = Field(
         description="delivery_ns and subscriber_wait_ns cover the last this many seconds "
         "(the current 10 s step and the five before it)"
@@ -730,6 +735,9 @@ class SrtmStatsDoc(Doc):
         description="The release lateness of the topics listed, together: each release "
         "counted once (many topics at a low rate give a p99 that none has releases enough "
         "for alone)"
+    )
+    release_lateness_held_ns: LatencySummaryDoc = Field(
+        description="The same, of the releases held for a token only"
     )
     topics: list[SrtmTopicDoc]
 

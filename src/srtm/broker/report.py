@@ -184,6 +184,7 @@ def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
         token_wait_ns=latency_summary(ts.token_wait),
         latency_ns=latency_summary(ts.latency),
         release_lateness_ns=latency_summary(ts.lateness),
+        release_lateness_held_ns=latency_summary(ts.lateness_held),
         delivery_window_s=ts.delivery.seconds,
         delivery_ns=window_summary(ts.delivery, now),
         subscriber_wait_ns=window_summary(ts.subscriber_wait, now),
@@ -215,6 +216,7 @@ def stats_document(
     topics = []
     srtm_topics = []
     lateness: list[HdrHistogram] = []
+    held: list[HdrHistogram] = []
     for _, t in sorted(broker.topics.items()):  # by name, as nsqd
         if topic is not None and t.name != topic:
             continue
@@ -239,6 +241,8 @@ def stats_document(
         srtm_topics.append(_srtm_topic(broker, t, channel, now))
         if (late := ts.lateness.recorded()) is not None:
             lateness.append(late)
+        if (late := ts.lateness_held.recorded()) is not None:
+            held.append(late)
     producers = [client_doc(c) for c in broker.clients if c.pub_counts] if clients else []
     return dict(
         version=broker.version,
@@ -253,6 +257,7 @@ def stats_document(
                 gap_ns=latency_summary(broker.stats.stamp_gaps),
             ),
             release_lateness_ns=_summary_doc(summarise_many(lateness)),
+            release_lateness_held_ns=_summary_doc(summarise_many(held)),
             topics=srtm_topics,
         ),
     )

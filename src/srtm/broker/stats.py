@@ -363,6 +363,9 @@ class TopicStats:
     latency: Recorder = field(default_factory=Recorder)
     #: dispatch − GCRA release time, first attempts of shaped messages
     lateness: Recorder = field(default_factory=Recorder)
+    #: the same, of those held for a token only (token wait > 0): the release loop's
+    #: timing. One due on arrival is as late as the read that took it, from its stamp.
+    lateness_held: Recorder = field(default_factory=Recorder)
     channels: dict[str, ChannelStats] = field(default_factory=dict)
     #: dispatch − arrival of first attempts on every channel, over the recent window: of
     #: messages that arrived while their channel had a subscriber, which kept one until
@@ -412,9 +415,11 @@ class TopicStats:
             self.latency.extend(latency)
             if lateness:
                 self.lateness.extend(late)
+                held = array("q", [v for w, v in zip(token_wait, late, strict=True) if w])
+                self.lateness_held.extend(held)
 
     def recorders(self) -> list[Recorder]:
-        out = [self.token_wait, self.latency, self.lateness]
+        out = [self.token_wait, self.latency, self.lateness, self.lateness_held]
         out += self.delivery.recorders() + self.subscriber_wait.recorders()
         for cs in self.channels.values():
             out += [cs.token_wait, cs.latency]
