@@ -5,9 +5,11 @@ It waits for one release at most, and never where the loop does not spin."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import select
 import socket
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from srtm.broker import Broker
@@ -42,49 +44,59 @@ def _unread(sock: socket.socket) -> bool:
     return bool(select.select([sock], [], [], 0)[0])
 
 
+@dataclass
+class Publishing:
+    client: Client
+    peer: socket.socket
+    server: socket.socket
+    releases: Releases
+
+
+@contextlib.asynccontextmanager
+async def publishing(make_broker: MakeBroker) -> AsyncIterator[Publishing]:
+    """A publisher driven by hand whose first PUB is sent, with a release due in 5 s."""
+    broker = await make_broker()
+    releases = Releases(time.time_ns() + 5 * S)
+    peer, server = loopback_pair()
+    with peer, server:
+        client = _publisher(broker, server, releases)
+        peer.sendall(MAGIC_V2 + encode_command(Pub("t", b"reading")))
+        yield Publishing(client, peer, server, releases)
+        client.close()
+
+
 async def test_a_read_waits_for_the_release_due_within_the_guard(
     make_broker: MakeBroker,
 ) -> None:
-    broker = await make_broker()
-    releases = Releases(time.time_ns() + 5 * S)
-    peer, server = loopback_pair()
-    with peer, server:
-        client = _publisher(broker, server, releases)
-        peer.sendall(MAGIC_V2 + encode_command(Pub("t", b"reading")))
+    async with publishing(make_broker) as p:
         for _ in range(2):  # the socket stays readable: the loop comes back to it
-            client.intake.on_readable()
-            assert _unread(server) and sent_frames(peer) == []
-        releases.next_release_ns = None  # released: nothing else waits
-        client.intake.on_readable()
-        assert not _unread(server)
-        assert [f.kind for f in sent_frames(peer)] == [FrameType.RESPONSE]
-        releases.next_release_ns = time.time_ns() + 5 * S  # a new one, due soon
-        peer.sendall(encode_command(Pub("t", b"the next reading")))
-        client.intake.on_readable()  # the read before it was read: this one may wait
-        assert _unread(server) and sent_frames(peer) == []
-        client.close()
+            p.client.intake.on_readable()
+            assert _unread(p.server) and sent_frames(p.peer) == []
+        p.releases.next_release_ns = None  # released: nothing else waits
+        p.client.intake.on_readable()
+        assert not _unread(p.server)
+        assert [f.kind for f in sent_frames(p.peer)] == [FrameType.RESPONSE]
+        p.releases.next_release_ns = time.time_ns() + 5 * S  # a new one, due soon
+        p.peer.sendall(encode_command(Pub("t", b"the next reading")))
+        p.client.intake.on_readable()  # the read before it was read: this one may wait
+        assert _unread(p.server) and sent_frames(p.peer) == []
 
 
 async def test_a_read_waits_for_one_release_at_most(make_broker: MakeBroker) -> None:
-    broker = await make_broker()
-    releases = Releases(time.time_ns() + 5 * S)
-    peer, server = loopback_pair()
-    with peer, server:
-        client = _publisher(broker, server, releases)
-        peer.sendall(MAGIC_V2 + encode_command(Pub("t", b"reading")))
-        client.intake.on_readable()
-        assert sent_frames(peer) == []
+    async with publishing(make_broker) as p:
+        releases = p.releases
+        p.client.intake.on_readable()
+        assert sent_frames(p.peer) == []
         assert releases.next_release_ns is not None
         releases.next_release_ns += S  # that one went, the next is within the guard too
-        client.intake.on_readable()
-        assert [f.kind for f in sent_frames(peer)] == [FrameType.RESPONSE]
-        peer.sendall(encode_command(Pub("t", b"the next reading")))
-        client.intake.on_readable()  # a new read may wait, for the release due now
-        assert sent_frames(peer) == []
+        p.client.intake.on_readable()
+        assert [f.kind for f in sent_frames(p.peer)] == [FrameType.RESPONSE]
+        p.peer.sendall(encode_command(Pub("t", b"the next reading")))
+        p.client.intake.on_readable()  # a new read may wait, for the release due now
+        assert sent_frames(p.peer) == []
         releases.next_release_ns = time.time_ns() - 1  # due, and not gone yet: late
-        client.intake.on_readable()
-        assert [f.kind for f in sent_frames(peer)] == [FrameType.RESPONSE]
-        client.close()
+        p.client.intake.on_readable()
+        assert [f.kind for f in sent_frames(p.peer)] == [FrameType.RESPONSE]
 
 
 def test_the_guard_is_at_most_the_spin_and_none_without_one() -> None:
