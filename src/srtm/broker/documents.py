@@ -691,7 +691,8 @@ class SrtmTopicDoc(Doc):
     release_lateness_held_ns: LatencySummaryDoc = Field(
         description="release_lateness_ns of the releases held for a token only (token "
         "wait > 0): the release loop's timing. A release due on arrival is as late as the "
-        "read that took it, from the kernel's stamp (the wake-up of a sleeping broker)"
+        "read that took it, from the kernel's stamp (the wake-up of a sleeping broker). "
+        "Empty with --capacity, whose lateness is the emulated server's"
     )
     delivery_window_s: float = Field(
         description="delivery_ns and subscriber_wait_ns cover the last this many seconds "
