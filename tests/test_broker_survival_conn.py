@@ -25,6 +25,7 @@ from srtm.broker import Broker, BrokerOptions
 from srtm.launch import BrokerProcess, die_with_parent, start_broker
 from srtm.protocol import (
     MAGIC_V2,
+    Dpub,
     Fin,
     Frame,
     FrameReader,
@@ -196,6 +197,8 @@ async def test_stop_persists_when_a_background_task_died(tmp_path: Path) -> None
     c = await RawClient.connect(*broker.tcp_address)  # type: ignore[misc]
     await c.send(Mpub("owed", [b"a", b"b", b"c"]))
     assert await c.response() == b"OK"
+    await c.send(Dpub("owed", 3_600_000, b"later"))  # a timer: the scan runs, and dies
+    assert await c.response() == b"OK"
     scan = next(t for t in broker._tasks if t.get_name() == "srtm-scan")
     await eventually(scan.done, what="the scan task dead")
     assert "srtm-scan" in (broker.health() or "")  # /ping: NOK
@@ -205,7 +208,8 @@ async def test_stop_persists_when_a_background_task_died(tmp_path: Path) -> None
     again = Broker(opts)
     await again.start()
     try:
-        assert again.topics["owed"].channels["c"].depth == 3
+        owed = again.topics["owed"]
+        assert (owed.channels["c"].depth, owed.deferred_count) == (3, 1)
     finally:
         await again.stop()
 
