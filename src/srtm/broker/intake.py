@@ -218,13 +218,14 @@ class Intake:
         out.in_read = True
         try:
             done = self._run_all(events, start, arrival)
+            # What the read made due (a publish its bucket lets through at once) goes
+            # now, before the answers: not after a loop turn and a wake of the release
+            # loop, nor after the answers' send.
+            self._broker.release_due()
         finally:
             out.in_read = False
             if out.send_scheduled:
                 out.send()
-        # What the read made due (a publish its bucket lets through at once) goes now,
-        # after the answers, not after a loop turn and a wake of the release loop.
-        self._broker.release_due()
         if done < len(events) and not self._conn.finishing:
             self._pending, self._pending_at, self._pending_arrival = events, done, arrival
             if not self.blocked:

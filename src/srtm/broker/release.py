@@ -220,8 +220,8 @@ class Releaser:
 
     def release_due(self) -> bool:
         """Release shaped messages that are due; called before each command of a read
-        and after its answers, so that a busy connection cannot hold releases back for a
-        whole loop turn, and what a read made due goes from it.
+        and at its end (before its answers are sent), so that a busy connection cannot
+        hold releases back for a whole loop turn, and what a read made due goes from it.
         Whether any still wait (False: the read need not look again)."""
         due = self.next_release_ns
         if due is None:
