@@ -528,7 +528,7 @@ class Broker:
             now + defer_ms * 1_000_000,
         )
         self.stats.topic(topic_name).window.add(arrival, 1, 0.0)
-        self.scan.defer(topic)
+        self.scan.deferring.add(topic)
         self.scan.tick_topic(topic, now)  # DPUB 0 joins the shaping queue at once
         self.policing.block_over_bound(topic, client)
         if pushed:
@@ -585,7 +585,7 @@ def disk_readable(broker: Broker, key: str) -> None:
                 first.put(msg)
             broker.mark_ready(first)
     elif name.endswith("@deferred"):
-        broker.scan.defer(topic)  # the scan takes what was read back when due
+        broker.scan.deferring.add(topic)  # the scan takes what was read back when due
     else:
         broker.releaser.kick(topic)
 

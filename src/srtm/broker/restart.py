@@ -98,4 +98,4 @@ def _restore_topic(host: RestartHost, saved: SavedTopic, now: int) -> None:
         host.persistence.restore_channel(ch)
     host.persistence.restore_topic(topic)
     if topic.deferred_count:
-        host.scan.defer(topic)
+        host.scan.deferring.add(topic)

@@ -3,8 +3,6 @@
 Every ``--scan-interval-ms``, the scan visits only the channels with timers (deferred
 messages or in-flight deadlines: a channel puts itself back in ``timed`` when it gets
 one) and the topics with deferred messages (DPUB), so thousands of idle ones cost nothing.
-With none of either it does not tick at all, until one comes: a broker with nothing in
-flight sleeps in its loop, as nsqd's does, instead of waking a hundred times a second.
 """
 
 from __future__ import annotations
@@ -33,39 +31,17 @@ class Scan:
         self.timed: set[Channel] = set()
         #: Topics with deferred messages (DPUB): the scan moves them on when due.
         self.deferring: set[Topic] = set()
-        #: How a channel puts itself in ``timed`` (``Channel.watch``): the set's own add
-        #: while the scan ticks (on the path of every dispatch), one that wakes it while
-        #: it waits with nothing to watch.
-        self.add: Callable[[Channel], None] = self.timed.add
-        self._woken = asyncio.Event()
 
     def watch(self, ch: Channel) -> Channel:
         """Have the scan look at ``ch`` whenever it has timers."""
         if ch.watch is None:
-            ch.watch = self
+            ch.watch = self.timed
             if ch.next_due_ns() is not None:  # what the topic deferred before it existed
-                self.add(ch)
+                self.timed.add(ch)
         return ch
-
-    def defer(self, topic: Topic) -> None:
-        """Have the scan move ``topic``'s deferred messages on when due."""
-        self.deferring.add(topic)
-        self._wake()
-
-    def _add_waking(self, ch: Channel) -> None:
-        self.timed.add(ch)
-        self._wake()
-
-    def _wake(self) -> None:
-        self.add = self.timed.add
-        self._woken.set()
 
     async def run(self, interval_s: float) -> None:
         while True:
-            if not self.timed and not self.deferring:
-                self._woken.clear()
-                self.add = self._add_waking
-                await self._woken.wait()
             await asyncio.sleep(interval_s)
             self.scan(time.time_ns())
 

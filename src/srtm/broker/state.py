@@ -87,12 +87,6 @@ class Homing(Protocol):
         ...
 
 
-class Watch(Protocol):
-    """Where a channel puts itself when it gets a timer: the broker's scan."""
-
-    add: Callable[[Channel], None]
-
-
 @dataclass(eq=False)  # identity: channels are kept in sets
 class Channel:
     """One subscription of a topic: every channel gets a copy, one consumer gets each."""
@@ -115,7 +109,7 @@ class Channel:
     _next_consumer: int = 0
     #: Where the channel puts itself when it gets a deferred message or an in-flight
     #: deadline (the broker's scan then looks at these channels only, not at every one).
-    watch: Watch | None = field(default=None, repr=False)
+    watch: set[Channel] | None = field(default=None, repr=False)
     #: A message that arrived before this (ns) waited for a subscriber: when the channel
     #: last got a consumer while it had none (0: neither it nor its topic holds one
     #: that old). One that arrived since, while a consumer stayed, was served.
