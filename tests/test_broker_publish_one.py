@@ -7,6 +7,7 @@ through ``publish`` as before, answered as before."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import pytest
@@ -77,8 +78,12 @@ def _bound(broker: Broker) -> None:
     broker.policing.set_bound("t", Bound(60_000, OverflowPolicy.REFUSE))
 
 
-def _shaped(broker: Broker) -> None:
-    broker.shares.set_bucket("t", 1_000_000.0, 1_000.0)
+def _no_token(broker: Broker) -> None:
+    """Shaped, its one token spent: the next waits a second for its token."""
+    broker.shares.set_bucket("t", 1.0, 1.0)
+    bucket = broker.topics["t"].bucket
+    assert bucket is not None
+    bucket.reserve(at=time.time_ns())
 
 
 def _paused(broker: Broker) -> None:
@@ -87,7 +92,7 @@ def _paused(broker: Broker) -> None:
 
 DECLINED: dict[str, Callable[[Broker], None]] = {
     "a topic with a bound": _bound,
-    "a shaped topic": _shaped,
+    "a shaped topic with no token": _no_token,
     "a paused topic": _paused,
 }
 
@@ -106,6 +111,35 @@ async def test_what_it_declines_goes_through_publish(
     assert calls == [("t", 1)]
     assert broker.topics["t"].message_count == 1
     assert broker.ids.last == last_id + 1  # the general path's id: none taken before it
+    assert client.pub_counts == {"t": 1}
+
+
+async def test_a_shaped_topic_s_pub_with_a_token_is_released_in_place(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shaped topic's PUB that finds its token (its bucket full, nothing waiting) is
+    taken in place and released on arrival, its token taken; the next, with none left,
+    goes through ``publish`` and waits in the shaping queue."""
+    broker = await make_broker()
+    broker.channel("t", "c")
+    broker.shares.set_bucket("t", 1.0, 1.0)
+    topic = broker.topics["t"]
+    assert topic.bucket is not None and topic.meter is not None
+    calls = count_publishes(broker, monkeypatch)
+    answers, client = _reads(broker, [encode_command(Pub("t", b"first"))])
+    assert answers == [b"OK"] and calls == []
+    assert [m.body for m in topic.channels["c"].queue.memory()] == [b"first"]
+    (first,) = topic.channels["c"].queue.memory()
+    assert first.release_ns == first.arrival_ns  # released on arrival
+    stats = broker.stats.topic("t")
+    wait = stats.token_wait.summary()
+    assert wait["count"] == 1 and wait["p99"] <= 1  # no wait (the histogram's floor: 1 ns)
+    assert stats.window._count == 1 and stats.window._backlog == pytest.approx(1.0)
+    now = time.time_ns()
+    assert not topic.bucket.may_release_by(now) and topic.meter.backlog_ns(now) > 0
+    answers, _ = _reads(broker, [encode_command(Pub("t", b"second"))])
+    assert answers == [b"OK"] and calls == [("t", 1)]
+    assert [m.body for m in topic.shaping.memory()] == [b"second"]
     assert client.pub_counts == {"t": 1}
 
 

@@ -1,5 +1,6 @@
 """``Topic.put_one``, a sensor's PUB in fewer steps: where it takes a message, the topic
-is left as ``put_many`` leaves it; where it does not, nothing changed."""
+is left as ``put_many`` leaves it (shaped: and ``release`` at once, its token there at its
+arrival); where it does not, nothing changed."""
 
 from __future__ import annotations
 
@@ -28,12 +29,14 @@ class Setup:
     on_hold: bool
     waiting: bool  # a message waits in the shaping queue
     direct: bool
+    drained: bool  # shaped: no token at the message's arrival
 
 
 setups = st.builds(
     Setup,
     st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=3).map(tuple),
     st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    st.booleans(),
     st.booleans(),
     st.booleans(),
     st.booleans(),
@@ -56,6 +59,11 @@ def build(s: Setup) -> Topic:
         topic.shaping.append(Message(b"w" * 16, b"waits", 2, 2, 2))
     if s.shaped:
         topic.shape(1_000, 10, clock=lambda: 0)
+        if s.drained:  # the burst spent just before: the next token 1 ms after
+            for bucket in (topic.bucket, topic.meter):
+                assert bucket is not None
+                for _ in range(10):
+                    bucket.reserve(at=ARRIVAL - 1)
     if s.on_hold:
         topic.hold()
     topic.paused = s.paused
@@ -69,18 +77,20 @@ def state(topic: Topic) -> tuple[object, ...]:
         return q.memory(), q.dropped
 
     chans = tuple((n, ch.message_count, records(ch.queue)) for n, ch in topic.channels.items())
+    buckets = [(b.backlog_ns(ARRIVAL), b.counters) for b in (topic.bucket, topic.meter) if b]
     return (
         chans, records(topic.held), records(topic.shaping), topic.message_count,
-        topic.message_bytes,
+        topic.message_bytes, buckets,
     )  # fmt: skip
 
 
 def fits(s: Setup) -> bool:
-    """Whether the PUB goes straight to memory: unshaped, nothing holds it back, and
-    every queue it goes to has room."""
+    """Whether the PUB goes straight to memory: unshaped or a token there at its
+    arrival, nothing holds it back, and every queue it goes to has room."""
     queues = s.channels or (s.held,)
     return (
-        not (s.paused or s.shaped or s.on_hold or s.waiting)
+        not (s.paused or s.on_hold or s.waiting)
+        and not (s.shaped and s.drained)
         and s.direct
         and all(filled < mem for mem, filled in queues)
     )
@@ -101,13 +111,17 @@ def check(s: Setup, publisher: str | None) -> None:
     assert kept is (Kept.MEMORY if fits(s) else Kept.NOT)  # no backend: nothing to disk
     took = kept is not Kept.NOT
     if took:
-        slow.put_many([id_], [b"reading"], NOW, ARRIVAL, publisher, s.direct)
+        backlog = slow.put_many([id_], [b"reading"], NOW, ARRIVAL, publisher, s.direct)
+        if slow.bucket is not None:
+            (released,) = slow.release(NOW)
+            assert released.due_ns == ARRIVAL  # released on arrival, as ``put_one`` does
+        assert fast.backlog_at(ARRIVAL) == pytest.approx(backlog)
         assert state(fast) == state(slow)
     else:
         assert state(fast) == state(untouched)
 
 
-_FREE = Setup(((3, 0),), (3, 0), False, False, False, False, True)
+_FREE = Setup(((3, 0),), (3, 0), False, False, False, False, True, False)
 
 
 @pytest.mark.parametrize(
@@ -117,7 +131,10 @@ _FREE = Setup(((3, 0),), (3, 0), False, False, False, False, True)
         replace(_FREE, channels=()),  # held for the first channel
         replace(_FREE, channels=((3, 1), (2, 0))),
         replace(_FREE, paused=True),
-        replace(_FREE, shaped=True),
+        replace(_FREE, shaped=True),  # a token at its arrival: released on arrival
+        replace(_FREE, shaped=True, drained=True),  # it waits for a token
+        replace(_FREE, shaped=True, channels=((3, 1), (2, 0))),
+        replace(_FREE, shaped=True, channels=()),  # held for the first channel
         replace(_FREE, on_hold=True),
         replace(_FREE, waiting=True),
         replace(_FREE, direct=False),

@@ -445,9 +445,9 @@ class Broker:
         self, topic_name: str, body: bytes, arrival: int, publisher: str | None
     ) -> bool:
         """``publish`` of a sensor's PUB kept at once (``_put_one``), to an existing topic,
-        unshaped, unrouted, unbounded, the disk working; False (nothing done) elsewhere."""
+        unrouted, unbounded, the disk working; False (nothing done) elsewhere."""
         topic = self.topics.get(topic_name)
-        if topic is None or topic.meter is not None or topic.bound is not None:
+        if topic is None or topic.bound is not None:
             return False
         if self.persistence.failing or topic_name in self.relay.routes:
             return False
@@ -459,13 +459,20 @@ class Broker:
     def _put_one(
         self, topic: Topic, id_: bytes, body: bytes, now: int, arrival: int, publisher: str | None
     ) -> bool:
-        """One message where ``Topic.put_one`` keeps it, as ``_put`` would (its kick: ready)."""
+        """One message where ``Topic.put_one`` keeps it, as ``_put`` would (its kick: ready;
+        shaped, released on arrival: dispatched now, as the release loop would)."""
         kept = topic.put_one(id_, body, now, arrival, publisher, self.releaser.direct)
         if kept is NOT_KEPT:
             return False
-        self.stats.topic(topic.name).window.add(arrival, 1, 0.0)
-        if topic.channels:  # none: held for the first, nothing to dispatch
-            self.releaser.ready(topic)
+        stats = self.stats.topic(topic.name)
+        if topic.bucket is None:
+            stats.window.add(arrival, 1, 0.0)
+            if topic.channels:  # none: held for the first, nothing to dispatch
+                self.releaser.ready(topic)
+        else:
+            self.releaser.ready(topic, at_once=True)  # before its accounting, as a release
+            stats.window.add(arrival, 1, topic.backlog_at(arrival))
+            stats.token_wait.add(0)
         if kept is ON_DISK:
             self.storage_latency[topic.name].add(time.time_ns() - arrival)
         return True

@@ -588,14 +588,22 @@ class Topic:
         self, id_: bytes, body: bytes, now: int, arrival: int, publisher: str | None, direct: bool
     ) -> Kept:
         """``put_many`` of one message (a sensor's PUB) where it goes straight to its one
-        queue, in fewer steps: unshaped, to its one channel, or held for the first, in
-        memory or written to disk at once (``MessageQueue.put_single``); or to each of
-        several channels, each with room in memory. ``Kept.NOT``, with nothing done, where
-        it does not (``put_many`` takes it)."""
-        if self.meter is not None or self.on_hold or not direct or self.paused:
+        queue, in fewer steps: to its one channel, or held for the first, in memory or
+        written to disk at once (``MessageQueue.put_single``); or to each of several
+        channels, each with room in memory. Unshaped; or shaped where nothing waits and
+        its sub-bucket has a token at its arrival: released on arrival, as ``put_many``
+        and ``release`` would release it, its token taken here (the caller dispatches
+        it at once). ``Kept.NOT``, with nothing done, where it does not (``put_many``
+        takes it)."""
+        if self.on_hold or not direct or self.paused:
             return NOT_KEPT
         if len(self.shaping) or self.homing is not None:
             return NOT_KEPT
+        bucket = self.bucket
+        if bucket is not None and (
+            arrival < self.book_not_before_ns or not bucket.may_release_by(arrival)
+        ):
+            return NOT_KEPT  # it waits for a token: the shaping queue and the release loop
         pub = publisher_of(body) if publisher is None else publisher
         channels = self.channels
         if not channels:
@@ -617,6 +625,10 @@ class Topic:
             kept = IN_MEMORY
         self.message_count += 1
         self.message_bytes += len(body)
+        if bucket is not None:  # its token, as ``_queue`` and ``next_release_ns`` book it
+            assert self.meter is not None
+            self.meter.reserve(at=arrival)
+            bucket.reserve(at=arrival)
         return kept
 
     def _queue(self, msg: Message, joined_ns: int | None = None) -> float:
@@ -655,6 +667,12 @@ class Topic:
         settle(self.shaping.popleft().origin)
         self.dropped_over_bound += 1
         return True
+
+    def backlog_at(self, at: int) -> float:
+        """The virtual backlog (tokens owed on the meter) at ``at``: right after a
+        message booked at ``at``, what ``put_many`` returns for it; 0 unshaped."""
+        meter = self.meter
+        return 0.0 if meter is None else meter.backlog_ns(at) * meter.rate / 1e9
 
     def over_bound_ns(self, at: int) -> int:
         """How much longer than its bound a message arriving at ``at`` would wait behind

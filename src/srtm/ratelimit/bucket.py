@@ -256,6 +256,12 @@ class TokenBucket:
             backlog = max(0, self._tat - now)
             return (self._tau + self._t - backlog) / self._t
 
+    def backlog_ns(self, at: int) -> int:
+        """The bucket's unfinished work at ``at`` (its virtual backlog): right after a
+        booking at ``at``, that booking's ``Reservation.backlog_ns``."""
+        with self._lock:
+            return max(0, self._tat - at)
+
     def next_release_ns(self) -> int:
         """When a one-token request made now would be released."""
         with self._lock:
