@@ -9,11 +9,13 @@ child, the broker's callbacks that can run long are timed (reads, dispatch flush
 sends, histogram flushes, the scans), the collector's passes are timed (gc.callbacks),
 and every release records its wall-clock lateness and how much CPU time the broker's
 thread got meanwhile. A release later than ``--late-us`` is charged to the longest
-timed thing that overlapped its wait, else to the collector, else to the scheduler
-(the thread got far less CPU than the wall time that passed: it was not running), else
-to the loop itself (untimed work, the wake-up). Releases due on arrival (a token was there:
-the lateness is the read's, from the kernel's stamp) are counted apart from those held
-for a token.
+timed thing that overlapped its wait, else to the collector, else to the release
+timer's wake-up (it woke after the due time: the spin was too short), else to the
+scheduler (from that wake-up on the thread got far less CPU than the wall time that
+passed: it was not running), else to the loop itself (untimed work). Releases due on
+arrival (a token was there: the lateness is the read's, from the kernel's stamp) are
+counted apart from those held for a token, with the time from the arrival to the read
+that took them and from its start to their dispatch.
 
     .venv/bin/python benchmarks/lateness_probe.py [--duration 5] [--late-us 100]
         [--topics 40 --rate 10]
@@ -43,6 +45,8 @@ from srtm.broker import Broker, BrokerOptions, dispatch, intake, output, release
 
 #: start, end (wall ns), CPU ns the thread got meanwhile, what ran.
 Span = tuple[int, int, int, str]
+#: A timer's wake-up at most this long before a release is the one that woke it for it.
+_WAKE_AHEAD_NS = 20_000_000
 
 
 class Spans:
@@ -80,7 +84,7 @@ def _timed(spans: Spans, name: str, fn: Callable[..., Any]) -> Callable[..., Any
     return wrapper
 
 
-def _instrument(spans: Spans, releases: array[int], timed: bool) -> None:
+def _instrument(spans: Spans, releases: array[int], wakes: array[int], timed: bool) -> None:
     for cls, names in (
         ()
         if not timed
@@ -108,6 +112,15 @@ def _instrument(spans: Spans, releases: array[int], timed: bool) -> None:
         original(self, channel, records, now, *a)
 
     stats.TopicStats.dispatched = dispatched  # type: ignore[method-assign, assignment]
+    on_timer = release.Releaser._on_timer
+
+    def woke(self: Any) -> None:
+        # when the timer was armed for, when the loop saw it, and the thread's CPU then
+        if (timer := self._timer) is not None and timer.armed_ns is not None:
+            wakes.extend((timer.armed_ns, time.time_ns(), cpu()))
+        on_timer(self)
+
+    release.Releaser._on_timer = woke  # type: ignore[method-assign]
     gc_start: list[int] = [0, 0]
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
@@ -126,7 +139,8 @@ def _broker_main(conn: Any, timed: bool, topics: list[str], rate: float) -> None
 
     spans = Spans()
     releases: array[int] = array("q")
-    _instrument(spans, releases, timed)
+    wakes: array[int] = array("q")
+    _instrument(spans, releases, wakes, timed)
 
     async def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -148,7 +162,14 @@ def _broker_main(conn: Any, timed: bool, topics: list[str], rate: float) -> None
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     asyncio.run(main())
     r = releases
-    conn.send((spans.items(), list(zip(r[::4], r[1::4], r[2::4], r[3::4], strict=True))))
+    w = wakes
+    conn.send(
+        (
+            spans.items(),
+            list(zip(r[::4], r[1::4], r[2::4], r[3::4], strict=True)),
+            list(zip(w[::3], w[1::3], w[2::3], strict=True)),
+        )
+    )
 
 
 def _percentiles(lates: list[int]) -> str:
@@ -162,14 +183,20 @@ def _percentiles(lates: list[int]) -> str:
     )
 
 
-def _analyse(spans: list[Span], releases: list[tuple[int, int, int, int]], late_ns: int) -> None:
+def _analyse(
+    spans: list[Span],
+    releases: list[tuple[int, int, int, int]],
+    wakes: list[tuple[int, int, int]],
+    late_ns: int,
+) -> None:
     spans.sort()
+    woke_at = [w[1] for w in wakes]
     starts = [s[0] for s in spans]
     longest = max((e - s for s, e, _, _ in spans), default=0)
     causes: collections.Counter[str] = collections.Counter()
     excess: collections.defaultdict[str, list[int]] = collections.defaultdict(list)
-    prev_now, prev_cpu = None, None
     lates = [now - due for due, now, _, _ in releases]
+    untimed: list[tuple[int, int, int, int]] = []
     for due, now, cpu, _ in releases:
         late = now - due
         if late > late_ns:
@@ -183,14 +210,21 @@ def _analyse(spans: list[Span], releases: list[tuple[int, int, int, int]], late_
                 c, what = max(over)
                 if c > late // 3:
                     cause = what.split()[0] if what.startswith("gc") else what
-            if cause is None and prev_now is not None and prev_cpu is not None:
-                wall, got = now - prev_now, cpu - prev_cpu
-                if wall - got > late // 2:
+            # The timer's wake-up for it: after the due time (the spin was too short),
+            # else whether the thread ran from then on (it spins: CPU time = wall time).
+            i = bisect.bisect_right(woke_at, now) - 1
+            wake = wakes[i] if i >= 0 and due - wakes[i][1] < _WAKE_AHEAD_NS else None
+            if cause is None and wake is not None:
+                armed, woke, woke_cpu = wake
+                if woke > due:
+                    cause = "the timer woke after the due time"
+                elif (now - woke) - (cpu - woke_cpu) > late // 2:
                     cause = "descheduled (CPU time < wall time)"
+                else:
+                    untimed.append((woke - armed, due - woke, now - woke, cpu - woke_cpu))
             cause = cause or "untimed (loop, wake-up)"
             causes[cause] += 1
             excess[cause].append(late)
-        prev_now, prev_cpu = now, cpu
     n = len(lates)
     print(f"releases: {_percentiles(lates)}")
     # A message that found a token waited for nothing: its lateness is the read's, from
@@ -198,6 +232,16 @@ def _analyse(spans: list[Span], releases: list[tuple[int, int, int, int]], late_
     on_arrival = [now - due for due, now, _, arrived in releases if arrived]
     held = [now - due for due, now, _, arrived in releases if not arrived]
     print(f"  due on arrival: {_percentiles(on_arrival)}")
+    # Of those: from the kernel's arrival stamp to the read that took it, and in it.
+    read_starts = [s for s, _, _, n in spans if n == "Intake.on_readable"]
+    before, within = [], []
+    for due, now, _, arrived in releases:
+        if arrived and (i := bisect.bisect_right(read_starts, now) - 1) >= 0:
+            before.append(read_starts[i] - due)
+            within.append(now - read_starts[i])
+    if before:
+        print(f"    arrival to its read: {_percentiles(before)}")
+        print(f"    in the read, to the dispatch: {_percentiles(within)}")
     print(f"  held for a token: {_percentiles(held)}")
     k = sum(causes.values())
     print(f"later than {late_ns / 1e3:.0f} µs: {k} ({100 * k / n:.2f} %), charged to:")
@@ -205,6 +249,12 @@ def _analyse(spans: list[Span], releases: list[tuple[int, int, int, int]], late_
         v = sorted(excess[cause])
         print(
             f"  {cause:36s} {k:6d}  median {v[len(v) // 2] / 1e3:7.1f}  max {v[-1] / 1e3:7.1f} µs"
+        )
+    for late_wake, ahead, after, got in untimed:
+        print(
+            f"    untimed: the timer woke {late_wake / 1e3:.1f} µs late, "
+            f"{ahead / 1e3:.1f} µs before the due time; released {after / 1e3:.1f} µs "
+            f"after it woke, with {got / 1e3:.1f} µs of CPU"
         )
     by_name: collections.defaultdict[str, list[int]] = collections.defaultdict(list)
     first, last = releases[0][1], releases[-1][1]
@@ -247,9 +297,15 @@ def main(
         res = task_paced(addr, "probe", SHAPED_OFFER, duration, 1.0)
         print(f"consumer: {res['received']:,.0f} received at {res['rate']:,.0f}/s")
     parent.send("stop")
-    spans, releases = parent.recv()
+    spans, releases, wakes = parent.recv()
     proc.join()
-    _analyse(spans, releases, int(late_us * 1000))
+    late = sorted(w - a for a, w, _ in wakes)
+    if late:
+        print(
+            f"timer wake-ups: {len(late)}; late p50 {late[len(late) // 2] / 1e3:.1f} µs, "
+            f"p99 {late[int(len(late) * 0.99)] / 1e3:.1f} µs"
+        )
+    _analyse(spans, releases, wakes, int(late_us * 1000))
 
 
 if __name__ == "__main__":
