@@ -41,7 +41,18 @@ import typer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from broker import SHAPED_BURST, SHAPED_OFFER, SHAPED_RATE, task_paced, task_paced_topics
-from srtm.broker import Broker, BrokerOptions, dispatch, intake, output, release, scan, stats, tcp
+from srtm.broker import (
+    Broker,
+    BrokerOptions,
+    dispatch,
+    intake,
+    output,
+    release,
+    scan,
+    shares,
+    stats,
+    tcp,
+)
 
 #: start, end (wall ns), CPU ns the thread got meanwhile, what ran.
 Span = tuple[int, int, int, str]
@@ -96,6 +107,8 @@ def _instrument(spans: Spans, releases: array[int], wakes: array[int], timed: bo
             (scan.Scan, ("scan",)),
             (stats.Recorder, ("flush",)),
             (release.Releaser, ("_on_timer",)),
+            (stats.BrokerStats, ("pending_recorders",)),
+            (shares.Shares, ("lease_ok",)),
         )
     ):
         for n in names:

@@ -1,6 +1,7 @@
 """A read waits for a shaped release due within the read guard: a read after the loop
 slept runs cold for longer than a release's margin, and the release would wait for it.
-It waits for one release at most, and never where the loop does not spin."""
+It waits for one release at most, and never where the loop does not spin. So do the scan
+and the histograms' flushing (``Releaser.clear``)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,17 @@ import contextlib
 import select
 import socket
 import time
+from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+
+import pytest
 
 from srtm.broker import Broker
 from srtm.broker.options import BrokerOptions
 from srtm.broker.release import READ_GUARD_NS, Releaser
-from srtm.broker.stats import BrokerStats
+from srtm.broker.scan import Scan
+from srtm.broker.stats import FLUSH_AT, BrokerStats
 from srtm.broker.tcp import Client
 from srtm.protocol import MAGIC_V2, FrameType, Pub, encode_command
 from support import MakeBroker, loopback_pair, sent_frames
@@ -108,3 +113,81 @@ def test_the_guard_is_at_most_the_spin_and_none_without_one() -> None:
 
     assert guard(BrokerOptions()) == READ_GUARD_NS  # the default spin (200 µs+) covers it
     assert guard(BrokerOptions(release_spin_us=0)) == 0  # sharing cores: reads never wait
+
+
+# -- work that can wait a little waits for a release due within the guard too --------------
+def _releaser() -> Releaser:
+    def ready(_: object) -> None:
+        pass
+
+    return Releaser(BrokerOptions(), {}, BrokerStats(), ready, ready)
+
+
+async def test_clear_waits_for_the_release_due_within_the_guard(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Releaser, "read_guard_ns", 10 * S)
+    releaser = _releaser()
+    releaser.next_release_ns = time.time_ns() + 5 * S
+    waiting = asyncio.ensure_future(releaser.clear())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    releaser.next_release_ns += S  # it went, and the next is due within the guard too
+    await asyncio.wait_for(waiting, 5)  # one release at most
+    # none due; one due past the guard; one due now, released first (none waits after it)
+    for due in (None, time.time_ns() + 20 * S, time.time_ns() - 1):
+        releaser.next_release_ns = due
+        with pytest.raises(StopIteration):  # at once, without a loop turn
+            releaser.clear().send(None)
+
+
+async def test_clear_waits_a_guard_past_a_release_that_does_not_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    guard = 50_000_000
+    monkeypatch.setattr(Releaser, "read_guard_ns", guard)
+    releaser = _releaser()
+    due = releaser.next_release_ns = time.time_ns() + guard // 2
+    await asyncio.wait_for(releaser.clear(), 10)
+    assert time.time_ns() >= due + guard
+
+
+async def test_the_scan_runs_once_clear_of_releases() -> None:
+    cleared = asyncio.Event()
+    scans: list[int] = []
+
+    async def clear() -> None:
+        await cleared.wait()
+
+    scan = Scan({}, lambda _: None, lambda _: None, clear)
+    scan.scan = scans.append  # type: ignore[method-assign]
+    task = asyncio.create_task(scan.run(0))
+    try:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert scans == []
+        cleared.set()
+        while not scans:
+            await asyncio.sleep(0)
+    finally:
+        task.cancel()
+
+
+async def test_histograms_are_flushed_once_clear_of_releases(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Releaser, "read_guard_ns", 60 * S)
+    broker = await make_broker()
+    recorder = broker.stats.topic("t").latency
+    recorder.extend(array("q", [1_000] * FLUSH_AT))
+    for _ in range(3):  # the release loop's first step (nothing due) before it is set
+        await asyncio.sleep(0)
+    broker.releaser.next_release_ns = time.time_ns() + 30 * S  # due within the guard
+    await asyncio.sleep(0.3)  # the housekeeping's 100 ms came, twice
+    assert len(recorder.pending) == FLUSH_AT
+    assert "t" in broker.stats._touched  # not even looked for (~100 µs at 40 topics)
+    broker.releaser.next_release_ns = None
+    async with asyncio.timeout(10):
+        while recorder.pending:
+            await asyncio.sleep(0.01)

@@ -161,6 +161,19 @@ class Releaser:
         spin = self.margin.spin_ns if self._timer is not None else _ASYNCIO_TIMER_SLACK_NS
         return min(READ_GUARD_NS, spin) if self.margin.floor_ns else 0
 
+    async def clear(self) -> None:
+        """Release what is due now, then return once no shaped release is due within the
+        read guard, else once that release has gone, or the guard has passed since it was
+        due (one release at most): work that can wait a little (the scan, flushing
+        histograms) does not make a release late, as a read does not (``Intake``). Where
+        the loop does not spin, at once."""
+        self.release_due()
+        due, guard = self.next_release_ns, self.read_guard_ns
+        if due is None or due - time.time_ns() > guard:
+            return
+        while self.next_release_ns == due and time.time_ns() < due + guard:
+            await asyncio.sleep(0)
+
     def _wake(self, due: int | None) -> None:
         """Make the release loop wake up by ``due``."""
         if due is not None and (self.next_release_ns is None or due < self.next_release_ns):

@@ -9,24 +9,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from srtm.broker.state import Channel, Topic
 
 
 class Scan:
     """The channels and topics with timers, and the loop that moves them on when due.
-    ``mark_ready`` has a channel dispatched, ``kick`` a topic's shaping queue released."""
+    ``mark_ready`` has a channel dispatched, ``kick`` a topic's shaping queue released;
+    ``clear`` returns once no shaped release is due soon (``Releaser.clear``)."""
 
     def __init__(
         self,
         topics: dict[str, Topic],
         mark_ready: Callable[[Channel], None],
         kick: Callable[[Topic], None],
+        clear: Callable[[], Awaitable[None]],
     ) -> None:
         self._topics = topics
         self._mark_ready = mark_ready
         self._kick = kick
+        self._clear = clear
         #: Channels with deferred messages or in-flight deadlines: all that ``scan`` visits.
         self.timed: set[Channel] = set()
         #: Topics with deferred messages (DPUB): the scan moves them on when due.
@@ -43,6 +46,8 @@ class Scan:
     async def run(self, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
+            # A scan of many channels takes tens of µs: a release due meanwhile goes first.
+            await self._clear()
             self.scan(time.time_ns())
 
     def scan(self, now: int) -> None:
