@@ -52,7 +52,7 @@ from srtm.broker.shares import Shares
 from srtm.broker.state import Channel, LimitReached, Topic
 from srtm.broker.stats import BrokerStats, StorageLatencyMeter
 from srtm.broker.takes import Take, Takes
-from srtm.broker.tcp import Client, check_deadlines, enable_kernel_timestamps
+from srtm.broker.tcp import Client, deadline_loop, enable_kernel_timestamps
 from srtm.broker.tls import identity_keys, server_context
 from srtm.broker.traces import TraceWriter
 from srtm.protocol import ProtocolError, errors, is_valid_name
@@ -156,7 +156,8 @@ class Broker:
             log.info("busy polling off: fewer than two usable CPUs (affinity or cgroup quota)")
         self.releaser.start()
         self._tasks.append(asyncio.create_task(self.releaser.run(), name="srtm-release"))
-        self._tasks.append(asyncio.create_task(self._deadline_loop(), name="srtm-deadlines"))
+        deadlines = deadline_loop(opts.read_timeout_ms, opts.write_timeout_ms, self.deadline_watch)
+        self._tasks.append(asyncio.create_task(deadlines, name="srtm-deadlines"))
         for task in self._tasks:
             task.add_done_callback(self._task_done)
         for topic in self.topics.values():
@@ -205,22 +206,10 @@ class Broker:
         except OSError:
             sock.close()  # gone before we could set it up
 
-    async def _deadline_loop(self) -> None:
-        """Close connections whose writes or partly received commands stalled too long."""
-        opts = self.options
-        timeouts = [t for t in (opts.read_timeout_ms, opts.write_timeout_ms) if t > 0]
-        if not timeouts:
-            return
-        interval = min(1.0, min(timeouts) / 4000)
-        while True:
-            await asyncio.sleep(interval)
-            await check_deadlines(self.deadline_watch)
-
     async def _housekeeping_loop(self) -> None:
         """Every 100 ms, move the measured values of each histogram holding
         ``stats.FLUSH_AT`` or more into it, one histogram per loop turn, so no single step
-        holds the loop (and shaped releases) for long, and none while a release is due
-        soon (``Releaser.clear``)."""
+        holds the loop (and shaped releases) for long, nor runs by a release due soon."""
         rolled = time.monotonic()
         while True:
             await asyncio.sleep(0.1)
@@ -464,20 +453,15 @@ class Broker:
     def _put_one(
         self, topic: Topic, id_: bytes, body: bytes, now: int, arrival: int, publisher: str | None
     ) -> bool:
-        """One message where ``Topic.put_one`` keeps it, as ``_put`` would (its kick: ready;
-        shaped, released on arrival: dispatched now, as the release loop would)."""
+        """One message where ``Topic.put_one`` keeps it, as ``_put`` would (its kick: ready)."""
         kept = topic.put_one(id_, body, now, arrival, publisher, self.releaser.direct)
         if kept is NOT_KEPT:
             return False
-        stats = self.stats.topic(topic.name)
-        if topic.bucket is None:
-            stats.window.add(arrival, 1, 0.0)
-            if topic.channels:  # none: held for the first, nothing to dispatch
-                self.releaser.ready(topic)
-        else:
-            self.releaser.ready(topic, at_once=True)  # before its accounting, as a release
-            stats.window.add(arrival, 1, topic.backlog_at(arrival))
-            stats.token_wait.add(0)
+        if topic.bucket is not None:  # shaped, released on arrival: sent before its accounting
+            self.releaser.released_on_arrival(topic)
+        elif topic.channels:  # none: held for the first, nothing to dispatch
+            self.releaser.ready(topic)
+        self.stats.topic(topic.name).window.add(arrival, 1, topic.backlog_at(arrival))
         if kept is ON_DISK:
             self.storage_latency[topic.name].add(time.time_ns() - arrival)
         return True

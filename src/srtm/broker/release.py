@@ -201,6 +201,13 @@ class Releaser:
             for r in released:
                 wait.add(r.due_ns - r.message.arrival_ns)
 
+    def released_on_arrival(self, topic: Topic) -> None:
+        """A shaped topic's message its token let through on arrival, already in its
+        channels (``Topic.put_one``): dispatched now, as ``release`` sends one, then its
+        token wait (none) recorded."""
+        self.ready(topic, at_once=True)
+        self._stats.topic(topic.name).token_wait.add(0)
+
     def release_all(self, topic: Topic) -> None:
         """Everything that waits, now (the topic is no longer shaped)."""
         self.release(topic, _FOREVER)

@@ -224,6 +224,20 @@ async def check_deadlines(watched: dict[Client, None]) -> None:
                 watched.pop(client, None)
 
 
+async def deadline_loop(
+    read_timeout_ms: int, write_timeout_ms: int, watched: dict[Client, None]
+) -> None:
+    """Close connections whose writes or partly received commands stalled too long: the
+    watched ones checked four times per shortest timeout, at least once a second."""
+    timeouts = [t for t in (read_timeout_ms, write_timeout_ms) if t > 0]
+    if not timeouts:
+        return
+    interval = min(1.0, min(timeouts) / 4000)
+    while True:
+        await asyncio.sleep(interval)
+        await check_deadlines(watched)
+
+
 def session_settings(broker: BrokerPort) -> SessionSettings:
     opts = broker.options
     return SessionSettings(
