@@ -143,6 +143,23 @@ async def test_a_shaped_topic_s_pub_with_a_token_is_released_in_place(
     assert client.pub_counts == {"t": 1}
 
 
+async def test_a_shaped_pub_is_not_released_in_place_past_the_lease(
+    make_broker: MakeBroker,
+) -> None:
+    """A lease that lapsed unnoticed holds the topic first, as a release would find: the
+    PUB is declined and kept held, not released."""
+    broker = await make_broker(controller="http://127.0.0.1:9")
+    broker.shares.renew_lease(time.monotonic(), 60.0)
+    broker.channel("t", "c")
+    broker.shares.set_bucket("t", 1.0, 1.0)
+    broker.shares.lease_until = time.monotonic() - 1.0  # lapsed; nothing has looked yet
+    assert not broker.publish_one("t", b"m", time.time_ns(), "")
+    topic = broker.topics["t"]
+    assert topic.on_hold and topic.bucket is None
+    assert broker.publish("t", [b"m"], time.time_ns(), "") is None
+    assert not topic.channels["c"].queue.memory() and len(topic.shaping) == 1
+
+
 async def test_a_new_topic_and_a_failing_disk_go_through_publish(
     make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -454,6 +454,8 @@ class Broker:
         self, topic: Topic, id_: bytes, body: bytes, now: int, arrival: int, publisher: str | None
     ) -> bool:
         """One message where ``Topic.put_one`` keeps it, as ``_put`` would (its kick: ready)."""
+        if topic.bucket is not None:  # past the lease it is held, as a release finds first
+            self.shares.lease_ok()
         kept = topic.put_one(id_, body, now, arrival, publisher, self.releaser.direct)
         if kept is NOT_KEPT:
             return False
