@@ -104,25 +104,20 @@ async def test_a_read_waits_for_one_release_at_most(make_broker: MakeBroker) -> 
         assert [f.kind for f in sent_frames(p.peer)] == [FrameType.RESPONSE]
 
 
-def test_the_guard_is_at_most_the_spin_and_none_without_one() -> None:
-    def guard(options: BrokerOptions) -> int:
-        def ready(_: object) -> None:
-            pass
-
-        return Releaser(options, {}, BrokerStats(), ready, ready).read_guard_ns
-
-    assert guard(BrokerOptions()) == READ_GUARD_NS  # the default spin (200 µs+) covers it
-    assert guard(BrokerOptions(release_spin_us=0)) == 0  # sharing cores: reads never wait
-
-
-# -- work that can wait a little waits for a release due within the guard too --------------
-def _releaser() -> Releaser:
+def _releaser(options: BrokerOptions | None = None) -> Releaser:
     def ready(_: object) -> None:
         pass
 
-    return Releaser(BrokerOptions(), {}, BrokerStats(), ready, ready)
+    return Releaser(options or BrokerOptions(), {}, BrokerStats(), ready, ready)
 
 
+def test_the_guard_is_at_most_the_spin_and_none_without_one() -> None:
+    assert _releaser().read_guard_ns == READ_GUARD_NS  # the default spin (200 µs+) covers it
+    # sharing cores: reads never wait
+    assert _releaser(BrokerOptions(release_spin_us=0)).read_guard_ns == 0
+
+
+# -- work that can wait a little waits for a release due within the guard too --------------
 async def test_clear_waits_for_the_release_due_within_the_guard(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
