@@ -101,6 +101,28 @@ async def test_shares_follow_the_liveness_lease_not_the_controller(
     assert broker.topics["t"].on_hold and shares.lapses == 3
 
 
+async def test_no_push_is_taken_between_a_new_lease_and_the_registration_answer(
+    make_broker: MakeBroker,
+) -> None:
+    broker = await make_broker(controller="http://127.0.0.1:9", etcd_endpoints="127.0.0.1:9")
+    shares = broker.shares
+    shares.renew_liveness(time.monotonic() + 60, fresh=True)
+    assert shares.watched_by("/srtm/live/")
+    shares.set_bucket("t", 200.0, 20.0)  # a push, taken
+    shares.lapse("liveness ran out")  # cut from etcd (and the controllers)
+    shares.renew_liveness(time.monotonic() + 60, fresh=True)  # healed: a new lease
+    assert broker.topics["t"].on_hold and shares.may_register()
+    # A push sent before the lapse and held up on the cut link arrives before the
+    # registration's answer: the controller has since given the share to another broker.
+    with pytest.raises(LeaseExpired):
+        shares.set_bucket("t", 1.99, 19.97)
+    assert broker.topics["t"].bucket is None and not shares.lease_ok()
+    # The registration's answer: pushes are taken again.
+    assert shares.watched_by("/srtm/live/") and shares.lease_ok()
+    shares.set_bucket("t", 200.0, 20.0)
+    assert broker.topics["t"].bucket is not None
+
+
 async def test_without_etcd_the_controllers_lease_decides(make_broker: MakeBroker) -> None:
     broker = await make_broker(controller="http://127.0.0.1:9")
     shares = broker.shares

@@ -73,8 +73,9 @@ class Shares:
         self.liveness = liveness_settings(host.options)
         #: Lapses so far (and new liveness leases): the reporter registers again after each.
         self.lapses = 0
-        #: With etcd: whether the controller that registered this broker watches its key
-        #: (``watched_by``); no share is used until one does.
+        #: With etcd: whether the controller that registered this broker since its last
+        #: lapse watches its key (``watched_by``); no share is used, and no push taken,
+        #: until one does.
         self.watched = False
         #: When the controller last pushed each topic's share (monotonic s): a
         #: registration answer sent before that is older news for the topic.
@@ -240,8 +241,14 @@ class Shares:
         self._hold_shaped()
 
     def lapse(self, why: str) -> None:
-        """The lease is lost: hold every shaped topic until the broker registers again."""
+        """The lease is lost: hold every shaped topic until the broker registers again.
+        With etcd, a new lease comes before that registration's answer: meanwhile a push
+        the controller sent before the lapse, held up on a cut link, may arrive, newer than
+        any this broker took; taken, it would bring back a share the controller gave to
+        another broker (tests/test_partitions.py saw that sum over r). So none is taken
+        until the answer (``watched_by``), which also sets the floor of the orders."""
         self.lease_until = None
+        self.watched = False
         self.lapses += 1
         if n := self._hold_shaped():
             log.warning("%s: %d shaped topics held until this broker registers again", why, n)
