@@ -4,7 +4,9 @@ The broker runs in a child process (uvloop, collector frozen as ``srtm broker`` 
 with a topic shaped at RATE/s, b = BURST; the parent offers 2 % above the rate (PUB,
 paced, one consumer FINs everything: ``benchmarks/broker.py``'s shaped row). With
 ``--topics N --rate R``: N topics shaped at R/s, b = 1, offered 2 % above by one
-publisher round them, a consumer each (``benchmarks/broker.py``'s low-rate rows). In the
+publisher round them, a consumer each (``benchmarks/broker.py``'s low-rate rows); with
+``--offer 0.5`` half the rate, so that nearly every message finds its token and is
+released on arrival, in the read that brings it. In the
 child, the broker's callbacks that can run long are timed (reads, dispatch flushes,
 sends, histogram flushes, the scans), the collector's passes are timed (gc.callbacks),
 and every release records its wall-clock lateness and how much CPU time the broker's
@@ -293,6 +295,12 @@ def main(
     timed: bool = typer.Option(True, help="Time the callbacks (else only gc and releases)."),
     topics: int = typer.Option(0, min=0, help="N topics at --rate each, b = 1 (0: the one)."),
     rate: float = typer.Option(10.0, min=0.1, help="Each topic's rate (msg/s) with --topics."),
+    offer: float = typer.Option(
+        1.02,
+        min=0.01,
+        help="With --topics: what is offered, as a multiple of --rate (below "
+        "1: a token waits for most messages, released on arrival).",
+    ),
 ) -> None:
     """Run the shaped load against an instrumented broker and explain each late release."""
     names = [f"low{i}" for i in range(topics)]
@@ -303,8 +311,8 @@ def main(
     proc.start()
     addr = parent.recv()
     if names:
-        # As the low-rate rows: 2 % over, settled for the backlog that makes.
-        res = task_paced_topics(addr, names, rate * 1.02, duration, 2.0 + 3 / rate)
+        # By default as the low-rate rows: 2 % over, settled for the backlog that makes.
+        res = task_paced_topics(addr, names, rate * offer, duration, 2.0 + 3 / rate)
         print(f"consumers: {res['received']:,.0f} received")
     else:
         res = task_paced(addr, "probe", SHAPED_OFFER, duration, 1.0)
