@@ -143,6 +143,37 @@ async def test_a_shaped_topic_s_pub_with_a_token_is_released_in_place(
     assert client.pub_counts == {"t": 1}
 
 
+async def test_a_sensor_s_pub_is_counted_in_its_window_after_its_ok(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The TB Adaptor's window counts a PUB taken in place once its OK has been sent
+    (``Broker.account_one``), once; one a read left uncounted is counted by the next."""
+    broker = await make_broker()
+    broker.channel("t", "c")
+    window = broker.stats.topic("t").window
+    sent_then: list[int] = []
+    account = broker.account_one
+
+    def spy() -> None:
+        sent_then.append(sum(c.output.sent_bytes for c in broker.clients))
+        account()
+
+    monkeypatch.setattr(broker, "account_one", spy)
+    answers, _ = _reads(broker, [encode_command(Pub("t", b"reading"))])
+    assert answers == [b"OK"] and window._count == 1
+    assert sent_then[-1] == 10  # the OK's frame: size, type, "OK"
+    monkeypatch.setattr(broker, "account_one", account)
+    assert broker.publish_one("t", b"m", time.time_ns(), "")
+    assert window._count == 1  # not yet: its read sends the OK first
+    broker.account_one()
+    broker.account_one()
+    assert window._count == 2
+    assert broker.publish_one("t", b"m", time.time_ns(), "")  # left uncounted...
+    assert broker.publish_one("t", b"n", time.time_ns(), "")  # ...counted by the next
+    broker.account_one()
+    assert window._count == 4
+
+
 async def test_a_shaped_pub_is_not_released_in_place_past_the_lease(
     make_broker: MakeBroker,
 ) -> None:

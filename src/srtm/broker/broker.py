@@ -118,6 +118,8 @@ class Broker:
         #: Release shaped messages that are due (``Releaser.release_due``): called around
         #: every command read, so without a call of the broker's own in between.
         self.release_due: Callable[[], bool] = self.releaser.release_due
+        #: The topic and arrival of a ``publish_one`` not yet counted (``account_one``).
+        self._unaccounted: tuple[Topic, int] | None = None
         self.busy_poll = BusyPoll(self.options.busy_poll_us * 1000)
         self.relay = Relay(self)
         #: What proves a relay link or a consumer class (docs/security.md, "Identities").
@@ -336,19 +338,7 @@ class Broker:
         """The topic's admitted counts per class and their order (most important first);
         consumers beyond a count are disconnected, the lowest class first and the newest
         of a class first. Returns the admission and how many were disconnected."""
-
-        def evict(client: object, adm: Admission) -> None:
-            assert isinstance(client, Client)
-            admits = adm.admitted.get(client.consumer_class)
-            client.evict(
-                ProtocolError(
-                    E_SUB_FAILED,
-                    f"class {client.consumer_class!r} of topic {topic_name!r} now admits "
-                    f"{admits} consumers: the newest are disconnected",
-                )
-            )
-
-        return self.admission.set(topic_name, admitted, order, evict)
+        return self.admission.set(topic_name, admitted, order, partial(_evict, topic_name))
 
     def delete_channel(self, topic_name: str, channel_name: str) -> None:
         topic = self.topics.get(topic_name)
@@ -445,10 +435,22 @@ class Broker:
             return False
         if self.persistence.failing or topic_name in self.relay.routes:
             return False
+        self.account_one()  # one left by a read that did not get to its answer
         if self._put_one(topic, self.ids.next(), body, time.time_ns(), arrival, publisher):
+            self._unaccounted = (topic, arrival)  # counted once its OK is sent
             return True
         self.ids.give_back()  # ``publish`` takes it
         return False
+
+    def account_one(self) -> None:
+        """What the last ``publish_one`` kept, counted in its topic's window (the TB
+        Adaptor's arrivals and backlog): after its OK has been sent, which waits for
+        nothing the count does (the read that brings it runs cold, so each step before
+        the send delays it several times what it costs warm)."""
+        if (kept := self._unaccounted) is not None:
+            self._unaccounted = None
+            topic, arrival = kept
+            self.stats.topic(topic.name).window.add(arrival, 1, topic.backlog_at(arrival))
 
     def _put_one(
         self, topic: Topic, id_: bytes, body: bytes, now: int, arrival: int, publisher: str | None
@@ -463,7 +465,6 @@ class Broker:
             self.releaser.released_on_arrival(topic)
         elif topic.channels:  # none: held for the first, nothing to dispatch
             self.releaser.ready(topic)
-        self.stats.topic(topic.name).window.add(arrival, 1, topic.backlog_at(arrival))
         if kept is ON_DISK:
             self.storage_latency[topic.name].add(time.time_ns() - arrival)
         return True
@@ -477,6 +478,7 @@ class Broker:
         now = time.time_ns()
         ids = self.ids.take(n)
         if n == 1 and self._put_one(topic, ids[0], bodies[0], now, arrival, publisher):
+            self.stats.topic(topic.name).window.add(arrival, 1, topic.backlog_at(arrival))
             return None
         direct = self.releaser.direct
         pushed = self.persistence.pushed
@@ -594,3 +596,16 @@ def backlog_drained(topics: Mapping[str, Topic], name: str) -> bool:
     a token's time more (an unshaped topic never waits)."""
     topic = topics.get(name)
     return topic is None or topic.bucket is None or len(topic.shaping) == 0
+
+
+def _evict(topic_name: str, client: object, adm: Admission) -> None:
+    """Disconnect a consumer of ``topic_name`` beyond its class's admitted count."""
+    assert isinstance(client, Client)
+    admits = adm.admitted.get(client.consumer_class)
+    client.evict(
+        ProtocolError(
+            E_SUB_FAILED,
+            f"class {client.consumer_class!r} of topic {topic_name!r} now admits "
+            f"{admits} consumers: the newest are disconnected",
+        )
+    )

@@ -70,6 +70,8 @@ class IntakeBroker(Protocol):
 
     def release_due(self) -> bool: ...
 
+    def account_one(self) -> None: ...
+
     def takes_runs(self, topic_name: str) -> bool: ...
 
 
@@ -253,6 +255,7 @@ class Intake:
         if answer is None:
             return False
         out.answer(answer)
+        self._broker.account_one()
         return True
 
     def _run_pending(self) -> None:

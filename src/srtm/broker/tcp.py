@@ -173,6 +173,10 @@ class BrokerPort(Protocol):
         self, topic_name: str, body: bytes, arrival: int, publisher: str | None
     ) -> bool: ...
 
+    def account_one(self) -> None:
+        """Count what the last ``publish_one`` kept (after its OK's send)."""
+        ...
+
     def publish_deferred(
         self,
         topic_name: str,
