@@ -444,9 +444,9 @@ class Broker:
 
     def account_one(self) -> None:
         """What the last ``publish_one`` kept, counted in its topic's window (the TB
-        Adaptor's arrivals and backlog): after its OK has been sent, which waits for
-        nothing the count does (the read that brings it runs cold, so each step before
-        the send delays it several times what it costs warm)."""
+        Adaptor's arrivals and backlog), once its OK has been sent: the OK does not need
+        the count, and the read runs cold, each step before the send costing the round
+        trip several times what it costs warm."""
         if (kept := self._unaccounted) is not None:
             self._unaccounted = None
             topic, arrival = kept
