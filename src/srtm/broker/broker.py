@@ -211,7 +211,7 @@ class Broker:
     async def _housekeeping_loop(self) -> None:
         """Every 100 ms, move the measured values of each histogram holding
         ``stats.FLUSH_AT`` or more into it, one histogram per loop turn, so no single step
-        holds the loop (and shaped releases) for long, nor runs by a release due soon."""
+        holds the loop (and shaped releases) long, none by a release due soon (``clear``)."""
         rolled = time.monotonic()
         while True:
             await asyncio.sleep(0.1)
