@@ -98,6 +98,8 @@ def sample(s: Setting) -> Sample:
     lo, hi = s.spec.minimum, s.spec.maximum
     value = (lo + hi) / 2 if lo is not None and hi is not None else (s.default or 0) + 2
     value = kind(value)
+    if value == s.default and hi is not None:  # a range around its default (--nice)
+        value = kind(hi)
     assert value != s.default
     return Sample([flag, str(value)], str(value), repr(value), {s.name: value})
 

@@ -122,6 +122,18 @@ class BrokerOptions:
         "never grows.",
         minimum=0,
     )
+    nice: int = setting(
+        0,
+        "This process's nice value, set at start, and its session's where Linux groups "
+        "tasks by session (autogroup: run it in a session of its own, as a service runs) "
+        "(-20 runs first; below 0 needs CAP_SYS_NICE or an RLIMIT_NICE that allows it): a "
+        "broker that shares its cores with busy programs then wakes on time for shaped "
+        "releases and reads. Below 0, "
+        "with fewer than two usable CPUs, it does not spin before releases (it would take "
+        "the only CPU from the programs beside it). 0: as started.",
+        minimum=-20,
+        maximum=19,
+    )
     busy_poll_us: int = setting(
         30,
         "While most reads come within this long (µs) of the one before them, poll the "

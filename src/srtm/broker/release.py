@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from srtm.broker.busypoll import usable_cpus
 from srtm.broker.message import Message
 from srtm.broker.options import BrokerOptions
 from srtm.broker.state import Channel, Topic
@@ -41,7 +42,8 @@ class Releaser:
     """Releases what topics' buckets let through, and emulates the processing server.
 
     ``mark_ready`` has a channel dispatched at the end of the loop turn, ``dispatch``
-    dispatches it now: an on-time shaped release goes out at once.
+    dispatches it now: an on-time shaped release goes out at once. ``cpus``: the CPUs
+    the process may use (None: ``usable_cpus()``).
     """
 
     def __init__(
@@ -52,13 +54,17 @@ class Releaser:
         mark_ready: Callable[[Channel], None],
         dispatch: Callable[[Channel], None],
         lease_ok: Callable[[], bool] = lambda: True,
+        cpus: float | None = None,
     ) -> None:
         self._topics, self._stats = topics, stats
         self._mark_ready, self._dispatch = mark_ready, dispatch
         #: Checked before every release of shaped topics: past the lease it holds them.
         self._lease_ok = lease_ok
         self._timer_kind = options.release_timer
-        self.margin = WakeMargin(options.release_spin_ns, options.release_spin_max_ns)
+        spin = options.release_spin_ns
+        if options.nice < 0 and (usable_cpus() if cpus is None else cpus) < 2:
+            spin = 0  # raised above the programs on its only CPU, a spin would starve them
+        self.margin = WakeMargin(spin, options.release_spin_max_ns)
         #: The topics with a sub-bucket: the only ones the release loop looks at.
         self.shaped: dict[str, Topic] = {}
         #: Each shaped topic's next release, earliest first (due, tie-break, name), and

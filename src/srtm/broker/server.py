@@ -14,6 +14,7 @@ from collections.abc import Callable
 from srtm.broker.broker import Broker
 from srtm.broker.http import serve_http
 from srtm.broker.options import BrokerOptions
+from srtm.broker.timer import set_nice
 from srtm.controllers import Controllers
 
 log = logging.getLogger("srtm.broker")
@@ -46,6 +47,8 @@ async def serve(options: BrokerOptions, on_ready: Callable[[Broker], None] | Non
         if options.controller
         else None
     )
+    if options.nice:
+        set_nice(options.nice)  # first: every thread the broker starts inherits it
     fds = raise_fd_limit()
     if options.max_connections and fds < options.max_connections + _FD_ROOM:
         log.warning(

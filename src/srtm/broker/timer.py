@@ -5,7 +5,8 @@ release is up to ~1 ms late. A timerfd armed for an absolute time becomes readab
 when the kernel's high-resolution timer fires; the loop sees it as ordinary I/O.
 With the thread's timer slack set to 1 ns, the wake-up is late only by scheduling, and
 ``WakeMargin`` learns how late that is, so that the release loop stops sleeping early
-enough.
+enough; ``set_nice`` (``--nice``) makes scheduling delay it less where other programs
+keep the cores busy.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import ctypes.util
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 _CLOCK_REALTIME = 0
 _TFD_NONBLOCK = 0o4000
 _TFD_CLOEXEC = 0o2000000
 _TFD_TIMER_ABSTIME = 1
 _PR_SET_TIMERSLACK = 29
+#: Where Linux sets the nice value of this process's session group (autogroup).
+_AUTOGROUP = Path("/proc/self/autogroup")
 
 
 #: The longest a wait ends early to spin instead, by default (``--release-spin-max-us``):
@@ -64,6 +68,21 @@ def tighten_timer_slack() -> None:
     """Let this thread's timers fire 1 ns late at most: the default slack lets the
     kernel fire them up to 50 µs late to batch wake-ups."""
     ctypes.CDLL(ctypes.util.find_library("c")).prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
+
+
+def set_nice(nice: int, autogroup: Path = _AUTOGROUP) -> None:
+    """This thread's nice value (threads it starts later inherit it), and its session's
+    where the kernel shares the CPUs between sessions first (``autogroup``, Linux's
+    autogroup: a nice value weighs only against the tasks of its own session); an
+    OSError that names the setting and what it needs where the system refuses."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        with contextlib.suppress(FileNotFoundError):
+            autogroup.write_text(f"{nice}\n")
+    except OSError as exc:
+        need = " (below 0 needs CAP_SYS_NICE or an RLIMIT_NICE of at least "
+        need += f"{20 - nice})" if nice < 0 else ""
+        raise type(exc)(f"--nice {nice}: {exc.strerror}{need}") from None
 
 
 class _Timespec(ctypes.Structure):
