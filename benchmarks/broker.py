@@ -1402,6 +1402,7 @@ class Bench:
                "held_p99": "low{rate}_nice_held_p99"}  # fmt: skip
         keys = [*shaped.values(), *(k.format(rate=r) for r in LOW_RATES for k in low.values())]
         keys += [f"low{r}_nice_under_p99" for r in LOW_RATES]
+        keys += ["busy_late_nice_p99", *(f"busy_low{r}_nice_p99" for r in LOW_RATES)]
         with self.nice_srtm(run, keys) as nice_broker:
             if nice_broker is not None:
                 self._shaped_rows(run, nice_broker, shaped, low, f"at --nice {NICE}")

@@ -56,6 +56,14 @@ def test_the_session_s_nice_is_set_where_the_kernel_groups_by_session(tmp_path: 
     set_nice(nice, tmp_path / "none")  # no autogroup (a kernel without it): only the thread's
 
 
+def test_a_session_s_nice_that_cannot_be_set_is_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    set_nice(nice, tmp_path)  # a directory: not writable as a file (as a read-only /proc)
+    assert f"--nice {nice}: the session's nice value is not set" in caplog.text
+
+
 def _refused(tmp_path: Path, nice: int) -> subprocess.CompletedProcess[str]:
     cmd = [*NO_CAP_SYS_NICE, sys.executable, "-m", "srtm", "broker", "--nice", str(nice),
            "--tcp-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0",

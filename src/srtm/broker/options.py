@@ -124,13 +124,13 @@ class BrokerOptions:
     )
     nice: int = setting(
         0,
-        "This process's nice value, set at start, and its session's where Linux groups "
-        "tasks by session (autogroup: run it in a session of its own, as a service runs) "
-        "(-20 runs first; below 0 needs CAP_SYS_NICE or an RLIMIT_NICE that allows it): a "
-        "broker that shares its cores with busy programs then wakes on time for shaped "
-        "releases and reads. Below 0, "
-        "with fewer than two usable CPUs, it does not spin before releases (it would take "
-        "the only CPU from the programs beside it). 0: as started.",
+        "This process's nice value, set at start (-20 runs first; below 0 needs "
+        "CAP_SYS_NICE or an RLIMIT_NICE that allows it), and its session's where Linux "
+        "groups tasks by session (autogroup; run it in a session of its own, as a service "
+        "is): a broker that shares its cores with busy programs then wakes on time for "
+        "shaped releases and reads. Below 0, with fewer than two usable CPUs, it does not "
+        "spin before releases (it would take the only CPU from the programs beside it). "
+        "0: as started.",
         minimum=-20,
         maximum=19,
     )

@@ -14,10 +14,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import logging
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("srtm.broker")
 
 _CLOCK_REALTIME = 0
 _TFD_NONBLOCK = 0o4000
@@ -73,16 +76,24 @@ def tighten_timer_slack() -> None:
 def set_nice(nice: int, autogroup: Path = _AUTOGROUP) -> None:
     """This thread's nice value (threads it starts later inherit it), and its session's
     where the kernel shares the CPUs between sessions first (``autogroup``, Linux's
-    autogroup: a nice value weighs only against the tasks of its own session); an
-    OSError that names the setting and what it needs where the system refuses."""
+    autogroup: a nice value weighs only against the tasks of its own session). An
+    OSError that names the setting and what it needs where the system refuses the
+    thread's; a warning where only the session's cannot be set (a read-only /proc)."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
-        with contextlib.suppress(FileNotFoundError):
-            autogroup.write_text(f"{nice}\n")
     except OSError as exc:
-        need = " (below 0 needs CAP_SYS_NICE or an RLIMIT_NICE of at least "
-        need += f"{20 - nice})" if nice < 0 else ""
-        raise type(exc)(f"--nice {nice}: {exc.strerror}{need}") from None
+        need = f" (below 0 needs CAP_SYS_NICE or an RLIMIT_NICE of at least {20 - nice})"
+        raise type(exc)(f"--nice {nice}: {exc.strerror}{need if nice < 0 else ''}") from None
+    try:
+        autogroup.write_text(f"{nice}\n")
+    except FileNotFoundError:
+        pass  # no autogroup: the kernel shares the CPUs between tasks, the thread's counts
+    except OSError as exc:
+        log.warning(
+            "--nice %d: the session's nice value is not set (%s: %s): programs of other "
+            "sessions still get an even share of the CPUs beside it",
+            nice, autogroup, exc.strerror,
+        )  # fmt: skip
 
 
 class _Timespec(ctypes.Structure):
