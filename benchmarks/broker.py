@@ -1410,7 +1410,8 @@ class Bench:
                     under = {"p99": f"low{rate}_nice_under_p99"}
                     what = f"srtm at --nice {NICE}: {low_topics(rate)} topics at {rate}/s"
                     measure = partial(self._low_rate, run, nice_broker, rate, under, LOW_UNDER)
-                    self.guarded([*under.values()], f"{what} offered {LOW_UNDER:g} ×", measure)
+                    what += f" offered {LOW_UNDER:g} ×, run {run + 1}"
+                    self.guarded([*under.values()], what, measure)
             with busy_loop():
                 for kind, broker in (("", self.brokers["srtm"]), ("nice_", nice_broker)):
                     if broker is None:
