@@ -799,7 +799,7 @@ def node_children(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             out += [int(c) for c in (task / "children").read_text().split()]
-        except FileNotFoundError:  # the thread ended after the listing
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended after the listing
             continue
     return out
 

@@ -96,13 +96,13 @@ def children(pid: int) -> dict[int, int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             kids = (task / "children").read_text().split()
-        except FileNotFoundError:  # the thread ended after the listing
+        except (FileNotFoundError, ProcessLookupError):  # the thread ended after the listing
             continue
         for child in kids:
             try:
                 argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-            except FileNotFoundError:  # it exited meanwhile
-                continue
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # it exited meanwhile (one exiting, not yet reaped, gives ESRCH)
             if b"--broker-id" in argv:
                 out[int(argv[argv.index(b"--broker-id") + 1])] = int(child)
     return out
