@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,9 @@ async def test_the_page_and_its_files_are_served(controller_api: ControllerClien
 # -- the page in a real browser ----------------------------------------------------------------
 
 
-def _driver() -> Any:
+def _driver(tmp: Path) -> Any:
+    """Chromium under chromedriver, its profile and its temporary files (the singleton
+    socket's directory, which it leaves in TMPDIR when it is made to quit) in ``tmp``."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if missing:
         pytest.fail(
@@ -170,10 +173,11 @@ def _driver() -> Any:
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1500,900"):  # fmt: skip
+                "--window-size=1500,900", f"--user-data-dir={tmp / 'profile'}"):  # fmt: skip
         options.add_argument(arg)
     # The system chromedriver, named: Selenium downloads nothing.
-    return webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    service = Service(executable_path=str(CHROMEDRIVER), env={**os.environ, "TMPDIR": str(tmp)})
+    return webdriver.Chrome(service=service, options=options)
 
 
 def _browse(url: str, shot: Path) -> dict[str, str]:
@@ -182,7 +186,7 @@ def _browse(url: str, shot: Path) -> dict[str, str]:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver = _driver()
+    driver = _driver(shot.parent)
     try:
         driver.get(url + "/ui")
         wait = WebDriverWait(driver, 30, poll_frequency=0.1)
