@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +161,9 @@ async def test_the_page_and_its_files_are_served(controller_api: ControllerClien
 
 def _driver(tmp: Path) -> Any:
     """Chromium under chromedriver, its profile and its temporary files (the singleton
-    socket's directory, which it leaves in TMPDIR when it is made to quit) in ``tmp``."""
+    socket's directory, which it leaves in TMPDIR when it is made to quit) in ``tmp``: a
+    short path (a Unix socket's path has at most 107 bytes; pytest's ``tmp_path`` under
+    xdist is longer than that leaves room for)."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if missing:
         pytest.fail(
@@ -186,7 +189,8 @@ def _browse(url: str, shot: Path) -> dict[str, str]:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver = _driver(shot.parent)
+    tmp = Path(tempfile.mkdtemp(prefix="srtm-chromium-"))
+    driver = _driver(tmp)
     try:
         driver.get(url + "/ui")
         wait = WebDriverWait(driver, 30, poll_frequency=0.1)
@@ -208,6 +212,7 @@ def _browse(url: str, shot: Path) -> dict[str, str]:
         return cells
     finally:
         driver.quit()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.slow
