@@ -189,30 +189,30 @@ def _browse(url: str, shot: Path) -> dict[str, str]:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    tmp = Path(tempfile.mkdtemp(prefix="srtm-chromium-"))
-    driver = _driver(tmp)
-    try:
-        driver.get(url + "/ui")
-        wait = WebDriverWait(driver, 30, poll_frequency=0.1)
-        broker = wait.until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, '#brokers tr[data-broker="1"]')
-        )[0]
-        assert broker.find_element(By.CSS_SELECTOR, ".mcap").text == "150"
-        wait.until(lambda d: broker.find_element(By.CSS_SELECTOR, ".allocated").text != "0.0")
+    # removed even where Chromium does not start
+    with tempfile.TemporaryDirectory(prefix="srtm-chromium-", ignore_cleanup_errors=True) as tmp:
+        driver = _driver(Path(tmp))
+        try:
+            driver.get(url + "/ui")
+            wait = WebDriverWait(driver, 30, poll_frequency=0.1)
+            broker = wait.until(
+                lambda d: d.find_elements(By.CSS_SELECTOR, '#brokers tr[data-broker="1"]')
+            )[0]
+            assert broker.find_element(By.CSS_SELECTOR, ".mcap").text == "150"
+            wait.until(lambda d: broker.find_element(By.CSS_SELECTOR, ".allocated").text != "0.0")
 
-        def p99(d: Any) -> Any:
-            rows = d.find_elements(By.CSS_SELECTOR, '#topics tr[data-topic="sensors"]')
-            return rows and rows[0].find_element(By.CSS_SELECTOR, ".p99").text[:1].isdigit()
+            def p99(d: Any) -> Any:
+                rows = d.find_elements(By.CSS_SELECTOR, '#topics tr[data-topic="sensors"]')
+                return rows and rows[0].find_element(By.CSS_SELECTOR, ".p99").text[:1].isdigit()
 
-        wait.until(p99)
-        row = driver.find_element(By.CSS_SELECTOR, '#topics tr[data-topic="sensors"]')
-        cells = {k: row.find_element(By.CSS_SELECTOR, f".{k}").text
-                 for k in ("slo", "p99", "verdict", "plan", "drl")}  # fmt: skip
-        driver.save_screenshot(str(shot))
-        return cells
-    finally:
-        driver.quit()
-        shutil.rmtree(tmp, ignore_errors=True)
+            wait.until(p99)
+            row = driver.find_element(By.CSS_SELECTOR, '#topics tr[data-topic="sensors"]')
+            cells = {k: row.find_element(By.CSS_SELECTOR, f".{k}").text
+                     for k in ("slo", "p99", "verdict", "plan", "drl")}  # fmt: skip
+            driver.save_screenshot(str(shot))
+            return cells
+        finally:
+            driver.quit()
 
 
 @pytest.mark.slow
