@@ -1,7 +1,7 @@
 """What one client connection reads, run as commands, in order (the publisher's side).
 
-Reads use ``recvmsg`` so each read carries the kernel's receive timestamp
-(SO_TIMESTAMPNS); every command completed by a read gets that read's stamp. A run of a
+Each read carries the kernel's receive timestamp (SO_TIMESTAMPNS;
+``srtm.broker.sockio``); every command completed by a read gets that read's stamp. A run of a
 read's PUBs to one topic is one publish (``Pubs``). A connection
 runs at most ``TURN_BUDGET`` commands per loop turn; nothing after a publish taken in
 slices (``PUBLISH_SLICE``) until it is taken; and nothing at all, nor reads, while a
@@ -14,13 +14,13 @@ import asyncio
 import itertools
 import logging
 import socket
-import struct
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from srtm.broker.output import Output
+from srtm.broker.sockio import recv_stamped
 from srtm.protocol import Event, Fins, Mpub, Parser, ProtocolError, Pub, Pubs, errors
 from srtm.protocol.session import Session, SessionState
 
@@ -31,10 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("srtm.broker")
 
-_TIMESPEC = struct.Struct("qq")
 # Small reads bound the work one callback does, so shaped releases are not held back.
 _READ_SIZE = 32 * 1024
-_ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size)
 _CLOSED = SessionState.CLOSED
 #: FINs of a run (``Fins``) run at a time, with due releases looked at in between.
 _FIN_CHUNK = 32
@@ -143,21 +141,19 @@ class Intake:
             return
         self._waiting_for = 0  # read: the next read may wait for a release again
         try:
-            data, ancdata, _, _ = self._sock.recvmsg(_READ_SIZE, _ANC_SIZE)
+            data, stamp, user_ns = recv_stamped(self._sock, _READ_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._conn.close()
             return
-        user_ns = time.time_ns()
         if not data:
             self._conn.close()
             return
         arrival = user_ns
-        if ancdata:
-            sec, nsec = _TIMESPEC.unpack_from(ancdata[0][2])
-            arrival = sec * 1_000_000_000 + nsec
-            self._broker.stats.stamp_gaps.pending.append(user_ns - arrival)  # ``add``, inline
+        if stamp:
+            arrival = stamp
+            self._broker.stats.stamp_gaps.pending.append(user_ns - stamp)  # ``add``, inline
         self.last_read_ns = user_ns
         if self.unwrap is not None and not (data := self.unwrap(data)):
             return

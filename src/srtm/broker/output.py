@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from srtm.broker.sockio import send
 from srtm.protocol.session import Session, SessionState
 
 log = logging.getLogger("srtm.broker")
@@ -107,7 +108,7 @@ class Output:
         if self._session.state is _CLOSED:
             return
         try:
-            sent = self._sock.send(data)
+            sent = send(self._sock, data)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError:
@@ -144,7 +145,7 @@ class Output:
 
     def _on_writable(self) -> None:
         try:
-            sent = self._sock.send(self.buf)
+            sent = send(self._sock, self.buf)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:

@@ -29,6 +29,7 @@ from srtm.broker.intake import Intake, ReleaseClock
 from srtm.broker.output import Output
 from srtm.broker.queue import PUBLISH_SLICE, Record
 from srtm.broker.shared import SUB_REFUSED
+from srtm.broker.sockio import SO_TIMESTAMPNS
 from srtm.broker.state import DeliveryError
 from srtm.broker.tls import tcp_requires_tls
 from srtm.protocol import Parser, ProtocolError, errors, frames
@@ -45,8 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("srtm.broker")
 
-#: Linux's SO_TIMESTAMPNS (== SCM_TIMESTAMPNS); the socket module does not export it.
-SO_TIMESTAMPNS = 35
 #: struct tcp_info (Linux >= 4.6): tcpi_rtt (µs) at byte 68, tcpi_min_rtt at byte 148.
 _TCPI_U32 = struct.Struct("I")
 _TCPI_RTT_OFFSET = 68
