@@ -15,7 +15,8 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Protocol
 
-from srtm.broker.message import Message, Origin
+from srtm.broker.flights import fin_flights
+from srtm.broker.message import Message
 from srtm.broker.queue import (
     IN_MEMORY,
     NOT_KEPT,
@@ -242,34 +243,15 @@ class Channel:
             self._compact_timeouts()
 
     def fin_many(self, mids: list[bytes], consumer: Consumer) -> list[tuple[bytes, str]]:
-        """``fin`` of each (a consumer's run of FINs); those that failed and why."""
-        flights = self.in_flight
-        pop = flights.pop  # one lookup per FIN, not a get and a del
-        failed: list[tuple[bytes, str]] = []
-        done = 0
-        # Read from disk: settled per run of one origin (one segment), not per FIN.
-        last: Origin | None = None
-        run = 0
-        for mid in mids:
-            flight = pop(mid, None)
-            if flight is None or flight[1] is not consumer:
-                if flight is not None:
-                    flights[mid] = flight  # another consumer's: it stays in flight
-                failed.append((mid, f"{mid.decode(errors='replace')} not found"))
-                continue
-            done += 1
-            origin = flight[0][7]
-            if origin is not last:
-                if last is not None:
-                    last.settle(run)
-                last, run = origin, 0
-            run += 1
-        if last is not None:
-            last.settle(run)
+        """``fin`` of each (a consumer's run of FINs); those that failed and why. Read
+        from disk, settled per run of one origin (one segment), not per FIN."""
+        done, failed, settles = fin_flights(self.in_flight, mids, consumer)
+        for origin, run in settles:
+            origin.settle(run)
         consumer.in_flight -= done
-        if self._timeout_ids > 4 * len(flights) + 1024:
+        if self._timeout_ids > 4 * len(self.in_flight) + 1024:
             self._compact_timeouts()
-        return failed
+        return [(mid, f"{mid.decode(errors='replace')} not found") for mid in failed]
 
     def _compact_timeouts(self) -> None:
         """Drop deadlines of settled messages (the heap would otherwise keep one id per

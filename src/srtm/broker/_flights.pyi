@@ -1,0 +1,5 @@
+from typing import Any
+
+def fin_flights(
+    flights: dict[bytes, Any], mids: list[bytes], consumer: object, /
+) -> tuple[int, list[bytes], list[tuple[Any, int]], int]: ...
