@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from srtm.broker import flights
-from srtm.broker.flights import Finished, fin_flights, fin_flights_py
+from srtm.broker.flights import FinsTaken, fin_flights, fin_flights_py
 
-Fin = Callable[[dict[bytes, Any], list[bytes], object], Finished]
+Fin = Callable[[dict[bytes, Any], list[bytes], object], FinsTaken]
 
 #: The reference, and what the broker calls (C where it was built).
 FINS: list[Fin] = [fin_flights_py, fin_flights]
@@ -57,7 +57,7 @@ def test_the_c_function_was_built() -> None:
 def test_this_consumers_flights_go_and_the_rest_stay_in_order(fin: Fin) -> None:
     f = in_flight((b"a", ME, None), (b"b", OTHER, None), (b"c", ME, None), (b"d", ME, None))
     done = fin(f, [b"c", b"b", b"x", b"a", b"c"], ME)
-    assert done == Finished(2, [b"b", b"x", b"c"], [])
+    assert done == FinsTaken(2, [b"b", b"x", b"c"], [])
     assert list(f) == [b"b", b"d"]  # another consumer's kept where it was
     assert f[b"b"][1] is OTHER
 

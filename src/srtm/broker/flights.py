@@ -19,7 +19,7 @@ from srtm.broker.queue import Record
 C = TypeVar("C")
 
 
-class Finished(NamedTuple):
+class FinsTaken(NamedTuple):
     """What a run of FINs did: how many were in flight to the consumer and are gone; the
     ids that were not (absent, or another consumer's: left in flight), in order; and the
     disk origins to settle, one entry per run of FINs from the same origin."""
@@ -31,7 +31,7 @@ class Finished(NamedTuple):
 
 def fin_flights_py(
     flights: dict[bytes, tuple[Record, C, int]], mids: list[bytes], consumer: C
-) -> Finished:
+) -> FinsTaken:
     """Take each of ``mids`` that is in flight to ``consumer`` out of ``flights``."""
     get = flights.get
     failed: list[bytes] = []
@@ -54,7 +54,7 @@ def fin_flights_py(
         run += 1
     if last is not None:
         settles.append((last, run))
-    return Finished(done, failed, settles)
+    return FinsTaken(done, failed, settles)
 
 
 _c: ModuleType | None
@@ -66,7 +66,7 @@ except ImportError:  # not built (no compiler at install): in Python
 
 def fin_flights(
     flights: dict[bytes, tuple[Record, C, int]], mids: list[bytes], consumer: C
-) -> Finished:
+) -> FinsTaken:
     """``fin_flights_py``, in C where it was built. C stops before a flight it does not
     take (not a tuple of a record of 8 fields), leaving it in place; Python does the rest."""
     if _c is None:
@@ -77,4 +77,4 @@ def fin_flights(
         done += rest.done
         failed += rest.failed
         settles += rest.settles
-    return Finished(done, failed, settles)
+    return FinsTaken(done, failed, settles)
