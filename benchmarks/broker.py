@@ -98,7 +98,8 @@ TARGET_LATENESS_P99_US = 100.0
 TIMER_SLEEPS = 400
 TIMER_SLEEP_S = 0.0025
 #: A run is disturbed where that timer woke later than this at p99: twice the lateness
-#: goal (this kind of machine, quiet, gives 90-140 µs; its busy hours 390-1,300 µs).
+#: goal (this kind of machine gave 99-198 µs in its quiet sittings, 387-1,278 in a busy
+#: hour of its host). A quiet run can come close to it: the line is not a margin.
 DISTURBED_TIMER_P99_US = 2 * TARGET_LATENESS_P99_US
 #: Longest a topic's deletion waits for the broker to see its consumers go.
 CONSUMERS_GONE_S = 5.0
