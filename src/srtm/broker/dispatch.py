@@ -44,8 +44,11 @@ class Dispatcher:
     def mark_ready(self, channel: Channel) -> None:
         """Dispatch this channel soon (once per loop turn, however many calls). One with
         no consumer has nothing to dispatch (a single PUB into it would cost a loop turn
-        more); a consumer has RDY 0 until its RDY, which marks the channel again."""
-        if not channel.consumers:
+        more); a consumer has RDY 0 until its RDY, which marks the channel again. Nor has
+        one with nothing queued: a consumer that keeps up FINs into an empty queue, a
+        read of FINs at a time, and each would cost a loop callback; what is queued later
+        marks the channel again."""
+        if not channel.consumers or not len(channel.queue):
             return
         self._dirty.add(channel)
         if not self._flush_scheduled:
