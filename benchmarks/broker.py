@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import platform
 import re
+import resource
 import select
 import shutil
 import signal
@@ -798,6 +799,35 @@ def cpu_s(pids: Sequence[int]) -> float:
     return total / CLOCK_TICKS
 
 
+def children_cpu_s() -> float:
+    """utime + stime of this process's children waited for so far (s)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def tools_at_once_text(rows: dict[str, Row]) -> str | None:
+    """The load tools' CPU at once (³) per message published, each broker's median and
+    range, and how many messages the reader took per message published: on a machine
+    with fewer cores than busy processes, what the tools spend the writer does not get."""
+    parts = []
+    for who in BROKERS:
+        runs = [x for x in rows["both_pub"].raw if x["broker"] == who and "tools_cpu_s" in x]
+        read = {x["run"]: x["msgs"] for x in rows["both_sub"].raw if x["broker"] == who}
+        per_msg = [x["tools_cpu_s"] / x["msgs"] * 1e6 for x in runs if x["msgs"]]
+        taken = [read[x["run"]] / x["msgs"] for x in runs if x["msgs"] and x["run"] in read]
+        if per_msg and taken:
+            parts.append(
+                f"{who} {statistics.median(per_msg):.2f} µs ({spread(per_msg, 'µs')}), "
+                f"{statistics.median(taken):.2f} read per published"
+            )
+    if not parts:
+        return None
+    return (
+        "at once ³, the load tools' CPU (bench_writer and bench_reader, utime + stime) "
+        "per message published: " + "; ".join(parts)
+    )
+
+
 def node_children(pid: int) -> list[int]:
     """The node's broker processes."""
     out = []
@@ -1346,9 +1376,10 @@ class Bench:
                     tool_cmd(self.writer, broker.tcp, topic, d, batch_size=MPUB_BATCH),
                     tool_cmd(self.reader, broker.tcp, topic, d, channel=CHANNEL, rdy=RDY),
                 ]
-                cpu0 = broker.cpu_s()
+                cpu0, tools0 = broker.cpu_s(), children_cpu_s()
                 w, r = run_tools(cmds, self.timeout())
                 cpu = broker.cpu_s() - cpu0
+                w["tools_cpu_s"] = children_cpu_s() - tools0  # both tools, reaped by now
             finally:
                 self.delete_topic(broker, topic)
             # Per message published: each of them is also consumed (or nearly all).
@@ -1769,7 +1800,8 @@ def footnotes(cfg: Config) -> list[str]:
         f"² bench_writer's backlog (the topic has one channel, created first), then "
         f"bench_reader --rdy={RDY} --runfor={d} on that channel; its ops/s (if the backlog "
         "ran out, a lower bound: noted under the table).",
-        f"³ bench_writer (MPUB-{MPUB_BATCH}) and bench_reader on a fresh topic at once for {d}.",
+        f"³ bench_writer (MPUB-{MPUB_BATCH}) and bench_reader on a fresh topic at once for {d}. "
+        "The tools share the cores with the broker: their CPU is given after the tables.",
         f"⁴ our generator, one process: a publisher sending PUBs on an absolute schedule with "
         "time.time_ns() in the body, and a consumer (RDY 2500, FIN each) on the same loop; "
         "latency = read time − send stamp, every message. The rate is half of what srtm "
@@ -2070,6 +2102,8 @@ def main(
         highlight=False,
     )
     console.print(disturbed.text(), highlight=False)
+    if (tools := tools_at_once_text(bench.rows)) is not None:
+        console.print(tools, highlight=False)
     for note in footnotes(cfg):
         console.print(note, highlight=False)
     for problem in bench.problems:
