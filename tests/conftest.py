@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import aiohttp
@@ -17,7 +19,7 @@ from srtm.broker.http import serve_http
 from srtm.control.options import ControllerOptions
 from srtm.control.service import ControllerService
 from srtm.launch import BrokerProcess, start_broker
-from support import BrokerApi, ControllerClient, MakeBroker
+from support import REPO, BrokerApi, ControllerClient, MakeBroker
 
 settings.register_profile(
     "default", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow]
@@ -72,6 +74,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="module")
+def broker_bench() -> Iterator[ModuleType]:
+    """``benchmarks/broker.py`` as a module, for tests of its pure parts."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(REPO / "benchmarks"))
+        yield importlib.import_module("broker")
 
 
 @pytest.fixture(scope="session")
