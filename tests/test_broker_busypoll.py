@@ -1,4 +1,5 @@
-"""Busy polling (``srtm.broker.busypoll``): the rule, the loop's polling, and the option."""
+"""Busy polling (``srtm.broker.busypoll``): each connection's rule, the loop's polling, and
+the option."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ US = 1_000
 
 
 def test_a_run_of_close_reads_polls_for_the_window_after_each() -> None:
-    """Reads 20 µs apart (two synchronous publishers): after the first few, which show
-    that reads come close, each read polls for the window."""
+    """A connection's reads 20 µs apart (a synchronous publisher's): after the first few,
+    which show that its reads come close, each read polls for the window."""
     window = PollWindow(30 * US)
     polled = [window.read(1_000_000 + k * 20 * US) for k in range(12)]
     assert not polled[0]
@@ -41,16 +42,48 @@ def test_polling_follows_the_share_of_close_reads() -> None:
     assert not window.read(t)
 
 
-def test_reads_spread_evenly_apart_never_poll() -> None:
-    """2,000 sensors a second, 500 µs apart, or 200 at 100/s, 50 µs apart with jitter,
-    where one read in four chances to come within the window: no CPU spent polling."""
-    for spacing in (500 * US, 50 * US):
+def test_reads_spread_apart_never_poll() -> None:
+    """A sensor's reads 500 µs or 10 ms apart, where one read in four chances to come
+    within the window: no CPU spent polling."""
+    for spacing in (500 * US, 10_000 * US):
         window = PollWindow(30 * US)
         t = 0
         for k in range(400):
             t += spacing if k % 4 else 25 * US
             assert not window.read(t)
         assert window.until_ns == 0
+
+
+def test_many_connections_close_together_only_in_sum_never_poll() -> None:
+    """200 sensors at 100/s each: the broker reads one every 50 µs, every 5th only 20 µs
+    after the one before; each sensor's own reads are 10 ms apart. The rule is each
+    connection's, so nothing polls (a rule over all reads would, at a window of 100 µs)."""
+    poll = BusyPoll(100 * US, cpus=2)
+    windows = [poll.window() for _ in range(200)]
+    t = 0
+    for k in range(2_000):
+        t += 20 * US if k % 5 == 0 else 50 * US
+        poll.read(windows[k % 200], t)
+    assert poll.until_ns == 0
+    assert not any(w.until_ns for w in windows)
+
+
+async def test_one_synchronous_connection_among_sensors_polls() -> None:
+    """The same sensors, and one connection reading every 40 µs (a publisher waiting for
+    each OK): its reads start polling, for the window after each of them."""
+    poll = BusyPoll(100 * US, cpus=2)
+    windows = [poll.window() for _ in range(200)]
+    fast = poll.window()
+    polled = []
+    t = 0
+    for k in range(400):
+        t += 20 * US
+        poll.read(windows[k % 200], t)
+        t += 20 * US
+        poll.read(fast, t)
+        polled.append(poll.until_ns)
+    assert polled[-1] == t + 100 * US
+    assert not any(w.until_ns for w in windows)
 
 
 def test_a_window_of_zero_never_polls() -> None:
@@ -76,10 +109,11 @@ async def test_the_loop_polls_for_the_window_then_sleeps_again() -> None:
     """While polling, the poll's callback runs again every loop turn (the loop's wait is
     held at zero); once the window has passed it stops by itself."""
     poll = CountingPoll(200_000 * US, cpus=2)
+    window = poll.window()
     now = time.time_ns()
     for k in range(10, -1, -1):
-        poll.read(now - k * 1_000 * US)
-    end = poll.window.until_ns
+        poll.read(window, now - k * 1_000 * US)
+    end = poll.until_ns
     while poll.turns <= 20 and time.time_ns() < end:
         await asyncio.sleep(0.001)
     assert poll.turns > 20
@@ -91,9 +125,10 @@ async def test_the_loop_polls_for_the_window_then_sleeps_again() -> None:
 
 async def test_a_read_far_from_the_last_does_not_poll() -> None:
     poll = CountingPoll(20_000 * US, cpus=2)
+    window = poll.window()
     now = time.time_ns()
     for k in range(10, -1, -1):
-        poll.read(now - k * 50_000 * US)
+        poll.read(window, now - k * 50_000 * US)
     await asyncio.sleep(0.005)
     assert poll.turns == 0
 
@@ -102,7 +137,7 @@ async def test_a_read_far_from_the_last_does_not_poll() -> None:
 async def test_the_option_sets_the_window(tmp_path: Path, us: int) -> None:
     broker = Broker(BrokerOptions(data_dir=tmp_path, busy_poll_us=us))
     too_few = usable_cpus() < 2
-    assert broker.busy_poll.window.window_ns == (0 if too_few else us * US)
+    assert broker.busy_poll.window_ns == (0 if too_few else us * US)
 
 
 def _cgroup(tmp_path: Path, line: str, files: dict[str, str]) -> float | None:

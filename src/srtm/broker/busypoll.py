@@ -1,17 +1,19 @@
-"""Busy polling: while reads come close together, keep the loop polling its sockets for a
-short window after each one instead of sleeping in ``epoll_wait``.
+"""Busy polling: while a connection's reads come close together, keep the loop polling its
+sockets for a short window after each of its reads instead of sleeping in ``epoll_wait``.
 
 A thread that sleeps between a synchronous publisher's PUBs is woken for each: on a
 virtual machine an idle vCPU halts, and waking it (an interrupt between vCPUs, a context
 switch) costs both sides more than the broker's own work on the PUB, and the round trip
 waits for it. Go's scheduler spins a while before it parks, so nsqd pays it less; Linux's
 ``net.core.busy_poll`` is the kernel's form of the same idea. Polling costs CPU, so it is
-only done where it pays: for at most the window after a read, while most reads lately
-came within the window of the one before them (the next then likely does too). Reads
-further apart (a sensor a second, a quiet topic, sensors spread evenly over each second)
-never start it, and a process allowed less than two CPUs (its affinity, or its cgroup's
-quota) never polls: it would take that CPU from the clients that share it, or spend its
-quota.
+only done where it pays: for at most the window after a read, while most of that
+connection's reads lately came within the window of its read before (the next then
+likely does too: a client that sends again as soon as it has its answer). The rule is
+each connection's own, so reads of many connections that fall close together only
+because there are many (200 sensors at 100/s each: a read every 50 µs, but each sensor's
+10 ms apart) never start it, nor do reads further apart (a sensor a second, a quiet
+topic); and a process allowed less than two CPUs (its affinity, or its cgroup's quota)
+never polls: it would take that CPU from the clients that share it, or spend its quota.
 """
 
 from __future__ import annotations
@@ -25,21 +27,21 @@ from pathlib import Path
 _CGROUP = Path("/sys/fs/cgroup")
 
 
-#: Each read moves the share of reads that came close by this much of the difference
-#: (an average over the last eight or so reads).
+#: Each read moves its connection's share of reads that came close by this much of the
+#: difference (an average over its last eight or so reads).
 GAIN = 1 / 8
-#: Polling is done only while at least this share of reads came within the window of the
-#: one before: then a poll likely finds the next read. Reads spread evenly further apart
-#: (200 sensors at 100/s: one every 50 µs) seldom come that close, and a poll after them
-#: would mostly spend its window for nothing.
+#: Polling is done only while at least this share of a connection's reads came within the
+#: window of its read before: then a poll likely finds its next read. A connection whose
+#: reads seldom come that close would mostly have a poll spend its window for nothing.
 CLOSE_SHARE = 0.5
 
 
 @dataclass
 class PollWindow:
-    """The rule, without I/O: ``read`` at each read's time says whether to poll until
-    ``until_ns``: while most reads lately came within the window of the one before them
-    (``close_share``, smoothed); ``window_ns`` 0 never polls."""
+    """One connection's rule, without I/O: ``read`` at each of its reads' time says
+    whether to poll until ``until_ns``: while most of its reads lately came within the
+    window of the one before them (``close_share``, smoothed); ``window_ns`` 0 never
+    polls."""
 
     window_ns: int
     last_read_ns: int = 0
@@ -95,32 +97,41 @@ def cgroup_cpu_quota(
 
 
 class BusyPoll:
-    """``PollWindow`` on the running loop: while it says to poll, a callback scheduled
-    again every loop turn keeps the loop's wait at zero (``epoll_wait`` with no timeout),
-    so a read that comes meanwhile is seen without a wake-up."""
+    """The loop's polling, for the ``PollWindow`` of each connection (``window``): while
+    one of them says to poll, a callback scheduled again every loop turn keeps the loop's
+    wait at zero (``epoll_wait`` with no timeout), so a read that comes meanwhile is seen
+    without a wake-up."""
 
     def __init__(self, window_ns: int, cpus: float | None = None) -> None:
         cpus = usable_cpus() if cpus is None else cpus
-        self.window = PollWindow(window_ns if cpus >= 2 else 0)
+        self.window_ns = window_ns if cpus >= 2 else 0
+        #: Polling until then (the latest a connection's window asked for).
+        self.until_ns = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._polling = False
 
     @property
     def enabled(self) -> bool:
-        return self.window.window_ns > 0
+        return self.window_ns > 0
 
-    def read(self, now_ns: int) -> None:
-        """A connection was read at ``now_ns`` (``time.time_ns``)."""
-        if not self.window.window_ns:
-            return  # off: not even the share kept, on every read
-        if self.window.read(now_ns) and not self._polling:
+    def window(self) -> PollWindow:
+        """A new connection's own rule."""
+        return PollWindow(self.window_ns)
+
+    def read(self, window: PollWindow, now_ns: int) -> None:
+        """The connection of ``window`` was read at ``now_ns`` (``time.time_ns``)."""
+        if not window.read(now_ns):
+            return
+        if window.until_ns > self.until_ns:
+            self.until_ns = window.until_ns
+        if not self._polling:
             self._polling = True
             if self._loop is None:
                 self._loop = asyncio.get_running_loop()
             self._loop.call_soon(self._turn)
 
     def _turn(self) -> None:
-        if time.time_ns() < self.window.until_ns:
+        if time.time_ns() < self.until_ns:
             assert self._loop is not None
             self._loop.call_soon(self._turn)
         else:

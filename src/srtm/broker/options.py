@@ -135,12 +135,13 @@ class BrokerOptions:
         maximum=19,
     )
     busy_poll_us: int = setting(
-        30,
-        "While most reads come within this long (µs) of the one before them, poll the "
-        "sockets for this long after each instead of sleeping: a synchronous publisher's "
-        "next PUB is then read without waking the thread (docs/broker.md, 'Busy polling'). "
-        "Costs CPU only while reads are this close; never with less than two usable CPUs "
-        "(affinity or cgroup quota). 0: never poll.",
+        100,
+        "While most of a connection's reads come within this long (µs) of its read before, "
+        "poll the sockets for this long after each of them instead of sleeping: a "
+        "synchronous publisher's next PUB is then read without waking the thread "
+        "(docs/broker.md, 'Busy polling'). Costs CPU only while some connection's reads "
+        "are this close; never with less than two usable CPUs (affinity or cgroup quota). "
+        "0: never poll.",
         minimum=0,
     )
     scan_interval_ms: int = setting(
