@@ -11,6 +11,9 @@ import pytest
 
 from srtm.broker import Broker, BrokerOptions
 from srtm.broker.busypoll import BusyPoll, PollWindow, cgroup_cpu_quota, usable_cpus
+from srtm.broker.tcp import Client
+from srtm.protocol import MAGIC_V2, Pub, encode_command
+from support import MakeBroker, answered, loopback_pair
 
 US = 1_000
 
@@ -131,6 +134,57 @@ async def test_a_read_far_from_the_last_does_not_poll() -> None:
         poll.read(window, now - k * 50_000 * US)
     await asyncio.sleep(0.005)
     assert poll.turns == 0
+
+
+async def _publish(broker: Broker, clients: int, pubs: int, gap_s: float) -> None:
+    """``clients`` connections, driven here, each sending ``pubs`` PUBs and waiting for
+    each OK, ``gap_s`` apart."""
+    pairs = [loopback_pair() for _ in range(clients)]
+    driven = []
+    for _, server in pairs:
+        client = Client(broker, server, True)
+        broker.clients.add(client)
+        asyncio.get_running_loop().remove_reader(server.fileno())  # read here, at once
+        driven.append(client)
+    for (peer, _), client in zip(pairs, driven, strict=True):
+        peer.sendall(MAGIC_V2)
+        client.intake.on_readable()
+    for _ in range(pubs):
+        for (peer, _), client in zip(pairs, driven, strict=True):
+            peer.sendall(encode_command(Pub("t", b"reading")))
+            client.intake.on_readable()
+            assert answered(peer) == [b"OK"]
+        if gap_s:
+            await asyncio.sleep(gap_s)
+    for (peer, server), client in zip(pairs, driven, strict=True):
+        client.close()
+        peer.close()
+        server.close()
+
+
+async def test_a_publisher_waiting_for_each_ok_starts_polling(make_broker: MakeBroker) -> None:
+    """Through the broker's read path: a connection's PUBs, each sent once the OK before
+    it came, are read close together (within a window of 10 s), so they start polling."""
+    broker = await make_broker()
+    broker.channel("t", "c")
+    broker.busy_poll = poll = BusyPoll(10_000_000 * US, cpus=2)
+    await _publish(broker, clients=1, pubs=10, gap_s=0)
+    assert poll.until_ns > time.time_ns()
+    poll.until_ns = 0  # the polling callback stops at its next turn
+
+
+async def test_many_connections_reading_once_each_never_poll(make_broker: MakeBroker) -> None:
+    """Forty connections read one after another, each once after its magic: close in sum
+    (within the window), but no connection's own reads mostly are, so nothing polls;
+    nor does one connection whose PUBs come further apart than the window."""
+    broker = await make_broker()
+    broker.channel("t", "c")
+    broker.busy_poll = poll = BusyPoll(1_000_000 * US, cpus=2)
+    await _publish(broker, clients=40, pubs=1, gap_s=0)
+    assert poll.until_ns == 0
+    broker.busy_poll = poll = BusyPoll(2 * 1_000 * US, cpus=2)
+    await _publish(broker, clients=1, pubs=10, gap_s=0.005)
+    assert poll.until_ns == 0
 
 
 @pytest.mark.parametrize("us", [0, 30])
