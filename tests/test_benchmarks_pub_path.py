@@ -1,0 +1,44 @@
+"""``benchmarks/pub_path.py``'s profile: each stage it names is on the read path it
+drives, so that a stage the path no longer calls is not shown as taking none of it."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def pub_path() -> Iterator[ModuleType]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(REPO / "benchmarks"))
+        yield importlib.import_module("pub_path")
+
+
+def test_every_stage_is_on_the_profiled_path(pub_path: ModuleType) -> None:
+    anchor, full, stats = asyncio.run(pub_path.measure(300, True))
+    assert stats is not None and anchor > 0 and full > 0
+    shares = pub_path.stage_shares(stats)
+    assert set(shares) == set(pub_path.STAGES)
+    missing = [stage for stage, share in shares.items() if share is None]
+    assert not missing, f"not called on the read path: {missing}"
+    assert all(0 < share <= 1 for share in shares.values())
+    # The peer's socket calls are the driver's, outside the read callback.
+    assert shares["write (OK and send)"] < 1
+
+
+def test_a_stage_not_called_is_none(pub_path: ModuleType) -> None:
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    sum(range(10))
+    prof.disable()
+    assert set(pub_path.stage_shares(pstats.Stats(prof)).values()) == {None}
