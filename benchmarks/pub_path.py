@@ -7,9 +7,14 @@ the real read path in process (``Intake.on_readable`` of a client of a broker wi
 measures in the same run the anchor: the same four socket calls with no broker between.
 The difference is the broker's own cost per PUB (parse, session, queue, frame, write).
 ``--profile`` adds cProfile's split of one run by stage (cProfile inflates Python calls,
-so read its shares, not its times).
+so read its shares, not its times). ``--cold`` adds the same two paths with this
+process's caches evicted before each PUB (a buffer larger than the last-level cache
+written through), the median PUB of ``--cold-count``: a sensor's read, which finds
+its broker after a sleep, runs cold, and what a PUB costs there is not what it costs in a
+warm loop.
 
     .venv/bin/python benchmarks/pub_path.py [--count 30000] [--runs 5] [--profile]
+        [--cold] [--cold-count 300] [--evict-mib 64]
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ from srtm.broker.tcp import Client
 BODY = b"x" * 100
 PUB = b"PUB t\n" + struct.pack(">I", len(BODY)) + BODY
 OK = struct.pack(">ii", 6, 0) + b"OK"
+#: PUBs through the broker before any is timed (all of them kept in memory, as the
+#: timed ones are: one overflowed to disk would have its OK wait for the disk thread).
+WARM_UP = 2_000
 #: Where each stage's cumulative time is read in a profile: the file its function is in
 #: (``~``: a builtin, named as cProfile names it) and the function, as the read callback
 #: reaches them for a sensor's PUB (``Intake._took_one``); the peer's own socket calls
@@ -71,11 +79,44 @@ def _timed(step: Callable[[], None], count: int) -> float:
     return (time.perf_counter() - start) / count
 
 
-async def measure(count: int, profile: bool) -> tuple[float, float, pstats.Stats | None]:
-    """Seconds per PUB: sockets alone, and through the broker (with cProfile's stats)."""
+class Evictor:
+    """Writes one byte of each cache line of a buffer of ``mib`` MiB: what this process
+    had cached is gone (the buffer is larger than the last-level cache)."""
+
+    def __init__(self, mib: int) -> None:
+        self._buf = bytearray(mib << 20)
+        self._ones = b"\x01" * (len(self._buf) // 64)
+
+    def __call__(self) -> None:
+        self._buf[::64] = self._ones
+
+
+def _timed_cold(
+    steps: tuple[Callable[[], None], Callable[[], None]], count: int, evict: Evictor
+) -> tuple[float, float]:
+    """The median of ``count`` runs of each step, each timed alone after ``evict``, the
+    two taking turns (so that both see the same stretch of a noisy machine)."""
+    times: tuple[list[int], list[int]] = ([], [])
+    for _ in range(count):
+        for step, out in zip(steps, times, strict=True):
+            evict()
+            start = time.perf_counter_ns()
+            step()
+            out.append(time.perf_counter_ns() - start)
+    first, second = (statistics.median(t) / 1e9 for t in times)
+    return first, second
+
+
+async def measure(
+    count: int, profile: bool, evict: Evictor | None = None
+) -> tuple[float, float, pstats.Stats | None]:
+    """Seconds per PUB: sockets alone, and through the broker (with cProfile's stats);
+    with ``evict``, each PUB cold (``_timed_cold``)."""
     with tempfile.TemporaryDirectory() as d:
         broker = Broker(
-            BrokerOptions(tcp_port=0, http_port=0, data_dir=Path(d), mem_queue_size=10 * count)
+            BrokerOptions(
+                tcp_port=0, http_port=0, data_dir=Path(d), mem_queue_size=10 * count + WARM_UP
+            )
         )
         await broker.start()
         try:
@@ -99,7 +140,11 @@ async def measure(count: int, profile: bool) -> tuple[float, float, pstats.Stats
                     server.send(OK)
                     peer.recv(64)
 
-                _timed(through_broker, 2_000)  # warm up
+                _timed(through_broker, WARM_UP)
+                if evict is not None:
+                    anchor, full = _timed_cold((sockets_only, through_broker), count, evict)
+                    client.close()
+                    return anchor, full, None
                 anchor = _timed(sockets_only, count)
                 prof = cProfile.Profile() if profile else None
                 if prof is not None:
@@ -134,6 +179,13 @@ def main(
     profile: Annotated[
         bool, typer.Option(help="Also one profiled run: each stage's share of a PUB.")
     ] = False,
+    cold: Annotated[
+        bool, typer.Option(help="Also each PUB with the caches evicted before it.")
+    ] = False,
+    cold_count: Annotated[int, typer.Option(min=10, help="PUBs per cold measurement.")] = 300,
+    evict_mib: Annotated[
+        int, typer.Option(min=1, help="MiB written through before each cold PUB.")
+    ] = 64,
 ) -> None:
     """Per-PUB cost of the broker's read path beside the bare sockets, in one run."""
     try:
@@ -142,11 +194,34 @@ def main(
         uvloop.install()
     except ImportError:
         pass
+    console = Console()
     results = [asyncio.run(measure(count, False)) for _ in range(runs)]
+    title = f"one PUB and its OK, {count:,} per run, median of {runs} (min–max)"
+    console.print(_table(title, results))
+    if cold:
+        evict = Evictor(evict_mib)
+        results = [asyncio.run(measure(cold_count, False, evict)) for _ in range(runs)]
+        title = (
+            f"the same, {evict_mib} MiB written through before each PUB (cold): the median "
+            f"of {cold_count:,} PUBs a run, median of {runs} runs (min–max)"
+        )
+        console.print(_table(title, results))
+    if profile:
+        _, _, stats = asyncio.run(measure(count, True))
+        assert stats is not None
+        shares = Table(title="cProfile: share of the read callback (shares, not times)")
+        shares.add_column("stage")
+        shares.add_column("share", justify="right")
+        for stage, share in stage_shares(stats).items():
+            shares.add_row(stage, "not called" if share is None else f"{share:.0%}")
+        console.print(shares)
+
+
+def _table(title: str, results: list[tuple[float, float, pstats.Stats | None]]) -> Table:
     anchors = [a * 1e6 for a, _, _ in results]
     fulls = [f * 1e6 for _, f, _ in results]
     own = [f - a for a, f in zip(anchors, fulls, strict=True)]
-    table = Table(title=f"one PUB and its OK, {count:,} per run, median of {runs} (min–max)")
+    table = Table(title=title)
     table.add_column("path")
     table.add_column("µs per PUB", justify="right")
     for name, values in (
@@ -157,17 +232,7 @@ def main(
         table.add_row(
             name, f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
         )
-    console = Console()
-    console.print(table)
-    if profile:
-        _, _, stats = asyncio.run(measure(count, True))
-        assert stats is not None
-        shares = Table(title="cProfile: share of the read callback (shares, not times)")
-        shares.add_column("stage")
-        shares.add_column("share", justify="right")
-        for stage, share in stage_shares(stats).items():
-            shares.add_row(stage, "not called" if share is None else f"{share:.0%}")
-        console.print(shares)
+    return table
 
 
 if __name__ == "__main__":

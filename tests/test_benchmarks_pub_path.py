@@ -42,3 +42,20 @@ def test_a_stage_not_called_is_none(pub_path: ModuleType) -> None:
     sum(range(10))
     prof.disable()
     assert set(pub_path.stage_shares(pstats.Stats(prof)).values()) == {None}
+
+
+def test_cold_steps_take_turns_each_after_an_eviction(pub_path: ModuleType) -> None:
+    log: list[str] = []
+    anchor, full = pub_path._timed_cold(
+        (lambda: log.append("anchor"), lambda: log.append("broker")),
+        3,
+        lambda: log.append("evict"),
+    )
+    assert log == ["evict", "anchor", "evict", "broker"] * 3
+    assert anchor > 0 and full > 0
+
+
+def test_cold_measure_runs_the_broker_s_path(pub_path: ModuleType) -> None:
+    anchor, full, stats = asyncio.run(pub_path.measure(20, False, pub_path.Evictor(1)))
+    assert stats is None
+    assert anchor > 0 and full > 0
