@@ -1,5 +1,6 @@
-"""``benchmarks/pub_path.py``'s profile: each stage it names is on the read path it
-drives, so that a stage the path no longer calls is not shown as taking none of it."""
+"""``benchmarks/pub_path.py``: each stage its profile names is on the read path it
+drives, so that a stage the path no longer calls is not shown as taking none of it; and
+its cold measurement, the anchor and the broker's path taking turns after an eviction."""
 
 from __future__ import annotations
 
