@@ -11,15 +11,18 @@ so read its shares, not its times). ``--cold`` adds the same two paths with this
 process's caches evicted before each PUB (a buffer larger than the last-level cache
 written through), the median PUB of ``--cold-count``: a sensor's read, which finds
 its broker after a sleep, runs cold, and what a PUB costs there is not what it costs in a
-warm loop.
+warm loop. ``--split`` times each layer of that path (``LAYERS``) on its own, warm and
+cold: the median of each, inclusive of the layers it calls (the timers add their own
+cost, a few µs cold).
 
     .venv/bin/python benchmarks/pub_path.py [--count 30000] [--runs 5] [--profile]
-        [--cold] [--cold-count 300] [--evict-mib 64]
+        [--cold] [--split] [--cold-count 300] [--evict-mib 64]
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import cProfile
 import pstats
 import socket
@@ -27,16 +30,18 @@ import statistics
 import struct
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from srtm.broker import Broker, BrokerOptions
+from srtm.broker import Broker, BrokerOptions, busypoll, intake, output, queue, state
+from srtm.broker import broker as broker_module
 from srtm.broker.tcp import Client
+from srtm.protocol import parser, session
 
 BODY = b"x" * 100
 PUB = b"PUB t\n" + struct.pack(">I", len(BODY)) + BODY
@@ -48,6 +53,23 @@ WARM_UP = 2_000
 #: (``~``: a builtin, named as cProfile names it) and the function, as the read callback
 #: reaches them for a sensor's PUB (``Intake._took_one``); the peer's own socket calls
 #: in this process are not the broker's and are left out.
+#: The layers ``--split`` times, in the order a sensor's PUB goes through them: a label
+#: (indented under the layer that calls it), and the class or module and the name of the
+#: function.
+LAYERS: tuple[tuple[str, Any, str], ...] = (
+    ("the read callback (Intake.on_readable)", intake.Intake, "on_readable"),
+    ("  the read (recv_stamped)", intake, "recv_stamped"),
+    ("  the parse (Parser.one)", parser.Parser, "one"),
+    ("  the sensor's path (Intake._took_one)", intake.Intake, "_took_one"),
+    ("    publish: Session.publish_one", session.Session, "publish_one"),
+    ("      Client.publish_one", Client, "publish_one"),
+    ("        Broker.publish_one", broker_module.Broker, "publish_one"),
+    ("          Broker._put_one", broker_module.Broker, "_put_one"),
+    ("            Topic.put_one", state.Topic, "put_one"),
+    ("              MessageQueue.put_single", queue.MessageQueue, "put_single"),
+    ("    the OK's write (Output.answer)", output.Output, "answer"),
+    ("  busy polling's rule (BusyPoll.read)", busypoll.BusyPoll, "read"),
+)
 STAGES: dict[str, tuple[str, str]] = {
     "read (recvmsg)": ("~", "<built-in method srtm.broker._sockio.recv_stamped>"),
     "parse": ("parser.py", "one"),
@@ -107,11 +129,40 @@ def _timed_cold(
     return first, second
 
 
+@contextlib.contextmanager
+def timed_layers() -> Iterator[dict[str, list[int]]]:
+    """Each of ``LAYERS`` wrapped in a timer while in the block: its label's list gets
+    each call's ns (cleared by the caller where the warm-up should not count)."""
+    times: dict[str, list[int]] = {label: [] for label, _, _ in LAYERS}
+    saved = [(owner, name, getattr(owner, name)) for _, owner, name in LAYERS]
+    clock = time.perf_counter_ns
+    for (label, owner, name), (_, _, fn) in zip(LAYERS, saved, strict=True):
+        out = times[label]
+
+        def timed(*args: Any, _fn: Any = fn, _out: list[int] = out, **kwargs: Any) -> Any:
+            start = clock()
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                _out.append(clock() - start)
+
+        setattr(owner, name, timed)
+    try:
+        yield times
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+
+
 async def measure(
-    count: int, profile: bool, evict: Evictor | None = None
+    count: int,
+    profile: bool,
+    evict: Evictor | None = None,
+    timing: Callable[[], None] | None = None,
 ) -> tuple[float, float, pstats.Stats | None]:
     """Seconds per PUB: sockets alone, and through the broker (with cProfile's stats);
-    with ``evict``, each PUB cold (``_timed_cold``)."""
+    with ``evict``, each PUB cold (``_timed_cold``). ``timing`` is called once the
+    warm-up is done, before anything is timed."""
     with tempfile.TemporaryDirectory() as d:
         broker = Broker(
             BrokerOptions(
@@ -141,6 +192,8 @@ async def measure(
                     peer.recv(64)
 
                 _timed(through_broker, WARM_UP)
+                if timing is not None:
+                    timing()
                 if evict is not None:
                     anchor, full = _timed_cold((sockets_only, through_broker), count, evict)
                     client.close()
@@ -182,6 +235,9 @@ def main(
     cold: Annotated[
         bool, typer.Option(help="Also each PUB with the caches evicted before it.")
     ] = False,
+    split: Annotated[
+        bool, typer.Option(help="Also each layer of the path timed on its own, warm and cold.")
+    ] = False,
     cold_count: Annotated[int, typer.Option(min=10, help="PUBs per cold measurement.")] = 300,
     evict_mib: Annotated[
         int, typer.Option(min=1, help="MiB written through before each cold PUB.")
@@ -206,6 +262,18 @@ def main(
             f"of {cold_count:,} PUBs a run, median of {runs} runs (min–max)"
         )
         console.print(_table(title, results))
+    if split:
+        warm, cold_times = split_layers(count, cold_count, Evictor(evict_mib))
+        layers = Table(
+            title=f"each layer, inclusive: the median of {count:,} PUBs warm and {cold_count:,} "
+            f"cold ({evict_mib} MiB written through before each), its timer's cost included"
+        )
+        layers.add_column("layer")
+        layers.add_column("warm µs", justify="right")
+        layers.add_column("cold µs", justify="right")
+        for label, _, _ in LAYERS:
+            layers.add_row(label, f"{warm[label]:.2f}", f"{cold_times[label]:.2f}")
+        console.print(layers)
     if profile:
         _, _, stats = asyncio.run(measure(count, True))
         assert stats is not None
@@ -215,6 +283,25 @@ def main(
         for stage, share in stage_shares(stats).items():
             shares.add_row(stage, "not called" if share is None else f"{share:.0%}")
         console.print(shares)
+
+
+def split_layers(
+    count: int, cold_count: int, evict: Evictor
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The median µs of each of ``LAYERS``, warm (``count`` PUBs) and cold."""
+    medians: list[dict[str, float]] = []
+    for n, ev in ((count, None), (cold_count, evict)):
+        with timed_layers() as times:
+
+            def clear(times: dict[str, list[int]] = times) -> None:
+                for t in times.values():
+                    t.clear()
+
+            asyncio.run(measure(n, False, ev, timing=clear))
+        medians.append(
+            {label: statistics.median(t) / 1e3 if t else float("nan") for label, t in times.items()}
+        )
+    return medians[0], medians[1]
 
 
 def _table(title: str, results: list[tuple[float, float, pstats.Stats | None]]) -> Table:

@@ -1,6 +1,7 @@
 """``benchmarks/pub_path.py``: each stage its profile names is on the read path it
 drives, so that a stage the path no longer calls is not shown as taking none of it; and
-its cold measurement, the anchor and the broker's path taking turns after an eviction."""
+its cold measurement, the anchor and the broker's path taking turns after an eviction;
+and its split, each layer of the path timed, then put back as it was."""
 
 from __future__ import annotations
 
@@ -60,3 +61,12 @@ def test_cold_measure_runs_the_broker_s_path(pub_path: ModuleType) -> None:
     anchor, full, stats = asyncio.run(pub_path.measure(20, False, pub_path.Evictor(1)))
     assert stats is None
     assert anchor > 0 and full > 0
+
+
+def test_split_times_every_layer_then_puts_it_back(pub_path: ModuleType) -> None:
+    originals = [(owner, name, getattr(owner, name)) for _, owner, name in pub_path.LAYERS]
+    warm, cold = pub_path.split_layers(20, 10, pub_path.Evictor(1))
+    for label, _, _ in pub_path.LAYERS:
+        assert warm[label] > 0, label  # nan where the path did not call it
+        assert cold[label] > 0, label
+    assert all(getattr(owner, name) is fn for owner, name, fn in originals)
