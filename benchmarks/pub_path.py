@@ -49,10 +49,6 @@ OK = struct.pack(">ii", 6, 0) + b"OK"
 #: PUBs through the broker before any is timed (all of them kept in memory, as the
 #: timed ones are: one overflowed to disk would have its OK wait for the disk thread).
 WARM_UP = 2_000
-#: Where each stage's cumulative time is read in a profile: the file its function is in
-#: (``~``: a builtin, named as cProfile names it) and the function, as the read callback
-#: reaches them for a sensor's PUB (``Intake._took_one``); the peer's own socket calls
-#: in this process are not the broker's and are left out.
 #: The layers ``--split`` times, in the order a sensor's PUB goes through them: a label
 #: (indented under the layer that calls it), and the class or module and the name of the
 #: function.
@@ -70,6 +66,10 @@ LAYERS: tuple[tuple[str, Any, str], ...] = (
     ("    the OK's write (Output.answer)", output.Output, "answer"),
     ("  busy polling's rule (BusyPoll.read)", busypoll.BusyPoll, "read"),
 )
+#: Where each stage's cumulative time is read in a profile: the file its function is in
+#: (``~``: a builtin, named as cProfile names it) and the function, as the read callback
+#: reaches them for a sensor's PUB (``Intake._took_one``); the peer's own socket calls
+#: in this process are not the broker's and are left out.
 STAGES: dict[str, tuple[str, str]] = {
     "read (recvmsg)": ("~", "<built-in method srtm.broker._sockio.recv_stamped>"),
     "parse": ("parser.py", "one"),
