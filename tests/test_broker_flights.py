@@ -1,5 +1,6 @@
-"""A consumer's run of FINs taken off its channel's messages in flight: the C function
-(where built) does what the Python reference does, to the dict's order."""
+"""A channel's messages in flight: a dispatch put in flight (``fly``) and a consumer's run
+of FINs taken off them (``fin_flights``). The C functions (where built) do what the Python
+references do, to the dict's order."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from srtm.broker import flights
-from srtm.broker.flights import FinsTaken, fin_flights, fin_flights_py
+from srtm.broker.flights import FinsTaken, fin_flights, fin_flights_py, fly, fly_py
 
 Fin = Callable[[dict[bytes, Any], list[bytes], object], FinsTaken]
 
-#: The reference, and what the broker calls (C where it was built).
+Fly = Callable[[dict[bytes, Any], list[Any], object, int], list[bytes]]
+
+#: The references, and what the broker calls (C where it was built).
 FINS: list[Fin] = [fin_flights_py, fin_flights]
+FLIES: list[Fly] = [fly_py, fly]
 
 
 class Origin:
@@ -51,6 +55,40 @@ def test_the_c_function_was_built() -> None:
     if flights._c is None:
         pytest.skip("srtm.broker._flights not built: the Python reference is used")
     assert fin_flights(in_flight((b"a", ME, None)), [b"a"], ME) == (1, [], [])
+    assert fly is flights._c.fly  # the broker calls it with no Python frame between
+
+
+@pytest.mark.parametrize("put", FLIES)
+def test_a_dispatch_is_put_in_flight_after_what_was_there(put: Fly) -> None:
+    f = in_flight((b"a", OTHER, None))
+    recs = [record(b"b"), record(b"c")]
+    assert put(f, recs, ME, 7) == [b"b", b"c"]
+    assert list(f.items()) == [
+        (b"a", (record(b"a"), OTHER, 99)),
+        (b"b", (recs[0], ME, 7)),
+        (b"c", (recs[1], ME, 7)),
+    ]
+    assert f[b"b"][0] is recs[0]  # the record itself, not a copy
+    assert put(f, [], ME, 8) == [] and len(f) == 3
+
+
+@pytest.mark.parametrize("put", FLIES)
+def test_a_bad_record_puts_nothing_in_flight(put: Fly) -> None:
+    f = in_flight((b"a", ME, None))
+    with pytest.raises((TypeError, IndexError)):
+        put(f, [record(b"b"), ()], ME, 7)
+    with pytest.raises(TypeError):
+        put(f, [record(b"c"), 5], ME, 7)
+    assert list(f) == [b"a"]
+
+
+def test_c_says_which_record_is_bad() -> None:
+    if flights._c is None:
+        pytest.skip("srtm.broker._flights not built")
+    with pytest.raises(TypeError, match="record 1 is not a tuple with an id"):
+        flights._c.fly({}, [record(b"a"), [b"b"]], ME, 1)
+    with pytest.raises(TypeError):
+        flights._c.fly({}, (record(b"a"),), ME, 1)  # a tuple of records, not a list
 
 
 @pytest.mark.parametrize("fin", FINS)
@@ -136,4 +174,16 @@ def test_c_and_python_agree(owned: list[tuple[bytes, int, int | None]], mids: li
     flown = [(m, consumers[c], None if o is None else origins[o]) for m, c, o in owned]
     ref, got = in_flight(*flown), in_flight(*flown)
     assert fin_flights(got, list(mids), ME) == fin_flights_py(ref, list(mids), ME)
+    assert list(got.items()) == list(ref.items())
+
+
+@settings(max_examples=200, deadline=None)
+@given(_owned, st.lists(_ids, max_size=16), st.integers(0, 2**40))
+def test_c_and_python_put_alike(
+    owned: list[tuple[bytes, int, int | None]], mids: list[bytes], deadline: int
+) -> None:
+    flown = [(m, [ME, OTHER][c], None) for m, c, _ in owned]
+    ref, got = in_flight(*flown), in_flight(*flown)
+    recs = [record(m) for m in mids]  # an id twice: the later flight stands, as in a dict
+    assert fly(got, list(recs), ME, deadline) == fly_py(ref, list(recs), ME, deadline)
     assert list(got.items()) == list(ref.items())

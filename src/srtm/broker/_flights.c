@@ -12,8 +12,13 @@
  *       of at least 8), left in place with every id after it for the caller, else
  *       len(mids).
  *
- * Built at install (pip install -e ., make test); optional. It runs once per message a
- * consumer FINs: about 50 ns a FIN against the Python loop's 120 (runs of 100). */
+ *   fly(flights, recs, consumer, deadline) -> ids
+ *       each record of the list recs (a tuple whose field 0 is its id) put in flight in
+ *       the dict flights, id -> (record, consumer, deadline); ids: their ids, in order.
+ *       A record that is not a tuple, or an empty one, raises TypeError before any is put.
+ *
+ * Built at install (pip install -e ., make test); optional. Each runs once per message a
+ * consumer gets: a FIN about 50 ns against the Python loop's 120 (runs of 100). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -95,9 +100,47 @@ error:
     return NULL;
 }
 
+static PyObject *fly(PyObject *Py_UNUSED(self), PyObject *args) {
+    PyObject *flights, *recs, *consumer, *deadline;
+    if (!PyArg_ParseTuple(args, "O!O!OO:fly", &PyDict_Type, &flights, &PyList_Type, &recs,
+                          &consumer, &deadline))
+        return NULL;
+    /* Ids and flights in lists of our own first: nothing is put where a record fails,
+     * and the dict's work cannot change what is put. */
+    Py_ssize_t n = PyList_GET_SIZE(recs);
+    PyObject *ids = PyList_New(n), *put = PyList_New(n);
+    if (ids == NULL || put == NULL)
+        goto error;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rec = PyList_GET_ITEM(recs, i);
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 1) {
+            PyErr_Format(PyExc_TypeError, "record %zd is not a tuple with an id", i);
+            goto error;
+        }
+        PyObject *flight = PyTuple_Pack(3, rec, consumer, deadline);
+        if (flight == NULL)
+            goto error;
+        PyList_SET_ITEM(put, i, flight);
+        PyObject *mid = PyTuple_GET_ITEM(rec, 0);
+        Py_INCREF(mid);
+        PyList_SET_ITEM(ids, i, mid);
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyDict_SetItem(flights, PyList_GET_ITEM(ids, i), PyList_GET_ITEM(put, i)) < 0)
+            goto error;
+    Py_DECREF(put);
+    return ids;
+error:
+    Py_XDECREF(ids);
+    Py_XDECREF(put);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"fin_flights", fin_flights, METH_VARARGS,
      "fin_flights(flights, mids, consumer): done, failed ids, (origin, count) runs, stopped."},
+    {"fly", fly, METH_VARARGS,
+     "fly(flights, recs, consumer, deadline): each record put in flight; their ids."},
     {NULL, NULL, 0, NULL},
 };
 

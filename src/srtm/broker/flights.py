@@ -1,16 +1,19 @@
-"""A consumer's run of FINs taken off its channel's messages in flight.
+"""A channel's messages in flight: a dispatch's records put in flight (``fly``), and a
+consumer's run of FINs taken off them (``fin_flights``).
 
-A consumer FINs every message it gets, so this runs once per message delivered: in C
-where ``srtm.broker._flights`` was built at install (about 50 ns a FIN against Python's
-120, runs of 100), else ``fin_flights_py``, the reference the tests hold it to. A flight is
+Both run once per message delivered: in C where ``srtm.broker._flights`` was built at
+install (a FIN about 50 ns against Python's 120, runs of 100), else ``fly_py`` and
+``fin_flights_py``, the references the tests hold them to. A flight is
 ``(record, consumer, deadline)`` (``srtm.broker.state.Flight``); a record's field 7 is
 where it was read from disk (``Origin``), or None.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from itertools import repeat
 from types import ModuleType
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from srtm.broker.message import Origin
 from srtm.broker.queue import Record
@@ -27,6 +30,15 @@ class FinsTaken(NamedTuple):
     done: int
     failed: list[bytes]
     settles: list[tuple[Origin, int]]
+
+
+def fly_py(
+    flights: dict[bytes, tuple[Record, C, int]], recs: list[Record], consumer: C, deadline: int
+) -> list[bytes]:
+    """Put each of ``recs`` in flight to ``consumer`` until ``deadline``; their ids."""
+    ids = [r[0] for r in recs]
+    flights.update(zip(ids, zip(recs, repeat(consumer), repeat(deadline)), strict=True))
+    return ids
 
 
 def fin_flights_py(
@@ -78,3 +90,9 @@ def fin_flights(
         failed += rest.failed
         settles += rest.settles
     return FinsTaken(done, failed, settles)
+
+
+#: ``fly_py``, in C where it was built (no Python frame between: it runs per dispatch).
+fly: Callable[[dict[bytes, tuple[Record, Any, int]], list[Record], Any, int], list[bytes]] = (
+    fly_py if _c is None else _c.fly
+)

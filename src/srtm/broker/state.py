@@ -11,11 +11,9 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import itemgetter
 from typing import Protocol
 
-from srtm.broker.flights import fin_flights
+from srtm.broker.flights import fin_flights, fly
 from srtm.broker.message import Message
 from srtm.broker.queue import (
     IN_MEMORY,
@@ -55,7 +53,6 @@ class Consumer(Protocol):
 #: than the record says: see ``queue.attempted``), its consumer and its deadline. A plain
 #: tuple: one allocation per dispatched message, replaced whole by a TOUCH.
 Flight = tuple[Record, Consumer, int]
-_ID = itemgetter(0)
 
 
 class LimitReached(ProtocolError):
@@ -217,9 +214,7 @@ class Channel:
     def _fly(self, consumer: Consumer, recs: list[Record], now: int) -> None:
         """``recs`` are in flight to ``consumer`` until one deadline (one heap entry)."""
         deadline = now + consumer.msg_timeout_ns
-        ids = list(map(_ID, recs))
-        flights = zip(recs, repeat(consumer), repeat(deadline))
-        self.in_flight.update(zip(ids, flights, strict=True))
+        ids = fly(self.in_flight, recs, consumer, deadline)
         heapq.heappush(self._timeouts, (deadline, next(self._seq), ids))
         self._timeout_ids += len(ids)
 
