@@ -127,6 +127,73 @@ async def test_stats_has_nsqd_shape_and_srtm_section(
     assert status == 200 and "[st" in text
 
 
+async def test_stats_lets_the_loop_run_between_topics(
+    broker_api: BrokerApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its slice of the loop, /stats lets a due shaped release go (``clear``) and the
+    loop run before the next topic; the document is the same as built in one go."""
+    import srtm.broker.http as http
+    from srtm.broker.report import stats_document
+
+    broker, s = broker_api
+    for name in ("sa", "sb", "sc"):
+        await call(s, "POST", f"/topic/create?topic={name}")
+        broker.stats.topic(name).latency.add(1_000)
+    cleared = 0
+    clear = broker.releaser.clear
+
+    async def counted() -> None:
+        nonlocal cleared
+        cleared += 1
+        await clear()
+
+    monkeypatch.setattr(broker.releaser, "clear", counted)
+    status, whole = await call(s, "GET", "/stats?format=json")
+    assert status == 200 and cleared == 0  # three topics fit well within a slice
+    monkeypatch.setattr(http, "STATS_SLICE_NS", 0)
+    status, sliced = await call(s, "GET", "/stats?format=json")
+    assert status == 200 and cleared == 3
+    assert [t["topic_name"] for t in sliced["topics"]] == ["sa", "sb", "sc"]
+    at_once = stats_document(broker)
+    for doc in (whole, sliced, at_once):
+        for t in doc["topics"]:
+            t.pop("channels")
+        doc.pop("producers")
+    assert sliced["topics"] == whole["topics"] == json.loads(json.dumps(at_once["topics"]))
+
+
+def test_a_topic_deleted_while_stats_are_built_is_left_out() -> None:
+    """``stats_parts`` pauses after each topic; one deleted meanwhile is not reported, and
+    gets no statistics made anew for it."""
+    import pathlib
+    import tempfile
+
+    from srtm.broker import Broker, BrokerOptions
+    from srtm.broker.report import stats_parts
+
+    async def run() -> None:
+        data = pathlib.Path(tempfile.mkdtemp()) / "data"
+        broker = Broker(BrokerOptions(tcp_port=0, http_port=0, data_dir=data))
+        await broker.start()
+        try:
+            for name in ("da", "db", "dc"):
+                broker.topic(name)
+            parts = stats_parts(broker)
+            next(parts)  # "da" done
+            broker.delete_topic("db")
+            with pytest.raises(StopIteration) as built:
+                while True:
+                    next(parts)
+            doc = built.value.value
+            assert [t["topic_name"] for t in doc["topics"]] == ["da", "dc"]
+            assert [t["topic"] for t in doc["srtm"]["topics"]] == ["da", "dc"]
+            assert "db" not in broker.stats.topics
+        finally:
+            await broker.stop()
+
+    asyncio.run(run())
+
+
 async def test_stats_pools_release_lateness_of_the_topics_listed(
     broker_api: BrokerApi,
 ) -> None:

@@ -243,6 +243,45 @@ def test_recorder_batches_equal_recording_one_by_one() -> None:
     assert s["mean"] == pytest.approx(values.mean(), rel=2e-3)
 
 
+@pytest.mark.parametrize(("digits", "word"), [(3, 8), (2, 4)])
+def test_a_summary_of_several_histograms_is_hdrhs_of_their_values(digits: int, word: int) -> None:
+    """``summarise_many`` (the counts with a value only, between the smallest and the
+    largest recorded) gives what hdrh gives for one histogram of all the values: spans
+    apart, overlapping, an empty one, and the ends of the range (1 ns, 1 h)."""
+    import numpy as np
+    from hdrh.histogram import HdrHistogram
+
+    from srtm.broker.stats import summarise, summarise_many
+
+    rng = np.random.default_rng(7)
+    top = 3_600_000_000_000
+    spans = [
+        rng.integers(900, 2_000, 300),
+        rng.integers(1_500, 80_000_000, 700),
+        np.array([], dtype=np.int64),
+        np.array([1, 1, top, top - 1]),
+        rng.lognormal(15, 2, 2_000).astype(np.int64) + 1,
+    ]
+    hists, everything = [], HdrHistogram(1, top, digits, word_size=word)
+    for values in spans:
+        h = HdrHistogram(1, top, digits, word_size=word)
+        for v in values.tolist():
+            h.record_value(v)
+            everything.record_value(v)
+        hists.append(h)
+    for chosen in (hists, hists[:2], hists[1:2], hists[3:4], hists[4:]):
+        reference = HdrHistogram(1, top, digits, word_size=word)
+        for h in chosen:
+            reference.add(h)
+        got = summarise_many(chosen)
+        assert got["count"] == reference.get_total_count()
+        for key, q in REPORTED:
+            assert got[key] == reference.get_value_at_percentile(q * 100), (key, len(chosen))
+        assert got["mean"] == pytest.approx(reference.get_mean_value(), rel=1e-9)
+    assert summarise(everything) == pytest.approx(summarise_many(hists), rel=1e-12)
+    assert summarise_many([hists[2]])["count"] == 0 and summarise_many([])["p99"] == 0
+
+
 def test_channel_head_lists_in_flight_then_queue_then_deferred() -> None:
     topic = new_topic()
     ch: Channel = topic.channel("c")

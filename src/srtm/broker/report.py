@@ -12,6 +12,7 @@ import gc
 import os
 import sys
 import time
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from srtm.broker.relay import counters_of
@@ -211,15 +212,33 @@ def _srtm_topic(broker: Broker, t: Topic, channel: str | None, now: int) -> Doc:
 def stats_document(
     broker: Broker, topic: str | None = None, channel: str | None = None, clients: bool = True
 ) -> Doc:
-    broker.shares.lease_ok()  # a lapsed lease shows as held, never as a stale bucket
+    """The /stats document, built in one go (``stats_parts``)."""
+    parts = stats_parts(broker, topic, channel, clients)
+    while True:
+        try:
+            next(parts)
+        except StopIteration as built:
+            return built.value  # type: ignore[no-any-return]
+
+
+def stats_parts(
+    broker: Broker, topic: str | None = None, channel: str | None = None, clients: bool = True
+) -> Generator[None, None, Doc]:
+    """The /stats document, a topic at a time: it pauses after each topic (the caller may
+    let the loop run meanwhile: a topic's summaries take about 0.5 ms, and 40 shaped
+    topics held releases back by tens of ms), and returns the document. A topic deleted
+    before its turn is left out."""
     now = time.time_ns()
     topics = []
     srtm_topics = []
     lateness: list[HdrHistogram] = []
     held: list[HdrHistogram] = []
-    for _, t in sorted(broker.topics.items()):  # by name, as nsqd
-        if topic is not None and t.name != topic:
+    for name, t in sorted(broker.topics.items()):  # by name, as nsqd
+        if topic is not None and name != topic:
             continue
+        if broker.topics.get(name) is not t:
+            continue  # deleted (or made anew) while the loop ran: no stats made for it
+        broker.shares.lease_ok()  # a lapsed lease shows as held, never as a stale bucket
         ts = broker.stats.topic(t.name)
         chans = [
             channel_doc(broker, t, ch, clients)
@@ -243,7 +262,8 @@ def stats_document(
             lateness.append(late)
         if (late := ts.lateness_held.recorded()) is not None:
             held.append(late)
-    producers = [client_doc(c) for c in broker.clients if c.pub_counts] if clients else []
+        yield
+    producers = [client_doc(c) for c in list(broker.clients) if c.pub_counts] if clients else []
     return dict(
         version=broker.version,
         health="OK",

@@ -106,6 +106,16 @@ def _shape(hist: HdrHistogram) -> tuple[int, int, int, int]:
     )
 
 
+def _index_of(hist: HdrHistogram, value: int) -> int:
+    """The counts index ``hist.record_value(value)`` counts ``value`` at (as ``record_many``)."""
+    half_magnitude: int = hist.sub_bucket_half_count_magnitude
+    unit: int = hist.unit_magnitude
+    bucket = (value | hist.sub_bucket_mask).bit_length() - unit - half_magnitude - 1
+    index: int = ((bucket + 1) << half_magnitude) + (value >> (bucket + unit))
+    half: int = hist.sub_bucket_half_count
+    return index - half
+
+
 def summarise(hist: HdrHistogram) -> dict[str, float]:
     """count, mean and the REPORTED quantiles of ``hist``: the values
     ``get_value_at_percentile`` gives, computed with numpy over the counts (hdrh loops over
@@ -114,23 +124,37 @@ def summarise(hist: HdrHistogram) -> dict[str, float]:
 
 
 def summarise_many(hists: Sequence[HdrHistogram]) -> dict[str, float]:
-    """``summarise`` of the sum of ``hists``, histograms of one shape (none: empty)."""
+    """``summarise`` of the sum of ``hists``, histograms of one shape (none: empty).
+
+    Only the counts that are not zero are summed up and searched: a topic's latencies
+    fill a few hundred of a histogram's 33,792, and a cumulative sum over all of them
+    (and the copy before it) cost 0.25 ms a summary, 100 ms of /stats, holding shaped
+    releases, for 40 shaped topics. A quantile's index is one with a count, so searching
+    only those finds the same one, and only those between the smallest and the largest
+    value recorded are looked at."""
     total = sum(int(h.total_count) for h in hists)
     out: dict[str, float] = {"count": total, "mean": 0.0}
     if not total:
         return out | _EMPTY_QUANTILES
     lowest, width = _index_values(_shape(hists[0]))
-    counts = np.ctypeslib.as_array(hists[0].counts).astype(np.int64)
-    for h in hists[1:]:
-        # 64-bit counts are unsigned, and uint64 into int64 is no "same kind" cast for
-        # numpy: cast as added, not copied first (counts stay far below 2^63)
-        np.add(counts, np.ctypeslib.as_array(h.counts), out=counts, casting="unsafe")
-    cum = np.cumsum(counts)
-    out["mean"] = float((counts * (lowest + (width >> 1))).sum() / total)
+    used = [h for h in hists if h.total_count]
+    lo = min(_index_of(h, h.min_value) for h in used)
+    hi = max(_index_of(h, h.max_value) for h in used) + 1
+    counts = np.ctypeslib.as_array(used[0].counts)[lo:hi]
+    if len(used) > 1:
+        counts = counts.astype(np.int64)
+        for h in used[1:]:
+            # 64-bit counts are unsigned, and uint64 into int64 is no "same kind" cast
+            # for numpy: cast as added, not copied first (counts stay far below 2^63)
+            np.add(counts, np.ctypeslib.as_array(h.counts)[lo:hi], out=counts, casting="unsafe")
+    at = np.flatnonzero(counts) + lo
+    hits = counts[at - lo].astype(np.int64)
+    cum = np.cumsum(hits)
+    out["mean"] = float((hits * (lowest[at] + (width[at] >> 1))).sum() / total)
     for name, q in REPORTED:
         # hdrh divides a percentage by 100; so does this, to round exactly as it does
         target = max(int(q * 100 / 100 * total + 0.5), 1)
-        i = int(np.searchsorted(cum, target))
+        i = at[int(np.searchsorted(cum, target))]
         out[name] = int(lowest[i] + width[i] - 1)
     return out
 
