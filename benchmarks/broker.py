@@ -1298,7 +1298,8 @@ class Bench:
         name = "srtm"
         where = self.workdir / f"run-{run + 1}-{what}"
         args = ["--shared-address", "127.0.0.1:0", "--mem-queue-size", str(mem_queue_size)]
-        node = start_node(where, NODE_PROCESSES, args)
+        with (self.workdir / f"run-{run + 1}-{what}.log").open("w") as log:
+            node = start_node(where, NODE_PROCESSES, args, stderr=log)  # not amid the table
         assert node.shared is not None
         pids = [node.proc.pid, *node_children(node.proc.pid)]
         https = [http for _, _, http in node.brokers]

@@ -252,14 +252,16 @@ def start_node(
     *,
     timeout: float = 60.0,
     token: str | None = None,
+    stderr: IO[str] | int | None = None,
 ) -> NodeProcess:
     """Start ``srtm node --brokers N`` on 127.0.0.1, every process on ephemeral ports;
-    return once all are ready (``args``: more node or broker options)."""
+    return once all are ready (``args``: more node or broker options; ``stderr``: where
+    its processes' logs go, None: ours)."""
     token = new_token() if token is None else token
     cmd = ["node", "--brokers", str(brokers), "--tcp-address", "127.0.0.1:0",
            "--http-address", "127.0.0.1:0", "--data-dir", str(data_dir), *args]  # fmt: skip
     proc, m = _start(
-        cmd, _NODE_READY, stderr=None, new_session=False, preexec_fn=None, timeout=timeout,
+        cmd, _NODE_READY, stderr=stderr, new_session=False, preexec_fn=None, timeout=timeout,
         token=token,
     )  # fmt: skip
     parts = [(int(b[1]), (b[2], int(b[3])), (b[4], int(b[5]))) for b in _NODE_BROKER.finditer(m[3])]
