@@ -132,7 +132,7 @@ async def test_stats_lets_the_loop_run_between_topics(
 ) -> None:
     """Past its slice of the loop, /stats lets a due shaped release go (``clear``) and the
     loop run before the next topic; the document is the same as built in one go."""
-    import srtm.broker.http as http
+    import srtm.broker.report as report
     from srtm.broker.report import stats_document
 
     broker, s = broker_api
@@ -150,7 +150,7 @@ async def test_stats_lets_the_loop_run_between_topics(
     monkeypatch.setattr(broker.releaser, "clear", counted)
     status, whole = await call(s, "GET", "/stats?format=json")
     assert status == 200 and cleared == 0  # three topics fit well within a slice
-    monkeypatch.setattr(http, "STATS_SLICE_NS", 0)
+    monkeypatch.setattr(report, "STATS_SLICE_NS", 0)
     status, sliced = await call(s, "GET", "/stats?format=json")
     assert status == 200 and cleared == 3
     assert [t["topic_name"] for t in sliced["topics"]] == ["sa", "sb", "sc"]

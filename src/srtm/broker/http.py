@@ -76,7 +76,7 @@ from srtm.broker.http_requests import (
 from srtm.broker.measurement import MeasurementsBusy
 from srtm.broker.metrics import BrokerCollector
 from srtm.broker.relay import route_document
-from srtm.broker.report import admission_rows, bucket_now, memory_document, stats_parts
+from srtm.broker.report import admission_rows, bucket_now, memory_document, stats_sliced
 from srtm.broker.routes import Forward, Replicas, TopicRoute
 from srtm.broker.state import LeaseExpired, LimitReached
 from srtm.broker.tls import http_requires_tls
@@ -111,9 +111,6 @@ if TYPE_CHECKING:
     from srtm.broker.admission import Admission
     from srtm.broker.broker import Broker
 
-#: How long building /stats may hold the loop before it lets the loop run (and a shaped
-#: release due soon go): about two topics' summaries.
-STATS_SLICE_NS = 1_000_000
 #: Methods that change nothing: open even when the broker has a token.
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: nsqd's endpoints that drop a topic's or a channel's messages or stop their delivery:
@@ -309,7 +306,7 @@ class BrokerHttp:
     async def stats(self, request: web.Request) -> web.Response:
         """Topics, channels and clients (nsqd's document), and SRTM's section."""
         q = parse_query(StatsQuery, request.query)
-        doc = await self._stats_document(q)
+        doc = await stats_sliced(self.broker, q.topic, q.channel, q.include_clients)
         if q.include_mem:
             doc = {**doc, "memory": memory_document()}
             doc["producers"] = doc.pop("producers")  # after memory, as nsqd's
@@ -317,21 +314,6 @@ class BrokerHttp:
         if q.format == "json":
             return web.json_response(doc)
         return web.Response(text=_stats_text(doc))
-
-    async def _stats_document(self, q: StatsQuery) -> dict[str, Any]:
-        """``stats_parts``' document, the loop let run between topics once a part of it
-        has held the loop ``STATS_SLICE_NS``, and a shaped release due soon gone first."""
-        parts = stats_parts(self.broker, q.topic, q.channel, q.include_clients)
-        since = time.perf_counter_ns()
-        while True:
-            try:
-                next(parts)
-            except StopIteration as built:
-                return built.value  # type: ignore[no-any-return]
-            if time.perf_counter_ns() - since >= STATS_SLICE_NS:
-                await self.broker.releaser.clear()
-                await asyncio.sleep(0)
-                since = time.perf_counter_ns()
 
     async def topic_create(self, request: web.Request) -> web.Response:
         """Create a topic (nothing changes if it exists)."""
