@@ -4,7 +4,11 @@ Python."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from array import array
+from collections import deque
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -12,7 +16,16 @@ from hypothesis import strategies as st
 
 from srtm.broker import message, queue, stats
 from srtm.broker.message import MessageIds, hex_ids_py
-from srtm.broker.queue import Record, fresh_records, fresh_records_py, run_records, run_records_py
+from srtm.broker.queue import (
+    DeferredQueue,
+    MessageQueue,
+    Record,
+    fresh_records,
+    fresh_records_py,
+    run_records,
+    run_records_py,
+    untrack_py,
+)
 from srtm.broker.stats import (
     RateWindow,
     TopicStats,
@@ -24,6 +37,7 @@ c_fresh = queue._c_fresh_records
 c_times = stats._c_first_attempt_times
 c_run = queue._c_run_records
 c_ids = message._c_hex_ids
+c_untrack = queue._c_untrack
 
 _TIME = st.integers(0, 2**62)
 records = st.builds(
@@ -39,7 +53,7 @@ records = st.builds(
 
 def test_the_c_records_module_was_built() -> None:
     """Optional at install (no compiler: Python's is used); said here when missing."""
-    if c_fresh is None or c_times is None or c_run is None or c_ids is None:
+    if None in (c_fresh, c_times, c_run, c_ids, c_untrack):
         pytest.skip("srtm.broker._records not built: the pure-Python versions are used")
 
 
@@ -190,3 +204,45 @@ def test_a_broker_s_ids_are_the_same_in_c_and_in_python(
     monkeypatch.setattr(message, "_c_hex_ids", None)
     slow = MessageIds(0xABD, start=start)
     assert [slow.take(k) for k in sizes] == want
+
+
+class _Held:
+    """Something a queue's storage holds that a weak reference can watch."""
+
+
+@pytest.mark.parametrize("make", [list, deque])
+def test_an_untracked_container_keeps_what_it_holds(make: type[list[Any]]) -> None:
+    """Untracked, a list or deque holds and gives the same as before, what it holds
+    outlives full collections, and refcounting frees it once the container lets go."""
+    for untrack in filter(None, (untrack_py, c_untrack)):
+        held = _Held()
+        watch = weakref.ref(held)
+        container = make([b"a", held, "s", (1, None)])
+        untrack(container)
+        assert gc.is_tracked(container) is (untrack is untrack_py)
+        del held
+        gc.collect()
+        assert watch() is not None and container[1] is watch()
+        container.append(b"b")
+        del container[1]
+        assert list(container) == [b"a", "s", (1, None), b"b"]
+        del container
+        assert watch() is None
+
+
+def test_only_lists_and_deques_are_untracked() -> None:
+    if c_untrack is None:
+        return  # the Python reference takes anything and does nothing
+    with pytest.raises(TypeError, match="list or deque, not dict"):
+        c_untrack({})  # type: ignore[arg-type]
+
+
+def test_a_queue_s_bulk_storage_is_untracked_where_c_was_built() -> None:
+    """What a full collection would visit entry by entry (see ``queue.untrack``)."""
+    q = MessageQueue(10)
+    for i in range(3):
+        q.put_single(b"%016x" % i, b"body", i, i, "p")
+    d = DeferredQueue(MessageQueue(10))
+    storage = [q._runs, q._ids, q._bodies, q._publishers, d._mem]
+    assert [gc.is_tracked(s) for s in storage] == [c_untrack is None] * 5
+    assert [r[:2] for r in q.take(5)] == [(b"%016x" % i, b"body") for i in range(3)]

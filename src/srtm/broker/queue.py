@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from srtm.broker.message import Message, Origin
 
@@ -68,6 +68,27 @@ def fresh_records(
     if _c_fresh_records is not None and type(ids) is list and type(bodies) is list:
         return _c_fresh_records(ids, bodies, now, arrival, publisher)
     return fresh_records_py(ids, bodies, now, arrival, publisher)
+
+
+def untrack_py(container: list[Any] | deque[Any]) -> None:
+    """What ``untrack`` does where C was not built: nothing (the container stays tracked,
+    and every full collection visits each of its entries)."""
+
+
+_c_untrack: Callable[[list[Any] | deque[Any]], None] | None
+try:
+    from srtm.broker._records import untrack as _c_untrack
+except ImportError:  # not built, or built before it had untrack
+    _c_untrack = None
+
+
+def untrack(container: list[Any] | deque[Any]) -> None:
+    """Stop the collector tracking a queue's bulk storage (C's ``untrack``): it holds only
+    what cannot refer back to it (bytes, strs, records, the ints and strs of runs), so it
+    is in no cycle and refcounting frees what it drops, and a full collection no longer
+    visits a million entries to free none of them (tens of ms with the loop held)."""
+    if _c_untrack is not None:
+        _c_untrack(container)
 
 
 def popleft_many(dq: deque[T], k: int) -> list[T]:
@@ -238,6 +259,8 @@ class MessageQueue:
         self._arrivals = array("q")
         self._publishers: list[str] = []
         self._sat = 0
+        for storage in (self._runs, self._ids, self._bodies, self._publishers):
+            untrack(storage)
         #: Messages in memory (records, and the runs' messages).
         self._n = 0
         self.mem_size = mem_size
@@ -603,6 +626,7 @@ class DeferredQueue:
         #: (-due, -sequence, record), ascending: the soonest due last (``pop`` gives it),
         #: the latest first; the sequence keeps equal due times in arrival order.
         self._mem: list[tuple[int, int, Record]] = []
+        untrack(self._mem)
         self._seq = itertools.count()
         #: Only its bound, its backend and its drop count are used (its deque stays empty).
         self.spill = spill
