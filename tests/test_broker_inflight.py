@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from srtm.broker.message import Message
-from srtm.broker.state import DeliveryError, Topic, memory_queues
+from srtm.broker.state import STALE_DEADLINES, DeliveryError, Topic, memory_queues
 from srtm.broker.stats import _MAX_NS, record_many
 
 MS = 1_000_000
@@ -168,7 +168,7 @@ def test_settled_deadlines_are_compacted_and_a_touch_survives_it() -> None:
     c.rdy = 11
     while sent := ch.dispatch(0):
         ch.fin_many([m.id for _, m in sent], c)
-    assert len(ch.in_flight) == 10 and ch._timeout_ids <= 2 * 10 + 1025
+    assert len(ch.in_flight) == 10 and ch._timeout_ids <= 4 * 10 + STALE_DEADLINES
     assert ch.tick(TIMEOUT) and ch.timeout_count == 9
     assert [m.id for m in ch.queue.memory()] != [] and kept.id in ch.in_flight
     assert ch.tick(1_500 * MS) and ch.timeout_count == 10 and not ch.in_flight

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 import pytest
 
 from srtm.broker.message import Message
-from srtm.broker.state import UNBOOKED, Channel, DeliveryError, Topic, memory_queues
+from srtm.broker.state import (
+    STALE_DEADLINES,
+    UNBOOKED,
+    Channel,
+    DeliveryError,
+    Topic,
+    memory_queues,
+)
 from srtm.broker.stats import RateWindow, Recorder
 from srtm.quantiles import REPORTED
 from srtm.ratelimit import check_conformance
@@ -309,7 +316,7 @@ def test_finished_messages_do_not_pile_up_deadlines() -> None:
         topic.release(0)
         for _, m in ch.dispatch(0):
             ch.fin(m.id, c)
-    assert len(ch._timeouts) <= 2 * len(ch.in_flight) + 1025
+    assert ch._timeout_ids <= 4 * len(ch.in_flight) + STALE_DEADLINES
     # ... and timeouts still fire for what is in flight.
     publish(topic, 1)
     ((_, m),) = ch.dispatch(0)
