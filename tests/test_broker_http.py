@@ -6,6 +6,7 @@ import asyncio
 import json
 import random
 import struct
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -163,18 +164,14 @@ async def test_stats_lets_the_loop_run_between_topics(
     assert sliced["topics"] == whole["topics"] == json.loads(json.dumps(at_once["topics"]))
 
 
-def test_a_topic_deleted_while_stats_are_built_is_left_out() -> None:
+def test_a_topic_deleted_while_stats_are_built_is_left_out(tmp_path: Path) -> None:
     """``stats_parts`` pauses after each topic; one deleted meanwhile is not reported, and
     gets no statistics made anew for it."""
-    import pathlib
-    import tempfile
-
     from srtm.broker import Broker, BrokerOptions
     from srtm.broker.report import stats_parts
 
     async def run() -> None:
-        data = pathlib.Path(tempfile.mkdtemp()) / "data"
-        broker = Broker(BrokerOptions(tcp_port=0, http_port=0, data_dir=data))
+        broker = Broker(BrokerOptions(tcp_port=0, http_port=0, data_dir=tmp_path / "data"))
         await broker.start()
         try:
             for name in ("da", "db", "dc"):
