@@ -51,9 +51,9 @@ class Consumer(Protocol):
 
 #: Settled ids a channel's deadlines may hold beyond 4 x what is in flight before they are
 #: compacted away. Few: each dispatch's deadline is a tuple and a list, tracked by the
-#: collector, and at 1,024 a consumer FINing each shaped release at once left ~700 of them
-#: alive at a time, which set off a young collection every 350 FINs (47 in 5 s at
-#: 10,000/s, 300-800 µs each, releases held meanwhile); at 64, 2 or 3.
+#: collector, and at 1,024, with a consumer FINing each shaped release at once, they were
+#: the whole of the young generation and set it off 47 times in 5 s at 10,000/s (300-800
+#: µs each, releases held meanwhile); at 64, 2 or 3 times.
 STALE_DEADLINES = 64
 
 #: A message in flight: its record as it was queued (the attempt it is on is one more

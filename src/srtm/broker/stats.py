@@ -106,16 +106,6 @@ def _shape(hist: HdrHistogram) -> tuple[int, int, int, int]:
     )
 
 
-def _index_of(hist: HdrHistogram, value: int) -> int:
-    """The counts index ``hist.record_value(value)`` counts ``value`` at (as ``record_many``)."""
-    half_magnitude: int = hist.sub_bucket_half_count_magnitude
-    unit: int = hist.unit_magnitude
-    bucket = (value | hist.sub_bucket_mask).bit_length() - unit - half_magnitude - 1
-    index: int = ((bucket + 1) << half_magnitude) + (value >> (bucket + unit))
-    half: int = hist.sub_bucket_half_count
-    return index - half
-
-
 def summarise(hist: HdrHistogram) -> dict[str, float]:
     """count, mean and the REPORTED quantiles of ``hist``: the values
     ``get_value_at_percentile`` gives, computed with numpy over the counts (hdrh loops over
@@ -138,8 +128,9 @@ def summarise_many(hists: Sequence[HdrHistogram]) -> dict[str, float]:
         return out | _EMPTY_QUANTILES
     lowest, width = _index_values(_shape(hists[0]))
     used = [h for h in hists if h.total_count]
-    lo = min(_index_of(h, h.min_value) for h in used)
-    hi = max(_index_of(h, h.max_value) for h in used) + 1
+    # hdrh's own index of a value (a private method: the tests compare with its quantiles)
+    lo = min(h._counts_index_for(h.min_value) for h in used)
+    hi = max(h._counts_index_for(h.max_value) for h in used) + 1
     counts = np.ctypeslib.as_array(used[0].counts)[lo:hi]
     if len(used) > 1:
         counts = counts.astype(np.int64)
@@ -147,8 +138,9 @@ def summarise_many(hists: Sequence[HdrHistogram]) -> dict[str, float]:
             # 64-bit counts are unsigned, and uint64 into int64 is no "same kind" cast
             # for numpy: cast as added, not copied first (counts stay far below 2^63)
             np.add(counts, np.ctypeslib.as_array(h.counts)[lo:hi], out=counts, casting="unsafe")
-    at = np.flatnonzero(counts) + lo
-    hits = counts[at - lo].astype(np.int64)
+    nonzero = np.flatnonzero(counts)
+    at = nonzero + lo
+    hits = counts[nonzero].astype(np.int64)
     cum = np.cumsum(hits)
     out["mean"] = float((hits * (lowest[at] + (width[at] >> 1))).sum() / total)
     for name, q in REPORTED:
