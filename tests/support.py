@@ -15,7 +15,8 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -76,6 +77,33 @@ def count_publishes(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> list[tup
 
     monkeypatch.setattr(broker, "publish", counted)
     return calls
+
+
+#: What one client connection is made of on the broker (``srtm.broker.tcp.Client``).
+CONNECTION_PARTS = frozenset({"Client", "Session", "Output", "Intake", "Gate"})
+
+
+@contextlib.contextmanager
+def collector_off() -> Iterator[Callable[[], Counter[str]]]:
+    """The cyclic collector off (so that it cannot free a cycle before it is looked for),
+    with a function that counts the connections' parts only it would free now."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield _cyclic_parts
+    finally:
+        gc.enable()
+
+
+def _cyclic_parts() -> Counter[str]:
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        names = (type(o).__name__ for o in gc.garbage)
+        return Counter(n for n in names if n in CONNECTION_PARTS)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
 
 
 def tcp_address(broker: Broker) -> str:

@@ -12,6 +12,8 @@ import json
 import ssl
 import subprocess
 import time
+import weakref
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,7 @@ from srtm.broker.http import serve_http
 from srtm.broker.report import client_doc
 from srtm.launch import start_broker
 from srtm.protocol import Auth, Mpub, Nop, Pub, Rdy, Sub
-from support import eventually
+from support import collector_off, eventually
 
 MakeBroker = Callable[..., Awaitable[Broker]]
 
@@ -435,6 +437,34 @@ async def test_auth_over_tls_reports_tls_and_the_certificate_name(
     assert doc.tls is True and doc.tls_version.startswith("TLSv1") and doc.tls_cipher_suite
     assert (doc.authed, doc.auth_identity) == (True, "alice")
     await c.close()
+
+
+async def test_a_closed_tls_and_auth_connection_leaves_no_cyclic_garbage(
+    make_broker: MakeBroker, auth_server: AuthServer, certs: Certs
+) -> None:
+    """Its gate (TLS, AUTH) lets go of it once it is closed, as the other parts do
+    (``test_broker_tcp``), and its TLS handshake's deadline is cancelled: it is freed at
+    once, nothing of it left for the collector."""
+    broker = await make_broker(
+        auth_http_address=(auth_server.address,), **tls_options(certs, tls_required="true")
+    )
+    with collector_off() as cyclic_parts:
+        c = await connect(broker)
+        await c.identify(tls_v1=True)
+        await upgrade(c, certs.client_context())
+        await c.send(Auth(b"good"))
+        json.loads(await c.response())
+        await c.send(Pub("allowed_topic", b"x"))
+        assert await c.response() == b"OK"
+        (client,) = broker.clients
+        assert client.gate is not None and client.tls is not None
+        gone = weakref.ref(client)
+        del client
+        await c.close()
+        await eventually(lambda: not broker.clients, "the connection closed")
+        await asyncio.sleep(0)  # its parts let go of it a loop turn after the close
+        assert gone() is None  # freed by reference counting (its handshake timer too)
+        assert cyclic_parts() == Counter()
 
 
 def test_auth_answers_are_checked_as_nsqd_does() -> None:

@@ -390,6 +390,10 @@ class Gate:
             self._query.cancel()
             self._query = None
 
+    def detach(self) -> None:
+        """Closed, and the connection gone: let go of it (they would be cyclic garbage)."""
+        del self.client
+
 
 async def close_quietly(auth: Authenticator | None) -> None:
     if auth is not None:

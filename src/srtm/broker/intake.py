@@ -88,6 +88,26 @@ class IntakeConn(Protocol):
     def watch_deadlines(self) -> None: ...
 
 
+class _Closed:
+    """A detached intake's connection (``Intake.detach``): finishing, so that what
+    completes after the close (a publish taken in slices, an unblock) runs nothing."""
+
+    remote = "(closed)"
+    finishing = True
+
+    def close(self) -> None:
+        pass
+
+    def send_error(self, err: ProtocolError) -> None:
+        pass
+
+    def watch_deadlines(self) -> None:
+        pass
+
+
+_CLOSED_CONN = _Closed()
+
+
 class Intake:
     """Reads ``sock`` into ``parser`` and runs what it completes through ``session``
     (past ``gate``, where there is one), writing through ``output``."""
@@ -187,6 +207,12 @@ class Intake:
             self._waiting_for = due
             return True
         return False
+
+    def detach(self) -> None:
+        """The connection is closed and gone: let go of it, so that the two are not
+        cyclic garbage (``Client.close``)."""
+        self._conn = _CLOSED_CONN
+        self.unwrap = None
 
     def stop_reading(self) -> None:
         fd = self._sock.fileno()
@@ -316,6 +342,8 @@ class Intake:
             self._session.receive(event, arrival)
         except ProtocolError as err:
             self._conn.send_error(err)
+            # A parse error is the read's event too: its traceback's frames hold it.
+            err.__traceback__ = None
         except Exception:
             self._internal_error(event)
 
@@ -328,6 +356,7 @@ class Intake:
             self._session.receive(event, arrival)  # type: ignore[arg-type]
         except ProtocolError as err:
             self._conn.send_error(err)
+            err.__traceback__ = None  # as in ``_run_one``
         except Exception:
             self._internal_error(event)
 

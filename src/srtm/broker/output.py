@@ -29,6 +29,10 @@ LINGER_S = 1.0
 _DISCARD_SIZE = 32 * 1024
 
 
+def _nothing() -> None:
+    """A detached output's callbacks: its connection is closed already."""
+
+
 class Output:
     """The output of one connection on ``sock``: ``buf`` is what waits to be sent.
 
@@ -238,3 +242,9 @@ class Output:
         fd = self._sock.fileno()
         if fd >= 0 and self._writing:
             self._loop.remove_writer(fd)
+
+    def detach(self) -> None:
+        """The connection is closed and gone: its callbacks are let go, so that the two
+        are not cyclic garbage (``Client.close``)."""
+        self._close = self._on_pause = self._on_resume = self._on_unsent = _nothing
+        self.wrap = None

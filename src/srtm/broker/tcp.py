@@ -300,6 +300,8 @@ class Client:
         self._heartbeat: asyncio.TimerHandle | None = None
         #: TLS once IDENTIFY asked for it; the gate (--tls-required, AUTH) where configured.
         self.tls: TlsSession | None = None
+        #: Ends a TLS handshake not done in time (cancelled at close: it holds the client).
+        self._tls_timer: asyncio.TimerHandle | None = None
         #: Decompresses what is read once deflate or snappy is on ("" once the stream broke).
         self._inflate: Callable[[bytes], bytes] | None = None
         self.gate: Gate | None = None
@@ -457,7 +459,7 @@ class Client:
         self.output.wrap = self.tls.wrap
         self.intake.unwrap = self._unwrap
         timeout_s = self.broker.options.tls_handshake_timeout_ms / 1000
-        self.loop.call_later(timeout_s, self._tls_deadline)
+        self._tls_timer = self.loop.call_later(timeout_s, self._tls_deadline)
 
     def start_deflate(self, level: int) -> None:
         """Raw DEFLATE both ways, as nsqd's flate stream (inside TLS where both are on)."""
@@ -649,6 +651,8 @@ class Client:
         self.session.close()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
+        if self._tls_timer is not None:
+            self._tls_timer.cancel()
         self.output.stop()
         if self.gate is not None:
             self.gate.close()
@@ -662,6 +666,21 @@ class Client:
             self.loop.remove_reader(fd)
         self.sock.close()
         self.broker.disconnected(self)
+        if not self.loop.is_closed():
+            self.loop.call_soon(self._detach)  # once what runs now (its caller) is done
+
+    def _detach(self) -> None:
+        """Its parts let go of it: each refers back to it (and it to a compressed
+        stream's callback), so a closed connection was cyclic garbage, ~17 objects that
+        only a full collection frees (11-50 ms once 2,000 sensors had gone). Now
+        reference counting frees it, once nothing else holds it (a message in flight
+        to it does until it times out). Whatever runs later finds its parts closed."""
+        self.session.detach()
+        self.output.detach()
+        self.intake.detach()
+        if self.gate is not None:
+            self.gate.detach()
+        self._inflate = None
 
     # -- TLS and the gate (srtm.broker.tls, srtm.broker.auth) -----------------------------
     def _tls_deadline(self) -> None:

@@ -115,7 +115,8 @@ class Parser:
         try:
             self._parse(events)
         except ProtocolError as err:
-            events.append(err)
+            # Kept as an event without its traceback: its frames hold ``events``, a cycle.
+            events.append(err.with_traceback(None))
             if err.fatal:
                 self._failed = True
                 self._buf.clear()
@@ -212,7 +213,7 @@ class Parser:
             except ProtocolError as err:
                 if err.fatal:
                     raise
-                events.append(err)
+                events.append(err.with_traceback(None))
             return after
         body = _WITH_BODY.get(name)
         if body is None:

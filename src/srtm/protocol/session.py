@@ -315,6 +315,12 @@ class Session:
     def close(self) -> None:
         self._enter(SessionState.CLOSED)
 
+    def detach(self) -> None:
+        """Closed, it runs nothing more: let go of the connection, so that the two are
+        not cyclic garbage (a closed connection would wait for a full collection)."""
+        assert self.state is SessionState.CLOSED
+        del self.conn
+
     def beat(self, now_ns: int, last_read_ns: int) -> bytes | None:
         """The heartbeat frame due now, or None when the client has been silent for two
         intervals: it is gone, close it."""
