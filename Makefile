@@ -57,6 +57,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/sim.py
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/loop_lag.py
+	$(BIN)/python benchmarks/churn.py
 	$(BIN)/python benchmarks/stats_doc.py
 
 clean:
