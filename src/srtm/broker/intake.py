@@ -127,10 +127,11 @@ class Intake:
         self._session, self._parser, self._gate, self._output = session, parser, gate, output
         self._loop = asyncio.get_running_loop()
         self.last_read_ns = time.time_ns()
-        #: ``BusyPoll.read`` and this connection's rule, where the broker polls (None: off,
-        #: and no call on every read).
+        #: The broker's ``BusyPoll`` and this connection's rule, where the broker polls
+        #: (None: off, and no call on every read). Not its bound ``read``: an object
+        #: more per connection for the collector to walk.
         poll = broker.busy_poll
-        self._poll_read = poll.read if poll.enabled else None
+        self._poll = poll if poll.enabled else None
         self._poll_window = poll.window()
         self._releases = broker.releaser
         #: The shaped release this read waits for (0: none; see ``_waits_for_release``).
@@ -188,8 +189,8 @@ class Intake:
             self._partial_since_ns = 0  # one whole command: nothing waits for more bytes
             if not self._took_one(one, arrival):
                 self._run_turn([one], 0, arrival)
-        if self._poll_read is not None:
-            self._poll_read(self._poll_window, user_ns)
+        if self._poll is not None:
+            self._poll.read(self._poll_window, user_ns)
 
     def _waits_for_release(self) -> bool:
         """Whether this read waits for the shaped release due within the read guard

@@ -289,7 +289,7 @@ class Client:
         self.remote = f"{host}:{port}"
         self.output = Output(
             sock, self.loop, self.session, opts.max_output_buffer_bytes, opts.write_timeout_ms,
-            self.remote, self.close, self._pause, self._resume, self.watch_deadlines,
+            self.remote, self,
         )  # fmt: skip
         #: The session's frames go straight to the output (an OK per PUB: no call between).
         self.write = self.output.write
@@ -605,12 +605,12 @@ class Client:
         self._arm_heartbeat()
 
     # -- bounds: output back-pressure, deadlines ----------------------------------------------
-    def _pause(self) -> None:
+    def output_paused(self) -> None:
         self.output_pauses += 1
         self._rdy_wanted, self.rdy = self.rdy, 0
         self.intake.stop_reading()
 
-    def _resume(self) -> None:
+    def output_resumed(self) -> None:
         if self.session.state is SessionState.SUBSCRIBED:
             self.rdy = self._rdy_wanted
         if self.finishing:
