@@ -4,7 +4,8 @@ Rounds of SENSORS connections (``benchmarks/sensors.py``: one connection per sen
 PUB a second each, waiting for its OK) connect, publish for SECONDS and disconnect, into
 a fresh in-process broker (uvloop, the collector frozen after start-up as ``srtm broker``
 does). Every pass of CPython's cyclic collector is timed (``gc.callbacks``) with the
-objects it freed, and a probe on the loop sleeps 1 ms over and over and records how late
+objects it freed and the connections open when it came (a full pass walks each one's
+objects: its length follows how many are open then), and a probe on the loop sleeps 1 ms over and over and records how late
 it wakes (loop lag). After the last round, one ``gc.collect()`` shows what was still
 left for the collector.
 
@@ -42,18 +43,21 @@ PROBE_S = 0.001
 
 
 class Passes:
-    """The collector's passes: (generation, ms, objects freed), from ``gc.callbacks``."""
+    """The collector's passes: (generation, ms, objects freed, connections open then),
+    from ``gc.callbacks``: a full pass walks every live connection's objects, so how
+    long it takes depends on how many are open when it comes."""
 
-    def __init__(self) -> None:
-        self.done: list[tuple[int, float, int]] = []
+    def __init__(self, broker: Broker) -> None:
+        self.done: list[tuple[int, float, int, int]] = []
         self._start = 0.0
+        self._broker = broker
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._start = time.perf_counter()
         else:
             ms = (time.perf_counter() - self._start) * 1e3
-            self.done.append((info["generation"], ms, info["collected"]))
+            self.done.append((info["generation"], ms, info["collected"], len(self._broker.clients)))
 
 
 async def _probe(lags: list[float], stop: asyncio.Event) -> None:
@@ -75,7 +79,7 @@ async def _rounds(sensors: int, seconds: float, rounds: int, detach: bool) -> di
             Client._detach = lambda self: None  # type: ignore[method-assign]
         gc.collect()
         gc.freeze()
-        passes, stop = Passes(), asyncio.Event()
+        passes, stop = Passes(broker), asyncio.Event()
         lags: list[float] = []
         gc.callbacks.append(passes)
         probe = asyncio.create_task(_probe(lags, stop))
@@ -101,13 +105,14 @@ async def _rounds(sensors: int, seconds: float, rounds: int, detach: bool) -> di
             Client._detach = original  # type: ignore[method-assign]
             gc.unfreeze()
             await broker.stop()
-    full = [(ms, n) for g, ms, n in passes.done if g == 2]
-    young = [(ms, n) for g, ms, n in passes.done if g < 2]
+    full = [(ms, n, live) for g, ms, n, live in passes.done if g == 2]
+    young = [(ms, n) for g, ms, n, _ in passes.done if g < 2]
     lag = np.array(lags) * 1e6
     return {
         "full": float(len(full)),
-        "full_max_ms": max((ms for ms, _ in full), default=0.0),
-        "full_freed": float(sum(n for _, n in full)),
+        "full_max_ms": max((ms for ms, _, _ in full), default=0.0),
+        "full_max_live": float(max(full, default=(0.0, 0, 0))[2]),
+        "full_freed": float(sum(n for _, n, _ in full)),
         "young_ms": sum(ms for ms, _ in young),
         "young_freed": float(sum(n for _, n in young)),
         "lag_p99_us": float(np.percentile(lag, 99)),
@@ -126,6 +131,7 @@ def _median(values: list[float], digits: int = 0) -> str:
 COLUMNS: list[tuple[str, str, int]] = [
     ("full", "full passes", 0),
     ("full_max_ms", "longest full ms", 1),
+    ("full_max_live", "open then", 0),
     ("full_freed", "freed by full", 0),
     ("young_ms", "young passes ms", 1),
     ("young_freed", "freed by young", 0),
