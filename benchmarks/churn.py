@@ -5,9 +5,9 @@ PUB a second each, waiting for its OK) connect, publish for SECONDS and disconne
 a fresh in-process broker (uvloop, the collector frozen after start-up as ``srtm broker``
 does). Every pass of CPython's cyclic collector is timed (``gc.callbacks``) with the
 objects it freed and the connections open when it came (a full pass walks each one's
-objects: its length follows how many are open then), and a probe on the loop sleeps 1 ms over and over and records how late
-it wakes (loop lag). After the last round, one ``gc.collect()`` shows what was still
-left for the collector.
+objects: its length follows how many are open then), and a probe on the loop sleeps
+1 ms over and over and records how late it wakes (loop lag). After the last round, one
+``gc.collect()`` shows what was still left for the collector.
 
 The anchor, in the same run: the same rounds on a broker whose closed connections keep
 their cycles (``Client._detach`` made a no-op, as before 3d02cee): each one's parts
