@@ -382,8 +382,8 @@ async def test_orders_reach_only_clients_that_negotiated_them(make_broker: MakeB
 async def test_closed_connections_leave_no_cyclic_garbage(make_broker: MakeBroker) -> None:
     """A publisher, a consumer that settled everything, deflate and snappy streams, and
     a connection the broker closed after a fatal error: once closed, none of their parts
-    is left for the collector (each was ~17 objects in a cycle, freed only by a full
-    collection; the error's traceback held the read's events, a cycle too)."""
+    is left for the collector (each was a cycle, freed only by a full collection; the
+    error's traceback held the read's events, a cycle too)."""
     broker = await make_broker()
     with collector_off() as cyclic_parts:
         pub = await connect(broker)

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from srtm.broker.output import Output
+from srtm.broker.output import CLOSED, Output
 from srtm.broker.sockio import recv_stamped
 from srtm.protocol import Event, Fins, Mpub, Parser, ProtocolError, Pub, Pubs, errors
 from srtm.protocol.session import Session, SessionState
@@ -86,26 +86,6 @@ class IntakeConn(Protocol):
     def send_error(self, err: ProtocolError) -> None: ...
 
     def watch_deadlines(self) -> None: ...
-
-
-class _Closed:
-    """A detached intake's connection (``Intake.detach``): finishing, so that what
-    completes after the close (a publish taken in slices, an unblock) runs nothing."""
-
-    remote = "(closed)"
-    finishing = True
-
-    def close(self) -> None:
-        pass
-
-    def send_error(self, err: ProtocolError) -> None:
-        pass
-
-    def watch_deadlines(self) -> None:
-        pass
-
-
-_CLOSED_CONN = _Closed()
 
 
 class Intake:
@@ -212,7 +192,7 @@ class Intake:
     def detach(self) -> None:
         """The connection is closed and gone: let go of it, so that the two are not
         cyclic garbage (``Client.close``)."""
-        self._conn = _CLOSED_CONN
+        self._conn = CLOSED
         self.unwrap = None
 
     def stop_reading(self) -> None:

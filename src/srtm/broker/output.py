@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from srtm.broker.sockio import send
+from srtm.protocol.errors import ProtocolError
 from srtm.protocol.session import Session, SessionState
 
 log = logging.getLogger("srtm.broker")
@@ -51,10 +52,18 @@ class OutputOwner(Protocol):
         ...
 
 
-class _Gone:
-    """A detached output's owner: its connection is closed already."""
+class ClosedConnection:
+    """What a closed connection's output and intake hold once they let go of it
+    (``detach``): finishing, so that whatever completes after the close (a send, a
+    publish taken in slices, an unblock) does nothing."""
+
+    remote = "(closed)"
+    finishing = True
 
     def close(self) -> None:
+        pass
+
+    def send_error(self, err: ProtocolError) -> None:
         pass
 
     def output_paused(self) -> None:
@@ -67,7 +76,7 @@ class _Gone:
         pass
 
 
-_GONE = _Gone()
+CLOSED = ClosedConnection()
 
 
 class Output:
@@ -273,5 +282,5 @@ class Output:
     def detach(self) -> None:
         """The connection is closed and gone: let go of it, so that the two are not
         cyclic garbage (``Client.close``)."""
-        self._owner = _GONE
+        self._owner = CLOSED
         self.wrap = None

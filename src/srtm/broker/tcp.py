@@ -671,11 +671,11 @@ class Client:
 
     def _detach(self) -> None:
         """Its parts let go of it: each refers back to it (and it to a compressed
-        stream's callback), so a closed connection was cyclic garbage, ~17 objects that
-        only a full collection frees (102-125 ms for three rounds of 2,000 sensors,
-        ``benchmarks/churn.py``). Now reference counting frees it, once nothing else
-        holds it (a message in flight to it does until it times out). Whatever runs
-        later finds its parts closed."""
+        stream's callback), so a closed connection would be cyclic garbage that only a
+        full collection frees, the loop held meanwhile (``benchmarks/churn.py``'s
+        anchor). So reference counting frees it, once nothing else holds it (a message
+        in flight to it does until it times out). Whatever runs later finds its parts
+        closed."""
         self.session.detach()
         self.output.detach()
         self.intake.detach()
