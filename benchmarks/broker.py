@@ -369,7 +369,8 @@ def task_paced_topics(
 ) -> dict[str, float]:
     """Publish ``rate`` msg/s to each of ``topics`` (one connection, PUBs pipelined,
     round the topics on one absolute schedule) while one consumer per topic FINs every
-    message; counts only (the broker's /stats has what is measured)."""
+    message; counts, and each message's end-to-end latency (its consumer's read − the
+    send stamp in its body): the broker's /stats has the release lateness."""
     cons = [subscribe(addr, t, CHANNEL) for t in topics]
     pub = connect(addr)
     try:
@@ -389,13 +390,15 @@ def _paced_topics(
     settle_s: float,
 ) -> dict[str, float]:
     clock = time.time_ns
-    cmds = [encode_command(Pub(t, b"x" * BODY_SIZE)) for t in topics]
+    heads = [f"PUB {t}\n".encode() + _I32.pack(BODY_SIZE) for t in topics]
+    pad = b"p" * (BODY_SIZE - _STAMP.size)
     total_rate = rate * len(topics)
     step = NS_PER_S / total_rate
     total = int(total_rate * duration_s)
     frames = {c: FrameReader() for c in cons}
     pframes = FrameReader()
-    unused = bytearray(1)
+    seen = bytearray(total)
+    lat: array[int] = array("q")
     sent = acked = got = again = 0
     t0 = clock() + 20_000_000
     end_ns = t0 + int((duration_s + settle_s) * NS_PER_S)
@@ -407,7 +410,11 @@ def _paced_topics(
             due = min(total, int((now - t0) / step) + 1)
             if due > sent:
                 late_ns = max(late_ns, now - (t0 + int(sent * step)))
-                pub.sendall(b"".join(cmds[j % len(cmds)] for j in range(sent, due)))
+                stamp = clock()
+                parts = []
+                for seq in range(sent, due):
+                    parts += (heads[seq % len(heads)], _STAMP.pack(stamp, seq), pad)
+                pub.sendall(b"".join(parts))
                 sent = due
             timeout = max(0.0, (t0 + sent * step - clock()) / NS_PER_S)
         else:
@@ -419,10 +426,14 @@ def _paced_topics(
             if sock is pub:
                 acked += take_responses(pframes, recv(pub), pub)
             else:
-                g, a = consume(frames[sock], recv(sock), sock, 0, None, unused)
+                data = recv(sock)
+                g, a = consume(frames[sock], data, sock, clock(), lat, seen)
                 got, again = got + g, again + a
-    return {"sent": sent, "acked": acked, "received": got, "lost": total - got,
-            "redelivered": again, "generator_late_max_us": late_ns / 1e3}  # fmt: skip
+    us = np.asarray(lat, dtype=np.float64) / 1e3
+    return {"sent": sent, "acked": acked, "received": got, "lost": total - sum(seen),
+            "redelivered": again, "generator_late_max_us": late_ns / 1e3,
+            **{f"e2e_{k}": v for k, v in quantiles(us, (0.5, 0.99), suffix="_us").items()},
+            }  # fmt: skip
 
 
 def task_timer_wake(sleeps: int, sleep_s: float) -> dict[str, float]:
@@ -1045,6 +1056,10 @@ def make_rows() -> dict[str, Row]:
                 f"{LOW_UNDER:g} × ¹⁰"),
             Row(f"{k}_under_p99", "        p99 (released on arrival)", "µs",
                 srtm_max=TARGET_LATENESS_P99_US),
+            Row(f"{k}_under_e2e_p50", "        end to end (send → consumer's read) ¹⁵: p50",
+                "µs", cpu_label=f"{n} topic{'s' * (n > 1)} × {rate}/s offered "
+                f"{LOW_UNDER:g} ×, end to end ¹⁵"),
+            Row(f"{k}_under_e2e_p99", "            p99", "µs", ratio_max=1.0),
             Row(f"{k}_nice_p50", f"    at --nice {NICE} ¹⁴: lateness p50", "µs",
                 cpu_label=f"shaped {n} topic{'s' * (n > 1)} × {rate}/s at --nice {NICE} ¹⁴"),
             Row(f"{k}_nice_p99", "        p99", "µs", srtm_max=TARGET_LATENESS_P99_US),
@@ -1556,18 +1571,51 @@ class Bench:
 
     def low_rate(self, run: int) -> None:
         """Release lateness at a sensor topic's rates: ``low_topics(rate)`` shaped topics
-        at ``rate`` each (bucket ``rate``, burst 1, offered 2 % over), srtm only; first,
-        how late the machine wakes a sleeping thread (the anchor of these rows)."""
+        at ``rate`` each (bucket ``rate``, burst 1), offered 2 % over, then ``LOW_UNDER`` ×
+        (released on arrival), srtm only; first, how late the machine wakes a sleeping
+        thread (the anchor of these rows). The load offered ``LOW_UNDER`` × also into
+        plain topics on nsqd: its end-to-end latency, the anchor of srtm's."""
         keys = ["timer_p50", "timer_p99"]
         self.guarded(keys, f"the machine's timer, run {run + 1}", partial(self._timer, run, keys))
         broker = self.brokers["srtm"]
         for rate in LOW_RATES:
             k = f"low{rate}_"
-            for offer, figures in ((1.02, ("p50", "p99", "held_p99")), (LOW_UNDER, ("p50", "p99"))):
-                keys = {f: k + ("under_" if offer == LOW_UNDER else "") + f for f in figures}
-                what = f"srtm: {low_topics(rate)} topics at {rate}/s offered {offer:g} ×"
-                measure = partial(self._low_rate, run, broker, rate, keys, offer)
+            keys = {f: k + f for f in ("p50", "p99", "held_p99")}
+            what = f"srtm: {low_topics(rate)} topics at {rate}/s offered 1.02 ×, run {run + 1}"
+            self.guarded(list(keys.values()), what,
+                         partial(self._low_rate, run, broker, rate, keys, 1.02))  # fmt: skip
+            keys = {f: f"{k}under_{f}" for f in ("p50", "p99", "e2e_p50", "e2e_p99")}
+            e2e = {f: keys[f] for f in ("e2e_p50", "e2e_p99")}
+            for name in self.order(run):
+                what = f"{name}: {low_topics(rate)} topics at {rate}/s offered {LOW_UNDER:g} ×"
+                measure = (
+                    partial(self._low_rate, run, broker, rate, keys, LOW_UNDER)
+                    if name == "srtm"
+                    else partial(self._plain_low_rate, run, self.brokers[name], rate, e2e)
+                )
                 self.guarded(list(keys.values()), f"{what}, run {run + 1}", measure)
+
+    def _plain_low_rate(self, run: int, broker: Broker, rate: int, keys: dict[str, str]) -> None:
+        """The load of ``_low_rate`` offered ``LOW_UNDER`` ×, into plain topics on
+        ``broker`` (nsqd): its end-to-end ``e2e_p50`` and ``e2e_p99``."""
+        d = self.cfg.duration_s
+        topics = [f"bench_{keys['e2e_p99']}_{i}_{run}" for i in range(low_topics(rate))]
+        try:
+            cpu0 = broker.cpu_s()
+            res = self.task(
+                "paced_topics", d + self.cfg.settle_s, addr=broker.tcp, topics=topics,
+                rate=rate * LOW_UNDER, duration_s=d, settle_s=self.cfg.settle_s,
+            )  # fmt: skip
+            cpu = broker.cpu_s() - cpu0
+        finally:
+            for t in topics:
+                self.delete_topic(broker, t)
+        first = keys["e2e_p50"]
+        self.rows[first].raw.append({"broker": broker.name, "run": run, **res})
+        self.rows[first].add_cpu(broker.name, run, cpu, res["received"])
+        check_paced(res)
+        for figure, key in keys.items():
+            self.rows[key].add(broker.name, run, res[f"{figure}_us"])
 
     def _timer(self, run: int, keys: list[str]) -> None:
         res = self.task("timer_wake", TIMER_SLEEPS * TIMER_SLEEP_S * 2, sleeps=TIMER_SLEEPS,
@@ -1628,6 +1676,9 @@ class Bench:
         # Pooled: 40 topics of 50 releases each have no p99 of their own (the highest
         # topic's is the highest of 2,000 releases); every release of the row counts once.
         figures = {"p50": pooled["p50"], "p99": pooled["p99"], "held_p99": held["p99"]}
+        figures |= {f: res[f"{f}_us"] * 1e3 for f in ("e2e_p50", "e2e_p99")}
+        if "e2e_p50" in keys:
+            self.rows[keys["e2e_p50"]].add_cpu("srtm", run, cpu, res["received"])
         for figure, key in keys.items():
             self.rows[key].add("srtm", run, figures[figure] / 1e3)
 
@@ -1869,6 +1920,12 @@ def footnotes(cfg: Config) -> list[str]:
         "sharing the machine), on the run's broker (nice 0) and on that one. The rows "
         f"offered {LOW_UNDER:g} × are measured at --nice {NICE} too, without the busy loop. "
         "Only srtm is raised: nothing here compares it with nsqd.",
+        f"¹⁵ the load of ¹⁰ offered {LOW_UNDER:g} ×, each body carrying its send stamp (as "
+        "⁴): into srtm's shaped topics (each message released on arrival) and, on the run's "
+        "nsqd, into the same topics unshaped; the consumer's read − the send stamp, every "
+        "message, in the generator's one process (its own wake-ups count alike for both). "
+        "The anchor of the rows released on arrival, which count from the kernel's arrival "
+        "stamp to the dispatch: nsqd has no such figure.",
     ]
 
 
