@@ -36,6 +36,7 @@ from srtm.broker.accept import Acceptor, refuse
 from srtm.broker.admission import Admission, Admissions
 from srtm.broker.auth import Authenticator, close_quietly
 from srtm.broker.busypoll import BusyPoll
+from srtm.broker.closer import Closer
 from srtm.broker.dispatch import Dispatcher
 from srtm.broker.handoff import Handoffs
 from srtm.broker.measurement import Measurement, Measurements
@@ -121,6 +122,8 @@ class Broker:
         #: The topic and arrival of a ``publish_one`` not yet counted (``account_one``).
         self._unaccounted: tuple[Topic, int] | None = None
         self.busy_poll = BusyPoll(self.options.busy_poll_us * 1000)
+        #: Connections whose peer went, closed a slice a loop turn (``Closer``).
+        self.closer = Closer(self.release_due)
         self.relay = Relay(self)
         #: What proves a relay link or a consumer class (docs/security.md, "Identities").
         self.keys = identity_keys(self.options, self.relay.security.secret)

@@ -27,6 +27,7 @@ from srtm.protocol.session import Session, SessionState
 if TYPE_CHECKING:
     from srtm.broker.auth import Gate
     from srtm.broker.busypoll import BusyPoll
+    from srtm.broker.closer import Closer
     from srtm.broker.stats import BrokerStats
 
 log = logging.getLogger("srtm.broker")
@@ -65,6 +66,9 @@ class IntakeBroker(Protocol):
 
     @property
     def busy_poll(self) -> BusyPoll: ...
+
+    @property
+    def closer(self) -> Closer: ...
 
     def release_due(self) -> bool: ...
 
@@ -148,10 +152,10 @@ class Intake:
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            self._conn.close()
+            self._gone()
             return
         if not data:
-            self._conn.close()
+            self._gone()
             return
         arrival = user_ns
         if stamp:
@@ -188,6 +192,12 @@ class Intake:
             self._waiting_for = due
             return True
         return False
+
+    def _gone(self) -> None:
+        """The peer closed or reset the connection: not read again, and closed in a
+        slice with the others that went at once (``Closer``), not in this read."""
+        self.stop_reading()
+        self._broker.closer.add(self._conn)
 
     def detach(self) -> None:
         """The connection is closed and gone: let go of it, so that the two are not

@@ -38,6 +38,7 @@ from srtm.protocol.session import Keys, Session, SessionSettings, SessionState
 
 if TYPE_CHECKING:
     from srtm.broker.busypoll import BusyPoll
+    from srtm.broker.closer import Closer
     from srtm.broker.handoff import Handoffs
     from srtm.broker.options import BrokerOptions
     from srtm.broker.state import Channel
@@ -146,6 +147,9 @@ class BrokerPort(Protocol):
 
     @property
     def busy_poll(self) -> BusyPoll: ...
+
+    @property
+    def closer(self) -> Closer: ...
 
     @property
     def releaser(self) -> ReleaseClock: ...
