@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import http.client
 import os
 import resource
+import selectors
 import socket
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -472,6 +475,42 @@ async def test_connections_beyond_the_limit_are_told_and_closed(
     assert await again.response() == b"OK"
     for c in [*held, over, again]:
         await c.close()
+
+
+async def test_a_crowd_connecting_while_the_broker_is_busy_completes_its_handshakes(
+    make_broker: Callable[..., Any],
+) -> None:
+    """Sensors that reconnect at once, while the loop is busy: the kernel completes each
+    handshake and queues it until the broker accepts, up to the listen backlog. Python's
+    default of 128 dropped the rest (each sensor retried a second later); the broker asks
+    for as many as the system allows, as nsqd does."""
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    n = min(300, somaxconn)
+    broker = await make_broker()
+    socks = []
+    with selectors.DefaultSelector() as sel:
+        for _ in range(n):  # without yielding to the loop: nothing is accepted meanwhile
+            sock = socket.socket()
+            sock.setblocking(False)
+            assert sock.connect_ex(broker.tcp_address) == errno.EINPROGRESS
+            sel.register(sock, selectors.EVENT_WRITE)
+            socks.append(sock)
+        connected = 0
+        deadline = time.monotonic() + 0.5  # a dropped handshake is retried after 1 s
+        while connected < n and (left := deadline - time.monotonic()) > 0:
+            for key, _ in sel.select(left):
+                sel.unregister(key.fileobj)
+                assert key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+                connected += 1
+    try:
+        assert connected == n
+        for sock in socks:
+            sock.send(MAGIC_V2 + encode_command(Pub("t", b"x")))
+        await eventually(lambda: broker.topics["t"].depth if "t" in broker.topics else 0,
+                         "every PUB taken", until=lambda d: d == n)  # fmt: skip
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def test_flushing_histograms_imports_nothing() -> None:

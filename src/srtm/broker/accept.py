@@ -18,6 +18,12 @@ from srtm.protocol import ProtocolError, frames
 
 log = logging.getLogger("srtm.broker")
 
+#: The listen backlog asked for: the kernel caps it at ``net.core.somaxconn`` (4,096
+#: by default since Linux 5.4), as Go's listeners (nsqd's) take it. Python's default,
+#: 128, overflowed while 2,000 sensors connected 200 at a time: 643 handshakes dropped,
+#: each sensor retrying a second later (``benchmarks/churn.py``).
+LISTEN_BACKLOG = 65_535
+
 #: The error code a client over ``max_connections`` reads before the broker closes it.
 E_TOO_MANY_CONNECTIONS = "E_TOO_MANY_CONNECTIONS"
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
-from srtm.broker.accept import Acceptor, refuse
+from srtm.broker.accept import LISTEN_BACKLOG, Acceptor, refuse
 from srtm.broker.admission import Admission, Admissions
 from srtm.broker.auth import Authenticator, close_quietly
 from srtm.broker.busypoll import BusyPoll
@@ -144,7 +144,7 @@ class Broker:
             self.dispatcher.traces = TraceWriter(
                 opts.trace_dir, opts.run, str(opts.broker_id), opts.trace_sample
             )
-        listener = socket.create_server((opts.tcp_host, opts.tcp_port))
+        listener = socket.create_server((opts.tcp_host, opts.tcp_port), backlog=LISTEN_BACKLOG)
         listener.setblocking(False)
         if opts.kernel_timestamps:
             # Accepted sockets inherit it, so even bytes that arrive before the accept

@@ -26,6 +26,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from srtm.broker.accept import LISTEN_BACKLOG
 from srtm.broker.documents import (
     AdmissionAnswer,
     AdmissionBody,
@@ -771,15 +772,16 @@ async def serve_http(broker: Broker) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     opts = broker.options
-    site = web.TCPSite(runner, opts.http_host, opts.http_port)
+    site = web.TCPSite(runner, opts.http_host, opts.http_port, backlog=LISTEN_BACKLOG)
     await site.start()
     port = int(runner.addresses[0][1])
     broker.http_address = (opts.http_host, port)
     if opts.https_port is not None and broker.tls_context is not None:
         # nsqd's --https-address: the same API, with the TCP protocol's certificate.
         secure = web.TCPSite(
-            runner, opts.https_host, opts.https_port, ssl_context=broker.tls_context
-        )
+            runner, opts.https_host, opts.https_port, ssl_context=broker.tls_context,
+            backlog=LISTEN_BACKLOG,
+        )  # fmt: skip
         await secure.start()
         broker.https_address = (opts.https_host, int(runner.addresses[-1][1]))
     return runner, port

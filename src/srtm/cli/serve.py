@@ -271,6 +271,7 @@ def node(
     import asyncio
     import socket
 
+    from srtm.broker.accept import LISTEN_BACKLOG
     from srtm.broker.node import NodeSupervisor, extra_flags_refused, layout
     from srtm.broker.node_http import serve_node
     from srtm.broker.shared import Dealer
@@ -296,7 +297,7 @@ def node(
     if shared_address is not None:
         shared = _address(shared_address, "--shared-address")
         try:
-            dealer = Dealer(socket.create_server(shared))
+            dealer = Dealer(socket.create_server(shared, backlog=LISTEN_BACKLOG))
         except OSError as exc:
             raise fail(escape(f"--shared-address {shared_address}: {exc}")) from exc
     supervisor = NodeSupervisor(
