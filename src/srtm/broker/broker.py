@@ -96,11 +96,8 @@ class Broker:
         self.https_address: tuple[str, int] | None = None
         #: TLS and AUTH (srtm.broker.tls, srtm.broker.auth); None where not configured.
         self.tls_context = server_context(self.options)
-        self.authenticator = (
-            Authenticator(self.options.auth_http_address)
-            if self.options.auth_http_address
-            else None
-        )
+        auth = self.options.auth_http_address
+        self.authenticator = Authenticator(auth) if auth else None
         self._tasks: list[asyncio.Task[None]] = []
         self.acceptor: Acceptor | None = None
         #: Connections closed at once because ``max_connections`` were open.
