@@ -7,7 +7,8 @@ both on 127.0.0.1 with ephemeral ports, temporary data directories and the same
 the same load: NSQ's own ``bench_writer`` / ``bench_reader`` (100-byte messages) for
 throughput, and our generator (a process of its own) for end-to-end latency, memory per
 queued message and the shaped topic's release lateness (srtm only), also at a sensor
-topic's low rates; ``benchmarks/sensors.py`` for open-loop sensors (one connection each,
+topic's low rates (where what is released on arrival is also timed end to end, beside
+the same load through nsqd); ``benchmarks/sensors.py`` for open-loop sensors (one connection each,
 one PUB, wait for the OK, at a fixed offered rate). The table gives, per
 row, each broker's median of ``--runs`` runs with min–max, and srtm / nsqd as the median
 of the per-run ratios with their range. A minimal uvloop server that answers every
