@@ -17,9 +17,12 @@ from dataclasses import dataclass
 import pytest
 
 from srtm.broker import Broker
+from srtm.broker.message import Message
 from srtm.broker.options import BrokerOptions
+from srtm.broker.queue import MessageQueue
 from srtm.broker.release import READ_GUARD_NS, Releaser
 from srtm.broker.scan import Scan
+from srtm.broker.state import Channel, Topic, memory_queues
 from srtm.broker.stats import FLUSH_AT, BrokerStats
 from srtm.broker.tcp import Client
 from srtm.protocol import MAGIC_V2, FrameType, Pub, encode_command
@@ -157,6 +160,7 @@ async def test_the_scan_runs_once_clear_of_releases() -> None:
 
     scan = Scan({}, lambda _: None, lambda _: None, clear)
     scan.scan = scans.append  # type: ignore[method-assign]
+    scan.deferring.add(Topic("t", memory_queues()))  # something to scan
     task = asyncio.create_task(scan.run(0))
     try:
         for _ in range(5):
@@ -165,6 +169,35 @@ async def test_the_scan_runs_once_clear_of_releases() -> None:
         cleared.set()
         while not scans:
             await asyncio.sleep(0)
+    finally:
+        task.cancel()
+
+
+async def test_an_idle_scan_sleeps_until_something_has_a_timer() -> None:
+    """With no channel or topic that has a timer, the scan does not wake at all (an
+    idle broker's loop woke a hundred times a second for it); the first timer wakes it."""
+    scans: list[int] = []
+
+    async def clear() -> None:
+        pass
+
+    scan = Scan({}, lambda _: None, lambda _: None, clear)
+    scan.scan = scans.append  # type: ignore[method-assign]
+    task = asyncio.create_task(scan.run(0))
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert scans == []
+        ch = scan.watch(Channel("t", "c", MessageQueue(10)))
+        ch.defer(Message(b"0" * 16, b"x", 0, 0), time.time_ns())  # a timer: it joins
+        while not scans:
+            await asyncio.sleep(0)
+        scan.timed.clear()  # as a pass that finds nothing left does
+        await asyncio.sleep(0)
+        done = len(scans)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert len(scans) <= done + 1  # asleep again after the pass under way
     finally:
         task.cancel()
 

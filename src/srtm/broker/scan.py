@@ -3,6 +3,8 @@
 Every ``--scan-interval-ms``, the scan visits only the channels with timers (deferred
 messages or in-flight deadlines: a channel puts itself back in ``timed`` when it gets
 one) and the topics with deferred messages (DPUB), so thousands of idle ones cost nothing.
+With none of either it sleeps until one comes: an idle broker's loop then wakes about
+ten times a second (the housekeeping), not a hundred.
 """
 
 from __future__ import annotations
@@ -10,8 +12,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from srtm.broker.state import Channel, Topic
+
+T = TypeVar("T")
+
+
+class Watched(set[T]):
+    """A set that calls ``wake`` when something is added to it empty (the scan may be
+    asleep then); otherwise a plain set."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        super().__init__()
+        self._wake = wake
+
+    def add(self, item: T) -> None:
+        if not self:
+            self._wake()
+        super().add(item)
 
 
 class Scan:
@@ -30,10 +49,12 @@ class Scan:
         self._mark_ready = mark_ready
         self._kick = kick
         self._clear = clear
+        #: Set while ``timed`` or ``deferring`` may hold something: the scan's loop runs.
+        self._busy = asyncio.Event()
         #: Channels with deferred messages or in-flight deadlines: all that ``scan`` visits.
-        self.timed: set[Channel] = set()
+        self.timed: Watched[Channel] = Watched(self._busy.set)
         #: Topics with deferred messages (DPUB): the scan moves them on when due.
-        self.deferring: set[Topic] = set()
+        self.deferring: Watched[Topic] = Watched(self._busy.set)
 
     def watch(self, ch: Channel) -> Channel:
         """Have the scan look at ``ch`` whenever it has timers."""
@@ -45,6 +66,9 @@ class Scan:
 
     async def run(self, interval_s: float) -> None:
         while True:
+            if not self.timed and not self.deferring:
+                self._busy.clear()
+                await self._busy.wait()
             await asyncio.sleep(interval_s)
             # A scan of many channels takes tens of µs: a release due meanwhile goes first.
             await self._clear()
