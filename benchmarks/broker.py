@@ -122,12 +122,14 @@ LOW_UNDER = 0.5
 NICE = -20
 TARGET_E2E_P99_US = 1_000.0
 
+#: How long an idle measurement (¹⁶) waits after its consumer subscribed.
+IDLE_SETTLE_S = 1.0
 #: The unit of /proc/PID/stat's utime and stime.
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: What ``--only`` may name: the measurements of a run (``Bench.steps``).
 STEP_NAMES = (
     "memory", "memory-pub", "batched", "single", "single-disk", "node", "node-disk",
-    "at-once", "latency", "shaped", "sensors", "low-rate", "nice",
+    "at-once", "latency", "shaped", "sensors", "idle", "low-rate", "nice",
 )  # fmt: skip
 #: The measurements of srtm alone (nsqd has no shaping).
 SRTM_ONLY = ("shaped", "low-rate", "nice")
@@ -709,6 +711,16 @@ class Broker:
         fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
+    def cpu_ns(self) -> int:
+        """Nanoseconds the server process's threads have run so far (the first field of
+        each /proc/PID/task/TID/schedstat): ``cpu_s`` counts 10 ms ticks, too coarse for
+        an idle broker's few ms a second."""
+        total = 0
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                total += int((task / "schedstat").read_text().split()[0])
+        return total
+
     def rss(self) -> int:
         """Resident set size in bytes (Linux)."""
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -1028,6 +1040,7 @@ def make_rows() -> dict[str, Row]:
         Row("mem", f"memory per queued message ⁶ ({MEM_MSGS:,} queued)", "bytes"),
         Row("mem_pub", f"    {MEM_MSGS:,} PUB'd alone ⁶ (a sensor's readings)", "bytes",
             ratio_max=1.0, section_end=True),
+        Row("idle_cpu", "idle ¹⁶: CPU time a second", "ms", ratio_max=1.0, section_end=True),
     ]  # fmt: skip
     rows[-2].goal_note = "no worse than before"
     for n, rate in SENSOR_LOADS:
@@ -1543,6 +1556,26 @@ class Bench:
         for figure, key in keys.items():
             self.rows[key].add("srtm", run, figures[figure])
 
+    def idle(self, run: int, name: str) -> None:
+        """The broker's CPU while idle (¹⁶): a topic with its channel and a consumer
+        connected, nothing published, for the run's duration."""
+        self.guarded(["idle_cpu"], f"{name}: idle, run {run + 1}", partial(self._idle, run, name))
+
+    def _idle(self, run: int, name: str) -> None:
+        broker = self.brokers[name]
+        topic = f"bench_idle_{run}"
+        cons = subscribe(broker.tcp, topic, CHANNEL)
+        try:
+            time.sleep(IDLE_SETTLE_S)  # what the SUB set going is not the idle broker's
+            cpu0, t0 = broker.cpu_ns(), time.monotonic()
+            time.sleep(self.cfg.duration_s)
+            cpu, wall = broker.cpu_ns() - cpu0, time.monotonic() - t0
+        finally:
+            cons.close()
+            self.delete_topic(broker, topic)
+        self.rows["idle_cpu"].raw.append({"broker": name, "run": run, "cpu_ns": cpu, "s": wall})
+        self.rows["idle_cpu"].add(name, run, cpu / wall / 1e6)
+
     def sensors(self, run: int, name: str) -> None:
         """Each of ``SENSOR_LOADS``: open-loop sensors (``benchmarks/sensors.py``) on a
         topic with one channel, no consumer."""
@@ -1697,6 +1730,7 @@ class Bench:
             ("at-once", "publish and consume at once", self.at_once),
             ("latency", "end-to-end latency", self.latency),
             ("sensors", "open-loop sensors", self.sensors),
+            ("idle", "idle", self.idle),
         ]
         for step, what, fn in both:
             if step not in self.cfg.only:
@@ -1927,6 +1961,9 @@ def footnotes(cfg: Config) -> list[str]:
         "message, in the generator's one process (its own wake-ups count alike for both). "
         "The anchor of the rows released on arrival, which count from the kernel's arrival "
         "stamp to the dispatch: nsqd has no such figure.",
+        f"¹⁶ each broker of the run with a topic, its channel and a consumer connected "
+        f"(RDY 0), nothing published: the CPU time its threads ran over {d} (the sum of "
+        f"/proc/PID/task/*/schedstat, ns), a second after the SUB, divided by the seconds.",
     ]
 
 
