@@ -3,7 +3,7 @@
 When many clients go at once (a fleet of sensors losing its network, a load balancer
 restarting), closing each connection in the read that finds its end runs every close
 in one loop turn: the session's teardown, its in-flight messages requeued, close(2),
-about 30 µs each, so 2,000 of them held the loop for some 60 ms
+20-30 µs each, so 2,000 of them held the loop for some 50 ms
 (``benchmarks/churn.py``) while every other connection's reads, answers and
 deliveries waited. Those reads only stop reading and queue their connection here; the
 queue is closed for at most ``budget_ns`` a loop turn, a due shaped release going
