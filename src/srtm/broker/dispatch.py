@@ -62,16 +62,18 @@ class Dispatcher:
             self.dispatch(ch)
 
     def dispatch(self, ch: Channel) -> None:
-        """What ``ch`` has for its consumers with room, taken and sent now."""
+        """What ``ch`` has for its consumers with room, taken and sent now, then recorded
+        (as of ``now``, the take): a sensor's message at a low rate finds every step
+        cold, and the record, some 16 µs of it here, need not stand before its send."""
         now = time.time_ns()
         out = ch.take(now)
         if not out:
             return
-        self._account(ch, out, now)
         for consumer, records in out:
             assert isinstance(consumer, Client)
             consumer.send_records(records)
             consumer.send_now()
+        self._account(ch, out, now)
 
     def _account(self, ch: Channel, out: Sequence[tuple[object, list[Record]]], now: int) -> None:
         """What a dispatch records: stats, traces and measurement rounds. The topic's own
