@@ -39,6 +39,7 @@ from srtm.broker.busypoll import BusyPoll
 from srtm.broker.closer import Closer
 from srtm.broker.dispatch import Dispatcher
 from srtm.broker.handoff import Handoffs
+from srtm.broker.housekeeping import Housekeeping
 from srtm.broker.measurement import Measurement, Measurements
 from srtm.broker.message import Message, MessageIds
 from srtm.broker.options import VERSION, BrokerOptions
@@ -121,6 +122,7 @@ class Broker:
         self.busy_poll = BusyPoll(self.options.busy_poll_us * 1000)
         #: Connections whose peer went, closed a slice a loop turn (``Closer``).
         self.closer = Closer(self.release_due)
+        self.housekeeping = Housekeeping(self)
         self.relay = Relay(self)
         #: What proves a relay link or a consumer class (docs/security.md, "Identities").
         self.keys = identity_keys(self.options, self.relay.security.secret)
@@ -152,7 +154,7 @@ class Broker:
         self._tasks = [
             asyncio.create_task(self.acceptor.run(), name="srtm-accept"),
             asyncio.create_task(self.scan.run(opts.scan_interval_ms / 1000), name="srtm-scan"),
-            asyncio.create_task(self._housekeeping_loop(), name="srtm-housekeeping"),
+            asyncio.create_task(self.housekeeping.run(), name="srtm-housekeeping"),
         ]
         if opts.busy_poll_us and not self.busy_poll.enabled:
             log.info("busy polling off: fewer than two usable CPUs (affinity or cgroup quota)")
@@ -207,30 +209,6 @@ class Broker:
             self.clients.add(Client(self, sock, self.options.kernel_timestamps, shared))
         except OSError:
             sock.close()  # gone before we could set it up
-
-    async def _housekeeping_loop(self) -> None:
-        """Every 100 ms, move the measured values of each histogram holding
-        ``stats.FLUSH_AT`` or more into it, one histogram per loop turn, so no single step
-        holds the loop (and shaped releases) long, none by a release due soon (``clear``)."""
-        rolled = time.monotonic()
-        while True:
-            await asyncio.sleep(0.1)
-            # A lapsed lease holds shaped topics even with nothing to release.
-            self.shares.lease_ok()
-            await self.releaser.clear()  # looking for them takes ~100 µs at 40 topics
-            recorders = self.stats.pending_recorders()
-            for rec in recorders:
-                await self.releaser.clear()
-                rec.flush()
-                await asyncio.sleep(0)
-            del recorders  # no reference to a deleted topic's histograms while sleeping
-            if time.monotonic() - rolled >= 1.0:
-                rolled = time.monotonic()
-                if self.measurements.running:  # only rounds use them (a syscall each)
-                    await self.measurements.refresh_rtts(self.clients)
-                await self.persistence.housekeep()
-                if (traces := self.dispatcher.traces) is not None:
-                    traces.maybe_roll()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         """Log a background task's death when it happens, not at the next stop."""

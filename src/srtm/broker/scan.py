@@ -4,7 +4,7 @@ Every ``--scan-interval-ms``, the scan visits only the channels with timers (def
 messages or in-flight deadlines: a channel puts itself back in ``timed`` when it gets
 one) and the topics with deferred messages (DPUB), so thousands of idle ones cost nothing.
 With none of either it sleeps until one comes: an idle broker's loop then wakes about
-ten times a second (the housekeeping), not a hundred.
+twice a second (the housekeeping's idle pass and the deadlines), not a hundred.
 """
 
 from __future__ import annotations

@@ -451,13 +451,24 @@ class BrokerStats:
     #: Topics whose stats were handed out since ``pending_recorders`` last looked: only
     #: these can have values to flush (idle topics cost the housekeeping nothing).
     _touched: set[str] = field(default_factory=set)
+    #: Called when a topic's stats are handed out and none were since ``pending_recorders``
+    #: last looked (the housekeeping's ``wake``: an idle one waits for this).
+    on_touch: Callable[[], None] | None = None
 
     def topic(self, name: str) -> TopicStats:
         ts = self.topics.get(name)
         if ts is None:
             ts = self.topics[name] = TopicStats(RateWindow(self.window_seconds))
-        self._touched.add(name)
+        touched = self._touched
+        if not touched and self.on_touch is not None:
+            self.on_touch()
+        touched.add(name)
         return ts
+
+    @property
+    def used(self) -> bool:
+        """Whether any topic's stats were handed out since ``pending_recorders`` looked."""
+        return bool(self._touched)
 
     def drop_topic(self, name: str) -> None:
         self.topics.pop(name, None)
