@@ -10,6 +10,7 @@ import pytest
 
 from srtm.broker import housekeeping
 from srtm.broker.housekeeping import Housekeeping
+from srtm.broker.shares import Shares
 from srtm.broker.stats import FLUSH_AT
 from support import MakeBroker
 
@@ -59,3 +60,25 @@ async def test_the_second_s_work_comes_while_idle(
     async with asyncio.timeout(10):
         while len(rolls) < 3:
             await asyncio.sleep(0.01)
+
+
+async def test_under_a_lease_it_keeps_to_its_pause(
+    make_broker: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lapsed lease holds shaped topics even with nothing used: the housekeeping looks
+    at it every pause, never waiting idle."""
+    monkeypatch.setattr(housekeeping, "ROLL_S", 60.0)
+    monkeypatch.setattr(housekeeping, "BUSY_PAUSE_S", 0.01)
+    looked: list[None] = []
+
+    def lease_ok(_: Shares) -> bool:
+        looked.append(None)
+        return True
+
+    monkeypatch.setattr(Shares, "leased", property(lambda _: True))
+    monkeypatch.setattr(Shares, "lease_ok", lease_ok)
+    hk = (await make_broker()).housekeeping
+    async with asyncio.timeout(10):
+        while len(looked) < 20:
+            assert hk._waiter is None
+            await asyncio.sleep(0.005)
