@@ -475,8 +475,8 @@ class MessageQueue:
 
     def _take_lone_single(self) -> Record:
         """The one message queued, a single (a sensor's PUB at a low rate, taken as it
-        arrives): its record, and every list emptied, as the general way ends, in fewer
-        steps on a path that runs cold."""
+        arrives): its record as ``singles_records`` makes it, without the general way's
+        slices, on a path that runs cold; the skips then empty every list."""
         at, sat = self._at, self._sat
         arrival = self._arrivals[sat]
         record = (
@@ -490,11 +490,8 @@ class MessageQueue:
             None,
         )
         self._runs.clear()
-        self._ids.clear()
-        self._bodies.clear()
-        del self._stamps[:], self._arrivals[:]
-        self._publishers.clear()
-        self._at = self._sat = 0
+        self._skip(1)
+        self._skip_singles(1)
         self._n -= 1
         return record
 
