@@ -124,8 +124,6 @@ TARGET_E2E_P99_US = 1_000.0
 
 #: How long an idle measurement (¹⁶) waits after its consumer subscribed.
 IDLE_SETTLE_S = 1.0
-#: The unit of /proc/PID/stat's utime and stime.
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: What ``--only`` may name: the measurements of a run (``Bench.steps``).
 STEP_NAMES = (
     "memory", "memory-pub", "batched", "single", "single-disk", "node", "node-disk",
@@ -705,21 +703,13 @@ class Broker:
         return int(chans[0]["depth"])
 
     def cpu_s(self) -> float:
-        """CPU seconds the server process has used so far, user and system, all its threads
-        (utime + stime of /proc/PID/stat, Linux)."""
-        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        """CPU seconds the server process has used so far, user and system, all its
+        threads (``process_cpu_ns``)."""
+        return process_cpu_ns(self.proc.pid) / 1e9
 
     def cpu_ns(self) -> int:
-        """Nanoseconds the server process's threads have run so far (the first field of
-        each /proc/PID/task/TID/schedstat): ``cpu_s`` counts 10 ms ticks, too coarse for
-        an idle broker's few ms a second."""
-        total = 0
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                total += int((task / "schedstat").read_text().split()[0])
-        return total
+        """``cpu_s`` in nanoseconds."""
+        return process_cpu_ns(self.proc.pid)
 
     def rss(self) -> int:
         """Resident set size in bytes (Linux)."""
@@ -813,14 +803,22 @@ def start_srtm(workdir: Path, mem_queue_size: int, args: Sequence[str] = ()) -> 
     return Broker("srtm", bp.proc, bp.tcp, bp.http, log, bp.headers, bp)
 
 
+def process_cpu_ns(pid: int) -> int:
+    """The CPU time process ``pid`` has used so far (ns), user and system, every thread it
+    ran, those already ended included: its CPU-time clock (Linux's clock id for a pid,
+    ``CPUCLOCK_SCHED``). /proc/PID/stat's utime and stime come in 10 ms ticks, 10 µs a
+    message over a low-rate row's 1,000; the threads' schedstat leaves out ended threads.
+    Raises OSError once the process is gone."""
+    return time.clock_gettime_ns(((~pid) << 3) | 2)
+
+
 def cpu_s(pids: Sequence[int]) -> float:
-    """utime + stime of ``pids``, all their threads (s); a process gone counts 0."""
+    """``process_cpu_ns`` of ``pids`` together (s); a process gone counts 0."""
     total = 0
     for pid in pids:
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / CLOCK_TICKS
+        with contextlib.suppress(OSError):
+            total += process_cpu_ns(pid)
+    return total / 1e9
 
 
 def children_cpu_s() -> float:
@@ -1846,8 +1844,8 @@ def build_table(rows: dict[str, Row], cfg: Config) -> Table:
 def build_cpu_table(rows: dict[str, Row], cfg: Config) -> Table:
     """The server's CPU per million messages, for the measurements that have it."""
     table = Table(
-        title="the server's CPU per million messages (s; utime + stime of the broker "
-        "process, all threads, over each measurement's window) ⁸"
+        title="the server's CPU per million messages (s; the broker process's CPU time, "
+        "user and system, all threads, over each measurement's window) ⁸"
     )
     table.add_column("measurement", no_wrap=True)
     for name in ("nsqd", "min–max", "srtm", "min–max", "srtm / nsqd", "min–max", "goal"):
@@ -1907,8 +1905,8 @@ def footnotes(cfg: Config) -> list[str]:
         "⁷ a minimal uvloop server in its own process that reads each command and answers "
         "OK, keeping nothing, under the same bench_writer: the ceiling for a Python server "
         "on this machine.",
-        "⁸ read from /proc/PID/stat just before and after each measurement's load (clock "
-        f"ticks of {1e3 / CLOCK_TICKS:g} ms), divided by the messages it carried: bench_writer's "
+        "⁸ the process's CPU-time clock (ns, ended threads included) read just before and "
+        "after each measurement's load, divided by the messages it carried: bench_writer's "
         "or bench_reader's count; at once, those published (each also consumed); the "
         "paced rows (⁴, ⁵), those delivered, their settling time included; the memory row, "
         "the messages queued.",
@@ -1962,8 +1960,8 @@ def footnotes(cfg: Config) -> list[str]:
         "The anchor of the rows released on arrival, which count from the kernel's arrival "
         "stamp to the dispatch: nsqd has no such figure.",
         f"¹⁶ each broker of the run with a topic, its channel and a consumer connected "
-        f"(RDY 0), nothing published: the CPU time its threads ran over {d} (the sum of "
-        f"/proc/PID/task/*/schedstat, ns), a second after the SUB, divided by the seconds.",
+        f"(RDY 0), nothing published: the CPU time it used over {d} (its CPU-time clock, "
+        f"⁸), a second after the SUB, divided by the seconds.",
     ]
 
 

@@ -9,8 +9,8 @@ fresh and held to the machine's first P cores (every thread's affinity set), and
 carries P pairs of NSQ's ``bench_writer`` (MPUB-200) and ``bench_reader`` at once, one
 topic per pair: on the node, one topic per process (a topic lives in one process), on
 nsqd all P topics in its one process. The load tools are not pinned: they share the
-machine's cores with the servers, as in ``benchmarks/broker.py``. CPU is utime + stime
-from /proc of the server's processes (all of a node's) over the load's window.
+machine's cores with the servers, as in ``benchmarks/broker.py``. CPU is the server's
+processes' CPU-time clocks (all of a node's, ended threads included) over the load's window.
 
 The extrapolation is stated as such: a host of C cores carries at most C cores' worth of
 the measured CPU per message (processes of a node share nothing but the NIC and memory
