@@ -1916,9 +1916,10 @@ def footnotes(cfg: Config) -> list[str]:
         f"take ({sensor_loads}), into a topic with one channel and no "
         "consumer; PUB→OK from the send to the OK's read. A PUB due while its sensor's last "
         "one is unanswered goes out with that OK (held: the broker's doing). The "
-        "generator's lateness (send − due, PUBs not held) shows a disturbed run. Its waits "
-        "are shorter than uvloop's millisecond timers at both rows' loads, so it polls, a "
-        "whole core (its CPU per PUB is in the JSON: generator_cpu_us_per_pub).",
+        "generator's lateness (send − due, PUBs not held) shows a disturbed run. It sleeps "
+        "between sends on a timerfd, as sensors do between readings (its CPU per PUB is in "
+        "the JSON: generator_cpu_us_per_pub): its wake-up for each OK is in the round trip, "
+        "for both brokers alike.",
         f"¹⁰ srtm only: {LOW_TOTAL_RATE} msg/s in all as N topics of the row's rate (10/s: 40 "
         "topics), each with a bucket of that rate and burst 1, offered 2 % over it by one "
         "publisher connection round the topics, a consumer per topic; release lateness from "

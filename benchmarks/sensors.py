@@ -11,12 +11,15 @@ PUB counts as *held*: the broker's doing, shown apart from the round trips.
 One process, one uvloop loop, every connection a ``Protocol`` (no task per sensor, no
 copies on the fast path: a read that is exactly one OK frame). The generator measures its
 own *lateness*, when it sent a PUB against when it was due: a run where it is high was
-disturbed, by the machine or by the generator itself, and its round trips say less. Its
-waits between sends are shorter than uvloop's millisecond timers, which round them to a
-zero timeout: where sends are due less than a millisecond apart (over 1,000 PUBs a second
-in all), the loop polls and the generator takes a whole core
-(``generator_cpu_us_per_pub``; docs/results/broker.md). Used by ``benchmarks/broker.py``'s sensor
-rows (``--only sensors``); runs alone too:
+disturbed, by the machine or by the generator itself, and its round trips say less.
+
+Between sends it sleeps, as a fleet of sensors does between readings, on a timerfd armed
+for the next due time (``Alarm``): uvloop's timers are whole milliseconds, so its sleeps
+would round the sub-millisecond waits of these loads to a zero timeout, and the generator
+would poll, a whole core of the broker's machine taken by the load (the sensors' rows
+before 2026-12-03; docs/results/broker.md). Its wake-up for each OK is then in every round
+trip, as a sensor's is, for either broker alike; its wake-up for a send is in its lateness.
+Used by ``benchmarks/broker.py``'s sensor rows (``--only sensors``); runs alone too:
 ``python benchmarks/sensors.py HOST:PORT TOPIC --sensors 200 --rate 100``.
 """
 
@@ -31,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from srtm.broker.timer import TimerFd
 from srtm.protocol import MAGIC_V2, FrameReader, FrameType, Pub, encode_command, response
 from srtm.protocol.frames import HEARTBEAT
 from srtm.quantiles import quantiles
@@ -146,20 +150,64 @@ async def _connect(
     return await asyncio.gather(*(one() for _ in range(n)))
 
 
+class Alarm:
+    """Sleeps until a ``time.perf_counter_ns`` time: on a timerfd (the broker's release
+    timer, nanoseconds, 1 ns of slack), or asyncio's millisecond sleep where there is none
+    (not Linux)."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        try:
+            self._timer: TimerFd | None = TimerFd()
+        except OSError:
+            self._timer = None
+            return
+        # The timerfd's clock is CLOCK_REALTIME; a run lasts seconds, over which the two
+        # clocks keep their offset to well under a microsecond.
+        self._offset_ns = time.time_ns() - time.perf_counter_ns()
+        self._loop.add_reader(self._timer.fd, self._fired)
+
+    def _fired(self) -> None:
+        assert self._timer is not None
+        self._timer.consume()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def until(self, at_ns: int) -> None:
+        if self._timer is None:
+            await asyncio.sleep(max(0.0, (at_ns - time.perf_counter_ns()) / NS_PER_S))
+            return
+        self._waiter = self._loop.create_future()
+        self._timer.arm(at_ns + self._offset_ns)
+        await self._waiter
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._loop.remove_reader(self._timer.fd)
+            self._timer.disarm()
+            self._timer.close()
+
+
 async def _drive(sensors: list[Sensor], run: Run, total_rate: float) -> tuple[int, int]:
-    """Send every PUB when due (open loop); the first and the last due time (ns)."""
+    """Send every PUB when due (open loop), asleep between; the first and the last due
+    time (ns)."""
     clock = time.perf_counter_ns
     n = len(sensors)
     t0 = clock() + 20_000_000  # connected and idle; start on a clean schedule
     step = NS_PER_S / total_rate
     j = 0
-    while j < run.total and run.error is None:
-        due = min(run.total, int((clock() - t0) / step) + 1)
-        while j < due:
-            sensors[j % n].due(t0 + int(j * step))
-            j += 1
-        if j < run.total:
-            await asyncio.sleep(max(0.0, (t0 + j * step - clock()) / NS_PER_S))
+    alarm = Alarm()
+    try:
+        while j < run.total and run.error is None:
+            due = min(run.total, int((clock() - t0) / step) + 1)
+            while j < due:
+                sensors[j % n].due(t0 + int(j * step))
+                j += 1
+            if j < run.total:
+                await alarm.until(t0 + int(j * step))
+    finally:
+        alarm.close()
     return t0, t0 + int((run.total - 1) * step)
 
 
